@@ -1,0 +1,1 @@
+"""Identities, signatures and hashes: pure functions over bytes, no I/O, no networking."""

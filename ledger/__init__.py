@@ -1,0 +1,1 @@
+"""On-chain staking, work submission, verdicts and rewards (not built yet: issue #5)."""

@@ -1,0 +1,1 @@
+"""The intellect-node binary: CLI, config, libp2p runtime and the roles."""

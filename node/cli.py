@@ -1,0 +1,255 @@
+"""``intellect-node``: the one binary every participant runs.
+
+Only argparse and the config module are imported at start, so ``--help`` is instant;
+trio, py-libp2p (and later torch, web3) are imported inside the command that needs them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from node.config import ConfigError, NodeConfig, config_toml, load_config
+
+ROLE_NOTES = {
+    "bootstrap": "entry point into the DHT: serves discovery, relays gossip.",
+    "inference": "networking only for now: rollout generation is not built yet (issue #4), "
+    "so this node joins the run, gossips presence and serves requests, but produces no rollouts.",
+    "validator": "networking only for now: rollout validation and slashing are not built yet "
+    "(issues #3, #5), so this node checks nothing yet.",
+    "trainer": "networking only for now: GRPO training and weight publishing are not built yet, "
+    "so this node publishes no weights yet.",
+}
+
+EPILOG = """\
+examples:
+  intellect-node start --role bootstrap --listen /ip4/0.0.0.0/tcp/4001
+  intellect-node start --role inference --bootstrap /ip4/1.2.3.4/tcp/4001/p2p/12D3KooW...
+  intellect-node status --name inference
+  intellect-node devnet                      # a local network of five nodes
+
+configuration: defaults < --config FILE (TOML) < INTELLECT_NODE_<FIELD> env vars < flags
+"""
+
+
+def _add_node_flags(p: argparse.ArgumentParser) -> None:
+    fields = NodeConfig.model_fields
+    p.add_argument("--config", type=Path, help="TOML file with any of the settings below")
+    p.add_argument("--print-config", action="store_true", help="print the resolved configuration and exit")
+    p.add_argument("--role", choices=["bootstrap", "inference", "validator", "trainer"], help=fields["role"].description)
+    p.add_argument("--name", help=fields["name"].description)
+    p.add_argument("--data-dir", type=Path, help=fields["data_dir"].description)
+    p.add_argument("--run-id", help=fields["run_id"].description)
+    p.add_argument("--listen", action="append", metavar="MULTIADDR", help=fields["listen"].description + " Repeatable.")
+    p.add_argument("--bootstrap", action="append", metavar="MULTIADDR", help=fields["bootstrap"].description + " Repeatable.")
+    for name in (
+        "admin_port",
+        "heartbeat_interval",
+        "peer_ttl",
+        "discovery_interval",
+        "read_timeout",
+        "connect_timeout",
+        "max_clock_skew",
+        "gossip_rate",
+        "gossip_queue",
+        "announce_buffer",
+    ):
+        f = fields[name]
+        p.add_argument("--" + name.replace("_", "-"), type=type(f.default), help=f"{f.description} (default {f.default})")
+    p.add_argument("--log-level", choices=["debug", "info", "warning", "error"], help=fields["log_level"].description)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="intellect-node",
+        description="A node of a permissionless network for decentralized RL training of language models.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    start = sub.add_parser("start", help="run a node in one role until Ctrl-C / SIGTERM")
+    _add_node_flags(start)
+
+    status = sub.add_parser("status", help="show a running node's peer id, addresses, peers and traffic")
+    status.add_argument("--data-dir", type=Path, help="the node's data dir")
+    status.add_argument("--name", help="the node's name (data dir ~/.intellect-node/<name>)")
+    status.add_argument("--json", action="store_true", help="print the raw JSON")
+
+    ping = sub.add_parser("ping", help="ask a running node to do a presence round trip with a peer")
+    ping.add_argument("peer_id")
+    ping.add_argument("--data-dir", type=Path)
+    ping.add_argument("--name")
+
+    keys = sub.add_parser("keys", help="create or show this node's identity (Ed25519 key, mode 0600)")
+    keys.add_argument("action", choices=["new", "show"])
+    keys.add_argument("--data-dir", type=Path)
+    keys.add_argument("--name")
+    keys.add_argument("--force", action="store_true", help="with new: replace an existing key")
+
+    devnet = sub.add_parser("devnet", help="run a local network (bootstrap, trainer, validator, inference) on 127.0.0.1")
+    devnet.add_argument("--inference", type=int, default=2, help="number of inference nodes (default 2)")
+    devnet.add_argument("--base-dir", type=Path, default=Path.home() / ".intellect-node" / "devnet")
+    devnet.add_argument("--run-id", default="devnet")
+    devnet.add_argument("--duration", type=float, default=0, help="stop after this many seconds (0: run until Ctrl-C)")
+    return parser
+
+
+def _config_from_args(args: argparse.Namespace) -> NodeConfig:
+    flags = {k: v for k, v in vars(args).items() if k in NodeConfig.model_fields}
+    return load_config(file=args.config, flags=flags)
+
+
+def _data_dir(args: argparse.Namespace) -> Path:
+    if args.data_dir is not None:
+        return Path(args.data_dir).expanduser()
+    return NodeConfig(name=args.name).resolved_data_dir
+
+
+def cmd_start(args: argparse.Namespace) -> int:
+    cfg = _config_from_args(args)
+    if args.print_config:
+        print(config_toml(cfg), end="")
+        return 0
+    from node.keystore import ensure_data_dir, load_or_create_identity
+    from node.logs import setup_logging
+
+    data_dir = ensure_data_dir(cfg.resolved_data_dir)
+    identity = load_or_create_identity(data_dir)
+
+    import signal
+
+    import trio
+
+    from node.admin import AdminServer
+    from node.runtime import Node
+
+    setup_logging(cfg.log_level, identity.peer_id[-8:])  # after py-libp2p's import-time logging setup
+
+    async def main() -> None:
+        node = Node(cfg, identity)
+
+        async def run_node(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+            await node.serve(task_status=task_status)
+            nursery.cancel_scope.cancel()
+
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async with trio.open_nursery() as nursery:
+                await nursery.start(run_node)
+                port = await nursery.start(AdminServer(node, data_dir, cfg.admin_port).serve)
+                print(f"intellect-node {cfg.role} up", flush=True)
+                print(f"  peer id : {node.peer_id}")
+                for a in node.addrs:
+                    print(f"  address : {a}/p2p/{node.peer_id}")
+                print(f"  admin   : http://127.0.0.1:{port}/status (metrics at /metrics)")
+                print(f"  role    : {ROLE_NOTES[cfg.role]}", flush=True)
+                async for _sig in signals:
+                    print("stopping: announcing departure to peers (Ctrl-C again to force)", flush=True)
+                    node.request_stop()
+                    break
+
+    trio.run(main)
+    return 0
+
+
+def _admin_get(data_dir: Path, path: str) -> Any:
+    import urllib.request
+
+    from node.admin import read_admin_file
+
+    info = read_admin_file(data_dir)
+    with urllib.request.urlopen(f"http://127.0.0.1:{info['port']}{path}", timeout=10) as resp:
+        return json.loads(resp.read())
+
+
+def admin_post(data_dir: Path, path: str, body: dict[str, Any], timeout: float = 30) -> Any:
+    import urllib.request
+
+    from node.admin import read_admin_file
+
+    info = read_admin_file(data_dir)
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{info['port']}{path}",
+        data=json.dumps(body).encode(),
+        headers={"Authorization": f"Bearer {info['token']}", "Content-Type": "application/json"},
+        method="POST",
+    )
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
+        return json.loads(resp.read())
+
+
+def format_status(st: dict[str, Any]) -> str:
+    lines = [
+        f"peer id   {st['peer_id']}",
+        f"role      {st['role']}    run {st['run_id']}",
+    ]
+    lines += [f"address   {a}" for a in st["addrs"]]
+    by_role = ", ".join(f"{r}={n}" for r, n in sorted(st["peers_by_role"].items())) or "none"
+    lines.append(f"peers     {len(st['peers'])} ({by_role})")
+    for p in st["peers"]:
+        lines.append(f"  {p['role']:<10} {p['peer_id']}  seen {p['last_seen_s']:.1f}s ago")
+    t = st["traffic"]
+    lines.append(
+        f"traffic   in {t['messages'].get('in', 0)} msgs / {t['bytes'].get('in', 0)} B, "
+        f"out {t['messages'].get('out', 0)} msgs / {t['bytes'].get('out', 0)} B"
+    )
+    rejected = ", ".join(f"{r}={n}" for r, n in sorted(st["rejected"].items())) or "none"
+    lines.append(f"rejected  {rejected}")
+    return "\n".join(lines)
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    st = _admin_get(_data_dir(args), "/status")
+    print(json.dumps(st, indent=2) if args.json else format_status(st))
+    return 0
+
+
+def cmd_ping(args: argparse.Namespace) -> int:
+    result = admin_post(_data_dir(args), "/ping", {"peer_id": args.peer_id})
+    print(json.dumps(result))
+    return 0 if result.get("ok") else 1
+
+
+def cmd_keys(args: argparse.Namespace) -> int:
+    from node.keystore import create_identity, key_path, load_identity
+
+    data_dir = _data_dir(args)
+    ident = create_identity(data_dir, force=args.force) if args.action == "new" else load_identity(data_dir)
+    print(f"peer id    {ident.peer_id}")
+    print(f"public key {ident.public_bytes.hex()}")
+    print(f"key file   {key_path(data_dir)}")
+    return 0
+
+
+def cmd_devnet(args: argparse.Namespace) -> int:
+    from node.devnet import run_devnet
+
+    return run_devnet(args.base_dir, run_id=args.run_id, inference=args.inference, duration=args.duration)
+
+
+COMMANDS = {"start": cmd_start, "status": cmd_status, "ping": cmd_ping, "keys": cmd_keys, "devnet": cmd_devnet}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except ConfigError as exc:
+        print(f"intellect-node: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:
+        from node.keystore import KeystoreError
+
+        if isinstance(exc, KeystoreError | RuntimeError | OSError | ValueError):
+            print(f"intellect-node: error: {exc}", file=sys.stderr)
+            return 1
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,120 @@
+"""Node configuration: defaults < TOML file < environment < command-line flags.
+
+Environment variables are ``INTELLECT_NODE_<FIELD>`` (upper case; lists comma-separated).
+This module imports only pydantic so that ``--help`` and ``--print-config`` stay instant.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+from typing import Any, Literal, Self
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from protocol.ids import ROLES, check_run_id
+
+ENV_PREFIX = "INTELLECT_NODE_"
+Role = Literal["bootstrap", "inference", "validator", "trainer"]
+assert set(ROLES) == set(Role.__args__)  # type: ignore[attr-defined]
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot be used, with a message for the user."""
+
+
+class NodeConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    role: Role = Field("inference", description="What this node does in the run.")
+    name: str | None = Field(None, description="Node name; picks the default data dir. Default: the role.")
+    data_dir: Path | None = Field(None, description="Identity, admin port file and state. Default ~/.intellect-node/<name>.")
+    run_id: str = Field("devnet", description="The training run this node belongs to; other runs are rejected.")
+    listen: list[str] = Field(
+        default_factory=lambda: ["/ip4/0.0.0.0/tcp/0"],
+        description="libp2p listen multiaddrs (TCP). Use a fixed port to be a stable bootstrap.",
+    )
+    bootstrap: list[str] = Field(default_factory=list, description="Multiaddrs (with /p2p/<id>) of peers to join through.")
+    admin_port: int = Field(0, ge=0, le=65535, description="Local admin/metrics HTTP port on 127.0.0.1 (0: any free port).")
+    heartbeat_interval: float = Field(5.0, ge=0.1, le=300, description="Seconds between presence heartbeats on gossip.")
+    peer_ttl: float = Field(20.0, ge=0.3, le=3600, description="A peer silent this many seconds is forgotten.")
+    discovery_interval: float = Field(5.0, ge=0.1, le=600, description="Seconds between DHT lookups for new peers.")
+    read_timeout: float = Field(10.0, ge=0.05, le=600, description="Deadline in seconds for every remote read.")
+    connect_timeout: float = Field(5.0, ge=0.05, le=600, description="Deadline in seconds for dialing a peer.")
+    max_clock_skew: float = Field(300.0, ge=1, le=86400, description="Messages whose timestamp is further off are stale.")
+    gossip_rate: float = Field(100.0, ge=1, le=10000, description="Most announcements per second this node publishes.")
+    gossip_queue: int = Field(10000, ge=16, le=1_000_000, description="Announcements that may wait for the pacer.")
+    announce_buffer: int = Field(4096, ge=64, le=1_000_000, description="Own announcements kept for peers that missed them.")
+    log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log verbosity.")
+
+    @field_validator("run_id")
+    @classmethod
+    def _run_id(cls, v: str) -> str:
+        return check_run_id(v)
+
+    @model_validator(mode="after")
+    def _ttl_above_heartbeat(self) -> Self:
+        if self.peer_ttl <= self.heartbeat_interval:
+            raise ValueError("peer_ttl must be longer than heartbeat_interval")
+        return self
+
+    @property
+    def resolved_data_dir(self) -> Path:
+        if self.data_dir is not None:
+            return self.data_dir.expanduser()
+        return Path.home() / ".intellect-node" / (self.name or self.role)
+
+
+def _from_env(environ: dict[str, str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name, field in NodeConfig.model_fields.items():
+        raw = environ.get(ENV_PREFIX + name.upper())
+        if raw is None:
+            continue
+        is_list = "list" in str(field.annotation)
+        out[name] = [p.strip() for p in raw.split(",") if p.strip()] if is_list else raw
+    return out
+
+
+def load_config(
+    *, file: Path | None = None, flags: dict[str, Any] | None = None, environ: dict[str, str] | None = None
+) -> NodeConfig:
+    """Merge defaults, the TOML ``file``, the environment and ``flags`` (None = not given)."""
+    merged: dict[str, Any] = {}
+    if file is not None:
+        try:
+            merged.update(tomllib.loads(Path(file).read_text()))
+        except FileNotFoundError as exc:
+            raise ConfigError(f"config file not found: {file}") from exc
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config file {file} is not valid TOML: {exc}") from exc
+    merged.update(_from_env(dict(os.environ) if environ is None else environ))
+    merged.update({k: v for k, v in (flags or {}).items() if v is not None})
+    try:
+        return NodeConfig(**merged)
+    except ValidationError as exc:
+        lines = [f"  {'.'.join(map(str, e['loc'])) or 'config'}: {e['msg']}" for e in exc.errors()]
+        raise ConfigError("invalid configuration:\n" + "\n".join(lines)) from exc
+
+
+def config_toml(cfg: NodeConfig) -> str:
+    """The resolved config as TOML (what ``--print-config`` shows)."""
+    lines = []
+    for name in NodeConfig.model_fields:
+        value = getattr(cfg, name)
+        if name == "data_dir":
+            value = str(cfg.resolved_data_dir)
+        if value is None:
+            continue
+        if isinstance(value, list):
+            lines.append(f"{name} = [{', '.join(_toml_str(v) for v in value)}]")
+        elif isinstance(value, str):
+            lines.append(f"{name} = {_toml_str(value)}")
+        else:
+            lines.append(f"{name} = {value}")
+    return "\n".join(lines) + "\n"
+
+
+def _toml_str(s: str) -> str:
+    return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'

@@ -1,0 +1,159 @@
+"""A local network on 127.0.0.1: one process per node, the real binary in each.
+
+Starts a bootstrap node, then a trainer, a validator and N inference nodes that each know
+only the bootstrap, waits until every node has found every other one through the DHT,
+prints the network's status, and keeps printing it until Ctrl-C or ``duration`` seconds.
+Every process it starts it also stops (SIGTERM, then SIGKILL after a grace period).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from node.admin import ADMIN_FILE
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@dataclass
+class NodeProcess:
+    name: str
+    role: str
+    data_dir: Path
+    proc: subprocess.Popen[bytes]
+    log_path: Path
+
+    def admin(self) -> dict[str, Any] | None:
+        try:
+            info: dict[str, Any] = json.loads((self.data_dir / ADMIN_FILE).read_text())
+            return info
+        except (FileNotFoundError, ValueError):
+            return None
+
+    def status(self, timeout: float = 5) -> dict[str, Any] | None:
+        info = self.admin()
+        if info is None:
+            return None
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{info['port']}/status", timeout=timeout) as r:
+                st: dict[str, Any] = json.loads(r.read())
+                return st
+        except OSError:
+            return None
+
+    def stop(self, sig: int = signal.SIGTERM, grace: float = 10) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(grace)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+
+def spawn_node(
+    name: str, role: str, base_dir: Path, *, run_id: str, listen: str, bootstrap: list[str], extra: list[str] | None = None
+) -> NodeProcess:
+    data_dir = base_dir / name
+    data_dir.mkdir(parents=True, exist_ok=True)
+    (data_dir / ADMIN_FILE).unlink(missing_ok=True)
+    log_path = data_dir / "node.log"
+    cmd = [sys.executable, "-m", "node.cli", "start", "--role", role, "--data-dir", str(data_dir), "--run-id", run_id, "--listen", listen]
+    for b in bootstrap:
+        cmd += ["--bootstrap", b]
+    cmd += extra or []
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=Path(__file__).resolve().parent.parent)
+    return NodeProcess(name, role, data_dir, proc, log_path)
+
+
+def wait_ready(node: NodeProcess, timeout: float = 60) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if node.proc.poll() is not None:
+            raise RuntimeError(f"{node.name} exited with {node.proc.returncode}:\n{node.log_path.read_text()[-3000:]}")
+        st = node.status()
+        if st is not None:
+            return st
+        time.sleep(0.1)
+    raise TimeoutError(f"{node.name} did not come up within {timeout} s")
+
+
+def p2p_addr(status: dict[str, Any]) -> str:
+    addr = next(a for a in status["addrs"] if "/ip4/127.0.0.1/" in a)
+    return f"{addr}/p2p/{status['peer_id']}"
+
+
+def table(nodes: list[NodeProcess]) -> str:
+    rows = [f"{'node':<12} {'role':<10} {'peer id':<54} {'peers':>5}  by role"]
+    for n in nodes:
+        st = n.status()
+        if st is None:
+            rows.append(f"{n.name:<12} {n.role:<10} {'(not answering)':<54}")
+            continue
+        by_role = ", ".join(f"{r}={c}" for r, c in sorted(st["peers_by_role"].items()))
+        rows.append(f"{n.name:<12} {n.role:<10} {st['peer_id']:<54} {len(st['peers']):>5}  {by_role}")
+    return "\n".join(rows)
+
+
+def run_devnet(base_dir: Path, *, run_id: str, inference: int, duration: float) -> int:
+    base_dir.mkdir(parents=True, exist_ok=True)
+    fast = ["--heartbeat-interval", "2", "--peer-ttl", "10", "--discovery-interval", "1"]
+    nodes: list[NodeProcess] = []
+    stopping = False
+
+    def on_signal(_sig: int, _frame: Any) -> None:
+        nonlocal stopping
+        stopping = True
+
+    old = signal.signal(signal.SIGINT, on_signal), signal.signal(signal.SIGTERM, on_signal)
+    try:
+        boot = spawn_node("bootstrap", "bootstrap", base_dir, run_id=run_id, listen=f"/ip4/127.0.0.1/tcp/{free_port()}", bootstrap=[], extra=fast)
+        nodes.append(boot)
+        boot_addr = p2p_addr(wait_ready(boot))
+        print(f"devnet: bootstrap at {boot_addr}", flush=True)
+        roles = [("trainer", "trainer"), ("validator", "validator")] + [(f"inference-{i}", "inference") for i in range(inference)]
+        for name, role in roles:
+            nodes.append(spawn_node(name, role, base_dir, run_id=run_id, listen="/ip4/127.0.0.1/tcp/0", bootstrap=[boot_addr], extra=fast))
+        for n in nodes[1:]:
+            wait_ready(n)
+        started = time.monotonic()
+        want = len(nodes) - 1
+        while not stopping and time.monotonic() - started < 60:
+            sts = [n.status() for n in nodes]
+            if all(st is not None and len(st["peers"]) == want for st in sts):
+                break
+            time.sleep(0.5)
+        print(f"devnet: {len(nodes)} nodes, discovery took {time.monotonic() - started:.1f} s", flush=True)
+        print(table(nodes), flush=True)
+        print(f"devnet: logs and keys under {base_dir}; Ctrl-C stops every node", flush=True)
+        last = time.monotonic()
+        while not stopping and (duration <= 0 or time.monotonic() - started < duration):
+            time.sleep(0.2)
+            if time.monotonic() - last > 15:
+                print(table(nodes), flush=True)
+                last = time.monotonic()
+    finally:
+        for n in reversed(nodes):
+            n.stop()
+        signal.signal(signal.SIGINT, old[0])
+        signal.signal(signal.SIGTERM, old[1])
+        print("devnet: all nodes stopped", flush=True)
+    return 0

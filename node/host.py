@@ -1,0 +1,106 @@
+"""Construction of the py-libp2p host, DHT and gossipsub with this project's settings.
+
+- Security: Noise only. py-libp2p's default host also offers TLS, SECIO and plaintext;
+  we pass a security map with Noise alone, so a plaintext dialer fails negotiation.
+- Muxer: yamux. Transport: TCP.
+- Kademlia: py-libp2p 0.8.1 accepts a ``protocol_prefix`` but still speaks the module
+  constant ``/ipfs/kad/1.0.0`` everywhere. ``use_kad_protocol`` rebinds that constant in
+  each kad_dht module to ``/intellect/kad/1.0.0`` so that our DHT can never be joined to
+  (or by) the public IPFS DHT.
+- Gossipsub: heartbeat 1 s instead of 120 s; the library's per-topic spam limit (10 msg/s)
+  is off because our own publisher paces; the subscription queue is raised from 32.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import multiaddr
+from libp2p import new_host
+from libp2p.abc import IHost
+from libp2p.crypto.ed25519 import create_new_key_pair
+from libp2p.crypto.keys import KeyPair
+from libp2p.crypto.x25519 import create_new_key_pair as create_x25519_key_pair
+from libp2p.custom_types import TProtocol
+from libp2p.kad_dht import common as kad_common
+from libp2p.kad_dht import kad_dht as kad_module
+from libp2p.kad_dht import peer_routing, provider_store, value_store
+from libp2p.kad_dht.kad_dht import DHTMode, KadDHT
+from libp2p.pubsub import pubsub as pubsub_module
+from libp2p.pubsub.gossipsub import GossipSub
+from libp2p.pubsub.pubsub import Pubsub
+from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_PROTOCOL_ID
+from libp2p.security.noise.transport import Transport as NoiseTransport
+
+from crypto.identity import Identity
+from protocol.ids import GOSSIPSUB, KAD
+
+SUBSCRIPTION_QUEUE = 4096
+
+
+def use_kad_protocol(protocol_id: str = KAD) -> None:
+    """Make every py-libp2p kad_dht module speak ``protocol_id``."""
+    pid = TProtocol(protocol_id)
+    for module in (kad_common, kad_module, peer_routing, provider_store, value_store):
+        module.PROTOCOL_ID = pid  # type: ignore[attr-defined]
+
+
+def key_pair_of(identity: Identity) -> KeyPair:
+    return create_new_key_pair(identity.private_bytes)
+
+
+def build_host(identity: Identity) -> IHost:
+    key_pair = key_pair_of(identity)
+    security: Any = {
+        NOISE_PROTOCOL_ID: NoiseTransport(key_pair, noise_privkey=create_x25519_key_pair().private_key)
+    }
+    return new_host(key_pair=key_pair, sec_opt=security, muxer_preference="YAMUX")
+
+
+def build_pubsub(host: IHost, heartbeat_interval: int = 1) -> Pubsub:
+    pubsub_module.SUBSCRIPTION_CHANNEL_SIZE = SUBSCRIPTION_QUEUE
+    router = GossipSub(
+        [TProtocol(GOSSIPSUB)],
+        degree=6,
+        degree_low=4,
+        degree_high=12,
+        heartbeat_interval=heartbeat_interval,
+        spam_protection_enabled=False,
+        max_pending_messages_per_peer=1000,
+    )
+    return Pubsub(host, router, strict_signing=True)
+
+
+def build_dht(host: IHost) -> KadDHT:
+    use_kad_protocol()
+    return KadDHT(host, DHTMode.SERVER, protocol_prefix=TProtocol("/intellect"))
+
+
+def parse_addrs(addrs: list[str]) -> list[multiaddr.Multiaddr]:
+    out = []
+    for a in addrs:
+        try:
+            out.append(multiaddr.Multiaddr(a))
+        except Exception as exc:  # multiaddr raises several unrelated types
+            raise ValueError(f"not a multiaddr: {a!r} ({exc})") from exc
+    return out
+
+
+def local_ipv4s() -> list[str]:
+    """IPv4 addresses of this machine's interfaces, loopback first."""
+    import ifaddr
+
+    ips = {ip.ip for a in ifaddr.get_adapters() for ip in a.ips if isinstance(ip.ip, str)}
+    return sorted(ips, key=lambda ip: (not ip.startswith("127."), ip))
+
+
+def advertised_addrs(listening: list[str], interface_ips: list[str]) -> list[str]:
+    """Listen addresses as peers can dial them: ``0.0.0.0`` expands to each interface IP."""
+    out: list[str] = []
+    for addr in listening:
+        if addr.startswith("/ip4/0.0.0.0/"):
+            rest = addr[len("/ip4/0.0.0.0") :]
+            out += [f"/ip4/{ip}{rest}" for ip in interface_ips if not ip.startswith("169.254.")]
+        else:
+            out.append(addr)
+    return list(dict.fromkeys(out))

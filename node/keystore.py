@@ -1,0 +1,58 @@
+"""The node's identity on disk: ``<data_dir>/identity.key``, 32 raw bytes, mode 0600."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+from crypto.identity import PRIVATE_KEY_SIZE, Identity
+
+KEY_FILE = "identity.key"
+
+
+class KeystoreError(RuntimeError):
+    """The identity file is missing, malformed or readable by others."""
+
+
+def key_path(data_dir: Path) -> Path:
+    return data_dir / KEY_FILE
+
+
+def ensure_data_dir(data_dir: Path) -> Path:
+    data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    return data_dir
+
+
+def create_identity(data_dir: Path, *, force: bool = False) -> Identity:
+    """Write a new identity; refuses to overwrite one unless ``force``."""
+    path = key_path(ensure_data_dir(data_dir))
+    if path.exists() and not force:
+        raise KeystoreError(f"{path} already exists (use --force to replace it)")
+    ident = Identity.generate()
+    tmp = path.with_suffix(".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(ident.private_bytes)
+    os.replace(tmp, path)
+    return ident
+
+
+def load_identity(data_dir: Path) -> Identity:
+    path = key_path(data_dir)
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError as exc:
+        raise KeystoreError(f"no identity at {path} (run: intellect-node keys new --data-dir {data_dir})") from exc
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise KeystoreError(f"{path} is accessible by other users (mode {oct(mode & 0o777)}); chmod 600 it")
+    raw = path.read_bytes()
+    if len(raw) != PRIVATE_KEY_SIZE:
+        raise KeystoreError(f"{path} is not a {PRIVATE_KEY_SIZE}-byte Ed25519 key")
+    return Identity(raw)
+
+
+def load_or_create_identity(data_dir: Path) -> Identity:
+    if key_path(data_dir).exists():
+        return load_identity(data_dir)
+    return create_identity(data_dir)

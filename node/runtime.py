@@ -1,0 +1,498 @@
+"""The node runtime: one py-libp2p host with its DHT, gossip and request protocols.
+
+``Node.serve`` runs everything under one nursery:
+- request/response handlers for ``/intellect/presence`` and ``/intellect/sync``, each
+  under a guard (nothing a peer sends can raise into py-libp2p, which would take the
+  host down) and with a deadline on every read;
+- discovery: dial the bootstrap peers, provide our role key in the DHT, look up every
+  role key, and greet (presence exchange) every peer found, so a node that knows only
+  B finds A through B;
+- presence: a signed heartbeat on gossip every ``heartbeat_interval``; peers silent for
+  ``peer_ttl`` are forgotten; on shutdown a ``leaving`` notice goes out on gossip and
+  directly to every known peer;
+- announcements: a paced publisher, and gap repair by direct request for anything
+  gossip did not bring.
+Role logic (later issues) builds on ``announce`` and ``on_announcement``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from contextlib import AsyncExitStack
+from typing import Any
+
+import trio
+from libp2p.abc import IHost, INetStream
+from libp2p.network.stream.exceptions import StreamError
+from libp2p.peer.id import ID
+from libp2p.peer.peerinfo import PeerInfo, info_from_p2p_addr
+from libp2p.tools.anyio_service import background_trio_service
+
+from crypto.identity import Identity
+from node.announcements import Inbox, Outbox
+from node.config import NodeConfig
+from node.host import advertised_addrs, build_dht, build_host, build_pubsub, local_ipv4s, parse_addrs
+from node.metrics import Metrics
+from node.pacing import TokenBucket
+from node.peers import PeerTable
+from protocol import ids
+from protocol.admission import Admission
+from protocol.errors import Reason, WireError
+from protocol.framing import read_frame, write_frame
+from protocol.messages import (
+    Announcement,
+    Header,
+    NodeInfo,
+    Refusal,
+    SyncReply,
+    SyncRequest,
+)
+from protocol.wire import max_envelope_size, open_message, seal
+
+log = logging.getLogger("intellect.node")
+AnnouncementHandler = Callable[[Announcement], None]
+
+
+class RemoteRefusal(Exception):
+    """The peer answered our request with a ``Refusal``."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"peer refused: {reason}: {detail}")
+        self.reason = reason
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class Node:
+    def __init__(self, cfg: NodeConfig, identity: Identity) -> None:
+        self.cfg = cfg
+        self.identity = identity
+        self.peer_id = identity.peer_id
+        self.metrics = Metrics()
+        self.peers = PeerTable(self.peer_id, cfg.peer_ttl)
+        self.admission = Admission(cfg.run_id, max_skew_ms=int(cfg.max_clock_skew * 1000))
+        self._seq = time.time_ns() // 1000
+        self.outbox = Outbox(session=self._seq, capacity=cfg.announce_buffer)
+        self.inbox = Inbox(horizon=cfg.announce_buffer)
+        self.delivered: Counter[str] = Counter()
+        self.announcement_handlers: list[AnnouncementHandler] = []
+        self._pacer = TokenBucket(rate=cfg.gossip_rate, burst=max(1.0, cfg.gossip_rate / 10))
+        self._queue_send, self._queue_recv = trio.open_memory_channel[tuple[str, bytes]](cfg.gossip_queue)
+        self._syncing: set[str] = set()
+        self._stop = trio.Event()
+        self._nursery: trio.Nursery | None = None
+        self.host: IHost | None = None
+        self.addrs: list[str] = []
+
+    # ---- messages we send -------------------------------------------------------------
+
+    def _header(self) -> dict[str, Any]:
+        self._seq += 1
+        return {"run_id": self.cfg.run_id, "sender": self.peer_id, "seq": self._seq, "ts_ms": now_ms()}
+
+    def node_info(self, state: str = "up") -> NodeInfo:
+        return NodeInfo(
+            **self._header(),
+            role=self.cfg.role,
+            state=state,
+            addrs=self.addrs[:8],
+            session=self.outbox.session,
+            announced=self.outbox.count,
+        )
+
+    def _count_out(self, protocol: str, data: bytes) -> None:
+        self.metrics.inc("messages", direction="out", protocol=protocol)
+        self.metrics.inc("bytes", len(data), direction="out", protocol=protocol)
+
+    def _count_in(self, protocol: str, data: bytes) -> None:
+        self.metrics.inc("messages", direction="in", protocol=protocol)
+        self.metrics.inc("bytes", len(data), direction="in", protocol=protocol)
+
+    def _reject(self, protocol: str, peer: str, err: WireError) -> None:
+        self.metrics.inc("rejected", reason=err.reason.value, protocol=protocol)
+        log.info("rejected input protocol=%s peer=%s reason=%s detail=%s", protocol, peer[-8:], err.reason, err.detail)
+
+    # ---- lifecycle --------------------------------------------------------------------
+
+    async def serve(self, *, task_status: trio.TaskStatus[Node] = trio.TASK_STATUS_IGNORED) -> None:
+        host = self.host = build_host(self.identity)
+        pubsub = build_pubsub(host)
+        dht = self.dht = build_dht(host)
+        self.pubsub = pubsub
+        async with AsyncExitStack() as stack:
+            await stack.enter_async_context(host.run(parse_addrs(self.cfg.listen)))
+            await stack.enter_async_context(background_trio_service(pubsub))
+            await stack.enter_async_context(background_trio_service(dht))
+            await pubsub.wait_until_ready()
+            self.addrs = advertised_addrs([str(a) for a in host.get_transport_addrs()], local_ipv4s())
+            host.set_stream_handler(ids.PRESENCE, self._guard(ids.PRESENCE, self._handle_presence))
+            host.set_stream_handler(ids.SYNC, self._guard(ids.SYNC, self._handle_sync))
+            presence_sub = await pubsub.subscribe(ids.presence_topic(self.cfg.run_id))
+            announce_sub = await pubsub.subscribe(ids.announce_topic(self.cfg.run_id))
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                nursery.start_soon(self._drain, presence_sub, "gossip-presence", self._on_presence_gossip)
+                nursery.start_soon(self._drain, announce_sub, "gossip-announce", self._on_announcement_gossip)
+                nursery.start_soon(self._heartbeat_loop)
+                nursery.start_soon(self._expiry_loop)
+                nursery.start_soon(self._discovery_loop)
+                nursery.start_soon(self._publisher_loop)
+                log.info("node up peer_id=%s role=%s run=%s addrs=%s", self.peer_id, self.cfg.role, self.cfg.run_id, self.addrs)
+                task_status.started(self)
+                await self._stop.wait()
+                await self._leave()
+                nursery.cancel_scope.cancel()
+        log.info("node stopped peer_id=%s", self.peer_id)
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    async def _leave(self) -> None:
+        """Tell gossip and every known peer that we are leaving, within a short deadline."""
+        known = list(self.peers.peers)
+        with trio.move_on_after(min(3.0, self.cfg.read_timeout)):
+            try:
+                await self._publish_presence("leaving")
+            except Exception as exc:  # shutting down: report, never block the exit
+                log.debug("leave gossip failed: %s", exc)
+            async with trio.open_nursery() as nursery:
+                for peer in known:
+                    nursery.start_soon(self._send_leave, peer)
+        log.info("left the network notified=%d", len(known))
+
+    async def _send_leave(self, peer: str) -> None:
+        try:
+            await self.request(peer, ids.PRESENCE, self.node_info("leaving"), NodeInfo)
+        except Exception as exc:
+            log.debug("leave notice to %s failed: %s", peer[-8:], exc)
+
+    # ---- request/response -------------------------------------------------------------
+
+    def _guard(
+        self, protocol: str, handler: Callable[[INetStream, str], Awaitable[None]]
+    ) -> Callable[[INetStream], Awaitable[None]]:
+        """Wrap a stream handler so no exception or hang escapes into the host."""
+
+        async def guarded(stream: INetStream) -> None:
+            peer = stream.muxed_conn.peer_id.to_base58()
+            try:
+                with trio.fail_after(self.cfg.read_timeout * 3):
+                    await handler(stream, peer)
+            except WireError as err:
+                self._reject(protocol, peer, err)
+                await self._refuse(stream, err)
+            except EOFError:
+                self._reject(protocol, peer, WireError(Reason.TRUNCATED, "closed before a request"))
+            except trio.TooSlowError:
+                self._reject(protocol, peer, WireError(Reason.TIMEOUT, "handler deadline"))
+            except StreamError as exc:
+                self._reject(protocol, peer, WireError(Reason.RESET, str(exc)))
+            except Exception as exc:
+                self.metrics.inc("rejected", reason=Reason.INTERNAL.value, protocol=protocol)
+                log.exception("handler failed protocol=%s peer=%s: %s", protocol, peer[-8:], exc)
+            finally:
+                with trio.move_on_after(1.0) as scope:
+                    scope.shield = True
+                    try:
+                        await stream.close()
+                    except Exception:
+                        await _reset_quietly(stream)
+
+        return guarded
+
+    async def _refuse(self, stream: INetStream, err: WireError) -> None:
+        refusal = Refusal(**self._header(), reason=err.reason.value, detail=err.detail[:256])
+        try:
+            await write_frame(stream, seal(self.identity, refusal), timeout=1.0)
+        except Exception:
+            await _reset_quietly(stream)
+
+    async def _read_request(self, stream: INetStream, peer: str, protocol: str, cls: type[Header]) -> Any:
+        data = await read_frame(stream, max_envelope_size(cls), self.cfg.read_timeout)
+        self._count_in(protocol, data)
+        msg = open_message(data, cls)
+        self.admission.admit(msg, now_ms(), remote_peer=peer)
+        return msg
+
+    async def _reply(self, stream: INetStream, protocol: str, message: Header) -> None:
+        data = seal(self.identity, message)
+        self._count_out(protocol, data)
+        await write_frame(stream, data, self.cfg.read_timeout)
+
+    async def _handle_presence(self, stream: INetStream, peer: str) -> None:
+        msg: NodeInfo = await self._read_request(stream, peer, ids.PRESENCE, NodeInfo)
+        self._on_node_info(msg)
+        await self._reply(stream, ids.PRESENCE, self.node_info())
+
+    async def _handle_sync(self, stream: INetStream, peer: str) -> None:
+        msg: SyncRequest = await self._read_request(stream, peer, ids.SYNC, SyncRequest)
+        items = self.outbox.get(msg.session, msg.indices)
+        await self._reply(stream, ids.SYNC, SyncReply(**self._header(), items=items))
+
+    async def request(self, peer: str, protocol: str, message: Header, reply_type: type[Header]) -> Any:
+        """Send one request to ``peer`` and return its verified, admitted reply."""
+        assert self.host is not None
+        pid = ID.from_base58(peer)
+        with trio.fail_after(self.cfg.connect_timeout):
+            stream = await self.host.new_stream(pid, [protocol])
+        try:
+            data = seal(self.identity, message)
+            self._count_out(protocol, data)
+            await write_frame(stream, data, self.cfg.read_timeout)
+            try:
+                reply_data = await read_frame(stream, max_envelope_size(reply_type, Refusal), self.cfg.read_timeout)
+            except EOFError as exc:
+                raise WireError(Reason.TRUNCATED, "peer closed without replying") from exc
+            self._count_in(protocol, reply_data)
+            try:
+                reply = open_message(reply_data, reply_type, Refusal)
+                self.admission.admit(reply, now_ms(), remote_peer=peer)
+            except WireError as err:
+                self._reject(protocol, peer, err)
+                raise
+            if isinstance(reply, Refusal):
+                raise RemoteRefusal(reply.reason, reply.detail)
+            return reply
+        finally:
+            with trio.move_on_after(1.0) as scope:
+                scope.shield = True
+                try:
+                    await stream.close()
+                except Exception:
+                    await _reset_quietly(stream)
+
+    async def connect(self, info: PeerInfo) -> None:
+        assert self.host is not None
+        with trio.fail_after(self.cfg.connect_timeout):
+            await self.host.connect(info)
+
+    async def greet(self, peer: str) -> NodeInfo:
+        """Presence exchange with a connected (or dialable) peer; records it."""
+        reply: NodeInfo = await self.request(peer, ids.PRESENCE, self.node_info(), NodeInfo)
+        self._on_node_info(reply)
+        if reply.state == "up":
+            try:
+                await self.dht.add_peer(ID.from_base58(peer))
+            except Exception as exc:
+                log.debug("dht add_peer %s failed: %s", peer[-8:], exc)
+        return reply
+
+    async def ping(self, peer: str) -> dict[str, Any]:
+        """A presence round trip to ``peer``: its role and the time taken, or the error."""
+        started = trio.current_time()
+        try:
+            reply = await self.greet(peer)
+        except trio.TooSlowError:
+            return {"ok": False, "error": "timeout (dial)", "elapsed_ms": _ms_since(started)}
+        except WireError as err:
+            return {"ok": False, "error": f"{err.reason.value}: {err.detail}", "elapsed_ms": _ms_since(started)}
+        except Exception as exc:
+            return {"ok": False, "error": f"{type(exc).__name__}: {exc}", "elapsed_ms": _ms_since(started)}
+        return {"ok": True, "role": reply.role, "rtt_ms": _ms_since(started)}
+
+    # ---- presence ---------------------------------------------------------------------
+
+    def _on_node_info(self, msg: NodeInfo) -> None:
+        if msg.sender == self.peer_id:
+            return
+        if msg.state == "leaving":
+            if self.peers.leave(msg.sender):
+                log.info("peer left peer=%s role=%s", msg.sender[-8:], msg.role)
+            return
+        if self.peers.seen(msg.sender, msg.role, msg.addrs, time.monotonic()):
+            log.info("peer joined peer=%s role=%s", msg.sender[-8:], msg.role)
+        missing = self.inbox.missing(msg.sender, msg.session, msg.announced, limit=64)
+        if missing and msg.sender not in self._syncing and self._nursery is not None:
+            self._syncing.add(msg.sender)
+            self._nursery.start_soon(self._sync_from, msg.sender, msg.session, missing)
+
+    async def _publish_presence(self, state: str) -> None:
+        data = seal(self.identity, self.node_info(state))
+        self._count_out("gossip-presence", data)
+        await self.pubsub.publish(ids.presence_topic(self.cfg.run_id), data)
+
+    async def _heartbeat_loop(self) -> None:
+        while True:
+            try:
+                await self._publish_presence("up")
+            except Exception as exc:
+                log.warning("heartbeat publish failed: %s", exc)
+            await trio.sleep(self.cfg.heartbeat_interval)
+
+    async def _expiry_loop(self) -> None:
+        while True:
+            await trio.sleep(min(1.0, self.cfg.peer_ttl / 4))
+            for peer in self.peers.expire(time.monotonic()):
+                log.info("peer expired peer=%s (silent for more than %.1f s)", peer[-8:], self.cfg.peer_ttl)
+
+    # ---- discovery --------------------------------------------------------------------
+
+    async def _discovery_loop(self) -> None:
+        bootstrap = [info_from_p2p_addr(a) for a in parse_addrs(self.cfg.bootstrap)]
+        provided_at = -1e9
+        while True:
+            if trio.current_time() - provided_at > 30 or self.dht.get_routing_table_size() == 0:
+                with trio.move_on_after(self.cfg.read_timeout):
+                    await self._provide()
+                    provided_at = trio.current_time()
+            candidates: dict[str, PeerInfo] = {}
+            for info in bootstrap:
+                candidates[info.peer_id.to_base58()] = info
+            with trio.move_on_after(self.cfg.read_timeout):
+                for role in ids.ROLES:
+                    for info in await self.dht.find_providers(ids.role_key(self.cfg.run_id, role)):
+                        candidates.setdefault(info.peer_id.to_base58(), info)
+            assert self.host is not None
+            for pid in self.host.get_connected_peers():
+                candidates.setdefault(pid.to_base58(), PeerInfo(pid, []))
+            fresh = [i for p, i in candidates.items() if p != self.peer_id and p not in self.peers]
+            if fresh:
+                async with trio.open_nursery() as nursery:
+                    for info in fresh:
+                        nursery.start_soon(self._dial_and_greet, info)
+            await trio.sleep(self.cfg.discovery_interval)
+
+    async def _provide(self) -> None:
+        try:
+            await self.dht.provide(ids.role_key(self.cfg.run_id, self.cfg.role))
+        except Exception as exc:
+            log.debug("dht provide failed: %s", exc)
+
+    async def _dial_and_greet(self, info: PeerInfo) -> None:
+        peer = info.peer_id.to_base58()
+        try:
+            assert self.host is not None
+            if info.addrs and info.peer_id not in self.host.get_connected_peers():
+                await self.connect(info)
+            await self.greet(peer)
+            await self._provide()  # our closest peers changed: make sure they hold our record
+        except (trio.TooSlowError, WireError, RemoteRefusal, StreamError, OSError) as exc:
+            log.debug("greeting %s failed: %s", peer[-8:], exc)
+        except Exception as exc:  # py-libp2p raises many unrelated types on dial failure
+            log.debug("dialing %s failed: %s: %s", peer[-8:], type(exc).__name__, exc)
+
+    # ---- announcements ----------------------------------------------------------------
+
+    def announce(self, topic: str, body: bytes) -> None:
+        """Queue an announcement for the paced publisher; raises ``trio.WouldBlock`` if full."""
+        self._queue_send.send_nowait((topic, body))
+
+    async def _publisher_loop(self) -> None:
+        topic_name = ids.announce_topic(self.cfg.run_id)
+        async for topic, body in self._queue_recv:
+            while (wait := self._pacer.delay(trio.current_time())) > 0:
+                await trio.sleep(wait)
+            self._pacer.take(trio.current_time())
+            index = self.outbox.next_index()
+            msg = Announcement(**self._header(), topic=topic, session=self.outbox.session, index=index, body=body)
+            data = seal(self.identity, msg)
+            self.outbox.add(index, data)
+            self._count_out("gossip-announce", data)
+            try:
+                await self.pubsub.publish(topic_name, data)
+            except Exception as exc:  # peers can still fetch it from the outbox
+                log.warning("announce publish failed index=%d: %s", index, exc)
+
+    def _on_announcement(self, data: bytes) -> None:
+        msg = open_message(data, Announcement)
+        if msg.sender == self.peer_id:
+            return
+        self.admission.admit(msg, now_ms())
+        if not self.inbox.add(msg.sender, msg.session, msg.index):
+            return
+        self.delivered[msg.sender] += 1
+        for handler in self.announcement_handlers:
+            handler(msg)
+
+    def _on_announcement_gossip(self, data: bytes) -> None:
+        self._on_announcement(data)
+
+    def _on_presence_gossip(self, data: bytes) -> None:
+        msg = open_message(data, NodeInfo)
+        if msg.sender == self.peer_id:
+            return
+        self.admission.admit(msg, now_ms())
+        self._on_node_info(msg)
+
+    async def _drain(self, sub: Any, protocol: str, handle: Callable[[bytes], None]) -> None:
+        """Take every gossip message off the subscription at once, and validate it."""
+        own = self.host.get_id().to_bytes() if self.host else b""
+        while True:
+            msg = await sub.get()
+            if msg.from_id == own:
+                continue
+            data = bytes(msg.data)
+            self._count_in(protocol, data)
+            try:
+                handle(data)
+            except WireError as err:
+                self._reject(protocol, ID(msg.from_id).to_base58() if msg.from_id else "?", err)
+
+    async def _sync_from(self, sender: str, session: int, indices: list[int]) -> None:
+        try:
+            record = self.peers.peers.get(sender)
+            assert self.host is not None
+            if record and record.addrs and ID.from_base58(sender) not in self.host.get_connected_peers():
+                await self.connect(PeerInfo(ID.from_base58(sender), parse_addrs(record.addrs)))
+            req = SyncRequest(**self._header(), session=session, indices=indices)
+            reply: SyncReply = await self.request(sender, ids.SYNC, req, SyncReply)
+            for item in reply.items:
+                try:
+                    self._on_announcement(item)
+                except WireError as err:
+                    self._reject(ids.SYNC, sender, err)
+            self.metrics.inc("synced_announcements", len(reply.items))
+        except Exception as exc:
+            log.debug("sync from %s failed: %s", sender[-8:], exc)
+        finally:
+            self._syncing.discard(sender)
+
+    # ---- views ------------------------------------------------------------------------
+
+    def status(self) -> dict[str, Any]:
+        now = time.monotonic()
+        return {
+            "peer_id": self.peer_id,
+            "role": self.cfg.role,
+            "run_id": self.cfg.run_id,
+            "addrs": self.addrs,
+            "peers": [
+                {"peer_id": r.peer_id, "role": r.role, "addrs": r.addrs, "last_seen_s": round(now - r.last_seen, 3)}
+                for r in sorted(self.peers.peers.values(), key=lambda r: (r.role, r.peer_id))
+            ],
+            "peers_by_role": self.peers.by_role(),
+            "traffic": {
+                "messages": self.metrics.by_label("messages", "direction"),
+                "bytes": self.metrics.by_label("bytes", "direction"),
+            },
+            "rejected": self.metrics.by_label("rejected", "reason"),
+            "announcements": {
+                "published": self.outbox.count,
+                "delivered": dict(self.delivered),
+                "queued": self._queue_send.statistics().current_buffer_used,
+            },
+        }
+
+    def prometheus(self) -> str:
+        by_role = self.peers.by_role()
+        gauges = {
+            "peers": {(("role", r),): float(by_role.get(r, 0)) for r in ids.ROLES},
+            "announcements_published": {(): float(self.outbox.count)},
+        }
+        return self.metrics.render(gauges)
+
+
+async def _reset_quietly(stream: INetStream) -> None:
+    try:
+        await stream.reset()
+    except Exception:
+        pass
+
+
+def _ms_since(started: float) -> float:
+    return round((trio.current_time() - started) * 1000, 2)

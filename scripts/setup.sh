@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Installs everything intellect-node needs on a bare Debian machine with Python 3.11+:
+# the C toolchain and GMP headers that py-libp2p's fastecdsa compiles against, a virtual
+# environment in .venv, and the project with its dev extras. Safe to run again.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need_apt=()
+command -v cc >/dev/null 2>&1 || need_apt+=(gcc)
+[ -f /usr/include/gmp.h ] || [ -f /usr/include/x86_64-linux-gnu/gmp.h ] || [ -f /usr/include/aarch64-linux-gnu/gmp.h ] || need_apt+=(libgmp-dev)
+python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || need_apt+=(python3-venv)
+if [ ${#need_apt[@]} -gt 0 ]; then
+    echo "setup: installing system packages: ${need_apt[*]}"
+    SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+    $SUDO apt-get update -qq
+    $SUDO DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" python3-dev
+fi
+
+python3 -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)' \
+    || { echo "setup: Python 3.11 or newer is required" >&2; exit 1; }
+[ -x .venv/bin/python ] || python3 -m venv .venv
+.venv/bin/python -m pip install -q --upgrade pip
+.venv/bin/python -m pip install -q -e '.[dev]'
+echo "setup: done (.venv/bin/intellect-node)"
