@@ -235,9 +235,15 @@ class Node:
         await self._reply(stream, ids.SYNC, SyncReply(**self._header(), items=items))
 
     async def request(self, peer: str, protocol: str, message: Header, reply_type: type[Header]) -> Any:
-        """Send one request to ``peer`` and return its verified, admitted reply."""
+        """Send one request to ``peer`` and return its verified, admitted reply.
+
+        Dials the peer first at the addresses it announced if we are not connected.
+        """
         assert self.host is not None
         pid = ID.from_base58(peer)
+        record = self.peers.peers.get(peer)
+        if record and record.addrs and pid not in self.host.get_connected_peers():
+            await self.connect(PeerInfo(pid, parse_addrs(record.addrs)))
         with trio.fail_after(self.cfg.connect_timeout):
             stream = await self.host.new_stream(pid, [protocol])
         try:
@@ -435,10 +441,6 @@ class Node:
 
     async def _sync_from(self, sender: str, session: int, indices: list[int]) -> None:
         try:
-            record = self.peers.peers.get(sender)
-            assert self.host is not None
-            if record and record.addrs and ID.from_base58(sender) not in self.host.get_connected_peers():
-                await self.connect(PeerInfo(ID.from_base58(sender), parse_addrs(record.addrs)))
             req = SyncRequest(**self._header(), session=session, indices=indices)
             reply: SyncReply = await self.request(sender, ids.SYNC, req, SyncReply)
             for item in reply.items:

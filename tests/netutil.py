@@ -1,0 +1,101 @@
+"""Helpers for tests that run real nodes as separate processes on 127.0.0.1."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from node.admin import read_admin_file
+from node.devnet import NodeProcess, p2p_addr, spawn_node, wait_ready
+
+FAST = {
+    "--heartbeat-interval": "0.5",
+    "--peer-ttl": "6",
+    "--discovery-interval": "0.5",
+    "--read-timeout": "2",
+    "--connect-timeout": "2",
+}
+
+
+class Cluster:
+    """Starts node processes under ``base``; ``close`` stops every one of them."""
+
+    def __init__(self, base: Path, run_id: str = "test-run") -> None:
+        self.base = base
+        self.run_id = run_id
+        self.nodes: list[NodeProcess] = []
+
+    def start(self, role: str, bootstrap: list[str] | None = None, **overrides: str) -> tuple[NodeProcess, dict[str, Any]]:
+        opts = dict(FAST)
+        opts.update({"--" + k.replace("_", "-"): str(v) for k, v in overrides.items()})
+        extra = [x for kv in opts.items() for x in kv]
+        name = f"n{len(self.nodes)}-{role}"
+        node = spawn_node(name, role, self.base, run_id=self.run_id, listen="/ip4/127.0.0.1/tcp/0", bootstrap=bootstrap or [], extra=extra)
+        self.nodes.append(node)
+        return node, wait_ready(node)
+
+    def close(self) -> None:
+        for n in self.nodes:
+            n.stop(grace=5)
+
+
+def addr_of(status: dict[str, Any]) -> str:
+    return p2p_addr(status)
+
+
+def wait_until(pred: Callable[[], Any], timeout: float, what: str, interval: float = 0.2) -> Any:
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = pred()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what} (last: {last!r})")
+
+
+def status(node: NodeProcess) -> dict[str, Any]:
+    st = node.status()
+    assert st is not None, f"{node.name} is not answering:\n{node.log_path.read_text()[-2000:]}"
+    return st
+
+
+def metrics(node: NodeProcess) -> str:
+    port = read_admin_file(node.data_dir)["port"]
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        return r.read().decode()
+
+
+def counter(text: str, name: str, **labels: str) -> int:
+    """Sum of the series of ``name`` whose labels include ``labels``."""
+    total = 0
+    for line in text.splitlines():
+        m = re.fullmatch(rf"{name}(\{{(.*)\}})? (\S+)", line)
+        if not m:
+            continue
+        have = dict(re.findall(r'(\w+)="([^"]*)"', m.group(2) or ""))
+        if all(have.get(k) == v for k, v in labels.items()):
+            total += int(float(m.group(3)))
+    return total
+
+
+def post(node: NodeProcess, path: str, body: dict[str, Any], timeout: float = 30) -> Any:
+    from node.cli import admin_post
+
+    return admin_post(node.data_dir, path, body, timeout=timeout)
+
+
+def peer_roles(node: NodeProcess) -> dict[str, str]:
+    return {p["peer_id"]: p["role"] for p in status(node)["peers"]}
+
+
+def dump_logs(nodes: list[NodeProcess]) -> str:
+    return "\n".join(f"--- {n.name}\n{n.log_path.read_text()[-1500:]}" for n in nodes)
+
+
+__all__ = ["Cluster", "addr_of", "wait_until", "status", "metrics", "counter", "post", "peer_roles", "json"]

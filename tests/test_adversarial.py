@@ -1,0 +1,198 @@
+"""Bad input on every protocol of a real node process, sent by a real libp2p host.
+
+Each bad input must be rejected with its own counted reason, answered (where the stream
+still works) with a signed Refusal naming that reason, and the node must go on serving
+the next valid request.
+"""
+
+import os
+import time
+from contextlib import AsyncExitStack, asynccontextmanager
+
+import msgpack
+import multiaddr
+import pytest
+import trio
+from libp2p.peer.id import ID
+from libp2p.peer.peerinfo import info_from_p2p_addr
+from libp2p.security.insecure.transport import PLAINTEXT_PROTOCOL_ID, InsecureTransport
+from libp2p.tools.anyio_service import background_trio_service
+
+from crypto.identity import Identity
+from node.host import build_host, build_pubsub, key_pair_of
+from protocol import ids
+from protocol.framing import HEADER, read_frame
+from protocol.messages import NodeInfo, Refusal, SyncReply, SyncRequest
+from protocol.wire import open_message, seal
+from tests.netutil import Cluster, addr_of, counter, metrics, peer_roles, status, wait_until
+
+RUN = "test-run"
+
+
+@pytest.fixture
+def target(tmp_path):
+    c = Cluster(tmp_path, run_id=RUN)
+    node, st = c.start("validator", read_timeout="1.5")
+    yield node, st
+    c.close()
+
+
+class Client:
+    def __init__(self, identity, host, peer):
+        self.identity = identity
+        self.host = host
+        self.peer = peer
+        self.seq = time.time_ns() // 1000
+
+    def header(self, run_id=RUN):
+        self.seq += 1
+        return dict(run_id=run_id, sender=self.identity.peer_id, seq=self.seq, ts_ms=int(time.time() * 1000))
+
+    def node_info(self, run_id=RUN):
+        return NodeInfo(**self.header(run_id), role="inference", state="up", addrs=[], session=1, announced=0)
+
+    def sync_request(self, run_id=RUN):
+        return SyncRequest(**self.header(run_id), session=1, indices=[0, 1])
+
+    async def send_raw(self, protocol, raw, *, half_close=True):
+        """Write ``raw`` on a fresh stream; return the reply frame, or None if there is none."""
+        stream = await self.host.new_stream(self.peer, [protocol])
+        try:
+            await stream.write(raw)
+            if half_close:
+                await stream.close_write()
+            try:
+                return await read_frame(stream, 1 << 20, timeout=10)
+            except EOFError:
+                return None
+        finally:
+            await stream.reset()
+
+
+def frame(body):
+    return HEADER.pack(len(body)) + body
+
+
+@asynccontextmanager
+async def connected_client(st, *, with_pubsub=False):
+    identity = Identity.generate()
+    host = build_host(identity)
+    async with host.run([multiaddr.Multiaddr("/ip4/127.0.0.1/tcp/0")]), AsyncExitStack() as stack:
+        client = Client(identity, host, None)
+        if with_pubsub:  # py-libp2p's pubsub only sees connections made after it started
+            client.pubsub = build_pubsub(host)
+            await stack.enter_async_context(background_trio_service(client.pubsub))
+            await client.pubsub.wait_until_ready()
+        info = info_from_p2p_addr(multiaddr.Multiaddr(addr_of(st)))
+        with trio.fail_after(10):
+            await host.connect(info)
+        client.peer = info.peer_id
+        yield client
+
+
+def refusal_reason(reply):
+    assert reply is not None, "expected a Refusal frame"
+    msg = open_message(reply, Refusal, NodeInfo, SyncReply)
+    assert isinstance(msg, Refusal), msg
+    return msg.reason
+
+
+async def read_metrics(node):
+    return await trio.to_thread.run_sync(metrics, node)
+
+
+@pytest.mark.parametrize(
+    ("protocol", "valid_request", "reply_type"),
+    [(ids.PRESENCE, "node_info", NodeInfo), (ids.SYNC, "sync_request", SyncReply)],
+)
+async def test_bad_input_on_request_protocols(target, protocol, valid_request, reply_type):
+    node, st = target
+    async with connected_client(st) as client:
+        make = getattr(client, valid_request)
+
+        async def expect(raw, reason, *, half_close=True, refusal=True):
+            before = counter(await read_metrics(node), "intellect_rejected_total", protocol=protocol, reason=reason)
+            reply = await client.send_raw(protocol, raw, half_close=half_close)
+            if refusal:
+                assert refusal_reason(reply) == reason
+            after = counter(await read_metrics(node), "intellect_rejected_total", protocol=protocol, reason=reason)
+            assert after == before + 1, (reason, before, after)
+            # the node is still up and serves the next valid request
+            ok = await client.send_raw(protocol, frame(seal(client.identity, make())))
+            assert isinstance(open_message(ok, reply_type), reply_type)
+
+        await expect(frame(os.urandom(200)), "malformed")
+        await expect(HEADER.pack(2**31) + os.urandom(64), "oversized")
+        await expect(HEADER.pack(500) + b"\x81\xa1d" + os.urandom(20), "truncated", refusal=True)
+        await expect(frame(msgpack.packb([1, 2, 3])), "malformed")
+        env = msgpack.unpackb(seal(client.identity, make()))
+        await expect(frame(msgpack.packb({"d": env["d"], "p": env["p"], "k": env["k"]})), "malformed")
+        env["s"] = bytes(64)
+        await expect(frame(msgpack.packb(env)), "bad_signature")
+        await expect(frame(seal(Identity.generate(), make())), "sender_mismatch")
+        await expect(frame(seal(client.identity, make(run_id="another-run"))), "wrong_run")
+        replayed = frame(seal(client.identity, make()))
+        first = await client.send_raw(protocol, replayed)
+        assert isinstance(open_message(first, reply_type), reply_type)
+        await expect(replayed, "replay")
+        # a frozen peer: half a frame, then nothing; the node gives up at its read deadline
+        await expect(HEADER.pack(100) + b"\x81", "timeout", half_close=False, refusal=True)
+
+
+async def test_bad_gossip_is_rejected_and_counted(target):
+    node, st = target
+    async with connected_client(st, with_pubsub=True) as client:
+        pubsub = client.pubsub
+        topic = ids.presence_topic(RUN)
+        await pubsub.subscribe(topic)
+        await pubsub.wait_for_peer(client.peer, timeout=10)
+        await pubsub.wait_for_subscription(client.peer, topic, timeout=10)
+        proto = "gossip-presence"
+        good = seal(client.identity, client.node_info())
+        env = msgpack.unpackb(seal(client.identity, client.node_info()))
+        env["s"] = bytes(64)
+        cases = [
+            (os.urandom(100), "malformed"),
+            (msgpack.packb({"a": 1}), "malformed"),
+            (good[: len(good) // 2], "malformed"),
+            (b"\x00" * 10_000, "oversized"),
+            (msgpack.packb(env), "bad_signature"),
+            (seal(client.identity, client.node_info(run_id="another-run")), "wrong_run"),
+            (good, None),  # accepted: the node now knows us
+            (good, "replay"),  # same envelope again (gossip gives it a new msg id)
+        ]
+        expected: dict[str, int] = {}
+        for data, reason in cases:
+            await pubsub.publish(topic, data)
+            await trio.sleep(0.2)  # paced, as our own publisher does
+            if reason:
+                expected[reason] = expected.get(reason, 0) + 1
+
+        def counts():
+            text = metrics(node)
+            return {r: counter(text, "intellect_rejected_total", protocol=proto, reason=r) for r in expected}
+
+        await trio.to_thread.run_sync(lambda: wait_until(lambda: counts() == expected, 15, f"gossip rejections {expected}"))
+        roles = await trio.to_thread.run_sync(peer_roles, node)
+        assert roles.get(client.identity.peer_id) == "inference"
+        assert (await trio.to_thread.run_sync(status, node))["peer_id"] == st["peer_id"]
+
+
+async def test_plaintext_dialer_is_refused(target):
+    node, st = target
+    identity = Identity.generate()
+    key_pair = key_pair_of(identity)
+    from libp2p import new_host
+
+    plain = new_host(key_pair=key_pair, sec_opt={PLAINTEXT_PROTOCOL_ID: InsecureTransport(key_pair)})
+    info = info_from_p2p_addr(multiaddr.Multiaddr(addr_of(st)))
+    async with plain.run([multiaddr.Multiaddr("/ip4/127.0.0.1/tcp/0")]):
+        with pytest.raises(Exception) as exc:  # noqa: PT011 - py-libp2p raises several dial error types
+            with trio.fail_after(15):
+                await plain.connect(info)
+        assert not isinstance(exc.value, trio.TooSlowError), "the dial hung instead of failing"
+        assert ID.from_base58(st["peer_id"]) not in plain.get_connected_peers()
+    # the node is still up, and a Noise dialer still gets in
+    async with connected_client(st) as client:
+        reply = await client.send_raw(ids.PRESENCE, frame(seal(client.identity, client.node_info())))
+        assert open_message(reply, NodeInfo).sender == st["peer_id"]

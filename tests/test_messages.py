@@ -1,0 +1,146 @@
+import msgpack
+import pytest
+
+from crypto.identity import Identity
+from protocol.errors import Reason, WireError
+from protocol.messages import Announcement, NodeInfo, Refusal, SyncReply, SyncRequest
+from protocol.wire import max_envelope_size, open_message, seal
+
+IDENT = Identity.generate()
+
+
+def info(**over):
+    fields = dict(
+        run_id="run-1",
+        sender=IDENT.peer_id,
+        seq=7,
+        ts_ms=1_700_000_000_000,
+        role="inference",
+        state="up",
+        addrs=["/ip4/127.0.0.1/tcp/4001"],
+        session=1,
+        announced=0,
+    )
+    fields.update(over)
+    return NodeInfo(**fields)
+
+
+def raw(msg, **over):
+    body = msgpack.unpackb(msg.encode())
+    body.update(over)
+    return body
+
+
+def reject(cls, data, reason):
+    with pytest.raises(WireError) as exc:
+        cls.decode(data)
+    assert exc.value.reason == reason, exc.value
+    return exc.value
+
+
+def test_roundtrip_every_message():
+    header = dict(run_id="r", sender=IDENT.peer_id, seq=1, ts_ms=2)
+    msgs = [
+        info(),
+        Announcement(**header, topic="weights/v1", session=3, index=4, body=b"\x00" * 100),
+        SyncRequest(**header, session=3, indices=[1, 2, 3]),
+        SyncReply(**header, items=[b"a", b"b"]),
+        Refusal(**header, reason="replay", detail="x"),
+    ]
+    for m in msgs:
+        assert type(m).decode(m.encode()) == m
+        assert open_message(seal(IDENT, m), type(m)) == m
+
+
+def test_missing_and_unknown_fields():
+    body = raw(info())
+    del body["role"]
+    reject(NodeInfo, msgpack.packb(body), Reason.MALFORMED)
+    reject(NodeInfo, msgpack.packb(raw(info(), extra=1)), Reason.MALFORMED)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("seq", -1),
+        ("seq", "7"),
+        ("seq", 1.5),
+        ("seq", True),
+        ("role", "king"),
+        ("state", 3),
+        ("run_id", "Has Spaces"),
+        ("run_id", "x" * 65),
+        ("sender", "not-a-peer-id"),
+        ("addrs", "not-a-list"),
+        ("addrs", ["a"] * 9),
+        ("addrs", [1]),
+        ("addrs", ["x" * 257]),
+    ],
+)
+def test_wrong_types_and_ranges(field, value):
+    err = reject(NodeInfo, msgpack.packb(raw(info(), **{field: value})), Reason.MALFORMED)
+    assert field in str(err)
+
+
+def test_encode_refuses_invalid_message():
+    with pytest.raises(WireError):
+        info(role="king").encode()
+
+
+def test_size_limit_checked_before_decoding():
+    big = b"\x91" + b"\xc4\xff" + b"\x00" * (NodeInfo.MAX_SIZE + 10)
+    reject(NodeInfo, big, Reason.OVERSIZED)
+    with pytest.raises(WireError) as exc:
+        Announcement(run_id="r", sender=IDENT.peer_id, seq=1, ts_ms=1, topic="t", session=0, index=0, body=b"\x00" * (64 * 1024 + 1)).encode()
+    assert exc.value.reason == Reason.MALFORMED
+
+
+@pytest.mark.parametrize(
+    "data",
+    [b"", b"\xc1", b"\x93\x01\x02", msgpack.packb([1, 2]), msgpack.packb("str"), b"\x81\xc0\x01", msgpack.packb(msgpack.ExtType(5, b"x"))],
+)
+def test_garbage_is_malformed(data):
+    reject(NodeInfo, data, Reason.MALFORMED)
+
+
+def test_wrong_type_tag():
+    reject(NodeInfo, msgpack.packb(raw(info(), type="intellect/sync-request/1")), Reason.WRONG_TYPE)
+
+
+def test_envelope_checks():
+    good = seal(IDENT, info())
+    env = msgpack.unpackb(good)
+
+    def bad(reason, **over):
+        e = dict(env)
+        e.update(over)
+        with pytest.raises(WireError) as exc:
+            open_message(msgpack.packb(e), NodeInfo)
+        assert exc.value.reason == reason
+
+    bad(Reason.BAD_SIGNATURE, s=bytes(64))
+    bad(Reason.BAD_SIGNATURE, p=info(seq=8).encode())
+    bad(Reason.WRONG_TYPE, d=SyncRequest.TYPE)
+    bad(Reason.MALFORMED, k=b"short")
+    other = Identity.generate()
+    # validly signed by `other`, but claiming to be IDENT
+    forged = seal(other, info())
+    with pytest.raises(WireError) as exc:
+        open_message(forged, NodeInfo)
+    assert exc.value.reason == Reason.SENDER_MISMATCH
+    with pytest.raises(WireError) as exc:
+        open_message(good + b"\x00" * max_envelope_size(NodeInfo), NodeInfo)
+    assert exc.value.reason == Reason.OVERSIZED
+    with pytest.raises(WireError) as exc:
+        open_message(good + b"\x00", NodeInfo)
+    assert exc.value.reason == Reason.MALFORMED
+
+
+def test_signature_for_one_type_never_verifies_as_another():
+    header = dict(run_id="r", sender=IDENT.peer_id, seq=1, ts_ms=2)
+    req = SyncRequest(**header, session=1, indices=[])
+    env = msgpack.unpackb(seal(IDENT, req))
+    env["d"] = SyncReply.TYPE  # relabel: the signature covered the SyncRequest domain
+    with pytest.raises(WireError) as exc:
+        open_message(msgpack.packb(env), SyncReply)
+    assert exc.value.reason == Reason.BAD_SIGNATURE
