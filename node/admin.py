@@ -78,7 +78,15 @@ class AdminServer:
         path = self.data_dir / ADMIN_FILE
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
-            json.dump({"port": self.port, "token": self.token, "pid": os.getpid(), "peer_id": self.node.peer_id}, f)
+            json.dump(
+                {
+                    "port": self.port,
+                    "token": self.token,
+                    "pid": os.getpid(),
+                    "peer_id": self.node.peer_id,
+                },
+                f,
+            )
         try:
             async with trio.open_nursery() as nursery:
                 await nursery.start(trio.serve_listeners, self._handle, listeners)
@@ -91,13 +99,27 @@ class AdminServer:
             method, path, headers, body = await _read_request(stream)
             status, ctype, payload = await self._route(method, path, headers, body)
         except HttpError as exc:
-            status, ctype, payload = exc.status, "application/json", json.dumps({"error": str(exc)}).encode()
+            status, ctype, payload = (
+                exc.status,
+                "application/json",
+                json.dumps({"error": str(exc)}).encode(),
+            )
         except (trio.TooSlowError, trio.BrokenResourceError, OSError):
             return
         except Exception as exc:  # never let one request take the admin server down
             log.exception("admin request failed: %s", exc)
-            status, ctype, payload = 500, "application/json", json.dumps({"error": str(exc)}).encode()
-        reason = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 413: "Too Large"}.get(status, "Error")
+            status, ctype, payload = (
+                500,
+                "application/json",
+                json.dumps({"error": str(exc)}).encode(),
+            )
+        reason = {
+            200: "OK",
+            400: "Bad Request",
+            401: "Unauthorized",
+            404: "Not Found",
+            413: "Too Large",
+        }.get(status, "Error")
         head = f"HTTP/1.1 {status} {reason}\r\nContent-Type: {ctype}\r\nContent-Length: {len(payload)}\r\nConnection: close\r\n\r\n"
         try:
             with trio.fail_after(READ_TIMEOUT):
@@ -106,7 +128,9 @@ class AdminServer:
         except (trio.TooSlowError, trio.BrokenResourceError, OSError):
             pass
 
-    async def _route(self, method: str, path: str, headers: dict[str, str], body: bytes) -> tuple[int, str, bytes]:
+    async def _route(
+        self, method: str, path: str, headers: dict[str, str], body: bytes
+    ) -> tuple[int, str, bytes]:
         if method == "GET" and path == "/status":
             return 200, "application/json", json.dumps(self.node.status()).encode()
         if method == "GET" and path == "/metrics":

@@ -38,13 +38,29 @@ configuration: defaults < --config FILE (TOML) < INTELLECT_NODE_<FIELD> env vars
 def _add_node_flags(p: argparse.ArgumentParser) -> None:
     fields = NodeConfig.model_fields
     p.add_argument("--config", type=Path, help="TOML file with any of the settings below")
-    p.add_argument("--print-config", action="store_true", help="print the resolved configuration and exit")
-    p.add_argument("--role", choices=["bootstrap", "inference", "validator", "trainer"], help=fields["role"].description)
+    p.add_argument(
+        "--print-config", action="store_true", help="print the resolved configuration and exit"
+    )
+    p.add_argument(
+        "--role",
+        choices=["bootstrap", "inference", "validator", "trainer"],
+        help=fields["role"].description,
+    )
     p.add_argument("--name", help=fields["name"].description)
     p.add_argument("--data-dir", type=Path, help=fields["data_dir"].description)
     p.add_argument("--run-id", help=fields["run_id"].description)
-    p.add_argument("--listen", action="append", metavar="MULTIADDR", help=fields["listen"].description + " Repeatable.")
-    p.add_argument("--bootstrap", action="append", metavar="MULTIADDR", help=fields["bootstrap"].description + " Repeatable.")
+    p.add_argument(
+        "--listen",
+        action="append",
+        metavar="MULTIADDR",
+        help=fields["listen"].description + " Repeatable.",
+    )
+    p.add_argument(
+        "--bootstrap",
+        action="append",
+        metavar="MULTIADDR",
+        help=fields["bootstrap"].description + " Repeatable.",
+    )
     for name in (
         "admin_port",
         "heartbeat_interval",
@@ -58,8 +74,16 @@ def _add_node_flags(p: argparse.ArgumentParser) -> None:
         "announce_buffer",
     ):
         f = fields[name]
-        p.add_argument("--" + name.replace("_", "-"), type=type(f.default), help=f"{f.description} (default {f.default})")
-    p.add_argument("--log-level", choices=["debug", "info", "warning", "error"], help=fields["log_level"].description)
+        p.add_argument(
+            "--" + name.replace("_", "-"),
+            type=type(f.default),
+            help=f"{f.description} (default {f.default})",
+        )
+    p.add_argument(
+        "--log-level",
+        choices=["debug", "info", "warning", "error"],
+        help=fields["log_level"].description,
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -74,7 +98,9 @@ def build_parser() -> argparse.ArgumentParser:
     start = sub.add_parser("start", help="run a node in one role until Ctrl-C / SIGTERM")
     _add_node_flags(start)
 
-    status = sub.add_parser("status", help="show a running node's peer id, addresses, peers and traffic")
+    status = sub.add_parser(
+        "status", help="show a running node's peer id, addresses, peers and traffic"
+    )
     status.add_argument("--data-dir", type=Path, help="the node's data dir")
     status.add_argument("--name", help="the node's name (data dir ~/.intellect-node/<name>)")
     status.add_argument("--json", action="store_true", help="print the raw JSON")
@@ -84,17 +110,28 @@ def build_parser() -> argparse.ArgumentParser:
     ping.add_argument("--data-dir", type=Path)
     ping.add_argument("--name")
 
-    keys = sub.add_parser("keys", help="create or show this node's identity (Ed25519 key, mode 0600)")
+    keys = sub.add_parser(
+        "keys", help="create or show this node's identity (Ed25519 key, mode 0600)"
+    )
     keys.add_argument("action", choices=["new", "show"])
     keys.add_argument("--data-dir", type=Path)
     keys.add_argument("--name")
     keys.add_argument("--force", action="store_true", help="with new: replace an existing key")
 
-    devnet = sub.add_parser("devnet", help="run a local network (bootstrap, trainer, validator, inference) on 127.0.0.1")
-    devnet.add_argument("--inference", type=int, default=2, help="number of inference nodes (default 2)")
+    devnet = sub.add_parser(
+        "devnet", help="run a local network (bootstrap, trainer, validator, inference) on 127.0.0.1"
+    )
+    devnet.add_argument(
+        "--inference", type=int, default=2, help="number of inference nodes (default 2)"
+    )
     devnet.add_argument("--base-dir", type=Path, default=Path.home() / ".intellect-node" / "devnet")
     devnet.add_argument("--run-id", default="devnet")
-    devnet.add_argument("--duration", type=float, default=0, help="stop after this many seconds (0: run until Ctrl-C)")
+    devnet.add_argument(
+        "--duration",
+        type=float,
+        default=0,
+        help="stop after this many seconds (0: run until Ctrl-C)",
+    )
     return parser
 
 
@@ -127,7 +164,9 @@ def cmd_start(args: argparse.Namespace) -> int:
     from node.admin import AdminServer
     from node.runtime import Node
 
-    setup_logging(cfg.log_level, identity.peer_id[-8:])  # after py-libp2p's import-time logging setup
+    setup_logging(
+        cfg.log_level, identity.peer_id[-8:]
+    )  # after py-libp2p's import-time logging setup
 
     async def main() -> None:
         node = Node(cfg, identity)
@@ -147,7 +186,10 @@ def cmd_start(args: argparse.Namespace) -> int:
                 print(f"  admin   : http://127.0.0.1:{port}/status (metrics at /metrics)")
                 print(f"  role    : {ROLE_NOTES[cfg.role]}", flush=True)
                 async for _sig in signals:
-                    print("stopping: announcing departure to peers (Ctrl-C again to force)", flush=True)
+                    print(
+                        "stopping: announcing departure to peers (Ctrl-C again to force)",
+                        flush=True,
+                    )
                     node.request_stop()
                     break
 
@@ -217,7 +259,11 @@ def cmd_keys(args: argparse.Namespace) -> int:
     from node.keystore import create_identity, key_path, load_identity
 
     data_dir = _data_dir(args)
-    ident = create_identity(data_dir, force=args.force) if args.action == "new" else load_identity(data_dir)
+    ident = (
+        create_identity(data_dir, force=args.force)
+        if args.action == "new"
+        else load_identity(data_dir)
+    )
     print(f"peer id    {ident.peer_id}")
     print(f"public key {ident.public_bytes.hex()}")
     print(f"key file   {key_path(data_dir)}")
@@ -227,10 +273,18 @@ def cmd_keys(args: argparse.Namespace) -> int:
 def cmd_devnet(args: argparse.Namespace) -> int:
     from node.devnet import run_devnet
 
-    return run_devnet(args.base_dir, run_id=args.run_id, inference=args.inference, duration=args.duration)
+    return run_devnet(
+        args.base_dir, run_id=args.run_id, inference=args.inference, duration=args.duration
+    )
 
 
-COMMANDS = {"start": cmd_start, "status": cmd_status, "ping": cmd_ping, "keys": cmd_keys, "devnet": cmd_devnet}
+COMMANDS = {
+    "start": cmd_start,
+    "status": cmd_status,
+    "ping": cmd_ping,
+    "keys": cmd_keys,
+    "devnet": cmd_devnet,
+}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -28,25 +28,58 @@ class NodeConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
     role: Role = Field("inference", description="What this node does in the run.")
-    name: str | None = Field(None, description="Node name; picks the default data dir. Default: the role.")
-    data_dir: Path | None = Field(None, description="Identity, admin port file and state. Default ~/.intellect-node/<name>.")
-    run_id: str = Field("devnet", description="The training run this node belongs to; other runs are rejected.")
+    name: str | None = Field(
+        None, description="Node name; picks the default data dir. Default: the role."
+    )
+    data_dir: Path | None = Field(
+        None, description="Identity, admin port file and state. Default ~/.intellect-node/<name>."
+    )
+    run_id: str = Field(
+        "devnet", description="The training run this node belongs to; other runs are rejected."
+    )
     listen: list[str] = Field(
         default_factory=lambda: ["/ip4/0.0.0.0/tcp/0"],
         description="libp2p listen multiaddrs (TCP). Use a fixed port to be a stable bootstrap.",
     )
-    bootstrap: list[str] = Field(default_factory=list, description="Multiaddrs (with /p2p/<id>) of peers to join through.")
-    admin_port: int = Field(0, ge=0, le=65535, description="Local admin/metrics HTTP port on 127.0.0.1 (0: any free port).")
-    heartbeat_interval: float = Field(5.0, ge=0.1, le=300, description="Seconds between presence heartbeats on gossip.")
-    peer_ttl: float = Field(20.0, ge=0.3, le=3600, description="A peer silent this many seconds is forgotten.")
-    discovery_interval: float = Field(5.0, ge=0.1, le=600, description="Seconds between DHT lookups for new peers.")
-    read_timeout: float = Field(10.0, ge=0.05, le=600, description="Deadline in seconds for every remote read.")
-    connect_timeout: float = Field(5.0, ge=0.05, le=600, description="Deadline in seconds for dialing a peer.")
-    max_clock_skew: float = Field(300.0, ge=1, le=86400, description="Messages whose timestamp is further off are stale.")
-    gossip_rate: float = Field(100.0, ge=1, le=10000, description="Most announcements per second this node publishes.")
-    gossip_queue: int = Field(10000, ge=16, le=1_000_000, description="Announcements that may wait for the pacer.")
-    announce_buffer: int = Field(4096, ge=64, le=1_000_000, description="Own announcements kept for peers that missed them.")
-    log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log verbosity.")
+    bootstrap: list[str] = Field(
+        default_factory=list, description="Multiaddrs (with /p2p/<id>) of peers to join through."
+    )
+    admin_port: int = Field(
+        0,
+        ge=0,
+        le=65535,
+        description="Local admin/metrics HTTP port on 127.0.0.1 (0: any free port).",
+    )
+    heartbeat_interval: float = Field(
+        5.0, ge=0.1, le=300, description="Seconds between presence heartbeats on gossip."
+    )
+    peer_ttl: float = Field(
+        20.0, ge=0.3, le=3600, description="A peer silent this many seconds is forgotten."
+    )
+    discovery_interval: float = Field(
+        5.0, ge=0.1, le=600, description="Seconds between DHT lookups for new peers."
+    )
+    read_timeout: float = Field(
+        10.0, ge=0.05, le=600, description="Deadline in seconds for every remote read."
+    )
+    connect_timeout: float = Field(
+        5.0, ge=0.05, le=600, description="Deadline in seconds for dialing a peer."
+    )
+    max_clock_skew: float = Field(
+        300.0, ge=1, le=86400, description="Messages whose timestamp is further off are stale."
+    )
+    gossip_rate: float = Field(
+        100.0, ge=1, le=10000, description="Most announcements per second this node publishes."
+    )
+    gossip_queue: int = Field(
+        10000, ge=16, le=1_000_000, description="Announcements that may wait for the pacer."
+    )
+    announce_buffer: int = Field(
+        4096, ge=64, le=1_000_000, description="Own announcements kept for peers that missed them."
+    )
+    log_level: Literal["debug", "info", "warning", "error"] = Field(
+        "info", description="Log verbosity."
+    )
 
     @field_validator("run_id")
     @classmethod
@@ -78,7 +111,10 @@ def _from_env(environ: dict[str, str]) -> dict[str, Any]:
 
 
 def load_config(
-    *, file: Path | None = None, flags: dict[str, Any] | None = None, environ: dict[str, str] | None = None
+    *,
+    file: Path | None = None,
+    flags: dict[str, Any] | None = None,
+    environ: dict[str, str] | None = None,
 ) -> NodeConfig:
     """Merge defaults, the TOML ``file``, the environment and ``flags`` (None = not given)."""
     merged: dict[str, Any] = {}

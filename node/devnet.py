@@ -50,7 +50,9 @@ class NodeProcess:
         if info is None:
             return None
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{info['port']}/status", timeout=timeout) as r:
+            with urllib.request.urlopen(
+                f"http://127.0.0.1:{info['port']}/status", timeout=timeout
+            ) as r:
                 st: dict[str, Any] = json.loads(r.read())
                 return st
         except OSError:
@@ -68,19 +70,45 @@ class NodeProcess:
 
 
 def spawn_node(
-    name: str, role: str, base_dir: Path, *, run_id: str, listen: str, bootstrap: list[str], extra: list[str] | None = None
+    name: str,
+    role: str,
+    base_dir: Path,
+    *,
+    run_id: str,
+    listen: str,
+    bootstrap: list[str],
+    extra: list[str] | None = None,
 ) -> NodeProcess:
     data_dir = base_dir / name
     data_dir.mkdir(parents=True, exist_ok=True)
     (data_dir / ADMIN_FILE).unlink(missing_ok=True)
     log_path = data_dir / "node.log"
-    cmd = [sys.executable, "-m", "node.cli", "start", "--role", role, "--data-dir", str(data_dir), "--run-id", run_id, "--listen", listen]
+    cmd = [
+        sys.executable,
+        "-m",
+        "node.cli",
+        "start",
+        "--role",
+        role,
+        "--data-dir",
+        str(data_dir),
+        "--run-id",
+        run_id,
+        "--listen",
+        listen,
+    ]
     for b in bootstrap:
         cmd += ["--bootstrap", b]
     cmd += extra or []
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=Path(__file__).resolve().parent.parent)
+        proc = subprocess.Popen(
+            cmd,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=Path(__file__).resolve().parent.parent,
+        )
     return NodeProcess(name, role, data_dir, proc, log_path)
 
 
@@ -88,7 +116,9 @@ def wait_ready(node: NodeProcess, timeout: float = 60) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if node.proc.poll() is not None:
-            raise RuntimeError(f"{node.name} exited with {node.proc.returncode}:\n{node.log_path.read_text()[-3000:]}")
+            raise RuntimeError(
+                f"{node.name} exited with {node.proc.returncode}:\n{node.log_path.read_text()[-3000:]}"
+            )
         st = node.status()
         if st is not None:
             return st
@@ -109,7 +139,9 @@ def table(nodes: list[NodeProcess]) -> str:
             rows.append(f"{n.name:<12} {n.role:<10} {'(not answering)':<54}")
             continue
         by_role = ", ".join(f"{r}={c}" for r, c in sorted(st["peers_by_role"].items()))
-        rows.append(f"{n.name:<12} {n.role:<10} {st['peer_id']:<54} {len(st['peers']):>5}  {by_role}")
+        rows.append(
+            f"{n.name:<12} {n.role:<10} {st['peer_id']:<54} {len(st['peers']):>5}  {by_role}"
+        )
     return "\n".join(rows)
 
 
@@ -125,13 +157,33 @@ def run_devnet(base_dir: Path, *, run_id: str, inference: int, duration: float) 
 
     old = signal.signal(signal.SIGINT, on_signal), signal.signal(signal.SIGTERM, on_signal)
     try:
-        boot = spawn_node("bootstrap", "bootstrap", base_dir, run_id=run_id, listen=f"/ip4/127.0.0.1/tcp/{free_port()}", bootstrap=[], extra=fast)
+        boot = spawn_node(
+            "bootstrap",
+            "bootstrap",
+            base_dir,
+            run_id=run_id,
+            listen=f"/ip4/127.0.0.1/tcp/{free_port()}",
+            bootstrap=[],
+            extra=fast,
+        )
         nodes.append(boot)
         boot_addr = p2p_addr(wait_ready(boot))
         print(f"devnet: bootstrap at {boot_addr}", flush=True)
-        roles = [("trainer", "trainer"), ("validator", "validator")] + [(f"inference-{i}", "inference") for i in range(inference)]
+        roles = [("trainer", "trainer"), ("validator", "validator")] + [
+            (f"inference-{i}", "inference") for i in range(inference)
+        ]
         for name, role in roles:
-            nodes.append(spawn_node(name, role, base_dir, run_id=run_id, listen="/ip4/127.0.0.1/tcp/0", bootstrap=[boot_addr], extra=fast))
+            nodes.append(
+                spawn_node(
+                    name,
+                    role,
+                    base_dir,
+                    run_id=run_id,
+                    listen="/ip4/127.0.0.1/tcp/0",
+                    bootstrap=[boot_addr],
+                    extra=fast,
+                )
+            )
         for n in nodes[1:]:
             wait_ready(n)
         started = time.monotonic()
@@ -141,7 +193,10 @@ def run_devnet(base_dir: Path, *, run_id: str, inference: int, duration: float) 
             if all(st is not None and len(st["peers"]) == want for st in sts):
                 break
             time.sleep(0.5)
-        print(f"devnet: {len(nodes)} nodes, discovery took {time.monotonic() - started:.1f} s", flush=True)
+        print(
+            f"devnet: {len(nodes)} nodes, discovery took {time.monotonic() - started:.1f} s",
+            flush=True,
+        )
         print(table(nodes), flush=True)
         print(f"devnet: logs and keys under {base_dir}; Ctrl-C stops every node", flush=True)
         last = time.monotonic()

@@ -52,7 +52,9 @@ def key_pair_of(identity: Identity) -> KeyPair:
 def build_host(identity: Identity) -> IHost:
     key_pair = key_pair_of(identity)
     security: Any = {
-        NOISE_PROTOCOL_ID: NoiseTransport(key_pair, noise_privkey=create_x25519_key_pair().private_key)
+        NOISE_PROTOCOL_ID: NoiseTransport(
+            key_pair, noise_privkey=create_x25519_key_pair().private_key
+        )
     }
     return new_host(key_pair=key_pair, sec_opt=security, muxer_preference="YAMUX")
 

@@ -43,9 +43,13 @@ def load_identity(data_dir: Path) -> Identity:
     try:
         mode = path.stat().st_mode
     except FileNotFoundError as exc:
-        raise KeystoreError(f"no identity at {path} (run: intellect-node keys new --data-dir {data_dir})") from exc
+        raise KeystoreError(
+            f"no identity at {path} (run: intellect-node keys new --data-dir {data_dir})"
+        ) from exc
     if mode & (stat.S_IRWXG | stat.S_IRWXO):
-        raise KeystoreError(f"{path} is accessible by other users (mode {oct(mode & 0o777)}); chmod 600 it")
+        raise KeystoreError(
+            f"{path} is accessible by other users (mode {oct(mode & 0o777)}); chmod 600 it"
+        )
     raw = path.read_bytes()
     if len(raw) != PRIVATE_KEY_SIZE:
         raise KeystoreError(f"{path} is not a {PRIVATE_KEY_SIZE}-byte Ed25519 key")

@@ -1,8 +1,8 @@
 """Token bucket that paces gossip publishing below the rate the mesh can carry.
 
 Pure: ``delay(now)`` says how long to wait before the next send may go out and
-``take(now)`` spends one token. The publisher task sleeps for the delay (so it is tested
-with trio's MockClock).
+``take(now)`` spends one token. The single publisher task sleeps for the delay, then
+takes (so it is tested with trio's MockClock).
 """
 
 from __future__ import annotations
@@ -35,6 +35,6 @@ class TokenBucket:
 
     def take(self, now: float) -> None:
         self._refill(now)
-        if self.tokens < 1:
+        if self.tokens < 1 - 1e-9:  # float slack after sleeping exactly delay(now)
             raise RuntimeError("no token available; wait delay(now) first")
         self.tokens -= 1

@@ -34,7 +34,14 @@ from libp2p.tools.anyio_service import background_trio_service
 from crypto.identity import Identity
 from node.announcements import Inbox, Outbox
 from node.config import NodeConfig
-from node.host import advertised_addrs, build_dht, build_host, build_pubsub, local_ipv4s, parse_addrs
+from node.host import (
+    advertised_addrs,
+    build_dht,
+    build_host,
+    build_pubsub,
+    local_ipv4s,
+    parse_addrs,
+)
 from node.metrics import Metrics
 from node.pacing import TokenBucket
 from node.peers import PeerTable
@@ -82,7 +89,9 @@ class Node:
         self.delivered: Counter[str] = Counter()
         self.announcement_handlers: list[AnnouncementHandler] = []
         self._pacer = TokenBucket(rate=cfg.gossip_rate, burst=max(1.0, cfg.gossip_rate / 10))
-        self._queue_send, self._queue_recv = trio.open_memory_channel[tuple[str, bytes]](cfg.gossip_queue)
+        self._queue_send, self._queue_recv = trio.open_memory_channel[tuple[str, bytes]](
+            cfg.gossip_queue
+        )
         self._syncing: set[str] = set()
         self._stop = trio.Event()
         self._nursery: trio.Nursery | None = None
@@ -93,7 +102,12 @@ class Node:
 
     def _header(self) -> dict[str, Any]:
         self._seq += 1
-        return {"run_id": self.cfg.run_id, "sender": self.peer_id, "seq": self._seq, "ts_ms": now_ms()}
+        return {
+            "run_id": self.cfg.run_id,
+            "sender": self.peer_id,
+            "seq": self._seq,
+            "ts_ms": now_ms(),
+        }
 
     def node_info(self, state: str = "up") -> NodeInfo:
         return NodeInfo(
@@ -115,7 +129,13 @@ class Node:
 
     def _reject(self, protocol: str, peer: str, err: WireError) -> None:
         self.metrics.inc("rejected", reason=err.reason.value, protocol=protocol)
-        log.info("rejected input protocol=%s peer=%s reason=%s detail=%s", protocol, peer[-8:], err.reason, err.detail)
+        log.info(
+            "rejected input protocol=%s peer=%s reason=%s detail=%s",
+            protocol,
+            peer[-8:],
+            err.reason,
+            err.detail,
+        )
 
     # ---- lifecycle --------------------------------------------------------------------
 
@@ -129,20 +149,32 @@ class Node:
             await stack.enter_async_context(background_trio_service(pubsub))
             await stack.enter_async_context(background_trio_service(dht))
             await pubsub.wait_until_ready()
-            self.addrs = advertised_addrs([str(a) for a in host.get_transport_addrs()], local_ipv4s())
+            self.addrs = advertised_addrs(
+                [str(a) for a in host.get_transport_addrs()], local_ipv4s()
+            )
             host.set_stream_handler(ids.PRESENCE, self._guard(ids.PRESENCE, self._handle_presence))
             host.set_stream_handler(ids.SYNC, self._guard(ids.SYNC, self._handle_sync))
             presence_sub = await pubsub.subscribe(ids.presence_topic(self.cfg.run_id))
             announce_sub = await pubsub.subscribe(ids.announce_topic(self.cfg.run_id))
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
-                nursery.start_soon(self._drain, presence_sub, "gossip-presence", self._on_presence_gossip)
-                nursery.start_soon(self._drain, announce_sub, "gossip-announce", self._on_announcement_gossip)
+                nursery.start_soon(
+                    self._drain, presence_sub, "gossip-presence", self._on_presence_gossip
+                )
+                nursery.start_soon(
+                    self._drain, announce_sub, "gossip-announce", self._on_announcement_gossip
+                )
                 nursery.start_soon(self._heartbeat_loop)
                 nursery.start_soon(self._expiry_loop)
                 nursery.start_soon(self._discovery_loop)
                 nursery.start_soon(self._publisher_loop)
-                log.info("node up peer_id=%s role=%s run=%s addrs=%s", self.peer_id, self.cfg.role, self.cfg.run_id, self.addrs)
+                log.info(
+                    "node up peer_id=%s role=%s run=%s addrs=%s",
+                    self.peer_id,
+                    self.cfg.role,
+                    self.cfg.run_id,
+                    self.addrs,
+                )
                 task_status.started(self)
                 await self._stop.wait()
                 await self._leave()
@@ -208,11 +240,13 @@ class Node:
     async def _refuse(self, stream: INetStream, err: WireError) -> None:
         refusal = Refusal(**self._header(), reason=err.reason.value, detail=err.detail[:256])
         try:
-            await write_frame(stream, seal(self.identity, refusal), timeout=1.0)
+            await write_frame(stream, seal(self.identity, refusal), deadline=1.0)
         except Exception:
             await _reset_quietly(stream)
 
-    async def _read_request(self, stream: INetStream, peer: str, protocol: str, cls: type[Header]) -> Any:
+    async def _read_request(
+        self, stream: INetStream, peer: str, protocol: str, cls: type[Header]
+    ) -> Any:
         data = await read_frame(stream, max_envelope_size(cls), self.cfg.read_timeout)
         self._count_in(protocol, data)
         msg = open_message(data, cls)
@@ -234,7 +268,9 @@ class Node:
         items = self.outbox.get(msg.session, msg.indices)
         await self._reply(stream, ids.SYNC, SyncReply(**self._header(), items=items))
 
-    async def request(self, peer: str, protocol: str, message: Header, reply_type: type[Header]) -> Any:
+    async def request(
+        self, peer: str, protocol: str, message: Header, reply_type: type[Header]
+    ) -> Any:
         """Send one request to ``peer`` and return its verified, admitted reply.
 
         Dials the peer first at the addresses it announced if we are not connected.
@@ -251,7 +287,9 @@ class Node:
             self._count_out(protocol, data)
             await write_frame(stream, data, self.cfg.read_timeout)
             try:
-                reply_data = await read_frame(stream, max_envelope_size(reply_type, Refusal), self.cfg.read_timeout)
+                reply_data = await read_frame(
+                    stream, max_envelope_size(reply_type, Refusal), self.cfg.read_timeout
+                )
             except EOFError as exc:
                 raise WireError(Reason.TRUNCATED, "peer closed without replying") from exc
             self._count_in(protocol, reply_data)
@@ -296,9 +334,17 @@ class Node:
         except trio.TooSlowError:
             return {"ok": False, "error": "timeout (dial)", "elapsed_ms": _ms_since(started)}
         except WireError as err:
-            return {"ok": False, "error": f"{err.reason.value}: {err.detail}", "elapsed_ms": _ms_since(started)}
+            return {
+                "ok": False,
+                "error": f"{err.reason.value}: {err.detail}",
+                "elapsed_ms": _ms_since(started),
+            }
         except Exception as exc:
-            return {"ok": False, "error": f"{type(exc).__name__}: {exc}", "elapsed_ms": _ms_since(started)}
+            return {
+                "ok": False,
+                "error": f"{type(exc).__name__}: {exc}",
+                "elapsed_ms": _ms_since(started),
+            }
         return {"ok": True, "role": reply.role, "rtt_ms": _ms_since(started)}
 
     # ---- presence ---------------------------------------------------------------------
@@ -334,7 +380,11 @@ class Node:
         while True:
             await trio.sleep(min(1.0, self.cfg.peer_ttl / 4))
             for peer in self.peers.expire(time.monotonic()):
-                log.info("peer expired peer=%s (silent for more than %.1f s)", peer[-8:], self.cfg.peer_ttl)
+                log.info(
+                    "peer expired peer=%s (silent for more than %.1f s)",
+                    peer[-8:],
+                    self.cfg.peer_ttl,
+                )
 
     # ---- discovery --------------------------------------------------------------------
 
@@ -391,11 +441,12 @@ class Node:
     async def _publisher_loop(self) -> None:
         topic_name = ids.announce_topic(self.cfg.run_id)
         async for topic, body in self._queue_recv:
-            while (wait := self._pacer.delay(trio.current_time())) > 0:
-                await trio.sleep(wait)
+            await trio.sleep(self._pacer.delay(trio.current_time()))
             self._pacer.take(trio.current_time())
             index = self.outbox.next_index()
-            msg = Announcement(**self._header(), topic=topic, session=self.outbox.session, index=index, body=body)
+            msg = Announcement(
+                **self._header(), topic=topic, session=self.outbox.session, index=index, body=body
+            )
             data = seal(self.identity, msg)
             self.outbox.add(index, data)
             self._count_out("gossip-announce", data)
@@ -464,7 +515,12 @@ class Node:
             "run_id": self.cfg.run_id,
             "addrs": self.addrs,
             "peers": [
-                {"peer_id": r.peer_id, "role": r.role, "addrs": r.addrs, "last_seen_s": round(now - r.last_seen, 3)}
+                {
+                    "peer_id": r.peer_id,
+                    "role": r.role,
+                    "addrs": r.addrs,
+                    "last_seen_s": round(now - r.last_seen, 3),
+                }
                 for r in sorted(self.peers.peers.values(), key=lambda r: (r.role, r.peer_id))
             ],
             "peers_by_role": self.peers.by_role(),

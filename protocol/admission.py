@@ -41,7 +41,9 @@ class ReplayWindow:
         self._keys.move_to_end(key)
         if seq > w.highest:
             shift = seq - w.highest
-            w.mask = ((w.mask << shift) | 1) & ((1 << self.window) - 1) if shift < self.window else 1
+            w.mask = (
+                ((w.mask << shift) | 1) & ((1 << self.window) - 1) if shift < self.window else 1
+            )
             w.highest = seq
             return True
         offset = w.highest - seq

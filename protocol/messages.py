@@ -72,7 +72,9 @@ class SyncReply(Header):
     TYPE = "intellect/sync-reply/1"
     MAX_SIZE = MAX_SYNC_ITEMS * (Announcement.MAX_SIZE + 256) + 1024
 
-    items: list[bytes] = listof(FieldSpec(bytes, max_len=Announcement.MAX_SIZE + 256), MAX_SYNC_ITEMS)
+    items: list[bytes] = listof(
+        FieldSpec(bytes, max_len=Announcement.MAX_SIZE + 256), MAX_SYNC_ITEMS
+    )
 
 
 @dataclass(frozen=True)

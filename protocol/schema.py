@@ -51,7 +51,9 @@ class FieldSpec:
                 raise WireError(Reason.MALFORMED, f"{name}: length must be {self.exact_len}")
             if len(value) > self.max_len:
                 raise WireError(Reason.MALFORMED, f"{name}: longer than {self.max_len}")
-            if self.pattern is not None and not re.fullmatch(self.pattern, value):
+            if self.pattern is not None and not (
+                isinstance(value, str) and re.fullmatch(self.pattern, value)
+            ):
                 raise WireError(Reason.MALFORMED, f"{name}: does not match {self.pattern}")
             if self.choices is not None and value not in self.choices:
                 raise WireError(Reason.MALFORMED, f"{name}: {value!r} not one of {self.choices}")
@@ -76,7 +78,9 @@ def u64(lo: int = 0, hi: int = U64_MAX) -> Any:
     return spec(FieldSpec(int, lo=lo, hi=hi))
 
 
-def text(max_len: int, *, pattern: str | None = None, choices: tuple[str, ...] | None = None) -> Any:
+def text(
+    max_len: int, *, pattern: str | None = None, choices: tuple[str, ...] | None = None
+) -> Any:
     return spec(FieldSpec(str, max_len=max_len, pattern=pattern, choices=choices))
 
 

@@ -30,12 +30,22 @@ class Cluster:
         self.run_id = run_id
         self.nodes: list[NodeProcess] = []
 
-    def start(self, role: str, bootstrap: list[str] | None = None, **overrides: str) -> tuple[NodeProcess, dict[str, Any]]:
+    def start(
+        self, role: str, bootstrap: list[str] | None = None, **overrides: str
+    ) -> tuple[NodeProcess, dict[str, Any]]:
         opts = dict(FAST)
         opts.update({"--" + k.replace("_", "-"): str(v) for k, v in overrides.items()})
         extra = [x for kv in opts.items() for x in kv]
         name = f"n{len(self.nodes)}-{role}"
-        node = spawn_node(name, role, self.base, run_id=self.run_id, listen="/ip4/127.0.0.1/tcp/0", bootstrap=bootstrap or [], extra=extra)
+        node = spawn_node(
+            name,
+            role,
+            self.base,
+            run_id=self.run_id,
+            listen="/ip4/127.0.0.1/tcp/0",
+            bootstrap=bootstrap or [],
+            extra=extra,
+        )
         self.nodes.append(node)
         return node, wait_ready(node)
 
@@ -98,4 +108,14 @@ def dump_logs(nodes: list[NodeProcess]) -> str:
     return "\n".join(f"--- {n.name}\n{n.log_path.read_text()[-1500:]}" for n in nodes)
 
 
-__all__ = ["Cluster", "addr_of", "wait_until", "status", "metrics", "counter", "post", "peer_roles", "json"]
+__all__ = [
+    "Cluster",
+    "addr_of",
+    "wait_until",
+    "status",
+    "metrics",
+    "counter",
+    "post",
+    "peer_roles",
+    "json",
+]

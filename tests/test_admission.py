@@ -12,7 +12,15 @@ IDENT = Identity.generate()
 
 def info(seq, run_id="run-1", ts_ms=1_000_000):
     return NodeInfo(
-        run_id=run_id, sender=IDENT.peer_id, seq=seq, ts_ms=ts_ms, role="trainer", state="up", addrs=[], session=0, announced=0
+        run_id=run_id,
+        sender=IDENT.peer_id,
+        seq=seq,
+        ts_ms=ts_ms,
+        role="trainer",
+        state="up",
+        addrs=[],
+        session=0,
+        announced=0,
     )
 
 

@@ -46,10 +46,14 @@ class Client:
 
     def header(self, run_id=RUN):
         self.seq += 1
-        return dict(run_id=run_id, sender=self.identity.peer_id, seq=self.seq, ts_ms=int(time.time() * 1000))
+        return dict(
+            run_id=run_id, sender=self.identity.peer_id, seq=self.seq, ts_ms=int(time.time() * 1000)
+        )
 
     def node_info(self, run_id=RUN):
-        return NodeInfo(**self.header(run_id), role="inference", state="up", addrs=[], session=1, announced=0)
+        return NodeInfo(
+            **self.header(run_id), role="inference", state="up", addrs=[], session=1, announced=0
+        )
 
     def sync_request(self, run_id=RUN):
         return SyncRequest(**self.header(run_id), session=1, indices=[0, 1])
@@ -62,7 +66,7 @@ class Client:
             if half_close:
                 await stream.close_write()
             try:
-                return await read_frame(stream, 1 << 20, timeout=10)
+                return await read_frame(stream, 1 << 20, deadline=10)
             except EOFError:
                 return None
         finally:
@@ -111,11 +115,21 @@ async def test_bad_input_on_request_protocols(target, protocol, valid_request, r
         make = getattr(client, valid_request)
 
         async def expect(raw, reason, *, half_close=True, refusal=True):
-            before = counter(await read_metrics(node), "intellect_rejected_total", protocol=protocol, reason=reason)
+            before = counter(
+                await read_metrics(node),
+                "intellect_rejected_total",
+                protocol=protocol,
+                reason=reason,
+            )
             reply = await client.send_raw(protocol, raw, half_close=half_close)
             if refusal:
                 assert refusal_reason(reply) == reason
-            after = counter(await read_metrics(node), "intellect_rejected_total", protocol=protocol, reason=reason)
+            after = counter(
+                await read_metrics(node),
+                "intellect_rejected_total",
+                protocol=protocol,
+                reason=reason,
+            )
             assert after == before + 1, (reason, before, after)
             # the node is still up and serves the next valid request
             ok = await client.send_raw(protocol, frame(seal(client.identity, make())))
@@ -126,7 +140,9 @@ async def test_bad_input_on_request_protocols(target, protocol, valid_request, r
         await expect(HEADER.pack(500) + b"\x81\xa1d" + os.urandom(20), "truncated", refusal=True)
         await expect(frame(msgpack.packb([1, 2, 3])), "malformed")
         env = msgpack.unpackb(seal(client.identity, make()))
-        await expect(frame(msgpack.packb({"d": env["d"], "p": env["p"], "k": env["k"]})), "malformed")
+        await expect(
+            frame(msgpack.packb({"d": env["d"], "p": env["p"], "k": env["k"]})), "malformed"
+        )
         env["s"] = bytes(64)
         await expect(frame(msgpack.packb(env)), "bad_signature")
         await expect(frame(seal(Identity.generate(), make())), "sender_mismatch")
@@ -170,9 +186,14 @@ async def test_bad_gossip_is_rejected_and_counted(target):
 
         def counts():
             text = metrics(node)
-            return {r: counter(text, "intellect_rejected_total", protocol=proto, reason=r) for r in expected}
+            return {
+                r: counter(text, "intellect_rejected_total", protocol=proto, reason=r)
+                for r in expected
+            }
 
-        await trio.to_thread.run_sync(lambda: wait_until(lambda: counts() == expected, 15, f"gossip rejections {expected}"))
+        await trio.to_thread.run_sync(
+            lambda: wait_until(lambda: counts() == expected, 15, f"gossip rejections {expected}")
+        )
         roles = await trio.to_thread.run_sync(peer_roles, node)
         assert roles.get(client.identity.peer_id) == "inference"
         assert (await trio.to_thread.run_sync(status, node))["peer_id"] == st["peer_id"]
@@ -184,7 +205,9 @@ async def test_plaintext_dialer_is_refused(target):
     key_pair = key_pair_of(identity)
     from libp2p import new_host
 
-    plain = new_host(key_pair=key_pair, sec_opt={PLAINTEXT_PROTOCOL_ID: InsecureTransport(key_pair)})
+    plain = new_host(
+        key_pair=key_pair, sec_opt={PLAINTEXT_PROTOCOL_ID: InsecureTransport(key_pair)}
+    )
     info = info_from_p2p_addr(multiaddr.Multiaddr(addr_of(st)))
     async with plain.run([multiaddr.Multiaddr("/ip4/127.0.0.1/tcp/0")]):
         with pytest.raises(Exception) as exc:  # noqa: PT011 - py-libp2p raises several dial error types
@@ -194,5 +217,45 @@ async def test_plaintext_dialer_is_refused(target):
         assert ID.from_base58(st["peer_id"]) not in plain.get_connected_peers()
     # the node is still up, and a Noise dialer still gets in
     async with connected_client(st) as client:
-        reply = await client.send_raw(ids.PRESENCE, frame(seal(client.identity, client.node_info())))
+        reply = await client.send_raw(
+            ids.PRESENCE, frame(seal(client.identity, client.node_info()))
+        )
         assert open_message(reply, NodeInfo).sender == st["peer_id"]
+
+
+async def test_dht_speaks_only_our_kad_protocol(target):
+    node, st = target
+    async with connected_client(st) as client:
+        stream = await client.host.new_stream(client.peer, [ids.KAD])
+        assert stream.get_protocol() == ids.KAD
+        await stream.reset()
+        with pytest.raises(Exception) as exc:  # noqa: PT011 - py-libp2p wraps the refusal
+            with trio.fail_after(10):
+                await client.host.new_stream(client.peer, ["/ipfs/kad/1.0.0"])
+        causes, e = [], exc.value
+        while e is not None:
+            causes.append(str(e))
+            e = e.__cause__ or e.__context__
+        assert any("not supported" in c for c in causes), causes
+
+
+def test_admin_endpoint_requires_the_token_for_actions(target):
+    import json as _json
+    import urllib.error
+    import urllib.request
+
+    from node.admin import read_admin_file
+
+    node, _ = target
+    port = read_admin_file(node.data_dir)["port"]
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{port}/announce", data=b'{"count": 5}', method="POST"
+    )
+    with pytest.raises(urllib.error.HTTPError) as exc:
+        urllib.request.urlopen(req, timeout=10)
+    assert exc.value.code == 401
+    with pytest.raises(urllib.error.HTTPError) as exc:
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/nothing", timeout=10)
+    assert exc.value.code == 404
+    st = _json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/status", timeout=10).read())
+    assert st["announcements"]["published"] == 0

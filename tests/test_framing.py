@@ -61,7 +61,7 @@ async def test_frozen_peer_times_out_at_the_deadline(autojump_clock):
     await raw_a.send_all(HEADER.pack(10) + b"abc")  # then nothing: a frozen peer
     start = trio.current_time()
     with pytest.raises(WireError) as exc:
-        await read_frame(b, 1024, timeout=7.5)
+        await read_frame(b, 1024, deadline=7.5)
     assert exc.value.reason == Reason.TIMEOUT
     assert trio.current_time() - start == pytest.approx(7.5)
 
@@ -69,5 +69,5 @@ async def test_frozen_peer_times_out_at_the_deadline(autojump_clock):
 async def test_stalled_reader_does_not_block_writer_forever(autojump_clock):
     a, b = trio.testing.lockstep_stream_pair()
     with pytest.raises(WireError) as exc:
-        await write_frame(TrioStream(a), b"x" * 100, timeout=3)
+        await write_frame(TrioStream(a), b"x" * 100, deadline=3)
     assert exc.value.reason == Reason.TIMEOUT

@@ -91,13 +91,30 @@ def test_size_limit_checked_before_decoding():
     big = b"\x91" + b"\xc4\xff" + b"\x00" * (NodeInfo.MAX_SIZE + 10)
     reject(NodeInfo, big, Reason.OVERSIZED)
     with pytest.raises(WireError) as exc:
-        Announcement(run_id="r", sender=IDENT.peer_id, seq=1, ts_ms=1, topic="t", session=0, index=0, body=b"\x00" * (64 * 1024 + 1)).encode()
+        Announcement(
+            run_id="r",
+            sender=IDENT.peer_id,
+            seq=1,
+            ts_ms=1,
+            topic="t",
+            session=0,
+            index=0,
+            body=b"\x00" * (64 * 1024 + 1),
+        ).encode()
     assert exc.value.reason == Reason.MALFORMED
 
 
 @pytest.mark.parametrize(
     "data",
-    [b"", b"\xc1", b"\x93\x01\x02", msgpack.packb([1, 2]), msgpack.packb("str"), b"\x81\xc0\x01", msgpack.packb(msgpack.ExtType(5, b"x"))],
+    [
+        b"",
+        b"\xc1",
+        b"\x93\x01\x02",
+        msgpack.packb([1, 2]),
+        msgpack.packb("str"),
+        b"\x81\xc0\x01",
+        msgpack.packb(msgpack.ExtType(5, b"x")),
+    ],
 )
 def test_garbage_is_malformed(data):
     reject(NodeInfo, data, Reason.MALFORMED)

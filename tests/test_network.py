@@ -35,7 +35,10 @@ def test_six_node_chain_discovery_sigkill_and_sigterm(cluster):
     expected = {pid: role for pid, role in zip(ids, ROLES, strict=True)}
 
     def everyone_knows_everyone():
-        return all(peer_roles(p) == {k: v for k, v in expected.items() if k != ids[i]} for i, p in enumerate(procs))
+        return all(
+            peer_roles(p) == {k: v for k, v in expected.items() if k != ids[i]}
+            for i, p in enumerate(procs)
+        )
 
     wait_until(everyone_knows_everyone, 45, "all six nodes to learn every other node and its role")
     # node 5 knew only node 4, node 0 knew nobody: discovery was transitive
@@ -46,13 +49,23 @@ def test_six_node_chain_discovery_sigkill_and_sigterm(cluster):
     procs[5].proc.wait()
     killed_at = time.monotonic()
     assert any(ids[5] in peer_roles(p) for p in procs[:5]), "forgotten before any TTL could pass"
-    wait_until(lambda: all(ids[5] not in peer_roles(p) for p in procs[:5]), 6 + 6, "the killed node to expire")
-    assert time.monotonic() - killed_at > 6 - 0.5 - 1.5, "a SIGKILLed node must be forgotten by TTL, not earlier"
+    wait_until(
+        lambda: all(ids[5] not in peer_roles(p) for p in procs[:5]),
+        6 + 6,
+        "the killed node to expire",
+    )
+    assert time.monotonic() - killed_at > 6 - 0.5 - 1.5, (
+        "a SIGKILLed node must be forgotten by TTL, not earlier"
+    )
 
     # SIGTERM: announces leaving; forgotten at once, well before the 6 s TTL
     procs[4].proc.send_signal(signal.SIGTERM)
     termed_at = time.monotonic()
-    wait_until(lambda: all(ids[4] not in peer_roles(p) for p in procs[:4]), 3, "the departed node to be dropped")
+    wait_until(
+        lambda: all(ids[4] not in peer_roles(p) for p in procs[:4]),
+        3,
+        "the departed node to be dropped",
+    )
     assert procs[4].proc.wait(10) == 0
     assert time.monotonic() - termed_at < 6
 
@@ -63,7 +76,12 @@ def test_gossip_three_publishers_300_each_none_lost_none_twice(cluster):
     wait_until(lambda: all(len(status(p)["peers"]) == 5 for p in procs), 45, "full discovery")
     publishers = [1, 3, 5]
     for i in publishers:
-        assert post(procs[i], "/announce", {"topic": "test", "count": 300, "body": f"from-{i}-"})["queued"] == 300
+        assert (
+            post(procs[i], "/announce", {"topic": "test", "count": 300, "body": f"from-{i}-"})[
+                "queued"
+            ]
+            == 300
+        )
 
     def delivered_all():
         for j, p in enumerate(procs):
@@ -84,11 +102,15 @@ def test_gossip_three_publishers_300_each_none_lost_none_twice(cluster):
 
 
 def test_late_joiner_fetches_announcements_gossip_never_gave_it(cluster):
-    (a, sa), = [cluster.start("trainer")]
+    ((a, sa),) = [cluster.start("trainer")]
     assert post(a, "/announce", {"count": 40})["queued"] == 40
     wait_until(lambda: status(a)["announcements"]["published"] == 40, 20, "publishing")
     b, _ = cluster.start("inference", [addr_of(sa)])
-    wait_until(lambda: status(b)["announcements"]["delivered"].get(sa["peer_id"]) == 40, 20, "the late joiner to sync")
+    wait_until(
+        lambda: status(b)["announcements"]["delivered"].get(sa["peer_id"]) == 40,
+        20,
+        "the late joiner to sync",
+    )
     # py-libp2p replays a few recent messages to a new peer; the rest came by request
     assert counter(metrics(b), "intellect_synced_announcements_total") > 0
 
@@ -97,7 +119,11 @@ def test_frozen_peer_does_not_hang_its_counterpart(cluster):
     a, sa = cluster.start("inference", read_timeout="1.5", connect_timeout="1.5")
     b, sb = cluster.start("inference", [addr_of(sa)], read_timeout="1.5", connect_timeout="1.5")
     c, sc = cluster.start("validator", [addr_of(sa)])
-    wait_until(lambda: sa["peer_id"] in peer_roles(b) and sc["peer_id"] in peer_roles(b), 30, "b to know a and c")
+    wait_until(
+        lambda: sa["peer_id"] in peer_roles(b) and sc["peer_id"] in peer_roles(b),
+        30,
+        "b to know a and c",
+    )
     assert post(b, "/ping", {"peer_id": sa["peer_id"]})["ok"]
     os.kill(a.proc.pid, signal.SIGSTOP)
     try:

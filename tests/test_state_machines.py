@@ -41,7 +41,7 @@ def test_token_bucket_exact_times():
         b.take(0.05)
     assert b.delay(0.1) == 0
     b.take(0.1)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="rate"):
         TokenBucket(rate=0, burst=1)
 
 
@@ -49,8 +49,7 @@ async def test_paced_sends_happen_at_exact_virtual_times(autojump_clock):
     bucket = TokenBucket(rate=4, burst=1)
     times = []
     for _ in range(5):
-        while (wait := bucket.delay(trio.current_time())) > 0:
-            await trio.sleep(wait)
+        await trio.sleep(bucket.delay(trio.current_time()))
         bucket.take(trio.current_time())
         times.append(trio.current_time())
     start = times[0]
@@ -64,7 +63,7 @@ def test_outbox_keeps_the_last_capacity_items():
     assert o.count == 5
     assert o.get(5, [0, 1, 2, 3, 4]) == [b"e2", b"e3", b"e4"]
     assert o.get(6, [4]) == []  # another session
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="expected 5"):
         o.add(7, b"x")
 
 

@@ -1,0 +1,157 @@
+import json
+import os
+import stat
+import subprocess
+import sys
+
+import pytest
+
+from node.config import ConfigError, load_config
+from node.keystore import KeystoreError, create_identity, load_identity, load_or_create_identity
+
+CLI = [sys.executable, "-m", "node.cli"]
+
+
+def run(*args, env=None, check=True):
+    res = subprocess.run(
+        [*CLI, *args], capture_output=True, text=True, env={**os.environ, **(env or {})}, timeout=60
+    )
+    if check:
+        assert res.returncode == 0, res.stderr
+    return res
+
+
+def test_config_precedence_file_env_flags(tmp_path):
+    f = tmp_path / "node.toml"
+    f.write_text(
+        'role = "trainer"\nrun_id = "from-file"\npeer_ttl = 30.0\nheartbeat_interval = 2.0\n'
+    )
+    cfg = load_config(file=f, environ={}, flags={})
+    assert (cfg.role, cfg.run_id, cfg.peer_ttl) == ("trainer", "from-file", 30.0)
+    cfg = load_config(
+        file=f,
+        environ={"INTELLECT_NODE_RUN_ID": "from-env", "INTELLECT_NODE_BOOTSTRAP": "/a, /b"},
+        flags={},
+    )
+    assert cfg.run_id == "from-env" and cfg.bootstrap == ["/a", "/b"] and cfg.role == "trainer"
+    cfg = load_config(
+        file=f,
+        environ={"INTELLECT_NODE_RUN_ID": "from-env"},
+        flags={"run_id": "from-flag", "role": None},
+    )
+    assert cfg.run_id == "from-flag" and cfg.role == "trainer"
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        ({"peer_ttl": 1, "heartbeat_interval": 2}, "peer_ttl must be longer"),
+        ({"read_timeout": 0}, "read_timeout"),
+        ({"admin_port": 70000}, "admin_port"),
+        ({"run_id": "Bad Run"}, "run_id"),
+        ({"role": "king"}, "role"),
+        ({"colour": "red"}, "colour"),
+    ],
+)
+def test_config_errors_are_clear(flags, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(environ={}, flags=flags)
+
+
+def test_bad_config_file(tmp_path):
+    f = tmp_path / "bad.toml"
+    f.write_text("role = = 1")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_config(file=f, environ={})
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(file=tmp_path / "missing.toml", environ={})
+
+
+def test_print_config_and_help_do_not_import_libp2p(tmp_path):
+    out = run(
+        "start",
+        "--role",
+        "validator",
+        "--data-dir",
+        str(tmp_path),
+        "--peer-ttl",
+        "12",
+        "--print-config",
+        env={"INTELLECT_NODE_RUN_ID": "env-run"},
+    ).stdout
+    assert 'role = "validator"' in out and 'run_id = "env-run"' in out and "peer_ttl = 12.0" in out
+    code = "import sys; from node.cli import main; main(['start','--print-config']); print(sorted(m for m in sys.modules if m.split('.')[0] in ('libp2p','trio','torch')))"
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert res.stdout.strip().endswith("[]"), res.stdout
+    assert "--bootstrap" in run("start", "--help").stdout
+
+
+def test_cli_reports_bad_flags_without_a_traceback(tmp_path):
+    res = run(
+        "start", "--peer-ttl", "0.5", "--heartbeat-interval", "1", "--print-config", check=False
+    )
+    assert (
+        res.returncode == 2
+        and "peer_ttl must be longer" in res.stderr
+        and "Traceback" not in res.stderr
+    )
+    res = run("status", "--data-dir", str(tmp_path), check=False)
+    assert res.returncode == 1 and "no running node" in res.stderr
+
+
+def test_keys_new_show_and_file_mode(tmp_path):
+    d = tmp_path / "n"
+    out = run("keys", "new", "--data-dir", str(d)).stdout
+    peer_id = out.split()[2]
+    assert peer_id.startswith("12D3KooW")
+    assert stat.S_IMODE((d / "identity.key").stat().st_mode) == 0o600
+    assert stat.S_IMODE(d.stat().st_mode) == 0o700
+    assert peer_id in run("keys", "show", "--data-dir", str(d)).stdout
+    res = run("keys", "new", "--data-dir", str(d), check=False)
+    assert res.returncode == 1 and "already exists" in res.stderr
+    assert peer_id not in run("keys", "new", "--data-dir", str(d), "--force").stdout
+
+
+def test_keystore_refuses_unsafe_or_corrupt_keys(tmp_path):
+    ident = create_identity(tmp_path)
+    assert load_or_create_identity(tmp_path) == ident
+    (tmp_path / "identity.key").chmod(0o644)
+    with pytest.raises(KeystoreError, match="other users"):
+        load_identity(tmp_path)
+    (tmp_path / "identity.key").chmod(0o600)
+    (tmp_path / "identity.key").write_bytes(b"short")
+    with pytest.raises(KeystoreError, match="32-byte"):
+        load_identity(tmp_path)
+    with pytest.raises(KeystoreError, match="no identity"):
+        load_identity(tmp_path / "nowhere")
+
+
+def test_start_status_and_sigint(tmp_path):
+    """The binary end to end: start, status (table and JSON), metrics, Ctrl-C."""
+    import signal
+    import time
+
+    from node.devnet import spawn_node, wait_ready
+    from tests.netutil import metrics
+
+    node = spawn_node(
+        "solo", "trainer", tmp_path, run_id="cli-run", listen="/ip4/127.0.0.1/tcp/0", bootstrap=[]
+    )
+    try:
+        wait_ready(node)
+        st = json.loads(run("status", "--data-dir", str(node.data_dir), "--json").stdout)
+        assert st["role"] == "trainer" and st["run_id"] == "cli-run" and st["peers"] == []
+        assert st["peer_id"].startswith("12D3KooW") and st["addrs"][0].startswith(
+            "/ip4/127.0.0.1/tcp/"
+        )
+        table = run("status", "--data-dir", str(node.data_dir)).stdout
+        assert st["peer_id"] in table and "peers     0" in table
+        text = metrics(node)
+        assert 'intellect_peers{role="inference"} 0' in text
+        node.proc.send_signal(signal.SIGINT)
+        assert node.proc.wait(15) == 0
+        time.sleep(0.1)
+        assert not (node.data_dir / "admin.json").exists()
+        assert "left the network" in node.log_path.read_text()
+    finally:
+        node.stop()
