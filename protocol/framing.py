@@ -12,6 +12,7 @@ py-libp2p stream); ``TrioStream`` adapts a ``trio.abc.Stream`` for tests and raw
 from __future__ import annotations
 
 import struct
+from collections import deque
 from typing import Protocol
 
 import trio
@@ -41,36 +42,87 @@ class TrioStream:
         await self.stream.send_all(data)
 
 
-async def _read_exactly(stream: ByteStream, n: int, *, at_start: bool) -> bytes:
-    buf = bytearray()
-    while len(buf) < n:
+class FrameReader:
+    """Reads frames from one stream, keeping bytes that arrived ahead of the next frame.
+
+    It always asks the stream for up to ``chunk`` bytes at a time, so a py-libp2p/yamux
+    stream's receive buffer is drained on every read exactly as a bare reader would
+    drain it (asking for exact sizes leaves data buffered and delays yamux window
+    updates, which costs ~15% throughput). Pieces are kept as memoryviews: a frame is
+    copied once, into a new ``bytes`` (``read_frame``) or into the caller's reusable
+    buffer (``read_frame_into``, for bulk transfers: no allocation per frame).
+    """
+
+    def __init__(self, stream: ByteStream, chunk: int = 1 << 20) -> None:
+        self.stream = stream
+        self.chunk = chunk
+        self._pieces: deque[memoryview] = deque()
+        self._have = 0
+
+    async def _fill(self, n: int, *, frame_start: bool) -> None:
+        while self._have < n:
+            try:
+                data = await self.stream.read(max(self.chunk, n - self._have))
+            except EOFError:
+                data = b""
+            if not data:
+                if frame_start and self._have == 0:
+                    raise EOFError("stream closed between frames")
+                raise WireError(Reason.TRUNCATED, f"stream ended after {self._have} of {n} bytes")
+            self._pieces.append(memoryview(data))
+            self._have += len(data)
+
+    def _take(self, n: int) -> list[memoryview]:
+        out: list[memoryview] = []
+        while n:
+            piece = self._pieces[0]
+            if len(piece) <= n:
+                out.append(self._pieces.popleft())
+                n -= len(piece)
+                self._have -= len(piece)
+            else:
+                out.append(piece[:n])
+                self._pieces[0] = piece[n:]
+                self._have -= n
+                n = 0
+        return out
+
+    async def _next(self, max_size: int, deadline: float) -> list[memoryview]:
         try:
-            chunk = await stream.read(n - len(buf))
-        except EOFError:
-            chunk = b""
-        if not chunk:
-            if at_start and not buf:
-                raise EOFError("stream closed between frames")
-            raise WireError(Reason.TRUNCATED, f"stream ended after {len(buf)} of {n} bytes")
-        buf += chunk
-        at_start = False
-    return bytes(buf)
+            with trio.fail_after(deadline):
+                await self._fill(HEADER.size, frame_start=True)
+                (length,) = HEADER.unpack(b"".join(self._take(HEADER.size)))
+                if length > max_size:
+                    raise WireError(Reason.OVERSIZED, f"frame of {length} bytes > {max_size}")
+                await self._fill(length, frame_start=False)
+                return self._take(length)
+        except trio.TooSlowError as exc:
+            raise WireError(Reason.TIMEOUT, f"no complete frame within {deadline} s") from exc
+
+    async def read_frame(self, max_size: int, deadline: float) -> bytes:
+        """The next frame (at most ``max_size`` bytes) as bytes, within ``deadline`` seconds.
+
+        Raises ``EOFError`` if the stream closed cleanly before a frame began, and
+        ``WireError`` (oversized, truncated, timeout) otherwise.
+        """
+        return b"".join(await self._next(max_size, deadline))
+
+    async def read_frame_into(self, buf: bytearray, deadline: float) -> memoryview:
+        """The next frame copied into ``buf`` (its size is the limit); a view of its bytes."""
+        view = memoryview(buf)
+        offset = 0
+        for piece in await self._next(len(buf), deadline):
+            view[offset : offset + len(piece)] = piece
+            offset += len(piece)
+        return view[:offset]
 
 
 async def read_frame(stream: ByteStream, max_size: int, deadline: float) -> bytes:
-    """Read one frame of at most ``max_size`` bytes within ``deadline`` seconds.
+    """Read the one frame a request/response stream carries in this direction.
 
-    Raises ``EOFError`` if the stream closed cleanly before a frame began, and
-    ``WireError`` (oversized, truncated, timeout) otherwise.
+    Bytes after that frame are discarded: use ``FrameReader`` for several frames.
     """
-    try:
-        with trio.fail_after(deadline):
-            (length,) = HEADER.unpack(await _read_exactly(stream, HEADER.size, at_start=True))
-            if length > max_size:
-                raise WireError(Reason.OVERSIZED, f"frame of {length} bytes > {max_size}")
-            return await _read_exactly(stream, length, at_start=False)
-    except trio.TooSlowError as exc:
-        raise WireError(Reason.TIMEOUT, f"no complete frame within {deadline} s") from exc
+    return await FrameReader(stream).read_frame(max_size, deadline)
 
 
 async def write_frame(stream: ByteStream, body: bytes, deadline: float) -> None:

@@ -3,7 +3,7 @@ import trio
 import trio.testing
 
 from protocol.errors import Reason, WireError
-from protocol.framing import HEADER, TrioStream, read_frame, write_frame
+from protocol.framing import HEADER, FrameReader, TrioStream, read_frame, write_frame
 
 
 def pair():
@@ -71,3 +71,64 @@ async def test_stalled_reader_does_not_block_writer_forever(autojump_clock):
     with pytest.raises(WireError) as exc:
         await write_frame(TrioStream(a), b"x" * 100, deadline=3)
     assert exc.value.reason == Reason.TIMEOUT
+
+
+class Chunked:
+    """A ByteStream that returns a fixed byte string in chunks of the given sizes."""
+
+    def __init__(self, data, sizes):
+        self.data = data
+        self.sizes = sizes
+        self.pos = 0
+        self.i = 0
+
+    async def read(self, n=None):
+        await trio.lowlevel.checkpoint()
+        size = min(n, self.sizes[self.i % len(self.sizes)])
+        self.i += 1
+        out = self.data[self.pos : self.pos + size]
+        self.pos += len(out)
+        return out
+
+    async def write(self, data):
+        raise AssertionError("read-only")
+
+
+def encode(*bodies):
+    return b"".join(HEADER.pack(len(b)) + b for b in bodies)
+
+
+async def test_frame_reader_any_chunking_gives_the_same_frames():
+    import random
+
+    rng = random.Random(3)
+    bodies = [rng.randbytes(rng.choice([0, 1, 5, 100, 5000])) for _ in range(40)]
+    data = encode(*bodies)
+    for sizes in ([1], [3, 7], [4096], [len(data)], [rng.randint(1, 300) for _ in range(50)]):
+        reader = FrameReader(Chunked(data, sizes))
+        got = [await reader.read_frame(10_000, 1) for _ in bodies]
+        assert got == bodies
+        with pytest.raises(EOFError):
+            await reader.read_frame(10_000, 1)
+
+
+async def test_frame_reader_into_reuses_the_buffer_and_enforces_its_size():
+    data = encode(b"abc", b"defgh", b"x" * 20)
+    reader = FrameReader(Chunked(data, [2]))
+    buf = bytearray(8)
+    assert bytes(await reader.read_frame_into(buf, 1)) == b"abc"
+    view = await reader.read_frame_into(buf, 1)
+    assert bytes(view) == b"defgh"
+    assert view.obj is buf
+    with pytest.raises(WireError) as exc:
+        await reader.read_frame_into(buf, 1)
+    assert exc.value.reason == Reason.OVERSIZED
+
+
+async def test_frame_reader_truncation_inside_a_later_frame():
+    data = encode(b"first", b"second")[:-2]
+    reader = FrameReader(Chunked(data, [5]))
+    assert await reader.read_frame(100, 1) == b"first"
+    with pytest.raises(WireError) as exc:
+        await reader.read_frame(100, 1)
+    assert exc.value.reason == Reason.TRUNCATED
