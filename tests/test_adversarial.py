@@ -22,9 +22,9 @@ from crypto.identity import Identity
 from node.host import build_host, build_pubsub, key_pair_of
 from protocol import ids
 from protocol.framing import HEADER, read_frame
-from protocol.messages import NodeInfo, Refusal, SyncReply, SyncRequest
+from protocol.messages import Announcement, NodeInfo, Refusal, SyncReply, SyncRequest
 from protocol.wire import open_message, seal
-from tests.netutil import Cluster, addr_of, counter, metrics, peer_roles, status, wait_until
+from tests.netutil import Cluster, addr_of, counter, metrics, status, wait_until
 
 RUN = "test-run"
 
@@ -53,6 +53,11 @@ class Client:
     def node_info(self, run_id=RUN):
         return NodeInfo(
             **self.header(run_id), role="inference", state="up", addrs=[], session=1, announced=0
+        )
+
+    def announcement(self, run_id=RUN, index=0):
+        return Announcement(
+            **self.header(run_id), topic="test", session=1, index=index, body=b"hello"
         )
 
     def sync_request(self, run_id=RUN):
@@ -155,26 +160,30 @@ async def test_bad_input_on_request_protocols(target, protocol, valid_request, r
         await expect(HEADER.pack(100) + b"\x81", "timeout", half_close=False, refusal=True)
 
 
-async def test_bad_gossip_is_rejected_and_counted(target):
+@pytest.mark.parametrize("channel", ["presence", "announce"])
+async def test_bad_gossip_is_rejected_and_counted(target, channel):
     node, st = target
     async with connected_client(st, with_pubsub=True) as client:
         pubsub = client.pubsub
-        topic = ids.presence_topic(RUN)
+        topic = ids.presence_topic(RUN) if channel == "presence" else ids.announce_topic(RUN)
+        make = client.node_info if channel == "presence" else client.announcement
         await pubsub.subscribe(topic)
         await pubsub.wait_for_peer(client.peer, timeout=10)
         await pubsub.wait_for_subscription(client.peer, topic, timeout=10)
-        proto = "gossip-presence"
-        good = seal(client.identity, client.node_info())
-        env = msgpack.unpackb(seal(client.identity, client.node_info()))
+        proto = f"gossip-{channel}"
+        good = seal(client.identity, make())
+        env = msgpack.unpackb(seal(client.identity, make()))
         env["s"] = bytes(64)
+        wrong_type = client.announcement() if channel == "presence" else client.node_info()
         cases = [
             (os.urandom(100), "malformed"),
             (msgpack.packb({"a": 1}), "malformed"),
             (good[: len(good) // 2], "malformed"),
-            (b"\x00" * 10_000, "oversized"),
+            (b"\x00" * 80_000, "oversized"),
             (msgpack.packb(env), "bad_signature"),
-            (seal(client.identity, client.node_info(run_id="another-run")), "wrong_run"),
-            (good, None),  # accepted: the node now knows us
+            (seal(client.identity, wrong_type), "wrong_type"),
+            (seal(client.identity, make(run_id="another-run")), "wrong_run"),
+            (good, None),  # accepted
             (good, "replay"),  # same envelope again (gossip gives it a new msg id)
         ]
         expected: dict[str, int] = {}
@@ -194,8 +203,13 @@ async def test_bad_gossip_is_rejected_and_counted(target):
         await trio.to_thread.run_sync(
             lambda: wait_until(lambda: counts() == expected, 15, f"gossip rejections {expected}")
         )
-        roles = await trio.to_thread.run_sync(peer_roles, node)
-        assert roles.get(client.identity.peer_id) == "inference"
+        after = await trio.to_thread.run_sync(status, node)
+        if channel == "presence":
+            assert {p["peer_id"]: p["role"] for p in after["peers"]}.get(
+                client.identity.peer_id
+            ) == "inference"
+        else:  # the one good announcement was delivered once
+            assert after["announcements"]["delivered"] == {client.identity.peer_id: 1}
         assert (await trio.to_thread.run_sync(status, node))["peer_id"] == st["peer_id"]
 
 
