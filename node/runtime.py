@@ -162,7 +162,7 @@ class Node:
                     self._drain, presence_sub, "gossip-presence", self._on_presence_gossip
                 )
                 nursery.start_soon(
-                    self._drain, announce_sub, "gossip-announce", self._on_announcement_gossip
+                    self._drain, announce_sub, "gossip-announce", self._on_announcement
                 )
                 nursery.start_soon(self._heartbeat_loop)
                 nursery.start_soon(self._expiry_loop)
@@ -411,6 +411,8 @@ class Node:
                 async with trio.open_nursery() as nursery:
                     for info in fresh:
                         nursery.start_soon(self._dial_and_greet, info)
+                if any(i.peer_id.to_base58() in self.peers for i in fresh):
+                    provided_at = -1e9  # our closest peers changed: re-provide on the next round
             await trio.sleep(self.cfg.discovery_interval)
 
     async def _provide(self) -> None:
@@ -426,7 +428,6 @@ class Node:
             if info.addrs and info.peer_id not in self.host.get_connected_peers():
                 await self.connect(info)
             await self.greet(peer)
-            await self._provide()  # our closest peers changed: make sure they hold our record
         except (trio.TooSlowError, WireError, RemoteRefusal, StreamError, OSError) as exc:
             log.debug("greeting %s failed: %s", peer[-8:], exc)
         except Exception as exc:  # py-libp2p raises many unrelated types on dial failure
@@ -465,9 +466,6 @@ class Node:
         self.delivered[msg.sender] += 1
         for handler in self.announcement_handlers:
             handler(msg)
-
-    def _on_announcement_gossip(self, data: bytes) -> None:
-        self._on_announcement(data)
 
     def _on_presence_gossip(self, data: bytes) -> None:
         msg = open_message(data, NodeInfo)
