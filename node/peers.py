@@ -1,14 +1,21 @@
 """The table of known peers of this run: who, which role, where, when last heard from.
 
 A pure state machine: the runtime feeds it what it hears (presence replies and gossip
-heartbeats, leave notices) with the current time, and asks it to expire peers that have
-been silent for longer than the TTL. It has no clock and no sockets of its own.
+heartbeats, leave notices) with the current time and the message's sequence number, and
+asks it to expire peers that have been silent for longer than the TTL. It has no clock and
+no sockets of its own.
+
+A leave notice leaves a tombstone with its sequence number: a heartbeat the peer sent
+before leaving that arrives late (gossip takes other paths than the direct notice) must
+not bring it back. A message with a higher sequence number (the peer restarted) does.
 """
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
+
+MAX_TOMBSTONES = 4096
 
 
 @dataclass
@@ -25,11 +32,15 @@ class PeerTable:
     self_id: str
     ttl: float
     peers: dict[str, PeerRecord] = field(default_factory=dict)
+    departed: OrderedDict[str, int] = field(default_factory=OrderedDict)
 
-    def seen(self, peer_id: str, role: str, addrs: list[str], now: float) -> bool:
+    def seen(self, peer_id: str, role: str, addrs: list[str], now: float, seq: int = 0) -> bool:
         """Record that ``peer_id`` is alive; True if it was not known before."""
         if peer_id == self.self_id:
             return False
+        if self.left_after(peer_id, seq):
+            return False
+        self.departed.pop(peer_id, None)
         rec = self.peers.get(peer_id)
         if rec is None:
             self.peers[peer_id] = PeerRecord(peer_id, role, list(addrs), now, now)
@@ -40,8 +51,16 @@ class PeerTable:
         rec.last_seen = max(rec.last_seen, now)
         return False
 
-    def leave(self, peer_id: str) -> bool:
+    def left_after(self, peer_id: str, seq: int) -> bool:
+        """True if ``peer_id`` sent a leave notice after the message numbered ``seq``."""
+        return peer_id in self.departed and seq <= self.departed[peer_id]
+
+    def leave(self, peer_id: str, seq: int = 0) -> bool:
         """Forget a peer that announced it is leaving; True if it was known."""
+        self.departed[peer_id] = max(seq, self.departed.get(peer_id, 0))
+        self.departed.move_to_end(peer_id)
+        while len(self.departed) > MAX_TOMBSTONES:
+            self.departed.popitem(last=False)
         return self.peers.pop(peer_id, None) is not None
 
     def expire(self, now: float) -> list[str]:

@@ -109,11 +109,12 @@ class Node:
             "ts_ms": now_ms(),
         }
 
-    def node_info(self, state: str = "up") -> NodeInfo:
+    def node_info(self) -> NodeInfo:
+        """Who we are; ``leaving`` from the moment a stop was requested."""
         return NodeInfo(
             **self._header(),
             role=self.cfg.role,
-            state=state,
+            state="leaving" if self._stop.is_set() else "up",
             addrs=self.addrs[:8],
             session=self.outbox.session,
             announced=self.outbox.count,
@@ -164,7 +165,8 @@ class Node:
                 nursery.start_soon(
                     self._drain, announce_sub, "gossip-announce", self._on_announcement
                 )
-                nursery.start_soon(self._heartbeat_loop)
+                heartbeats = trio.CancelScope()
+                nursery.start_soon(self._heartbeat_loop, heartbeats)
                 nursery.start_soon(self._expiry_loop)
                 nursery.start_soon(self._discovery_loop)
                 nursery.start_soon(self._publisher_loop)
@@ -177,6 +179,7 @@ class Node:
                 )
                 task_status.started(self)
                 await self._stop.wait()
+                heartbeats.cancel()  # no "up" may follow our "leaving"
                 await self._leave()
                 nursery.cancel_scope.cancel()
         log.info("node stopped peer_id=%s", self.peer_id)
@@ -189,7 +192,7 @@ class Node:
         known = list(self.peers.peers)
         with trio.move_on_after(min(3.0, self.cfg.read_timeout)):
             try:
-                await self._publish_presence("leaving")
+                await self._publish_presence()
             except Exception as exc:  # shutting down: report, never block the exit
                 log.debug("leave gossip failed: %s", exc)
             async with trio.open_nursery() as nursery:
@@ -199,7 +202,7 @@ class Node:
 
     async def _send_leave(self, peer: str) -> None:
         try:
-            await self.request(peer, ids.PRESENCE, self.node_info("leaving"), NodeInfo)
+            await self.request(peer, ids.PRESENCE, self.node_info(), NodeInfo)
         except Exception as exc:
             log.debug("leave notice to %s failed: %s", peer[-8:], exc)
 
@@ -353,28 +356,31 @@ class Node:
         if msg.sender == self.peer_id:
             return
         if msg.state == "leaving":
-            if self.peers.leave(msg.sender):
+            if self.peers.leave(msg.sender, msg.seq):
                 log.info("peer left peer=%s role=%s", msg.sender[-8:], msg.role)
             return
-        if self.peers.seen(msg.sender, msg.role, msg.addrs, time.monotonic()):
+        if self.peers.left_after(msg.sender, msg.seq):
+            return  # a heartbeat sent before its leave notice, arriving late
+        if self.peers.seen(msg.sender, msg.role, msg.addrs, time.monotonic(), msg.seq):
             log.info("peer joined peer=%s role=%s", msg.sender[-8:], msg.role)
         missing = self.inbox.missing(msg.sender, msg.session, msg.announced, limit=64)
         if missing and msg.sender not in self._syncing and self._nursery is not None:
             self._syncing.add(msg.sender)
             self._nursery.start_soon(self._sync_from, msg.sender, msg.session, missing)
 
-    async def _publish_presence(self, state: str) -> None:
-        data = seal(self.identity, self.node_info(state))
+    async def _publish_presence(self) -> None:
+        data = seal(self.identity, self.node_info())
         self._count_out("gossip-presence", data)
         await self.pubsub.publish(ids.presence_topic(self.cfg.run_id), data)
 
-    async def _heartbeat_loop(self) -> None:
-        while True:
-            try:
-                await self._publish_presence("up")
-            except Exception as exc:
-                log.warning("heartbeat publish failed: %s", exc)
-            await trio.sleep(self.cfg.heartbeat_interval)
+    async def _heartbeat_loop(self, scope: trio.CancelScope) -> None:
+        with scope:
+            while True:
+                try:
+                    await self._publish_presence()
+                except Exception as exc:
+                    log.warning("heartbeat publish failed: %s", exc)
+                await trio.sleep(self.cfg.heartbeat_interval)
 
     async def _expiry_loop(self) -> None:
         while True:

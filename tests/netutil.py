@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import re
 import time
 import urllib.request
@@ -106,16 +105,3 @@ def peer_roles(node: NodeProcess) -> dict[str, str]:
 
 def dump_logs(nodes: list[NodeProcess]) -> str:
     return "\n".join(f"--- {n.name}\n{n.log_path.read_text()[-1500:]}" for n in nodes)
-
-
-__all__ = [
-    "Cluster",
-    "addr_of",
-    "wait_until",
-    "status",
-    "metrics",
-    "counter",
-    "post",
-    "peer_roles",
-    "json",
-]

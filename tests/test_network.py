@@ -6,7 +6,17 @@ import time
 
 import pytest
 
-from tests.netutil import Cluster, addr_of, counter, metrics, peer_roles, post, status, wait_until
+from tests.netutil import (
+    Cluster,
+    addr_of,
+    counter,
+    dump_logs,
+    metrics,
+    peer_roles,
+    post,
+    status,
+    wait_until,
+)
 
 ROLES = ["bootstrap", "trainer", "validator", "inference", "inference", "inference"]
 
@@ -61,11 +71,15 @@ def test_six_node_chain_discovery_sigkill_and_sigterm(cluster):
     # SIGTERM: announces leaving; forgotten at once, well before the 6 s TTL
     procs[4].proc.send_signal(signal.SIGTERM)
     termed_at = time.monotonic()
-    wait_until(
-        lambda: all(ids[4] not in peer_roles(p) for p in procs[:4]),
-        3,
-        "the departed node to be dropped",
-    )
+    try:
+        wait_until(
+            lambda: all(ids[4] not in peer_roles(p) for p in procs[:4]),
+            3,
+            "the departed node to be dropped",
+        )
+    except AssertionError as exc:
+        still = [p.name for p in procs[:4] if ids[4] in peer_roles(p)]
+        raise AssertionError(f"{exc}; still known by {still}\n{dump_logs(procs)}") from None
     assert procs[4].proc.wait(10) == 0
     assert time.monotonic() - termed_at < 6
 

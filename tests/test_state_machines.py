@@ -31,6 +31,16 @@ def test_peer_table_late_heartbeat_does_not_move_time_back():
     assert t.expire(now=17) == []
 
 
+def test_peer_table_late_heartbeat_after_leave_is_ignored_until_a_newer_one():
+    t = PeerTable("me", ttl=10)
+    t.seen("a", "trainer", [], now=0, seq=10)
+    assert t.leave("a", seq=12)
+    assert not t.seen("a", "trainer", [], now=1, seq=11)  # sent before leaving, arrived after
+    assert "a" not in t
+    assert t.seen("a", "trainer", [], now=2, seq=13)  # restarted
+    assert "a" in t and "a" not in t.departed
+
+
 def test_token_bucket_exact_times():
     b = TokenBucket(rate=10, burst=2)
     assert b.delay(0) == 0
