@@ -1,0 +1,134 @@
+import math
+
+import pytest
+import torch
+
+from crypto.sampling import (
+    SamplingCheck,
+    check_sampling,
+    check_termination,
+    derive_seed,
+    gumbel_noise,
+    nucleus_mask,
+    sample_tokens,
+)
+
+
+def test_seeds_are_deterministic_and_bound_to_their_inputs():
+    s = derive_seed("w", "task", 3, 0)
+    assert s == derive_seed("w", "task", 3, 0)
+    others = {
+        derive_seed("w2", "task", 3, 0),
+        derive_seed("w", "task2", 3, 0),
+        derive_seed("w", "task", 4, 0),
+        derive_seed("w", "task", 3, 1),
+    }
+    assert s not in others and len(others) == 4
+    assert 0 <= s < 2**63
+    assert torch.equal(gumbel_noise(s, 5, 100), gumbel_noise(s, 5, 100))
+    assert not torch.equal(gumbel_noise(s, 5, 100), gumbel_noise(s, 6, 100))
+
+
+def test_gumbel_max_draws_from_the_softmax():
+    logits = torch.tensor([[0.0, 1.0, 2.0, -1.0]])
+    probs = torch.softmax(logits[0], dim=0)
+    counts = torch.zeros(4)
+    n = 4000
+    for i in range(n):
+        counts[sample_tokens(logits, gumbel_noise(i, 0, 4)[None], temperature=1.0)] += 1
+    freq = counts / n
+    assert torch.allclose(freq, probs.float(), atol=0.03), (freq, probs)
+
+
+def test_temperature_zero_is_greedy_and_top_p_restricts():
+    logits = torch.tensor([[0.0, 5.0, 4.9, -3.0]])
+    noise = torch.tensor([[100.0, 0.0, 0.0, 0.0]])
+    assert sample_tokens(logits, noise, temperature=0.0).item() == 1
+    assert sample_tokens(logits, noise, temperature=1.0, top_p=1.0).item() == 0  # noise wins
+    assert (
+        sample_tokens(logits, noise, temperature=1.0, top_p=0.5).item() == 1
+    )  # 0 is outside the nucleus
+
+
+def test_nucleus_mask():
+    logits = torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05]))
+    assert nucleus_mask(logits, 1.0, 0.5).tolist() == [True, False, False, False]
+    assert nucleus_mask(logits, 1.0, 0.6).tolist() == [True, True, False, False]
+    assert nucleus_mask(logits, 1.0, 0.95).tolist() == [True, True, True, False]
+    assert nucleus_mask(logits, 1.0, 1.0).all()
+
+
+def honest(n=50, vocab=64, seed=11, temperature=0.8, top_p=0.9):
+    logits = torch.randn(n, vocab, generator=torch.Generator().manual_seed(1)) * 3
+    noise = torch.stack([gumbel_noise(seed, i, vocab) for i in range(n)])
+    return logits, sample_tokens(logits, noise, temperature, top_p)
+
+
+def test_honest_tokens_pass_even_with_small_logit_noise():
+    logits, tokens = honest()
+    assert check_sampling(logits, tokens, 11, temperature=0.8, top_p=0.9).passed
+    wobble = logits + 1e-3 * torch.randn_like(logits)
+    assert check_sampling(wobble, tokens, 11, temperature=0.8, top_p=0.9).passed
+
+
+def test_a_token_the_noise_did_not_choose_is_caught():
+    logits, tokens = honest()
+    forged = tokens.clone()
+    forged[7] = (tokens[7] + 1) % 64
+    r = check_sampling(logits, forged, 11, temperature=0.8, top_p=0.9)
+    assert not r.passed and r.bad_positions == [7]
+    assert not check_sampling(logits, tokens, 12, temperature=0.8, top_p=0.9).passed  # another seed
+
+
+def test_out_of_range_tokens_and_wrong_lengths():
+    logits, tokens = honest()
+    bad = tokens.clone()
+    bad[3] = 10_000
+    assert check_sampling(logits, bad, 11, temperature=0.8).bad_positions == [3]
+    with pytest.raises(ValueError, match="expected 50 tokens"):
+        check_sampling(logits, tokens[:-1], 11, temperature=0.8)
+
+
+def test_greedy_check():
+    logits, _ = honest()
+    greedy = logits.argmax(dim=-1)
+    assert check_sampling(logits, greedy, 0, temperature=0.0).passed
+    greedy[0] = logits[0].argmin()
+    assert not check_sampling(logits, greedy, 0, temperature=0.0).passed
+
+
+def test_termination():
+    eos = 1
+    likely = torch.zeros(8)
+    likely[eos] = 5.0
+    unlikely = torch.zeros(8)
+    unlikely[eos] = -30.0
+    common = dict(max_new_tokens=10, eos_token_id=eos, temperature=1.0)
+    assert check_termination(
+        finish_reason="length", num_tokens=10, last_token=4, eos_logits=None, **common
+    )
+    assert not check_termination(
+        finish_reason="length", num_tokens=9, last_token=4, eos_logits=None, **common
+    )
+    assert check_termination(
+        finish_reason="stop", num_tokens=6, last_token=eos, eos_logits=likely, **common
+    )
+    assert not check_termination(
+        finish_reason="stop", num_tokens=6, last_token=eos, eos_logits=unlikely, **common
+    )
+    assert not check_termination(
+        finish_reason="stop", num_tokens=6, last_token=4, eos_logits=likely, **common
+    )
+    assert not check_termination(
+        finish_reason="other", num_tokens=6, last_token=eos, eos_logits=likely, **common
+    )
+    lenient = SamplingCheck(min_eos_prob=0.0)
+    assert check_termination(
+        finish_reason="stop",
+        num_tokens=6,
+        last_token=eos,
+        eos_logits=unlikely,
+        check=lenient,
+        **common,
+    )
+    assert math.isclose(SamplingCheck().min_eos_prob, 1e-4)

@@ -1,0 +1,194 @@
+"""TOPLOC proofs: byte format, field arithmetic, malformed proofs, and detection with a
+tiny real transformer."""
+
+import numpy as np
+import pytest
+import torch
+
+from crypto import toploc
+from crypto.sampling import derive_seed
+from crypto.toploc import PAPER, STRICT_FP32, P, Thresholds, build_proofs, chunks_of, verify_proofs
+from crypto.verdict import RolloutClaim, VerifyConfig, check_rollout
+from tests.tiny_lm import EOS, attack, generate, recompute, tiny_llama
+
+
+def random_acts(prompt_len=20, steps=100, hidden=512, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(prompt_len, hidden, generator=g)] + [
+        torch.randn(hidden, generator=g) for _ in range(steps)
+    ]
+
+
+def test_honest_roundtrip_and_258_byte_format():
+    acts = random_acts()
+    proofs = build_proofs(acts)
+    assert len(proofs) == 1 + 4  # prefill, then 32 + 32 + 32 + 4 decode steps
+    assert all(len(p) == 258 for p in proofs)
+    results = verify_proofs(acts, proofs)
+    assert all(r.passed and r.exp_mismatches == 0 and r.mant_err_mean == 0 for r in results)
+    assert build_proofs(acts) == proofs  # deterministic
+
+
+def test_chunking():
+    acts = random_acts(steps=70)
+    chunks = chunks_of(acts, 32, skip_prefill=False)
+    assert [tuple(c.shape) for c in chunks] == [(20, 512), (32, 512), (32, 512), (6, 512)]
+    assert len(chunks_of(acts[1:], 32, skip_prefill=True)) == 3
+    with pytest.raises(ValueError, match="prefill"):
+        chunks_of([torch.randn(4)], 32, skip_prefill=False)
+
+
+def test_interpolation_passes_through_every_point():
+    rng = np.random.default_rng(1)
+    for k in (1, 2, 17, 128):
+        xs = np.stack([rng.choice(P, size=k, replace=False) for _ in range(3)]).astype(np.int64)
+        ys = rng.integers(0, P, size=(3, k), dtype=np.int64)
+        coeffs = toploc._interpolate(xs, ys)
+        assert (toploc._evaluate(coeffs, xs) == ys).all()
+        assert coeffs.shape == (3, k) and (coeffs < P).all()
+
+
+def test_modulus_is_the_largest_that_separates_the_indices():
+    rng = np.random.default_rng(2)
+    for _ in range(20):
+        idx = torch.from_numpy(rng.choice(3_000_000, size=128, replace=False).astype(np.int64))
+        m = toploc._find_modulus(idx)
+        assert len(set((idx % m).tolist())) == 128
+        for bigger in range(m + 1, P + 1):
+            assert len(set((idx % bigger).tolist())) < 128
+
+
+def test_indices_colliding_mod_65497_get_a_smaller_modulus_and_still_verify():
+    chunk = torch.randn(1, 200_000) * 0.01
+    chunk[0, 5] = 100.0
+    chunk[0, 5 + P] = -90.0  # collides with index 5 mod 65497
+    proofs = build_proofs([chunk], skip_prefill=False)
+    m = int.from_bytes(proofs[0][:2], "big")
+    assert m < P
+    # the reference forgets "mod m" in one verification path: that would fail here
+    assert verify_proofs([chunk], proofs)[0].passed
+
+
+def test_small_chunks_are_padded_to_the_fixed_size():
+    acts = [torch.randn(1, 16)] + [torch.randn(16) for _ in range(3)]
+    proofs = build_proofs(acts)
+    assert all(len(p) == 258 for p in proofs)
+    assert all(r.passed for r in verify_proofs(acts, proofs))
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        b"",
+        b"\x00" * 258,
+        b"\x01" * 257,
+        b"\x01" * 259,
+        b"\xff\xff" + b"\x00" * 256,
+        b"\x00\x10" + b"\xff" * 256,
+        None,
+        "text",
+    ],
+)
+def test_null_short_and_garbage_proofs_fail_without_crashing(bad):
+    acts = random_acts(steps=10)
+    proofs = build_proofs(acts)
+    proofs[1] = bad
+    results = verify_proofs(acts, proofs)
+    assert results[0].passed and not results[1].passed
+
+
+def test_random_proof_and_missing_proofs_fail():
+    acts = random_acts(steps=40)
+    proofs = build_proofs(acts)
+    rng = np.random.default_rng(3)
+    garbage = b"\xff\xd0" + rng.integers(0, P, size=128).astype(">u2").tobytes()
+    results = verify_proofs(acts, [proofs[0], garbage])
+    assert [r.passed for r in results] == [True, False, False]
+
+
+def test_detects_other_activations_and_tolerates_tiny_noise():
+    acts = random_acts()
+    proofs = build_proofs(acts)
+    other = random_acts(seed=9)
+    assert not any(r.passed for r in verify_proofs(other, proofs))
+    nudged = [a * (1 + 1e-4 * torch.randn_like(a)) for a in acts]
+    assert all(r.passed for r in verify_proofs(nudged, proofs))
+
+
+def test_thresholds_are_configurable():
+    acts = random_acts()
+    proofs = build_proofs(acts)
+    noisy = [a + 0.02 * torch.randn_like(a) for a in acts]
+    lenient = verify_proofs(noisy, proofs)
+    strict = verify_proofs(
+        noisy,
+        proofs,
+        thresholds=Thresholds(max_mant_err_mean=0.01, max_mant_err_median=0, min_exp_matches=128),
+    )
+    assert all(r.passed for r in lenient)
+    assert not any(r.passed for r in strict)
+
+
+# ---- with a tiny real transformer ---------------------------------------------------------
+
+MODEL = tiny_llama(0)
+PROMPTS = [[(7 * i + j) % 250 + 3 for j in range(4 + i % 9)] for i in range(16)]
+MAX_NEW = 70
+
+
+def seeds(n, step=0):
+    return [derive_seed("worker-a", f"task-{i}", step) for i in range(n)]
+
+
+def claim_of(gen, temperature=1.0):
+    return RolloutClaim(
+        tokens=gen.tokens,
+        proofs=build_proofs(gen.activations),
+        seed=gen.seed,
+        finish_reason=gen.finish_reason,
+        max_new_tokens=MAX_NEW,
+        temperature=temperature,
+    )
+
+
+def verdict(validator_model, gen, claim=None, prompt=None, thresholds=PAPER):
+    acts, logits = recompute(validator_model, prompt or gen.prompt, gen.tokens)
+    return check_rollout(
+        claim or claim_of(gen),
+        acts,
+        logits,
+        eos_token_id=EOS,
+        config=VerifyConfig(thresholds=thresholds),
+    )
+
+
+@pytest.mark.parametrize("batch", [1, 4, 16])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_honest_generation_verifies(batch, threads):
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        gens = generate(MODEL, PROMPTS[:batch], seeds(batch), max_new_tokens=MAX_NEW)
+    finally:
+        torch.set_num_threads(before)
+    for gen in gens:
+        assert len(gen.activations) == len(gen.tokens)  # prefill + one per token but the last
+        for th in (PAPER, STRICT_FP32):
+            v = verdict(MODEL, gen, thresholds=th)
+            assert v.passed, (v.reason, v.toploc, v.sampling)
+
+
+GROSS = ["other_seed", "other_prompt", "token_changed", "tampered_sampling"]
+SUBTLE = ["optimizer_step", "bf16_as_fp32"]
+
+
+@pytest.mark.parametrize("name", GROSS + SUBTLE)
+def test_substitutions_are_detected(name):
+    validator_model, gen, prompt = attack(
+        MODEL, name, PROMPTS[3], PROMPTS[5], seeds(1)[0], max_new_tokens=MAX_NEW
+    )
+    thresholds = PAPER if name in GROSS else STRICT_FP32
+    v = verdict(validator_model, gen, prompt=prompt, thresholds=thresholds)
+    assert not v.passed, (name, v.toploc)
+    if name == "tampered_sampling":
+        assert v.toploc_ok and not v.sampling.passed and v.sampling.bad_positions == [20]
