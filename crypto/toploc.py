@@ -132,6 +132,8 @@ def _by_size(chunks: list[torch.Tensor]) -> dict[int, list[int]]:
 def _find_modulus(indices: torch.Tensor) -> int:
     """Largest m ≤ P for which ``indices mod m`` are pairwise distinct."""
     k = indices.numel()
+    if int(indices.max()) < P:  # distinct indices below P: P itself separates them
+        return P
     hi = P
     while hi >= k:
         ms = torch.arange(hi, max(k - 1, hi - _M_BATCH), -1, dtype=torch.int64)
@@ -148,26 +150,39 @@ def _find_modulus(indices: torch.Tensor) -> int:
     raise ValueError("no modulus separates these indices")  # impossible for distinct indices
 
 
+def _mod(v: np.ndarray) -> np.ndarray:
+    """v mod P for float64 arrays of exact integers below 2^52 in magnitude.
+
+    ``floor(v / P)`` may come out one too small when v is an exact multiple of P; the
+    result is then P instead of 0, which is the same residue, and ``_interpolate``
+    normalizes its output with an integer ``% P``.
+    """
+    out: np.ndarray = v - np.floor(v * (1.0 / P)) * P
+    return out
+
+
 def _interpolate(xs: np.ndarray, ys: np.ndarray) -> np.ndarray:
     """Monomial coefficients [B, k] of the polynomials through (xs, ys) [B, k] over GF(P).
 
-    int64 numpy: every intermediate stays below P² < 2^32.
+    Arithmetic in float64 on exact integers (every product of two residues is below
+    P² < 2^32, far inside float64's 2^53), which numpy runs ~1.7x faster than int64 ``%``.
     """
-    inv = _inverses()
+    inv = _inverses().astype(np.float64)
     k = xs.shape[1]
-    a = ys.copy()
+    xf = xs.astype(np.float64)
+    a = ys.astype(np.float64)
     for j in range(1, k):  # Newton divided differences, level j, all chunks at once
-        num = (a[:, j:] - a[:, j - 1 : -1]) % P
         den = (xs[:, j:] - xs[:, :-j]) % P
-        a[:, j:] = num * inv[den] % P
+        a[:, j:] = _mod((a[:, j:] - a[:, j - 1 : -1]) * inv[den])
     poly = np.zeros_like(a)
     poly[:, 0] = a[:, k - 1]
+    new = np.empty_like(a)
     for i in range(k - 2, -1, -1):  # poly = poly * (x - x_i) + a_i
-        shifted = np.zeros_like(poly)
-        shifted[:, 1:] = poly[:, :-1]
-        poly = (shifted - xs[:, i : i + 1] * poly) % P
-        poly[:, 0] = (poly[:, 0] + a[:, i]) % P
-    return poly
+        t = xf[:, i : i + 1] * poly
+        new[:, 1:] = poly[:, :-1] - t[:, 1:]
+        new[:, 0] = a[:, i] - t[:, 0]
+        poly = _mod(new)
+    return poly.astype(np.int64) % P
 
 
 def _evaluate(coeffs: np.ndarray, xs: np.ndarray) -> np.ndarray:
@@ -194,22 +209,51 @@ def build_proofs(
     skip_prefill: bool = False,
 ) -> list[bytes]:
     """One proof (``2 + 2 * topk`` bytes) per chunk of ``activations``."""
+    return build_proofs_batch(
+        [activations], chunk_size=chunk_size, topk=topk, skip_prefill=skip_prefill
+    )[0]
+
+
+def build_proofs_batch(
+    sequences: list[list[torch.Tensor]],
+    *,
+    chunk_size: int = DEFAULT_CHUNK,
+    topk: int = DEFAULT_TOPK,
+    skip_prefill: bool = False,
+) -> list[list[bytes]]:
+    """``build_proofs`` for several sequences at once: every chunk of every sequence
+    shares one top-k per chunk size and one interpolation per k (what an engine that
+    generates in batches calls)."""
     if not 1 <= topk <= 4096:
         raise ValueError("topk must be in 1..4096")
-    chunks = chunks_of(activations, chunk_size, skip_prefill)
-    proofs: list[bytes] = [b""] * len(chunks)
+    per_seq = [chunks_of(acts, chunk_size, skip_prefill) for acts in sequences]
+    chunks = [c for seq in per_seq for c in seq]
+    points: list[tuple[int, np.ndarray, np.ndarray]] = [(0, np.empty(0), np.empty(0))] * len(chunks)
     for numel, members in _by_size(chunks).items():
-        k = min(topk, numel)
-        idx, bits = _top_entries(torch.stack([chunks[n].reshape(-1) for n in members]), k)
-        moduli = [_find_modulus(row) for row in idx]
-        xs = idx.numpy() % np.array(moduli, dtype=np.int64)[:, None]
-        coeffs = _interpolate(xs, bits.numpy() % P)
+        idx, bits = _top_entries(
+            torch.stack([chunks[n].reshape(-1) for n in members]), min(topk, numel)
+        )
+        for row, n in enumerate(members):
+            m = _find_modulus(idx[row])
+            points[n] = (m, idx[row].numpy() % m, bits[row].numpy() % P)
+    proofs: list[bytes] = [b""] * len(chunks)
+    by_k: dict[int, list[int]] = {}
+    for n, (_, xs, _) in enumerate(points):
+        by_k.setdefault(len(xs), []).append(n)
+    for k, members in by_k.items():
+        coeffs = _interpolate(
+            np.stack([points[n][1] for n in members]), np.stack([points[n][2] for n in members])
+        )
         coeffs = np.concatenate(
             [coeffs, np.zeros((len(members), topk - k), dtype=np.int64)], axis=1
         )
         for row, n in enumerate(members):
-            proofs[n] = _encode(moduli[row], coeffs[row])
-    return proofs
+            proofs[n] = _encode(points[n][0], coeffs[row])
+    out, start = [], 0
+    for seq in per_seq:
+        out.append(proofs[start : start + len(seq)])
+        start += len(seq)
+    return out
 
 
 def _decode(proof: bytes, topk: int) -> tuple[int, np.ndarray] | None:

@@ -48,6 +48,18 @@ def test_interpolation_passes_through_every_point():
         assert coeffs.shape == (3, k) and (coeffs < P).all()
 
 
+def test_interpolation_is_exact_at_the_edges_of_the_field():
+    rng = np.random.default_rng(4)
+    for _ in range(50):
+        xs = np.sort(rng.choice(np.arange(P - 400, P), size=128, replace=False))[None].astype(
+            np.int64
+        )
+        ys = rng.choice([0, 1, P - 2, P - 1], size=(1, 128)).astype(np.int64)
+        coeffs = toploc._interpolate(xs, ys)
+        assert (coeffs >= 0).all() and (coeffs < P).all()
+        assert (toploc._evaluate(coeffs, xs) == ys).all()
+
+
 def test_modulus_is_the_largest_that_separates_the_indices():
     rng = np.random.default_rng(2)
     for _ in range(20):
@@ -192,3 +204,8 @@ def test_substitutions_are_detected(name):
     assert not v.passed, (name, v.toploc)
     if name == "tampered_sampling":
         assert v.toploc_ok and not v.sampling.passed and v.sampling.bad_positions == [20]
+
+
+def test_batched_building_equals_one_by_one():
+    seqs = [random_acts(prompt_len=3 + i, steps=10 * i + 1, hidden=64, seed=i) for i in range(5)]
+    assert toploc.build_proofs_batch(seqs) == [build_proofs(a) for a in seqs]
