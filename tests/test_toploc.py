@@ -209,3 +209,21 @@ def test_substitutions_are_detected(name):
 def test_batched_building_equals_one_by_one():
     seqs = [random_acts(prompt_len=3 + i, steps=10 * i + 1, hidden=64, seed=i) for i in range(5)]
     assert toploc.build_proofs_batch(seqs) == [build_proofs(a) for a in seqs]
+
+
+def test_coefficients_match_the_reference_implementation():
+    """Golden vectors produced by the reference (toploc 0.1.6's C++ ndd module): the same
+    points give the same monomial coefficients, so the 258-byte proofs interoperate."""
+    import json
+    from pathlib import Path
+
+    data = json.loads(
+        (Path(__file__).parent / "fixtures" / "toploc_reference_vectors.json").read_text()
+    )
+    for vec in data["vectors"]:
+        xs = np.array([vec["xs"]], dtype=np.int64)
+        ys = np.array([vec["ys"]], dtype=np.int64)
+        assert toploc._interpolate(xs, ys)[0].tolist() == vec["coeffs"]
+        coeffs = np.array([vec["coeffs"]], dtype=np.int64)
+        probe = np.array([vec["probe"]], dtype=np.int64)
+        assert toploc._evaluate(coeffs, probe)[0].tolist() == vec["probe_values"]
