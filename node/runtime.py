@@ -231,12 +231,7 @@ class Node:
                 self.metrics.inc("rejected", reason=Reason.INTERNAL.value, protocol=protocol)
                 log.exception("handler failed protocol=%s peer=%s: %s", protocol, peer[-8:], exc)
             finally:
-                with trio.move_on_after(1.0) as scope:
-                    scope.shield = True
-                    try:
-                        await stream.close()
-                    except Exception:
-                        await _reset_quietly(stream)
+                await _close_quietly(stream)
 
         return guarded
 
@@ -306,12 +301,7 @@ class Node:
                 raise RemoteRefusal(reply.reason, reply.detail)
             return reply
         finally:
-            with trio.move_on_after(1.0) as scope:
-                scope.shield = True
-                try:
-                    await stream.close()
-                except Exception:
-                    await _reset_quietly(stream)
+            await _close_quietly(stream)
 
     async def connect(self, info: PeerInfo) -> None:
         assert self.host is not None
@@ -554,6 +544,16 @@ async def _reset_quietly(stream: INetStream) -> None:
         await stream.reset()
     except Exception:
         pass
+
+
+async def _close_quietly(stream: INetStream) -> None:
+    """Close (or failing that, reset) a stream within 1 s, even while being cancelled."""
+    with trio.move_on_after(1.0) as scope:
+        scope.shield = True
+        try:
+            await stream.close()
+        except Exception:
+            await _reset_quietly(stream)
 
 
 def _ms_since(started: float) -> float:
