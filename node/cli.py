@@ -30,6 +30,9 @@ examples:
   intellect-node start --role inference --bootstrap /ip4/1.2.3.4/tcp/4001/p2p/12D3KooW...
   intellect-node status --name inference
   intellect-node devnet                      # a local network of five nodes
+  intellect-node chain                       # a local development chain with the ledger contract
+  intellect-node stake add 2                 # register this node with 2 ETH of stake
+  intellect-node rewards                     # stake, pending/claimable rewards, verdicts
 
 configuration: defaults < --config FILE (TOML) < INTELLECT_NODE_<FIELD> env vars < flags
 """
@@ -111,12 +114,22 @@ def build_parser() -> argparse.ArgumentParser:
     ping.add_argument("--name")
 
     keys = sub.add_parser(
-        "keys", help="create or show this node's identity (Ed25519 key, mode 0600)"
+        "keys",
+        help="create or show this node's identity (Ed25519 key) and EVM account (encrypted keystore)",
     )
     keys.add_argument("action", choices=["new", "show"])
     keys.add_argument("--data-dir", type=Path)
     keys.add_argument("--name")
-    keys.add_argument("--force", action="store_true", help="with new: replace an existing key")
+    keys.add_argument("--force", action="store_true", help="with new: replace existing keys")
+    keys.add_argument(
+        "--password-file",
+        type=Path,
+        help="EVM keystore password file (else INTELLECT_NODE_PASSWORD, else a prompt)",
+    )
+
+    from node.ledger_cli import add_ledger_parsers
+
+    add_ledger_parsers(sub)
 
     devnet = sub.add_parser(
         "devnet", help="run a local network (bootstrap, trainer, validator, inference) on 127.0.0.1"
@@ -256,17 +269,31 @@ def cmd_ping(args: argparse.Namespace) -> int:
 
 
 def cmd_keys(args: argparse.Namespace) -> int:
+    from ledger.accounts import (
+        AccountError,
+        account_address,
+        account_path,
+        create_account,
+        read_password,
+    )
     from node.keystore import create_identity, key_path, load_identity
 
     data_dir = _data_dir(args)
-    ident = (
-        create_identity(data_dir, force=args.force)
-        if args.action == "new"
-        else load_identity(data_dir)
-    )
+    if args.action == "new":
+        password = read_password(args.password_file, confirm=True)  # before anything is written
+        ident = create_identity(data_dir, force=args.force)
+        address = create_account(data_dir, password, force=args.force).address
+    else:
+        ident = load_identity(data_dir)
+        try:
+            address = account_address(data_dir)
+        except AccountError:
+            address = "(none: intellect-node keys new creates one)"
     print(f"peer id    {ident.peer_id}")
     print(f"public key {ident.public_bytes.hex()}")
     print(f"key file   {key_path(data_dir)}")
+    print(f"account    {address}")
+    print(f"keystore   {account_path(data_dir)}")
     return 0
 
 
@@ -278,12 +305,26 @@ def cmd_devnet(args: argparse.Namespace) -> int:
     )
 
 
+def cmd_ledger(args: argparse.Namespace) -> int:
+    from node import ledger_cli
+
+    commands = {
+        "chain": ledger_cli.cmd_chain,
+        "rewards": ledger_cli.cmd_rewards,
+        "stake": ledger_cli.cmd_stake,
+    }
+    return commands[args.command](args)
+
+
 COMMANDS = {
     "start": cmd_start,
     "status": cmd_status,
     "ping": cmd_ping,
     "keys": cmd_keys,
     "devnet": cmd_devnet,
+    "chain": cmd_ledger,
+    "rewards": cmd_ledger,
+    "stake": cmd_ledger,
 }
 
 

@@ -80,6 +80,19 @@ class NodeConfig(BaseModel):
     log_level: Literal["debug", "info", "warning", "error"] = Field(
         "info", description="Log verbosity."
     )
+    chain: str = Field(
+        "http://127.0.0.1:8545",
+        description="The ledger's JSON-RPC URL (intellect-node chain serves one there).",
+    )
+    contract: str | None = Field(
+        None, pattern=r"^0x[0-9a-fA-F]{40}$", description="The ledger contract's address."
+    )
+    contract_block: int = Field(
+        0, ge=0, description="The contract's deployment block (events are indexed from it)."
+    )
+    chain_id: int | None = Field(
+        None, ge=1, description="Expected chain id; transactions are refused on any other chain."
+    )
 
     @field_validator("run_id")
     @classmethod

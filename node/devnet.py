@@ -1,7 +1,8 @@
 """A local network on 127.0.0.1: one process per node, the real binary in each.
 
-Starts a bootstrap node, then a trainer, a validator and N inference nodes that each know
-only the bootstrap, waits until every node has found every other one through the DHT,
+Starts the development chain with the ledger contract (``intellect-node chain``), a
+bootstrap node, then a trainer, a validator and N inference nodes that each know only the
+bootstrap (all configured with the chain and contract), waits until every node has found every other one through the DHT,
 prints the network's status, and keeps printing it until Ctrl-C or ``duration`` seconds.
 Every process it starts it also stops (SIGTERM, then SIGKILL after a grace period).
 """
@@ -78,6 +79,7 @@ def spawn_node(
     listen: str,
     bootstrap: list[str],
     extra: list[str] | None = None,
+    env_extra: dict[str, str] | None = None,
 ) -> NodeProcess:
     data_dir = base_dir / name
     data_dir.mkdir(parents=True, exist_ok=True)
@@ -100,7 +102,7 @@ def spawn_node(
     for b in bootstrap:
         cmd += ["--bootstrap", b]
     cmd += extra or []
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env = dict(os.environ, PYTHONUNBUFFERED="1", **(env_extra or {}))
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
             cmd,
@@ -145,6 +147,50 @@ def table(nodes: list[NodeProcess]) -> str:
     return "\n".join(rows)
 
 
+def start_chain(
+    data_dir: Path, timeout: float = 60
+) -> tuple[subprocess.Popen[bytes], dict[str, str]]:
+    """``intellect-node chain`` as a process; returns it and the env that points nodes at it."""
+    info_path = data_dir / "chain.json"
+    info_path.unlink(missing_ok=True)
+    log = open(data_dir.parent / "chain.log", "wb")  # noqa: SIM115 - handed to the child
+    cmd = [
+        sys.executable,
+        "-m",
+        "node.cli",
+        "chain",
+        "--port",
+        str(free_port()),
+        "--data-dir",
+        str(data_dir),
+    ]
+    proc = subprocess.Popen(
+        cmd, stdout=log, stderr=subprocess.STDOUT, cwd=Path(__file__).resolve().parent.parent
+    )
+    log.close()
+    deadline = time.monotonic() + timeout
+    while not info_path.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError(
+                f"the development chain did not start; see {data_dir.parent / 'chain.log'}"
+            )
+        time.sleep(0.1)
+    time.sleep(0.1)
+    info = json.loads(info_path.read_text())
+    print(
+        f"devnet: chain at {info['url']} (chain id {info['chain_id']}), contract {info['contract']}",
+        flush=True,
+    )
+    env = {
+        "INTELLECT_NODE_CHAIN": info["url"],
+        "INTELLECT_NODE_CONTRACT": info["contract"],
+        "INTELLECT_NODE_CONTRACT_BLOCK": str(info["block"]),
+        "INTELLECT_NODE_CHAIN_ID": str(info["chain_id"]),
+    }
+    return proc, env
+
+
 def run_devnet(base_dir: Path, *, run_id: str, inference: int, duration: float) -> int:
     base_dir.mkdir(parents=True, exist_ok=True)
     fast = ["--heartbeat-interval", "2", "--peer-ttl", "10", "--discovery-interval", "1"]
@@ -156,7 +202,9 @@ def run_devnet(base_dir: Path, *, run_id: str, inference: int, duration: float) 
         stopping = True
 
     old = signal.signal(signal.SIGINT, on_signal), signal.signal(signal.SIGTERM, on_signal)
+    chain: subprocess.Popen[bytes] | None = None
     try:
+        chain, ledger_env = start_chain(base_dir / "chain")
         boot = spawn_node(
             "bootstrap",
             "bootstrap",
@@ -165,6 +213,7 @@ def run_devnet(base_dir: Path, *, run_id: str, inference: int, duration: float) 
             listen=f"/ip4/127.0.0.1/tcp/{free_port()}",
             bootstrap=[],
             extra=fast,
+            env_extra=ledger_env,
         )
         nodes.append(boot)
         boot_addr = p2p_addr(wait_ready(boot))
@@ -182,6 +231,7 @@ def run_devnet(base_dir: Path, *, run_id: str, inference: int, duration: float) 
                     listen="/ip4/127.0.0.1/tcp/0",
                     bootstrap=[boot_addr],
                     extra=fast,
+                    env_extra=ledger_env,
                 )
             )
         for n in nodes[1:]:
@@ -208,7 +258,14 @@ def run_devnet(base_dir: Path, *, run_id: str, inference: int, duration: float) 
     finally:
         for n in reversed(nodes):
             n.stop()
+        if chain is not None and chain.poll() is None:
+            chain.send_signal(signal.SIGTERM)
+            try:
+                chain.wait(10)
+            except subprocess.TimeoutExpired:
+                chain.kill()
+                chain.wait()
         signal.signal(signal.SIGINT, old[0])
         signal.signal(signal.SIGTERM, old[1])
-        print("devnet: all nodes stopped", flush=True)
+        print("devnet: all nodes and the chain stopped", flush=True)
     return 0

@@ -9,6 +9,7 @@ need_apt=()
 command -v cc >/dev/null 2>&1 || need_apt+=(gcc)
 [ -f /usr/include/gmp.h ] || [ -f /usr/include/x86_64-linux-gnu/gmp.h ] || [ -f /usr/include/aarch64-linux-gnu/gmp.h ] || need_apt+=(libgmp-dev)
 python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || need_apt+=(python3-venv)
+command -v npm >/dev/null 2>&1 || need_apt+=(nodejs npm)  # anvil, a development EVM node, comes from npm
 if [ ${#need_apt[@]} -gt 0 ]; then
     echo "setup: installing system packages: ${need_apt[*]}"
     SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
@@ -21,4 +22,9 @@ python3 -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)' \
 [ -x .venv/bin/python ] || python3 -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q -e '.[dev]'
+# anvil (Foundry's development node) for the ledger's tests and `--chain` comparisons;
+# the npm package ships the binary, so nothing is downloaded outside the registry.
+if [ ! -x .tools/node_modules/.bin/anvil ]; then
+    npm install --prefix .tools --no-audit --no-fund --loglevel=error @foundry-rs/anvil@1.7.1
+fi
 echo "setup: done (.venv/bin/intellect-node)"

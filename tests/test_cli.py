@@ -13,9 +13,8 @@ CLI = [sys.executable, "-m", "node.cli"]
 
 
 def run(*args, env=None, check=True):
-    res = subprocess.run(
-        [*CLI, *args], capture_output=True, text=True, env={**os.environ, **(env or {})}, timeout=60
-    )
+    env = {**os.environ, "INTELLECT_NODE_PASSWORD": "pw", **(env or {})}
+    res = subprocess.run([*CLI, *args], capture_output=True, text=True, env=env, timeout=60)
     if check:
         assert res.returncode == 0, res.stderr
     return res
@@ -106,7 +105,18 @@ def test_keys_new_show_and_file_mode(tmp_path):
     assert peer_id.startswith("12D3KooW")
     assert stat.S_IMODE((d / "identity.key").stat().st_mode) == 0o600
     assert stat.S_IMODE(d.stat().st_mode) == 0o700
-    assert peer_id in run("keys", "show", "--data-dir", str(d)).stdout
+    assert stat.S_IMODE((d / "account.json").stat().st_mode) == 0o600
+    shown = run("keys", "show", "--data-dir", str(d)).stdout
+    assert peer_id in shown and "account    0x" in shown
+    res = run(
+        "keys",
+        "new",
+        "--data-dir",
+        str(tmp_path / "other"),
+        env={"INTELLECT_NODE_PASSWORD": ""},
+        check=False,
+    )
+    assert res.returncode == 1 and "empty keystore password" in res.stderr
     res = run("keys", "new", "--data-dir", str(d), check=False)
     assert res.returncode == 1 and "already exists" in res.stderr
     assert peer_id not in run("keys", "new", "--data-dir", str(d), "--force").stdout
@@ -155,3 +165,25 @@ def test_start_status_and_sigint(tmp_path):
         assert "left the network" in node.log_path.read_text()
     finally:
         node.stop()
+
+
+def test_devnet_main_job(tmp_path):
+    """The README's first command: chain + five nodes that find each other, then a clean stop."""
+    res = subprocess.run(
+        [*CLI, "devnet", "--base-dir", str(tmp_path), "--duration", "2"],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
+    out = res.stdout
+    assert "devnet: chain at http://127.0.0.1:" in out and "contract 0x" in out
+    assert "devnet: 5 nodes" in out
+    rows = [
+        line
+        for line in out.splitlines()
+        if line.split()[:1]
+        and line.split()[0] in ("bootstrap", "trainer", "validator", "inference-0", "inference-1")
+    ]
+    assert len(rows) == 5 and all(line.split()[3] == "4" for line in rows), out
+    assert "all nodes and the chain stopped" in out

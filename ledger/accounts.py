@@ -1,0 +1,88 @@
+"""The node's EVM account: a standard encrypted keystore file (eth-account, scrypt).
+
+``<data_dir>/account.json``, mode 0600. The password comes from, in order: a file named by
+``--password-file``, the environment variable ``INTELLECT_NODE_PASSWORD``, or a prompt.
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import os
+from pathlib import Path
+
+from eth_account import Account
+from eth_account.signers.local import LocalAccount
+from eth_utils import to_checksum_address
+
+ACCOUNT_FILE = "account.json"
+PASSWORD_ENV = "INTELLECT_NODE_PASSWORD"
+
+
+class AccountError(RuntimeError):
+    """No keystore, a wrong password, or no way to ask for one."""
+
+
+def account_path(data_dir: Path) -> Path:
+    return data_dir / ACCOUNT_FILE
+
+
+def read_password(password_file: Path | None = None, *, confirm: bool = False) -> str:
+    if password_file is not None:
+        try:
+            return password_file.read_text().rstrip("\n")
+        except OSError as exc:
+            raise AccountError(f"cannot read password file {password_file}: {exc}") from exc
+    if PASSWORD_ENV in os.environ:
+        return os.environ[PASSWORD_ENV]
+    try:
+        password = getpass.getpass("keystore password: ")
+        if confirm and getpass.getpass("repeat password: ") != password:
+            raise AccountError("passwords do not match")
+    except EOFError as exc:
+        raise AccountError(f"no password: pass --password-file or set {PASSWORD_ENV}") from exc
+    return password
+
+
+def create_account(
+    data_dir: Path, password: str, *, force: bool = False, private_key: str | None = None
+) -> LocalAccount:
+    path = account_path(data_dir)
+    if path.exists() and not force:
+        raise AccountError(f"{path} already exists (use --force to replace it)")
+    if not password:
+        raise AccountError("refusing an empty keystore password")
+    account: LocalAccount = Account.from_key(private_key) if private_key else Account.create()
+    keystore = Account.encrypt(account.key, password)
+    data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    tmp = path.with_suffix(".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(keystore, f)
+    os.replace(tmp, path)
+    return account
+
+
+def account_address(data_dir: Path) -> str:
+    """The address in the keystore, without decrypting it."""
+    try:
+        raw = str(json.loads(account_path(data_dir).read_text())["address"])
+        return str(to_checksum_address("0x" + raw.removeprefix("0x")))
+    except FileNotFoundError as exc:
+        raise AccountError(
+            f"no account at {account_path(data_dir)} (run: intellect-node keys new)"
+        ) from exc
+
+
+def load_account(data_dir: Path, password: str) -> LocalAccount:
+    path = account_path(data_dir)
+    try:
+        keystore = json.loads(path.read_text())
+    except FileNotFoundError as exc:
+        raise AccountError(f"no account at {path} (run: intellect-node keys new)") from exc
+    try:
+        key = Account.decrypt(keystore, password)
+    except ValueError as exc:
+        raise AccountError(f"wrong password for {path}") from exc
+    account: LocalAccount = Account.from_key(key)
+    return account

@@ -1,0 +1,152 @@
+"""The embedded development chain (py-evm via eth-tester) served over JSON-RPC.
+
+One process owns the chain; nodes and the CLI reach it at ``http://127.0.0.1:<port>`` like
+any Ethereum node, so a new user needs nothing but pip. Requests go through web3's own
+eth-tester formatters, results are turned into JSON-RPC wire form (integers as hex
+quantities, bytes as hex), and a revert becomes the standard error (code 3) carrying the
+ABI-encoded ``Error(string)`` data, as geth and anvil report it. Besides the ``eth_``
+methods it serves ``evm_increaseTime`` and ``evm_mine`` for tests.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from eth_abi import encode as abi_encode
+from web3 import EthereumTesterProvider
+from web3.providers.eth_tester.middleware import request_formatters, result_formatters
+
+from ledger.chain import ERROR_SELECTOR
+
+MAX_BODY = 4 * 1024 * 1024
+
+
+class RpcError(Exception):
+    def __init__(self, code: int, message: str, data: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.data = data
+
+
+def to_wire(value: Any) -> Any:
+    """Python-level results to JSON-RPC form: ints as hex quantities, bytes as hex."""
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return value
+    if isinstance(value, int):
+        return hex(value)
+    if isinstance(value, bytes | bytearray):
+        return "0x" + bytes(value).hex()
+    if isinstance(value, dict):
+        return {k: to_wire(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [to_wire(v) for v in value]
+    return value
+
+
+class DevChain:
+    """The chain and a lock: eth-tester is not thread-safe."""
+
+    def __init__(self) -> None:
+        self.provider = EthereumTesterProvider()
+        self.tester = self.provider.ethereum_tester
+        self.lock = threading.Lock()
+
+    def call(self, method: str, params: list[Any]) -> Any:
+        with self.lock:
+            return self._call(method, params)
+
+    def _call(self, method: str, params: list[Any]) -> Any:
+        if method == "evm_increaseTime":
+            now = self.tester.get_block_by_number("latest")["timestamp"]
+            seconds = int(params[0], 16) if isinstance(params[0], str) else int(params[0])
+            self.tester.time_travel(now + seconds)
+            return hex(seconds)
+        if method == "evm_mine":
+            self.tester.mine_blocks(1)
+            return "0x0"
+        if method in ("eth_call", "eth_estimateGas") and params and "from" not in params[0]:
+            params = [{**params[0], "from": self.tester.get_accounts()[0]}, *params[1:]]
+        fmt = request_formatters.get(method)  # type: ignore[call-overload]
+        if fmt is not None:
+            params = fmt(params)
+        from eth_tester.exceptions import TransactionFailed
+
+        try:
+            response = self.provider.make_request(method, params)  # type: ignore[arg-type]
+        except TransactionFailed as exc:
+            reason = str(exc.args[0]).removeprefix("execution reverted: ") if exc.args else ""
+            data = "0x" + (ERROR_SELECTOR + abi_encode(["string"], [reason])).hex()
+            raise RpcError(3, f"execution reverted: {reason}", data) from exc
+        if "error" in response:
+            err = response["error"]
+            message = err.get("message", str(err)) if isinstance(err, dict) else str(err)
+            raise RpcError(-32000, message)
+        result = response.get("result")
+        rfmt = result_formatters.get(method) if result_formatters else None  # type: ignore[call-overload]
+        if rfmt is not None:
+            result = rfmt(result)
+        return to_wire(result)
+
+
+def _handler(chain: DevChain) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, format: str, *args: Any) -> None:  # quiet
+            pass
+
+        def _one(self, req: Any) -> dict[str, Any]:
+            rid = req.get("id") if isinstance(req, dict) else None
+            if not isinstance(req, dict) or not isinstance(req.get("method"), str):
+                return {
+                    "jsonrpc": "2.0",
+                    "id": rid,
+                    "error": {"code": -32600, "message": "invalid request"},
+                }
+            try:
+                result = chain.call(req["method"], list(req.get("params") or []))
+                return {"jsonrpc": "2.0", "id": rid, "result": result}
+            except RpcError as exc:
+                err: dict[str, Any] = {"code": exc.code, "message": exc.message}
+                if exc.data is not None:
+                    err["data"] = exc.data
+                return {"jsonrpc": "2.0", "id": rid, "error": err}
+            except Exception as exc:  # a bad request must not take the chain down
+                return {
+                    "jsonrpc": "2.0",
+                    "id": rid,
+                    "error": {"code": -32603, "message": f"{type(exc).__name__}: {exc}"},
+                }
+
+        def do_POST(self) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            if length > MAX_BODY:
+                self.send_error(413)
+                return
+            try:
+                req = json.loads(self.rfile.read(length))
+            except ValueError:
+                body: Any = {
+                    "jsonrpc": "2.0",
+                    "id": None,
+                    "error": {"code": -32700, "message": "parse error"},
+                }
+            else:
+                body = [self._one(r) for r in req] if isinstance(req, list) else self._one(req)
+            data = json.dumps(body).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+    return Handler
+
+
+def serve(chain: DevChain, port: int = 8545) -> ThreadingHTTPServer:
+    """Start serving on 127.0.0.1 in a background thread; ``shutdown()`` stops it."""
+    server = ThreadingHTTPServer(("127.0.0.1", port), _handler(chain))
+    threading.Thread(target=server.serve_forever, name="devchain-rpc", daemon=True).start()
+    return server
