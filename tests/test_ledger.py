@@ -273,3 +273,24 @@ def test_refuses_to_sign_for_another_chain(ledger):
     with pytest.raises(LedgerError, match="config says"):
         wrong.register(PEER_KEY, 2 * ETH)
     assert not ledger.client(ledger.worker).worker(ledger.worker.address).registered
+
+
+def test_transient_rpc_failures_are_retried_then_reported(monkeypatch):
+    from ledger import client as client_module
+
+    monkeypatch.setattr(client_module.time, "sleep", lambda s: None)
+    calls = []
+
+    def flaky():
+        calls.append(1)
+        if len(calls) < 3:
+            raise ConnectionError("connection refused")
+        return "ok"
+
+    assert client_module._retry(flaky) == "ok" and len(calls) == 3
+
+    def down():
+        raise TimeoutError("timed out")
+
+    with pytest.raises(client_module.LedgerError, match="unreachable after 3 tries"):
+        client_module._retry(down)
