@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
 import sys
 import time
 from pathlib import Path
@@ -25,16 +24,10 @@ from eth_account import Account  # noqa: E402
 from ledger.chain import Chain, connect, start_anvil  # noqa: E402
 from ledger.client import LedgerClient, Params, deploy  # noqa: E402
 from ledger.devchain import DevChain, serve  # noqa: E402
+from node.devnet import free_port  # noqa: E402
 
 ETH = 10**18
 PARAMS = Params(ETH, 10**15, 2000, 5000, 3600, 86400, 60)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def run_backend(chain: Chain, txs: int) -> tuple[dict[str, int], float]:

@@ -1,7 +1,5 @@
 """The WorkLedger contract and its client on a real EVM (py-evm, in process)."""
 
-import socket
-
 import pytest
 from eth_account import Account
 from eth_tester.backends.pyevm.main import get_default_account_keys
@@ -10,6 +8,7 @@ from ledger.build import compile_contract, load_artifact
 from ledger.chain import connect, decode_revert_data, start_anvil
 from ledger.client import LedgerClient, LedgerRevert, Params, deploy
 from ledger.devchain import DevChain, serve
+from node.devnet import free_port
 
 ETH = 10**18
 PARAMS = Params(
@@ -42,12 +41,6 @@ class Ledger:
 
     def balance(self, account):
         return self.chain.w3.eth.get_balance(account.address)
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(params=["embedded", "served", "anvil"])
