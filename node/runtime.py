@@ -94,6 +94,7 @@ class Node:
         )
         self._syncing: set[str] = set()
         self._stop = trio.Event()
+        self._drained = trio.Event()  # set by the publisher whenever its queue runs empty
         self._nursery: trio.Nursery | None = None
         self.host: IHost | None = None
         self.addrs: list[str] = []
@@ -180,12 +181,27 @@ class Node:
                 task_status.started(self)
                 await self._stop.wait()
                 heartbeats.cancel()  # no "up" may follow our "leaving"
+                await self._flush_announcements()
                 await self._leave()
                 nursery.cancel_scope.cancel()
         log.info("node stopped peer_id=%s", self.peer_id)
 
     def request_stop(self) -> None:
         self._stop.set()
+
+    async def _flush_announcements(self, limit_s: float = 5.0) -> None:
+        """Give the paced publisher up to ``limit_s`` to send what is still queued."""
+        self._drained = trio.Event()
+        if self._queue_send.statistics().current_buffer_used:
+            with trio.move_on_after(limit_s):
+                await self._drained.wait()
+        dropped = self._queue_send.statistics().current_buffer_used
+        if dropped:
+            log.warning(
+                "stopping with %d announcements unsent (could not publish them in %.0f s)",
+                dropped,
+                limit_s,
+            )
 
     async def _leave(self) -> None:
         """Tell gossip and every known peer that we are leaving, within a short deadline."""
@@ -451,6 +467,8 @@ class Node:
                 await self.pubsub.publish(topic_name, data)
             except Exception as exc:  # peers can still fetch it from the outbox
                 log.warning("announce publish failed index=%d: %s", index, exc)
+            if not self._queue_send.statistics().current_buffer_used:
+                self._drained.set()
 
     def _on_announcement(self, data: bytes) -> None:
         msg = open_message(data, Announcement)

@@ -153,3 +153,17 @@ def test_frozen_peer_does_not_hang_its_counterpart(cluster):
         assert post(c, "/ping", {"peer_id": sb["peer_id"]})["ok"]
     finally:
         os.kill(a.proc.pid, signal.SIGCONT)
+
+
+def test_announcements_queued_at_shutdown_are_still_sent(cluster):
+    a, sa = cluster.start("trainer")
+    b, _ = cluster.start("inference", [addr_of(sa)])
+    wait_until(lambda: sa["peer_id"] in peer_roles(b), 30, "b to know a")
+    assert post(a, "/announce", {"count": 150})["queued"] == 150  # 1.5 s of work at 100/s
+    a.proc.send_signal(signal.SIGTERM)
+    assert a.proc.wait(20) == 0
+    wait_until(
+        lambda: status(b)["announcements"]["delivered"].get(sa["peer_id"]) == 150,
+        10,
+        "all 150 at b",
+    )
