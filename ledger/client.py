@@ -89,6 +89,14 @@ class SubmissionInfo:
 STATUS = {0: "none", 1: "pending", 2: "accepted", 3: "rejected"}
 
 
+def _rpc_message(exc: Exception) -> str:
+    """The message a JSON-RPC node gave, without web3's wrapping."""
+    response = getattr(exc, "rpc_response", None)
+    if isinstance(response, dict) and isinstance(response.get("error"), dict):
+        return str(response["error"].get("message", exc))
+    return str(getattr(exc, "message", None) or exc)
+
+
 def _retry(fn: Callable[[], T]) -> T:
     delay = 0.2
     for attempt in range(RETRIES):
@@ -216,15 +224,6 @@ class LedgerClient:
         """Simulate, then sign and send with the next local nonce; returns the tx hash."""
         if self.account is None:
             raise LedgerError(f"{name} needs a signing account")
-        fn = getattr(self.contract.functions, name)(*args)
-        sender = {"from": self.address, "value": value}
-        try:
-            _retry(lambda: fn.call(sender))
-        except Exception as exc:
-            reason = revert_reason(exc)
-            if reason is None:
-                raise
-            raise LedgerRevert(name, reason) from exc
         if self._chain_id is None:
             chain_id = self.chain.chain_id
             if self.expected_chain_id is not None and chain_id != self.expected_chain_id:
@@ -232,6 +231,18 @@ class LedgerClient:
                     f"connected to chain {chain_id}, but the config says {self.expected_chain_id}"
                 )
             self._chain_id = chain_id
+        fn = getattr(self.contract.functions, name)(*args)
+        sender = {"from": self.address, "value": value}
+        try:
+            _retry(lambda: fn.call(sender))
+        except LedgerError:
+            raise
+        except Exception as exc:
+            reason = revert_reason(exc)
+            if reason is not None:
+                raise LedgerRevert(name, reason) from exc
+            # not a revert: the node refused the call itself (e.g. insufficient funds)
+            raise LedgerError(f"{name} refused by the chain: {_rpc_message(exc)}") from exc
         tx = fn.build_transaction(
             _fees(self.chain)
             | {

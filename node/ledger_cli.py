@@ -15,7 +15,7 @@ from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any
 
-from node.config import NodeConfig
+from node.config import NodeConfig, load_config
 
 WEI = 10**18
 DEV_CHAIN_DIR = Path.home() / ".intellect-node" / "chain"
@@ -72,6 +72,7 @@ def add_ledger_parsers(sub: Any) -> None:
         p.add_argument(
             "--contract", help="contract address (default: config, else the local dev chain)"
         )
+        p.add_argument("--config", type=Path, help="the node's TOML config file")
         p.add_argument("--data-dir", type=Path, help="the node's data dir (keystore)")
         p.add_argument("--name", help="the node's name (data dir ~/.intellect-node/<name>)")
         p.add_argument(
@@ -97,8 +98,13 @@ def add_ledger_parsers(sub: Any) -> None:
     common(stake)
 
 
-def _locate(args: argparse.Namespace) -> tuple[str, str, int]:
-    cfg = NodeConfig(name=getattr(args, "name", None))
+def _config(args: argparse.Namespace) -> NodeConfig:
+    """The node's config (TOML file, environment, flags), for its data dir and ledger settings."""
+    return load_config(file=args.config, flags={"name": args.name, "data_dir": args.data_dir})
+
+
+def _locate(args: argparse.Namespace, cfg: NodeConfig) -> tuple[str, str, int]:
+    """(chain URL, contract address, deployment block): flags, else config, else the dev chain."""
     url, contract, block = (
         args.chain_url or cfg.chain,
         args.contract or cfg.contract,
@@ -118,23 +124,18 @@ def _locate(args: argparse.Namespace) -> tuple[str, str, int]:
     return url, contract, block
 
 
-def _data_dir(args: argparse.Namespace) -> Path:
-    if args.data_dir is not None:
-        return Path(args.data_dir).expanduser()
-    return NodeConfig(name=args.name).resolved_data_dir
-
-
-def _client(args: argparse.Namespace, *, signing: bool) -> Any:
+def _client(args: argparse.Namespace, *, signing: bool) -> tuple[Any, NodeConfig, int]:
+    """A ledger client (with the node's account if ``signing``), the config, the start block."""
     from ledger.accounts import load_account, read_password
     from ledger.chain import connect
     from ledger.client import LedgerClient
 
-    url, contract, block = _locate(args)
-    account = load_account(_data_dir(args), read_password(args.password_file)) if signing else None
-    expected = NodeConfig(name=args.name).chain_id
-    client = LedgerClient(connect(url), contract, account, expected_chain_id=expected)
-    client.start_block = block  # type: ignore[attr-defined]
-    return client
+    cfg = _config(args)
+    url, contract, block = _locate(args, cfg)
+    data_dir = cfg.resolved_data_dir
+    account = load_account(data_dir, read_password(args.password_file)) if signing else None
+    client = LedgerClient(connect(url), contract, account, expected_chain_id=cfg.chain_id)
+    return client, cfg, block
 
 
 def cmd_rewards(args: argparse.Namespace) -> int:
@@ -142,18 +143,19 @@ def cmd_rewards(args: argparse.Namespace) -> int:
     from ledger.history import EventIndex
 
     if args.action == "claim":
-        client = _client(args, signing=True)
+        client, _, _ = _client(args, signing=True)
         receipt = client.claim()
         print(f"claimed in block {receipt.blockNumber} (tx {receipt.transactionHash.hex()})")
         return 0
-    client = _client(args, signing=False)
-    address = client.w3.to_checksum_address(args.address or account_address(_data_dir(args)))
+    client, cfg, start_block = _client(args, signing=False)
+    data_dir = cfg.resolved_data_dir
+    address = client.w3.to_checksum_address(args.address or account_address(data_dir))
     w = client.worker(address)
     index = EventIndex(
         client.w3,
         client.contract.address,
-        client.start_block,
-        _data_dir(args) / "ledger-events.json",
+        start_block,
+        data_dir / "ledger-events.json",
     )
     recent = EventIndex.involving(index.update(), address)[-10:]
     report = {
@@ -198,7 +200,7 @@ def cmd_rewards(args: argparse.Namespace) -> int:
 
 
 def cmd_stake(args: argparse.Namespace) -> int:
-    client = _client(args, signing=True)
+    client, cfg, _ = _client(args, signing=True)
     if args.action == "withdraw":
         receipt = client.withdraw()
     else:
@@ -212,7 +214,7 @@ def cmd_stake(args: argparse.Namespace) -> int:
         else:
             from node.keystore import load_identity
 
-            identity = load_identity(_data_dir(args))
+            identity = load_identity(cfg.resolved_data_dir)
             receipt = client.register(identity.public_bytes, amount)
             print(f"registered {client.address} for peer {identity.peer_id}")
     print(

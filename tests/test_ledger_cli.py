@@ -140,3 +140,41 @@ def test_stake_rewards_claim_unbond_withdraw_from_the_cli(dev_chain, tmp_path):
     proc.send_signal(signal.SIGINT)
     assert proc.wait(15) == 0
     assert not info_path.exists()
+
+
+def test_ledger_commands_take_the_chain_from_the_environment(dev_chain, tmp_path):
+    """What the devnet does: INTELLECT_NODE_CHAIN / _CONTRACT / _CHAIN_ID point the CLI at a chain."""
+    info, _, _ = dev_chain
+    node_dir = tmp_path / "n"
+    run("keys", "new", "--data-dir", str(node_dir))
+    env = {**ENV, "INTELLECT_NODE_CHAIN": info["url"], "INTELLECT_NODE_CONTRACT": info["contract"]}
+    res = subprocess.run(
+        [*CLI, "rewards", "--json", "--data-dir", str(node_dir)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout)["contract"] == info["contract"]
+    res = subprocess.run(
+        [*CLI, "stake", "add", "1", "--data-dir", str(node_dir)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert (
+        res.returncode == 1
+        and "refused by the chain" in res.stderr
+        and "Traceback" not in res.stderr
+    )  # no ETH yet
+    env["INTELLECT_NODE_CHAIN_ID"] = str(info["chain_id"] + 1)
+    res = subprocess.run(
+        [*CLI, "stake", "add", "1", "--data-dir", str(node_dir)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert res.returncode == 1 and "config says" in res.stderr
