@@ -156,16 +156,22 @@ class Node:
             )
             host.set_stream_handler(ids.PRESENCE, self._guard(ids.PRESENCE, self._handle_presence))
             host.set_stream_handler(ids.SYNC, self._guard(ids.SYNC, self._handle_sync))
-            presence_sub = await pubsub.subscribe(ids.presence_topic(self.cfg.run_id))
-            announce_sub = await pubsub.subscribe(ids.announce_topic(self.cfg.run_id))
+            presence, announce = (
+                ids.presence_topic(self.cfg.run_id),
+                ids.announce_topic(self.cfg.run_id),
+            )
+            pubsub.set_topic_validator(
+                presence, self._gossip_validator("gossip-presence", self._on_presence_gossip), False
+            )
+            pubsub.set_topic_validator(
+                announce, self._gossip_validator("gossip-announce", self._on_announcement), False
+            )
+            presence_sub = await pubsub.subscribe(presence)
+            announce_sub = await pubsub.subscribe(announce)
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
-                nursery.start_soon(
-                    self._drain, presence_sub, "gossip-presence", self._on_presence_gossip
-                )
-                nursery.start_soon(
-                    self._drain, announce_sub, "gossip-announce", self._on_announcement
-                )
+                nursery.start_soon(self._drain, presence_sub)
+                nursery.start_soon(self._drain, announce_sub)
                 heartbeats = trio.CancelScope()
                 nursery.start_soon(self._heartbeat_loop, heartbeats)
                 nursery.start_soon(self._expiry_loop)
@@ -488,19 +494,40 @@ class Node:
         self.admission.admit(msg, now_ms())
         self._on_node_info(msg)
 
-    async def _drain(self, sub: Any, protocol: str, handle: Callable[[bytes], None]) -> None:
-        """Take every gossip message off the subscription at once, and validate it."""
+    def _gossip_validator(
+        self, protocol: str, handle: Callable[[bytes], None]
+    ) -> Callable[[ID, Any], bool]:
+        """A pubsub topic validator that runs ``handle`` (verify, admit, act) on each new
+        message before gossipsub forwards it: a message we reject is counted, dropped, and
+        never relayed to our peers (py-libp2p also caches the verdict and scores the peer)."""
         own = self.host.get_id().to_bytes() if self.host else b""
-        while True:
-            msg = await sub.get()
+
+        def validate(_forwarder: ID, msg: Any) -> bool:
             if msg.from_id == own:
-                continue
+                return True
             data = bytes(msg.data)
             self._count_in(protocol, data)
+            origin = ID(msg.from_id).to_base58() if msg.from_id else "?"
             try:
                 handle(data)
             except WireError as err:
-                self._reject(protocol, ID(msg.from_id).to_base58() if msg.from_id else "?", err)
+                self._reject(protocol, origin, err)
+                return False
+            except Exception as exc:  # never let a bug here escape into pubsub
+                self.metrics.inc("rejected", reason=Reason.INTERNAL.value, protocol=protocol)
+                log.exception(
+                    "gossip handler failed protocol=%s origin=%s: %s", protocol, origin[-8:], exc
+                )
+                return False
+            return True
+
+        return validate
+
+    @staticmethod
+    async def _drain(sub: Any) -> None:
+        """Empty a subscription: its messages were already handled by the topic validator."""
+        while True:
+            await sub.get()
 
     async def _sync_from(self, sender: str, session: int, indices: list[int]) -> None:
         try:

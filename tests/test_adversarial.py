@@ -24,7 +24,7 @@ from protocol import ids
 from protocol.framing import HEADER, read_frame
 from protocol.messages import Announcement, NodeInfo, Refusal, SyncReply, SyncRequest
 from protocol.wire import open_message, seal
-from tests.netutil import Cluster, addr_of, counter, metrics, status, wait_until
+from tests.netutil import Cluster, addr_of, counter, metrics, peer_roles, status, wait_until
 
 RUN = "test-run"
 
@@ -273,3 +273,46 @@ def test_admin_endpoint_requires_the_token_for_actions(target):
     assert exc.value.code == 404
     st = _json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/status", timeout=10).read())
     assert st["announcements"]["published"] == 0
+
+
+async def test_rejected_gossip_is_not_forwarded(tmp_path):
+    """B rejects bad gossip before relaying it: C, which hears the client only through B,
+    never sees the bad messages, but does get the client's valid one."""
+    c = Cluster(tmp_path, run_id=RUN)
+    try:
+        b_node, sb = c.start("validator")
+        c_node, sc = c.start("inference", [addr_of(sb)])
+        await trio.to_thread.run_sync(
+            lambda: wait_until(
+                lambda: sc["peer_id"] in peer_roles(b_node) and sb["peer_id"] in peer_roles(c_node),
+                30,
+                "b and c to meet",
+            )
+        )
+        async with connected_client(sb, with_pubsub=True) as client:
+            topic = ids.presence_topic(RUN)
+            await client.pubsub.subscribe(topic)
+            await client.pubsub.wait_for_subscription(client.peer, topic, timeout=10)
+            env = msgpack.unpackb(seal(client.identity, client.node_info()))
+            env["s"] = bytes(64)
+            bad = [
+                os.urandom(80),
+                msgpack.packb(env),
+                seal(client.identity, client.node_info(run_id="another-run")),
+            ]
+            for data in bad:
+                await client.pubsub.publish(topic, data)
+                await trio.sleep(0.2)
+            await client.pubsub.publish(topic, seal(client.identity, client.node_info()))
+
+            def relayed():
+                return client.identity.peer_id in peer_roles(c_node)
+
+            await trio.to_thread.run_sync(
+                lambda: wait_until(relayed, 15, "the valid message to reach c through b")
+            )
+        b_text, c_text = await trio.to_thread.run_sync(lambda: (metrics(b_node), metrics(c_node)))
+        assert counter(b_text, "intellect_rejected_total", protocol="gossip-presence") == 3
+        assert counter(c_text, "intellect_rejected_total", protocol="gossip-presence") == 0
+    finally:
+        c.close()
