@@ -20,8 +20,8 @@ ENV = {**os.environ, "INTELLECT_NODE_PASSWORD": "correct horse"}
 ETH = 10**18
 
 
-def run(*args, check=True):
-    res = subprocess.run([*CLI, *args], capture_output=True, text=True, env=ENV, timeout=120)
+def run(*args, check=True, env=ENV):
+    res = subprocess.run([*CLI, *args], capture_output=True, text=True, env=env, timeout=120)
     if check:
         assert res.returncode == 0, res.stdout + res.stderr
     return res
@@ -128,13 +128,8 @@ def test_stake_rewards_claim_unbond_withdraw_from_the_cli(dev_chain, tmp_path):
         == 0
     )
 
-    bad = subprocess.run(
-        [*CLI, "stake", "add", "1", "--data-dir", str(node_dir), *loc],
-        capture_output=True,
-        text=True,
-        env={**ENV, "INTELLECT_NODE_PASSWORD": "wrong"},
-        timeout=60,
-    )
+    wrong = {**ENV, "INTELLECT_NODE_PASSWORD": "wrong"}
+    bad = run("stake", "add", "1", "--data-dir", str(node_dir), *loc, check=False, env=wrong)
     assert bad.returncode == 1 and "wrong password" in bad.stderr
 
     proc.send_signal(signal.SIGINT)
@@ -148,33 +143,15 @@ def test_ledger_commands_take_the_chain_from_the_environment(dev_chain, tmp_path
     node_dir = tmp_path / "n"
     run("keys", "new", "--data-dir", str(node_dir))
     env = {**ENV, "INTELLECT_NODE_CHAIN": info["url"], "INTELLECT_NODE_CONTRACT": info["contract"]}
-    res = subprocess.run(
-        [*CLI, "rewards", "--json", "--data-dir", str(node_dir)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=60,
-    )
+    res = run("rewards", "--json", "--data-dir", str(node_dir), check=False, env=env)
     assert res.returncode == 0, res.stderr
     assert json.loads(res.stdout)["contract"] == info["contract"]
-    res = subprocess.run(
-        [*CLI, "stake", "add", "1", "--data-dir", str(node_dir)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=60,
-    )
+    res = run("stake", "add", "1", "--data-dir", str(node_dir), check=False, env=env)
     assert (
         res.returncode == 1
         and "refused by the chain" in res.stderr
         and "Traceback" not in res.stderr
     )  # no ETH yet
     env["INTELLECT_NODE_CHAIN_ID"] = str(info["chain_id"] + 1)
-    res = subprocess.run(
-        [*CLI, "stake", "add", "1", "--data-dir", str(node_dir)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=60,
-    )
+    res = run("stake", "add", "1", "--data-dir", str(node_dir), check=False, env=env)
     assert res.returncode == 1 and "config says" in res.stderr
