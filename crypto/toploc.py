@@ -92,7 +92,11 @@ def _inverses() -> np.ndarray:
 def chunks_of(
     activations: list[torch.Tensor], chunk_size: int, skip_prefill: bool
 ) -> list[torch.Tensor]:
-    """Split ``[prefill [L, H]] + [decode [H]] * n`` into the chunks that are proven."""
+    """Split ``[prefill [L, H]] + decode states`` into the chunks that are proven.
+
+    Decode states are one ``[H]`` tensor per step, or ``[k, H]`` blocks of k steps (an
+    engine that keeps them in one buffer passes its rows without splitting them).
+    """
     if chunk_size < 1:
         raise ValueError("chunk_size must be >= 1")
     out: list[torch.Tensor] = []
@@ -104,8 +108,13 @@ def chunks_of(
         if prefill.dim() != 2:
             raise ValueError("the prefill activations must be [prompt_len, hidden]")
         out.append(prefill)
-    for i in range(0, len(decode), chunk_size):
-        out.append(torch.stack([d.reshape(-1) for d in decode[i : i + chunk_size]]))
+    if not decode:
+        return out
+    rows = torch.cat(
+        [d.reshape(-1, d.shape[-1]) if d.dim() == 2 else d.reshape(1, -1) for d in decode]
+    )
+    if rows.shape[0]:
+        out.extend(rows.split(chunk_size))
     return out
 
 
@@ -170,10 +179,12 @@ def _interpolate(xs: np.ndarray, ys: np.ndarray) -> np.ndarray:
     inv = _inverses().astype(np.float64)
     k = xs.shape[1]
     xf = xs.astype(np.float64)
+    xi = xs.astype(np.int32)
     a = ys.astype(np.float64)
     for j in range(1, k):  # Newton divided differences, level j, all chunks at once
-        den = (xs[:, j:] - xs[:, :-j]) % P
-        a[:, j:] = _mod((a[:, j:] - a[:, j - 1 : -1]) * inv[den])
+        den = xi[:, j:] - xi[:, :-j]
+        den += (den >> 31) & P  # (x_i - x_{i-j}) mod P without a division: xs lie in [0, P)
+        a[:, j:] = _mod((a[:, j:] - a[:, j - 1 : -1]) * inv.take(den))
     poly = np.zeros_like(a)
     poly[:, 0] = a[:, k - 1]
     new = np.empty_like(a)

@@ -16,8 +16,9 @@ from node.config import ConfigError, NodeConfig, config_toml, load_config
 
 ROLE_NOTES = {
     "bootstrap": "entry point into the DHT: serves discovery, relays gossip.",
-    "inference": "networking only for now: rollout generation is not built yet (issue #4), "
-    "so this node joins the run, gossips presence and serves requests, but produces no rollouts.",
+    "inference": "networking only for now: the rollout engine exists (try `intellect-node model "
+    "rollouts`), but this role does not yet pull weights or submit rollouts, so it joins the run, "
+    "gossips presence and serves requests, but produces no rollouts.",
     "validator": "networking only for now: rollout validation and slashing are not built yet "
     "(issues #3, #5), so this node checks nothing yet.",
     "trainer": "networking only for now: GRPO training and weight publishing are not built yet, "
@@ -33,6 +34,8 @@ examples:
   intellect-node chain                       # a local development chain with the ledger contract
   intellect-node stake add 2                 # register this node with 2 ETH of stake
   intellect-node rewards                     # stake, pending/claimable rewards, verdicts
+  intellect-node model init ./tiny           # build the tiny base policy (once; then cached)
+  intellect-node model rollouts ./tiny --worker 0x...  # one step's proven, scored rollouts
 
 configuration: defaults < --config FILE (TOML) < INTELLECT_NODE_<FIELD> env vars < flags
 """
@@ -130,6 +133,10 @@ def build_parser() -> argparse.ArgumentParser:
     from node.ledger_cli import add_ledger_parsers
 
     add_ledger_parsers(sub)
+
+    from node.model_cli import add_model_parsers
+
+    add_model_parsers(sub)
 
     devnet = sub.add_parser(
         "devnet", help="run a local network (bootstrap, trainer, validator, inference) on 127.0.0.1"
@@ -305,6 +312,12 @@ def cmd_devnet(args: argparse.Namespace) -> int:
     )
 
 
+def cmd_model(args: argparse.Namespace) -> int:
+    from node.model_cli import cmd_model as run
+
+    return run(args)
+
+
 def cmd_ledger(args: argparse.Namespace) -> int:
     from node import ledger_cli
 
@@ -325,6 +338,7 @@ COMMANDS = {
     "chain": cmd_ledger,
     "rewards": cmd_ledger,
     "stake": cmd_ledger,
+    "model": cmd_model,
 }
 
 

@@ -11,6 +11,7 @@ is turned into anything but maps, lists, ints, strings, bytes and bools.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from dataclasses import dataclass
 from typing import Any, ClassVar, Self
@@ -24,11 +25,12 @@ U64_MAX = 2**64 - 1
 
 @dataclass(frozen=True)
 class FieldSpec:
-    """What one field may hold. ``kind`` is one of int, str, bytes, bool, list."""
+    """What one field may hold. ``kind`` is one of int, float, str, bytes, bool, list, or
+    a ``Message`` subclass (a nested message, encoded as a map without ``type``)."""
 
     kind: type
-    lo: int = 0
-    hi: int = U64_MAX
+    lo: float = 0
+    hi: float = U64_MAX
     max_len: int = 0  # str/bytes: max length; list: max items
     exact_len: int | None = None
     pattern: str | None = None
@@ -39,6 +41,11 @@ class FieldSpec:
         if self.kind is int:
             if type(value) is not int:
                 raise WireError(Reason.MALFORMED, f"{name}: expected int")
+            if not self.lo <= value <= self.hi:
+                raise WireError(Reason.MALFORMED, f"{name}: {value} not in [{self.lo}, {self.hi}]")
+        elif self.kind is float:
+            if type(value) is not float or not math.isfinite(value):
+                raise WireError(Reason.MALFORMED, f"{name}: expected a finite float")
             if not self.lo <= value <= self.hi:
                 raise WireError(Reason.MALFORMED, f"{name}: {value} not in [{self.lo}, {self.hi}]")
         elif self.kind is bool:
@@ -65,6 +72,10 @@ class FieldSpec:
             assert self.item is not None
             for i, v in enumerate(value):
                 self.item.check(f"{name}[{i}]", v)
+        elif isinstance(self.kind, type) and issubclass(self.kind, Message):
+            if type(value) is not self.kind:
+                raise WireError(Reason.MALFORMED, f"{name}: expected {self.kind.__name__}")
+            value.validate()
         else:  # pragma: no cover - programming error
             raise TypeError(f"unsupported field kind {self.kind}")
 
@@ -86,6 +97,15 @@ def text(
 
 def blob(max_len: int, *, exact_len: int | None = None) -> Any:
     return spec(FieldSpec(bytes, max_len=max_len, exact_len=exact_len))
+
+
+def f64(lo: float, hi: float) -> Any:
+    return spec(FieldSpec(float, lo=lo, hi=hi))
+
+
+def nested(cls: type[Message]) -> FieldSpec:
+    """The spec of a nested message (use as a ``listof`` item)."""
+    return FieldSpec(cls)
 
 
 def listof(item: FieldSpec, max_items: int) -> Any:
@@ -128,14 +148,37 @@ class Message:
     def validate(self) -> None:
         for name, s in self.specs().items():
             s.check(name, getattr(self, name))
+        self.check()
+
+    def check(self) -> None:
+        """Consistency across fields; subclasses raise ``WireError(MALFORMED)``."""
+
+    def to_obj(self) -> dict[str, Any]:
+        return {name: _to_obj(getattr(self, name)) for name in self.specs()}
 
     def encode(self) -> bytes:
         self.validate()
-        body = {"type": self.TYPE, **{name: getattr(self, name) for name in self.specs()}}
+        body = {"type": self.TYPE, **self.to_obj()}
         data: bytes = msgpack.packb(body, use_bin_type=True)
         if len(data) > self.MAX_SIZE:
             raise WireError(Reason.OVERSIZED, f"{self.TYPE}: {len(data)} bytes > {self.MAX_SIZE}")
         return data
+
+    @classmethod
+    def from_obj(cls, obj: Any, *, where: str = "") -> Self:
+        """Build from a decoded map with exactly the declared keys, checking every value."""
+        label = where or cls.TYPE
+        if not isinstance(obj, dict):
+            raise WireError(Reason.MALFORMED, f"{label}: expected a map")
+        specs = cls.specs()
+        if missing := set(specs) - set(obj):
+            raise WireError(Reason.MALFORMED, f"{label}: missing fields {sorted(missing)}")
+        if unknown := set(obj) - set(specs):
+            raise WireError(Reason.MALFORMED, f"{label}: unknown fields {sorted(unknown)}")
+        values = {name: _from_obj(s, f"{label}.{name}", obj[name]) for name, s in specs.items()}
+        message = cls(**values)
+        message.check()
+        return message
 
     @classmethod
     def decode(cls, data: bytes) -> Self:
@@ -144,12 +187,27 @@ class Message:
             raise WireError(Reason.MALFORMED, f"{cls.TYPE}: expected a map")
         if obj.get("type") != cls.TYPE:
             raise WireError(Reason.WRONG_TYPE, f"expected {cls.TYPE}, got {obj.get('type')!r}")
-        specs = cls.specs()
-        keys = set(obj) - {"type"}
-        if missing := set(specs) - keys:
-            raise WireError(Reason.MALFORMED, f"{cls.TYPE}: missing fields {sorted(missing)}")
-        if unknown := keys - set(specs):
-            raise WireError(Reason.MALFORMED, f"{cls.TYPE}: unknown fields {sorted(unknown)}")
-        for name, s in specs.items():
-            s.check(name, obj[name])
-        return cls(**{name: obj[name] for name in specs})
+        del obj["type"]
+        return cls.from_obj(obj)
+
+
+def _to_obj(value: Any) -> Any:
+    if isinstance(value, Message):
+        return value.to_obj()
+    if isinstance(value, list):
+        return [_to_obj(v) for v in value]
+    return value
+
+
+def _from_obj(s: FieldSpec, name: str, value: Any) -> Any:
+    """Check ``value`` against ``s``, building nested messages on the way."""
+    if isinstance(s.kind, type) and issubclass(s.kind, Message):
+        return s.kind.from_obj(value, where=name)
+    if s.kind is list and s.item is not None and issubclass(s.item.kind, Message):
+        if type(value) is not list:
+            raise WireError(Reason.MALFORMED, f"{name}: expected list")
+        if len(value) > s.max_len:
+            raise WireError(Reason.MALFORMED, f"{name}: more than {s.max_len} items")
+        return [_from_obj(s.item, f"{name}[{i}]", v) for i, v in enumerate(value)]
+    s.check(name, value)
+    return value
