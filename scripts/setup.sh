@@ -21,6 +21,9 @@ python3 -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)' \
     || { echo "setup: Python 3.11 or newer is required" >&2; exit 1; }
 [ -x .venv/bin/python ] || python3 -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
+# torch first, pinned: 2.13.0 is the CPU build this project's machines carry; letting
+# pip pick from the project's range would pull a multi-GB CUDA build.
+.venv/bin/python -m pip install -q torch==2.13.0
 .venv/bin/python -m pip install -q -e '.[dev]'
 # anvil (Foundry's development node) for the ledger's tests and `--chain` comparisons;
 # the npm package ships the binary, so nothing is downloaded outside the registry.

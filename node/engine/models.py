@@ -81,6 +81,7 @@ class LoadedModel:
 
 def load_model(path: str | Path, *, dtype: str = "auto", device: str = "auto") -> LoadedModel:
     """Load model and tokenizer from ``path`` (local only) in eval mode."""
+    from safetensors import SafetensorError
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
@@ -92,7 +93,7 @@ def load_model(path: str | Path, *, dtype: str = "auto", device: str = "auto") -
     try:
         tokenizer = AutoTokenizer.from_pretrained(p, local_files_only=True)
         model = AutoModelForCausalLM.from_pretrained(p, local_files_only=True, dtype=dt)
-    except (OSError, ValueError, KeyError) as exc:
+    except (OSError, ValueError, KeyError, RuntimeError, SafetensorError) as exc:
         raise ModelError(f"{p}: cannot load: {exc}") from exc
     model = model.to(dev).eval()
     return LoadedModel(model, tokenizer, p, dev, dt)
