@@ -9,7 +9,9 @@ from crypto.sampling import (
     check_termination,
     derive_seed,
     gumbel_noise,
+    gumbel_noise_rows,
     nucleus_mask,
+    reference_uniform,
     sample_tokens,
 )
 
@@ -27,6 +29,25 @@ def test_seeds_are_deterministic_and_bound_to_their_inputs():
     assert 0 <= s < 2**63
     assert torch.equal(gumbel_noise(s, 5, 100), gumbel_noise(s, 5, 100))
     assert not torch.equal(gumbel_noise(s, 5, 100), gumbel_noise(s, 6, 100))
+
+
+def test_noise_is_the_specified_hash_and_uniform():
+    """The vectorized noise equals the plain-integer specification bit for bit, rows
+    computed together equal rows computed alone, and the draws look uniform."""
+    import math
+
+    seeds, positions, vocab = [3, 2**63 - 1, 0, 12345], [0, 7, 2**40, 1], 1000
+    rows = gumbel_noise_rows(seeds, positions, vocab)
+    for i, (s, p) in enumerate(zip(seeds, positions, strict=True)):
+        assert torch.equal(rows[i], gumbel_noise(s, p, vocab))
+        for t in (0, 1, 499, 999):
+            u = reference_uniform(s, p, t)
+            assert 0 < u < 1
+            assert rows[i, t].item() == -math.log(-math.log(u))
+    u = torch.exp(-torch.exp(-gumbel_noise_rows([9] * 200, list(range(200)), 500)))
+    assert abs(u.mean().item() - 0.5) < 0.005 and abs(u.var().item() - 1 / 12) < 0.002
+    hist = torch.histc(u.float(), bins=10, min=0, max=1) / u.numel()
+    assert torch.allclose(hist, torch.full((10,), 0.1), atol=0.005)
 
 
 def test_gumbel_max_draws_from_the_softmax():
@@ -60,7 +81,7 @@ def test_nucleus_mask():
 
 def honest(n=50, vocab=64, seed=11, temperature=0.8, top_p=0.9):
     logits = torch.randn(n, vocab, generator=torch.Generator().manual_seed(1)) * 3
-    noise = torch.stack([gumbel_noise(seed, i, vocab) for i in range(n)])
+    noise = gumbel_noise_rows([seed] * n, list(range(n)), vocab)
     return logits, sample_tokens(logits, noise, temperature, top_p)
 
 
@@ -69,6 +90,22 @@ def test_honest_tokens_pass_even_with_small_logit_noise():
     assert check_sampling(logits, tokens, 11, temperature=0.8, top_p=0.9).passed
     wobble = logits + 1e-3 * torch.randn_like(logits)
     assert check_sampling(wobble, tokens, 11, temperature=0.8, top_p=0.9).passed
+
+
+def test_a_boundary_token_the_worker_could_not_pick_does_not_fail_it():
+    """Token 2 lies outside the nucleus for top_p 0.9 but inside it with the validator's
+    slack: even when its perturbed score is the best, the honest choice passes."""
+    logits = torch.log(torch.tensor([[0.5, 0.405, 0.095]]))
+    for seed in range(1000):
+        noise = gumbel_noise_rows([seed], [0], 3)
+        scores = logits.double() + noise
+        chosen = sample_tokens(logits, noise, 1.0, 0.9)
+        if scores[0].argmax() == 2 and scores[0, 2] - scores[0, chosen] > 0.5:
+            break
+    else:
+        raise AssertionError("no seed puts the boundary token on top")
+    assert check_sampling(logits, chosen, seed, temperature=1.0, top_p=0.9).passed
+    assert not check_sampling(logits, torch.tensor([2]), seed, temperature=1.0, top_p=0.8).passed
 
 
 def test_a_token_the_noise_did_not_choose_is_caught():

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
-from crypto.sampling import gumbel_noise, sample_tokens
+from crypto.sampling import gumbel_noise_rows, sample_tokens
 
 VOCAB = 256
 EOS = 1
@@ -91,7 +91,7 @@ def generate(
     logits = out.logits[:, -1]
     vocab = logits.shape[-1]
     for step in range(max_new_tokens):
-        noise = torch.stack([gumbel_noise(s, step, vocab) for s in seeds])
+        noise = gumbel_noise_rows(seeds, [step] * len(seeds), vocab)
         nxt = sample_tokens(logits.float(), noise, temperature, top_p)
         if tamper and step in tamper:
             nxt = torch.full_like(nxt, tamper[step])

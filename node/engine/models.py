@@ -23,7 +23,7 @@ DTYPES = {
 }
 
 
-class ModelError(Exception):
+class ModelError(ValueError):
     """A model directory that cannot be used, with what is wrong in words."""
 
 

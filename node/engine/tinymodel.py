@@ -2,9 +2,10 @@
 
 ``build_tiny_model`` makes a character-level tokenizer (every printable ASCII character
 and newline is one token), a small Llama-architecture model, and trains it for a few
-hundred steps on ``prompt + " " + answer + <eos>`` from the task set (loss on the answer
-only). The result is a weak policy — right on some easy problems, wrong on most — which
-is what GRPO needs to have something to improve. It is saved as a Hugging Face directory
+hundred steps on ``prompt + solution + <eos>`` from the task set (the task's worked
+solution ending in ``\\boxed{answer}``; loss on the solution only). The result is a
+weak policy — right on some easy problems, wrong on most — which is what GRPO needs to
+have something to improve. It is saved as a Hugging Face directory
 (safetensors, config, tokenizer) with an ``intellect-model.json`` recipe file; a build
 whose recipe matches an existing directory is not repeated, and built models are cached
 under ``cache_dir`` by recipe digest so each is built once per machine.
@@ -43,7 +44,7 @@ class Recipe:
     batch: int = 64
     lr: float = 3e-3
     seed: int = 0
-    version: int = 1  # bump when the build changes
+    version: int = 2  # bump when the build changes
 
     def digest(self) -> str:
         return digest(json.dumps(asdict(self), sort_keys=True).encode()).hex()[:16]
@@ -78,7 +79,8 @@ def _examples(
     for k in range(n):
         task = taskset.task(key0 + k)
         prompt = tokenizer(task.prompt)["input_ids"]  # type: ignore[operator]
-        answer = tokenizer(" " + task.answer, add_special_tokens=False)["input_ids"]  # type: ignore[operator]
+        target = task.solution or f" \\boxed{{{task.answer}}}"
+        answer = tokenizer(target, add_special_tokens=False)["input_ids"]  # type: ignore[operator]
         out.append((prompt + answer + [SPECIALS.index("<eos>")], len(prompt)))
     return out
 
@@ -196,7 +198,7 @@ def evaluate(model_dir: str | Path, task: str, *, count: int = 64, seed: int = 1
     tasks = [taskset.task((seed << 20) + i) for i in range(count)]
     results = engine.generate(
         [GenRequest(prompt_ids(loaded.tokenizer, t.prompt), i) for i, t in enumerate(tasks)],
-        SamplingParams(max_new_tokens=16, temperature=0.0, prove=False),
+        SamplingParams(max_new_tokens=48, temperature=0.0, prove=False),
     )
     rewards = [
         t.reward(loaded.tokenizer.decode(r.tokens, skip_special_tokens=True))

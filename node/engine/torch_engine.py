@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
-from crypto.sampling import gumbel_noise, sample_tokens
+from crypto.sampling import gumbel_noise_rows, sample_tokens
 from crypto.toploc import build_proofs_batch
 from node.engine.base import GenRequest, GenResult, SamplingParams
 
@@ -136,8 +136,10 @@ class TorchEngine:
         logits = out.logits[:, -1]
         t, top_p = params.temperature, params.top_p
         for step in range(params.max_new_tokens):
-            noise = torch.stack([gumbel_noise(reqs[i].seed, step, self.vocab_size) for i in active])
-            nxt = sample_tokens(logits.float(), noise.to(dev), t, top_p)
+            noise = gumbel_noise_rows(
+                [reqs[i].seed for i in active], [step] * len(active), self.vocab_size, dev
+            )
+            nxt = sample_tokens(logits.float(), noise, t, top_p)
             lp = chosen_logprobs(logits, nxt, t).cpu()
             nxt_cpu = nxt.cpu()
             rows = torch.tensor(active)

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from crypto.sampling import gumbel_noise, sample_tokens
+from crypto.sampling import gumbel_noise_rows, sample_tokens
 from crypto.toploc import build_proofs_batch
 from node.engine.base import GenRequest, GenResult, SamplingParams
 from node.engine.torch_engine import chosen_logprobs, recompute
@@ -54,8 +54,8 @@ class _Picker:
 
     def __call__(self, output_ids: list[int], logits: torch.Tensor) -> torch.Tensor:
         row = logits.float()[None]
-        noise = gumbel_noise(self.seed, len(output_ids), row.shape[-1]).to(row.device)
-        tok = sample_tokens(row, noise[None], self.temperature, self.top_p)
+        noise = gumbel_noise_rows([self.seed], [len(output_ids)], row.shape[-1], row.device)
+        tok = sample_tokens(row, noise, self.temperature, self.top_p)
         _LOGPROBS.setdefault(self.key, []).append(
             float(chosen_logprobs(row, tok, self.temperature)[0])
         )

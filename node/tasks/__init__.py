@@ -25,6 +25,7 @@ class Task:
     prompt: str
     answer: str  # the reference answer
     difficulty: int
+    solution: str = ""  # a worked solution ending in the answer (for SFT), if known
 
     def reward(self, completion: str) -> float:
         return score(self.answer, completion)

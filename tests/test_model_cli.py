@@ -1,0 +1,82 @@
+"""`intellect-node model init` and `model rollouts` end to end (subprocesses)."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from protocol.rollouts import RolloutBatch
+from protocol.wire import open_message
+
+CLI = [sys.executable, "-m", "node.cli"]
+REPO = Path(__file__).resolve().parent.parent
+WORKER = "0x" + "3c" * 20
+
+
+def run(*args, check=True, timeout=300):
+    env = {
+        **os.environ,
+        "INTELLECT_NODE_PASSWORD": "pw",
+        "INTELLECT_NODE_CACHE": str(REPO / ".cache"),
+    }
+    res = subprocess.run([*CLI, *args], capture_output=True, text=True, env=env, timeout=timeout)
+    if check:
+        assert res.returncode == 0, res.stderr
+    return res
+
+
+def test_model_init_then_rollouts(tiny_model_dir, tmp_path):
+    # tiny_model_dir filled the cache with the default recipe: init reuses it
+    out = tmp_path / "base"
+    first = json.loads(run("model", "init", str(out), "--json").stdout.splitlines()[-1])
+    assert first["built"] is False and first["task"] == "arithmetic"
+    assert 0 < first["accuracy_greedy"] < 0.5  # a weak policy, not a useless one
+    assert {p.name for p in out.iterdir()} >= {
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "intellect-model.json",
+    }
+    again = run("model", "init", str(out))
+    assert "already built" in again.stdout
+
+    data = tmp_path / "node"
+    run("keys", "new", "--data-dir", str(data))
+    batch_file = tmp_path / "batch.bin"
+    summary = json.loads(
+        run(
+            "model",
+            "rollouts",
+            str(out),
+            "--worker",
+            WORKER,
+            "--step",
+            "2",
+            "--count",
+            "3",
+            "--group-size",
+            "2",
+            "--data-dir",
+            str(data),
+            "--out",
+            str(batch_file),
+            "--json",
+        ).stdout.splitlines()[-1]
+    )
+    assert summary["engine"] == "torch" and summary["samples"] == 6 and summary["tokens"] > 0
+    batch = open_message(batch_file.read_bytes(), RolloutBatch)
+    assert batch.work_key().hex() == summary["work_key"]
+    assert batch.worker == WORKER and batch.step == 2 and len(batch.groups) == 3
+    human = run("model", "rollouts", str(out), "--worker", WORKER, "--count", "2").stdout
+    assert "arith/d" in human and "mean_reward" in human
+
+
+def test_model_cli_errors(tmp_path):
+    res = run("model", "rollouts", str(tmp_path / "none"), "--worker", WORKER, check=False)
+    assert res.returncode == 1 and "not a directory" in res.stderr and "Traceback" not in res.stderr
+    res = run("model", "rollouts", str(tmp_path), "--worker", "bob", check=False)
+    assert res.returncode == 1 and "--worker" in res.stderr
+    res = run("model", "init", str(tmp_path / "m"), "--task", "arithmetic:9", check=False)
+    assert res.returncode == 1 and "difficulty" in res.stderr
+    assert "SFT" in run("model", "init", "--help").stdout
