@@ -3,7 +3,9 @@
 Requests are sorted by prompt length and cut into batches of at most ``max_batch`` (length
 buckets: little padding). Each batch is left-padded and prefilled once, then decoded one
 token per step with a KV cache; a sequence that ends is dropped from the batch and its
-cache rows, so the remaining ones do not pay for it. Tokens come from the seeded Gumbel-max
+cache rows, so the remaining ones do not pay for it. Llama-family models run through the
+lean forward of ``node.engine.fastpath`` (preallocated cache); others through
+transformers' forward with a ``DynamicCache``. Tokens come from the seeded Gumbel-max
 sampler of ``crypto.sampling``. The post-final-norm hidden states (the input of the LM
 head, what TOPLOC commits to) are captured by a forward hook on the model's final norm
 into one preallocated buffer per batch, and proven in one ``build_proofs_batch`` call
@@ -20,6 +22,7 @@ from transformers import DynamicCache
 from crypto.sampling import gumbel_noise_rows, sample_tokens
 from crypto.toploc import build_proofs_batch
 from node.engine.base import GenRequest, GenResult, SamplingParams
+from node.engine.fastpath import FastDecoder, supports
 
 _NORM_NAMES = ("norm", "final_layernorm", "ln_f", "final_norm")
 
@@ -60,15 +63,71 @@ def chosen_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: flo
     return torch.log_softmax(scaled, dim=-1).gather(1, tokens[:, None])[:, 0]
 
 
+class _HFStepper:
+    """transformers' own forward with a ``DynamicCache`` (any causal LM)."""
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+        self.cache = DynamicCache()
+        self.capture = _Capture(model)
+
+    def run(
+        self, ids: torch.Tensor, positions: torch.Tensor, key_valid: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        out = self.model(
+            input_ids=ids,
+            attention_mask=key_valid.long(),
+            position_ids=positions,
+            cache=self.cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        return self.capture.take(), out.logits[:, -1]
+
+    def select(self, rows: torch.Tensor) -> None:
+        self.cache.batch_select_indices(rows)
+
+    def close(self) -> None:
+        self.capture.close()
+
+
+class _FastStepper:
+    """The lean Llama-family forward with a preallocated cache (``fastpath``)."""
+
+    def __init__(self, model: Any, batch: int, max_len: int) -> None:
+        self.decoder = FastDecoder(model, batch, max_len)
+
+    def run(
+        self, ids: torch.Tensor, positions: torch.Tensor, key_valid: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        hidden = self.decoder.forward(ids, positions, key_valid)
+        return hidden, self.decoder.logits(hidden[:, -1])
+
+    def select(self, rows: torch.Tensor) -> None:
+        self.decoder.select(rows)
+
+    def close(self) -> None:
+        pass
+
+
 class TorchEngine:
     name = "torch"
 
-    def __init__(self, model: Any, *, eos_token_ids: frozenset[int], max_batch: int = 32) -> None:
+    def __init__(
+        self,
+        model: Any,
+        *,
+        eos_token_ids: frozenset[int],
+        max_batch: int = 32,
+        fast: bool = True,
+    ) -> None:
+        """``fast``: use the lean forward of ``fastpath`` when the architecture allows."""
         if max_batch < 1:
             raise ValueError("max_batch must be >= 1")
         self.model = model
         self.eos_token_ids = frozenset(eos_token_ids)
         self.max_batch = max_batch
+        self.fast = fast and supports(model)
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
         self.device = next(model.parameters()).device
         pad = getattr(model.config, "pad_token_id", None)
@@ -92,34 +151,33 @@ class TorchEngine:
 
     @torch.inference_mode()
     def _generate_batch(self, reqs: list[GenRequest], params: SamplingParams) -> list[GenResult]:
-        capture = _Capture(self.model)
+        width = max(len(r.prompt) for r in reqs)
+        stepper: _HFStepper | _FastStepper = (
+            _FastStepper(self.model, len(reqs), width + params.max_new_tokens)
+            if self.fast
+            else _HFStepper(self.model)
+        )
         try:
-            return self._decode(reqs, params, capture)
+            return self._decode(reqs, params, stepper, width)
         finally:
-            capture.close()
+            stepper.close()
 
     def _decode(
-        self, reqs: list[GenRequest], params: SamplingParams, capture: _Capture
+        self,
+        reqs: list[GenRequest],
+        params: SamplingParams,
+        stepper: _HFStepper | _FastStepper,
+        width: int,
     ) -> list[GenResult]:
         dev, b = self.device, len(reqs)
-        width = max(len(r.prompt) for r in reqs)
         ids = torch.full((b, width), self.pad_token_id, dtype=torch.long)
-        mask = torch.zeros((b, width), dtype=torch.long)
+        valid = torch.zeros((b, width), dtype=torch.bool)
         for i, r in enumerate(reqs):
             ids[i, width - len(r.prompt) :] = torch.tensor(r.prompt)
-            mask[i, width - len(r.prompt) :] = 1
-        ids, mask = ids.to(dev), mask.to(dev)
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        cache = DynamicCache()
-        out = self.model(
-            input_ids=ids,
-            attention_mask=mask,
-            position_ids=positions,
-            cache=cache,
-            use_cache=True,
-            logits_to_keep=1,
-        )
-        hidden = capture.take()  # [B, W, H]
+            valid[i, width - len(r.prompt) :] = True
+        ids, valid = ids.to(dev), valid.to(dev)
+        positions = (valid.long().cumsum(-1) - 1).clamp(min=0)
+        hidden, logits = stepper.run(ids, positions, valid)  # hidden [B, W, H]
         prefill = [hidden[i, width - len(r.prompt) :] for i, r in enumerate(reqs)]
         states = (
             torch.empty(
@@ -133,7 +191,6 @@ class TorchEngine:
         lengths = [0] * b
         finish = ["length"] * b
         active = list(range(b))  # batch row -> request index
-        logits = out.logits[:, -1]
         t, top_p = params.temperature, params.top_p
         for step in range(params.max_new_tokens):
             noise = gumbel_noise_rows(
@@ -156,22 +213,14 @@ class TorchEngine:
                 break
             if len(keep) < len(active):  # drop ended sequences from the batch and cache
                 sel = torch.tensor(keep, device=dev)
-                cache.batch_select_indices(sel)
-                mask, positions, nxt = mask[sel], positions[sel], nxt[sel]
+                stepper.select(sel)
+                valid, positions, nxt = valid[sel], positions[sel], nxt[sel]
                 active = [active[row] for row in keep]
-            mask = torch.cat([mask, mask.new_ones((len(active), 1))], dim=1)
+            valid = torch.cat([valid, valid.new_ones((len(active), 1))], dim=1)
             positions = positions[:, -1:] + 1
-            out = self.model(
-                input_ids=nxt[:, None],
-                attention_mask=mask,
-                position_ids=positions,
-                cache=cache,
-                use_cache=True,
-            )
-            h = capture.take()[:, -1]  # [B_active, H]: chooses each sequence's next token
-            if states is not None:
-                states[torch.tensor(active, device=dev), step] = h
-            logits = out.logits[:, -1]
+            h, logits = stepper.run(nxt[:, None], positions, valid)
+            if states is not None:  # the state that chooses each sequence's next token
+                states[torch.tensor(active, device=dev), step] = h[:, -1]
         proofs: list[list[bytes]] = [[] for _ in reqs]
         if states is not None:
             proofs = build_proofs_batch(
