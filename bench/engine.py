@@ -5,8 +5,10 @@
 Same model (the ``model init`` base policy unless ``--model``), same prompts (assigned
 arithmetic tasks of levels 1-5: prompts of 10 to 110 characters), same sampling
 (temperature 1, top-p 1, at most 64 new tokens, stop at EOS) and the same torch threads.
-Batch sizes 1, 8 and 32 over the same 64 prompts (batch 1: the first 8), each prompt
-list cut into consecutive batches of that size for both engines. Tokens counted are the
+Batch sizes 1, 8 and 32 over the same 64 prompts (batch 1: the first 8). The batch size
+is how many sequences are decoded together: ``generate()`` gets the prompts in
+consecutive batches of that size; our engine gets all prompts in one call with
+``max_batch`` = that size (continuous batching keeps that many sequences in flight). Tokens counted are the
 generated ones up to and including EOS (for ``generate()``, what follows a sequence's EOS
 is padding and not counted). Each figure is the best of ``--repeats`` runs.
 
@@ -73,24 +75,27 @@ def hf_run(model, tokenizer, prompts, batch, eos, *, stop_at_eos):
     return tokens, time.perf_counter() - start
 
 
-def ours_run(engine, prompts, batch, *, prove, stop_at_eos):
+def ours_run(model, eos_ids, prompts, batch, *, prove, stop_at_eos):
+    """Our engine with ``batch`` sequences in flight, all prompts in one call."""
+    engine = TorchEngine(model, eos_token_ids=eos_ids, max_batch=batch)
     params = SamplingParams(max_new_tokens=NEW_TOKENS, prove=prove, stop_at_eos=stop_at_eos)
-    tokens, start = 0, time.perf_counter()
-    for i in range(0, len(prompts), batch):
-        reqs = [GenRequest(p, 7919 * (i + j)) for j, p in enumerate(prompts[i : i + batch])]
-        tokens += sum(len(r.tokens) for r in engine.generate(reqs, params))
+    reqs = [GenRequest(p, 7919 * i) for i, p in enumerate(prompts)]
+    start = time.perf_counter()
+    tokens = sum(len(r.tokens) for r in engine.generate(reqs, params))
     return tokens, time.perf_counter() - start
 
 
-def measure(model, tokenizer, engine, prompts, eos, repeats, stop_at_eos):
+def measure(model, tokenizer, eos_ids, prompts, eos, repeats, stop_at_eos):
     table = {}
     for batch in BATCHES:
         ps = prompts[:8] if batch == 1 else prompts
         best: dict[str, float] = {}
         runs = {
-            "ours": partial(ours_run, engine, ps, batch, prove=False, stop_at_eos=stop_at_eos),
+            "ours": partial(
+                ours_run, model, eos_ids, ps, batch, prove=False, stop_at_eos=stop_at_eos
+            ),
             "ours_proofs": partial(
-                ours_run, engine, ps, batch, prove=True, stop_at_eos=stop_at_eos
+                ours_run, model, eos_ids, ps, batch, prove=True, stop_at_eos=stop_at_eos
             ),
             "hf": partial(hf_run, model, tokenizer, ps, batch, eos, stop_at_eos=stop_at_eos),
         }
@@ -136,7 +141,6 @@ def main() -> None:
     loaded = load_model(model_dir, dtype="float32", device="cpu")
     model, tokenizer = loaded.model, loaded.tokenizer
     eos = tokenizer.eos_token_id
-    engine = TorchEngine(model, eos_token_ids=loaded.eos_token_ids, max_batch=32)
     tasks = assign(load_taskset("arithmetic:1-5"), "0x" + "be" * 20, 0, PROMPTS)
     prompts = [prompt_ids(tokenizer, t.prompt) for t in tasks]
     params = sum(p.numel() for p in model.parameters())
@@ -145,11 +149,12 @@ def main() -> None:
         f"torch threads {torch.get_num_threads()}, prompts {min(map(len, prompts))}-"
         f"{max(map(len, prompts))} tokens, up to {NEW_TOKENS} new tokens, best of {args.repeats}"
     )
-    ours_run(engine, prompts[:4], 4, prove=True, stop_at_eos=True)  # warm-up
+    ours_run(model, loaded.eos_token_ids, prompts[:4], 4, prove=True, stop_at_eos=True)  # warm-up
     hf_run(model, tokenizer, prompts[:4], 4, eos, stop_at_eos=True)
 
-    tasks_table = measure(model, tokenizer, engine, prompts, eos, args.repeats, True)
-    fixed_table = measure(model, tokenizer, engine, prompts, eos, args.repeats, False)
+    eos_ids = loaded.eos_token_ids
+    tasks_table = measure(model, tokenizer, eos_ids, prompts, eos, args.repeats, True)
+    fixed_table = measure(model, tokenizer, eos_ids, prompts, eos, args.repeats, False)
     print_table("task workload (stop at EOS), generated tokens/s:", tasks_table)
     print_table(f"fixed length (EOS ignored, {NEW_TOKENS} tokens each), tokens/s:", fixed_table)
 

@@ -197,3 +197,53 @@ def test_vllm_processor_picks_the_verifiable_token():
     assert torch.isinf(out).sum() == 299  # only the chosen token is left to vLLM
     lp = vllm_engine._LOGPROBS.pop("k")
     assert lp == pytest.approx([float(torch.log_softmax(logits / 0.7, -1)[want])], abs=1e-5)
+
+
+def test_continuous_batching_refills_rows_and_still_proves(llama):
+    """More sequences than rows, ending at different times: rows are refilled (and the
+    last row moved into a freed one) while others decode; every result still verifies."""
+    reqs = requests([3, 11, 6, 20, 4, 9, 15, 7, 5, 12, 8, 10], seed=5)
+    params = SamplingParams(max_new_tokens=40, temperature=1.2)
+    free = TorchEngine(llama, eos_token_ids=frozenset({EOS})).generate(
+        reqs, SamplingParams(max_new_tokens=40, temperature=1.2, stop_at_eos=False)
+    )
+    seen = [set(r.tokens[1:30]) for r in free]
+    eos = next(t for t in sorted(set().union(*seen)) if 4 <= sum(t in s for s in seen) <= 8)
+    engine = TorchEngine(llama, eos_token_ids=frozenset({eos}), max_batch=4)
+    results = engine.generate(reqs, params)
+    lengths = {len(r.tokens) for r in results}
+    assert len(lengths) > 3 and 40 in lengths  # sequences ended at many different steps
+    verify_all(llama, results, params, eos=eos)
+    # the same sequences come out of the generic (transformers) forward with buckets
+    generic = TorchEngine(llama, eos_token_ids=frozenset({eos}), max_batch=4, fast=False)
+    assert not generic.fast and engine.fast
+    assert [r.tokens for r in generic.generate(reqs, params)] == [r.tokens for r in results]
+
+
+def test_other_architectures_use_the_generic_forward():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    gpt2 = GPT2LMHeadModel(
+        GPT2Config(vocab_size=256, n_embd=64, n_layer=2, n_head=4, n_positions=256)
+    ).eval()
+    engine = TorchEngine(gpt2, eos_token_ids=frozenset({EOS}))
+    assert not engine.fast
+    params = SamplingParams(max_new_tokens=35)
+    results = engine.generate(requests([5, 9, 3]), params)
+    assert all(len(r.proofs) == 1 + 2 for r in results if len(r.tokens) == 35)
+    verify_all(gpt2, results, params)
+
+
+def test_fused_weights_follow_in_place_weight_updates():
+    """A trainer updates weights in place (load_state_dict copies into them): the fast
+    path's fused copies must notice, or it would sample from the old policy."""
+    model = tiny_llama(0, layers=2, hidden=64)
+    engine = TorchEngine(model, eos_token_ids=frozenset({EOS}))
+    reqs = requests([6, 9])
+    params = SamplingParams(max_new_tokens=30)
+    before = [r.tokens for r in engine.generate(reqs, params)]
+    model.load_state_dict(tiny_llama(1, layers=2, hidden=64).state_dict())  # in place
+    after = engine.generate(reqs, params)
+    assert [r.tokens for r in after] != before
+    verify_all(model, after, params)  # proven against the new weights

@@ -17,6 +17,7 @@ check's tolerances absorb.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -99,10 +100,10 @@ def fusable(model: Any) -> bool:
     return sum(p.numel() for p in model.parameters()) <= FUSE_MAX_PARAMS
 
 
-class FastDecoder:
-    """Prefill and decode for one left-padded batch with a static KV cache."""
+class _Lean:
+    """The layer loop shared by the batch decoder and the slot decoder."""
 
-    def __init__(self, model: Any, batch: int, max_len: int) -> None:
+    def __init__(self, model: Any) -> None:
         cfg = model.config
         base = model.model
         self.model = model
@@ -112,10 +113,7 @@ class FastDecoder:
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.heads
         self.rope = importlib.import_module(type(base).__module__).apply_rotary_pos_emb
         p = next(model.parameters())
-        shape = (batch, self.kv_heads, max_len, self.head_dim)
-        self.k = [torch.empty(shape, dtype=p.dtype, device=p.device) for _ in base.layers]
-        self.v = [torch.empty(shape, dtype=p.dtype, device=p.device) for _ in base.layers]
-        self.length = 0  # filled cache positions
+        self.dtype, self.device = p.dtype, p.device
         self.fused: _Fused | None = None
         if fusable(model):
             cached = getattr(model, "_intellect_fused", None)
@@ -124,25 +122,24 @@ class FastDecoder:
                 model._intellect_fused = cached
             self.fused = cached.current()
 
-    def select(self, rows: torch.Tensor) -> None:
-        """Keep only these batch rows (sequences that ended are dropped)."""
-        self.k = [k[rows] for k in self.k]
-        self.v = [v[rows] for v in self.v]
+    def _cache(self, batch: int, max_len: int) -> list[torch.Tensor]:
+        shape = (batch, self.kv_heads, max_len, self.head_dim)
+        # zeros, not empty: masked keys still enter attention's weighted sum (with weight
+        # 0), and uninitialized memory may hold NaN, which 0 does not cancel
+        return [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in self.base.layers]
 
-    def forward(
-        self, ids: torch.Tensor, positions: torch.Tensor, key_valid: torch.Tensor
+    def _run(
+        self,
+        ids: torch.Tensor,
+        positions: torch.Tensor,
+        allowed: torch.Tensor,
+        store: Callable[[int, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
     ) -> torch.Tensor:
-        """Hidden states [B, T, H] after the final norm for ``ids`` [B, T] at
-        ``positions`` [B, T]; ``key_valid`` [B, length + T] marks non-padding keys."""
+        """Post-final-norm hidden states [B, T, H]; ``store(layer, k, v)`` puts the new
+        keys and values in the cache and returns the keys and values to attend to."""
         b, t = ids.shape
-        start, end = self.length, self.length + t
         x = self.base.embed_tokens(ids)
         cos, sin = self.base.rotary_emb(x, positions)
-        allowed = key_valid[:, None, None, :end]  # [B, 1, 1, end]
-        if t > 1:  # causal within the new tokens; a padding query still sees itself
-            q_pos = torch.arange(start, end, device=ids.device)[:, None]
-            k_pos = torch.arange(end, device=ids.device)[None, :]
-            allowed = (allowed & (k_pos <= q_pos)) | (k_pos == q_pos)
         for i, layer in enumerate(self.base.layers):
             attn = layer.self_attn
             h = layer.input_layernorm(x)
@@ -156,12 +153,11 @@ class FastDecoder:
             k = k.view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
             v = v.view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
             q, k = self.rope(q, k, cos, sin)
-            self.k[i][:, :, start:end] = k
-            self.v[i][:, :, start:end] = v
+            keys, values = store(i, k, v)
             o = F.scaled_dot_product_attention(
                 q,
-                self.k[i][:, :, :end],
-                self.v[i][:, :, :end],
+                keys,
+                values,
                 attn_mask=allowed,
                 scale=attn.scaling,
                 enable_gqa=self.heads != self.kv_heads,
@@ -173,10 +169,120 @@ class FastDecoder:
                 x = x + layer.mlp.down_proj(layer.mlp.act_fn(gate) * up)
             else:
                 x = x + layer.mlp(h)
-        self.length = end
         out: torch.Tensor = self.base.norm(x)
         return out
 
     def logits(self, hidden_last: torch.Tensor) -> torch.Tensor:
         out: torch.Tensor = self.model.get_output_embeddings()(hidden_last)
         return out
+
+
+class FastDecoder(_Lean):
+    """Prefill and decode for one left-padded batch with a static KV cache."""
+
+    def __init__(self, model: Any, batch: int, max_len: int) -> None:
+        super().__init__(model)
+        self.k, self.v = self._cache(batch, max_len), self._cache(batch, max_len)
+        self.length = 0  # filled cache positions
+
+    def select(self, rows: torch.Tensor) -> None:
+        """Keep only these batch rows (sequences that ended are dropped)."""
+        self.k = [k[rows] for k in self.k]
+        self.v = [v[rows] for v in self.v]
+
+    def forward(
+        self, ids: torch.Tensor, positions: torch.Tensor, key_valid: torch.Tensor
+    ) -> torch.Tensor:
+        """Hidden states [B, T, H] after the final norm for ``ids`` [B, T] at
+        ``positions`` [B, T]; ``key_valid`` [B, length + T] marks non-padding keys."""
+        t = ids.shape[1]
+        start, end = self.length, self.length + t
+        allowed = key_valid[:, None, None, :end]  # [B, 1, 1, end]
+        if t > 1:  # causal within the new tokens; a padding query still sees itself
+            q_pos = torch.arange(start, end, device=ids.device)[:, None]
+            k_pos = torch.arange(end, device=ids.device)[None, :]
+            allowed = (allowed & (k_pos <= q_pos)) | (k_pos == q_pos)
+
+        def store(i: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            self.k[i][:, :, start:end] = k
+            self.v[i][:, :, start:end] = v
+            return self.k[i][:, :, :end], self.v[i][:, :, :end]
+
+        hidden = self._run(ids, positions, allowed, store)
+        self.length = end
+        return hidden
+
+
+class SlotDecoder(_Lean):
+    """Continuous batching: ``slots`` cache rows, each holding one sequence from column 0
+    (no padding). Active sequences always occupy rows ``0..active-1``; a sequence that
+    ends is replaced by the last row, and new sequences are prefilled and appended, so
+    every decode step runs on a dense batch."""
+
+    def __init__(self, model: Any, slots: int, max_len: int) -> None:
+        super().__init__(model)
+        self.slots, self.max_len = slots, max_len
+        self.k, self.v = self._cache(slots, max_len), self._cache(slots, max_len)
+        self.lens = [0] * slots  # filled columns per row
+        self.active = 0
+
+    def admit(self, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Prefill ``prompts`` into rows ``active..``; returns their post-norm hidden
+        states [n, W, H] (left-padded to width W) and last-position logits [n, V]."""
+        n = len(prompts)
+        if self.active + n > self.slots:
+            raise ValueError("more sequences than free slots")
+        width = max(len(p) for p in prompts)
+        if width > self.max_len:
+            raise ValueError(f"prompt of {width} tokens > cache of {self.max_len}")
+        ids = torch.zeros((n, width), dtype=torch.long)
+        valid = torch.zeros((n, width), dtype=torch.bool)
+        for r, p in enumerate(prompts):
+            ids[r, width - len(p) :] = torch.tensor(p)
+            valid[r, width - len(p) :] = True
+        ids, valid = ids.to(self.device), valid.to(self.device)
+        pre = FastDecoder(self.model, n, width)
+        hidden = pre.forward(ids, (valid.long().cumsum(-1) - 1).clamp(min=0), valid)
+        for r, p in enumerate(prompts):
+            row, n_p = self.active + r, len(p)
+            for i in range(len(self.k)):
+                self.k[i][row, :, :n_p] = pre.k[i][r, :, width - n_p :]
+                self.v[i][row, :, :n_p] = pre.v[i][r, :, width - n_p :]
+            self.lens[row] = n_p
+        self.active += n
+        return hidden, self.logits(hidden[:, -1])
+
+    def retire(self, row: int) -> int | None:
+        """Free ``row``; the last active row moves into it. Returns the row that moved
+        (its old index), or None."""
+        last = self.active - 1
+        self.active -= 1
+        if row == last:
+            return None
+        n = self.lens[last]
+        for i in range(len(self.k)):
+            self.k[i][row, :, :n] = self.k[i][last, :, :n]
+            self.v[i][row, :, :n] = self.v[i][last, :, :n]
+        self.lens[row] = n
+        return last
+
+    def step(self, tokens: torch.Tensor) -> torch.Tensor:
+        """One decode step for rows ``0..active-1`` with their next input ``tokens``
+        [active]; returns the post-norm hidden states [active, H]."""
+        a = self.active
+        lens = torch.tensor(self.lens[:a], device=self.device)
+        end = max(self.lens[:a]) + 1
+        if end > self.max_len:
+            raise ValueError("cache full")
+        rows = torch.arange(a, device=self.device)
+        allowed = (torch.arange(end, device=self.device)[None, :] <= lens[:, None])[:, None, None]
+
+        def store(i: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            self.k[i][rows, :, lens] = k[:, :, 0]
+            self.v[i][rows, :, lens] = v[:, :, 0]
+            return self.k[i][:a, :, :end], self.v[i][:a, :, :end]
+
+        hidden = self._run(tokens[:, None], lens[:, None], allowed, store)
+        for r in range(a):
+            self.lens[r] += 1
+        return hidden[:, 0]

@@ -22,7 +22,7 @@ from transformers import DynamicCache
 from crypto.sampling import gumbel_noise_rows, sample_tokens
 from crypto.toploc import build_proofs_batch
 from node.engine.base import GenRequest, GenResult, SamplingParams
-from node.engine.fastpath import FastDecoder, supports
+from node.engine.fastpath import FastDecoder, SlotDecoder, supports
 
 _NORM_NAMES = ("norm", "final_layernorm", "ln_f", "final_norm")
 
@@ -139,6 +139,8 @@ class TorchEngine:
                 raise ValueError("empty prompt")
             if min(r.prompt) < 0 or max(r.prompt) >= self.vocab_size:
                 raise ValueError(f"prompt token out of range 0..{self.vocab_size - 1}")
+        if self.fast:
+            return self._continuous(requests, params)
         order = sorted(range(len(requests)), key=lambda i: len(requests[i].prompt))
         results: list[GenResult | None] = [None] * len(requests)
         for start in range(0, len(order), self.max_batch):
@@ -148,6 +150,95 @@ class TorchEngine:
             ):
                 results[i] = res
         return [r for r in results if r is not None]
+
+    @torch.inference_mode()
+    def _continuous(self, reqs: list[GenRequest], params: SamplingParams) -> list[GenResult]:
+        """Continuous batching on the lean forward: up to ``max_batch`` sequences decode
+        together; as sequences end, waiting ones are prefilled into the free rows (when a
+        quarter of the rows is free, or none is busy), so steps run on full batches."""
+        dev, n = self.device, len(reqs)
+        slots = min(self.max_batch, n)
+        longest = max(len(r.prompt) for r in reqs)
+        dec = SlotDecoder(self.model, slots, longest + params.max_new_tokens)
+        hidden_size = self.model.config.hidden_size
+        # the decode states of each row's sequence (bf16: what TOPLOC rounds to anyway)
+        row_states = (
+            torch.empty(
+                (slots, params.max_new_tokens, hidden_size), dtype=torch.bfloat16, device=dev
+            )
+            if params.prove
+            else None
+        )
+        waiting = sorted(range(n), key=lambda i: len(reqs[i].prompt), reverse=True)
+        owner: list[int] = []  # row -> request index
+        tokens: list[list[int]] = [[] for _ in reqs]
+        logprobs: list[list[float]] = [[] for _ in reqs]
+        finish = ["length"] * n
+        prefill: list[torch.Tensor | None] = [None] * n
+        decode: list[torch.Tensor | None] = [None] * n
+        logits = torch.empty((0, self.vocab_size), device=dev)
+        t, top_p = params.temperature, params.top_p
+        refill_at = max(1, slots // 4)
+        while waiting or dec.active:
+            free = slots - dec.active
+            if waiting and (free >= refill_at or dec.active == 0):
+                batch = [waiting.pop() for _ in range(min(free, len(waiting)))]
+                hidden, new_logits = dec.admit([reqs[i].prompt for i in batch])
+                width = hidden.shape[1]
+                for r, i in enumerate(batch):
+                    prefill[i] = hidden[r, width - len(reqs[i].prompt) :]
+                owner += batch
+                logits = torch.cat([logits, new_logits])
+            # sample every active row's next token
+            a = dec.active
+            noise = gumbel_noise_rows(
+                [reqs[i].seed for i in owner], [len(tokens[i]) for i in owner], self.vocab_size, dev
+            )
+            nxt = sample_tokens(logits.float(), noise, t, top_p)
+            lp = chosen_logprobs(logits, nxt, t).tolist()
+            nxt_list = nxt.tolist()
+            ended: list[int] = []
+            for row in range(a):
+                i = owner[row]
+                tokens[i].append(nxt_list[row])
+                logprobs[i].append(lp[row])
+                if params.stop_at_eos and nxt_list[row] in self.eos_token_ids:
+                    finish[i] = "stop"
+                    ended.append(row)
+                elif len(tokens[i]) == params.max_new_tokens:
+                    ended.append(row)
+            for row in sorted(ended, reverse=True):  # highest first: moves stay valid
+                i = owner[row]
+                if row_states is not None:
+                    decode[i] = row_states[row, : len(tokens[i]) - 1].clone()
+                moved = dec.retire(row)
+                if moved is not None:
+                    owner[row] = owner[moved]
+                    nxt_list[row] = nxt_list[moved]
+                    if row_states is not None:
+                        k = len(tokens[owner[row]]) - 1
+                        row_states[row, :k] = row_states[moved, :k]
+                owner.pop()
+            if not dec.active:
+                logits = torch.empty((0, self.vocab_size), device=dev)
+                continue
+            a = dec.active
+            h = dec.step(torch.tensor(nxt_list[:a], device=dev))
+            if row_states is not None:  # the state that chooses each row's next token
+                idx = torch.tensor([len(tokens[i]) - 1 for i in owner], device=dev)
+                row_states[torch.arange(a, device=dev), idx] = h.to(torch.bfloat16)
+            logits = dec.logits(h)
+        proofs: list[list[bytes]] = [[] for _ in reqs]
+        if params.prove:  # one batched call: every chunk of every sequence together
+            proofs = build_proofs_batch(
+                [[p, d] for p, d in zip(prefill, decode, strict=True)],  # type: ignore[list-item]
+                chunk_size=params.proof_chunk,
+                topk=params.proof_topk,
+            )
+        return [
+            GenResult(list(r.prompt), tokens[i], logprobs[i], finish[i], r.seed, proofs[i])
+            for i, r in enumerate(reqs)
+        ]
 
     @torch.inference_mode()
     def _generate_batch(self, reqs: list[GenRequest], params: SamplingParams) -> list[GenResult]:
