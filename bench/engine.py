@@ -17,9 +17,13 @@ Columns: ``ours`` (proofs off), ``ours_proofs`` (TOPLOC proofs of every sequence
 EOS ignored (every sequence 64 tokens; ``min_new_tokens`` for ``generate()``): pure
 decode speed without the gain from dropping finished sequences.
 
+A last line measures the same on a random-init Llama of realistic width (``--larger``,
+default hidden 1024 × 8 layers, about 100 M parameters), batch 8, fixed length: the
+proof cost is per chunk, independent of model size, so it shrinks as the model grows.
+
 ``--json``: the last line is one JSON object with ``tokens_per_s`` (batch → {ours,
-ours_proofs, hf}), ``proof_overhead_pct`` (largest over the batch sizes, task workload)
-and per-batch details.
+ours_proofs, hf}), ``proof_overhead_pct`` (largest over the batch sizes, task workload,
+tiny model), per-batch details and ``larger_model``.
 """
 
 from __future__ import annotations
@@ -120,6 +124,40 @@ def print_table(title, table):
         )
 
 
+def larger_model(tokenizer, prompts, repeats, hidden, layers):
+    """Fixed-length comparison on a random-init Llama of realistic width (same tokenizer
+    and prompts): at this size a decode step costs far more than the proof of a chunk."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden,
+        intermediate_size=3 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=hidden // 64,
+        num_key_value_heads=hidden // 128,
+        max_position_embeddings=512,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    model = LlamaForCausalLM(cfg).eval()
+    ps = prompts[:8]
+    eos_ids = frozenset({tokenizer.eos_token_id})
+    best: dict[str, float] = {}
+    runs = {
+        "ours": partial(ours_run, model, eos_ids, ps, 8, prove=False, stop_at_eos=False),
+        "ours_proofs": partial(ours_run, model, eos_ids, ps, 8, prove=True, stop_at_eos=False),
+        "hf": partial(hf_run, model, tokenizer, ps, 8, tokenizer.eos_token_id, stop_at_eos=False),
+    }
+    for _ in range(repeats):
+        for name, fn in runs.items():
+            n, s = fn()
+            best[name] = max(best.get(name, 0.0), n / s)
+    params = sum(p.numel() for p in model.parameters())
+    return params, {k: round(v, 1) for k, v in best.items()}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -128,6 +166,11 @@ def main() -> None:
         "--model", type=Path, help="a HF model directory (default: the model init base policy)"
     )
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument(
+        "--larger",
+        default="1024x8",
+        help="HIDDENxLAYERS of the random-init model for the proof-cost check, or 'none'",
+    )
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
 
@@ -158,6 +201,20 @@ def main() -> None:
     print_table("task workload (stop at EOS), generated tokens/s:", tasks_table)
     print_table(f"fixed length (EOS ignored, {NEW_TOKENS} tokens each), tokens/s:", fixed_table)
 
+    larger = None
+    if args.larger != "none":
+        hidden, layers = (int(x) for x in args.larger.split("x"))
+        n_params, row = larger_model(tokenizer, prompts, max(1, args.repeats - 1), hidden, layers)
+        larger = {"parameters": n_params, "batch": 8, **row}
+        larger["proof_overhead_pct"] = round((row["ours"] / row["ours_proofs"] - 1) * 100, 2)
+        larger["speedup_vs_hf"] = round(row["ours"] / row["hf"], 2)
+        print(
+            f"random-init Llama {hidden}x{layers} ({n_params / 1e6:.0f} M parameters), batch 8, "
+            f"{NEW_TOKENS} tokens each: ours {row['ours']:.1f}, ours+proofs "
+            f"{row['ours_proofs']:.1f}, hf generate {row['hf']:.1f} tokens/s; "
+            f"ours/hf {larger['speedup_vs_hf']:.2f}x, proof cost {larger['proof_overhead_pct']:.1f}%"
+        )
+
     def overhead(t):
         return {b: round((r["ours"] / r["ours_proofs"] - 1) * 100, 2) for b, r in t.items()}
 
@@ -174,6 +231,7 @@ def main() -> None:
         "fixed_length_speedup_vs_hf": {str(b): v for b, v in speedup(fixed_table).items()},
         "fixed_length_proof_overhead_pct": {str(b): v for b, v in overhead(fixed_table).items()},
         "model_parameters": params,
+        "larger_model": larger,
     }
     print(
         "ours vs hf (task workload): "

@@ -204,10 +204,6 @@ def _evaluate(coeffs: np.ndarray, xs: np.ndarray) -> np.ndarray:
     return ys
 
 
-def _encode(m: int, coeffs: np.ndarray) -> bytes:
-    return struct.pack(">H", m) + coeffs.astype(">u2").tobytes()
-
-
 def proof_size(topk: int = DEFAULT_TOPK) -> int:
     return 2 + 2 * topk
 
@@ -241,25 +237,29 @@ def build_proofs_batch(
     chunks = [c for seq in per_seq for c in seq]
     points: list[tuple[int, np.ndarray, np.ndarray]] = [(0, np.empty(0), np.empty(0))] * len(chunks)
     for numel, members in _by_size(chunks).items():
-        idx, bits = _top_entries(
+        idx_t, bits_t = _top_entries(
             torch.stack([chunks[n].reshape(-1) for n in members]), min(topk, numel)
         )
+        idx, bits = idx_t.numpy(), bits_t.numpy() % P
+        fits = idx.max(axis=1) < P  # distinct indices below P: P itself separates them
         for row, n in enumerate(members):
-            m = _find_modulus(idx[row])
-            points[n] = (m, idx[row].numpy() % m, bits[row].numpy() % P)
+            m = P if fits[row] else _find_modulus(idx_t[row])
+            points[n] = (m, idx[row] % m if m != P else idx[row], bits[row])
     proofs: list[bytes] = [b""] * len(chunks)
     by_k: dict[int, list[int]] = {}
     for n, (_, xs, _) in enumerate(points):
         by_k.setdefault(len(xs), []).append(n)
+    size = proof_size(topk)
     for k, members in by_k.items():
         coeffs = _interpolate(
             np.stack([points[n][1] for n in members]), np.stack([points[n][2] for n in members])
         )
-        coeffs = np.concatenate(
-            [coeffs, np.zeros((len(members), topk - k), dtype=np.int64)], axis=1
-        )
+        rows = np.zeros((len(members), 1 + topk), dtype=np.int64)
+        rows[:, 0] = [points[n][0] for n in members]
+        rows[:, 1 : 1 + k] = coeffs
+        encoded = rows.astype(">u2").tobytes()  # [m u16be][topk × u16be] per row
         for row, n in enumerate(members):
-            proofs[n] = _encode(points[n][0], coeffs[row])
+            proofs[n] = encoded[row * size : (row + 1) * size]
     out, start = [], 0
     for seq in per_seq:
         out.append(proofs[start : start + len(seq)])
