@@ -74,7 +74,9 @@ def add_model_parsers(sub: Any) -> None:
     roll.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float16")
     roll.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
     roll.add_argument("--run-id", default="devnet")
-    roll.add_argument("--data-dir", type=Path, help="node data dir holding the signing key")
+    roll.add_argument(
+        "--data-dir", type=Path, help="node data dir holding the signing key (made if missing)"
+    )
     roll.add_argument("--name", help="node name (data dir ~/.intellect-node/<name>)")
     roll.add_argument("--out", type=Path, help="write the signed batch envelope here")
     roll.add_argument("--json", action="store_true", help="print a JSON summary")
@@ -172,11 +174,11 @@ def cmd_rollouts(args: argparse.Namespace) -> int:
     }
     if args.out is not None:
         from node.config import NodeConfig
-        from node.keystore import load_identity
+        from node.keystore import ensure_data_dir, load_or_create_identity
         from protocol.wire import seal
 
         data_dir = args.data_dir or NodeConfig(name=args.name).resolved_data_dir
-        identity = load_identity(Path(data_dir).expanduser())
+        identity = load_or_create_identity(ensure_data_dir(Path(data_dir).expanduser()))
         batch = to_batch(
             groups,
             run_id=args.run_id,
@@ -202,6 +204,6 @@ def cmd_rollouts(args: argparse.Namespace) -> int:
     for g in groups[:4]:
         print(f"{g.task.task_id}  {g.task.prompt.splitlines()[0][:60]!r}  answer {g.task.answer}")
         for text, reward in zip(g.completions, g.rewards, strict=True):
-            print(f"    {reward:.0f}  {text[:60]!r}")
+            print(f"    {reward:.0f}  {text[:60].replace(chr(10), ' / ')}")
     print(", ".join(f"{k} {v}" for k, v in summary.items()))
     return 0
