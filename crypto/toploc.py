@@ -113,8 +113,7 @@ def chunks_of(
     rows = torch.cat(
         [d.reshape(-1, d.shape[-1]) if d.dim() == 2 else d.reshape(1, -1) for d in decode]
     )
-    if rows.shape[0]:
-        out.extend(rows.split(chunk_size))
+    out.extend(rows[i : i + chunk_size] for i in range(0, rows.shape[0], chunk_size))
     return out
 
 

@@ -45,7 +45,8 @@ def pack_tokens(tokens: list[int] | np.ndarray) -> bytes:
 
 
 def unpack_tokens(data: bytes) -> list[int]:
-    return np.frombuffer(data, dtype="<u4").astype(np.int64).tolist()
+    out: list[int] = np.frombuffer(data, dtype="<u4").astype(np.int64).tolist()
+    return out
 
 
 def pack_floats(values: list[float] | np.ndarray) -> bytes:
@@ -53,7 +54,8 @@ def pack_floats(values: list[float] | np.ndarray) -> bytes:
 
 
 def unpack_floats(data: bytes) -> list[float]:
-    return np.frombuffer(data, dtype="<f4").astype(np.float64).tolist()
+    out: list[float] = np.frombuffer(data, dtype="<f4").astype(np.float64).tolist()
+    return out
 
 
 def expected_proofs(num_tokens: int, chunk_size: int) -> int:

@@ -37,9 +37,9 @@ def test_difficulty_levels():
         assert {ts.task(k).difficulty for k in range(50)} == {level}
     mixed = ArithmeticTasks(2, 4)
     assert {mixed.task(k).difficulty for k in range(200)} == {2, 3, 4}
-    assert load_taskset("arithmetic").name == "arithmetic-v1-d1-3"
-    assert load_taskset("arithmetic:5").name == "arithmetic-v1-d5-5"
-    assert load_taskset("arithmetic:2-4").name == "arithmetic-v1-d2-4"
+    assert load_taskset("arithmetic").name == "arithmetic-v2-d1-3"
+    assert load_taskset("arithmetic:5").name == "arithmetic-v2-d5-5"
+    assert load_taskset("arithmetic:2-4").name == "arithmetic-v2-d2-4"
     with pytest.raises(ValueError, match="difficulty"):
         load_taskset("arithmetic:0-9")
     with pytest.raises(ValueError, match="difficulty range"):
