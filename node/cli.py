@@ -90,6 +90,7 @@ def _add_node_flags(p: argparse.ArgumentParser) -> None:
         choices=["debug", "info", "warning", "error"],
         help=fields["log_level"].description,
     )
+    p.add_argument("--model", type=Path, metavar="DIR", help=fields["model"].description)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -174,6 +175,10 @@ def cmd_start(args: argparse.Namespace) -> int:
     from node.keystore import ensure_data_dir, load_or_create_identity
     from node.logs import setup_logging
 
+    if cfg.model is not None:
+        from node.engine.modeldir import check_model_dir
+
+        check_model_dir(cfg.model)  # a wrong path fails now, not when the role needs it
     data_dir = ensure_data_dir(cfg.resolved_data_dir)
     identity = load_or_create_identity(data_dir)
 

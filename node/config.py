@@ -93,6 +93,11 @@ class NodeConfig(BaseModel):
     chain_id: int | None = Field(
         None, ge=1, description="Expected chain id; transactions are refused on any other chain."
     )
+    model: Path | None = Field(
+        None,
+        description="Local Hugging Face model directory for the inference, validator and "
+        "trainer roles (the devnet passes the tiny base model).",
+    )
 
     @field_validator("run_id")
     @classmethod
@@ -156,6 +161,8 @@ def config_toml(cfg: NodeConfig) -> str:
             value = str(cfg.resolved_data_dir)
         if value is None:
             continue
+        if isinstance(value, Path):
+            value = str(value)
         if isinstance(value, list):
             lines.append(f"{name} = [{', '.join(_toml_str(v) for v in value)}]")
         elif isinstance(value, str):

@@ -191,6 +191,19 @@ def start_chain(
     return proc, env
 
 
+def prepare_model(out: Path) -> Path:
+    """The tiny base policy for the run (``model init``): built once per machine, cached."""
+    from node.engine.tinymodel import Recipe, build_tiny_model
+    from node.model_cli import default_cache_dir
+
+    started = time.monotonic()
+    print("devnet: preparing the base model (built once per machine, then cached)", flush=True)
+    path, built = build_tiny_model(out, Recipe(), cache_dir=default_cache_dir())
+    how = "built" if built else "reused from the cache"
+    print(f"devnet: base model {path} ({how}, {time.monotonic() - started:.1f} s)", flush=True)
+    return path
+
+
 def run_devnet(base_dir: Path, *, run_id: str, inference: int, duration: float) -> int:
     base_dir.mkdir(parents=True, exist_ok=True)
     fast = ["--heartbeat-interval", "2", "--peer-ttl", "10", "--discovery-interval", "1"]
@@ -205,6 +218,7 @@ def run_devnet(base_dir: Path, *, run_id: str, inference: int, duration: float) 
     chain: subprocess.Popen[bytes] | None = None
     try:
         chain, ledger_env = start_chain(base_dir / "chain")
+        model_env = {"INTELLECT_NODE_MODEL": str(prepare_model(base_dir / "model"))}
         boot = spawn_node(
             "bootstrap",
             "bootstrap",
@@ -231,7 +245,7 @@ def run_devnet(base_dir: Path, *, run_id: str, inference: int, duration: float) 
                     listen="/ip4/127.0.0.1/tcp/0",
                     bootstrap=[boot_addr],
                     extra=fast,
-                    env_extra=ledger_env,
+                    env_extra={**ledger_env, **model_env},
                 )
             )
         for n in nodes[1:]:

@@ -552,6 +552,7 @@ class Node:
             "peer_id": self.peer_id,
             "role": self.cfg.role,
             "run_id": self.cfg.run_id,
+            "model": str(self.cfg.model) if self.cfg.model else None,
             "addrs": self.addrs,
             "peers": [
                 {

@@ -3,6 +3,7 @@ import os
 import stat
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -169,16 +170,26 @@ def test_start_status_and_sigint(tmp_path):
 
 def test_devnet_main_job(tmp_path):
     """The README's first command: chain + five nodes that find each other, then a clean stop."""
+    cache = Path(__file__).resolve().parent.parent / ".cache"  # shared with tiny_model_dir
     res = subprocess.run(
         [*CLI, "devnet", "--base-dir", str(tmp_path), "--duration", "2"],
         capture_output=True,
         text=True,
-        timeout=180,
+        timeout=300,
+        env={**os.environ, "INTELLECT_NODE_CACHE": str(cache)},
     )
     assert res.returncode == 0, res.stdout + res.stderr
     out = res.stdout
     assert "devnet: chain at http://127.0.0.1:" in out and "contract 0x" in out
     assert "devnet: 5 nodes" in out
+    assert f"devnet: base model {tmp_path / 'model'}" in out
+    assert (tmp_path / "model" / "config.json").is_file()
+    assert (
+        f'model = "{tmp_path / "model"}"'
+        in run(
+            "start", "--print-config", env={"INTELLECT_NODE_MODEL": str(tmp_path / "model")}
+        ).stdout
+    )
     rows = [
         line
         for line in out.splitlines()

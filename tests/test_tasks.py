@@ -2,6 +2,7 @@
 
 import json
 import random
+import re
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -24,6 +25,9 @@ def test_arithmetic_is_deterministic_and_correct():
         assert a.prompt.endswith("\nAnswer:") and a.task_id.startswith(f"arith/d{a.difficulty}/")
         assert a.reward(f" {a.answer}") == 1.0
         assert a.reward(f" {int(a.answer) + 1}") == 0.0
+        assert a.reward(a.solution) == 1.0  # the worked solution ends in the answer
+        for lhs, rhs in re.findall(r"([0-9+*()-]+)=(-?[0-9]+)", a.solution):
+            assert eval(lhs) == int(rhs), a.solution  # and every step is right
         question = a.prompt.split("\n")[0]
         if a.difficulty <= 4:  # pure expressions: the answer is their value
             assert int(a.answer) == eval(question.removesuffix("=?"))

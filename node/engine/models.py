@@ -16,15 +16,13 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 
+from node.engine.modeldir import ModelError, check_model_dir  # noqa: E402
+
 DTYPES = {
     "float32": torch.float32,
     "bfloat16": torch.bfloat16,
     "float16": torch.float16,
 }
-
-
-class ModelError(ValueError):
-    """A model directory that cannot be used, with what is wrong in words."""
 
 
 def pick_device(device: str = "auto") -> torch.device:
@@ -44,19 +42,6 @@ def pick_dtype(dtype: str, device: torch.device) -> torch.dtype:
     if dtype not in DTYPES:
         raise ModelError(f"unknown dtype {dtype!r}; one of auto, {', '.join(DTYPES)}")
     return DTYPES[dtype]
-
-
-def check_model_dir(path: str | Path) -> Path:
-    p = Path(path)
-    if not p.is_dir():
-        raise ModelError(f"{p}: not a directory (a model is a local Hugging Face directory)")
-    if not (p / "config.json").is_file():
-        raise ModelError(f"{p}: no config.json; not a Hugging Face model directory")
-    if not any(p.glob("*.safetensors")):
-        raise ModelError(f"{p}: no *.safetensors weights")
-    if not ((p / "tokenizer.json").is_file() or (p / "tokenizer_config.json").is_file()):
-        raise ModelError(f"{p}: no tokenizer (tokenizer.json or tokenizer_config.json)")
-    return p
 
 
 @dataclass
