@@ -1,5 +1,6 @@
 """The torch engine and model loading, with the real tiny base model and random Llamas."""
 
+import dataclasses
 import json
 import shutil
 
@@ -76,15 +77,20 @@ def test_deterministic_under_fixed_seeds(llama):
     verify_all(llama, a, params)
 
 
+def midway_token(model, reqs, params, lo, hi):
+    """A token that between ``lo`` and ``hi`` of the sequences emit midway (and the others
+    never): made the EOS, it ends some sequences early and not others."""
+    free = TorchEngine(model, eos_token_ids=frozenset({EOS})).generate(
+        reqs, dataclasses.replace(params, stop_at_eos=False)
+    )
+    seen = [set(r.tokens[1 : params.max_new_tokens - 8]) for r in free]
+    return next(t for t in sorted(set().union(*seen)) if lo <= sum(t in s for s in seen) <= hi)
+
+
 def test_eos_ends_a_sequence_and_the_rest_go_on(llama):
     reqs = requests([5] * 8, seed=3)
     params = SamplingParams(max_new_tokens=48, temperature=1.5)
-    free = TorchEngine(llama, eos_token_ids=frozenset({EOS})).generate(
-        reqs, SamplingParams(max_new_tokens=48, temperature=1.5, stop_at_eos=False)
-    )
-    # a token that some sequences emit midway and others never: make it the EOS
-    seen = [set(r.tokens[1:40]) for r in free]
-    eos = next(t for t in sorted(set().union(*seen)) if 2 <= sum(t in s for s in seen) <= 6)
+    eos = midway_token(llama, reqs, params, 2, 6)
     engine = TorchEngine(llama, eos_token_ids=frozenset({eos}), max_batch=8)
     results = engine.generate(reqs, params)
     stopped = [r for r in results if r.finish_reason == "stop"]
@@ -204,11 +210,7 @@ def test_continuous_batching_refills_rows_and_still_proves(llama):
     last row moved into a freed one) while others decode; every result still verifies."""
     reqs = requests([3, 11, 6, 20, 4, 9, 15, 7, 5, 12, 8, 10], seed=5)
     params = SamplingParams(max_new_tokens=40, temperature=1.2)
-    free = TorchEngine(llama, eos_token_ids=frozenset({EOS})).generate(
-        reqs, SamplingParams(max_new_tokens=40, temperature=1.2, stop_at_eos=False)
-    )
-    seen = [set(r.tokens[1:30]) for r in free]
-    eos = next(t for t in sorted(set().union(*seen)) if 4 <= sum(t in s for s in seen) <= 8)
+    eos = midway_token(llama, reqs, params, 4, 8)
     engine = TorchEngine(llama, eos_token_ids=frozenset({eos}), max_batch=4)
     results = engine.generate(reqs, params)
     lengths = {len(r.tokens) for r in results}
