@@ -242,8 +242,11 @@ def build_proofs_batch(
         idx, bits = idx_t.numpy(), bits_t.numpy() % P
         fits = idx.max(axis=1) < P  # distinct indices below P: P itself separates them
         for row, n in enumerate(members):
-            m = P if fits[row] else _find_modulus(idx_t[row])
-            points[n] = (m, idx[row] % m if m != P else idx[row], bits[row])
+            if fits[row]:
+                points[n] = (P, idx[row], bits[row])
+            else:  # some index is >= P (a chunk of more than P entries): reduce mod m
+                m = _find_modulus(idx_t[row])
+                points[n] = (m, idx[row] % m, bits[row])
     proofs: list[bytes] = [b""] * len(chunks)
     by_k: dict[int, list[int]] = {}
     for n, (_, xs, _) in enumerate(points):

@@ -29,6 +29,18 @@ def test_honest_roundtrip_and_258_byte_format():
     assert build_proofs(acts) == proofs  # deterministic
 
 
+def test_chunks_larger_than_the_field():
+    """A prefill chunk of more than 65,497 entries: indices are reduced mod m (also when
+    m is 65,497 itself), and the proof round-trips."""
+    g = torch.Generator().manual_seed(3)
+    for rows in (70, 90):
+        acts = [torch.randn(rows, 1024, generator=g)] + [torch.randn(1024, generator=g)] * 5
+        proofs = build_proofs(acts)
+        assert all(r.passed for r in verify_proofs(acts, proofs))
+        m = int.from_bytes(proofs[0][:2], "big")
+        assert 128 <= m <= P
+
+
 def test_chunking():
     acts = random_acts(steps=70)
     chunks = chunks_of(acts, 32, skip_prefill=False)
