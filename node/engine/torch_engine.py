@@ -14,6 +14,7 @@ per batch.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import torch
@@ -132,6 +133,18 @@ class TorchEngine:
         self.device = next(model.parameters()).device
         pad = getattr(model.config, "pad_token_id", None)
         self.pad_token_id = int(pad) if isinstance(pad, int) else 0
+        self.proof_seconds = 0.0  # time spent building proofs, since construction
+
+    def _prove(
+        self, activations: list[list[torch.Tensor]], params: SamplingParams
+    ) -> list[list[bytes]]:
+        started = time.perf_counter()
+        try:
+            return build_proofs_batch(
+                activations, chunk_size=params.proof_chunk, topk=params.proof_topk
+            )
+        finally:
+            self.proof_seconds += time.perf_counter() - started
 
     def generate(self, requests: list[GenRequest], params: SamplingParams) -> list[GenResult]:
         for r in requests:
@@ -230,10 +243,9 @@ class TorchEngine:
             logits = dec.logits(h)
         proofs: list[list[bytes]] = [[] for _ in reqs]
         if params.prove:  # one batched call: every chunk of every sequence together
-            proofs = build_proofs_batch(
+            proofs = self._prove(
                 [[p, d] for p, d in zip(prefill, decode, strict=True)],  # type: ignore[list-item]
-                chunk_size=params.proof_chunk,
-                topk=params.proof_topk,
+                params,
             )
         return [
             GenResult(list(r.prompt), tokens[i], logprobs[i], finish[i], r.seed, proofs[i])
@@ -314,10 +326,8 @@ class TorchEngine:
                 states[torch.tensor(active, device=dev), step] = h[:, -1]
         proofs: list[list[bytes]] = [[] for _ in reqs]
         if states is not None:
-            proofs = build_proofs_batch(
-                [[prefill[i], states[i, : lengths[i] - 1]] for i in range(b)],
-                chunk_size=params.proof_chunk,
-                topk=params.proof_topk,
+            proofs = self._prove(
+                [[prefill[i], states[i, : lengths[i] - 1]] for i in range(b)], params
             )
         return [
             GenResult(
