@@ -201,8 +201,25 @@ def test_vllm_processor_picks_the_verifiable_token():
     want = sample_tokens(logits[None], gumbel_noise(77, 3, 300)[None], 0.7, 0.9)[0]
     assert int(out.argmax()) == int(want)
     assert torch.isinf(out).sum() == 299  # only the chosen token is left to vLLM
-    lp = vllm_engine._LOGPROBS.pop("k")
-    assert lp == pytest.approx([float(torch.log_softmax(logits / 0.7, -1)[want])], abs=1e-5)
+    ((position, (tok, lp)),) = vllm_engine._PICKS.pop("k").items()
+    assert position == 3 and tok == int(want)
+    assert lp == pytest.approx(float(torch.log_softmax(logits / 0.7, -1)[want]), abs=1e-5)
+
+
+def test_vllm_picks_become_the_result():
+    from node.engine.vllm_engine import picked
+
+    picks = {0: (7, -0.1), 1: (9, -0.2), 2: (1, -0.3)}  # 1 is EOS
+    params = SamplingParams(max_new_tokens=8)
+    eos = frozenset({1})
+    assert picked(picks, [7, 9, 1], eos, params) == ([7, 9, 1], [-0.1, -0.2, -0.3], "stop")
+    assert picked(picks, [7, 9], eos, params)[2] == "stop"  # vLLM left the stop token out
+    short = SamplingParams(max_new_tokens=2)
+    assert picked(picks, [7, 9], eos, short) == ([7, 9], [-0.1, -0.2], "length")
+    with pytest.raises(RuntimeError, match="differ"):
+        picked(picks, [7, 8, 1], eos, params)
+    with pytest.raises(RuntimeError, match="skipped"):
+        picked({0: (7, -0.1), 2: (1, -0.3)}, [7], eos, params)
 
 
 def test_continuous_batching_refills_rows_and_still_proves(llama):

@@ -4,9 +4,10 @@ Nothing here imports vLLM until a ``VLLMEngine`` is built, so CPU machines never
 
 Sampling stays verifiable: a per-request logits processor (vLLM's
 ``AdapterLogitsProcessor``, V1 model runner) draws each token with the same seeded
-Gumbel-max as the torch engine (``crypto.sampling``), records the token's log-probability
-under ``log_softmax(logits / T)``, and leaves vLLM only that token to pick (every other
-logit ``-inf``, greedy). The engine core runs in this process
+Gumbel-max as the torch engine (``crypto.sampling``), records the token and its
+log-probability under ``log_softmax(logits / T)`` by position, and leaves vLLM only that
+token to pick (every other logit ``-inf``, greedy). The recorded picks are the result;
+vLLM's own token list must agree with them. The engine core runs in this process
 (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) so the recorded log-probabilities are readable here.
 
 TOPLOC proofs: the hidden states are recomputed by one batched prefill pass of the same
@@ -30,7 +31,9 @@ from crypto.toploc import build_proofs_batch
 from node.engine.base import GenRequest, GenResult, SamplingParams
 from node.engine.torch_engine import chosen_logprobs, recompute
 
-_LOGPROBS: dict[str, list[float]] = {}
+# request key -> {position: (token, log-prob)}: what the processor picked, position by
+# position (a position computed twice, e.g. after a preemption, is overwritten)
+_PICKS: dict[str, dict[int, tuple[int, float]]] = {}
 _KEYS = itertools.count()
 
 
@@ -56,9 +59,8 @@ class _Picker:
         row = logits.float()[None]
         noise = gumbel_noise_rows([self.seed], [len(output_ids)], row.shape[-1], row.device)
         tok = sample_tokens(row, noise, self.temperature, self.top_p)
-        _LOGPROBS.setdefault(self.key, []).append(
-            float(chosen_logprobs(row, tok, self.temperature)[0])
-        )
+        lp = float(chosen_logprobs(row, tok, self.temperature)[0])
+        _PICKS.setdefault(self.key, {})[len(output_ids)] = (int(tok[0]), lp)
         forced = torch.full_like(logits, -float("inf"))
         forced[int(tok[0])] = 0.0
         return forced
@@ -83,6 +85,30 @@ def _processor_class() -> type:
             )
 
     return GumbelProcessor
+
+
+def picked(
+    picks: dict[int, tuple[int, float]],
+    vllm_tokens: list[int],
+    eos_token_ids: frozenset[int],
+    params: SamplingParams,
+) -> tuple[list[int], list[float], str]:
+    """The sequence the processor drew (tokens, log-probs, finish reason), checked against
+    what vLLM returned. vLLM may or may not list a stop token; the picks always hold it."""
+    tokens, logprobs = [], []
+    for position in range(len(picks)):
+        if position not in picks:
+            raise RuntimeError(f"vLLM skipped the sampler at position {position}")
+        tok, lp = picks[position]
+        tokens.append(tok)
+        logprobs.append(lp)
+        if params.stop_at_eos and tok in eos_token_ids:
+            break
+    tokens, logprobs = tokens[: params.max_new_tokens], logprobs[: params.max_new_tokens]
+    if tokens[: len(vllm_tokens)] != vllm_tokens:
+        raise RuntimeError("vLLM's tokens differ from the ones the verifiable sampler chose")
+    stop = params.stop_at_eos and bool(tokens) and tokens[-1] in eos_token_ids
+    return tokens, logprobs, "stop" if stop else "length"
 
 
 class VLLMEngine:
@@ -139,13 +165,10 @@ class VLLMEngine:
         )
         results = []
         for r, key, out in zip(requests, keys, outs, strict=True):
-            comp = out.outputs[0]
-            tokens = list(comp.token_ids)
-            logprobs = _LOGPROBS.pop(key, [])[: len(tokens)]
-            stop = bool(tokens) and tokens[-1] in self.eos_token_ids and params.stop_at_eos
-            results.append(
-                GenResult(r.prompt, tokens, logprobs, "stop" if stop else "length", r.seed)
+            tokens, logprobs, finish = picked(
+                _PICKS.pop(key, {}), list(out.outputs[0].token_ids), self.eos_token_ids, params
             )
+            results.append(GenResult(r.prompt, tokens, logprobs, finish, r.seed))
         if params.prove:
             states = [recompute(self.loaded.model, r.prompt, r.tokens)[0] for r in results]
             for res, proofs in zip(
