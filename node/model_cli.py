@@ -71,6 +71,9 @@ def add_model_parsers(sub: Any) -> None:
     roll.add_argument("--temperature", type=float, default=1.0)
     roll.add_argument("--top-p", type=float, default=1.0)
     roll.add_argument("--backend", choices=["auto", "torch", "vllm"], default="auto")
+    roll.add_argument(
+        "--max-batch", type=int, default=32, help="sequences decoded together (default 32)"
+    )
     roll.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float16")
     roll.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
     roll.add_argument("--run-id", default="devnet")
@@ -145,7 +148,11 @@ def cmd_rollouts(args: argparse.Namespace) -> int:
         raise ValueError(f"--worker must be a 0x-prefixed 20-byte address, got {args.worker!r}")
     taskset = load_taskset(args.task)
     engine, tokenizer = open_engine(
-        str(args.model_dir), backend=args.backend, dtype=args.dtype, device=args.device
+        str(args.model_dir),
+        backend=args.backend,
+        dtype=args.dtype,
+        device=args.device,
+        max_batch=args.max_batch,
     )
     params = SamplingParams(
         max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p

@@ -80,3 +80,28 @@ def test_model_cli_errors(tmp_path):
     res = run("model", "init", str(tmp_path / "m"), "--task", "arithmetic:9", check=False)
     assert res.returncode == 1 and "difficulty" in res.stderr
     assert "SFT" in run("model", "init", "--help").stdout
+
+
+def test_ctrl_c_during_init_leaves_no_half_built_model(tmp_path):
+    import signal
+    import time
+
+    env = {**os.environ, "INTELLECT_NODE_CACHE": str(tmp_path / "cache")}
+    out = tmp_path / "m"
+    proc = subprocess.Popen(
+        [*CLI, "model", "init", str(out), "--steps", "3000"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        time.sleep(6)  # inside the SFT loop by now
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err
+    assert not out.exists()  # nothing half-written where the model would be
+    assert not any((tmp_path / "cache").rglob("*.safetensors"))  # nor in the cache
