@@ -239,13 +239,13 @@ def build_proofs_batch(
         idx_t, bits_t = _top_entries(
             torch.stack([chunks[n].reshape(-1) for n in members]), min(topk, numel)
         )
-        idx, bits = idx_t.numpy(), bits_t.numpy() % P
+        idx, bits = idx_t.cpu().numpy(), bits_t.cpu().numpy() % P  # device tensors too
         fits = idx.max(axis=1) < P  # distinct indices below P: P itself separates them
         for row, n in enumerate(members):
             if fits[row]:
                 points[n] = (P, idx[row], bits[row])
             else:  # some index is >= P (a chunk of more than P entries): reduce mod m
-                m = _find_modulus(idx_t[row])
+                m = _find_modulus(torch.from_numpy(idx[row]))
                 points[n] = (m, idx[row] % m, bits[row])
     proofs: list[bytes] = [b""] * len(chunks)
     by_k: dict[int, list[int]] = {}
@@ -312,7 +312,7 @@ def verify_proofs(
         moduli = np.array([decoded[n][0] for n in valid], dtype=np.int64)  # type: ignore[index]
         coeffs = np.stack([decoded[n][1] for n in valid])  # type: ignore[index]
         idx_t, ours_t = _top_entries(torch.stack([chunks[n].reshape(-1) for n in valid]), k)
-        idx, ours = idx_t.numpy(), ours_t.numpy()
+        idx, ours = idx_t.cpu().numpy(), ours_t.cpu().numpy()
         theirs = _evaluate(coeffs, idx % moduli[:, None])
         exp_match = (theirs >> 7) == (ours >> 7)  # sign and exponent
         mant_err = np.abs((theirs & 0x7F) - (ours & 0x7F))

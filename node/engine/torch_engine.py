@@ -131,6 +131,7 @@ class TorchEngine:
         self.fast = fast and supports(model)
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
         self.device = next(model.parameters()).device
+        self.dtype = next(model.parameters()).dtype
         pad = getattr(model.config, "pad_token_id", None)
         self.pad_token_id = int(pad) if isinstance(pad, int) else 0
         self.proof_seconds = 0.0  # time spent building proofs, since construction
@@ -189,7 +190,7 @@ class TorchEngine:
         finish = ["length"] * n
         prefill: list[torch.Tensor | None] = [None] * n
         decode: list[torch.Tensor | None] = [None] * n
-        logits = torch.empty((0, self.vocab_size), device=dev)
+        logits = torch.empty((0, self.vocab_size), device=dev, dtype=self.dtype)
         t, top_p = params.temperature, params.top_p
         refill_at = max(1, slots // 4)
         while waiting or dec.active:
@@ -233,7 +234,7 @@ class TorchEngine:
                         row_states[row, :k] = row_states[moved, :k]
                 owner.pop()
             if not dec.active:
-                logits = torch.empty((0, self.vocab_size), device=dev)
+                logits = torch.empty((0, self.vocab_size), device=dev, dtype=self.dtype)
                 continue
             a = dec.active
             h = dec.step(torch.tensor(nxt_list[:a], device=dev))
