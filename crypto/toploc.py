@@ -122,19 +122,61 @@ def _bf16_bits(t: torch.Tensor) -> torch.Tensor:
     return t.to(torch.bfloat16).view(torch.int16).to(torch.int64) & 0xFFFF
 
 
-def _top_entries(chunks: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Flat indices and bf16 bits [B, k] of the k largest |values| of each chunk [B, ...]."""
-    flat = chunks.reshape(chunks.shape[0], -1).to(torch.bfloat16)
-    idx = flat.float().abs_().topk(k, dim=1, sorted=False).indices
-    return idx, _bf16_bits(flat.gather(1, idx))
+_GROUP_ELEMENTS = 1 << 26  # padded entries per top-k call, to bound memory
 
 
-def _by_size(chunks: list[torch.Tensor]) -> dict[int, list[int]]:
-    """Chunk numbers grouped by element count, so each group is proven as one batch."""
+def _top_entries(chunks: list[torch.Tensor], topk: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Per chunk: the flat indices and bf16 bit patterns of its k = min(topk, numel)
+    entries of largest |value| (as bf16), ties broken by the lower index.
+
+    The order is total (magnitude, then index), so the selection does not depend on the
+    top-k algorithm, on the other chunks, or on padding: chunks of different sizes are
+    padded to a power of two and selected together, a few top-k calls for a whole batch.
+    Keys are ``magnitude bits << p | (2^p - 1 - index)``, in int32 when indices fit in
+    16 bits (p = 16), else int64 (p = 32).
+    """
+    out: list[tuple[np.ndarray, np.ndarray]] = [(np.empty(0), np.empty(0))] * len(chunks)
     groups: dict[int, list[int]] = {}
     for n, chunk in enumerate(chunks):
-        groups.setdefault(chunk.numel(), []).append(n)
-    return groups
+        numel = chunk.numel()
+        width = numel if numel <= topk else 1 << (numel - 1).bit_length()
+        groups.setdefault(width, []).append(n)
+    for width, members in groups.items():
+        per_call = max(1, _GROUP_ELEMENTS // width)
+        for start in range(0, len(members), per_call):
+            part = members[start : start + per_call]
+            _select(chunks, part, width, min(topk, width), out)
+    return out
+
+
+def _select(
+    chunks: list[torch.Tensor],
+    part: list[int],
+    width: int,
+    k: int,
+    out: list[tuple[np.ndarray, np.ndarray]],
+) -> None:
+    device = chunks[part[0]].device
+    sizes = [chunks[n].numel() for n in part]
+    patterns = torch.zeros((len(part), width), dtype=torch.int16, device=device)
+    for row, n in enumerate(part):
+        patterns[row, : sizes[row]] = chunks[n].reshape(-1).to(torch.bfloat16).view(torch.int16)
+    shift, dtype = (16, torch.int32) if width <= 1 << 16 else (32, torch.int64)
+    low = (1 << shift) - 1
+    rev = low - torch.arange(width, dtype=dtype, device=device)
+    keys = ((patterns & 0x7FFF).to(dtype) << shift) | rev
+    if min(sizes) < width:  # padding never wins: its key is below every real one
+        pad = (
+            torch.arange(width, device=device)[None, :]
+            >= torch.tensor(sizes, device=device)[:, None]
+        )
+        keys.masked_fill_(pad, -1)
+    top = keys.topk(k, dim=1, sorted=False).values
+    idx = (low - (top & low)).long()
+    picked = patterns.gather(1, idx).long() & 0xFFFF
+    idx_np, picked_np = idx.cpu().numpy(), picked.cpu().numpy()
+    for row, n in enumerate(part):
+        out[n] = (idx_np[row], picked_np[row])
 
 
 def _find_modulus(indices: torch.Tensor) -> int:
@@ -227,26 +269,20 @@ def build_proofs_batch(
     topk: int = DEFAULT_TOPK,
     skip_prefill: bool = False,
 ) -> list[list[bytes]]:
-    """``build_proofs`` for several sequences at once: every chunk of every sequence
-    shares one top-k per chunk size and one interpolation per k (what an engine that
-    generates in batches calls)."""
+    """``build_proofs`` for several sequences at once: the chunks of every sequence share a
+    few top-k calls and one interpolation per k (what an engine that generates in batches
+    calls)."""
     if not 1 <= topk <= 4096:
         raise ValueError("topk must be in 1..4096")
     per_seq = [chunks_of(acts, chunk_size, skip_prefill) for acts in sequences]
     chunks = [c for seq in per_seq for c in seq]
-    points: list[tuple[int, np.ndarray, np.ndarray]] = [(0, np.empty(0), np.empty(0))] * len(chunks)
-    for numel, members in _by_size(chunks).items():
-        idx_t, bits_t = _top_entries(
-            torch.stack([chunks[n].reshape(-1) for n in members]), min(topk, numel)
-        )
-        idx, bits = idx_t.cpu().numpy(), bits_t.cpu().numpy() % P  # device tensors too
-        fits = idx.max(axis=1) < P  # distinct indices below P: P itself separates them
-        for row, n in enumerate(members):
-            if fits[row]:
-                points[n] = (P, idx[row], bits[row])
-            else:  # some index is >= P (a chunk of more than P entries): reduce mod m
-                m = _find_modulus(torch.from_numpy(idx[row]))
-                points[n] = (m, idx[row] % m, bits[row])
+    points: list[tuple[int, np.ndarray, np.ndarray]] = []
+    for idx, bits in _top_entries(chunks, topk):
+        if idx.max() < P:  # distinct indices below P: P itself separates them
+            points.append((P, idx, bits % P))
+        else:  # some index is >= P (a chunk of more than P entries): reduce mod m
+            m = _find_modulus(torch.from_numpy(idx))
+            points.append((m, idx % m, bits % P))
     proofs: list[bytes] = [b""] * len(chunks)
     by_k: dict[int, list[int]] = {}
     for n, (_, xs, _) in enumerate(points):
@@ -303,16 +339,19 @@ def verify_proofs(
     th = thresholds or Thresholds()
     chunks = chunks_of(activations, chunk_size, skip_prefill)
     results: list[ProofResult] = [_failed(min(topk, c.numel())) for c in chunks]
-    for numel, members in _by_size(chunks).items():
-        k = min(topk, numel)
+    selected = _top_entries(chunks, topk)
+    by_k: dict[int, list[int]] = {}
+    for n, chunk in enumerate(chunks):
+        by_k.setdefault(min(topk, chunk.numel()), []).append(n)
+    for k, members in by_k.items():
         decoded = {n: _decode(proofs[n], topk) if n < len(proofs) else None for n in members}
         valid = [n for n in members if decoded[n] is not None]
         if not valid:
             continue
         moduli = np.array([decoded[n][0] for n in valid], dtype=np.int64)  # type: ignore[index]
         coeffs = np.stack([decoded[n][1] for n in valid])  # type: ignore[index]
-        idx_t, ours_t = _top_entries(torch.stack([chunks[n].reshape(-1) for n in valid]), k)
-        idx, ours = idx_t.cpu().numpy(), ours_t.cpu().numpy()
+        idx = np.stack([selected[n][0] for n in valid])
+        ours = np.stack([selected[n][1] for n in valid])
         theirs = _evaluate(coeffs, idx % moduli[:, None])
         exp_match = (theirs >> 7) == (ours >> 7)  # sign and exponent
         mant_err = np.abs((theirs & 0x7F) - (ours & 0x7F))

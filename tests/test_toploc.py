@@ -7,7 +7,16 @@ import torch
 
 from crypto import toploc
 from crypto.sampling import derive_seed
-from crypto.toploc import PAPER, STRICT_FP32, P, Thresholds, build_proofs, chunks_of, verify_proofs
+from crypto.toploc import (
+    PAPER,
+    STRICT_FP32,
+    P,
+    Thresholds,
+    build_proofs,
+    build_proofs_batch,
+    chunks_of,
+    verify_proofs,
+)
 from crypto.verdict import RolloutClaim, VerifyConfig, check_rollout
 from tests.tiny_lm import EOS, attack, generate, recompute, tiny_llama
 
@@ -39,6 +48,25 @@ def test_chunks_larger_than_the_field():
         assert all(r.passed for r in verify_proofs(acts, proofs))
         m = int.from_bytes(proofs[0][:2], "big")
         assert 128 <= m <= P
+
+
+def test_ties_select_the_lowest_indices_alone_or_in_a_batch():
+    """Equal magnitudes are common in bf16; the selection breaks ties by index, so the
+    same chunk gives the same proof alone or batched with chunks of other sizes, and an
+    honest recomputation matches every entry even under STRICT_FP32."""
+    tied = torch.ones(20, 64)
+    tied[1, 36] = -1.0  # same magnitude, other sign
+    tied[7] = 0.5
+    ((idx, bits),) = toploc._top_entries([tied], 128)
+    assert sorted(idx.tolist()) == list(range(128))
+    assert int(bits[idx.tolist().index(64 + 36)]) >> 15 == 1  # the sign is kept
+    alone = build_proofs([tied])
+    others = [random_acts(prompt_len=n, steps=s, hidden=64, seed=n) for n, s in ((3, 40), (50, 7))]
+    batched = build_proofs_batch([others[0], [tied], others[1]])
+    assert batched[1] == alone
+    assert batched[0] == build_proofs(others[0]) and batched[2] == build_proofs(others[1])
+    (result,) = verify_proofs([tied], alone, thresholds=STRICT_FP32)
+    assert result.passed and result.exp_mismatches == 0
 
 
 def test_chunking():
