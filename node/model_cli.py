@@ -199,7 +199,9 @@ def cmd_rollouts(args: argparse.Namespace) -> int:
             params=params,
         )
         envelope = seal(identity, batch)
-        args.out.write_bytes(envelope)
+        staging = args.out.with_name(f".{args.out.name}.partial")
+        staging.write_bytes(envelope)
+        staging.replace(args.out)  # never a half-written batch under the final name
         summary |= {
             "out": str(args.out),
             "bytes": len(envelope),

@@ -15,6 +15,7 @@ import torch
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
 from crypto.sampling import gumbel_noise_rows, sample_tokens
+from node.engine.torch_engine import recompute as engine_recompute
 
 VOCAB = 256
 EOS = 1
@@ -121,19 +122,11 @@ def generate(
     return [Generation(prompts[i], tokens[i], seeds[i], finish[i], acts[i]) for i in range(b)]
 
 
-@torch.no_grad()
 def recompute(
     model: LlamaForCausalLM, prompt: list[int], tokens: list[int]
 ) -> tuple[list[torch.Tensor], torch.Tensor]:
-    """The validator's one prefill pass: (activations as the worker captured them, the
-    logits [n, V] that chose each output token)."""
-    seq = torch.tensor([prompt + tokens[:-1]])
-    out = model(input_ids=seq, output_hidden_states=True)
-    hidden = out.hidden_states[-1][0].float()
-    n_prompt = len(prompt)
-    acts = [hidden[:n_prompt]] + [hidden[n_prompt + j] for j in range(len(tokens) - 1)]
-    logits = out.logits[0, n_prompt - 1 : n_prompt - 1 + len(tokens)].float()
-    return acts, logits
+    """The validator's one prefill pass (the engine's own ``recompute``)."""
+    return engine_recompute(model, prompt, tokens)
 
 
 ATTACKS = (
