@@ -1,15 +1,14 @@
 """The project's own engine: batched generation with a KV cache on CPU or CUDA.
 
-Requests are sorted by prompt length and cut into batches of at most ``max_batch`` (length
-buckets: little padding). Each batch is left-padded and prefilled once, then decoded one
-token per step with a KV cache; a sequence that ends is dropped from the batch and its
-cache rows, so the remaining ones do not pay for it. Llama-family models run through the
-lean forward of ``node.engine.fastpath`` (preallocated cache); others through
-transformers' forward with a ``DynamicCache``. Tokens come from the seeded Gumbel-max
-sampler of ``crypto.sampling``. The post-final-norm hidden states (the input of the LM
-head, what TOPLOC commits to) are captured by a forward hook on the model's final norm
-into one preallocated buffer per batch, and proven in one ``build_proofs_batch`` call
-per batch.
+Llama-family models (``fastpath.supports``) get continuous batching on a lean forward
+with a preallocated cache (``node.engine.continuous``). Other causal LMs run through
+transformers' forward with a ``DynamicCache``: requests sorted by prompt length and cut
+into batches of at most ``max_batch`` (length buckets: little padding), each left-padded,
+prefilled once and decoded one token per step; a sequence that ends is dropped from the
+batch and its cache rows. Either way tokens come from the seeded Gumbel-max sampler of
+``crypto.sampling``, the log-probability of each chosen token is kept, and the
+post-final-norm hidden states (the LM head's input, what TOPLOC commits to) are captured
+and proven in one ``build_proofs_batch`` call per ``generate``.
 """
 
 from __future__ import annotations
@@ -23,7 +22,8 @@ from transformers import DynamicCache
 from crypto.sampling import gumbel_noise_rows, sample_tokens
 from crypto.toploc import build_proofs_batch
 from node.engine.base import GenRequest, GenResult, SamplingParams
-from node.engine.fastpath import FastDecoder, SlotDecoder, supports
+from node.engine.continuous import Flight, chosen_logprobs
+from node.engine.fastpath import FastDecoder, supports
 
 _NORM_NAMES = ("norm", "final_layernorm", "ln_f", "final_norm")
 
@@ -56,12 +56,6 @@ class _Capture:
 
     def close(self) -> None:
         self._handle.remove()
-
-
-def chosen_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: float) -> torch.Tensor:
-    """log p(token) under the sampling distribution, for logits [B, V] and tokens [B]."""
-    scaled = logits.float() / temperature if temperature > 0 else logits.float()
-    return torch.log_softmax(scaled, dim=-1).gather(1, tokens[:, None])[:, 0]
 
 
 class _HFStepper:
@@ -167,89 +161,26 @@ class TorchEngine:
 
     @torch.inference_mode()
     def _continuous(self, reqs: list[GenRequest], params: SamplingParams) -> list[GenResult]:
-        """Continuous batching on the lean forward: up to ``max_batch`` sequences decode
-        together; as sequences end, waiting ones are prefilled into the free rows (when a
-        quarter of the rows is free, or none is busy), so steps run on full batches."""
-        dev, n = self.device, len(reqs)
-        slots = min(self.max_batch, n)
-        longest = max(len(r.prompt) for r in reqs)
-        dec = SlotDecoder(self.model, slots, longest + params.max_new_tokens)
-        hidden_size = self.model.config.hidden_size
-        # the decode states of each row's sequence (bf16: what TOPLOC rounds to anyway)
-        row_states = (
-            torch.empty(
-                (slots, params.max_new_tokens, hidden_size), dtype=torch.bfloat16, device=dev
-            )
-            if params.prove
-            else None
+        """Continuous batching on the lean forward (``node.engine.continuous``)."""
+        flight = Flight(
+            self.model,
+            reqs,
+            params,
+            slots=self.max_batch,
+            eos_token_ids=self.eos_token_ids,
+            vocab_size=self.vocab_size,
         )
-        waiting = sorted(range(n), key=lambda i: len(reqs[i].prompt), reverse=True)
-        owner: list[int] = []  # row -> request index
-        tokens: list[list[int]] = [[] for _ in reqs]
-        logprobs: list[list[float]] = [[] for _ in reqs]
-        finish = ["length"] * n
-        prefill: list[torch.Tensor | None] = [None] * n
-        decode: list[torch.Tensor | None] = [None] * n
-        logits = torch.empty((0, self.vocab_size), device=dev, dtype=self.dtype)
-        t, top_p = params.temperature, params.top_p
-        refill_at = max(1, slots // 4)
-        while waiting or dec.active:
-            free = slots - dec.active
-            if waiting and (free >= refill_at or dec.active == 0):
-                batch = [waiting.pop() for _ in range(min(free, len(waiting)))]
-                hidden, new_logits = dec.admit([reqs[i].prompt for i in batch])
-                width = hidden.shape[1]
-                for r, i in enumerate(batch):
-                    prefill[i] = hidden[r, width - len(reqs[i].prompt) :]
-                owner += batch
-                logits = torch.cat([logits, new_logits])
-            # sample every active row's next token
-            a = dec.active
-            noise = gumbel_noise_rows(
-                [reqs[i].seed for i in owner], [len(tokens[i]) for i in owner], self.vocab_size, dev
-            )
-            nxt = sample_tokens(logits.float(), noise, t, top_p)
-            lp = chosen_logprobs(logits, nxt, t).tolist()
-            nxt_list = nxt.tolist()
-            ended: list[int] = []
-            for row in range(a):
-                i = owner[row]
-                tokens[i].append(nxt_list[row])
-                logprobs[i].append(lp[row])
-                if params.stop_at_eos and nxt_list[row] in self.eos_token_ids:
-                    finish[i] = "stop"
-                    ended.append(row)
-                elif len(tokens[i]) == params.max_new_tokens:
-                    ended.append(row)
-            for row in sorted(ended, reverse=True):  # highest first: moves stay valid
-                i = owner[row]
-                if row_states is not None:
-                    decode[i] = row_states[row, : len(tokens[i]) - 1].clone()
-                moved = dec.retire(row)
-                if moved is not None:
-                    owner[row] = owner[moved]
-                    nxt_list[row] = nxt_list[moved]
-                    if row_states is not None:
-                        k = len(tokens[owner[row]]) - 1
-                        row_states[row, :k] = row_states[moved, :k]
-                owner.pop()
-            if not dec.active:
-                logits = torch.empty((0, self.vocab_size), device=dev, dtype=self.dtype)
-                continue
-            a = dec.active
-            h = dec.step(torch.tensor(nxt_list[:a], device=dev))
-            if row_states is not None:  # the state that chooses each row's next token
-                idx = torch.tensor([len(tokens[i]) - 1 for i in owner], device=dev)
-                row_states[torch.arange(a, device=dev), idx] = h.to(torch.bfloat16)
-            logits = dec.logits(h)
-        proofs: list[list[bytes]] = [[] for _ in reqs]
-        if params.prove:  # one batched call: every chunk of every sequence together
-            proofs = self._prove(
-                [[p, d] for p, d in zip(prefill, decode, strict=True)],  # type: ignore[list-item]
-                params,
-            )
+        flight.run()
+        proofs = self._prove(flight.activations(), params) if params.prove else [[] for _ in reqs]
         return [
-            GenResult(list(r.prompt), tokens[i], logprobs[i], finish[i], r.seed, proofs[i])
+            GenResult(
+                list(r.prompt),
+                flight.tokens[i],
+                flight.logprobs[i],
+                flight.finish[i],
+                r.seed,
+                proofs[i],
+            )
             for i, r in enumerate(reqs)
         ]
 

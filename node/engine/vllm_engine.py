@@ -29,7 +29,8 @@ import torch
 from crypto.sampling import gumbel_noise_rows, sample_tokens
 from crypto.toploc import build_proofs_batch
 from node.engine.base import GenRequest, GenResult, SamplingParams
-from node.engine.torch_engine import chosen_logprobs, recompute
+from node.engine.continuous import chosen_logprobs
+from node.engine.torch_engine import recompute
 
 # request key -> {position: (token, log-prob)}: what the processor picked, position by
 # position (a position computed twice, e.g. after a preemption, is overwritten)
