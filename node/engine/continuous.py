@@ -79,9 +79,8 @@ class Flight:
             return
         batch = [self.waiting.pop() for _ in range(min(free, len(self.waiting)))]
         hidden, logits = self.dec.admit([self.reqs[i].prompt for i in batch])  # [n, W, H]
-        width = hidden.shape[1]
         for r, i in enumerate(batch):
-            self.prefill[i] = hidden[r, width - len(self.reqs[i].prompt) :]
+            self.prefill[i] = hidden[r, : len(self.reqs[i].prompt)]
         self.owner += batch
         self.logits = torch.cat([self.logits, logits])
 

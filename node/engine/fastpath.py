@@ -100,10 +100,13 @@ def fusable(model: Any) -> bool:
     return sum(p.numel() for p in model.parameters()) <= FUSE_MAX_PARAMS
 
 
-class _Lean:
-    """The layer loop shared by the batch decoder and the slot decoder."""
+class SlotDecoder:
+    """Continuous batching: ``slots`` cache rows, each holding one sequence from column 0
+    (no padding). Active sequences always occupy rows ``0..active-1``; a sequence that
+    ends is replaced by the last row, and new sequences are prefilled and appended, so
+    every decode step runs on a dense batch."""
 
-    def __init__(self, model: Any) -> None:
+    def __init__(self, model: Any, slots: int, max_len: int) -> None:
         cfg = model.config
         base = model.model
         self.model = model
@@ -114,13 +117,16 @@ class _Lean:
         self.rope = importlib.import_module(type(base).__module__).apply_rotary_pos_emb
         p = next(model.parameters())
         self.dtype, self.device = p.dtype, p.device
-        self.fused: _Fused | None = None
-        if fusable(model):
-            cached = getattr(model, "_intellect_fused", None)
-            if cached is None:
-                cached = _Fused(base.layers)
-                model._intellect_fused = cached
-            self.fused = cached.current()
+        # decided once per model: fusable() walks every layer and parameter
+        cached = getattr(model, "_intellect_fused", None)
+        if cached is None:
+            cached = _Fused(base.layers) if fusable(model) else False
+            model._intellect_fused = cached
+        self.fused: _Fused | None = cached.current() if cached else None
+        self.slots, self.max_len = slots, max_len
+        self.k, self.v = self._cache(slots, max_len), self._cache(slots, max_len)
+        self.lens = [0] * slots  # filled columns per row
+        self.active = 0
 
     def _cache(self, batch: int, max_len: int) -> list[torch.Tensor]:
         shape = (batch, self.kv_heads, max_len, self.head_dim)
@@ -176,59 +182,10 @@ class _Lean:
         out: torch.Tensor = self.model.get_output_embeddings()(hidden_last)
         return out
 
-
-class FastDecoder(_Lean):
-    """Prefill and decode for one left-padded batch with a static KV cache."""
-
-    def __init__(self, model: Any, batch: int, max_len: int) -> None:
-        super().__init__(model)
-        self.k, self.v = self._cache(batch, max_len), self._cache(batch, max_len)
-        self.length = 0  # filled cache positions
-
-    def select(self, rows: torch.Tensor) -> None:
-        """Keep only these batch rows (sequences that ended are dropped)."""
-        self.k = [k[rows] for k in self.k]
-        self.v = [v[rows] for v in self.v]
-
-    def forward(
-        self, ids: torch.Tensor, positions: torch.Tensor, key_valid: torch.Tensor
-    ) -> torch.Tensor:
-        """Hidden states [B, T, H] after the final norm for ``ids`` [B, T] at
-        ``positions`` [B, T]; ``key_valid`` [B, length + T] marks non-padding keys."""
-        t = ids.shape[1]
-        start, end = self.length, self.length + t
-        allowed = key_valid[:, None, None, :end]  # [B, 1, 1, end]
-        if t > 1:  # causal within the new tokens; a padding query still sees itself
-            q_pos = torch.arange(start, end, device=ids.device)[:, None]
-            k_pos = torch.arange(end, device=ids.device)[None, :]
-            allowed = (allowed & (k_pos <= q_pos)) | (k_pos == q_pos)
-
-        def store(i: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            self.k[i][:, :, start:end] = k
-            self.v[i][:, :, start:end] = v
-            return self.k[i][:, :, :end], self.v[i][:, :, :end]
-
-        hidden = self._run(ids, positions, allowed, store)
-        self.length = end
-        return hidden
-
-
-class SlotDecoder(_Lean):
-    """Continuous batching: ``slots`` cache rows, each holding one sequence from column 0
-    (no padding). Active sequences always occupy rows ``0..active-1``; a sequence that
-    ends is replaced by the last row, and new sequences are prefilled and appended, so
-    every decode step runs on a dense batch."""
-
-    def __init__(self, model: Any, slots: int, max_len: int) -> None:
-        super().__init__(model)
-        self.slots, self.max_len = slots, max_len
-        self.k, self.v = self._cache(slots, max_len), self._cache(slots, max_len)
-        self.lens = [0] * slots  # filled columns per row
-        self.active = 0
-
     def admit(self, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Prefill ``prompts`` into rows ``active..``; returns their post-norm hidden
-        states [n, W, H] (left-padded to width W) and last-position logits [n, V]."""
+        """Prefill ``prompts`` straight into rows ``active..`` (right-padded, so each row
+        starts at column 0); returns their post-norm hidden states [n, W, H] (row r's
+        prompt at ``[r, :len(prompts[r])]``) and each prompt's last-position logits [n, V]."""
         n = len(prompts)
         if self.active + n > self.slots:
             raise ValueError("more sequences than free slots")
@@ -238,19 +195,31 @@ class SlotDecoder(_Lean):
         ids = torch.zeros((n, width), dtype=torch.long)
         valid = torch.zeros((n, width), dtype=torch.bool)
         for r, p in enumerate(prompts):
-            ids[r, width - len(p) :] = torch.tensor(p)
-            valid[r, width - len(p) :] = True
+            ids[r, : len(p)] = torch.tensor(p)
+            valid[r, : len(p)] = True
         ids, valid = ids.to(self.device), valid.to(self.device)
-        pre = FastDecoder(self.model, n, width)
-        hidden = pre.forward(ids, (valid.long().cumsum(-1) - 1).clamp(min=0), valid)
-        for r, p in enumerate(prompts):
-            row, n_p = self.active + r, len(p)
-            for i in range(len(self.k)):
-                self.k[i][row, :, :n_p] = pre.k[i][r, :, width - n_p :]
-                self.v[i][row, :, :n_p] = pre.v[i][r, :, width - n_p :]
-            self.lens[row] = n_p
+        pos = torch.arange(width, device=self.device)
+        # causal over real keys; a padding query still sees itself (no all-masked row).
+        # Padding keys land in the cache past each row's length, where step() never looks.
+        causal = pos[None, :] <= pos[:, None]
+        allowed = (valid[:, None, None, :] & causal) | torch.eye(
+            width, dtype=torch.bool, device=self.device
+        )
+        rows = slice(self.active, self.active + n)
+
+        def store(i: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            self.k[i][rows, :, :width] = k
+            self.v[i][rows, :, :width] = v
+            return k, v
+
+        hidden = self._run(ids, pos.expand(n, width), allowed, store)
+        lens = [len(p) for p in prompts]
+        self.lens[rows] = lens
         self.active += n
-        return hidden, self.logits(hidden[:, -1])
+        last = hidden[
+            torch.arange(n, device=self.device), torch.tensor(lens, device=self.device) - 1
+        ]
+        return hidden, self.logits(last)
 
     def retire(self, row: int) -> int | None:
         """Free ``row``; the last active row moves into it. Returns the row that moved

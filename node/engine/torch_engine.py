@@ -23,7 +23,7 @@ from crypto.sampling import gumbel_noise_rows, sample_tokens
 from crypto.toploc import build_proofs_batch
 from node.engine.base import GenRequest, GenResult, SamplingParams
 from node.engine.continuous import Flight, chosen_logprobs
-from node.engine.fastpath import FastDecoder, supports
+from node.engine.fastpath import supports
 
 _NORM_NAMES = ("norm", "final_layernorm", "ln_f", "final_norm")
 
@@ -84,25 +84,6 @@ class _HFStepper:
 
     def close(self) -> None:
         self.capture.close()
-
-
-class _FastStepper:
-    """The lean Llama-family forward with a preallocated cache (``fastpath``)."""
-
-    def __init__(self, model: Any, batch: int, max_len: int) -> None:
-        self.decoder = FastDecoder(model, batch, max_len)
-
-    def run(
-        self, ids: torch.Tensor, positions: torch.Tensor, key_valid: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        hidden = self.decoder.forward(ids, positions, key_valid)
-        return hidden, self.decoder.logits(hidden[:, -1])
-
-    def select(self, rows: torch.Tensor) -> None:
-        self.decoder.select(rows)
-
-    def close(self) -> None:
-        pass
 
 
 class TorchEngine:
@@ -186,12 +167,10 @@ class TorchEngine:
 
     @torch.inference_mode()
     def _generate_batch(self, reqs: list[GenRequest], params: SamplingParams) -> list[GenResult]:
+        """One length bucket through transformers' forward (architectures without the
+        lean path)."""
         width = max(len(r.prompt) for r in reqs)
-        stepper: _HFStepper | _FastStepper = (
-            _FastStepper(self.model, len(reqs), width + params.max_new_tokens)
-            if self.fast
-            else _HFStepper(self.model)
-        )
+        stepper = _HFStepper(self.model)
         try:
             return self._decode(reqs, params, stepper, width)
         finally:
@@ -201,7 +180,7 @@ class TorchEngine:
         self,
         reqs: list[GenRequest],
         params: SamplingParams,
-        stepper: _HFStepper | _FastStepper,
+        stepper: _HFStepper,
         width: int,
     ) -> list[GenResult]:
         dev, b = self.device, len(reqs)
