@@ -179,11 +179,12 @@ def _select(
         out[n] = (idx_np[row], picked_np[row])
 
 
-def _find_modulus(indices: torch.Tensor) -> int:
+def _find_modulus(indices: np.ndarray | torch.Tensor) -> int:
     """Largest m ≤ P for which ``indices mod m`` are pairwise distinct."""
-    k = indices.numel()
+    k = len(indices)
     if int(indices.max()) < P:  # distinct indices below P: P itself separates them
         return P
+    indices = torch.as_tensor(indices)
     hi = P
     while hi >= k:
         ms = torch.arange(hi, max(k - 1, hi - _M_BATCH), -1, dtype=torch.int64)
@@ -278,11 +279,8 @@ def build_proofs_batch(
     chunks = [c for seq in per_seq for c in seq]
     points: list[tuple[int, np.ndarray, np.ndarray]] = []
     for idx, bits in _top_entries(chunks, topk):
-        if idx.max() < P:  # distinct indices below P: P itself separates them
-            points.append((P, idx, bits % P))
-        else:  # some index is >= P (a chunk of more than P entries): reduce mod m
-            m = _find_modulus(torch.from_numpy(idx))
-            points.append((m, idx % m, bits % P))
+        m = _find_modulus(idx)
+        points.append((m, idx % m, bits % P))
     proofs: list[bytes] = [b""] * len(chunks)
     by_k: dict[int, list[int]] = {}
     for n, (_, xs, _) in enumerate(points):
