@@ -1,6 +1,7 @@
 """The node's EVM account: a standard encrypted keystore file (eth-account, scrypt).
 
-``<data_dir>/account.json``, mode 0600. The password comes from, in order: a file named by
+``<data_dir>/account.json``, mode 0600; ``--force`` keeps the old one as
+``account.json.bak-<time>``. The password comes from, in order: a file named by
 ``--password-file``, the environment variable ``INTELLECT_NODE_PASSWORD``, or a prompt.
 """
 
@@ -9,6 +10,7 @@ from __future__ import annotations
 import getpass
 import json
 import os
+import time
 from pathlib import Path
 
 from eth_account import Account
@@ -52,6 +54,8 @@ def create_account(
         raise AccountError(f"{path} already exists (use --force to replace it)")
     if not password:
         raise AccountError("refusing an empty keystore password")
+    if path.exists():
+        backup_keystore(path)
     account: LocalAccount = Account.from_key(private_key) if private_key else Account.create()
     keystore = Account.encrypt(account.key, password)
     data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -61,6 +65,20 @@ def create_account(
         json.dump(keystore, f)
     os.replace(tmp, path)
     return account
+
+
+def backup_keystore(path: Path) -> Path:
+    """Move a keystore aside (``account.json.bak-<time>``, mode 0600) before it is replaced:
+    it may hold stake, rewards or unbonding funds."""
+    stamp = time.strftime("%Y%m%dT%H%M%S")
+    backup = path.with_name(f"{path.name}.bak-{stamp}")
+    n = 1
+    while backup.exists():
+        backup = path.with_name(f"{path.name}.bak-{stamp}-{n}")
+        n += 1
+    os.link(path, backup)  # never a moment without the old key on disk
+    backup.chmod(0o600)
+    return backup
 
 
 def account_address(data_dir: Path) -> str:

@@ -5,7 +5,9 @@ any Ethereum node, so a new user needs nothing but pip. Requests go through web3
 eth-tester formatters, results are turned into JSON-RPC wire form (integers as hex
 quantities, bytes as hex), and a revert becomes the standard error (code 3) carrying the
 ABI-encoded ``Error(string)`` data, as geth and anvil report it. Besides the ``eth_``
-methods it serves ``evm_increaseTime`` and ``evm_mine`` for tests.
+methods it serves ``evm_increaseTime`` and ``evm_mine`` for tests. It holds unlocked
+development keys, so it listens on 127.0.0.1 only and refuses any request that is not
+``application/json`` (a browser page could otherwise drive it with a simple POST).
 """
 
 from __future__ import annotations
@@ -121,6 +123,12 @@ def _handler(chain: DevChain) -> type[BaseHTTPRequestHandler]:
                 }
 
         def do_POST(self) -> None:
+            # A web page can POST text/plain to 127.0.0.1 without a CORS preflight; only a
+            # JSON request (which needs one, and gets no CORS headers here) is served.
+            ctype = (self.headers.get("Content-Type") or "").split(";")[0].strip().lower()
+            if ctype != "application/json":
+                self.send_error(415, "Content-Type must be application/json")
+                return
             length = int(self.headers.get("Content-Length") or 0)
             if length > MAX_BODY:
                 self.send_error(413)

@@ -4,12 +4,18 @@ Scanning logs from genesis gets slow on development chains (eth-tester's ``eth_g
 from block 0 took 66 s at 800 blocks here), so the index starts at the contract's
 deployment block, remembers the last block it read, and only ever asks for new blocks,
 in bounded ranges.
+
+Only blocks at least ``confirmations`` deep are cached (a reorg can drop newer ones); the
+newer tail is read fresh on every update and never stored. Events are kept per account
+(every address an event names), the newest ``keep`` of each, so one busy account cannot
+push another's history out.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -20,26 +26,44 @@ from web3._utils.events import get_event_data
 from ledger.build import load_artifact
 
 CHUNK = 2000
-KEEP = 5000
+KEEP_PER_ACCOUNT = 500
+GLOBAL = "*"  # events that name no account (parameters, policy versions)
+FORMAT = 2
 
 
 class EventIndex:
-    def __init__(self, w3: Web3, contract: str, start_block: int, path: Path) -> None:
+    def __init__(
+        self,
+        w3: Web3,
+        contract: str,
+        start_block: int,
+        path: Path,
+        *,
+        confirmations: int = 2,
+        keep: int = KEEP_PER_ACCOUNT,
+    ) -> None:
         self.w3 = w3
         self.contract = Web3.to_checksum_address(contract)
         self.path = path
+        self.confirmations = confirmations
+        self.keep = keep
         self.events_by_topic = {
             event_abi_to_log_topic(abi): abi
             for abi in load_artifact()["abi"]
             if abi["type"] == "event"  # type: ignore[union-attr]
         }
         state = self._load()
-        if state.get("contract") != self.contract or state.get("chain_id") != w3.eth.chain_id:
+        if (
+            state.get("format") != FORMAT
+            or state.get("contract") != self.contract
+            or state.get("chain_id") != w3.eth.chain_id
+        ):
             state = {
+                "format": FORMAT,
                 "contract": self.contract,
                 "chain_id": w3.eth.chain_id,
                 "last_block": start_block - 1,
-                "events": [],
+                "accounts": {},
             }
         self.state = state
 
@@ -50,31 +74,63 @@ class EventIndex:
         except (FileNotFoundError, ValueError):
             return {}
 
-    def update(self) -> list[dict[str, Any]]:
-        """Read blocks since the last update; returns all cached events, oldest first."""
-        latest = self.w3.eth.block_number
-        start = self.state["last_block"] + 1
-        while start <= latest:
-            end = min(latest, start + CHUNK - 1)
+    def _read(self, start: int, end: int) -> list[dict[str, Any]]:
+        out = []
+        while start <= end:
+            stop = min(end, start + CHUNK - 1)
             for log in self.w3.eth.get_logs(
-                {"address": self.contract, "fromBlock": start, "toBlock": end}
+                {"address": self.contract, "fromBlock": start, "toBlock": stop}
             ):
                 abi = self.events_by_topic.get(bytes(log["topics"][0]))
                 if abi is None:
                     continue
                 ev = get_event_data(self.w3.codec, abi, log)
-                args = {
-                    k: (v.hex() if isinstance(v, bytes | bytearray) else v)
-                    for k, v in ev["args"].items()
-                }
-                self.state["events"].append(
-                    {"block": ev["blockNumber"], "event": ev["event"], "args": args}
+                args = {k: _plain(v) for k, v in ev["args"].items()}
+                out.append(
+                    {
+                        "block": ev["blockNumber"],
+                        "log": ev["logIndex"],
+                        "event": ev["event"],
+                        "args": args,
+                    }
                 )
-            self.state["last_block"] = end
-            start = end + 1
-        self.state["events"] = self.state["events"][-KEEP:]
-        self._save()
-        return list(self.state["events"])
+            start = stop + 1
+        return out
+
+    @staticmethod
+    def _accounts(event: dict[str, Any]) -> set[str]:
+        found = {
+            v.lower()
+            for v in event["args"].values()
+            if isinstance(v, str) and v.startswith("0x") and len(v) == 42
+        }
+        return found or {GLOBAL}
+
+    def update(self) -> list[dict[str, Any]]:
+        """Cache confirmed blocks since the last update; returns all cached events plus the
+        unconfirmed tail (each marked ``confirmed``), oldest first."""
+        latest = self.w3.eth.block_number
+        confirmed_to = latest - self.confirmations
+        start = self.state["last_block"] + 1
+        if confirmed_to >= start:
+            accounts: dict[str, list[dict[str, Any]]] = self.state["accounts"]
+            for ev in self._read(start, confirmed_to):
+                for account in self._accounts(ev):
+                    accounts.setdefault(account, []).append(ev)
+            for account, evs in accounts.items():
+                accounts[account] = evs[-self.keep :]
+            self.state["last_block"] = confirmed_to
+            self._save()
+        tail = self._read(max(start, confirmed_to + 1), latest)
+        return self._merge(self.state["accounts"].values(), True) + self._merge([tail], False)
+
+    @staticmethod
+    def _merge(groups: Any, confirmed: bool) -> list[dict[str, Any]]:
+        seen: dict[tuple[int, int], dict[str, Any]] = {}
+        for evs in groups:
+            for ev in evs:  # an event naming two accounts is stored under both
+                seen[(ev["block"], ev["log"])] = {**ev, "confirmed": confirmed}
+        return [seen[k] for k in sorted(seen)]
 
     def _save(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -90,3 +146,14 @@ class EventIndex:
             for e in events
             if any(isinstance(v, str) and v.lower() == a for v in e["args"].values())
         ]
+
+
+def _plain(v: Any) -> Any:
+    """Event values as JSON: bytes as hex, tuples (structs) as lists."""
+    if isinstance(v, bytes | bytearray):
+        return "0x" + bytes(v).hex()
+    if isinstance(v, tuple | list):
+        return [_plain(x) for x in v]
+    if isinstance(v, Mapping):
+        return {k: _plain(x) for k, x in v.items()}
+    return v

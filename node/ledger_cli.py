@@ -1,8 +1,9 @@
-"""The ledger commands: ``chain``, ``rewards [claim]``, ``stake add|unbond|withdraw``.
+"""The ledger commands: ``chain [fund]``, ``rewards [claim]``, ``stake add|unbond|withdraw``.
 
 Where the chain and contract are: ``--chain`` / ``--contract`` flags, else the config
 (``chain``, ``contract``, ``contract_block``), else the local development chain that
-``intellect-node chain`` describes in ``~/.intellect-node/chain/chain.json``.
+``intellect-node chain`` describes in ``~/.intellect-node/chain/chain.json``. Signing needs
+a known chain id: the config's ``chain_id``, else the development chain's.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from typing import Any
 from node.config import NodeConfig, load_config
 
 WEI = 10**18
+DEV_VALIDATORS = 3  # quorum 2: one validator alone can neither overturn nor be unchecked
+DEV_VALIDATOR_BOND = 100 * WEI
 DEV_CHAIN_DIR = Path.home() / ".intellect-node" / "chain"
 CHAIN_FILE = "chain.json"
 
@@ -51,6 +54,13 @@ def add_ledger_parsers(sub: Any) -> None:
         default="embedded",
         help="embedded: py-evm served over JSON-RPC (default; needs only pip); anvil: Foundry's dev node from npm",
     )
+    chain.add_argument(
+        "action",
+        nargs="*",
+        metavar="fund ADDRESS AMOUNT",
+        help="send AMOUNT (ETH, e.g. 10, or wei, e.g. 1000wei) to ADDRESS from a development "
+        "key of the running development chain",
+    )
     chain.add_argument("--port", type=int, default=8545)
     chain.add_argument(
         "--data-dir",
@@ -61,7 +71,17 @@ def add_ledger_parsers(sub: Any) -> None:
     chain.add_argument("--pool", default="1000", help="ETH put in the reward pool (default 1000)")
     chain.add_argument("--verdict-window", type=int, default=3600, help="seconds (default 3600)")
     chain.add_argument("--reward-lock", type=int, default=3600, help="seconds (default 3600)")
-    chain.add_argument("--unbonding-delay", type=int, default=86400, help="seconds (default 86400)")
+    chain.add_argument(
+        "--unbonding-delay",
+        type=int,
+        default=86400,
+        help="seconds (default 86400; at least window + lock + 3600)",
+    )
+    chain.add_argument(
+        "--reward-per-unit",
+        default="1000000000000wei",
+        help="reward per unit, one generated token (default 1000000000000wei = 1e-6 ETH)",
+    )
 
     def common(p: argparse.ArgumentParser) -> None:
         p.add_argument(
@@ -103,12 +123,14 @@ def _config(args: argparse.Namespace) -> NodeConfig:
     return load_config(file=args.config, flags={"name": args.name, "data_dir": args.data_dir})
 
 
-def _locate(args: argparse.Namespace, cfg: NodeConfig) -> tuple[str, str, int]:
-    """(chain URL, contract address, deployment block): flags, else config, else the dev chain."""
-    url, contract, block = (
+def _locate(args: argparse.Namespace, cfg: NodeConfig) -> tuple[str, str, int, int | None]:
+    """(chain URL, contract address, deployment block, chain id): flags, else config, else
+    the dev chain."""
+    url, contract, block, chain_id = (
         args.chain_url or cfg.chain,
         args.contract or cfg.contract,
         cfg.contract_block,
+        cfg.chain_id,
     )
     dev = DEV_CHAIN_DIR / CHAIN_FILE
     if (not args.chain_url or not contract) and dev.exists():
@@ -117,11 +139,15 @@ def _locate(args: argparse.Namespace, cfg: NodeConfig) -> tuple[str, str, int]:
             url = args.chain_url or info["url"]
             contract = contract or info["contract"]
             block = info["block"]
+    if chain_id is None and dev.exists():
+        info = json.loads(dev.read_text())
+        if url == info["url"] and contract == info["contract"]:
+            chain_id = info["chain_id"]
     if not contract:
         raise RuntimeError(
             "no contract address: pass --contract, set 'contract' in the config, or run 'intellect-node chain'"
         )
-    return url, contract, block
+    return url, contract, block, chain_id
 
 
 def _client(args: argparse.Namespace, *, signing: bool) -> tuple[Any, NodeConfig, int]:
@@ -131,10 +157,15 @@ def _client(args: argparse.Namespace, *, signing: bool) -> tuple[Any, NodeConfig
     from ledger.client import LedgerClient
 
     cfg = _config(args)
-    url, contract, block = _locate(args, cfg)
+    url, contract, block, chain_id = _locate(args, cfg)
+    if signing and chain_id is None:
+        raise RuntimeError(
+            f"no chain id for {url}: set chain_id in the config (or INTELLECT_NODE_CHAIN_ID) "
+            "so that nothing is ever signed for another chain"
+        )
     data_dir = cfg.resolved_data_dir
     account = load_account(data_dir, read_password(args.password_file)) if signing else None
-    client = LedgerClient(connect(url), contract, account, expected_chain_id=cfg.chain_id)
+    client = LedgerClient(connect(url), contract, account, expected_chain_id=chain_id)
     return client, cfg, block
 
 
@@ -144,8 +175,17 @@ def cmd_rewards(args: argparse.Namespace) -> int:
 
     if args.action == "claim":
         client, _, _ = _client(args, signing=True)
-        receipt = client.claim()
-        print(f"claimed in block {receipt.blockNumber} (tx {receipt.transactionHash.hex()})")
+        receipts = client.claim_all()
+        paid = sum(
+            int(ev["args"]["total"])
+            for r in receipts
+            for ev in client.events("Claimed", r)
+        )
+        gas = sum(r.gasUsed for r in receipts)
+        print(
+            f"claimed {fmt_eth(paid)} in {len(receipts)} transaction(s), {gas:,} gas "
+            f"(last block {receipts[-1].blockNumber}, tx {receipts[-1].transactionHash.hex()})"
+        )
         return 0
     client, cfg, start_block = _client(args, signing=False)
     data_dir = cfg.resolved_data_dir
@@ -156,6 +196,7 @@ def cmd_rewards(args: argparse.Namespace) -> int:
         client.contract.address,
         start_block,
         data_dir / "ledger-events.json",
+        confirmations=cfg.chain_confirmations,
     )
     recent = EventIndex.involving(index.update(), address)[-10:]
     report = {
@@ -163,11 +204,15 @@ def cmd_rewards(args: argparse.Namespace) -> int:
         "chain_id": client.chain.chain_id,
         "contract": client.contract.address,
         "registered": w.registered,
+        "peer_key": "0x" + w.peer_key.hex(),
+        "registration_valid": w.registered and client.registration_valid(address),
         "stake": w.stake,
+        "locked": w.locked,
         "unbonding": w.unbonding,
         "unbond_at": w.unbond_at,
         "pending": client.pending(address),
         "claimable": client.claimable(address),
+        "matured": client.matured(address),
         "accepted": w.accepted,
         "rejected": w.rejected,
         "slashed": w.slashed,
@@ -182,7 +227,12 @@ def cmd_rewards(args: argparse.Namespace) -> int:
     if not w.registered:
         print("stake      not registered (intellect-node stake add AMOUNT registers this node)")
     else:
-        print(f"stake      {fmt_eth(w.stake)}   unbonding {fmt_eth(w.unbonding)}")
+        print(
+            f"stake      {fmt_eth(w.stake)} ({fmt_eth(w.locked)} locked as collateral)   "
+            f"unbonding {fmt_eth(w.unbonding)}"
+        )
+        if not report["registration_valid"]:
+            print("           the registration signature is NOT valid: nodes will ignore it")
     print(
         f"rewards    pending {fmt_eth(report['pending'])}   claimable {fmt_eth(report['claimable'])}"
     )
@@ -195,7 +245,8 @@ def cmd_rewards(args: argparse.Namespace) -> int:
             detail = ", ".join(
                 f"{k}={v}" for k, v in e["args"].items() if k not in ("worker", "account")
             )
-            print(f"  block {e['block']:>6}  {e['event']:<14} {detail}")
+            mark = "" if e["confirmed"] else "  (unconfirmed)"
+            print(f"  block {e['block']:>6}  {e['event']:<14} {detail}{mark}")
     return 0
 
 
@@ -215,7 +266,7 @@ def cmd_stake(args: argparse.Namespace) -> int:
             from node.keystore import load_identity
 
             identity = load_identity(cfg.resolved_data_dir)
-            receipt = client.register(identity.public_bytes, amount)
+            receipt = client.register_identity(identity, amount)
             print(f"registered {client.address} for peer {identity.peer_id}")
     print(
         f"stake {args.action}: done in block {receipt.blockNumber} (tx {receipt.transactionHash.hex()})"
@@ -223,23 +274,45 @@ def cmd_stake(args: argparse.Namespace) -> int:
     return 0
 
 
+def dev_params(args: argparse.Namespace) -> Any:
+    """The development chain's run parameters (SPEC.md section 12)."""
+    from ledger.client import Params
+
+    return Params(
+        min_stake=WEI,
+        reward_per_unit=parse_eth(args.reward_per_unit),
+        max_units=2**20,  # tokens per work key
+        collateral_bps=20000,  # a caught fraud loses twice its reward
+        validator_share_bps=2500,
+        verdict_window=args.verdict_window,
+        fetch_deadline=max(1, args.verdict_window // 6),
+        reward_lock=args.reward_lock,
+        unbonding_delay=args.unbonding_delay,
+        max_staleness=2,
+        quorum=2,
+    )
+
+
 def cmd_chain(args: argparse.Namespace) -> int:
+    if args.action:
+        if len(args.action) != 3 or args.action[0] != "fund":
+            raise ValueError("usage: intellect-node chain fund ADDRESS AMOUNT")
+        return cmd_chain_fund(args, args.action[1], args.action[2])
     from eth_account import Account
 
     from ledger.chain import connect
-    from ledger.client import LedgerClient, Params, deploy
+    from ledger.client import LedgerClient, deploy
 
+    params = dev_params(args)
     stop_chain, url, keys, kind = _start_dev_chain(args.backend, args.port)
     try:
         chain = connect(url, dev_keys=keys)
-        owner, validator = Account.from_key(keys[0]), Account.from_key(keys[1])
-        params = Params(
-            WEI, 10**15, 2000, 5000, args.verdict_window, args.unbonding_delay, args.reward_lock
-        )
-        address, block = deploy(chain, owner, params)
-        as_owner = LedgerClient(chain, address, owner)
-        as_owner.fund(parse_eth(args.pool))
-        as_owner.set_validator(validator.address, True)
+        owner = Account.from_key(keys[0])
+        validators = [Account.from_key(k) for k in keys[1:1 + DEV_VALIDATORS]]
+        address, block = deploy(chain, owner, params, [v.address for v in validators])
+        LedgerClient(chain, address, owner).fund(parse_eth(args.pool))
+        for v in validators:  # a validator's bond is its stake; each reject locks part of it
+            LedgerClient(chain, address, v).add_stake(DEV_VALIDATOR_BOND)
         args.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         info_path = args.data_dir / CHAIN_FILE
         info = {
@@ -249,15 +322,19 @@ def cmd_chain(args: argparse.Namespace) -> int:
             "block": block,
             "owner_key": keys[0],
             "validator_key": keys[1],
+            "validator_keys": keys[1 : 1 + DEV_VALIDATORS],
+            "funder_key": keys[-1],
             "dev_keys": keys,
         }
         info_path.write_text(json.dumps(info, indent=1))
         info_path.chmod(0o600)
         print(f"development chain at {url} (chain id {chain.chain_id}), {kind}")
-        print(f"  contract  {address} (block {block}), reward pool {args.pool} ETH")
-        print(f"  owner     {owner.address}")
-        print(f"  validator {validator.address}")
+        print(f"  contract   {address} (block {block}), reward pool {args.pool} ETH")
+        print(f"  owner      {owner.address}")
+        for v in validators:
+            print(f"  validator  {v.address} (bond {fmt_eth(DEV_VALIDATOR_BOND)})")
         print(f"  details and development keys: {info_path}")
+        print("  fund an account: intellect-node chain fund ADDRESS AMOUNT")
         print("Ctrl-C stops the chain (its state is not kept)", flush=True)
         stop = threading.Event()
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -267,6 +344,42 @@ def cmd_chain(args: argparse.Namespace) -> int:
     finally:
         stop_chain()
     print("chain stopped")
+    return 0
+
+
+def cmd_chain_fund(args: argparse.Namespace, address: str, amount_text: str) -> int:
+    """Send ETH from the running development chain's funder key to ADDRESS."""
+    from eth_account import Account
+    from web3 import Web3
+
+    from ledger.chain import connect
+    from ledger.client import _fees
+
+    if not Web3.is_address(address):
+        raise ValueError(f"not an address: {address!r}")
+    amount = parse_eth(amount_text)
+    info_path = args.data_dir / CHAIN_FILE
+    if not info_path.exists():
+        raise RuntimeError(
+            f"no development chain is running ({info_path} not found): start one with "
+            "'intellect-node chain' (on a real network, send ETH from a wallet instead)"
+        )
+    info = json.loads(info_path.read_text())
+    chain = connect(info["url"], dev_keys=info["dev_keys"])
+    funder = Account.from_key(info.get("funder_key") or info["dev_keys"][-1])
+    to = Web3.to_checksum_address(address)
+    tx = _fees(chain) | {
+        "to": to,
+        "value": amount,
+        "gas": 21000,
+        "nonce": chain.w3.eth.get_transaction_count(funder.address, "pending"),
+        "chainId": chain.chain_id,
+    }
+    tx_hash = chain.w3.eth.send_raw_transaction(funder.sign_transaction(tx).raw_transaction)
+    receipt = chain.w3.eth.wait_for_transaction_receipt(tx_hash, timeout=60)
+    if receipt.status != 1:
+        raise RuntimeError(f"the transfer failed (tx {tx_hash.hex()})")
+    print(f"sent {fmt_eth(amount)} to {to}; balance now {fmt_eth(chain.w3.eth.get_balance(to))}")
     return 0
 
 

@@ -1,73 +1,23 @@
-"""The WorkLedger contract and its client on a real EVM (py-evm, in process)."""
+"""The WorkLedger contract and its client on a real EVM: life cycle, access control,
+registration. Attacks are in test_ledger_attacks.py, client failure paths in
+test_ledger_client.py; every test taking ``ledger`` runs on the embedded chain, the served
+chain and anvil."""
 
 import pytest
 from eth_account import Account
-from eth_tester.backends.pyevm.main import get_default_account_keys
 
+from crypto.identity import Identity
 from ledger.build import compile_contract, load_artifact
-from ledger.chain import connect, decode_revert_data, start_anvil
-from ledger.client import LedgerClient, LedgerRevert, Params, deploy
-from ledger.devchain import DevChain, serve
-from node.devnet import free_port
+from ledger.chain import decode_revert_data
+from ledger.client import LedgerClient, LedgerError, LedgerRevert
+from ledger.registration import registration_message, verify_registration
+from tests.ledger_fixtures import ETH, PARAMS, key, ledger, paid  # noqa: F401
 
-ETH = 10**18
-PARAMS = Params(
-    min_stake=1 * ETH,
-    reward_per_unit=10**15,
-    slash_bps=2000,  # 20 %
-    validator_share_bps=5000,  # half of the slash to the validator
-    verdict_window=3600,
-    unbonding_delay=7 * 86400,
-    reward_lock=86400,
-)
-PEER_KEY = bytes(range(32))
+RATE = PARAMS.reward_per_unit
 
 
-class Ledger:
-    def __init__(self, chain):
-        self.chain = chain
-        keys = self.chain.dev_keys
-        self.owner = Account.from_key(keys[0])
-        self.address, self.block = deploy(self.chain, self.owner, PARAMS)
-        self.as_owner = self.client(self.owner)
-        self.validator = Account.from_key(keys[1])
-        self.worker = Account.from_key(keys[2])
-        self.stranger = Account.from_key(keys[3])
-        self.as_owner.set_validator(self.validator.address, True)
-        self.as_owner.fund(100 * ETH)
-
-    def client(self, account):
-        return LedgerClient(self.chain, self.address, account)
-
-    def balance(self, account):
-        return self.chain.w3.eth.get_balance(account.address)
-
-
-@pytest.fixture(params=["embedded", "served", "anvil"])
-def ledger(request):
-    """The same contract and client on each backend: in-process py-evm, the same chain
-    served over JSON-RPC (what `intellect-node chain` runs), and anvil (a real dev node)."""
-    if request.param == "embedded":
-        yield Ledger(connect("embedded"))
-    elif request.param == "served":
-        dev = DevChain()
-        server = serve(dev, free_port())
-        keys = [k.to_hex() for k in get_default_account_keys()]
-        try:
-            yield Ledger(connect(f"http://127.0.0.1:{server.server_address[1]}", dev_keys=keys))
-        finally:
-            server.shutdown()
-            server.server_close()
-    else:
-        node = start_anvil(free_port())
-        try:
-            yield Ledger(connect(node.url, dev_keys=node.keys))
-        finally:
-            node.stop()
-
-
-def key(i):
-    return i.to_bytes(32, "big")
+def collateral(units: int) -> int:
+    return units * RATE * PARAMS.collateral_bps // 10_000
 
 
 def test_artifact_is_what_the_source_compiles_to():
@@ -75,167 +25,163 @@ def test_artifact_is_what_the_source_compiles_to():
 
 
 def test_full_life_cycle(ledger):
-    w = ledger.client(ledger.worker)
-    v = ledger.client(ledger.validator)
-    w.register(PEER_KEY, 5 * ETH)
-    info = w.worker(ledger.worker.address)
-    assert info.registered and info.stake == 5 * ETH and info.peer_key == PEER_KEY
+    w = ledger.register(ledger.worker, 5 * ETH)
+    v1, v2 = ledger.client(ledger.v1), ledger.client(ledger.v2)
+    me = ledger.worker.address
+    info = w.worker(me)
+    assert info.registered and info.stake == 5 * ETH and info.locked == 0
+    assert info.peer_key == ledger.identities[me].public_bytes
 
-    w.submit_work(key(1), 100, 7)
-    w.submit_work(key(2), 50, 7)
-    w.submit_work(key(3), 10, 8)
-    s = w.submission(key(1))
-    assert (s.worker, s.units, s.policy_version, s.status) == (
-        ledger.worker.address,
+    pool = w.reward_pool()
+    w.submit_work(key(1), 100, 0)  # accepted
+    w.submit_work(key(2), 50, 0)  # rejected
+    w.submit_work(key(3), 10, 0)  # never judged
+    s = w.submission(me, key(1))
+    assert (s.units, s.policy_version, s.status, s.reward, s.collateral) == (
         100,
-        7,
+        0,
         "pending",
+        100 * RATE,
+        collateral(100),
     )
+    assert s.unlock_at == s.submitted_at + PARAMS.verdict_window + PARAMS.reward_lock
+    assert w.reward_pool() == pool - 160 * RATE  # reserved at submission
+    assert w.worker(me).locked == collateral(160)
 
-    v.accept(key(1))  # 100 units
-    assert w.submission(key(1)).status == "accepted"
-    assert w.pending(ledger.worker.address) == 100 * PARAMS.reward_per_unit
-    assert w.claimable(ledger.worker.address) == 0
-
-    pool_before = w.reward_pool()
-    v.reject(key(2))  # slash 20 % of 5 ETH = 1 ETH: 0.5 to the validator, 0.5 burned
-    info = w.worker(ledger.worker.address)
-    assert (
-        info.stake == 4 * ETH
-        and info.slashed == 1 * ETH
-        and info.rejected == 1
-        and info.accepted == 1
-    )
-    assert w.claimable(ledger.validator.address) == ETH // 2
-    assert w.reward_pool() == pool_before
-
-    ledger.chain.advance_time(PARAMS.verdict_window + 1)
-    with pytest.raises(LedgerRevert, match="verdict window closed"):
-        v.accept(key(3))
-    ledger.client(ledger.stranger).settle(
-        key(3)
-    )  # unvalidated past the window: accepted optimistically
-    assert w.submission(key(3)).status == "accepted"
-    assert w.pending(ledger.worker.address) == 110 * PARAMS.reward_per_unit
-
+    v1.accept(me, key(1))
+    v2.reject(me, key(2), "invalid")
+    assert w.submission(me, key(1)).status == "accepted"
+    assert w.submission(me, key(2)).status == "rejected"
+    assert w.pending(me) == 100 * RATE and w.claimable(me) == 0
+    assert w.worker(ledger.v2.address).locked == collateral(50)  # v2's bond answers for it
     with pytest.raises(LedgerRevert, match="nothing to claim"):
         w.claim()
-    ledger.chain.advance_time(PARAMS.reward_lock + 1)
-    assert w.claimable(ledger.worker.address) == 110 * PARAMS.reward_per_unit
-    assert w.pending(ledger.worker.address) == 0
+
+    ledger.mature()
+    assert w.matured(me) == 3 and w.claimable(me) == 100 * RATE
+    burned, held = w.total_burned(), ledger.balance(ledger.address)
     before = ledger.balance(ledger.worker)
     receipt = w.claim()
-    gas_cost = receipt.gasUsed * receipt.effectiveGasPrice
-    assert ledger.balance(ledger.worker) == before + 110 * PARAMS.reward_per_unit - gas_cost
-    assert w.claimable(ledger.worker.address) == 0
-
-    before = ledger.balance(ledger.validator)
-    receipt = v.claim()
-    assert (
-        ledger.balance(ledger.validator)
-        == before + ETH // 2 - receipt.gasUsed * receipt.effectiveGasPrice
+    assert ledger.balance(ledger.worker) == before + 100 * RATE - paid(receipt)
+    # the reject: exactly key 2's collateral leaves the stake, a quarter to v2, the rest burned
+    slash = collateral(50)
+    share = slash * PARAMS.validator_share_bps // 10_000
+    info = w.worker(me)
+    assert (info.stake, info.locked, info.slashed) == (5 * ETH - slash, 0, slash)
+    assert w.total_burned() == burned + slash - share
+    # the contract paid the reward and sent the burned part away; v2's share stays as credit
+    assert ledger.balance(ledger.address) == held - 100 * RATE - (slash - share)
+    assert w.reward_pool() == pool - 100 * RATE  # key 2's and key 3's rewards went back
+    assert w.worker(ledger.v2.address).locked == 0
+    assert w.claimable(ledger.v2.address) == share
+    (claimed,) = w.events("Claimed", receipt)
+    assert (claimed.args.reward, claimed.args.credit) == (100 * RATE, 0)
+    (slashed,) = w.events("Slashed", receipt)
+    assert (slashed.args.stake, slashed.args.validator_share, slashed.args.burned) == (
+        slash,
+        share,
+        slash - share,
     )
 
+    before = ledger.balance(ledger.v2)
+    receipt = v2.claim()
+    assert ledger.balance(ledger.v2) == before + share - paid(receipt)
+    (claimed,) = w.events("Claimed", receipt)
+    assert (claimed.args.reward, claimed.args.credit) == (0, share)
+
     w.unbond(3 * ETH)
-    info = w.worker(ledger.worker.address)
-    assert (info.stake, info.unbonding) == (1 * ETH, 3 * ETH)
+    info = w.worker(me)
+    assert (info.stake, info.unbonding) == (2 * ETH - slash, 3 * ETH)
     with pytest.raises(LedgerRevert, match="unbonding delay not over"):
         w.withdraw()
     ledger.chain.advance_time(PARAMS.unbonding_delay + 1)
     before = ledger.balance(ledger.worker)
     receipt = w.withdraw()
-    assert (
-        ledger.balance(ledger.worker)
-        == before + 3 * ETH - receipt.gasUsed * receipt.effectiveGasPrice
-    )
-    assert w.worker(ledger.worker.address).unbonding == 0
-
-
-def test_reject_overturns_an_accept_within_the_window_and_voids_its_reward(ledger):
-    w, v = ledger.client(ledger.worker), ledger.client(ledger.validator)
-    w.register(PEER_KEY, 2 * ETH)
-    w.submit_work(key(9), 40, 1)
-    v.accept(key(9))
-    assert w.pending(ledger.worker.address) == 40 * PARAMS.reward_per_unit
-    pool = w.reward_pool()
-    v.reject(key(9))
-    assert w.pending(ledger.worker.address) == 0
-    assert w.reward_pool() == pool + 40 * PARAMS.reward_per_unit
-    ledger.chain.advance_time(PARAMS.reward_lock + 1)
-    assert w.claimable(ledger.worker.address) == 0
-
-
-def test_slashing_reaches_unbonding_stake(ledger):
-    w, v = ledger.client(ledger.worker), ledger.client(ledger.validator)
-    w.register(PEER_KEY, 2 * ETH)
-    w.submit_work(key(5), 1, 1)
-    w.unbond(2 * ETH)  # trying to run from the slash
-    v.reject(key(5))
-    info = w.worker(ledger.worker.address)
-    assert info.stake == 0 and info.unbonding == 2 * ETH - 2 * ETH * 2000 // 10000
+    assert ledger.balance(ledger.worker) == before + 3 * ETH - paid(receipt)
+    assert w.worker(me).unbonding == 0
 
 
 @pytest.mark.parametrize(
     ("who", "call", "reason"),
     [
-        ("stranger", lambda c, L: c.reject(key(1)), "only a validator"),
-        ("worker", lambda c, L: c.accept(key(1)), "only a validator"),
-        ("stranger", lambda c, L: c.set_validator(L.stranger.address, True), "only the owner"),
-        ("validator", lambda c, L: c.set_params(PARAMS), "only the owner"),
-        ("worker", lambda c, L: c.submit_work(key(1), 5, 1), "work key already submitted"),
-        ("worker", lambda c, L: c.submit_work(key(7), 0, 1), "zero units"),
-        ("stranger", lambda c, L: c.submit_work(key(8), 5, 1), "not a registered worker"),
-        ("stranger", lambda c, L: c.register(PEER_KEY, ETH // 2), "stake below minimum"),
-        ("worker", lambda c, L: c.register(PEER_KEY, 2 * ETH), "already registered"),
+        ("stranger", lambda c, L: c.reject(L.worker.address, key(1)), "only a validator"),
+        ("worker", lambda c, L: c.accept(L.worker.address, key(1)), "only a validator"),
+        ("stranger", lambda c, L: c.propose_validator(L.stranger.address), "only the owner"),
+        ("v1", lambda c, L: c.propose_params(PARAMS), "only the owner"),
+        ("v1", lambda c, L: c.set_policy_version(9), "only the owner"),
+        ("stranger", lambda c, L: c.accept_ownership(), "only the pending owner"),
+        ("worker", lambda c, L: c.submit_work(key(1), 5, 0), "work key already submitted"),
+        ("worker", lambda c, L: c.submit_work(key(7), 0, 0), "zero units"),
+        ("stranger", lambda c, L: c.submit_work(key(8), 5, 0), "not a registered worker"),
+        ("stranger", lambda c, L: c.register(bytes(32), bytes(64), ETH), "empty peer key"),
+        ("stranger", lambda c, L: c.register(b"\1" * 32, bytes(64), ETH // 2), "stake below minimum"),
+        ("worker", lambda c, L: c.register(b"\1" * 32, bytes(64), 2 * ETH), "already registered"),
         ("stranger", lambda c, L: c.claim(), "nothing to claim"),
+        ("stranger", lambda c, L: c.settle(L.worker.address), "nothing to settle"),
         ("worker", lambda c, L: c.withdraw(), "nothing unbonding"),
-        ("worker", lambda c, L: c.unbond(100 * ETH), "amount above stake"),
-        ("validator", lambda c, L: c.accept(key(404)), "work is not pending"),
-        ("stranger", lambda c, L: c.settle(key(1)), "verdict window still open"),
+        ("worker", lambda c, L: c.unbond(100 * ETH), "amount above free stake"),
+        ("v1", lambda c, L: c.accept(L.worker.address, key(404)), "no such work"),
+        ("v1", lambda c, L: c.reject(L.worker.address, key(1), "unavailable"), "fetch deadline not reached"),
+        ("stranger", lambda c, L: c.apply_params(), "no proposal"),
     ],
 )
 def test_access_control_and_bad_input_revert_and_change_nothing(ledger, who, call, reason):
-    w = ledger.client(ledger.worker)
-    w.register(PEER_KEY, 2 * ETH)
-    w.submit_work(key(1), 5, 1)
+    w = ledger.register(ledger.worker, 2 * ETH)
+    w.submit_work(key(1), 5, 0)
     chain = ledger.chain
-    snapshot = {
-        "worker": w.worker(ledger.worker.address),
-        "submission": w.submission(key(1)),
-        "pool": w.reward_pool(),
-        "validator": w.is_validator(ledger.stranger.address),
-        "params": w.params(),
-        "block": chain.w3.eth.block_number,
-    }
-    client = ledger.client(getattr(ledger, who))
+    me = ledger.worker.address
+
+    def snapshot():
+        return {
+            "worker": w.worker(me),
+            "submission": w.submission(me, key(1)),
+            "pool": w.reward_pool(),
+            "validator": w.is_validator(ledger.stranger.address),
+            "params": w.params(),
+            "owner": w.owner(),
+            "block": chain.w3.eth.block_number,
+        }
+
+    before = snapshot()
     with pytest.raises(LedgerRevert) as exc:
-        call(client, ledger)
+        call(ledger.client(getattr(ledger, who)), ledger)
     assert exc.value.reason == reason
-    assert snapshot == {
-        "worker": w.worker(ledger.worker.address),
-        "submission": w.submission(key(1)),
-        "pool": w.reward_pool(),
-        "validator": w.is_validator(ledger.stranger.address),
-        "params": w.params(),
-        "block": chain.w3.eth.block_number,  # nothing was even sent
-    }
+    assert snapshot() == before  # nothing was even sent
 
 
-def test_verdict_after_the_window_and_claim_of_anothers_rewards(ledger):
-    w, v = ledger.client(ledger.worker), ledger.client(ledger.validator)
-    w.register(PEER_KEY, 2 * ETH)
-    w.submit_work(key(1), 5, 1)
-    w.submit_work(key(2), 5, 1)
-    v.accept(key(1))
-    ledger.chain.advance_time(PARAMS.verdict_window + PARAMS.reward_lock + 10)
-    with pytest.raises(LedgerRevert, match="verdict window closed"):
-        v.reject(key(2))
-    with pytest.raises(LedgerRevert, match="verdict window closed"):
-        v.reject(key(1))  # an accepted key can no longer be overturned
-    # the stranger cannot take the worker's rewards: claim pays msg.sender only
-    with pytest.raises(LedgerRevert, match="nothing to claim"):
-        ledger.client(ledger.stranger).claim()
-    assert w.claimable(ledger.worker.address) == 5 * PARAMS.reward_per_unit
+def test_registration_stores_a_signature_that_nodes_check_and_binds_a_peer_key_once(ledger):
+    w = ledger.register(ledger.worker, 2 * ETH)
+    me, chain_id = ledger.worker.address, ledger.chain.chain_id
+    ident = ledger.identities[me]
+    peer_key, signature = w.registration(me)
+    assert peer_key == ident.public_bytes
+    assert verify_registration(peer_key, signature, chain_id, me)
+    assert not verify_registration(peer_key, signature, chain_id + 1, me)  # another chain
+    assert not verify_registration(peer_key, signature, chain_id, ledger.stranger.address)
+    assert w.registration_valid(me)
+
+    # the same peer key for another account: refused, whatever the signature
+    s = ledger.client(ledger.stranger)
+    with pytest.raises(LedgerRevert, match="peer key registered by another account"):
+        s.register(ident.public_bytes, ident.sign(registration_message(chain_id, me)), 2 * ETH)
+
+    # a registration with a forged signature is stored (the EVM cannot check Ed25519), but
+    # every node sees it is invalid, and a validator frees the key
+    victim = Identity.generate()
+    s.register(victim.public_bytes, bytes(64), 2 * ETH)
+    assert not s.registration_valid(ledger.stranger.address)
+    ledger.client(ledger.v1).revoke_registration(ledger.stranger.address)
+    assert not s.worker(ledger.stranger.address).registered
+    assert s.worker(ledger.stranger.address).stake == 2 * ETH  # the stake stays, withdrawable
+    holder = LedgerClient(ledger.chain, ledger.address, Account.from_key(ledger.chain.dev_keys[6]))
+    holder.register_identity(victim, 2 * ETH)  # the key's real holder registers it now
+    assert holder.registration_valid(holder.address)
+
+    # rotation frees the old key
+    new = Identity.generate()
+    w.change_peer_key(new)
+    assert w.registration(me)[0] == new.public_bytes and w.registration_valid(me)
+    ledger.client(ledger.stranger).register_identity(ident, 0)  # the old key is free again
 
 
 def test_revert_data_decoding():
@@ -249,23 +195,31 @@ def test_revert_data_decoding():
 
 
 def test_several_transactions_in_flight_get_consecutive_nonces(ledger):
-    w = ledger.client(ledger.worker)
-    w.register(PEER_KEY, 2 * ETH)
-    receipts = w.submit_work_many([(key(100 + i), 1 + i, 1) for i in range(12)])
+    w = ledger.register(ledger.worker, 2 * ETH)
+    receipts = w.submit_work_many([(key(100 + i), 1 + i, 0) for i in range(12)])
     assert all(r.status == 1 for r in receipts)
-    assert [w.submission(key(100 + i)).units for i in range(12)] == [1 + i for i in range(12)]
-    w.submit_work(key(200), 1, 1)  # the local nonce counter is still right afterwards
+    me = ledger.worker.address
+    assert [w.submission(me, key(100 + i)).units for i in range(12)] == [1 + i for i in range(12)]
+    w.submit_work(key(200), 1, 0)  # the local nonce counter is still right afterwards
 
 
 def test_refuses_to_sign_for_another_chain(ledger):
-    from ledger.client import LedgerError
-
-    wrong = LedgerClient(
-        ledger.chain, ledger.address, ledger.worker, expected_chain_id=ledger.chain.chain_id + 1
-    )
+    wrong = ledger.client(ledger.worker, expected_chain_id=ledger.chain.chain_id + 1)
     with pytest.raises(LedgerError, match="config says"):
-        wrong.register(PEER_KEY, 2 * ETH)
-    assert not ledger.client(ledger.worker).worker(ledger.worker.address).registered
+        wrong.add_stake(2 * ETH)
+    assert ledger.client(ledger.worker).worker(ledger.worker.address).stake == 0
+
+
+def test_an_unfunded_account_gets_one_clear_line(ledger):
+    poor = Account.create()
+    c = ledger.client(poor)
+    with pytest.raises(LedgerError) as exc:
+        c.register_identity(Identity.generate(), 2 * ETH)
+    msg = str(exc.value)
+    assert "\n" not in msg and "Traceback" not in msg
+    assert poor.address in msg and "has 0 ETH" in msg and "needs up to 2.0" in msg
+    assert f"intellect-node chain fund {poor.address}" in msg
+    assert ledger.chain.w3.eth.get_transaction_count(poor.address) == 0
 
 
 def test_transient_rpc_failures_are_retried_then_reported(monkeypatch):
