@@ -1,12 +1,17 @@
-"""Benchmark: gas per ledger call and transactions per second on each chain backend.
+"""Benchmark: gas per ledger call, transactions per second on each chain backend, and what
+claiming 256 matured submissions costs.
 
     .venv/bin/python bench/ledger.py [--txs 200] [--batch 64] [--json]
 
 Gas is read from receipts (the same on every backend: same EVM rules). Transactions/s
-is the client's full path (simulate with eth_call, sign locally, send raw, await the
-receipt) for ``submit_work``, sequentially, on: the embedded chain in this process, the
-same chain served over JSON-RPC (what ``intellect-node chain`` runs), and anvil. A worker
-submits one work key per rollout batch, so gas per rollout = submit_work gas / batch size.
+is the client's full path (balance check, simulate with eth_call, sign locally, send raw,
+await the receipt) for ``submit_work``, sequentially, on: the embedded chain in this
+process, the same chain served over JSON-RPC (what ``intellect-node chain`` runs), and
+anvil. A worker's rollout batch costs one ``submit_work``, one validator ``accept`` (work
+nobody accepted is never paid) and a 256th of a 256-entry ``claim``: gas per rollout is
+their sum divided by the batch size. ``claim_256`` accepts 256 submissions, lets them
+mature and claims them the way ``intellect-node rewards claim`` does (gas estimated, as
+many transactions as it takes) on the embedded chain.
 """
 
 from __future__ import annotations
@@ -21,34 +26,71 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from eth_account import Account  # noqa: E402
 
+from crypto.identity import Identity  # noqa: E402
 from ledger.chain import Chain, connect, start_anvil  # noqa: E402
 from ledger.client import LedgerClient, Params, deploy  # noqa: E402
 from ledger.devchain import DevChain, serve  # noqa: E402
 from node.devnet import free_port  # noqa: E402
 
 ETH = 10**18
-PARAMS = Params(ETH, 10**15, 2000, 5000, 3600, 86400, 60)
+PARAMS = Params(
+    min_stake=ETH,
+    reward_per_unit=10**12,
+    max_units=2**20,
+    collateral_bps=20000,
+    validator_share_bps=2500,
+    verdict_window=3600,
+    fetch_deadline=600,
+    reward_lock=60,
+    unbonding_delay=86400,
+    max_staleness=2,
+    quorum=2,
+)
+
+
+def setup(chain: Chain) -> tuple[LedgerClient, LedgerClient, LedgerClient, LedgerClient]:
+    """(owner, validator, second validator, worker) clients on a fresh deployment."""
+    keys = chain.dev_keys
+    owner, v1, worker, v2 = (Account.from_key(k) for k in keys[:4])
+    address, _ = deploy(chain, owner, PARAMS, [v1.address, v2.address])
+    o, a, w, b = (LedgerClient(chain, address, x) for x in (owner, v1, worker, v2))
+    o.fund(100 * ETH)
+    a.add_stake(10 * ETH)
+    b.add_stake(10 * ETH)
+    return o, a, b, w
 
 
 def run_backend(chain: Chain, txs: int) -> tuple[dict[str, int], float]:
-    keys = chain.dev_keys
-    owner, validator, worker = (Account.from_key(k) for k in keys[:3])
-    address, _ = deploy(chain, owner, PARAMS)
-    o, v, w = (LedgerClient(chain, address, a) for a in (owner, validator, worker))
-    o.set_validator(validator.address, True)
-    o.fund(10 * ETH)
-    gas = {"register": w.register(bytes(range(32)), 5 * ETH).gasUsed}
-    gas["submit_work"] = w.submit_work((1).to_bytes(32, "big"), 64, 1).gasUsed
-    w.submit_work((2).to_bytes(32, "big"), 64, 1)
-    gas["accept"] = v.accept((1).to_bytes(32, "big")).gasUsed
-    gas["reject"] = v.reject((2).to_bytes(32, "big")).gasUsed
-    chain.advance_time(PARAMS.reward_lock + 1)
-    gas["claim"] = w.claim().gasUsed
+    _, v, v2, w = setup(chain)
+    worker = w.address
+    gas = {"register": w.register_identity(Identity.generate(), 5 * ETH).gasUsed}
+    gas["submit_work"] = w.submit_work((1).to_bytes(32, "big"), 64, 0).gasUsed
+    w.submit_work((2).to_bytes(32, "big"), 64, 0)
+    w.submit_work((3).to_bytes(32, "big"), 64, 0)
+    gas["accept"] = v.accept(worker, (1).to_bytes(32, "big")).gasUsed
+    gas["reject"] = v.reject(worker, (2).to_bytes(32, "big"), "invalid").gasUsed
+    v.accept(worker, (3).to_bytes(32, "big"))
+    gas["reject_vote"] = v2.reject(worker, (3).to_bytes(32, "big"), "invalid").gasUsed
+    chain.advance_time(PARAMS.verdict_window + PARAMS.reward_lock + 1)
+    gas["claim"] = w.claim().gasUsed  # 3 entries: one paid, one slashed, one accepted
     t0 = time.perf_counter()
     for i in range(txs):
-        w.submit_work((1000 + i).to_bytes(32, "big"), 64, 1)
+        w.submit_work((1000 + i).to_bytes(32, "big"), 64, 0)
     rate = txs / (time.perf_counter() - t0)
     return gas, rate
+
+
+def claim_256(chain: Chain) -> tuple[int, int]:
+    """(total gas, transactions) to claim 256 matured, accepted submissions."""
+    _, v, _, w = setup(chain)
+    w.register_identity(Identity.generate(), 5 * ETH)
+    keys = [(10_000 + i).to_bytes(32, "big") for i in range(256)]
+    w.submit_work_many([(k, 64, 0) for k in keys])
+    v.send_many([("accept", (w.address, k)) for k in keys])
+    chain.advance_time(PARAMS.verdict_window + PARAMS.reward_lock + 1)
+    receipts = w.claim_all()
+    assert w.matured(w.address) == 0 and w.claimable(w.address) == 0
+    return sum(r.gasUsed for r in receipts), len(receipts)
 
 
 def main() -> None:
@@ -83,15 +125,23 @@ def main() -> None:
     finally:
         node.stop()
 
+    gas_256, txs_256 = claim_256(connect("embedded"))
     gas = results["embedded"][0]
-    if any(r[0] != gas for r in results.values()):
+
+    def same(g: dict[str, int]) -> dict[str, int]:  # register's calldata (a signature over
+        return {k: v for k, v in g.items() if k != "register"}  # each chain's key) differs
+
+    if any(same(r[0]) != same(gas) for r in results.values()):
         print(f"note: gas differs between backends: { {k: r[0] for k, r in results.items()} }")
     print("gas per call (from receipts):")
     for call, g in gas.items():
         print(f"  {call:<12} {g:>8}")
-    per_rollout = gas["submit_work"] / args.batch
+    print(f"  claim of 256 matured entries: {gas_256} gas in {txs_256} transaction(s)")
+    per_batch = gas["submit_work"] + gas["accept"] + gas_256 / 256
+    per_rollout = per_batch / args.batch
     print(
-        f"  gas per rollout: submit_work / {args.batch} rollouts per work key = {per_rollout:.0f}"
+        f"  gas per rollout: (submit_work + accept + claim_256 / 256) / {args.batch} rollouts "
+        f"per work key = {per_rollout:.0f}"
     )
     print(f"transactions/s, submit_work, sequential, full client path ({args.txs} txs):")
     base = results["anvil"][1]
@@ -105,6 +155,8 @@ def main() -> None:
                     "tx_per_s": {k: round(r[1], 1) for k, r in results.items()},
                     "gas_per_rollout": round(per_rollout, 1),
                     "batch": args.batch,
+                    "gas_claim_256": gas_256,
+                    "claim_256_txs": txs_256,
                 }
             )
         )

@@ -392,16 +392,25 @@ class LedgerClient:
                 raise LedgerRevert(name, reason) from exc
             raise LedgerError(f"{name} refused by the chain: {_rpc_message(exc)}") from exc
 
-    def prepare(self, name: str, *args: Any, value: int = 0, gas: int | None = None) -> Prepared:
-        """Check the chain and the balance, simulate, then sign with the next nonce."""
+    def prepare(
+        self,
+        name: str,
+        *args: Any,
+        value: int = 0,
+        gas: int | None = None,
+        fees: dict[str, int] | None = None,
+    ) -> Prepared:
+        """Check the chain and the balance, simulate, then sign with the next nonce (with
+        ``fees`` given, the caller has checked the balance for them)."""
         if self.account is None:
             raise LedgerError(f"{name} needs a signing account")
         with self._lock:
             chain_id = self._check_chain()
             fn = getattr(self.contract.functions, name)(*args)
-            fees = _fees(self.chain)
             limit = gas if gas is not None else GAS[name]
-            self._check_funds(name, value, limit, fees["maxFeePerGas"])
+            if fees is None:
+                fees = _fees(self.chain)
+                self._check_funds(name, value, limit, fees["maxFeePerGas"])
             self._simulate(name, fn, value)
             tx = fn.build_transaction(
                 fees
@@ -443,7 +452,9 @@ class LedgerClient:
                 if not _is_transport_error(exc):
                     with self._lock:
                         self._nonce = None  # unknown whether it was taken: ask the chain next
-                    raise LedgerError(f"{p.name} refused by the chain: {_rpc_message(exc)}") from exc
+                    raise LedgerError(
+                        f"{p.name} refused by the chain: {_rpc_message(exc)}"
+                    ) from exc
                 if attempt == RETRIES - 1:
                     raise LedgerError(f"{p.name}: chain unreachable: {exc}") from exc
                 time.sleep(0.2 * 2**attempt)
@@ -457,7 +468,9 @@ class LedgerClient:
         tx["maxFeePerGas"] = int(tx["maxFeePerGas"] * FEE_BUMP) + 1
         tx["maxPriorityFeePerGas"] = int(tx["maxPriorityFeePerGas"] * FEE_BUMP) + 1
         signed = self.account.sign_transaction(tx)
-        replacement = Prepared(p.name, tx, [*p.hashes, bytes(signed.hash)], bytes(signed.raw_transaction))
+        replacement = Prepared(
+            p.name, tx, [*p.hashes, bytes(signed.hash)], bytes(signed.raw_transaction)
+        )
         try:
             self.broadcast(replacement)
         except LedgerError:
@@ -518,17 +531,30 @@ class LedgerClient:
         """Check, simulate, sign, send and await one contract call; returns the receipt."""
         return self.wait(self.send(name, *args, value=value, gas=gas))
 
-    def send(self, name: str, *args: Any, value: int = 0, gas: int | None = None) -> Prepared:
+    def send(
+        self,
+        name: str,
+        *args: Any,
+        value: int = 0,
+        gas: int | None = None,
+        fees: dict[str, int] | None = None,
+    ) -> Prepared:
         """Prepare and broadcast under one lock, so nonces reach the node in order."""
         with self._lock:
-            p = self.prepare(name, *args, value=value, gas=gas)
+            p = self.prepare(name, *args, value=value, gas=gas, fees=fees)
             self.broadcast(p)
         return p
 
     def send_many(self, calls: list[tuple[str, tuple[Any, ...]]]) -> list[Any]:
         """Send several calls back to back (consecutive nonces, all in flight at once), then
-        await every receipt. Each is simulated against the state before any of them."""
-        sent = [self.send(name, *args) for name, args in calls]
+        await every receipt. Each is simulated when it is sent; the fees and the balance for
+        all of them are checked once."""
+        if not calls:
+            return []
+        fees = _fees(self.chain)
+        gas = sum(GAS[name] for name, _ in calls)
+        self._check_funds(f"{len(calls)} x {calls[0][0]}", 0, gas, fees["maxFeePerGas"])
+        sent = [self.send(name, *args, fees=fees) for name, args in calls]
         return [self.wait(p) for p in sent]
 
     # ---- calls ------------------------------------------------------------------------

@@ -92,6 +92,11 @@ def add_ledger_parsers(sub: Any) -> None:
         p.add_argument(
             "--contract", help="contract address (default: config, else the local dev chain)"
         )
+        p.add_argument(
+            "--chain-id",
+            type=int,
+            help="expected chain id (default: config, else the local dev chain's)",
+        )
         p.add_argument("--config", type=Path, help="the node's TOML config file")
         p.add_argument("--data-dir", type=Path, help="the node's data dir (keystore)")
         p.add_argument("--name", help="the node's name (data dir ~/.intellect-node/<name>)")
@@ -130,7 +135,7 @@ def _locate(args: argparse.Namespace, cfg: NodeConfig) -> tuple[str, str, int, i
         args.chain_url or cfg.chain,
         args.contract or cfg.contract,
         cfg.contract_block,
-        cfg.chain_id,
+        args.chain_id or cfg.chain_id,
     )
     dev = DEV_CHAIN_DIR / CHAIN_FILE
     if (not args.chain_url or not contract) and dev.exists():
@@ -176,11 +181,7 @@ def cmd_rewards(args: argparse.Namespace) -> int:
     if args.action == "claim":
         client, _, _ = _client(args, signing=True)
         receipts = client.claim_all()
-        paid = sum(
-            int(ev["args"]["total"])
-            for r in receipts
-            for ev in client.events("Claimed", r)
-        )
+        paid = sum(int(ev["args"]["total"]) for r in receipts for ev in client.events("Claimed", r))
         gas = sum(r.gasUsed for r in receipts)
         print(
             f"claimed {fmt_eth(paid)} in {len(receipts)} transaction(s), {gas:,} gas "
@@ -308,7 +309,7 @@ def cmd_chain(args: argparse.Namespace) -> int:
     try:
         chain = connect(url, dev_keys=keys)
         owner = Account.from_key(keys[0])
-        validators = [Account.from_key(k) for k in keys[1:1 + DEV_VALIDATORS]]
+        validators = [Account.from_key(k) for k in keys[1 : 1 + DEV_VALIDATORS]]
         address, block = deploy(chain, owner, params, [v.address for v in validators])
         LedgerClient(chain, address, owner).fund(parse_eth(args.pool))
         for v in validators:  # a validator's bond is its stake; each reject locks part of it

@@ -3,7 +3,7 @@
 ``ledger`` is parametrized over the in-process py-evm chain, the same chain served over
 JSON-RPC (what ``intellect-node chain`` runs) and anvil (a real dev node), so every test
 that takes it runs on all three. Import it into a test module with
-``from tests.ledger_fixtures import ledger  # noqa: F401``.
+``from tests.ledger_fixtures import ledger_fixture  # noqa: F401``.
 """
 
 from __future__ import annotations
@@ -85,8 +85,8 @@ def paid(receipt) -> int:
     return receipt.gasUsed * receipt.effectiveGasPrice
 
 
-@pytest.fixture(params=["embedded", "served", "anvil"])
-def ledger(request):
+@pytest.fixture(name="ledger", params=["embedded", "served", "anvil"])
+def ledger_fixture(request):
     if request.param == "embedded":
         yield Ledger(connect("embedded"))
     elif request.param == "served":

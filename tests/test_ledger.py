@@ -11,7 +11,7 @@ from ledger.build import compile_contract, load_artifact
 from ledger.chain import decode_revert_data
 from ledger.client import LedgerClient, LedgerError, LedgerRevert
 from ledger.registration import registration_message, verify_registration
-from tests.ledger_fixtures import ETH, PARAMS, key, ledger, paid  # noqa: F401
+from tests.ledger_fixtures import ETH, PARAMS, key, ledger_fixture, paid  # noqa: F401
 
 RATE = PARAMS.reward_per_unit
 
@@ -114,14 +114,22 @@ def test_full_life_cycle(ledger):
         ("worker", lambda c, L: c.submit_work(key(7), 0, 0), "zero units"),
         ("stranger", lambda c, L: c.submit_work(key(8), 5, 0), "not a registered worker"),
         ("stranger", lambda c, L: c.register(bytes(32), bytes(64), ETH), "empty peer key"),
-        ("stranger", lambda c, L: c.register(b"\1" * 32, bytes(64), ETH // 2), "stake below minimum"),
+        (
+            "stranger",
+            lambda c, L: c.register(b"\1" * 32, bytes(64), ETH // 2),
+            "stake below minimum",
+        ),
         ("worker", lambda c, L: c.register(b"\1" * 32, bytes(64), 2 * ETH), "already registered"),
         ("stranger", lambda c, L: c.claim(), "nothing to claim"),
         ("stranger", lambda c, L: c.settle(L.worker.address), "nothing to settle"),
         ("worker", lambda c, L: c.withdraw(), "nothing unbonding"),
         ("worker", lambda c, L: c.unbond(100 * ETH), "amount above free stake"),
         ("v1", lambda c, L: c.accept(L.worker.address, key(404)), "no such work"),
-        ("v1", lambda c, L: c.reject(L.worker.address, key(1), "unavailable"), "fetch deadline not reached"),
+        (
+            "v1",
+            lambda c, L: c.reject(L.worker.address, key(1), "unavailable"),
+            "fetch deadline not reached",
+        ),
         ("stranger", lambda c, L: c.apply_params(), "no proposal"),
     ],
 )

@@ -16,7 +16,7 @@ import pytest
 
 from ledger.client import LedgerRevert, Params
 from ledger.registration import registration_message
-from tests.ledger_fixtures import ETH, PARAMS, key, ledger, paid  # noqa: F401
+from tests.ledger_fixtures import ETH, PARAMS, key, ledger_fixture, paid  # noqa: F401
 
 RATE = PARAMS.reward_per_unit
 WALLET = Path(__file__).parent / "fixtures" / "SmartWallet.vy"
@@ -351,6 +351,7 @@ def test_8_a_contract_wallet_registers_claims_and_withdraws(ledger, wallet_artif
 
     receipt = transact(factory.constructor())
     wallet = w3.eth.contract(address=receipt.contractAddress, abi=abi)
+
     def encode(name, *args):
         return as_owner.contract.encode_abi(name, args=list(args))
 

@@ -1,0 +1,235 @@
+"""The ledger client's failure paths on real chains: a transaction that passes simulation
+and fails on chain, out of gas, a lost answer to a send, a stuck transaction, concurrent
+senders; the development chain's content-type rule, keystore backups, the event index."""
+
+import json
+import threading
+import urllib.error
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+from eth_tester.backends.pyevm.main import get_default_account_keys
+
+from ledger.accounts import create_account, load_account
+from ledger.chain import connect, start_anvil
+from ledger.client import LedgerOutOfGas, LedgerPending, LedgerRevert
+from ledger.devchain import DevChain, serve
+from ledger.history import EventIndex
+from node.devnet import free_port
+from tests.ledger_fixtures import ETH, PARAMS, Ledger, key, ledger_fixture, paid  # noqa: F401
+
+
+def test_a_transaction_that_passes_simulation_and_fails_on_chain_reports_the_reason(ledger):
+    w = ledger.register(ledger.worker, 2 * ETH)
+    first = w.prepare("submit_work", key(1), 5, 0)
+    second = w.prepare("submit_work", key(1), 5, 0)  # simulated before the first is mined
+    w.broadcast(first)
+    assert w.wait(first).status == 1
+    w.broadcast(second)
+    with pytest.raises(LedgerRevert) as exc:
+        w.wait(second)
+    assert "reverted on chain" in str(exc.value) and "work key already submitted" in str(exc.value)
+    w.submit_work(key(2), 5, 0)  # the client carries on
+
+
+def test_out_of_gas_is_reported_as_such_and_claim_gas_is_estimated(ledger):
+    w = ledger.register(ledger.worker, 2 * ETH)
+    me = ledger.worker.address
+    w.submit_work_many([(key(i), 1, 0) for i in range(20)])
+    ledger.client(ledger.v1).send_many([("accept", (me, key(i))) for i in range(20)])
+    ledger.mature()
+    with pytest.raises(LedgerOutOfGas, match="ran out of gas on chain"):
+        w._transact("claim", 256, gas=80_000)  # what a fixed gas limit did
+    assert w.matured(me) == 20  # nothing changed
+    before = ledger.balance(ledger.worker)
+    receipt = w.claim()
+    assert ledger.balance(ledger.worker) == before + 20 * PARAMS.reward_per_unit - paid(receipt)
+    assert w.matured(me) == 0
+
+
+def test_nonces_are_thread_safe(ledger):
+    c = ledger.client(ledger.worker)
+    errors = []
+
+    def stake():
+        try:
+            for _ in range(4):
+                c.add_stake(10**15)
+        except Exception as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=stake) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert c.worker(ledger.worker.address).stake == 16 * 10**15
+    assert ledger.chain.w3.eth.get_transaction_count(ledger.worker.address) == 16
+
+
+class LosingProxy:
+    """Forwards JSON-RPC to a node but drops the answer to the first raw transaction (the
+    node got it; the client sees the connection die): what a timeout looks like."""
+
+    def __init__(self, upstream: str) -> None:
+        self.dropped = 0
+        self.sends = 0
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                req = urllib.request.Request(upstream, body, {"Content-Type": "application/json"})
+                answer = urllib.request.urlopen(req, timeout=10).read()
+                if b"eth_sendRawTransaction" in body:
+                    proxy.sends += 1
+                    if proxy.dropped == 0:
+                        proxy.dropped = 1
+                        self.connection.close()  # no answer at all
+                        return
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(answer)))
+                self.end_headers()
+                self.wfile.write(answer)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_a_send_whose_answer_was_lost_is_looked_up_not_sent_twice():
+    server = serve(DevChain(), free_port())
+    keys = [k.to_hex() for k in get_default_account_keys()]
+    proxy = LosingProxy(f"http://127.0.0.1:{server.server_address[1]}")
+    try:
+        direct = Ledger(connect(f"http://127.0.0.1:{server.server_address[1]}", dev_keys=keys))
+        via = Ledger.__new__(Ledger)
+        via.__dict__.update(direct.__dict__)
+        via.chain = connect(proxy.url, dev_keys=keys)
+        c = via.client(via.stranger)
+        before = direct.balance(direct.stranger)
+        receipt = c.add_stake(ETH)
+        assert proxy.dropped == 1 and proxy.sends == 1  # looked up by hash, not resent
+        assert direct.balance(direct.stranger) == before - ETH - paid(receipt)
+        assert c.worker(direct.stranger.address).stake == ETH
+        c.add_stake(ETH)  # and the nonce is still right
+        assert c.worker(direct.stranger.address).stake == 2 * ETH
+    finally:
+        proxy.close()
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_stuck_transaction_is_replaced_and_a_timeout_is_not_called_a_failure():
+    node = start_anvil(free_port())
+    try:
+        chain = connect(node.url, dev_keys=node.keys)
+        ledger = Ledger(chain)
+        chain.w3.provider.make_request("evm_setAutomine", [False])
+        c = ledger.client(ledger.stranger, timeout=2)
+        # mined by hand after the client replaced it with higher fees (half-way: 1 s)
+        threading.Timer(1.5, lambda: chain.w3.provider.make_request("evm_mine", [])).start()
+        p = c.send("add_stake", value=ETH)
+        receipt = c.wait(p)
+        assert len(p.hashes) == 2 and bytes(receipt.transactionHash) == p.hashes[-1]
+        assert c.worker(ledger.stranger.address).stake == ETH
+
+        p = c.send("add_stake", value=ETH)
+        with pytest.raises(LedgerPending, match="do not send it again") as exc:
+            c.wait(p)  # nobody mines
+        chain.w3.provider.make_request("evm_mine", [])
+        receipt = chain.w3.eth.get_transaction_receipt(exc.value.tx_hash)
+        assert receipt.status == 1  # it was not a failure
+        assert c.worker(ledger.stranger.address).stake == 2 * ETH
+        chain.w3.provider.make_request("evm_setAutomine", [True])
+        c.add_stake(ETH)  # the next nonce is asked from the chain
+        assert c.worker(ledger.stranger.address).stake == 3 * ETH
+    finally:
+        node.stop()
+
+
+def test_the_development_chain_refuses_requests_that_are_not_json():
+    server = serve(DevChain(), free_port())
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "eth_accounts", "params": []})
+    try:
+        for ctype in ("text/plain", "application/x-www-form-urlencoded", None):
+            headers = {"Content-Type": ctype} if ctype else {}
+            req = urllib.request.Request(url, body.encode(), headers)
+            if ctype is None:
+                req.remove_header("Content-type")
+            with pytest.raises(urllib.error.HTTPError) as exc:
+                urllib.request.urlopen(req, timeout=5)
+            assert exc.value.code == 415
+        req = urllib.request.Request(
+            url, body.encode(), {"Content-Type": "application/json; charset=utf-8"}
+        )
+        assert json.loads(urllib.request.urlopen(req, timeout=5).read())["result"]
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_replacing_a_keystore_keeps_a_backup(tmp_path):
+    old = create_account(tmp_path, "pw1")
+    new = create_account(tmp_path, "pw2", force=True)
+    assert load_account(tmp_path, "pw2").address == new.address != old.address
+    (backup,) = tmp_path.glob("account.json.bak-*")
+    assert backup.stat().st_mode & 0o777 == 0o600
+    (tmp_path / "restored").mkdir()
+    (tmp_path / "restored" / "account.json").write_bytes(backup.read_bytes())
+    assert load_account(tmp_path / "restored", "pw1").address == old.address
+
+
+def test_event_index_confirmation_lag_per_account_retention_and_fields(tmp_path):
+    ledger = Ledger(connect("embedded"))
+    w = ledger.register(ledger.worker, 2 * ETH)
+    me = ledger.worker.address
+    w.submit_work_many([(key(i), 1, 0) for i in range(6)])
+    ledger.client(ledger.v1).reject(me, key(0), "invalid")
+    ledger.client(ledger.v2).accept(me, key(1))
+    ledger.mature()
+    w.claim()
+    path = tmp_path / "events.json"
+    index = EventIndex(ledger.chain.w3, ledger.address, ledger.block, path, confirmations=2, keep=4)
+    events = index.update()
+    latest = ledger.chain.w3.eth.block_number
+    state = json.loads(path.read_text())
+    assert state["last_block"] == latest - 2
+    cached = {e["block"] for evs in state["accounts"].values() for e in evs}
+    assert max(cached) <= latest - 2
+    tail = [e for e in events if not e["confirmed"]]
+    assert tail and all(e["block"] > latest - 2 for e in tail)
+    assert [e["event"] for e in tail][-1] == "Claimed"
+    # per account: the worker's many events do not push out a validator's
+    assert len(state["accounts"][me.lower()]) == 4
+    assert [e["event"] for e in state["accounts"][ledger.v3.address.lower()]] == [
+        "ValidatorProposed",
+        "StakeAdded",
+    ]
+    # the fields say what part is reward, credit, stake
+    claimed = next(e for e in events if e["event"] == "Claimed")
+    assert set(claimed["args"]) == {"account", "reward", "credit", "total"}
+    assert claimed["args"]["reward"] == PARAMS.reward_per_unit and claimed["args"]["credit"] == 0
+    slashed = next(e for e in events if e["event"] == "Slashed")
+    assert (
+        slashed["args"]["stake"] == slashed["args"]["validator_share"] + slashed["args"]["burned"]
+    )
+    ledger.client(ledger.v1).claim()  # two more blocks: the old tail becomes confirmed
+    ledger.client(ledger.v2).add_stake(ETH)
+    events = index.update()
+    state = json.loads(path.read_text())
+    assert state["last_block"] == latest
+    for evs in state["accounts"].values():  # cached once each
+        assert len({(e["block"], e["log"]) for e in evs}) == len(evs)
+    assert [e["event"] for e in events if not e["confirmed"]] == ["Claimed", "StakeAdded"]
