@@ -9,13 +9,19 @@ it; the noise of each token at each position is a counter-based hash of (seed, p
 token), computed for a whole batch at once and bit-identical on CPUs and GPUs.
 
 A validator recomputes the logits with one prefill pass, regenerates the noise, and
-checks every chosen token: it must lie in the validator's nucleus (with ``top_p_slack``
-of extra probability mass) and its perturbed score must be within ``tolerance`` of the
-best perturbed score among the tokens surely in the nucleus (the nucleus for ``top_p``
-minus the slack: a boundary token may have been outside the worker's nucleus). The
-tolerance absorbs the small logit differences between the worker's and the validator's
-computation (batching, kernels, thread counts): honest near-ties pass, while a token the noise did not pick is, for all but a vanishing
-fraction of positions, far from the maximum. ``temperature == 0`` means greedy.
+judges every chosen token against a model of honest noise (``SamplingCheck``): the
+worker's and the validator's scores differ because of bf16 rounding, batch shapes and
+kernels, by an amount that scales with the logits' magnitude and the precision. Gaps are
+measured in units of ``u = 2^-bits · max|logit| · sqrt(layers) / T`` (one bf16 spacing at
+the largest logit, accumulated over the model's layers). Per position, the gap ``z`` between the best perturbed score among the tokens
+surely in the worker's nucleus and the chosen token's is zero unless the noise flipped a
+near-tie; honest noise bounds how often that happens and how far (``near_tie_density``),
+so the sum S = Σ min(z, κ) has a mean and variance bounded by the model, and
+``honest_bound`` turns them into the threshold that honest work crosses with probability
+below ``false_slash`` (Bernstein). A token outside the noise-widened nucleus, or with a
+gap beyond ``forged_factor · κ`` units, is not explained by noise at all. ``temperature
+== 0`` means greedy: then every gap must stay within κ units. SPEC.md §11 derives the
+rule; ``crypto.verdict`` applies it per batch.
 
 A sequence must end either at the length limit or with EOS, and an EOS ending is only
 plausible if the validator's probability of EOS at that position is at least
@@ -24,7 +30,8 @@ plausible if the validator's probability of EOS at that position is at least
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 
 import torch
 
@@ -135,18 +142,113 @@ def sample_tokens(
 
 @dataclass(frozen=True)
 class SamplingCheck:
-    """The validator's tolerances; every field configurable."""
+    """The honest-noise model the validator judges tokens against; every field configurable.
 
-    tolerance: float = 0.05  # allowed perturbed-score gap to the best token
-    top_p_slack: float = 0.01  # extra nucleus mass allowed for honest logit noise
+    Scores are ``logits / T + noise``; their unit at a position is
+    ``u = 2^-bits · max|logit| · sqrt(layers) / T``: one spacing of the worker's precision
+    at the largest logit (``bits`` = 8 for bf16), grown like a random walk over the model's
+    residual layers, each of which rounds its output. The model: the score difference
+    between any two tokens, worker against validator, has an RMS of at most ``noise_rms``
+    units over a batch and never exceeds ``noise_max`` units.
+    """
+
+    precision_bits: int = 8  # 2^-bits: relative spacing of the worker's logits (bf16: 8)
+    layers: int = 1  # the model's residual layers: rounding noise adds up like sqrt(layers)
+    noise_rms: float = 0.6  # σ: RMS score-difference noise, in units
+    noise_max: float = 1.75  # κ: bound on the score-difference noise, in units
+    forged_factor: float = 2.0  # a gap beyond forged_factor · κ units is no noise: not drawn
+    false_slash: float = 1e-6  # α: designed probability of rejecting honest work
     min_eos_prob: float = 1e-4  # an EOS ending below this probability is implausible
+
+    def __post_init__(self) -> None:
+        if not (0 < self.noise_rms and 0 < self.noise_max and self.forged_factor >= 1):
+            raise ValueError("noise_rms and noise_max must be > 0, forged_factor >= 1")
+        if not 0 < self.false_slash < 1 or not 1 <= self.precision_bits <= 52:
+            raise ValueError("false_slash must be in (0, 1), precision_bits in 1..52")
+        if self.layers < 1:
+            raise ValueError("layers must be >= 1")
+
+    def unit(self, logits: torch.Tensor, temperature: float) -> torch.Tensor:
+        """The noise unit [n] of each row of ``logits`` [n, V] (score units)."""
+        scale = 2.0**-self.precision_bits * math.sqrt(self.layers) / temperature
+        return logits.double().abs().amax(dim=-1).clamp_min(1e-6) * scale
 
 
 @dataclass(frozen=True)
 class SamplingResult:
+    """One sequence's sampling evidence.
+
+    ``bad_positions``: tokens no honest noise explains (outside the noise-widened nucleus,
+    out of range, or a gap beyond ``forged_factor · κ`` units); ``suspect_positions``: gaps
+    beyond κ units. ``excess`` is the statistic S = Σ min(z, κ) over positions (z = gap in
+    units), ``expected`` and ``variance`` bound its mean and variance under honest noise;
+    ``passed`` is the same rule a batch uses (``honest_bound``), applied to this sequence.
+    """
+
     passed: bool
     bad_positions: list[int]
-    max_gap: float
+    max_gap: float  # largest gap in score units over in-nucleus positions
+    excess: float = 0.0
+    expected: float = 0.0
+    variance: float = 0.0
+    suspect_positions: list[int] = field(default_factory=list)
+    max_units: float = 0.0  # largest gap in units
+    positions: int = 0
+    near_ties: float = 0.0  # Σ near-tie density × unit: E[S] ≤ near_ties · σ² / 4
+    flips: int = 0  # positions whose token is not our perturbed argmax (z > 0)
+
+
+def honest_bound(expected: float, variance: float, check: SamplingCheck) -> float:
+    """The largest statistic honest work reaches with probability ≥ 1 − α.
+
+    Bernstein's inequality (Freedman's martingale form: each token depends on the draws
+    before it) for a sum of terms in [0, κ] with mean ≤ ``expected`` and variance ≤
+    ``variance``: P(S ≥ μ + t) ≤ exp(−t² / (2(V + κt/3))) = α at
+    t = κL/3 + sqrt((κL/3)² + 2VL), L = ln(1/α).
+    """
+    ln = math.log(1 / check.false_slash)
+    a = check.noise_max * ln / 3
+    return expected + a + math.sqrt(a * a + 2 * variance * ln)
+
+
+def near_tie_density(probs: torch.Tensor) -> torch.Tensor:
+    """Per row of ``probs`` [n, V]: a bound on the density (per score unit) of the gap
+    between the Gumbel-max winner and the best other token, at any gap.
+
+    With winner w, P(gap < δ, w wins) = p_w (1 − 1/(p_w + (1 − p_w) e^δ)); its derivative
+    in δ is at most p_w (1 − p_w) when p_w < 1/2 and at most 1/4 otherwise.
+    """
+    return torch.where(probs < 0.5, probs * (1 - probs), torch.full_like(probs, 0.25)).sum(dim=-1)
+
+
+def nucleus_bounds(
+    logits: torch.Tensor, temperature: float, top_p: float, spread: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(allowed, core) [n, V]: the tokens that may lie in the worker's nucleus, and those
+    that surely do, when the worker's scores differ from ours by at most ``spread`` [n]
+    (score units) between any two tokens.
+
+    A token c is in the worker's nucleus iff the worker's mass of tokens no more probable
+    than c exceeds 1 − top_p. Probability ratios move by at most e^spread, and a set's mass
+    by at most that factor, so c may be in it only if our mass of tokens with
+    p ≤ p_c · e^spread exceeds (1 − top_p) e^−spread, and surely is if our mass of tokens with
+    p ≤ p_c · e^−spread exceeds (1 − top_p) e^spread.
+    """
+    if top_p >= 1.0:
+        every = torch.ones_like(logits, dtype=torch.bool)
+        return every, every
+    probs = torch.softmax(_scaled(logits, temperature), dim=-1)
+    grow = torch.exp(spread)[:, None]
+    rest = 1.0 - top_p
+    ascending = probs.sort(dim=-1).values
+    prefix = ascending.cumsum(dim=-1)
+
+    def mass_below(limit: torch.Tensor) -> torch.Tensor:  # [n, V] mass of p <= limit
+        count = torch.searchsorted(ascending, limit.contiguous(), right=True)
+        total = prefix.gather(1, (count - 1).clamp_min(0))
+        return torch.where(count > 0, total, torch.zeros_like(total))
+
+    return mass_below(probs * grow) > rest / grow, mass_below(probs / grow) > rest * grow
 
 
 def check_sampling(
@@ -158,39 +260,59 @@ def check_sampling(
     top_p: float = 1.0,
     check: SamplingCheck | None = None,
 ) -> SamplingResult:
-    """Check chosen ``tokens`` [n] against the validator's own ``logits`` [n, V]."""
+    """Check chosen ``tokens`` [n] against the validator's own ``logits`` [n, V] (any
+    device and dtype), under the honest-noise model of ``check``."""
     c = check or SamplingCheck()
     n, vocab = logits.shape
     if tokens.shape != (n,):
         raise ValueError(f"expected {n} tokens, got shape {tuple(tokens.shape)}")
+    tokens = tokens.to(device=logits.device, dtype=torch.long)
     if bool(((tokens < 0) | (tokens >= vocab)).any()):
-        return SamplingResult(
-            False, [i for i, t in enumerate(tokens.tolist()) if not 0 <= t < vocab], float("inf")
-        )
-    tokens = tokens.long()
-    if temperature <= 0:
-        scores = logits.double()
+        bad = [i for i, t in enumerate(tokens.tolist()) if not 0 <= t < vocab]
+        return SamplingResult(False, bad, math.inf, max_units=math.inf, positions=n)
+    greedy = temperature <= 0
+    t_eff = 1.0 if greedy else temperature
+    ell = logits.double()
+    unit = c.unit(ell, t_eff)  # [n]
+    if greedy:
+        scores = ell
         allowed = core = torch.ones_like(scores, dtype=torch.bool)
     else:
         noise = gumbel_noise_rows([seed] * n, list(range(n)), vocab, logits.device)
-        scores = _scaled(logits, temperature) + noise
-        # The chosen token must lie in the widest nucleus the worker may have seen, and
-        # beat (within tolerance) every token that is surely in the worker's nucleus: a
-        # token on the nucleus boundary may have been outside it for the worker.
-        allowed = nucleus_mask(logits, temperature, min(1.0, top_p + c.top_p_slack))
-        core = (
-            allowed
-            if top_p >= 1.0
-            else nucleus_mask(logits, temperature, max(0.0, top_p - c.top_p_slack))
-        )
+        scores = _scaled(ell, temperature) + noise
+        allowed, core = nucleus_bounds(ell, temperature, top_p, c.noise_max * unit)
     best = scores.masked_fill(~core, -torch.inf).max(dim=-1).values
     chosen = scores.gather(1, tokens[:, None])[:, 0]
-    gap = best - chosen
+    gap = (best - chosen).clamp_min(0.0)
+    z = gap / unit
     in_nucleus = allowed.gather(1, tokens[:, None])[:, 0]
-    bad = (~in_nucleus) | (gap > c.tolerance)
+    bad = (~in_nucleus) | (z > c.forged_factor * c.noise_max)
+    suspect = in_nucleus & (z > c.noise_max)
+    excess = float(z[in_nucleus].clamp_max(c.noise_max).sum())
+    if greedy:  # no draw to average over: the bound on each gap is the whole check
+        expected = variance = qu = 0.0
+        bad = bad | suspect
+    else:
+        probs = torch.softmax(_scaled(ell, temperature).masked_fill(~allowed, -torch.inf), dim=-1)
+        qu = float((near_tie_density(probs) * unit).sum())
+        expected = qu * c.noise_rms**2 / 4
+        variance = qu * c.noise_max * c.noise_rms**2 / 6
     bad_positions = torch.nonzero(bad).flatten().tolist()
-    max_gap = float(gap[in_nucleus].max()) if bool(in_nucleus.any()) else float("inf")
-    return SamplingResult(not bad_positions, bad_positions, max_gap)
+    in_gap = gap[in_nucleus]
+    passed = not bad_positions and excess <= honest_bound(expected, variance, c)
+    return SamplingResult(
+        passed,
+        bad_positions,
+        float(in_gap.max()) if in_gap.numel() else math.inf,
+        excess,
+        expected,
+        variance,
+        torch.nonzero(suspect).flatten().tolist(),
+        float(z[in_nucleus].max()) if in_gap.numel() else math.inf,
+        n,
+        qu,
+        int((z > 0).sum()),
+    )
 
 
 def check_termination(

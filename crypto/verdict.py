@@ -1,19 +1,53 @@
-"""One rollout's verification verdict: TOPLOC, sampling and termination together.
+"""The verdict on a rollout batch: TOPLOC, sampling and termination, judged per batch.
 
-The validator recomputes, with one prefill pass over prompt + output[:-1], the hidden
-states the worker committed to and the logits that chose every output token, then calls
-``check_rollout``. A rollout passes only if every TOPLOC chunk passes, every token is one
-the seeded noise picks, and the ending is legitimate.
+Where the rollout came from: a worker generated it (``node/engine/``) and shipped it in a
+signed ``RolloutBatch`` (``protocol/rollouts.py``). The validator recomputes, with one
+prefill pass per rollout over prompt + output[:-1], the hidden states the worker committed
+to and the logits that chose every output token, on any device and in bf16 or fp32, then
+calls ``check_batch`` (or ``check_rollout`` for one sequence). Where it goes next: the
+validator posts accept or reject for the batch's work key on-chain.
+
+The batch is the unit that is submitted, paid and slashed, so it is the unit judged:
+
+- **Structural evidence** rejects outright, whichever rollout it is in: a TOPLOC chunk
+  beyond the profile's per-chunk thresholds (other weights, other prompt, edited states),
+  a token no honest noise explains (outside the noise-widened nucleus, or a gap beyond
+  ``forged_factor · κ`` units: an edited or forced token), an implausible ending.
+- **Statistical evidence** is pooled: the sampling statistic S = Σ min(z, κ) of every
+  position of every rollout against the bound that honest noise exceeds with probability
+  below the profile's ``false_slash`` (``crypto.sampling.honest_bound``). Honest near-ties
+  (a few positions whose gap is a fraction of a unit) never sink a batch; a systematic
+  substitution (another checkpoint, a cheaper quantized model) moves many positions by
+  several units and is rejected with overwhelming confidence.
+
+A profile (``PROFILES``) fixes the precision the run's workers and validators compute in
+and the honest-noise model measured for it (``intellect-node model calibrate`` measures a
+model on one's own hardware). SPEC.md §11 derives the rule and the designed false-slash
+probability.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
-from crypto.sampling import SamplingCheck, SamplingResult, check_sampling, check_termination
-from crypto.toploc import DEFAULT_CHUNK, DEFAULT_TOPK, ProofResult, Thresholds, verify_proofs
+from crypto.sampling import (
+    SamplingCheck,
+    SamplingResult,
+    check_sampling,
+    check_termination,
+    honest_bound,
+)
+from crypto.toploc import (
+    DEFAULT_CHUNK,
+    DEFAULT_TOPK,
+    PAPER,
+    STRICT_FP32,
+    ProofResult,
+    Thresholds,
+    verify_proofs,
+)
 
 
 @dataclass(frozen=True)
@@ -31,10 +65,43 @@ class RolloutClaim:
 
 @dataclass(frozen=True)
 class VerifyConfig:
+    """A verification profile: per-chunk TOPLOC thresholds and the honest-noise model."""
+
     thresholds: Thresholds = field(default_factory=Thresholds)
     sampling: SamplingCheck = field(default_factory=SamplingCheck)
     chunk_size: int = DEFAULT_CHUNK
     topk: int = DEFAULT_TOPK
+    name: str = "custom"
+
+    def for_layers(self, layers: int) -> VerifyConfig:
+        """This profile for a model with ``layers`` residual layers (the noise unit grows
+        like their square root)."""
+        return replace(self, sampling=replace(self.sampling, layers=layers))
+
+
+# Workers in bf16 (GPUs), validators in bf16 or fp32 on a GPU or a CPU. Measured (SPEC
+# §11): honest score-difference RMS 0.45 units and largest gap 1.13 units on the H200
+# fixture (4 layers) and on a 22-layer 1.1B model (CPU bf16 worker), the H200's 1.1B
+# largest gap about 1.04 units; TOPLOC chunks at most 1.93 mantissa units on average
+# against the paper's 10. The profile keeps 1.33x the RMS and 1.55x the largest gap.
+GPU_BF16 = VerifyConfig(PAPER, SamplingCheck(noise_rms=0.6, noise_max=1.75), name="gpu-bf16")
+# The TOPLOC paper's per-chunk thresholds with the same noise model.
+PAPER_PROFILE = replace(GPU_BF16, name="paper")
+# Workers and validators both in fp32 (the CPU engine): recomputation reproduces the
+# bf16-rounded states exactly and logits to ~1e-6 relative, so far smaller deviations are
+# evidence of substitution (a bf16 model claimed as fp32, one optimizer step).
+FP32 = VerifyConfig(STRICT_FP32, SamplingCheck(noise_rms=0.1, noise_max=0.5), name="strict-fp32")
+PROFILES: dict[str, VerifyConfig] = {p.name: p for p in (GPU_BF16, PAPER_PROFILE, FP32)}
+DEFAULT_PROFILE = GPU_BF16.name
+
+
+def profile(name: str) -> VerifyConfig:
+    try:
+        return PROFILES[name]
+    except KeyError:
+        raise ValueError(
+            f"unknown verification profile {name!r}; choose from {', '.join(PROFILES)}"
+        ) from None
 
 
 @dataclass(frozen=True)
@@ -48,8 +115,14 @@ class RolloutVerdict:
         return bool(self.toploc) and all(r.passed for r in self.toploc)
 
     @property
+    def structural_ok(self) -> bool:
+        """No evidence that rejects outright (everything but the pooled statistic)."""
+        return self.toploc_ok and not self.sampling.bad_positions and self.termination_ok
+
+    @property
     def passed(self) -> bool:
-        return self.toploc_ok and self.sampling.passed and self.termination_ok
+        """This rollout alone, judged as a batch of one."""
+        return self.structural_ok and self.sampling.passed
 
     @property
     def reason(self) -> str:
@@ -61,6 +134,32 @@ class RolloutVerdict:
             return "termination"
         return "ok"
 
+    def describe(self) -> str:
+        """Why this rollout looks wrong, in one line ("" when nothing does)."""
+        parts = []
+        failed = [i for i, r in enumerate(self.toploc) if not r.passed]
+        if failed or not self.toploc:
+            worst = max(self.toploc, key=lambda r: r.mant_err_mean, default=None)
+            parts.append(
+                f"toploc chunks {failed} fail"
+                + (
+                    f" (worst: {worst.exp_mismatches} exponent mismatches,"
+                    f" mean mantissa error {worst.mant_err_mean:.2f})"
+                    if worst
+                    else ""
+                )
+            )
+        s = self.sampling
+        if s.bad_positions:
+            parts.append(
+                f"tokens not drawn by the seeded sampler at positions {s.bad_positions[:8]}"
+            )
+        if s.suspect_positions:
+            parts.append(f"gaps beyond the noise bound at positions {s.suspect_positions[:8]}")
+        if not self.termination_ok:
+            parts.append("implausible ending")
+        return "; ".join(parts)
+
 
 def check_rollout(
     claim: RolloutClaim,
@@ -70,8 +169,9 @@ def check_rollout(
     eos_token_id: int,
     config: VerifyConfig | None = None,
 ) -> RolloutVerdict:
-    """``activations`` and ``logits`` [n, V] are the validator's own recomputation."""
-    cfg = config or VerifyConfig()
+    """``activations`` and ``logits`` [n, V] are the validator's own recomputation, on any
+    device and in any float dtype."""
+    cfg = config or GPU_BF16
     if not claim.tokens or logits.shape[0] != len(claim.tokens):
         raise ValueError("logits must have one row per output token")
     toploc = verify_proofs(
@@ -83,7 +183,7 @@ def check_rollout(
     )
     sampling = check_sampling(
         logits,
-        torch.tensor(claim.tokens),
+        torch.tensor(claim.tokens, device=logits.device),
         claim.seed,
         temperature=claim.temperature,
         top_p=claim.top_p,
@@ -100,3 +200,76 @@ def check_rollout(
         check=cfg.sampling,
     )
     return RolloutVerdict(toploc, sampling, termination)
+
+
+@dataclass(frozen=True)
+class BatchVerdict:
+    """The verdict on a batch. ``statistic`` / ``bound`` is the pooled sampling evidence
+    (``margin`` = their ratio: above 1 rejects); ``rollouts`` keeps each rollout's detail."""
+
+    passed: bool
+    reason: str
+    rollouts: list[RolloutVerdict]
+    statistic: float
+    bound: float
+
+    @property
+    def margin(self) -> float:
+        return self.statistic / self.bound if self.bound > 0 else 0.0
+
+    @property
+    def flagged(self) -> list[int]:
+        """Rollouts with any evidence against them (structural, suspect gaps, or failing
+        the rule on their own)."""
+        return [
+            i for i, v in enumerate(self.rollouts) if not v.passed or v.sampling.suspect_positions
+        ]
+
+
+def check_batch(
+    claims: list[RolloutClaim],
+    recomputed: list[tuple[list[torch.Tensor], torch.Tensor]],
+    *,
+    eos_token_id: int,
+    config: VerifyConfig | None = None,
+) -> BatchVerdict:
+    """Judge a whole batch: ``recomputed[i]`` is (activations, logits) for ``claims[i]``."""
+    cfg = config or GPU_BF16
+    if not claims or len(claims) != len(recomputed):
+        raise ValueError("need one recomputation per claim, and at least one claim")
+    verdicts = [
+        check_rollout(c, acts, logits, eos_token_id=eos_token_id, config=cfg)
+        for c, (acts, logits) in zip(claims, recomputed, strict=True)
+    ]
+    statistic = sum(v.sampling.excess for v in verdicts)
+    bound = honest_bound(
+        sum(v.sampling.expected for v in verdicts),
+        sum(v.sampling.variance for v in verdicts),
+        cfg.sampling,
+    )
+    for kind, bad in (
+        ("toploc", [i for i, v in enumerate(verdicts) if not v.toploc_ok]),
+        ("sampling", [i for i, v in enumerate(verdicts) if v.sampling.bad_positions]),
+        ("termination", [i for i, v in enumerate(verdicts) if not v.termination_ok]),
+    ):
+        if bad:
+            first = verdicts[bad[0]]
+            return BatchVerdict(
+                False,
+                f"{kind}: rollouts {bad[:8]} (rollout {bad[0]}: {first.describe()})",
+                verdicts,
+                statistic,
+                bound,
+            )
+    if statistic > bound:
+        worst = sorted(range(len(verdicts)), key=lambda i: -verdicts[i].sampling.excess)[:4]
+        return BatchVerdict(
+            False,
+            f"sampling: statistic {statistic:.1f} above the honest bound {bound:.1f} "
+            f"(profile {cfg.name}, false-slash {cfg.sampling.false_slash:g}); "
+            f"largest contributions from rollouts {worst}",
+            verdicts,
+            statistic,
+            bound,
+        )
+    return BatchVerdict(True, "ok", verdicts, statistic, bound)

@@ -1,4 +1,5 @@
-"""``intellect-node model``: build the tiny base policy, generate rollouts with a model.
+"""``intellect-node model``: build the tiny base policy, generate rollouts with a model,
+measure a model's honest verification noise on this machine.
 
 Torch and transformers are imported inside the commands, never at ``--help``.
 """
@@ -84,11 +85,104 @@ def add_model_parsers(sub: Any) -> None:
     roll.add_argument("--out", type=Path, help="write the signed batch envelope here")
     roll.add_argument("--json", action="store_true", help="print a JSON summary")
 
+    cal = msub.add_parser(
+        "calibrate",
+        help="measure the honest noise a validator sees for a model on this hardware, "
+        "against a verification profile",
+        description="Generates honest rollouts with the torch engine (the worker), recomputes "
+        "each with one prefill pass (the validator, on its own device and dtype), and "
+        "reports what the verification profile's thresholds are set against: the RMS and "
+        "largest score gap in noise units, TOPLOC mantissa errors, and the batch verdicts "
+        "(16 rollouts a batch). Exit status 0 when the profile fits (every honest batch "
+        "accepted, RMS <= the profile's sigma, every gap <= its kappa), 1 when it does not.",
+    )
+    cal.add_argument("model_dir", type=Path, metavar="MODEL_DIR")
+    cal.add_argument("--profile", default=None, help="verification profile (default gpu-bf16)")
+    cal.add_argument("--device", default="auto", help="worker device: auto, cpu, cuda, cuda:N")
+    cal.add_argument("--dtype", default="auto", help="worker dtype (auto: bf16 on a GPU)")
+    cal.add_argument(
+        "--validator-device", default=None, help="validator device (default: the worker's)"
+    )
+    cal.add_argument(
+        "--validator-dtype", default=None, help="validator dtype (default: the worker's)"
+    )
+    cal.add_argument("--rollouts", type=int, default=32, help="honest rollouts (default 32)")
+    cal.add_argument("--batch", type=int, default=32, help="sequences in flight (default 32)")
+    cal.add_argument("--new-tokens", type=int, default=96, help="tokens per rollout (default 96)")
+    cal.add_argument("--temperature", type=float, default=1.0)
+    cal.add_argument("--top-p", type=float, default=1.0)
+    cal.add_argument(
+        "--prompts",
+        default="arithmetic",
+        help="'random' token ids, or a task set for real prompts: " + TASK_HELP,
+    )
+    cal.add_argument("--json", action="store_true", help="print the report as one JSON object")
+
 
 def cmd_model(args: argparse.Namespace) -> int:
     if args.model_command == "init":
         return cmd_init(args)
+    if args.model_command == "calibrate":
+        return cmd_calibrate(args)
     return cmd_rollouts(args)
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    from crypto.verdict import DEFAULT_PROFILE, profile
+    from node.engine.calibration import calibrate, model_layers, random_prompts
+    from node.engine.models import load_model
+    from node.rollouts import prompt_ids
+    from node.tasks import assign, load_taskset
+
+    config = profile(args.profile or DEFAULT_PROFILE)
+    if args.rollouts < 1 or args.batch < 1 or args.new_tokens < 1:
+        raise ValueError("--rollouts, --batch and --new-tokens must be >= 1")
+    worker = load_model(args.model_dir, dtype=args.dtype, device=args.device)
+    vdev, vdtype = args.validator_device, args.validator_dtype
+    if (vdev is None or vdev == str(worker.device)) and vdtype in (None, str(worker.dtype)[6:]):
+        validator = worker
+    else:
+        validator = load_model(
+            args.model_dir, dtype=vdtype or str(worker.dtype)[6:], device=vdev or str(worker.device)
+        )
+    vocab = int(worker.model.get_output_embeddings().weight.shape[0])
+    if args.prompts == "random":
+        prompts = random_prompts(args.rollouts, vocab)
+    else:
+        tasks = assign(load_taskset(args.prompts), "0x" + "00" * 20, 0, args.rollouts)
+        prompts = [prompt_ids(worker.tokenizer, t.prompt) for t in tasks]
+    if not args.json:
+        print(
+            f"calibrating {args.model_dir}: worker {worker.device}/{str(worker.dtype)[6:]}, "
+            f"validator {validator.device}/{str(validator.dtype)[6:]}, {args.rollouts} rollouts "
+            f"x {args.new_tokens} tokens, {args.batch} in flight",
+            file=sys.stderr,
+        )
+    report = calibrate(
+        worker.model,
+        validator.model,
+        eos_token_ids=worker.eos_token_ids,
+        config=config.for_layers(model_layers(worker.model)),
+        batch=args.batch,
+        new_tokens=args.new_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        prompts=prompts,
+    )
+    summary = {
+        **report.as_dict(),
+        "worker": f"{worker.device}/{str(worker.dtype)[6:]}",
+        "validator": f"{validator.device}/{str(validator.dtype)[6:]}",
+    }
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        print("\n".join(report.lines()))
+        print(
+            f"generation {report.generate_s:.1f} s, validation {report.validate_s:.1f} s "
+            f"({report.validate_s / max(report.generate_s, 1e-9):.2f} of generation)"
+        )
+    return 0 if report.fits else 1
 
 
 def _bar(done: int, total: int, loss: float, started: float) -> None:

@@ -1,0 +1,260 @@
+"""Measuring honest noise: what a validator's recomputation differs by, on given hardware.
+
+A verification profile (``crypto.verdict.PROFILES``) states a model of honest noise: the
+RMS ``σ`` and bound ``κ`` of the score difference between worker and validator, in units
+of one bf16 spacing of the largest logit, and per-chunk TOPLOC thresholds. This module
+measures those quantities for a model: generate with the engine (the worker), recompute
+every rollout with one prefill (the validator, on its own device and dtype), and report
+the distributions the profile's thresholds are set against. ``intellect-node model
+calibrate`` and ``bench/verify.py`` print it; ``bench/gpu_rollouts.py`` writes rollouts
+made on other hardware, which ``fixture_batches`` turns back into claims.
+
+The random models used for fixtures are rebuilt from a recipe (config, init seed, LM head
+scale) bit for bit on any machine; ``weights_sha256`` checks that.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+from crypto.verdict import BatchVerdict, RolloutClaim, VerifyConfig, check_batch
+from node.engine.base import GenRequest, GenResult, SamplingParams
+
+BATCH_ROLLOUTS = 16  # rollouts per batch when fixtures are cut into batches
+
+
+def build_random_llama(config: dict[str, Any], init_seed: int, lm_head_scale: float) -> Any:
+    """The fixture recipe: fp32 init on the CPU under ``init_seed``, LM head × scale, bf16."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(init_seed)
+    model = LlamaForCausalLM(LlamaConfig(**config))
+    with torch.no_grad():
+        model.lm_head.weight.mul_(lm_head_scale)
+    return model.to(torch.bfloat16).eval()
+
+
+def weights_sha256(model: Any) -> str:
+    """SHA-256 over the state dict in sorted key order: each key's UTF-8 bytes, then the
+    tensor's raw bytes."""
+    h = hashlib.sha256()
+    for key, value in sorted(model.state_dict().items()):
+        h.update(key.encode())
+        h.update(value.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def claim_of(rollout: dict[str, Any] | GenResult, params: dict[str, Any]) -> RolloutClaim:
+    """A fixture rollout (or an engine result) as the claim a worker ships."""
+    if isinstance(rollout, GenResult):
+        tokens, proofs, seed, finish = (
+            rollout.tokens,
+            rollout.proofs,
+            rollout.seed,
+            rollout.finish_reason,
+        )
+    else:
+        tokens, seed, finish = rollout["tokens"], rollout["seed"], rollout["finish_reason"]
+        proofs = [bytes.fromhex(p) for p in rollout["proofs"]]
+    return RolloutClaim(
+        tokens=list(tokens),
+        proofs=list(proofs),
+        seed=int(seed),
+        finish_reason=finish,
+        max_new_tokens=int(params["max_new_tokens"]),
+        temperature=float(params["temperature"]),
+        top_p=float(params.get("top_p", 1.0)),
+    )
+
+
+def fixture_batches(variant: dict[str, Any], size: int = BATCH_ROLLOUTS) -> list[list[dict]]:
+    """A variant's rollouts cut into batches in order (the last may be smaller)."""
+    rollouts = variant["rollouts"]
+    return [rollouts[i : i + size] for i in range(0, len(rollouts), size)]
+
+
+@torch.inference_mode()
+def recompute_all(
+    model: Any, prompts: list[list[int]], outputs: list[list[int]]
+) -> list[tuple[list[torch.Tensor], torch.Tensor]]:
+    """The validator's prefill for every rollout, one at a time (batch 1)."""
+    from node.engine.torch_engine import recompute
+
+    return [recompute(model, p, t) for p, t in zip(prompts, outputs, strict=True)]
+
+
+@dataclass
+class NoiseReport:
+    """Honest noise, measured: compare with the profile's ``σ`` (``noise_rms``), ``κ``
+    (``noise_max``) and TOPLOC thresholds. ``fits`` says whether the profile holds."""
+
+    profile: str
+    rollouts: int
+    positions: int
+    flip_share: float  # share of positions whose token is not our perturbed argmax
+    sigma_measured: float  # the σ that honest S implies: sqrt(4 S / Σ near_ties)
+    sigma_profile: float
+    gap_units_max: float  # largest gap, in units (κ bounds it)
+    kappa_profile: float
+    logprob_diff_units_rms: float  # worker's vs our log-prob of the chosen token, in units
+    logprob_diff_units_max: float
+    toploc_mean_max: float  # largest per-chunk mean mantissa error
+    toploc_median_max: float
+    toploc_exp_mismatch_max: int
+    batch_margin_max: float  # largest statistic / bound over the batches (below 1 passes)
+    batches_accepted: int
+    batches: int
+    rollouts_accepted: int
+    fits: bool
+    generate_s: float = 0.0
+    validate_s: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            k: (None if isinstance(v, float) and not math.isfinite(v) else v)
+            for k, v in asdict(self).items()
+        }
+
+    def lines(self) -> list[str]:
+        ok = "fits" if self.fits else "DOES NOT FIT"
+        return [
+            f"profile {self.profile}: {ok} ({self.rollouts} rollouts, {self.positions} positions)",
+            f"  sampling noise RMS  {self.sigma_measured:6.3f} units   (profile σ {self.sigma_profile})",
+            f"  largest gap         {self.gap_units_max:6.3f} units   (profile κ {self.kappa_profile})",
+            f"  flipped positions   {self.flip_share:6.2%}",
+            f"  log-prob difference RMS {self.logprob_diff_units_rms:.3f}, max {self.logprob_diff_units_max:.3f} units",
+            f"  TOPLOC worst chunk  mean {self.toploc_mean_max:.2f}, median {self.toploc_median_max:.1f}, "
+            f"{self.toploc_exp_mismatch_max} exponent mismatches",
+            f"  batches accepted    {self.batches_accepted}/{self.batches} "
+            f"(largest statistic/bound {self.batch_margin_max:.3f}); rollouts alone "
+            f"{self.rollouts_accepted}/{self.rollouts}",
+        ]
+
+
+def measure(
+    claims: list[RolloutClaim],
+    recomputed: list[tuple[list[torch.Tensor], torch.Tensor]],
+    *,
+    eos_token_id: int,
+    config: VerifyConfig,
+    logprobs: list[list[float]] | None = None,
+    batch_size: int = BATCH_ROLLOUTS,
+) -> tuple[NoiseReport, list[BatchVerdict]]:
+    """Judge the rollouts in batches of ``batch_size`` and summarize the honest noise."""
+    verdicts = [
+        check_batch(
+            claims[i : i + batch_size],
+            recomputed[i : i + batch_size],
+            eos_token_id=eos_token_id,
+            config=config,
+        )
+        for i in range(0, len(claims), batch_size)
+    ]
+    rollouts = [v for b in verdicts for v in b.rollouts]
+    excess = sum(v.sampling.excess for v in rollouts)
+    ties = sum(v.sampling.near_ties for v in rollouts)
+    positions = sum(v.sampling.positions for v in rollouts)
+    lp_diffs: list[float] = []
+    for n, (claim, (_, logits)) in enumerate(zip(claims, recomputed, strict=True)):
+        if logprobs is not None:
+            t = claim.temperature if claim.temperature > 0 else 1.0
+            ell = logits.double()
+            ours = torch.log_softmax(ell / t, dim=-1).gather(
+                1, torch.tensor(claim.tokens, device=ell.device)[:, None]
+            )[:, 0]
+            unit = config.sampling.unit(ell, t)
+            diff = (torch.tensor(logprobs[n], dtype=torch.float64, device=ell.device) - ours) / unit
+            lp_diffs.extend(diff.abs().tolist())
+    chunks = [r for v in rollouts for r in v.toploc]
+    report = NoiseReport(
+        profile=config.name,
+        rollouts=len(rollouts),
+        positions=positions,
+        flip_share=sum(v.sampling.flips for v in rollouts) / max(1, positions),
+        sigma_measured=math.sqrt(4 * excess / ties) if ties > 0 else 0.0,
+        sigma_profile=config.sampling.noise_rms,
+        gap_units_max=max((v.sampling.max_units for v in rollouts), default=0.0),
+        kappa_profile=config.sampling.noise_max,
+        logprob_diff_units_rms=math.sqrt(statistics.fmean(d * d for d in lp_diffs))
+        if lp_diffs
+        else 0.0,
+        logprob_diff_units_max=max(lp_diffs, default=0.0),
+        toploc_mean_max=max((c.mant_err_mean for c in chunks), default=0.0),
+        toploc_median_max=max((c.mant_err_median for c in chunks), default=0.0),
+        toploc_exp_mismatch_max=max((c.exp_mismatches for c in chunks), default=0),
+        batch_margin_max=max((b.margin for b in verdicts), default=0.0),
+        batches_accepted=sum(b.passed for b in verdicts),
+        batches=len(verdicts),
+        rollouts_accepted=sum(v.passed for v in rollouts),
+        fits=False,
+    )
+    report.fits = (
+        report.batches_accepted == report.batches
+        and report.sigma_measured <= config.sampling.noise_rms
+        and report.gap_units_max <= config.sampling.noise_max
+    )
+    return report, verdicts
+
+
+def model_layers(model: Any) -> int:
+    """The number of residual layers of a transformers model (1 when it says nothing)."""
+    cfg = getattr(model, "config", None)
+    for name in ("num_hidden_layers", "n_layer", "num_layers"):
+        value = getattr(cfg, name, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return 1
+
+
+def random_prompts(n: int, vocab: int, seed: int = 1234) -> list[list[int]]:
+    """``n`` prompts of 16–63 random token ids (ids ≥ 3: past pad, BOS and EOS)."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(16, 64, (n,), generator=g).tolist()
+    return [torch.randint(3, vocab, (length,), generator=g).tolist() for length in lengths]
+
+
+def calibrate(
+    worker_model: Any,
+    validator_model: Any,
+    *,
+    eos_token_ids: frozenset[int],
+    config: VerifyConfig,
+    rollouts: int = 32,
+    batch: int = 32,
+    new_tokens: int = 96,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    prompts: list[list[int]] | None = None,
+) -> NoiseReport:
+    """Generate honest rollouts with ``worker_model`` (``batch`` in flight, stopping at
+    EOS), recompute them with ``validator_model``, and measure."""
+    from node.engine.torch_engine import TorchEngine
+
+    vocab = int(worker_model.get_output_embeddings().weight.shape[0])
+    prompts = prompts or random_prompts(rollouts, vocab)
+    engine = TorchEngine(worker_model, eos_token_ids=eos_token_ids, max_batch=batch)
+    params = SamplingParams(max_new_tokens=new_tokens, temperature=temperature, top_p=top_p)
+    started = time.perf_counter()
+    results = engine.generate([GenRequest(p, 70000 + i) for i, p in enumerate(prompts)], params)
+    generated = time.perf_counter()
+    recomputed = recompute_all(
+        validator_model, [r.prompt for r in results], [r.tokens for r in results]
+    )
+    claims = [claim_of(r, asdict(params)) for r in results]
+    report, _ = measure(
+        claims,
+        recomputed,
+        eos_token_id=min(eos_token_ids),
+        config=config,
+        logprobs=[r.logprobs for r in results],
+    )
+    report.generate_s = generated - started
+    report.validate_s = time.perf_counter() - generated
+    return report
