@@ -1,0 +1,261 @@
+"""The per-batch verdict and its noise model, on synthetic logits (no model needed).
+
+A worker samples with the seeded Gumbel-max from its own logits; the validator holds the
+same logits plus honest noise of a chosen size (in noise units), or a cheater's."""
+
+import math
+
+import pytest
+import torch
+
+from crypto.sampling import (
+    SamplingCheck,
+    check_sampling,
+    gumbel_noise_rows,
+    honest_bound,
+    near_tie_density,
+    nucleus_bounds,
+    nucleus_mask,
+    sample_tokens,
+)
+from crypto.verdict import (
+    FP32,
+    GPU_BF16,
+    PROFILES,
+    RolloutClaim,
+    check_batch,
+    check_rollout,
+    profile,
+)
+
+VOCAB = 512
+N = 96
+
+
+def worker_logits(seed, n=N, vocab=VOCAB, scale=3.6):
+    return torch.randn(n, vocab, generator=torch.Generator().manual_seed(seed)) * scale
+
+
+def perturbed(logits, units, check, seed):
+    """The validator's logits: the worker's plus Gaussian noise whose score differences
+    have an RMS of ``units`` noise units."""
+    unit = check.unit(logits, 1.0)[:, None]
+    g = torch.Generator().manual_seed(10_000 + seed)
+    return (
+        logits.double()
+        + torch.randn(logits.shape, generator=g, dtype=torch.float64) * unit * units / math.sqrt(2)
+    ).float()
+
+
+def rollout(seed, check, *, units, top_p=1.0):
+    """(claim, validator activations, validator logits) of one synthetic rollout."""
+    logits = worker_logits(seed)
+    noise = gumbel_noise_rows([seed] * N, list(range(N)), VOCAB)
+    tokens = sample_tokens(logits, noise, 1.0, top_p).tolist()
+    acts = [
+        torch.zeros(4, 64),
+        torch.randn(N - 1, 64, generator=torch.Generator().manual_seed(seed)),
+    ]
+    from crypto.toploc import build_proofs
+
+    claim = RolloutClaim(tokens, build_proofs(acts), seed, "length", N, 1.0, top_p)
+    return claim, acts, perturbed(logits, units, check, seed)
+
+
+def batch(seeds, check, *, units, top_p=1.0):
+    claims, recomputed = [], []
+    for s in seeds:
+        claim, acts, logits = rollout(s, check, units=units, top_p=top_p)
+        claims.append(claim)
+        recomputed.append((acts, logits))
+    return claims, recomputed
+
+
+CHECK = GPU_BF16.sampling
+
+
+def test_honest_noise_at_the_profiles_rms_passes_every_batch():
+    statistic = expected = 0.0
+    for start in range(0, 80, 16):
+        claims, rec = batch(range(start, start + 16), CHECK, units=CHECK.noise_rms)
+        v = check_batch(claims, rec, eos_token_id=1, config=GPU_BF16)
+        assert v.passed, v.reason
+        assert v.margin < 0.5
+        statistic += v.statistic
+        expected += sum(r.sampling.expected for r in v.rollouts)
+    # on average the statistic stays below its designed mean, as the model says it must
+    assert 0.25 * expected < statistic <= expected
+
+
+def test_systematic_substitution_is_rejected_and_located():
+    claims, rec = batch(range(16), CHECK, units=4 * CHECK.noise_rms)
+    v = check_batch(claims, rec, eos_token_id=1, config=GPU_BF16)
+    assert not v.passed and v.reason.startswith("sampling"), v.reason
+    assert v.margin > 1
+    assert v.flagged
+
+
+def test_one_forged_token_sinks_the_batch_and_is_pinpointed():
+    claims, rec = batch(range(16), CHECK, units=0.0)
+    c = claims[5]
+    _, logits = rec[5]
+    forged = list(c.tokens)
+    forged[40] = int(logits[40].argmin())  # a token the noise never picks
+    claims[5] = RolloutClaim(forged, c.proofs, c.seed, c.finish_reason, c.max_new_tokens, 1.0)
+    v = check_batch(claims, rec, eos_token_id=1, config=GPU_BF16)
+    assert not v.passed
+    assert v.reason.startswith("sampling: rollouts [5]"), v.reason
+    assert "positions [40]" in v.reason
+    assert v.rollouts[5].sampling.bad_positions == [40]
+    assert all(r.passed for i, r in enumerate(v.rollouts) if i != 5)
+
+
+def test_a_rare_honest_near_tie_does_not_sink_a_batch():
+    """A position flipped by noise within the bound costs a fraction of the budget."""
+    claims, rec = batch(range(16), CHECK, units=0.0)
+    c = claims[3]
+    _, logits = rec[3]
+    unit = CHECK.unit(logits, 1.0)
+    noise = gumbel_noise_rows([c.seed] * N, list(range(N)), VOCAB)
+    scores = logits.double() + noise
+    tokens = list(c.tokens)
+    # find a position whose runner-up is within one unit, and claim the runner-up
+    top2 = scores.topk(2, dim=-1)
+    gaps = (top2.values[:, 0] - top2.values[:, 1]) / unit
+    pos = int(gaps.argmin())
+    assert gaps[pos] < CHECK.noise_max
+    tokens[pos] = int(top2.indices[pos, 1])
+    claims[3] = RolloutClaim(tokens, c.proofs, c.seed, "length", N, 1.0)
+    v = check_batch(claims, rec, eos_token_id=1, config=GPU_BF16)
+    assert v.passed, v.reason
+    assert v.rollouts[3].sampling.flips == 1 and v.statistic > 0
+
+
+def test_toploc_evidence_rejects_outright():
+    claims, rec = batch(range(4), CHECK, units=0.0)
+    acts, logits = rec[2]
+    rec[2] = ([acts[0], acts[1] * 1.5], logits)
+    v = check_batch(claims, rec, eos_token_id=1, config=GPU_BF16)
+    assert not v.passed and v.reason.startswith("toploc: rollouts [2]"), v.reason
+
+
+def test_an_implausible_ending_rejects_the_batch():
+    claims, rec = batch(range(4), CHECK, units=0.0)
+    c = claims[1]
+    claims[1] = RolloutClaim(c.tokens, c.proofs, c.seed, "stop", N, 1.0)  # no EOS at the end
+    v = check_batch(claims, rec, eos_token_id=1, config=GPU_BF16)
+    assert not v.passed and v.reason.startswith("termination: rollouts [1]"), v.reason
+
+
+def test_check_batch_wants_one_recomputation_per_claim():
+    claims, rec = batch(range(2), CHECK, units=0.0)
+    with pytest.raises(ValueError, match="one recomputation per claim"):
+        check_batch(claims, rec[:1], eos_token_id=1)
+    with pytest.raises(ValueError, match="one recomputation per claim"):
+        check_batch([], [], eos_token_id=1)
+
+
+def test_validator_logits_in_bf16_and_float16_are_judged_the_same_way():
+    claims, rec = batch(range(4), CHECK, units=0.0)
+    for dtype in (torch.bfloat16, torch.float16):
+        low = [(a, logits.to(dtype)) for a, logits in rec]
+        v = check_batch(claims, low, eos_token_id=1, config=GPU_BF16)
+        assert v.passed, (dtype, v.reason)
+
+
+def test_near_tie_density_bounds_the_gap_distribution():
+    """Monte Carlo: P(gap < δ) / δ for the Gumbel-max winner stays below the bound, and
+    the bound is not vacuous (within 3x of the truth)."""
+    g = torch.Generator().manual_seed(0)
+    for scale in (0.5, 2.0, 5.0):
+        logits = torch.randn(1, 50, generator=g, dtype=torch.float64) * scale
+        probs = torch.softmax(logits, dim=-1)
+        bound = float(near_tie_density(probs)[0])
+        draws = 200_000
+        u = torch.rand(draws, 50, generator=g, dtype=torch.float64)
+        scores = logits - torch.log(-torch.log(u))
+        top2 = scores.topk(2, dim=-1).values
+        delta = 0.02
+        rate = float(((top2[:, 0] - top2[:, 1]) < delta).double().mean()) / delta
+        assert rate <= bound * 1.05 + 0.01, (scale, rate, bound)
+        assert rate >= bound / 3, (scale, rate, bound)
+
+
+def test_honest_bound_is_bernstein():
+    c = SamplingCheck(noise_rms=0.5, noise_max=2.0, false_slash=1e-6)
+    mu, var = 10.0, 4.0
+    t = honest_bound(mu, var, c) - mu
+    ln = math.log(1e6)
+    assert math.isclose(math.exp(-(t * t) / (2 * (var + c.noise_max * t / 3))), 1e-6, rel_tol=1e-9)
+    assert honest_bound(mu, var, SamplingCheck(false_slash=1e-9)) > honest_bound(
+        mu, var, SamplingCheck()
+    )
+    assert t > 0 and ln > 0
+
+
+def test_nucleus_bounds_bracket_the_nucleus():
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(64, 100, generator=g) * 3
+    for top_p in (0.5, 0.9, 0.99):
+        exact = nucleus_mask(logits, 1.0, top_p)
+        zero = torch.zeros(64, dtype=torch.float64)
+        allowed0, core0 = nucleus_bounds(logits, 1.0, top_p, zero)
+        # without noise, "may be" and "surely" agree with the nucleus except at exact ties
+        assert (allowed0 == exact).float().mean() > 0.99 and (core0 == exact).float().mean() > 0.99
+        allowed, core = nucleus_bounds(
+            logits, 1.0, top_p, torch.full((64,), 0.3, dtype=torch.float64)
+        )
+        assert bool((allowed | ~exact).all()) and bool(
+            (exact | ~core).all()
+        )  # core ⊆ nucleus ⊆ allowed
+        assert int(allowed.sum()) > int(exact.sum()) > int(core.sum())
+
+
+def test_honest_top_p_sampling_passes_with_noise_and_a_token_outside_fails():
+    claims, rec = batch(range(16), CHECK, units=CHECK.noise_rms, top_p=0.9)
+    v = check_batch(claims, rec, eos_token_id=1, config=GPU_BF16)
+    assert v.passed, v.reason
+    c = claims[0]
+    _, logits = rec[0]
+    tokens = list(c.tokens)
+    tokens[10] = int(logits[10].argmin())  # far outside any nucleus
+    r = check_sampling(
+        logits, torch.tensor(tokens), c.seed, temperature=1.0, top_p=0.9, check=CHECK
+    )
+    assert not r.passed and 10 in r.bad_positions
+
+
+def test_greedy_allows_only_gaps_within_the_bound():
+    logits = worker_logits(1)
+    tokens = logits.argmax(dim=-1)
+    assert check_sampling(logits, tokens, 0, temperature=0.0).passed
+    top2 = logits.double().topk(2, dim=-1)
+    unit = CHECK.unit(logits, 1.0)
+    gaps = (top2.values[:, 0] - top2.values[:, 1]) / unit
+    far = int(gaps.argmax())
+    wrong = tokens.clone()
+    wrong[far] = top2.indices[far, 1]
+    r = check_sampling(logits, wrong, 0, temperature=0.0)
+    assert not r.passed and r.bad_positions == [far]
+
+
+def test_profiles():
+    assert {"gpu-bf16", "paper", "strict-fp32"} <= set(PROFILES)
+    assert profile("strict-fp32") is FP32
+    with pytest.raises(ValueError, match="unknown verification profile 'x'; choose from gpu-bf16"):
+        profile("x")
+    logits = worker_logits(0, n=2)
+    deep = GPU_BF16.for_layers(16).sampling.unit(logits, 1.0)
+    assert torch.allclose(deep, 4 * GPU_BF16.sampling.unit(logits, 1.0))
+    with pytest.raises(ValueError, match="noise_rms and noise_max must be > 0"):
+        SamplingCheck(noise_rms=0)
+    with pytest.raises(ValueError, match="layers must be >= 1"):
+        SamplingCheck(layers=0)
+
+
+def test_check_rollout_keeps_its_api():
+    claim, acts, logits = rollout(7, CHECK, units=0.0)
+    v = check_rollout(claim, acts, logits, eos_token_id=1)
+    assert v.passed and v.reason == "ok" and v.describe() == ""
+    with pytest.raises(ValueError, match="one row per output token"):
+        check_rollout(claim, acts, logits[:-1], eos_token_id=1)
