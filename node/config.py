@@ -94,7 +94,10 @@ class NodeConfig(BaseModel):
         None, ge=1, description="Expected chain id; transactions are refused on any other chain."
     )
     chain_confirmations: int = Field(
-        2, ge=0, le=1000, description="Blocks deep an event must be before the event index caches it."
+        2,
+        ge=0,
+        le=1000,
+        description="Blocks deep an event must be before the event index caches it.",
     )
     model: Path | None = Field(
         None,
