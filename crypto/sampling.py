@@ -268,8 +268,8 @@ def check_sampling(
         raise ValueError(f"expected {n} tokens, got shape {tuple(tokens.shape)}")
     tokens = tokens.to(device=logits.device, dtype=torch.long)
     if bool(((tokens < 0) | (tokens >= vocab)).any()):
-        bad = [i for i, t in enumerate(tokens.tolist()) if not 0 <= t < vocab]
-        return SamplingResult(False, bad, math.inf, max_units=math.inf, positions=n)
+        outside = [i for i, t in enumerate(tokens.tolist()) if not 0 <= t < vocab]
+        return SamplingResult(False, outside, math.inf, max_units=math.inf, positions=n)
     greedy = temperature <= 0
     t_eff = 1.0 if greedy else temperature
     ell = logits.double()
