@@ -91,6 +91,11 @@ def _add_node_flags(p: argparse.ArgumentParser) -> None:
         help=fields["log_level"].description,
     )
     p.add_argument("--model", type=Path, metavar="DIR", help=fields["model"].description)
+    p.add_argument(
+        "--verify-profile",
+        choices=["gpu-bf16", "paper", "strict-fp32"],
+        help=f"{fields['verify_profile'].description} (default gpu-bf16)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:

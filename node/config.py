@@ -17,6 +17,7 @@ from protocol.ids import ROLES, check_run_id
 
 ENV_PREFIX = "INTELLECT_NODE_"
 Role = Literal["bootstrap", "inference", "validator", "trainer"]
+VerifyProfile = Literal["gpu-bf16", "paper", "strict-fp32"]  # crypto.verdict.PROFILES
 assert set(ROLES) == set(Role.__args__)  # type: ignore[attr-defined]
 
 
@@ -103,6 +104,12 @@ class NodeConfig(BaseModel):
         None,
         description="Local Hugging Face model directory for the inference, validator and "
         "trainer roles (the devnet passes the tiny base model).",
+    )
+    verify_profile: VerifyProfile = Field(
+        "gpu-bf16",
+        description="How the run's work is verified: gpu-bf16 (workers in bf16, validators in "
+        "bf16 or fp32), paper (the same with the TOPLOC paper's name), strict-fp32 (everyone "
+        "in fp32: the CPU engine). Check one with `intellect-node model calibrate`.",
     )
 
     @field_validator("run_id")

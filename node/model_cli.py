@@ -97,7 +97,12 @@ def add_model_parsers(sub: Any) -> None:
         "accepted, RMS <= the profile's sigma, every gap <= its kappa), 1 when it does not.",
     )
     cal.add_argument("model_dir", type=Path, metavar="MODEL_DIR")
-    cal.add_argument("--profile", default=None, help="verification profile (default gpu-bf16)")
+    cal.add_argument(
+        "--profile",
+        default=None,
+        help="verification profile: gpu-bf16, paper or strict-fp32 (default: the run's "
+        "verify_profile setting, INTELLECT_NODE_VERIFY_PROFILE, else gpu-bf16)",
+    )
     cal.add_argument("--device", default="auto", help="worker device: auto, cpu, cuda, cuda:N")
     cal.add_argument("--dtype", default="auto", help="worker dtype (auto: bf16 on a GPU)")
     cal.add_argument(
@@ -134,7 +139,9 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     from node.rollouts import prompt_ids
     from node.tasks import assign, load_taskset
 
-    config = profile(args.profile or DEFAULT_PROFILE)
+    config = profile(
+        args.profile or os.environ.get("INTELLECT_NODE_VERIFY_PROFILE") or DEFAULT_PROFILE
+    )
     if args.rollouts < 1 or args.batch < 1 or args.new_tokens < 1:
         raise ValueError("--rollouts, --batch and --new-tokens must be >= 1")
     worker = load_model(args.model_dir, dtype=args.dtype, device=args.device)

@@ -105,3 +105,45 @@ def test_ctrl_c_during_init_leaves_no_half_built_model(tmp_path):
     assert "Traceback" not in err
     assert not out.exists()  # nothing half-written where the model would be
     assert not any((tmp_path / "cache").rglob("*.safetensors"))  # nor in the cache
+
+
+def test_model_calibrate_measures_a_profile_on_this_machine(tiny_model_dir):
+    common = ["--rollouts", "16", "--batch", "8", "--new-tokens", "32"]
+    bf16 = ["--dtype", "bfloat16", "--validator-dtype", "float32"]
+    report = json.loads(
+        run("model", "calibrate", str(tiny_model_dir), *common, *bf16, "--json").stdout
+    )
+    assert report["fits"] is True and report["profile"] == "gpu-bf16"
+    assert report["worker"] == "cpu/bfloat16" and report["validator"] == "cpu/float32"
+    assert report["rollouts"] == 16 and report["batches"] == report["batches_accepted"] == 1
+    assert report["sigma_measured"] <= report["sigma_profile"]
+    assert report["logprob_diff_units_rms"] > 0  # a bf16 worker really differs from fp32
+    assert report["gap_units_max"] <= report["kappa_profile"]
+    # a bf16 worker does not fit the fp32 profile: its states are not fp32-exact
+    strict = run(
+        "model",
+        "calibrate",
+        str(tiny_model_dir),
+        *common,
+        *bf16,
+        "--profile",
+        "strict-fp32",
+        check=False,
+    )
+    assert strict.returncode == 1 and "DOES NOT FIT" in strict.stdout, strict.stdout
+    # everyone in fp32 fits it exactly
+    exact = json.loads(
+        run(
+            "model",
+            "calibrate",
+            str(tiny_model_dir),
+            *common,
+            "--profile",
+            "strict-fp32",
+            "--json",
+        ).stdout
+    )
+    assert exact["fits"] and exact["sigma_measured"] == 0 and exact["toploc_mean_max"] == 0
+    bad = run("model", "calibrate", str(tiny_model_dir), "--profile", "nope", check=False)
+    assert bad.returncode == 1 and "unknown verification profile" in bad.stderr
+    assert "Traceback" not in bad.stderr

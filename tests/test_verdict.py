@@ -259,3 +259,16 @@ def test_check_rollout_keeps_its_api():
     assert v.passed and v.reason == "ok" and v.describe() == ""
     with pytest.raises(ValueError, match="one row per output token"):
         check_rollout(claim, acts, logits[:-1], eos_token_id=1)
+
+
+def test_the_run_setting_names_every_profile():
+    from typing import get_args
+
+    from node.config import VerifyProfile, load_config
+
+    assert set(get_args(VerifyProfile)) == set(PROFILES)
+    assert load_config(environ={}).verify_profile == "gpu-bf16"
+    assert (
+        load_config(environ={"INTELLECT_NODE_VERIFY_PROFILE": "strict-fp32"}).verify_profile
+        == "strict-fp32"
+    )
