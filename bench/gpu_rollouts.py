@@ -29,7 +29,6 @@ Nothing is downloaded; a CPU run works too (slow at the 1.1B shape: use a few ro
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import platform
 import sys
@@ -41,80 +40,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from node.engine.calibration import build_random_llama as build_model  # noqa: E402
-from node.engine.calibration import random_prompts, weights_sha256  # noqa: E402
-
-SHAPES: dict[str, dict[str, Any]] = {
-    "small": {
-        "config": {
-            "vocab_size": 4096,
-            "hidden_size": 512,
-            "intermediate_size": 1408,
-            "num_hidden_layers": 4,
-            "num_attention_heads": 8,
-            "num_key_value_heads": 2,
-            "max_position_embeddings": 1024,
-        },
-        "lm_head_scale": 8.0,
-    },
-    "1.1b": {
-        "config": {
-            "vocab_size": 32000,
-            "hidden_size": 2048,
-            "intermediate_size": 5632,
-            "num_hidden_layers": 22,
-            "num_attention_heads": 32,
-            "num_key_value_heads": 4,
-            "max_position_embeddings": 2048,
-        },
-        "lm_head_scale": 4.0,
-    },
-}
-TOKEN_IDS = {"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0, "tie_word_embeddings": False}
-VARIANTS = (
-    "honest_batch32",
-    "honest_batch1",
-    "int8_weights_batch16",
-    "adamw_step_lr1e-4_batch16",
-    "other_weights_batch16",
-    "fp16_compute_batch16",
+from node.engine.calibration import (  # noqa: E402
+    FIRST_SEED,
+    SHAPES,
+    TOKEN_IDS,
+    VARIANTS,
+    build_random_llama,
+    random_prompts,
+    shape_recipe,
+    variant_model,
+    weights_sha256,
 )
-FIRST_SEED = 70000
-
-
-@torch.no_grad()
-def int8_weights(model: Any) -> Any:
-    cheap = copy.deepcopy(model)
-    for module in cheap.modules():
-        if isinstance(module, torch.nn.Linear):
-            w = module.weight.float()
-            scale = w.abs().amax(dim=1, keepdim=True).clamp_min(1e-12) / 127
-            module.weight.copy_(((w / scale).round().clamp(-127, 127) * scale).to(w.dtype))
-    return cheap
-
-
-def adamw_step(model: Any, device: torch.device) -> Any:
-    stepped = copy.deepcopy(model).float().train()
-    opt = torch.optim.AdamW(stepped.parameters(), lr=1e-4)
-    g = torch.Generator().manual_seed(0)
-    x = torch.randint(3, model.config.vocab_size, (4, 32), generator=g).to(device)
-    stepped(input_ids=x, labels=x).loss.backward()
-    opt.step()
-    return stepped.to(torch.bfloat16).eval()
-
-
-def variant_model(name: str, base: Any, recipe: dict[str, Any], device: torch.device) -> Any:
-    if name.startswith("honest"):
-        return base
-    if name.startswith("int8"):
-        return int8_weights(base)
-    if name.startswith("adamw"):
-        return adamw_step(base, device)
-    if name.startswith("other_weights"):
-        return build_model(recipe["config"], 99, recipe["lm_head_scale"]).to(device)
-    if name.startswith("fp16"):
-        return copy.deepcopy(base).to(torch.float16)
-    raise ValueError(f"unknown variant {name!r}")
 
 
 def generate(model: Any, batch: int, prompt_ids: list[list[int]], new_tokens: int) -> list[dict]:
@@ -153,8 +89,8 @@ def main() -> None:
     ap.add_argument("--variants", default=",".join(VARIANTS))
     args = ap.parse_args()
     device = torch.device(args.device)
-    recipe = {**SHAPES[args.shape], "config": {**SHAPES[args.shape]["config"], **TOKEN_IDS}}
-    base_cpu = build_model(recipe["config"], args.init_seed, recipe["lm_head_scale"])
+    recipe = shape_recipe(args.shape)
+    base_cpu = build_random_llama(recipe["config"], args.init_seed, recipe["lm_head_scale"])
     doc: dict[str, Any] = {
         "config": recipe["config"],
         "init_seed": args.init_seed,

@@ -46,3 +46,78 @@ def test_vllm_engine_glue(tiny_model_dir):
     # same seeds, same tokens: the verifiable sampler, not vLLM's, chose them
     again = engine.generate([GenRequest(p, i) for i, p in enumerate(prompts(tok, 64))], params)
     assert [r.tokens for r in again] == [r.tokens for r in results]
+
+
+def test_the_validator_judges_on_the_gpu(tiny_model_dir):
+    """Recomputation and every check on CUDA tensors (a validator with a GPU)."""
+    from crypto.verdict import GPU_BF16, check_batch
+    from node.engine.calibration import claim_of, model_layers, recompute_all
+
+    engine, tok = open_engine(str(tiny_model_dir), backend="torch")
+    params = SamplingParams(max_new_tokens=48, top_p=0.9)
+    results = engine.generate([GenRequest(p, i) for i, p in enumerate(prompts(tok, 32))], params)
+    recomputed = recompute_all(
+        engine.model, [r.prompt for r in results], [r.tokens for r in results]
+    )
+    assert recomputed[0][1].device.type == "cuda"
+    claims = [claim_of(r, vars(params)) for r in results]
+    config = GPU_BF16.for_layers(model_layers(engine.model))
+    for i in range(0, 32, 16):
+        verdict = check_batch(
+            claims[i : i + 16], recomputed[i : i + 16], eos_token_id=tok.eos_token_id, config=config
+        )
+        assert verdict.passed, verdict.reason
+
+
+def _shape_1_1b():
+    from node.engine.calibration import build_random_llama, shape_recipe
+
+    recipe = shape_recipe("1.1b")
+    return recipe, build_random_llama(recipe["config"], 0, recipe["lm_head_scale"]).cuda()
+
+
+@pytest.mark.parametrize("in_flight", [32, 1])
+def test_honest_1_1b_shape_is_accepted_on_gpu_and_cpu_validators(in_flight):
+    """TinyLlama's shape, random init, bf16 on the GPU: honest rollouts at 32 and 1 in
+    flight accepted by a bf16 GPU validator and an fp32 CPU validator, as batches of 16."""
+    from crypto.verdict import GPU_BF16, check_batch
+    from node.engine.calibration import claim_of, random_prompts, recompute_all
+    from node.engine.torch_engine import TorchEngine
+
+    recipe, model = _shape_1_1b()
+    count = 32 if in_flight == 32 else 8
+    engine = TorchEngine(model, eos_token_ids=frozenset({2}), max_batch=in_flight)
+    params = SamplingParams(max_new_tokens=128, stop_at_eos=False)
+    prompts_ = random_prompts(count, recipe["config"]["vocab_size"])
+    results = engine.generate([GenRequest(p, 70000 + i) for i, p in enumerate(prompts_)], params)
+    claims = [claim_of(r, vars(params)) for r in results]
+    config = GPU_BF16.for_layers(22)
+    for validator in ("cuda/bf16", "cpu/fp32"):
+        if validator == "cpu/fp32":
+            model = model.float().cpu()  # in place: the GPU copy is not needed any more
+        for i in range(0, count, 16):
+            part = results[i : i + 16]
+            rec = recompute_all(model, [r.prompt for r in part], [r.tokens for r in part])
+            verdict = check_batch(claims[i : i + 16], rec, eos_token_id=2, config=config)
+            assert verdict.passed, (validator, verdict.reason)
+            assert verdict.margin < 0.5, validator
+
+
+def test_an_int8_1_1b_worker_is_rejected_on_gpu():
+    from crypto.verdict import GPU_BF16, check_batch
+    from node.engine.calibration import claim_of, int8_weights, random_prompts, recompute_all
+    from node.engine.torch_engine import TorchEngine
+
+    recipe, model = _shape_1_1b()
+    engine = TorchEngine(int8_weights(model), eos_token_ids=frozenset({2}), max_batch=16)
+    params = SamplingParams(max_new_tokens=128, stop_at_eos=False)
+    prompts_ = random_prompts(16, recipe["config"]["vocab_size"])
+    results = engine.generate([GenRequest(p, 70000 + i) for i, p in enumerate(prompts_)], params)
+    rec = recompute_all(model, [r.prompt for r in results], [r.tokens for r in results])
+    verdict = check_batch(
+        [claim_of(r, vars(params)) for r in results],
+        rec,
+        eos_token_id=2,
+        config=GPU_BF16.for_layers(22),
+    )
+    assert not verdict.passed

@@ -15,6 +15,7 @@ scale) bit for bit on any machine; ``weights_sha256`` checks that.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import math
 import statistics
@@ -28,6 +29,90 @@ from crypto.verdict import BatchVerdict, RolloutClaim, VerifyConfig, check_batch
 from node.engine.base import GenRequest, GenResult, SamplingParams
 
 BATCH_ROLLOUTS = 16  # rollouts per batch when fixtures are cut into batches
+
+
+# Fixture recipes: random-init Llamas whose LM head is scaled so that the logits spread
+# like a trained model's, and what a cheating worker runs instead of the model.
+SHAPES: dict[str, dict[str, Any]] = {
+    "small": {
+        "config": {
+            "vocab_size": 4096,
+            "hidden_size": 512,
+            "intermediate_size": 1408,
+            "num_hidden_layers": 4,
+            "num_attention_heads": 8,
+            "num_key_value_heads": 2,
+            "max_position_embeddings": 1024,
+        },
+        "lm_head_scale": 8.0,
+    },
+    "1.1b": {
+        "config": {
+            "vocab_size": 32000,
+            "hidden_size": 2048,
+            "intermediate_size": 5632,
+            "num_hidden_layers": 22,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 4,
+            "max_position_embeddings": 2048,
+        },
+        "lm_head_scale": 4.0,
+    },
+}
+TOKEN_IDS = {"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0, "tie_word_embeddings": False}
+VARIANTS = (
+    "honest_batch32",
+    "honest_batch1",
+    "int8_weights_batch16",
+    "adamw_step_lr1e-4_batch16",
+    "other_weights_batch16",
+    "fp16_compute_batch16",
+)
+FIRST_SEED = 70000
+
+
+@torch.no_grad()
+def int8_weights(model: Any) -> Any:
+    """Every Linear weight fake-quantized to int8 per output row: a cheaper model."""
+    cheap = copy.deepcopy(model)
+    for module in cheap.modules():
+        if isinstance(module, torch.nn.Linear):
+            w = module.weight.float()
+            scale = w.abs().amax(dim=1, keepdim=True).clamp_min(1e-12) / 127
+            module.weight.copy_(((w / scale).round().clamp(-127, 127) * scale).to(w.dtype))
+    return cheap
+
+
+def adamw_step(model: Any, device: torch.device) -> Any:
+    """The model after one AdamW step (lr 1e-4) on a random LM batch: other weights."""
+    stepped = copy.deepcopy(model).float().train()
+    opt = torch.optim.AdamW(stepped.parameters(), lr=1e-4)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(3, model.config.vocab_size, (4, 32), generator=g).to(device)
+    stepped(input_ids=x, labels=x).loss.backward()
+    opt.step()
+    return stepped.to(torch.bfloat16).eval()
+
+
+def variant_model(name: str, base: Any, recipe: dict[str, Any], device: torch.device) -> Any:
+    """The model a fixture variant's worker really ran (``base`` for honest ones)."""
+    if name.startswith("honest"):
+        return base
+    if name.startswith("int8"):
+        return int8_weights(base)
+    if name.startswith("adamw"):
+        return adamw_step(base, device)
+    if name.startswith("other_weights"):
+        return build_random_llama(recipe["config"], 99, recipe["lm_head_scale"]).to(device)
+    if name.startswith("fp16"):
+        return copy.deepcopy(base).to(torch.float16)
+    raise ValueError(f"unknown variant {name!r}")
+
+
+def shape_recipe(shape: str) -> dict[str, Any]:
+    """``{"config": ..., "lm_head_scale": ...}`` of a named shape, with the token ids."""
+    recipe = SHAPES[shape]
+    return {**recipe, "config": {**recipe["config"], **TOKEN_IDS}}
 
 
 def build_random_llama(config: dict[str, Any], init_seed: int, lm_head_scale: float) -> Any:
