@@ -268,11 +268,19 @@ def test_admin_endpoint_requires_the_token_for_actions(target):
     with pytest.raises(urllib.error.HTTPError) as exc:
         urllib.request.urlopen(req, timeout=10)
     assert exc.value.code == 401
+    token = read_admin_file(node.data_dir)["token"]
+    for wrong in (f"Bearer {token[:-1]}x", "Bearer ", f"Bearer {token}x", f"Basic {token}", token):
+        req.headers["Authorization"] = wrong
+        with pytest.raises(urllib.error.HTTPError) as exc:
+            urllib.request.urlopen(req, timeout=10)
+        assert exc.value.code == 401, wrong
+    req.headers["Authorization"] = f"Bearer {token}"  # the right one is accepted
+    assert _json.loads(urllib.request.urlopen(req, timeout=10).read())["queued"] == 5
     with pytest.raises(urllib.error.HTTPError) as exc:
         urllib.request.urlopen(f"http://127.0.0.1:{port}/nothing", timeout=10)
     assert exc.value.code == 404
     st = _json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/status", timeout=10).read())
-    assert st["announcements"]["published"] == 0
+    assert st["announcements"]["queued"] + st["announcements"]["published"] == 5  # only ours
 
 
 async def test_rejected_gossip_is_not_forwarded(tmp_path):
