@@ -12,16 +12,23 @@
   directly to every known peer;
 - announcements: a paced publisher, and gap repair by direct request for anything
   gossip did not bring.
-Role logic (later issues) builds on ``announce`` and ``on_announcement``.
+Services and roles build on a small public API and never on the internals:
+- ``serve_requests(protocol, request_type, handler)``: a request/response protocol whose
+  request envelope the runtime reads, verifies, admits and counts before the handler sees
+  it; the handler answers through a ``Responder`` (one reply, then bulk frames if the
+  protocol carries any). ``request`` / ``open_request`` are the dialing side.
+- ``subscribe(topic, handler)``: every announcement on ``topic``, delivered once;
+  ``announce(topic, body)`` publishes one.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections import Counter
-from collections.abc import Awaitable, Callable
-from contextlib import AsyncExitStack
+from collections import Counter, defaultdict
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import trio
@@ -48,7 +55,7 @@ from node.peers import PeerTable
 from protocol import ids
 from protocol.admission import Admission
 from protocol.errors import Reason, WireError
-from protocol.framing import read_frame, write_frame
+from protocol.framing import FrameReader, read_frame, write_frame
 from protocol.messages import (
     Announcement,
     Header,
@@ -61,6 +68,35 @@ from protocol.wire import max_envelope_size, open_message, seal
 
 log = logging.getLogger("intellect.node")
 AnnouncementHandler = Callable[[Announcement], None]
+
+
+class Responder:
+    """The listener's side of one request stream: send the reply, then any bulk frames."""
+
+    def __init__(self, node: Node, stream: INetStream, protocol: str, peer: str) -> None:
+        self.node, self.stream, self.protocol, self.peer = node, stream, protocol, peer
+
+    async def send(self, message: Header) -> None:
+        """Seal, count and write one reply envelope."""
+        await self.node._reply(self.stream, self.protocol, message)
+
+    async def write(self, data: bytes, deadline: float | None = None) -> None:
+        """Write one raw frame (bulk data after the reply), counted as traffic."""
+        self.node._count_out(self.protocol, data)
+        await write_frame(self.stream, data, deadline or self.node.cfg.read_timeout)
+
+
+@dataclass
+class Exchange:
+    """The dialer's side of one request stream after the reply: read further frames."""
+
+    peer: str
+    reply: Any
+    reader: FrameReader
+    stream: INetStream
+
+
+RequestHandler = Callable[[Any, Responder], Awaitable[None]]
 
 
 class RemoteRefusal(Exception):
@@ -88,6 +124,7 @@ class Node:
         self.inbox = Inbox(horizon=cfg.announce_buffer)
         self.delivered: Counter[str] = Counter()
         self.announcement_handlers: list[AnnouncementHandler] = []
+        self._topic_handlers: defaultdict[str, list[AnnouncementHandler]] = defaultdict(list)
         self._pacer = TokenBucket(rate=cfg.gossip_rate, burst=max(1.0, cfg.gossip_rate / 10))
         self._queue_send, self._queue_recv = trio.open_memory_channel[tuple[str, bytes]](
             cfg.gossip_queue
@@ -231,14 +268,18 @@ class Node:
     # ---- request/response -------------------------------------------------------------
 
     def _guard(
-        self, protocol: str, handler: Callable[[INetStream, str], Awaitable[None]]
+        self,
+        protocol: str,
+        handler: Callable[[INetStream, str], Awaitable[None]],
+        deadline: float | None = None,
     ) -> Callable[[INetStream], Awaitable[None]]:
         """Wrap a stream handler so no exception or hang escapes into the host."""
+        limit = deadline if deadline is not None else self.cfg.read_timeout * 3
 
         async def guarded(stream: INetStream) -> None:
             peer = stream.muxed_conn.peer_id.to_base58()
             try:
-                with trio.fail_after(self.cfg.read_timeout * 3):
+                with trio.fail_after(limit):
                     await handler(stream, peer)
             except WireError as err:
                 self._reject(protocol, peer, err)
@@ -278,6 +319,32 @@ class Node:
         self._count_out(protocol, data)
         await write_frame(stream, data, self.cfg.read_timeout)
 
+    def serve_requests(
+        self,
+        protocol: str,
+        request_type: type[Header],
+        handler: RequestHandler,
+        *,
+        deadline: float | None = None,
+    ) -> None:
+        """Serve request/response ``protocol``: each stream's one request envelope is read,
+        verified and admitted (every rejection counted under ``protocol``), then
+        ``handler(request, responder)`` answers. A ``WireError`` it raises goes back to the
+        peer as a ``Refusal``; nothing it raises reaches the host. ``deadline`` bounds the
+        whole exchange (default 3 × ``read_timeout``); a handler that streams bulk data
+        passes a longer one and bounds each write itself."""
+        assert self.host is not None, "serve_requests needs a running node"
+
+        async def handle(stream: INetStream, peer: str) -> None:
+            msg = await self._read_request(stream, peer, protocol, request_type)
+            await handler(msg, Responder(self, stream, protocol, peer))
+
+        self.host.set_stream_handler(protocol, self._guard(protocol, handle, deadline))
+
+    def subscribe(self, topic: str, handler: AnnouncementHandler) -> None:
+        """Call ``handler`` for every admitted announcement on ``topic`` (each once)."""
+        self._topic_handlers[topic].append(handler)
+
     async def _handle_presence(self, stream: INetStream, peer: str) -> None:
         msg: NodeInfo = await self._read_request(stream, peer, ids.PRESENCE, NodeInfo)
         self._on_node_info(msg)
@@ -295,6 +362,16 @@ class Node:
 
         Dials the peer first at the addresses it announced if we are not connected.
         """
+        async with self.open_request(peer, protocol, message, reply_type) as exchange:
+            return exchange.reply
+
+    @asynccontextmanager
+    async def open_request(
+        self, peer: str, protocol: str, message: Header, *reply_types: type[Header]
+    ) -> AsyncIterator[Exchange]:
+        """Open a stream to ``peer``, send ``message``, read and verify the reply (one of
+        ``reply_types``; a ``Refusal`` raises ``RemoteRefusal``), and yield the exchange so
+        the caller can read the bulk frames that follow. The stream closes on exit."""
         assert self.host is not None
         pid = ID.from_base58(peer)
         record = self.peers.peers.get(peer)
@@ -306,22 +383,23 @@ class Node:
             data = seal(self.identity, message)
             self._count_out(protocol, data)
             await write_frame(stream, data, self.cfg.read_timeout)
+            reader = FrameReader(stream)
             try:
-                reply_data = await read_frame(
-                    stream, max_envelope_size(reply_type, Refusal), self.cfg.read_timeout
+                reply_data = await reader.read_frame(
+                    max_envelope_size(*reply_types, Refusal), self.cfg.read_timeout
                 )
             except EOFError as exc:
                 raise WireError(Reason.TRUNCATED, "peer closed without replying") from exc
             self._count_in(protocol, reply_data)
             try:
-                reply = open_message(reply_data, reply_type, Refusal)
+                reply = open_message(reply_data, *reply_types, Refusal)
                 self.admission.admit(reply, now_ms(), remote_peer=peer)
             except WireError as err:
                 self._reject(protocol, peer, err)
                 raise
             if isinstance(reply, Refusal):
                 raise RemoteRefusal(reply.reason, reply.detail)
-            return reply
+            yield Exchange(peer, reply, reader, stream)
         finally:
             await _close_quietly(stream)
 
@@ -484,8 +562,12 @@ class Node:
         if not self.inbox.add(msg.sender, msg.session, msg.index):
             return
         self.delivered[msg.sender] += 1
-        for handler in self.announcement_handlers:
-            handler(msg)
+        for handler in self.announcement_handlers + self._topic_handlers.get(msg.topic, []):
+            try:
+                handler(msg)
+            except Exception as exc:  # a subscriber's bug must not stop delivery or relay
+                self.metrics.inc("subscriber_errors", topic=msg.topic)
+                log.exception("announcement handler failed topic=%s: %s", msg.topic, exc)
 
     def _on_presence_gossip(self, data: bytes) -> None:
         msg = open_message(data, NodeInfo)
