@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from protocol.rollouts import RolloutBatch
 from protocol.wire import open_message
 
@@ -147,3 +149,45 @@ def test_model_calibrate_measures_a_profile_on_this_machine(tiny_model_dir):
     bad = run("model", "calibrate", str(tiny_model_dir), "--profile", "nope", check=False)
     assert bad.returncode == 1 and "unknown verification profile" in bad.stderr
     assert "Traceback" not in bad.stderr
+
+
+def test_an_interrupted_copy_never_leaves_a_half_written_model(
+    tiny_model_dir, tmp_path, monkeypatch
+):
+    """Ctrl-C while the model's files are being written (the cache copy, or the copy into
+    OUT_DIR): the destination holds either nothing or the complete earlier model, and no
+    staging is left behind."""
+    import shutil as real_shutil
+
+    from node.engine import tinymodel
+
+    copytree = real_shutil.copytree
+
+    def interrupted_copytree(src, dst, **kw):
+        written = []
+
+        def copy_one(a, b):
+            if written:  # the first file is written, the second never
+                raise KeyboardInterrupt
+            written.append(real_shutil.copy2(a, b))
+
+        return copytree(src, dst, copy_function=copy_one)
+
+    fresh = tmp_path / "fresh"
+    monkeypatch.setattr(tinymodel.shutil, "copytree", interrupted_copytree)
+    with pytest.raises(KeyboardInterrupt):
+        tinymodel._copy(tiny_model_dir, fresh)
+    assert not fresh.exists()
+    assert list(tmp_path.iterdir()) == []  # no staging debris
+
+    earlier = tmp_path / "earlier"
+    copytree(tiny_model_dir, earlier)
+    before = sorted(p.name for p in earlier.iterdir())
+    with pytest.raises(KeyboardInterrupt):
+        tinymodel._copy(tiny_model_dir, earlier)
+    assert sorted(p.name for p in earlier.iterdir()) == before  # still the whole model
+    assert [p.name for p in tmp_path.iterdir()] == ["earlier"]
+    monkeypatch.undo()
+    tinymodel._copy(tiny_model_dir, earlier)  # and an uninterrupted copy replaces it
+    assert sorted(p.name for p in earlier.iterdir()) == before
+    assert [p.name for p in tmp_path.iterdir()] == ["earlier"]

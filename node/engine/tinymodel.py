@@ -176,13 +176,24 @@ def _matches(path: Path, r: Recipe) -> bool:
 
 
 def _copy(src: Path, dst: Path) -> None:
-    """Copy a model directory so that ``dst`` never holds a half-written model."""
+    """Copy a model directory so that ``dst`` never holds a half-written model: staged
+    beside it and renamed into place; an interrupted copy leaves no staging behind, and an
+    earlier model at ``dst`` is replaced only by a complete one."""
     dst.parent.mkdir(parents=True, exist_ok=True)
-    staging = dst.with_name(f".{dst.name}.{time.time_ns()}")
-    shutil.copytree(src, staging)
-    if dst.exists():
-        shutil.rmtree(dst)
-    staging.rename(dst)
+    stamp = time.time_ns()
+    staging = dst.with_name(f".{dst.name}.{stamp}.partial")
+    old = dst.with_name(f".{dst.name}.{stamp}.old")
+    try:
+        shutil.copytree(src, staging)
+        if dst.exists():
+            dst.rename(old)
+        staging.rename(dst)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        if old.exists() and not dst.exists():
+            old.rename(dst)  # put the earlier model back
+        raise
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def evaluate(model_dir: str | Path, task: str, *, count: int = 64, seed: int = 12345) -> float:
