@@ -182,8 +182,27 @@ def test_bad_model_dirs(tiny_model_dir, tmp_path):
         load_model(other)
 
 
-def test_backend_selection_without_vllm():
-    assert not vllm_available()  # CPU machine: never selected automatically
+def test_backend_selection(monkeypatch, tiny_model_dir):
+    """vLLM is chosen automatically only when it is installed AND a GPU is present."""
+    import importlib.util
+
+    from node.engine import vllm_engine
+
+    real_find_spec = importlib.util.find_spec
+    for cuda, installed, want in [(False, True, False), (True, False, False), (True, True, True)]:
+        monkeypatch.setattr(vllm_engine.torch.cuda, "is_available", lambda c=cuda: c)
+        monkeypatch.setattr(
+            importlib.util,
+            "find_spec",
+            lambda name, *a, i=installed: (
+                (object() if i else None) if name == "vllm" else real_find_spec(name, *a)
+            ),
+        )
+        assert vllm_available() is want, (cuda, installed)
+    monkeypatch.undo()
+    monkeypatch.setattr(vllm_engine, "vllm_available", lambda: False)
+    engine, _ = open_engine(str(tiny_model_dir), backend="auto")
+    assert engine.name == "torch"
     with pytest.raises(ValueError, match="vLLM"):
         open_engine("/nonexistent", backend="vllm")
     with pytest.raises(ValueError, match="backend"):
