@@ -138,6 +138,10 @@ class Node:
 
     # ---- messages we send -------------------------------------------------------------
 
+    def header(self) -> dict[str, Any]:
+        """A fresh message header (run id, our peer id, next sequence number, now)."""
+        return self._header()
+
     def _header(self) -> dict[str, Any]:
         self._seq += 1
         return {
@@ -165,6 +169,10 @@ class Node:
     def _count_in(self, protocol: str, data: bytes) -> None:
         self.metrics.inc("messages", direction="in", protocol=protocol)
         self.metrics.inc("bytes", len(data), direction="in", protocol=protocol)
+
+    def reject(self, protocol: str, peer: str, err: WireError) -> None:
+        """Count and log an input rejected for ``err.reason`` (services call this too)."""
+        self._reject(protocol, peer, err)
 
     def _reject(self, protocol: str, peer: str, err: WireError) -> None:
         self.metrics.inc("rejected", reason=err.reason.value, protocol=protocol)
