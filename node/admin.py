@@ -4,6 +4,8 @@ GET  /status       the node's status as JSON (what ``intellect-node status`` sho
 GET  /metrics      Prometheus text format
 POST /announce     {"topic", "count", "body"}: queue announcements (needs the token)
 POST /ping         {"peer_id"}: presence round trip to a peer (needs the token)
+plus the routes services add (``routes``: GET ones open, POST ones need the token), e.g.
+GET /weights, POST /weights/publish and /weights/pull (node/shardcast/service.py).
 
 On start it writes ``<data_dir>/admin.json`` (mode 0600) with its port and a random
 bearer token that POST requests must carry; the file is removed on exit.
@@ -15,6 +17,7 @@ import json
 import logging
 import os
 import secrets
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +29,7 @@ log = logging.getLogger("intellect.admin")
 ADMIN_FILE = "admin.json"
 MAX_REQUEST = 64 * 1024
 READ_TIMEOUT = 5.0
+Route = Callable[[dict[str, Any]], Awaitable[Any]]
 
 
 class HttpError(Exception):
@@ -66,8 +70,15 @@ async def _read_request(stream: trio.SocketStream) -> tuple[str, str, dict[str, 
 
 
 class AdminServer:
-    def __init__(self, node: Node, data_dir: Path, port: int = 0) -> None:
+    def __init__(
+        self,
+        node: Node,
+        data_dir: Path,
+        port: int = 0,
+        routes: dict[tuple[str, str], Route] | None = None,
+    ) -> None:
         self.node = node
+        self.routes = dict(routes or {})
         self.data_dir = data_dir
         self.port = port
         self.token = secrets.token_hex(16)
@@ -135,13 +146,16 @@ class AdminServer:
             return 200, "application/json", json.dumps(self.node.status()).encode()
         if method == "GET" and path == "/metrics":
             return 200, "text/plain; version=0.0.4", self.node.prometheus().encode()
-        if method == "POST" and path in ("/announce", "/ping"):
+        route = self.routes.get((method, path))
+        if method == "POST" and (route is not None or path in ("/announce", "/ping")):
             if not secrets.compare_digest(headers.get("authorization", ""), f"Bearer {self.token}"):
                 raise HttpError(401, "missing or wrong bearer token (see admin.json)")
             try:
                 args: dict[str, Any] = json.loads(body or b"{}")
             except ValueError as exc:
                 raise HttpError(400, "body is not JSON") from exc
+            if route is not None:
+                return 200, "application/json", json.dumps(await _call(route, args)).encode()
             if path == "/ping":
                 result = await self.node.ping(str(args.get("peer_id", "")))
                 return 200, "application/json", json.dumps(result).encode()
@@ -156,7 +170,17 @@ class AdminServer:
             except trio.WouldBlock:
                 pass
             return 200, "application/json", json.dumps({"queued": queued}).encode()
+        if route is not None:
+            return 200, "application/json", json.dumps(await _call(route, {})).encode()
         raise HttpError(404, f"no such endpoint: {method} {path}")
+
+
+async def _call(route: Route, args: dict[str, Any]) -> Any:
+    """Run a service's route; a ValueError is the caller's mistake (HTTP 400)."""
+    try:
+        return await route(args)
+    except ValueError as exc:
+        raise HttpError(400, str(exc)) from exc
 
 
 def read_admin_file(data_dir: Path) -> dict[str, Any]:

@@ -16,13 +16,13 @@ from node.config import ConfigError, NodeConfig, config_toml, load_config
 
 ROLE_NOTES = {
     "bootstrap": "entry point into the DHT: serves discovery, relays gossip.",
-    "inference": "networking only for now: the rollout engine exists (try `intellect-node model "
-    "rollouts`), but this role does not yet pull weights or submit rollouts, so it joins the run, "
-    "gossips presence and serves requests, but produces no rollouts.",
+    "inference": "pulls every new weight version (SHARDCAST) and serves its shards to peers; the "
+    "rollout engine exists (try `intellect-node model rollouts`), but this role does not yet "
+    "submit rollouts.",
     "validator": "networking only for now: rollout validation and slashing are not built yet "
     "(issues #3, #5), so this node checks nothing yet.",
-    "trainer": "networking only for now: GRPO training and weight publishing are not built yet, "
-    "so this node publishes no weights yet.",
+    "trainer": "publishes weight versions (`intellect-node weights publish DIR`) and serves them; "
+    "GRPO training is not built yet.",
 }
 
 EPILOG = """\
@@ -36,6 +36,8 @@ examples:
   intellect-node rewards                     # stake, pending/claimable rewards, verdicts
   intellect-node model init ./tiny           # build the tiny base policy (once; then cached)
   intellect-node model rollouts ./tiny --worker 0x...  # one step's proven, scored rollouts
+  intellect-node weights publish ./ckpt --name trainer  # sign and serve a checkpoint version
+  intellect-node weights pull --name inference          # fetch the newest version from peers
 
 configuration: defaults < --config FILE (TOML) < INTELLECT_NODE_<FIELD> env vars < flags
 """
@@ -78,6 +80,11 @@ def _add_node_flags(p: argparse.ArgumentParser) -> None:
         "gossip_rate",
         "gossip_queue",
         "announce_buffer",
+        "async_level",
+        "shard_size",
+        "download_slots",
+        "upload_slots",
+        "upload_rate",
     ):
         f = fields[name]
         p.add_argument(
@@ -91,6 +98,9 @@ def _add_node_flags(p: argparse.ArgumentParser) -> None:
         help=fields["log_level"].description,
     )
     p.add_argument("--model", type=Path, metavar="DIR", help=fields["model"].description)
+    p.add_argument(
+        "--trainer-peer-id", metavar="PEER_ID", help=fields["trainer_peer_id"].description
+    )
     p.add_argument(
         "--verify-profile",
         choices=["gpu-bf16", "paper", "strict-fp32"],
@@ -144,6 +154,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_model_parsers(sub)
 
+    from node.weights_cli import add_weights_parsers
+
+    add_weights_parsers(sub)
+
     devnet = sub.add_parser(
         "devnet", help="run a local network (bootstrap, trainer, validator, inference) on 127.0.0.1"
     )
@@ -193,6 +207,7 @@ def cmd_start(args: argparse.Namespace) -> int:
 
     from node.admin import AdminServer
     from node.runtime import Node
+    from node.shardcast.service import WeightService
 
     setup_logging(
         cfg.log_level, identity.peer_id[-8:]
@@ -208,7 +223,9 @@ def cmd_start(args: argparse.Namespace) -> int:
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             async with trio.open_nursery() as nursery:
                 await nursery.start(run_node)
-                port = await nursery.start(AdminServer(node, data_dir, cfg.admin_port).serve)
+                weights = await nursery.start(WeightService(node, cfg).serve)
+                admin = AdminServer(node, data_dir, cfg.admin_port, routes=weights.admin_routes())
+                port = await nursery.start(admin.serve)
                 print(f"intellect-node {cfg.role} up", flush=True)
                 print(f"  peer id : {node.peer_id}")
                 for a in node.addrs:
@@ -328,6 +345,12 @@ def cmd_model(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def cmd_weights(args: argparse.Namespace) -> int:
+    from node.weights_cli import cmd_weights as run
+
+    return run(args)
+
+
 def cmd_ledger(args: argparse.Namespace) -> int:
     from node import ledger_cli
 
@@ -349,6 +372,7 @@ COMMANDS = {
     "rewards": cmd_ledger,
     "stake": cmd_ledger,
     "model": cmd_model,
+    "weights": cmd_weights,
 }
 
 

@@ -112,6 +112,33 @@ class NodeConfig(BaseModel):
         "in fp32: the CPU engine). Check one with `intellect-node model calibrate`.",
     )
 
+    trainer_peer_id: str | None = Field(
+        None,
+        pattern=r"^[1-9A-HJ-NP-Za-km-z]{40,64}$",
+        description="The run's trainer: weight manifests are accepted only under this key.",
+    )
+    async_level: int = Field(
+        2,
+        ge=0,
+        le=64,
+        description="A worker at trainer step n may use policy versions >= n - async_level.",
+    )
+    shard_size: int = Field(
+        4 * 1024 * 1024,
+        ge=64 * 1024,
+        le=64 * 1024 * 1024,
+        description="Bytes per weight shard in the manifests this node publishes.",
+    )
+    download_slots: int = Field(
+        4, ge=1, le=64, description="Shards fetched at once (memory: this many shards)."
+    )
+    upload_slots: int = Field(
+        4, ge=1, le=256, description="Shard uploads served at once; more are refused as busy."
+    )
+    upload_rate: float = Field(
+        0.0, ge=0, le=100_000, description="Upload cap for weight shards in MB/s (0: none)."
+    )
+
     @field_validator("run_id")
     @classmethod
     def _run_id(cls, v: str) -> str:

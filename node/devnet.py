@@ -218,6 +218,12 @@ def run_devnet(base_dir: Path, *, run_id: str, inference: int, duration: float) 
     chain: subprocess.Popen[bytes] | None = None
     try:
         chain, ledger_env = start_chain(base_dir / "chain")
+        # the trainer's key is the run's trust root for weights: make it first, tell everyone
+        from node.keystore import load_or_create_identity
+
+        trainer_id = load_or_create_identity(base_dir / "trainer").peer_id
+        ledger_env = {**ledger_env, "INTELLECT_NODE_TRAINER_PEER_ID": trainer_id}
+        print(f"devnet: trainer (weights trust root) {trainer_id}", flush=True)
         model_env = {"INTELLECT_NODE_MODEL": str(prepare_model(base_dir / "model"))}
         boot = spawn_node(
             "bootstrap",

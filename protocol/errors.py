@@ -18,6 +18,9 @@ class Reason(StrEnum):
     STALE = "stale"  # timestamp outside the allowed clock skew
     RESET = "reset"  # the stream was reset or failed underneath us
     INTERNAL = "internal"  # our own handler failed; the host stays up
+    BAD_SHARD = "bad_shard"  # shard bytes whose hash is not the manifest's (the peer is banned)
+    NOT_FOUND = "not_found"  # a refusal: the listener does not hold what was asked for
+    BUSY = "busy"  # a refusal: every upload slot is taken; ask another peer
 
 
 class WireError(Exception):

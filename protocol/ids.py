@@ -40,3 +40,13 @@ def role_key(run_id: str, role: str) -> str:
     if role not in ROLES:
         raise ValueError(f"unknown role {role!r}")
     return f"/intellect/{check_run_id(run_id)}/role/{role}"
+
+
+# SHARDCAST (protocol/shardcast.py): holdings/manifest queries and the shard exchange.
+WEIGHTS = "/intellect/weights/1.0.0"
+SHARDCAST = "/intellect/shardcast/1.0.0"
+
+
+def weights_key(run_id: str, version: int) -> str:
+    """DHT provider key under which every holder of ``version`` provides itself."""
+    return f"/intellect/{check_run_id(run_id)}/weights/{version}"

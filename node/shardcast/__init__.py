@@ -1,0 +1,1 @@
+"""SHARDCAST: signed, verified, multi-source weight distribution (see service.py)."""

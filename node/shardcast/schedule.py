@@ -1,0 +1,164 @@
+"""Which shard to fetch next, and from whom: a pure state machine (no sockets, no clock).
+
+The download loop tells it what each peer holds (``update_peer``), asks it for work
+(``assign(now)``), and reports every outcome (``completed``, ``failed``, ``corrupt``).
+
+- **Shards**: rarest first (fewest non-banned holders), ties broken at random, so that
+  downloaders pulling at the same time take different shards from the origin and can
+  trade them among themselves.
+- **Origin last**: the run's trainer is asked for a shard only when no other usable peer
+  holds it, so the origin's egress stays near one copy however many nodes pull.
+- **Peers**: a moving average (EWMA, ``alpha``) of measured throughput and of success,
+  scored ``rate × success / (1 + in flight)``; a peer never measured is tried first
+  (optimism), and with probability ``explore`` a random holder is taken, so a new fast
+  peer is found.
+- **Failures**: a peer whose fetch failed or stalled loses that shard (it goes back to the
+  pool at once) and is backed off for ``backoff × 2^(failures − 1)`` seconds (at most
+  ``max_backoff``); a peer that served a shard whose hash is wrong is banned for good.
+- **Bounds**: at most ``max_inflight`` shards in flight (memory is that many shards) and
+  ``per_peer`` from any one peer.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+
+@dataclass
+class PeerState:
+    peer: str
+    have: set[int] = field(default_factory=set)
+    rate: float | None = None  # EWMA of bytes/s over completed fetches
+    success: float = 1.0  # EWMA of 1 (completed) / 0 (failed)
+    inflight: int = 0
+    failures: int = 0  # consecutive
+    backoff_until: float = 0.0
+    banned: bool = False
+    fetched_bytes: int = 0
+
+    def score(self) -> float:
+        return (self.rate or 0.0) * self.success / (1 + self.inflight)
+
+
+@dataclass
+class DownloadPlan:
+    num_shards: int
+    done: set[int] = field(default_factory=set)
+    origin: str | None = None
+    max_inflight: int = 4
+    per_peer: int = 2
+    alpha: float = 0.3
+    explore: float = 0.1
+    backoff: float = 1.0
+    max_backoff: float = 30.0
+    rng: random.Random = field(default_factory=random.Random)
+    peers: dict[str, PeerState] = field(default_factory=dict)
+    inflight: dict[int, str] = field(default_factory=dict)
+
+    # ---- what the loop tells it ---------------------------------------------------------
+
+    def update_peer(self, peer: str, have: set[int]) -> None:
+        state = self.peers.setdefault(peer, PeerState(peer))
+        state.have = {i for i in have if 0 <= i < self.num_shards}
+
+    def remove_peer(self, peer: str) -> None:
+        """Forget a peer's holdings (its in-flight fetches report their own outcome)."""
+        if peer in self.peers:
+            self.peers[peer].have = set()
+
+    def completed(self, shard: int, peer: str, nbytes: int, seconds: float) -> None:
+        self._release(shard, peer)
+        self.done.add(shard)
+        p = self.peers[peer]
+        rate = nbytes / max(seconds, 1e-6)
+        p.rate = rate if p.rate is None else (1 - self.alpha) * p.rate + self.alpha * rate
+        p.success = (1 - self.alpha) * p.success + self.alpha
+        p.failures = 0
+        p.fetched_bytes += nbytes
+
+    def failed(self, shard: int, peer: str, now: float) -> None:
+        """The fetch failed, stalled or was refused: the shard goes back, the peer waits."""
+        self._release(shard, peer)
+        p = self.peers[peer]
+        p.success = (1 - self.alpha) * p.success
+        p.failures += 1
+        p.backoff_until = now + min(self.max_backoff, self.backoff * 2 ** (p.failures - 1))
+
+    def corrupt(self, shard: int, peer: str) -> None:
+        """The peer served bytes whose hash is not the manifest's: banned for the run."""
+        self._release(shard, peer)
+        p = self.peers[peer]
+        p.banned = True
+        p.have = set()
+
+    def _release(self, shard: int, peer: str) -> None:
+        if self.inflight.get(shard) == peer:
+            del self.inflight[shard]
+        p = self.peers.get(peer)
+        if p is not None:
+            p.inflight = max(0, p.inflight - 1)
+        else:
+            self.peers[peer] = PeerState(peer)
+
+    # ---- what it decides ----------------------------------------------------------------
+
+    @property
+    def complete(self) -> bool:
+        return len(self.done) == self.num_shards
+
+    @property
+    def banned(self) -> list[str]:
+        return sorted(p.peer for p in self.peers.values() if p.banned)
+
+    def _available(self, p: PeerState, now: float) -> bool:
+        return not p.banned and p.backoff_until <= now
+
+    def next_wakeup(self, now: float) -> float | None:
+        """When a backed-off peer becomes usable again (None: no peer is waiting)."""
+        waits = [
+            p.backoff_until for p in self.peers.values() if not p.banned and p.backoff_until > now
+        ]
+        return min(waits) if waits else None
+
+    def assign(self, now: float) -> list[tuple[int, str]]:
+        """New (shard, peer) fetches to start now, within the in-flight bounds."""
+        out: list[tuple[int, str]] = []
+        while len(self.inflight) < self.max_inflight:
+            pick = self._pick(now)
+            if pick is None:
+                break
+            shard, peer = pick
+            self.inflight[shard] = peer
+            self.peers[peer].inflight += 1
+            out.append(pick)
+        return out
+
+    def _pick(self, now: float) -> tuple[int, str] | None:
+        holders: dict[int, list[PeerState]] = {}
+        for p in self.peers.values():
+            if p.banned:
+                continue
+            for s in p.have:
+                if s not in self.done and s not in self.inflight:
+                    holders.setdefault(s, []).append(p)
+        order = list(holders)
+        self.rng.shuffle(order)
+        order.sort(key=lambda s: len(holders[s]))  # stable: random among equally rare
+        for shard in order:
+            live = [p for p in holders[shard] if self._available(p, now)]
+            others = [p for p in live if p.peer != self.origin]
+            pool = others or live  # the origin only when nobody else can serve this shard
+            usable = [p for p in pool if p.inflight < self.per_peer]
+            if not usable:
+                continue
+            return shard, self._choose(usable).peer
+        return None
+
+    def _choose(self, usable: list[PeerState]) -> PeerState:
+        untried = [p for p in usable if p.rate is None]
+        if untried:
+            return min(untried, key=lambda p: (p.inflight, p.failures, self.rng.random()))
+        if self.rng.random() < self.explore:
+            return self.rng.choice(usable)
+        return max(usable, key=lambda p: (p.score(), self.rng.random()))

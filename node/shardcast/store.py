@@ -1,0 +1,377 @@
+"""The weight store on disk: complete versions, resumable partial downloads, retention.
+
+Layout under ``<data_dir>/weights/``::
+
+    v00000007/manifest.sig          the trainer's signed manifest envelope
+    v00000007/files/<name>          the checkpoint files, as the manifest lists them
+    .partial-v00000008/manifest.sig
+    .partial-v00000008/files/...    preallocated (sparse) files, shards written in place
+    .partial-v00000008/done         journal: u32 big-endian shard indices, appended after
+                                    each verified shard's bytes were written
+    .partial-v00000008/lock         flock: one process writes a partial at a time
+
+A version becomes visible (``vNNNNNNNN``) only complete and verified: every shard hash,
+then the whole-sequence hash, then an atomic rename. A process killed at any point leaves
+a partial whose journal lists only shards whose bytes were written before; on resume those
+shards are read back and re-hashed locally (never fetched again), the rest are fetched.
+Everything here is blocking file I/O: the service calls it through ``trio.to_thread``.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import shutil
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from crypto.hashing import DIGEST_SIZE, digest
+from crypto.identity import Identity
+from protocol.shardcast import MAX_FILES, WeightFile, WeightManifest, is_file_name, open_manifest
+from protocol.wire import seal
+
+MANIFEST_FILE = "manifest.sig"
+JOURNAL = struct.Struct(">I")
+READ_CHUNK = 1 << 20
+
+
+class StoreError(RuntimeError):
+    """A checkpoint that cannot be published or a store that cannot be used."""
+
+
+def version_dir_name(version: int) -> str:
+    return f"v{version:08d}"
+
+
+def _open_files(root: Path, manifest: WeightManifest, *, create: bool) -> list[int]:
+    fds = []
+    for f in manifest.files:
+        path = root / "files" / f.name
+        if create:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            if os.fstat(fd).st_size != f.size:
+                os.ftruncate(fd, f.size)
+        else:
+            fd = os.open(path, os.O_RDONLY)
+        fds.append(fd)
+    return fds
+
+
+class ShardSource:
+    """Reads shard bytes of one version, complete or partial (``held`` shards only)."""
+
+    def __init__(self, root: Path, manifest: WeightManifest, envelope: bytes, fds: list[int]):
+        self.root = root
+        self.manifest = manifest
+        self.envelope = envelope
+        self._fds = fds
+        self.held: set[int] = set()
+
+    def read(self, index: int, offset: int, length: int) -> bytes:
+        """``length`` bytes of shard ``index`` from ``offset`` within it."""
+        start, end = self.manifest.shard_range(index)
+        lo, hi = start + offset, min(start + offset + length, end)
+        parts = [os.pread(self._fds[i], n, off) for i, off, n in self.manifest.spans(lo, hi) if n]
+        data = b"".join(parts)
+        if len(data) != hi - lo:
+            raise StoreError(f"short read of shard {index}")
+        return data
+
+    def read_shard(self, index: int) -> bytes:
+        return self.read(index, 0, self.manifest.shard_length(index))
+
+    def close(self) -> None:
+        for fd in self._fds:
+            os.close(fd)
+        self._fds = []
+
+
+class Partial(ShardSource):
+    """A download in progress; ``write`` stores one verified shard durably in the journal."""
+
+    def __init__(self, root: Path, manifest: WeightManifest, envelope: bytes) -> None:
+        self._lock = os.open(root / "lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError as exc:
+            os.close(self._lock)
+            raise StoreError(f"{root} is being written by another process") from exc
+        super().__init__(root, manifest, envelope, _open_files(root, manifest, create=True))
+        self._journal = os.open(root / "done", os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+        self.resumed = self._resume()
+
+    def _resume(self) -> int:
+        """Re-hash the shards the journal lists; keep those that match. Returns the count."""
+        raw = os.pread(self._journal, os.fstat(self._journal).st_size, 0)
+        listed = {JOURNAL.unpack_from(raw, i)[0] for i in range(0, len(raw) - len(raw) % 4, 4)}
+        for index in sorted(listed):
+            if index < self.manifest.num_shards and digest(
+                self.read_shard(index)
+            ) == self.manifest.shard_hash(index):
+                self.held.add(index)
+        # rewrite the journal with exactly what was verified (drops a torn last entry)
+        os.ftruncate(self._journal, 0)
+        os.write(self._journal, b"".join(JOURNAL.pack(i) for i in sorted(self.held)))
+        return len(self.held)
+
+    def verify(self, index: int, data: bytes | bytearray | memoryview) -> bool:
+        return len(data) == self.manifest.shard_length(index) and digest(
+            bytes(data)
+        ) == self.manifest.shard_hash(index)
+
+    def write(self, index: int, data: bytes | bytearray | memoryview) -> None:
+        """Write a verified shard in place, then record it in the journal."""
+        start, end = self.manifest.shard_range(index)
+        view = memoryview(data)
+        for i, off, n in self.manifest.spans(start, end):
+            f = self.manifest.files[i]
+            pos = f.offset + off - start
+            os.pwrite(self._fds[i], view[pos : pos + n], off)
+        os.write(self._journal, JOURNAL.pack(index))
+        self.held.add(index)
+
+    @property
+    def complete(self) -> bool:
+        return len(self.held) == self.manifest.num_shards
+
+    def close(self) -> None:
+        super().close()
+        if self._journal >= 0:
+            os.close(self._journal)
+            self._journal = -1
+        if self._lock >= 0:
+            os.close(self._lock)
+            self._lock = -1
+
+
+def whole_digest(source: ShardSource) -> bytes:
+    h = hashlib.blake2b(digest_size=DIGEST_SIZE)
+    m = source.manifest
+    for index in range(m.num_shards):
+        for offset in range(0, m.shard_length(index), READ_CHUNK):
+            h.update(source.read(index, offset, READ_CHUNK))
+    return h.digest()
+
+
+@dataclass
+class WeightStore:
+    """All versions under ``root``; the manifests it holds were verified on load."""
+
+    root: Path
+    run_id: str
+    trainer: str | None
+    complete: dict[int, ShardSource] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    def _load(self, path: Path) -> tuple[WeightManifest, bytes]:
+        envelope = (path / MANIFEST_FILE).read_bytes()
+        return open_manifest(envelope, run_id=self.run_id, trainer=self.trainer), envelope
+
+    def load(self) -> list[int]:
+        """Open every complete version (ignoring dirs whose manifest does not verify) and
+        return the versions with a resumable partial download."""
+        partials = []
+        for path in sorted(self.root.iterdir()):
+            name = path.name
+            try:
+                if name.startswith("v") and name[1:].isdigit():
+                    m, env = self._load(path)
+                    if m.version == int(name[1:]) and m.version not in self.complete:
+                        self.complete[m.version] = ShardSource(
+                            path, m, env, _open_files(path, m, create=False)
+                        )
+                        self.complete[m.version].held = set(range(m.num_shards))
+                elif name.startswith(".partial-v") and (path / MANIFEST_FILE).exists():
+                    partials.append(int(name[len(".partial-v") :]))
+            except Exception:  # a damaged or foreign directory is not ours to serve
+                continue
+        return partials
+
+    def partial_manifest(self, version: int) -> bytes | None:
+        path = self.root / (".partial-" + version_dir_name(version)) / MANIFEST_FILE
+        return path.read_bytes() if path.exists() else None
+
+    def begin(self, manifest: WeightManifest, envelope: bytes) -> Partial:
+        """Open (or resume) the partial download of ``manifest``."""
+        path = self.root / (".partial-" + version_dir_name(manifest.version))
+        (path / "files").mkdir(parents=True, exist_ok=True)
+        manifest_path = path / MANIFEST_FILE
+        if not manifest_path.exists() or manifest_path.read_bytes() != envelope:
+            if manifest_path.exists():  # another manifest for this version: start over
+                shutil.rmtree(path)
+                (path / "files").mkdir(parents=True)
+            _write_atomic(manifest_path, envelope)
+        return Partial(path, manifest, envelope)
+
+    def finish(self, partial: Partial) -> ShardSource:
+        """Check the whole digest and make the version visible (atomic rename)."""
+        m = partial.manifest
+        if not partial.complete:
+            raise StoreError(f"version {m.version}: {len(partial.held)} of {m.num_shards} shards")
+        if whole_digest(partial) != m.digest:
+            raise StoreError(f"version {m.version}: whole-checkpoint digest does not match")
+        for fd in partial._fds:
+            os.fsync(fd)
+        partial.close()
+        (partial.root / "done").unlink()
+        (partial.root / "lock").unlink()
+        final = self.root / version_dir_name(m.version)
+        if final.exists():
+            shutil.rmtree(final)
+        os.rename(partial.root, final)
+        _fsync_dir(self.root)
+        src = ShardSource(final, m, partial.envelope, _open_files(final, m, create=False))
+        src.held = set(range(m.num_shards))
+        self.complete[m.version] = src
+        return src
+
+    def retain(self, keep: int) -> list[int]:
+        """Delete all but the newest ``keep`` complete versions, and partial downloads older
+        than the oldest kept one. Returns the deleted versions."""
+        versions = sorted(self.complete)
+        drop = versions[:-keep] if keep else versions
+        for v in drop:
+            self.complete.pop(v).close()
+            shutil.rmtree(self.root / version_dir_name(v), ignore_errors=True)
+        if versions[-keep:]:
+            oldest = versions[-keep:][0]
+            for path in self.root.glob(".partial-v*"):
+                v = int(path.name[len(".partial-v") :])
+                if v < oldest and not _locked(path):
+                    shutil.rmtree(path, ignore_errors=True)
+                    drop.append(v)
+        return drop
+
+
+def checkpoint_files(src: Path) -> list[tuple[str, Path]]:
+    """The regular files under ``src`` as (manifest name, path), sorted by name."""
+    if not src.is_dir():
+        raise StoreError(f"{src} is not a directory")
+    out = []
+    for path in sorted(src.rglob("*")):
+        if path.is_symlink() or not path.is_file():
+            continue
+        name = path.relative_to(src).as_posix()
+        if not is_file_name(name):
+            raise StoreError(f"cannot publish {name!r}: names may use only A-Z a-z 0-9 _ . + = -")
+        out.append((name, path))
+    out.sort()
+    if not out:
+        raise StoreError(f"{src} holds no files")
+    if len(out) > MAX_FILES:
+        raise StoreError(f"{src} holds {len(out)} files, at most {MAX_FILES} per version")
+    return out
+
+
+def publish(
+    store: WeightStore,
+    src: Path,
+    *,
+    identity: Identity,
+    version: int,
+    step: int,
+    shard_size: int,
+    seq: int,
+    ts_ms: int,
+) -> ShardSource:
+    """Copy the checkpoint in ``src`` into the store as ``version``, signed by ``identity``.
+
+    One pass over the bytes: they are copied into a partial directory while the shard and
+    whole hashes are computed; the signed manifest is written last, then the rename."""
+    files = checkpoint_files(src)
+    work = store.root / (".publish-" + version_dir_name(version))
+    shutil.rmtree(work, ignore_errors=True)
+    shard_hashes: list[bytes] = []
+    whole = hashlib.blake2b(digest_size=DIGEST_SIZE)
+    shard = hashlib.blake2b(digest_size=DIGEST_SIZE)
+    in_shard = 0
+    entries = []
+    offset = 0
+    for name, path in files:
+        dest = work / "files" / name
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        size = 0
+        with open(path, "rb") as fin, open(dest, "wb") as fout:
+            while chunk := fin.read(READ_CHUNK):
+                fout.write(chunk)
+                whole.update(chunk)
+                size += len(chunk)
+                view = memoryview(chunk)
+                while view:
+                    take = min(len(view), shard_size - in_shard)
+                    shard.update(view[:take])
+                    in_shard += take
+                    view = view[take:]
+                    if in_shard == shard_size:
+                        shard_hashes.append(shard.digest())
+                        shard, in_shard = hashlib.blake2b(digest_size=DIGEST_SIZE), 0
+            fout.flush()
+            os.fsync(fout.fileno())
+        entries.append(WeightFile(name=name, size=size, offset=offset))
+        offset += size
+    if in_shard:
+        shard_hashes.append(shard.digest())
+    if offset == 0:
+        shutil.rmtree(work, ignore_errors=True)
+        raise StoreError(f"{src}: every file is empty")
+    manifest = WeightManifest(
+        run_id=store.run_id,
+        sender=identity.peer_id,
+        seq=seq,
+        ts_ms=ts_ms,
+        version=version,
+        step=step,
+        shard_size=shard_size,
+        total_size=offset,
+        digest=whole.digest(),
+        files=entries,
+        shard_hashes=b"".join(shard_hashes),
+    )
+    envelope = seal(identity, manifest)
+    _write_atomic(work / MANIFEST_FILE, envelope)
+    final = store.root / version_dir_name(version)
+    if final.exists():
+        raise StoreError(f"version {version} already exists in {store.root}")
+    os.rename(work, final)
+    _fsync_dir(store.root)
+    source = ShardSource(final, manifest, envelope, _open_files(final, manifest, create=False))
+    source.held = set(range(manifest.num_shards))
+    store.complete[version] = source
+    return source
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    tmp = path.with_suffix(".tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _locked(path: Path) -> bool:
+    """True if another process holds the partial's lock."""
+    try:
+        fd = os.open(path / "lock", os.O_RDWR)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
