@@ -123,6 +123,9 @@ class Node:
         self.outbox = Outbox(session=self._seq, capacity=cfg.announce_buffer)
         self.inbox = Inbox(horizon=cfg.announce_buffer)
         self.delivered: Counter[str] = Counter()
+        self.delivered_via: Counter[str] = Counter()  # "gossip" / "sync": how each arrived
+        self.duplicates: Counter[str] = Counter()  # arrivals already delivered, by path
+        self.dht_providers: set[str] = set()  # peers learned from DHT provider records
         self.announcement_handlers: list[AnnouncementHandler] = []
         self._topic_handlers: defaultdict[str, list[AnnouncementHandler]] = defaultdict(list)
         self._pacer = TokenBucket(rate=cfg.gossip_rate, burst=max(1.0, cfg.gossip_rate / 10))
@@ -209,7 +212,9 @@ class Node:
                 presence, self._gossip_validator("gossip-presence", self._on_presence_gossip), False
             )
             pubsub.set_topic_validator(
-                announce, self._gossip_validator("gossip-announce", self._on_announcement), False
+                announce,
+                self._gossip_validator("gossip-announce", self._on_gossip_announcement),
+                False,
             )
             presence_sub = await pubsub.subscribe(presence)
             announce_sub = await pubsub.subscribe(announce)
@@ -505,8 +510,12 @@ class Node:
                 candidates[info.peer_id.to_base58()] = info
             with trio.move_on_after(self.cfg.read_timeout):
                 for role in ids.ROLES:
+                    self.metrics.inc("dht_lookups")
                     for info in await self.dht.find_providers(ids.role_key(self.cfg.run_id, role)):
-                        candidates.setdefault(info.peer_id.to_base58(), info)
+                        pid = info.peer_id.to_base58()
+                        if pid != self.peer_id:
+                            self.dht_providers.add(pid)
+                        candidates.setdefault(pid, info)
             assert self.host is not None
             for pid in self.host.get_connected_peers():
                 candidates.setdefault(pid.to_base58(), PeerInfo(pid, []))
@@ -522,6 +531,7 @@ class Node:
     async def _provide(self) -> None:
         try:
             await self.dht.provide(ids.role_key(self.cfg.run_id, self.cfg.role))
+            self.metrics.inc("dht_provides")
         except Exception as exc:
             log.debug("dht provide failed: %s", exc)
 
@@ -562,14 +572,19 @@ class Node:
             if not self._queue_send.statistics().current_buffer_used:
                 self._drained.set()
 
-    def _on_announcement(self, data: bytes) -> None:
+    def _on_gossip_announcement(self, data: bytes) -> None:
+        self._on_announcement(data, "gossip")
+
+    def _on_announcement(self, data: bytes, via: str) -> None:
         msg = open_message(data, Announcement)
         if msg.sender == self.peer_id:
             return
         self.admission.admit(msg, now_ms())
         if not self.inbox.add(msg.sender, msg.session, msg.index):
+            self.duplicates[via] += 1
             return
         self.delivered[msg.sender] += 1
+        self.delivered_via[via] += 1
         for handler in self.announcement_handlers + self._topic_handlers.get(msg.topic, []):
             try:
                 handler(msg)
@@ -625,7 +640,7 @@ class Node:
             reply: SyncReply = await self.request(sender, ids.SYNC, req, SyncReply)
             for item in reply.items:
                 try:
-                    self._on_announcement(item)
+                    self._on_announcement(item, "sync")
                 except WireError as err:
                     self._reject(ids.SYNC, sender, err)
             self.metrics.inc("synced_announcements", len(reply.items))
@@ -662,7 +677,14 @@ class Node:
             "announcements": {
                 "published": self.outbox.count,
                 "delivered": dict(self.delivered),
+                "delivered_via": dict(self.delivered_via),
+                "duplicates": dict(self.duplicates),
                 "queued": self._queue_send.statistics().current_buffer_used,
+            },
+            "discovery": {
+                "dht_lookups": self.metrics.get("dht_lookups"),
+                "dht_provides": self.metrics.get("dht_provides"),
+                "dht_providers": len(self.dht_providers),
             },
         }
 

@@ -324,3 +324,41 @@ async def test_rejected_gossip_is_not_forwarded(tmp_path):
         assert counter(c_text, "intellect_rejected_total", protocol="gossip-presence") == 0
     finally:
         c.close()
+
+
+async def test_a_request_in_flight_when_the_peer_freezes_times_out_and_others_are_served(target):
+    """The node asks a peer that took the request and then froze (no dial involved: the
+    connection is up). The node's read deadline ends the request; while it is pending,
+    the node answers others."""
+    from tests.netutil import post
+
+    node, st = target  # read_timeout 1.5 s
+    async with connected_client(st) as frozen, connected_client(st) as other:
+        took_request = trio.Event()
+
+        async def take_and_freeze(stream):
+            await read_frame(stream, 1 << 20, deadline=10)
+            took_request.set()
+            await trio.sleep_forever()
+
+        frozen.host.set_stream_handler(ids.PRESENCE, take_and_freeze)
+        result = {}
+
+        async def ping_frozen():
+            started = trio.current_time()
+            result["reply"] = await trio.to_thread.run_sync(
+                lambda: post(node, "/ping", {"peer_id": frozen.identity.peer_id}, timeout=30)
+            )
+            result["elapsed"] = trio.current_time() - started
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(ping_frozen)
+            with trio.fail_after(10):
+                await took_request.wait()  # the request is in flight now
+            reply = await other.send_raw(
+                ids.PRESENCE, frame(seal(other.identity, other.node_info()))
+            )
+            assert isinstance(open_message(reply, NodeInfo), NodeInfo)  # served meanwhile
+            assert "reply" not in result  # and the frozen request is still pending
+        assert not result["reply"]["ok"] and "timeout" in result["reply"]["error"], result
+        assert 1.0 < result["elapsed"] < 1.5 + 4, result

@@ -51,6 +51,16 @@ def test_six_node_chain_discovery_sigkill_and_sigterm(cluster):
         )
 
     wait_until(everyone_knows_everyone, 45, "all six nodes to learn every other node and its role")
+    # the DHT itself found peers, not only presence relayed by gossip: every node provides
+    # its role key and looks up the others, and provider records name other nodes
+    wait_until(
+        lambda: all(status(p)["discovery"]["dht_providers"] >= 2 for p in procs),
+        30,
+        "every node to find providers through the DHT",
+    )
+    for p in procs:
+        d = status(p)["discovery"]
+        assert d["dht_lookups"] >= len(set(ROLES)) and d["dht_provides"] >= 1, d
     # node 5 knew only node 4, node 0 knew nobody: discovery was transitive
     assert ids[0] in peer_roles(procs[5]) and ids[5] in peer_roles(procs[0])
 
@@ -106,13 +116,36 @@ def test_gossip_three_publishers_300_each_none_lost_none_twice(cluster):
         return True
 
     wait_until(delivered_all, 60, "900 announcements to reach every node")
-    time.sleep(2)  # anything duplicated would show up now
+
+    def arrivals():  # every announcement that reached each node, delivered or duplicate
+        out = []
+        for p in procs:
+            a = status(p)["announcements"]
+            out.append(sum(a["delivered_via"].values()) + sum(a["duplicates"].values()))
+        return out
+
+    last = arrivals()
+
+    def settled():  # no arrival anywhere for a second: late duplicates would have come
+        nonlocal last
+        time.sleep(1)
+        now = arrivals()
+        quiet, last = now == last, now
+        return quiet
+
+    wait_until(settled, 30, "arrivals to settle")
     for j, p in enumerate(procs):
-        got = status(p)["announcements"]["delivered"]
+        a = status(p)["announcements"]
+        got = a["delivered"]
         for i in publishers:
             if i != j:
                 assert got[ids[i]] == 300, (j, i, got)
         assert ids[j] not in got  # own announcements are not delivered back to oneself
+        # every arrival beyond the first of each was counted as a duplicate, not delivered
+        assert sum(a["delivered_via"].values()) == sum(got.values())
+        # gossip carried them: the sync-by-request fallback only fills gaps
+        via = a["delivered_via"]
+        assert via.get("gossip", 0) > 0.5 * sum(got.values()), (j, via)
 
 
 def test_late_joiner_fetches_announcements_gossip_never_gave_it(cluster):
