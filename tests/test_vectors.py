@@ -156,3 +156,21 @@ def test_the_files_are_what_the_derivation_writes(tmp_path, monkeypatch):
     derive.main()
     for name in ("frames", "messages", "sampler", "toploc"):
         assert (tmp_path / f"{name}.json").read_text() == (VECTORS / f"{name}.json").read_text()
+
+
+def test_the_vector_proofs_verify_against_their_own_states():
+    """Verification reduces indices mod m too: the wide chunk's proof (m < p) verifies
+    exactly, and fails against other states."""
+    from crypto.toploc import STRICT_FP32, verify_proofs
+
+    wide = TOPLOC["wide_chunk"]
+    chunk = rows(*wide["rows"], wide["hidden"]).flatten()
+    for lo in wide["boosted_from"]:
+        idx = torch.arange(lo, lo + 64)
+        chunk[idx] = ((64 + idx % 61) * (1 - 2 * (idx % 2))).float()
+    states = chunk.reshape(-1, wide["hidden"])
+    proof = bytes.fromhex(wide["proof"])
+    (ok,) = verify_proofs([states], [proof], thresholds=STRICT_FP32)
+    assert ok.passed and ok.exp_mismatches == 0 and ok.mant_err_mean == 0
+    (bad,) = verify_proofs([states * 1.5], [proof], thresholds=STRICT_FP32)
+    assert not bad.passed
