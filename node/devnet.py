@@ -80,6 +80,7 @@ def spawn_node(
     bootstrap: list[str],
     extra: list[str] | None = None,
     env_extra: dict[str, str] | None = None,
+    module: str = "node.cli",
 ) -> NodeProcess:
     data_dir = base_dir / name
     data_dir.mkdir(parents=True, exist_ok=True)
@@ -88,7 +89,7 @@ def spawn_node(
     cmd = [
         sys.executable,
         "-m",
-        "node.cli",
+        module,
         "start",
         "--role",
         role,

@@ -51,11 +51,26 @@ def _data_dir(args: argparse.Namespace) -> Path:
     return resolve(args)
 
 
-def _publish(args: argparse.Namespace) -> int:
+def _post(data_dir: Path, path: str, body: dict[str, Any], timeout: float) -> Any:
+    """POST to the node's admin endpoint; a refusal becomes a RuntimeError with its reason."""
+    import json
+    import urllib.error
+
     from node.cli import admin_post
 
+    try:
+        return admin_post(data_dir, path, body, timeout=timeout)
+    except urllib.error.HTTPError as exc:
+        try:
+            reason = json.loads(exc.read()).get("error", str(exc))
+        except ValueError:
+            reason = str(exc)
+        raise RuntimeError(reason) from None
+
+
+def _publish(args: argparse.Namespace) -> int:
     body = {"dir": str(Path(args.dir).resolve()), "version": args.version, "step": args.step}
-    r = admin_post(_data_dir(args), "/weights/publish", body, timeout=3600)
+    r = _post(_data_dir(args), "/weights/publish", body, timeout=3600)
     print(
         f"published version {r['version']} (step {r['step']}): {r['bytes']} bytes, "
         f"{r['files']} files, {r['shards']} shards, digest {r['digest'][:16]}…"
@@ -94,12 +109,8 @@ def format_progress(job: dict[str, Any], *, tty: bool, width: int = 30) -> str:
 
 
 def _pull(args: argparse.Namespace) -> int:
-    from node.cli import admin_post
-
     data_dir = _data_dir(args)
-    version = admin_post(data_dir, "/weights/pull", {"version": args.version}, timeout=120)[
-        "version"
-    ]
+    version = _post(data_dir, "/weights/pull", {"version": args.version}, timeout=120)["version"]
     tty = sys.stdout.isatty()
     started, last_line = time.monotonic(), 0.0
     while True:

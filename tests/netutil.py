@@ -30,12 +30,21 @@ class Cluster:
         self.nodes: list[NodeProcess] = []
 
     def start(
-        self, role: str, bootstrap: list[str] | None = None, **overrides: str
+        self,
+        role: str,
+        bootstrap: list[str] | None = None,
+        *,
+        name: str | None = None,
+        module: str = "node.cli",
+        env: dict[str, str] | None = None,
+        **overrides: str,
     ) -> tuple[NodeProcess, dict[str, Any]]:
+        """Start a node (``name``: reuse that data dir, e.g. to restart a killed node;
+        ``module``: run another entry point with the same flags, e.g. a test's evil node)."""
         opts = dict(FAST)
         opts.update({"--" + k.replace("_", "-"): str(v) for k, v in overrides.items()})
         extra = [x for kv in opts.items() for x in kv]
-        name = f"n{len(self.nodes)}-{role}"
+        name = name or f"n{len(self.nodes)}-{role}"
         node = spawn_node(
             name,
             role,
@@ -44,6 +53,8 @@ class Cluster:
             listen="/ip4/127.0.0.1/tcp/0",
             bootstrap=bootstrap or [],
             extra=extra,
+            env_extra=env,
+            module=module,
         )
         self.nodes.append(node)
         return node, wait_ready(node)

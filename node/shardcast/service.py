@@ -314,13 +314,10 @@ class WeightService:
         self._learning.add(version)
         try:
             holding = await self._query(peer, version, with_manifest=True)
-            if holding.version == 0 or not holding.manifest:
+            if holding.version != version or not holding.manifest:
                 return None
-            newer_than = self.newest_known
-            m = self._accept(holding.manifest, peer, newer_than=newer_than, expect=expect)
+            m = self._accept(holding.manifest, peer, claimed=version, expect=expect)
             if m is None:
-                return None
-            if m.version != version:
                 return None
             self._follow()
             return m.version
@@ -335,15 +332,21 @@ class WeightService:
         envelope: bytes,
         peer: str,
         *,
-        newer_than: int | None = None,
-        version: int | None = None,
+        claimed: int | None = None,
         expect: bytes | None = None,
     ) -> WeightManifest | None:
-        """Verify a manifest and remember it; every refusal is counted with its reason."""
+        """Verify a manifest (offered as version ``claimed``, with the notice's digest
+        ``expect``) and remember it; every refusal is counted with its reason."""
         try:
             m = open_manifest(envelope, run_id=self.cfg.run_id, trainer=self.trainer)
             if expect is not None and manifest_id(envelope) != expect:
                 raise WireError(Reason.MALFORMED, "not the manifest the notice announced")
+            if claimed is not None and m.version < claimed:
+                raise WireError(
+                    Reason.REPLAY, f"offered as version {claimed}, it is version {m.version}"
+                )
+            if claimed is not None and m.version != claimed:
+                raise WireError(Reason.MALFORMED, f"asked for version {claimed}, got {m.version}")
             held = self.manifests.get(m.version)
             if held is not None:
                 if held[1] != envelope:
@@ -351,12 +354,6 @@ class WeightService:
                         Reason.MALFORMED, f"a second, different manifest for version {m.version}"
                     )
                 return m
-            if newer_than is not None and m.version <= newer_than:
-                raise WireError(
-                    Reason.REPLAY, f"version {m.version} offered as newer than {newer_than}"
-                )
-            if version is not None and m.version != version:
-                raise WireError(Reason.MALFORMED, f"asked for version {version}, got {m.version}")
             if m.version < self.newest_known - self.cfg.async_level:
                 raise WireError(
                     Reason.REPLAY,
@@ -433,7 +430,7 @@ class WeightService:
                 except Exception:
                     continue
                 if holding.version == version and self._accept(
-                    holding.manifest, peer, version=version
+                    holding.manifest, peer, claimed=version
                 ):
                     break
             else:

@@ -1,0 +1,487 @@
+"""SHARDCAST without the network: manifests and their limits, the store (resume, atomic
+completion, retention), the download plan, the download loop and the upload cap under
+trio's MockClock, progress output."""
+
+import os
+import random
+
+import msgpack
+import pytest
+import trio
+
+from crypto.hashing import digest
+from crypto.identity import Identity
+from node.shardcast.schedule import DownloadPlan
+from node.shardcast.store import StoreError, WeightStore, publish, version_dir_name
+from node.shardcast.transfer import BadShard, ByteBucket, Wakeup, run_download
+from node.weights_cli import format_progress
+from protocol.errors import Reason, WireError
+from protocol.shardcast import (
+    MANIFEST_MAX,
+    WeightFile,
+    WeightManifest,
+    WeightsHolding,
+    WeightsNotice,
+    bitmap,
+    check_notice,
+    encode_notice,
+    open_manifest,
+    unbitmap,
+)
+from protocol.wire import max_envelope_size, seal
+
+TRAINER = Identity.generate()
+KiB = 1024
+
+
+def checkpoint(tmp_path, sizes=None):
+    """A checkpoint directory with several files of odd sizes (one nested, one empty)."""
+    src = tmp_path / "ckpt"
+    sizes = sizes or {
+        "model-00001.safetensors": 300 * KiB + 7,
+        "model-00002.safetensors": 129 * KiB + 1,
+        "config.json": 311,
+        "tokenizer/tokenizer.json": 70 * KiB + 3,
+        "empty.txt": 0,
+    }
+    for name, size in sizes.items():
+        path = src / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(os.urandom(size))
+    return src
+
+
+def make_store(tmp_path, name="store", trainer=TRAINER):
+    return WeightStore(tmp_path / name, "run-1", trainer.peer_id)
+
+
+def published(tmp_path, version=1, shard=64 * KiB, src=None):
+    store = make_store(tmp_path, "origin")
+    src = src or checkpoint(tmp_path)
+    source = publish(
+        store,
+        src,
+        identity=TRAINER,
+        version=version,
+        step=version * 10,
+        shard_size=shard,
+        seq=version,
+        ts_ms=1,
+    )
+    return store, source, src
+
+
+def manifest(**over):
+    files = [WeightFile(name="a.bin", size=100_000, offset=0)]
+    fields = dict(
+        run_id="run-1",
+        sender=TRAINER.peer_id,
+        seq=1,
+        ts_ms=1,
+        version=3,
+        step=30,
+        shard_size=64 * KiB,
+        total_size=100_000,
+        digest=bytes(32),
+        files=files,
+        shard_hashes=bytes(64),
+    )
+    fields.update(over)
+    return WeightManifest(**fields)
+
+
+def rejected(data, reason, trainer=TRAINER.peer_id, run_id="run-1"):
+    with pytest.raises(WireError) as exc:
+        open_manifest(data, run_id=run_id, trainer=trainer)
+    assert exc.value.reason == reason, exc.value
+    return exc.value
+
+
+# ---- manifests ------------------------------------------------------------------------
+
+
+def test_manifest_layout_and_signature_roundtrip(tmp_path):
+    _store, source, _src = published(tmp_path)
+    m = source.manifest
+    assert [f.name for f in m.files] == sorted(f.name for f in m.files)
+    assert m.total_size == 300 * KiB + 7 + 129 * KiB + 1 + 311 + 70 * KiB + 3
+    assert m.num_shards == -(-m.total_size // m.shard_size)
+    assert m.shard_length(m.num_shards - 1) == m.total_size - (m.num_shards - 1) * m.shard_size
+    # a shard that straddles files is split at their boundaries
+    for i in range(m.num_shards):
+        start, end = m.shard_range(i)
+        assert sum(n for _, _, n in m.spans(start, end)) == end - start
+    assert open_manifest(source.envelope, run_id="run-1", trainer=TRAINER.peer_id) == m
+
+
+def test_forged_manifest_is_refused_as_bad_signature(tmp_path):
+    mallory = Identity.generate()
+    forged = seal(mallory, manifest(sender=mallory.peer_id))
+    err = rejected(forged, Reason.BAD_SIGNATURE)
+    assert mallory.peer_id in str(err)
+    # the trainer's manifest with its signature replaced by another key's
+    env = msgpack.unpackb(seal(TRAINER, manifest()))
+    env["s"] = mallory.sign(b"x")
+    rejected(msgpack.packb(env), Reason.BAD_SIGNATURE)
+    # no trust root configured: nothing is accepted
+    rejected(seal(TRAINER, manifest()), Reason.BAD_SIGNATURE, trainer=None)
+    rejected(seal(TRAINER, manifest(run_id="other")), Reason.WRONG_RUN)
+
+
+def test_oversized_manifest_is_refused_before_decoding():
+    big = seal(TRAINER, manifest()) + b"\x00" * (max_envelope_size(WeightManifest) + 1)
+    rejected(big, Reason.OVERSIZED)
+    with pytest.raises(WireError) as exc:  # the encoder refuses to build one either
+        manifest(
+            shard_hashes=bytes(32 * 65_537), total_size=65_537 * 64 * KiB, shard_size=64 * KiB
+        ).encode()
+    assert exc.value.reason == Reason.MALFORMED
+    assert WeightsHolding.MAX_SIZE > MANIFEST_MAX  # a holding reply can carry the largest one
+
+
+@pytest.mark.parametrize(
+    ("over", "why"),
+    [
+        ({"total_size": 100_001}, "add up"),  # files do not add up to total_size
+        ({"shard_hashes": bytes(32)}, "shard hashes"),  # 100,000 bytes need 2 shards
+        ({"shard_hashes": bytes(96)}, "shard hashes"),
+        ({"shard_hashes": bytes(63)}, "shard hashes"),
+        ({"files": []}, "no files"),
+        (
+            {
+                "files": [
+                    WeightFile(name="a", size=50_000, offset=0),
+                    WeightFile(name="b", size=50_000, offset=40_000),  # overlaps a
+                ]
+            },
+            "offset",
+        ),
+        (
+            {
+                "files": [
+                    WeightFile(name="b", size=50_000, offset=0),
+                    WeightFile(name="a", size=50_000, offset=50_000),  # not sorted
+                ]
+            },
+            "sorted",
+        ),
+        (
+            {
+                "files": [
+                    WeightFile(name="a", size=50_000, offset=0),
+                    WeightFile(name="a/b", size=50_000, offset=50_000),  # a file and a dir
+                ]
+            },
+            "under",
+        ),
+        ({"files": [WeightFile(name="../etc/passwd", size=100_000, offset=0)]}, "'..'"),
+        ({"shard_size": 1024}, "shard_size"),
+    ],
+)
+def test_manifest_that_does_not_add_up_is_malformed(over, why):
+    fields = manifest().to_obj()
+    fields.update({k: [f.to_obj() for f in v] if k == "files" else v for k, v in over.items()})
+    payload = msgpack.packb({"type": WeightManifest.TYPE, **fields}, use_bin_type=True)
+    from crypto.envelope import Envelope
+
+    env = Envelope.seal(TRAINER, WeightManifest.TYPE, payload)
+    data = msgpack.packb(
+        {"d": WeightManifest.TYPE, "p": payload, "k": env.signer, "s": env.signature}
+    )
+    err = rejected(data, Reason.MALFORMED)
+    assert why in str(err), err
+
+
+def test_notice_and_bitmap_codecs():
+    n = WeightsNotice(version=7, step=70, manifest=digest(b"m"))
+    assert check_notice(encode_notice(n)) == n
+    for garbage in (b"", b"\xc1", msgpack.packb([1]), msgpack.packb({"version": 1})):
+        with pytest.raises(WireError) as exc:
+            check_notice(garbage)
+        assert exc.value.reason == Reason.MALFORMED
+    held = {0, 3, 8, 16}
+    assert unbitmap(bitmap(held, 17), 17) == held
+    assert bitmap([True, False, True], 3) == b"\x05"
+    with pytest.raises(WireError):
+        unbitmap(b"\x00", 17)
+
+
+# ---- the store ------------------------------------------------------------------------
+
+
+def read_all(root, m):
+    return b"".join((root / "files" / f.name).read_bytes() for f in m.files)
+
+
+def test_store_resumes_verified_shards_and_completes_bit_exact(tmp_path):
+    origin, source, src = published(tmp_path)
+    m, env = source.manifest, source.envelope
+    store = make_store(tmp_path)
+    partial = store.begin(m, env)
+    assert partial.resumed == 0
+    written = [0, 2, m.num_shards - 1]
+    for i in written:
+        data = source.read_shard(i)
+        assert partial.verify(i, data)
+        partial.write(i, data)
+    assert not partial.verify(1, b"\x00" * m.shard_length(1))
+    partial.close()  # the process dies here: no finish
+    # damage one journaled shard on disk and tear the journal's last entry
+    victim = m.spans(*m.shard_range(2))[0]
+    path = store.root / (".partial-" + version_dir_name(1)) / "files" / m.files[victim[0]].name
+    with open(path, "r+b") as f:
+        f.seek(victim[1])
+        f.write(b"\xff\xff")
+    with open(store.root / ".partial-v00000001" / "done", "ab") as f:
+        f.write(b"\x00\x00")
+    assert store.load() == [1] and not store.complete  # a partial, not a version
+    partial = store.begin(m, env)
+    assert partial.held == {0, m.num_shards - 1} and partial.resumed == 2
+    for i in range(m.num_shards):
+        if i not in partial.held:
+            partial.write(i, source.read_shard(i))
+    with pytest.raises(StoreError):  # a second writer on the same partial is refused
+        store.begin(m, env)
+    done = store.finish(partial)
+    assert not (store.root / ".partial-v00000001").exists()
+    assert done.root == store.root / "v00000001"
+    for f in m.files:
+        assert (done.root / "files" / f.name).read_bytes() == (src / f.name).read_bytes()
+    assert read_all(done.root, m) == read_all(origin.root / "v00000001", m)
+    # a fresh store finds it complete, verified
+    again = make_store(tmp_path)
+    assert again.load() == [] and list(again.complete) == [1]
+
+
+def test_store_refuses_to_finish_incomplete_or_wrong_whole_digest(tmp_path):
+    _origin, source, _src = published(tmp_path)
+    m = source.manifest
+    store = make_store(tmp_path)
+    partial = store.begin(m, source.envelope)
+    partial.write(0, source.read_shard(0))
+    with pytest.raises(StoreError, match="shards"):
+        store.finish(partial)
+    partial.close()
+    # every shard hash right but the whole digest wrong (a bad trainer): never visible
+    bad = WeightManifest(**{**{k: getattr(m, k) for k in m.specs()}, "digest": bytes(32)})
+    env = seal(TRAINER, bad)
+    p2 = make_store(tmp_path, "other").begin(bad, env)
+    for i in range(m.num_shards):
+        p2.write(i, source.read_shard(i))
+    with pytest.raises(StoreError, match="whole"):
+        make_store(tmp_path, "other").finish(p2)
+    assert not (tmp_path / "other" / "v00000003").exists()
+
+
+def test_retention_keeps_the_newest_k_versions(tmp_path):
+    store = make_store(tmp_path, "origin")
+    src = checkpoint(tmp_path, {"w.bin": 1000})
+    for v in range(1, 6):
+        publish(
+            store, src, identity=TRAINER, version=v, step=v, shard_size=64 * KiB, seq=v, ts_ms=1
+        )
+    (store.root / ".partial-v00000002").mkdir()
+    assert sorted(store.retain(3)) == [1, 2, 2]  # two complete versions and one partial
+    assert sorted(store.complete) == [3, 4, 5]
+    assert sorted(p.name for p in store.root.iterdir()) == ["v00000003", "v00000004", "v00000005"]
+
+
+def test_publish_refuses_bad_checkpoints(tmp_path):
+    store = make_store(tmp_path, "origin")
+    kw = dict(identity=TRAINER, step=1, shard_size=64 * KiB, seq=1, ts_ms=1)
+    with pytest.raises(StoreError, match="not a directory"):
+        publish(store, tmp_path / "missing", version=1, **kw)
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "has space.bin").write_bytes(b"x")
+    with pytest.raises(StoreError, match="names"):
+        publish(store, bad, version=1, **kw)
+    src = checkpoint(tmp_path, {"w.bin": 10})
+    publish(store, src, version=1, **kw)
+    with pytest.raises(StoreError, match="exists"):
+        publish(store, src, version=1, **kw)
+
+
+# ---- the download plan ----------------------------------------------------------------
+
+
+def plan(n=8, **kw):
+    return DownloadPlan(n, rng=random.Random(1), **kw)
+
+
+def test_plan_prefers_rarest_shards_and_spreads_over_peers():
+    p = plan(4, max_inflight=2, per_peer=2)
+    p.update_peer("a", {0, 1, 2, 3})
+    p.update_peer("b", {0, 1, 2})
+    p.update_peer("c", {0, 1})
+    first = p.assign(0)
+    assert first[0] == (3, "a")  # held by one peer only
+    assert first[1][0] == 2  # then the shard two peers hold
+    assert len(p.assign(0)) == 0  # max_inflight
+    p.completed(3, "a", 1000, 1.0)
+    (nxt,) = p.assign(0)
+    assert nxt[0] in (0, 1)
+
+
+def test_plan_asks_the_origin_only_for_what_nobody_else_holds():
+    p = plan(4, origin="trainer", max_inflight=4, per_peer=2)
+    p.update_peer("trainer", {0, 1, 2, 3})
+    p.update_peer("relay", {0, 1, 2})
+    got = dict(p.assign(0))
+    # shard 3 only the origin has; 0-2 the relay has too, so the origin is not asked for
+    # them even though it has a free slot and the relay is at its limit
+    assert got[3] == "trainer"
+    assert len(got) == 3 and sorted(v for k, v in got.items() if k != 3) == ["relay"] * 2
+    for shard, peer in got.items():
+        p.completed(shard, peer, 10, 1.0)
+    (last,) = p.assign(0)
+    assert last[1] == "relay"
+    # without any other holder, the origin serves
+    q = plan(2, origin="trainer", max_inflight=2, per_peer=2)
+    q.update_peer("trainer", {0, 1})
+    assert sorted(q.assign(0)) == [(0, "trainer"), (1, "trainer")]
+
+
+def test_plan_tries_untried_peers_then_picks_by_measured_rate():
+    p = plan(100, max_inflight=1, per_peer=1, explore=0.0)
+    for peer in ("slow", "fast", "new"):
+        p.update_peer(peer, set(range(100)))
+    p.peers["slow"].rate, p.peers["fast"].rate = 1e6, 50e6
+    assert p.assign(0)[0][1] == "new"  # never measured: tried first
+    shard = next(iter(p.inflight))
+    p.completed(shard, "new", 10_000_000, 1.0)  # 10 MB/s
+    picks = []
+    for _ in range(5):
+        ((s, peer),) = p.assign(0)
+        picks.append(peer)
+        p.completed(s, peer, 50_000_000, 1.0)
+    assert picks == ["fast"] * 5
+    # EWMA: one slow transfer lowers the rate by alpha of the difference
+    p.completed(p.assign(0)[0][0], "fast", 10_000_000, 1.0)
+    assert p.peers["fast"].rate == pytest.approx(0.7 * 50e6 + 0.3 * 10e6)
+    # with exploration on, every holder is tried now and then
+    q = plan(1000, max_inflight=1, per_peer=1, explore=0.5)
+    for peer in ("a", "b", "c"):
+        q.update_peer(peer, set(range(1000)))
+        q.peers[peer].rate = 1.0
+    q.peers["a"].rate = 100.0
+    seen = set()
+    for _ in range(60):
+        ((s, peer),) = q.assign(0)
+        seen.add(peer)
+        q.completed(s, peer, 100, 1.0)
+    assert seen == {"a", "b", "c"}
+
+
+def test_plan_backs_off_failed_peers_and_bans_corrupt_ones():
+    p = plan(2, max_inflight=2, per_peer=2, backoff=1.0, max_backoff=4.0)
+    p.update_peer("x", {0, 1})
+    p.update_peer("y", {0})
+    got = dict(p.assign(0.0))
+    assert got == {0: "y", 1: "x"} or got == {0: "x", 1: "x"}
+    for shard, peer in got.items():
+        p.failed(shard, peer, 10.0)
+    assert p.inflight == {}
+    # backed off: nothing to do until the earliest backoff ends
+    p.update_peer("y", {0})
+    assert p.next_wakeup(10.0) == 11.0
+    assert p.assign(10.5) == []
+    again = p.assign(11.0)
+    assert again
+    shard, peer = again[0]
+    p.failed(shard, peer, 11.0)
+    assert p.peers[peer].backoff_until == 13.0  # doubled
+    p.corrupt(*(p.assign(13.0)[0]))
+    assert p.banned and p.peers[p.banned[0]].have == set()
+    p.update_peer(p.banned[0], {0, 1})  # a banned peer's holdings are never used again
+    assert all(peer not in p.banned for _, peer in p.assign(100.0))
+
+
+# ---- the download loop and the upload cap, on a mock clock -----------------------------
+
+
+async def test_download_loop_reassigns_stalled_dead_and_corrupt_peers(autojump_clock):
+    p = DownloadPlan(6, max_inflight=3, per_peer=1, rng=random.Random(3))
+    for peer in ("staller", "dead", "evil", "honest"):
+        p.update_peer(peer, set(range(6)))
+    p.peers["honest"].rate = 1.0  # measured, so the untried bad peers are tried first
+    events = []
+
+    async def fetch(shard, peer):
+        if peer == "staller":
+            await trio.sleep_forever()
+        if peer == "dead":
+            await trio.sleep(0.5)
+            raise ConnectionResetError("peer died")
+        if peer == "evil":
+            raise BadShard("bad bytes")
+        await trio.sleep(1.0)
+        return 100
+
+    def report(outcome, shard, peer, err):
+        events.append((trio.current_time(), outcome, peer))
+
+    await run_download(p, fetch, shard_deadline=lambda s: 7.0, wakeup=Wakeup(), report=report)
+    assert p.complete and p.banned == ["evil"]
+    bad = [(t, o, peer) for t, o, peer in events if o != "completed"]
+    # evil: banned at once and never asked again; dead: retried after its backoff (1 s,
+    # then 2 s) and failing each time; staller: its shard taken back at exactly the deadline
+    assert bad == [
+        (0.0, "corrupt", "evil"),
+        (0.5, "failed", "dead"),
+        (2.0, "failed", "dead"),
+        (4.5, "failed", "dead"),
+        (7.0, "stalled", "staller"),
+    ]
+    assert [peer for _, o, peer in events if o == "completed"] == ["honest"] * 6
+    # the stalled shard was the last one: fetched from the honest peer from 7 s to 8 s
+    assert trio.current_time() == pytest.approx(8.0)
+
+
+async def test_download_waits_for_a_holder_then_finishes(autojump_clock):
+    p = DownloadPlan(2, rng=random.Random(0))
+    wake = Wakeup()
+
+    async def fetch(shard, peer):
+        return 1
+
+    async def later():
+        await trio.sleep(3.0)
+        p.update_peer("late", {0, 1})
+        wake.set()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(later)
+        await run_download(p, fetch, shard_deadline=lambda s: 5.0, wakeup=wake)
+    assert p.complete and trio.current_time() == pytest.approx(3.0)
+
+
+async def test_upload_rate_cap_is_exact_on_a_mock_clock(autojump_clock):
+    bucket = ByteBucket(rate=1_000_000, burst=100_000)
+    start = trio.current_time()
+    for _ in range(50):  # 5 MB in 100 kB frames
+        await bucket.spend(100_000)
+    # the burst goes at once, the rest at 1 MB/s; the last frame leaves in debt
+    assert trio.current_time() - start == pytest.approx((5_000_000 - 200_000) / 1_000_000)
+    with pytest.raises(ValueError, match="must be > 0"):
+        ByteBucket(rate=0, burst=1)
+
+
+def test_progress_line_on_a_terminal_and_in_logs():
+    job = {
+        "version": 4,
+        "state": "downloading",
+        "total_bytes": 200 * 1024 * 1024,
+        "done_bytes": 50 * 1024 * 1024,
+        "rate_Bps": 93_500_000,
+        "peers": {"a": {"bytes": 5}, "b": {"bytes": 0}, "c": {"bytes": 7}},
+        "banned": ["z"],
+        "resumed_shards": 3,
+    }
+    tty = format_progress(job, tty=True, width=20)
+    assert tty.startswith("v4 [#####...............]  25.0% 50.0/200.0 MiB")
+    assert "93.5 MB/s" in tty and "peers 2" in tty and "banned 1" in tty
+    line = format_progress(job, tty=False)
+    assert "\r" not in line and "[" not in line
+    assert "version=4" in line and "done=25.0%" in line and "peers=2" in line
+    assert "resumed_shards=3" in line and "rate_MBps=93.5" in line
