@@ -3,8 +3,9 @@
     .venv/bin/python bench/toploc.py [--trials 5] [--large-trials 3] [--json]
 
 (a) proof build time per 32 generated tokens as a percentage of the generation time of
-    those tokens (tiny and larger model, 256 new tokens, batch 1 and batch 16 with the
-    batch proven in one ``build_proofs_batch`` call; the JSON's ``build_overhead_pct`` is
+    those tokens, both measured in the project's engine (``TorchEngine``: generation
+    without proofs, and the engine's own proof timer on a run with proofs; tiny and larger
+    model, 256 new tokens, batch 1 and batch 16 in flight, each batch proven in one call; the JSON's ``build_overhead_pct`` is
     the tiny model at batch 16, the engine's path, ``..._batch1`` the worst case);
 (b) validation (one prefill pass + TOPLOC verify + sampling check) vs. generation time
     for 256-token outputs;
@@ -19,6 +20,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import sys
@@ -30,8 +32,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 from crypto.sampling import derive_seed  # noqa: E402
-from crypto.toploc import PAPER, STRICT_FP32, build_proofs, build_proofs_batch, verify_proofs  # noqa: E402
+from crypto.toploc import PAPER, STRICT_FP32, build_proofs, verify_proofs  # noqa: E402
 from crypto.verdict import RolloutClaim, VerifyConfig, check_rollout  # noqa: E402
+from node.engine.base import GenRequest, SamplingParams  # noqa: E402
+from node.engine.torch_engine import TorchEngine  # noqa: E402
 from tests.tiny_lm import ATTACKS, EOS, attack, generate, recompute, tiny_llama  # noqa: E402
 
 GEN_TOKENS = 256
@@ -43,23 +47,28 @@ def prompt_of(i: int, vocab: int) -> list[int]:
 
 
 def timing(model, label: str, batch: int) -> dict[str, float]:
-    """Generate 256 tokens for ``batch`` prompts, prove them in one batched call, and
-    validate one sequence (prefill + verify + sampling check)."""
+    """With the project's engine (``TorchEngine``, ``batch`` sequences in flight): generate
+    256 tokens for ``batch`` prompts without proofs, then again with proofs (the engine
+    times its own proof building), and validate one sequence (prefill + verify + sampling
+    check)."""
     vocab = model.config.vocab_size
-    prompts = [prompt_of(i, vocab) for i in range(batch)]
-    seeds = [derive_seed("bench", f"timing-{i}", 0) for i in range(batch)]
-    generate(model, prompts, seeds, max_new_tokens=8, stop_at_eos=False)  # warm-up
+    engine = TorchEngine(model, eos_token_ids=frozenset({EOS}), max_batch=batch)
+    reqs = [
+        GenRequest(prompt_of(i, vocab), derive_seed("bench", f"timing-{i}", 0))
+        for i in range(batch)
+    ]
+    off = SamplingParams(max_new_tokens=GEN_TOKENS, stop_at_eos=False, prove=False)
+    engine.generate(reqs, SamplingParams(max_new_tokens=8, stop_at_eos=False))  # warm-up
     t0 = time.perf_counter()
-    gens = generate(model, prompts, seeds, max_new_tokens=GEN_TOKENS, stop_at_eos=False)
+    engine.generate(reqs, off)
     gen_s = time.perf_counter() - t0
-    build_proofs_batch([g.activations for g in gens])  # warm-up (field tables)
-    t0 = time.perf_counter()
-    proofs = build_proofs_batch([g.activations for g in gens])
-    build_s = time.perf_counter() - t0
-    gen = gens[0]
+    engine.proof_seconds = 0.0
+    results = engine.generate(reqs, dataclasses.replace(off, prove=True))
+    build_s = engine.proof_seconds
+    gen = results[0]
     t0 = time.perf_counter()
     acts, logits = recompute(model, gen.prompt, gen.tokens)
-    claim = RolloutClaim(gen.tokens, proofs[0], gen.seed, gen.finish_reason, GEN_TOKENS, 1.0)
+    claim = RolloutClaim(gen.tokens, gen.proofs, gen.seed, gen.finish_reason, GEN_TOKENS, 1.0)
     verdict = check_rollout(claim, acts, logits, eos_token_id=EOS)
     validate_s = time.perf_counter() - t0
     if not verdict.passed:
