@@ -100,3 +100,33 @@ def test_a_sliding_window_model_is_not_claimed():
         )
     )
     assert not supports(model)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_batched_recomputation_equals_one_by_one(arch):
+    from node.engine.torch_engine import recompute_batch
+
+    model = build(arch)
+    g = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(3, VOCAB, (int(n),), generator=g).tolist() for n in (3, 17, 8, 30)]
+    outputs = [torch.randint(3, VOCAB, (int(n),), generator=g).tolist() for n in (1, 25, 9, 4)]
+    batched = recompute_batch(model, prompts, outputs, max_tokens=64)  # several forwards
+    for (acts, logits), p, t in zip(batched, prompts, outputs, strict=True):
+        want_acts, want_logits = recompute(model, p, t)
+        assert logits.shape == want_logits.shape == (len(t), VOCAB)
+        assert torch.allclose(logits, want_logits, atol=1e-5)
+        assert [a.shape for a in acts] == [a.shape for a in want_acts]
+        for a, b in zip(acts, want_acts, strict=True):
+            assert torch.allclose(a, b, atol=1e-5)
+
+
+def test_batched_recomputation_falls_back_for_other_architectures():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from node.engine.torch_engine import recompute_batch
+
+    torch.manual_seed(0)
+    gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=1, n_head=2)).eval()
+    ((acts, logits),) = recompute_batch(gpt2, [[5, 6, 7]], [[8, 9]])
+    want_acts, want_logits = recompute(gpt2, [5, 6, 7], [8, 9])
+    assert torch.equal(logits, want_logits) and torch.equal(acts[0], want_acts[0])

@@ -165,14 +165,14 @@ def fixture_batches(variant: dict[str, Any], size: int = BATCH_ROLLOUTS) -> list
     return [rollouts[i : i + size] for i in range(0, len(rollouts), size)]
 
 
-@torch.inference_mode()
 def recompute_all(
     model: Any, prompts: list[list[int]], outputs: list[list[int]]
 ) -> list[tuple[list[torch.Tensor], torch.Tensor]]:
-    """The validator's prefill for every rollout, one at a time (batch 1)."""
-    from node.engine.torch_engine import recompute
+    """The validator's prefill for every rollout of a batch, batched as a validator runs
+    it (``torch_engine.recompute_batch``)."""
+    from node.engine.torch_engine import recompute_batch
 
-    return [recompute(model, p, t) for p, t in zip(prompts, outputs, strict=True)]
+    return recompute_batch(model, prompts, outputs)
 
 
 @dataclass

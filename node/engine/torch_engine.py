@@ -271,3 +271,52 @@ def recompute(
     n = len(prompt)
     logits = out.logits[0, n - 1 : n - 1 + len(tokens)].float()
     return [hidden[:n], hidden[n:]], logits
+
+
+@torch.inference_mode()
+def recompute_batch(
+    model: Any,
+    prompts: list[list[int]],
+    outputs: list[list[int]],
+    *,
+    max_tokens: int = 8192,
+) -> list[tuple[list[torch.Tensor], torch.Tensor]]:
+    """``recompute`` for many rollouts at once (a validator judging a batch): sequences
+    sorted by length, right-padded into forwards of at most ``max_tokens`` positions, the
+    LM head applied only to the positions that chose output tokens. Right padding leaves
+    every real position's computation causal and unchanged up to the kernels' rounding,
+    which the verification profile's noise model covers. Results in input order.
+
+    Llama-family models (``fastpath.supports``: logits = LM head of the final norm's
+    output) take the batched path; any other model is recomputed one rollout at a time.
+    """
+    if len(prompts) != len(outputs):
+        raise ValueError("one output per prompt")
+    if not supports(model):
+        return [recompute(model, p, t) for p, t in zip(prompts, outputs, strict=True)]
+    dev = next(model.parameters()).device
+    head = model.get_output_embeddings()
+    seqs = [p + t[:-1] for p, t in zip(prompts, outputs, strict=True)]
+    order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))
+    results: list[tuple[list[torch.Tensor], torch.Tensor] | None] = [None] * len(seqs)
+    start = 0
+    while start < len(order):
+        width = len(seqs[order[start]])
+        end = start + 1
+        while end < len(order) and (end - start + 1) * len(seqs[order[end]]) <= max_tokens:
+            end += 1
+        group = order[start:end]
+        width = len(seqs[group[-1]])
+        ids = torch.zeros((len(group), width), dtype=torch.long)
+        mask = torch.zeros((len(group), width), dtype=torch.long)
+        for row, i in enumerate(group):
+            ids[row, : len(seqs[i])] = torch.tensor(seqs[i])
+            mask[row, : len(seqs[i])] = 1
+        hidden = model.base_model(input_ids=ids.to(dev), attention_mask=mask.to(dev))[0]
+        for row, i in enumerate(group):
+            n, m = len(prompts[i]), len(outputs[i])
+            states = hidden[row, : n + m - 1]
+            logits = head(states[n - 1 : n - 1 + m]).float()
+            results[i] = ([states[:n].float(), states[n:].float()], logits)
+        start = end
+    return [r for r in results if r is not None]
