@@ -50,3 +50,7 @@ SHARDCAST = "/intellect/shardcast/1.0.0"
 def weights_key(run_id: str, version: int) -> str:
     """DHT provider key under which every holder of ``version`` provides itself."""
     return f"/intellect/{check_run_id(run_id)}/weights/{version}"
+
+
+# Rollout batch exchange (protocol/batches.py): fetch a worker's batch by work key.
+BATCH = "/intellect/batch/1.0.0"

@@ -1,0 +1,79 @@
+"""A worker's signed rollout batches on disk, by work key, until their verdicts are final.
+
+The worker writes each sealed ``RolloutBatch`` envelope before it announces it or submits
+its key on-chain, so a batch that was announced survives a crash or a SIGKILL and can
+still be served to a validator after a restart. Files are written to a temporary name,
+flushed to disk and renamed (never half-written under the final name); reading re-opens
+the envelope and checks its work key (a damaged file is reported, not served). Batches
+older than the retention (the verdict window plus a margin) are pruned.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from protocol.errors import WireError
+from protocol.rollouts import RolloutBatch
+from protocol.wire import open_message
+
+SUFFIX = ".batch"
+
+
+class BatchStoreError(RuntimeError):
+    """A stored batch that cannot be served (damaged on disk)."""
+
+
+class BatchStore:
+    def __init__(self, directory: Path) -> None:
+        self.dir = Path(directory)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        for stale in self.dir.glob("*.partial"):  # a write that a crash interrupted
+            stale.unlink(missing_ok=True)
+
+    def _path(self, work_key: bytes) -> Path:
+        if len(work_key) != 32:
+            raise ValueError("a work key has 32 bytes")
+        return self.dir / f"{work_key.hex()}{SUFFIX}"
+
+    def put(self, envelope: bytes) -> bytes:
+        """Store a sealed batch envelope durably; returns its work key."""
+        batch = open_message(envelope, RolloutBatch)
+        key = batch.work_key()
+        final = self._path(key)
+        staging = final.with_suffix(".partial")
+        with open(staging, "wb") as f:
+            f.write(envelope)
+            f.flush()
+            os.fsync(f.fileno())
+        staging.replace(final)
+        return key
+
+    def get(self, work_key: bytes) -> bytes | None:
+        """The envelope stored under ``work_key``, None if there is none."""
+        path = self._path(work_key)
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            return None
+        try:
+            ok = open_message(data, RolloutBatch).work_key() == work_key
+        except WireError as exc:
+            raise BatchStoreError(f"{path.name}: damaged: {exc}") from exc
+        if not ok:
+            raise BatchStoreError(f"{path.name}: holds another batch")
+        return data
+
+    def keys(self) -> list[bytes]:
+        return sorted(bytes.fromhex(p.name[: -len(SUFFIX)]) for p in self.dir.glob(f"*{SUFFIX}"))
+
+    def prune(self, older_than_s: float, now: float | None = None) -> int:
+        """Delete batches stored more than ``older_than_s`` seconds ago; returns how many."""
+        cutoff = (time.time() if now is None else now) - older_than_s
+        removed = 0
+        for path in self.dir.glob(f"*{SUFFIX}"):
+            if path.stat().st_mtime < cutoff:
+                path.unlink(missing_ok=True)
+                removed += 1
+        return removed

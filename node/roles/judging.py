@@ -1,0 +1,126 @@
+"""The validator's schedule: which batch to fetch next, when to retry, when to give up.
+
+A batch is judged when its key was submitted on-chain (the chain is the record of work
+claimed) and a peer announced that it holds it (where to fetch it). Fetches that fail are
+retried with exponential back-off (``retry_s`` doubling up to ``retry_max_s``), from any
+peer that announced the batch; a submitted key whose batch could not be fetched by
+``fetch_deadline_s`` after its submission is *unavailable* (the validator rejects it as
+such: work no validator could see is never paid, SPEC §12). Every key is judged at most
+once. Pure: no clock, no sockets; the role passes ``now`` in.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+Key = tuple[str, bytes]  # (worker address, work key): how the ledger keys a submission
+
+
+@dataclass
+class _Entry:
+    peers: list[str] = field(default_factory=list)  # who announced it, first first
+    noticed_at: float | None = None
+    submitted_at: float | None = None
+    units: int | None = None  # on-chain
+    policy_version: int | None = None  # on-chain
+    attempts: int = 0
+    next_try: float = 0.0
+    in_flight: bool = False
+    done: bool = False
+
+
+@dataclass
+class JudgingQueue:
+    fetch_deadline_s: float = 120.0
+    retry_s: float = 1.0
+    retry_max_s: float = 30.0
+    max_pending: int = 4096  # keys tracked but not yet judged (announcement floods stop here)
+    entries: dict[Key, _Entry] = field(default_factory=dict)
+    dropped: int = 0  # notices refused because the queue was full
+
+    def _pending(self) -> int:
+        return sum(1 for e in self.entries.values() if not e.done)
+
+    def _entry(self, key: Key) -> _Entry | None:
+        entry = self.entries.get(key)
+        if entry is None:
+            if self._pending() >= self.max_pending:
+                self.dropped += 1
+                return None
+            entry = self.entries[key] = _Entry()
+        return entry
+
+    def noticed(self, key: Key, peer: str, now: float) -> None:
+        """``peer`` announced that it holds the batch."""
+        entry = self._entry(key)
+        if entry is None or entry.done:
+            return
+        if entry.noticed_at is None:
+            entry.noticed_at = now
+        if peer not in entry.peers:
+            entry.peers.append(peer)
+
+    def submitted(self, key: Key, units: int, policy_version: int, now: float) -> None:
+        """The key was submitted on-chain (``now``: when this validator learned of it)."""
+        entry = self._entry(key)
+        if entry is None or entry.done or entry.submitted_at is not None:
+            return
+        entry.submitted_at, entry.units, entry.policy_version = now, units, policy_version
+
+    def next_fetch(self, now: float) -> tuple[Key, str] | None:
+        """The batch to fetch now and the peer to ask (the oldest submission first), or
+        None. The caller reports ``fetched`` or ``fetch_failed``."""
+        ready = [
+            (e.submitted_at, k)
+            for k, e in self.entries.items()
+            if not e.done
+            and not e.in_flight
+            and e.peers
+            and e.submitted_at is not None
+            and e.next_try <= now
+            and now < e.submitted_at + self.fetch_deadline_s
+        ]
+        if not ready:
+            return None
+        _, key = min(ready)
+        entry = self.entries[key]
+        entry.in_flight = True
+        return key, entry.peers[entry.attempts % len(entry.peers)]
+
+    def fetch_failed(self, key: Key, now: float) -> None:
+        entry = self.entries[key]
+        entry.in_flight = False
+        entry.attempts += 1
+        entry.next_try = now + min(self.retry_max_s, self.retry_s * 2 ** (entry.attempts - 1))
+
+    def fetched(self, key: Key) -> None:
+        """The batch arrived and goes to judgement; it is never fetched again."""
+        entry = self.entries[key]
+        entry.in_flight = False
+        entry.done = True
+
+    def unavailable(self, now: float) -> list[Key]:
+        """Submitted keys whose batch nobody could serve by the deadline; each is returned
+        once (and counts as judged)."""
+        out = []
+        for key, e in self.entries.items():
+            if (
+                not e.done
+                and not e.in_flight
+                and e.submitted_at is not None
+                and now >= e.submitted_at + self.fetch_deadline_s
+            ):
+                e.done = True
+                out.append(key)
+        return out
+
+    def wake_at(self, now: float) -> float | None:
+        """When something next becomes due (a retry or a deadline), for the role's sleep."""
+        times = []
+        for e in self.entries.values():
+            if e.done or e.in_flight or e.submitted_at is None:
+                continue
+            times.append(e.submitted_at + self.fetch_deadline_s)
+            if e.peers:
+                times.append(max(now, e.next_try))
+        return min(times) if times else None
