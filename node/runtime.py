@@ -19,6 +19,7 @@ Services and roles build on a small public API and never on the internals:
   protocol carries any). ``request`` / ``open_request`` are the dialing side.
 - ``subscribe(topic, handler)``: every announcement on ``topic``, delivered once;
   ``announce(topic, body)`` publishes one.
+- ``add_status(name, section)``: a role's own figures in ``/status``.
 """
 
 from __future__ import annotations
@@ -128,6 +129,7 @@ class Node:
         self.dht_providers: set[str] = set()  # peers learned from DHT provider records
         self.announcement_handlers: list[AnnouncementHandler] = []
         self._topic_handlers: defaultdict[str, list[AnnouncementHandler]] = defaultdict(list)
+        self._status_sections: dict[str, Callable[[], dict[str, Any]]] = {}
         self._pacer = TokenBucket(rate=cfg.gossip_rate, burst=max(1.0, cfg.gossip_rate / 10))
         self._queue_send, self._queue_recv = trio.open_memory_channel[tuple[str, bytes]](
             cfg.gossip_queue
@@ -353,6 +355,10 @@ class Node:
             await handler(msg, Responder(self, stream, protocol, peer))
 
         self.host.set_stream_handler(protocol, self._guard(protocol, handle, deadline))
+
+    def add_status(self, name: str, section: Callable[[], dict[str, Any]]) -> None:
+        """Show ``section()`` under ``name`` in ``status()`` (a role's own figures)."""
+        self._status_sections[name] = section
 
     def subscribe(self, topic: str, handler: AnnouncementHandler) -> None:
         """Call ``handler`` for every admitted announcement on ``topic`` (each once)."""
@@ -686,6 +692,7 @@ class Node:
                 "dht_provides": self.metrics.get("dht_provides"),
                 "dht_providers": len(self.dht_providers),
             },
+            **{name: section() for name, section in self._status_sections.items()},
         }
 
     def prometheus(self) -> str:
