@@ -313,6 +313,14 @@ class LedgerClient:
     def is_validator(self, account: str) -> bool:
         return bool(self._view("is_validator", self._addr(account)))
 
+    def validator_bond(self) -> int:
+        """The stake a validator needs to vote: max(min_stake, the largest collateral)."""
+        return int(self._view("validator_bond"))
+
+    def validator_until(self, account: str) -> int:
+        """When a validator was removed (it votes only on work submitted up to then); 0: not."""
+        return int(self._view("validator_until", self._addr(account)))
+
     def reward_pool(self) -> int:
         return int(self._view("reward_pool"))
 
@@ -600,12 +608,16 @@ class LedgerClient:
         return int(self.estimate(name, *args) * GAS_HEADROOM) + GAS_EXTRA
 
     def settle(self, worker: str, max_entries: int = CLAIM_CHUNK) -> Any:
+        max_entries = min(max_entries, self.matured(worker))  # as in ``claim``
         args = (self._addr(worker), max_entries)
         return self._transact("settle", *args, gas=self._gas_for("settle", *args))
 
     def claim(self, max_entries: int = CLAIM_CHUNK) -> Any:
         """One ``claim`` of up to ``max_entries`` matured submissions, its gas estimated with
-        headroom (fewer entries when the estimate is above MAX_TX_GAS)."""
+        headroom (fewer entries when the estimate is above MAX_TX_GAS). It asks for no more
+        entries than have matured now, so entries maturing before it is mined cannot make it
+        settle more than its gas was estimated for."""
+        max_entries = min(max_entries, self.matured(self.address))
         gas = self._gas_for("claim", max_entries)
         while gas > MAX_TX_GAS and max_entries > 1:
             max_entries //= 2

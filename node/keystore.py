@@ -25,10 +25,15 @@ def ensure_data_dir(data_dir: Path) -> Path:
 
 
 def create_identity(data_dir: Path, *, force: bool = False) -> Identity:
-    """Write a new identity; refuses to overwrite one unless ``force``."""
+    """Write a new identity; refuses to overwrite one unless ``force``, and then keeps the
+    old one as ``identity.key.bak-<time>`` (mode 0600): it may be registered on-chain."""
     path = key_path(ensure_data_dir(data_dir))
-    if path.exists() and not force:
-        raise KeystoreError(f"{path} already exists (use --force to replace it)")
+    if path.exists():
+        if not force:
+            raise KeystoreError(f"{path} already exists (use --force to replace it)")
+        from ledger.accounts import backup_keystore
+
+        backup_keystore(path)
     ident = Identity.generate()
     tmp = path.with_suffix(".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)

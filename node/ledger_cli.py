@@ -70,7 +70,12 @@ def add_ledger_parsers(sub: Any) -> None:
     )
     chain.add_argument("--pool", default="1000", help="ETH put in the reward pool (default 1000)")
     chain.add_argument("--verdict-window", type=int, default=3600, help="seconds (default 3600)")
-    chain.add_argument("--reward-lock", type=int, default=3600, help="seconds (default 3600)")
+    chain.add_argument(
+        "--reward-lock",
+        type=int,
+        default=3600,
+        help="seconds, the challenge period (default 3600, the least the contract allows)",
+    )
     chain.add_argument(
         "--unbonding-delay",
         type=int,
@@ -311,9 +316,13 @@ def cmd_chain(args: argparse.Namespace) -> int:
         owner = Account.from_key(keys[0])
         validators = [Account.from_key(k) for k in keys[1 : 1 + DEV_VALIDATORS]]
         address, block = deploy(chain, owner, params, [v.address for v in validators])
-        LedgerClient(chain, address, owner).fund(parse_eth(args.pool))
-        for v in validators:  # a validator's bond is its stake; each reject locks part of it
-            LedgerClient(chain, address, v).add_stake(DEV_VALIDATOR_BOND)
+        as_owner = LedgerClient(chain, address, owner)
+        as_owner.fund(parse_eth(args.pool))
+        # a validator's bond is its stake (at least the largest collateral, to vote at all);
+        # each reject that is a first verdict locks part of it
+        bond = max(DEV_VALIDATOR_BOND, as_owner.validator_bond())
+        for v in validators:
+            LedgerClient(chain, address, v).add_stake(bond)
         args.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         info_path = args.data_dir / CHAIN_FILE
         info = {
@@ -333,7 +342,7 @@ def cmd_chain(args: argparse.Namespace) -> int:
         print(f"  contract   {address} (block {block}), reward pool {args.pool} ETH")
         print(f"  owner      {owner.address}")
         for v in validators:
-            print(f"  validator  {v.address} (bond {fmt_eth(DEV_VALIDATOR_BOND)})")
+            print(f"  validator  {v.address} (bond {fmt_eth(bond)})")
         print(f"  details and development keys: {info_path}")
         print("  fund an account: intellect-node chain fund ADDRESS AMOUNT")
         print("Ctrl-C stops the chain (its state is not kept)", flush=True)

@@ -32,7 +32,7 @@ PARAMS = Params(
     max_staleness=2,
     quorum=2,
 )
-VALIDATOR_BOND = 10 * ETH
+VALIDATOR_BOND = 25 * ETH  # a validator votes only with stake >= the largest collateral, 20 ETH
 BURN = "0x0000000000000000000000000000000000000000"
 
 

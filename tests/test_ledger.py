@@ -174,11 +174,15 @@ def test_registration_stores_a_signature_that_nodes_check_and_binds_a_peer_key_o
         s.register(ident.public_bytes, ident.sign(registration_message(chain_id, me)), 2 * ETH)
 
     # a registration with a forged signature is stored (the EVM cannot check Ed25519), but
-    # every node sees it is invalid, and a validator frees the key
+    # every node sees it is invalid, and a quorum of validators frees the key
     victim = Identity.generate()
     s.register(victim.public_bytes, bytes(64), 2 * ETH)
     assert not s.registration_valid(ledger.stranger.address)
     ledger.client(ledger.v1).revoke_registration(ledger.stranger.address)
+    assert s.worker(ledger.stranger.address).registered  # one vote of two
+    with pytest.raises(LedgerRevert, match="already voted to revoke"):
+        ledger.client(ledger.v1).revoke_registration(ledger.stranger.address)
+    ledger.client(ledger.v2).revoke_registration(ledger.stranger.address)
     assert not s.worker(ledger.stranger.address).registered
     assert s.worker(ledger.stranger.address).stake == 2 * ETH  # the stake stays, withdrawable
     holder = LedgerClient(ledger.chain, ledger.address, Account.from_key(ledger.chain.dev_keys[6]))
@@ -190,6 +194,26 @@ def test_registration_stores_a_signature_that_nodes_check_and_binds_a_peer_key_o
     w.change_peer_key(new)
     assert w.registration(me)[0] == new.public_bytes and w.registration_valid(me)
     ledger.client(ledger.stranger).register_identity(ident, 0)  # the old key is free again
+
+
+def test_one_validator_alone_cannot_revoke_a_valid_registration_nor_hand_its_key_over(ledger):
+    """Issue #10 review, finding 5: a single (rogue) validator revokes a worker's valid
+    registration so that a squatter takes its peer key. It takes a quorum of validators;
+    one vote leaves the worker registered and its key bound to it."""
+    w = ledger.register(ledger.worker, 2 * ETH)
+    me = ledger.worker.address
+    peer_key = ledger.identities[me].public_bytes
+    ledger.client(ledger.v1).revoke_registration(me)  # a rogue validator
+    assert w.registration(me)[0] == peer_key and w.registration_valid(me)
+    squatter = ledger.client(ledger.stranger)
+    with pytest.raises(LedgerRevert, match="peer key registered by another account"):
+        squatter.register(peer_key, bytes(64), 2 * ETH)
+    w.submit_work(key(1), 5, 0)  # still a worker
+    # votes count per registration: a vote on an earlier one does not carry over
+    new = Identity.generate()
+    w.change_peer_key(new)
+    ledger.client(ledger.v2).revoke_registration(me)
+    assert w.registration(me)[0] == new.public_bytes
 
 
 def test_revert_data_decoding():

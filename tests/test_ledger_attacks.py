@@ -16,7 +16,14 @@ import pytest
 
 from ledger.client import LedgerRevert, Params
 from ledger.registration import registration_message
-from tests.ledger_fixtures import ETH, PARAMS, key, ledger_fixture, paid  # noqa: F401
+from tests.ledger_fixtures import (  # noqa: F401
+    ETH,
+    PARAMS,
+    VALIDATOR_BOND,
+    key,
+    ledger_fixture,
+    paid,
+)
 
 RATE = PARAMS.reward_per_unit
 WALLET = Path(__file__).parent / "fixtures" / "SmartWallet.vy"
@@ -104,6 +111,51 @@ def test_2_a_reward_cannot_be_claimed_before_a_quorum_can_reject_it(ledger):
     assert w.worker(ledger.v2.address).locked == 0
 
 
+def test_2_a_claim_at_max_units_can_be_rejected_and_one_worker_cannot_lock_up_the_pool(ledger):
+    """A claim whose collateral exceeded every validator's free stake could not be rejected
+    (an accomplice's accept of it then stood and was paid), and a rich worker reserved the
+    whole pool with such claims at no risk. Now a validator votes only while its stake covers
+    the largest collateral (validator_bond), only a reject that is the first verdict locks a
+    bond (so a quorum can always overturn an accept), and one worker reserves at most a tenth
+    of the funded pool."""
+    big = PARAMS.max_units
+    c = collateral(big)  # 20 ETH: more than the whole of a 10 ETH validator bond
+    assert ledger.as_owner.validator_bond() == c
+    rich = ledger.register(ledger.worker, 3 * c)
+    other = ledger.register(ledger.stranger, 2 * c)
+    me, them = ledger.worker.address, ledger.stranger.address
+    pool = rich.reward_pool()
+    rich.submit_work(key(1), big, 0)  # 10 ETH: a tenth of the 100 ETH pool
+    with pytest.raises(LedgerRevert, match="above its share of the pool"):
+        rich.submit_work(key(2), 1, 0)
+    other.submit_work(key(1), big, 0)
+
+    # a validator whose stake does not cover the collateral has no vote at all
+    v1, v2, v3 = (ledger.client(v) for v in (ledger.v1, ledger.v2, ledger.v3))
+    v3.unbond(VALIDATOR_BOND - c + 1)
+    with pytest.raises(LedgerRevert, match="validator stake below the validator bond"):
+        v3.accept(them, key(1))
+    v3.add_stake(ETH)
+
+    v2.reject(them, key(1), "invalid")  # a bonded validator rejects a claim at max_units
+    assert v2.worker(ledger.v2.address).locked == c
+    v1.accept(me, key(1))  # an accomplice accepts the other
+    # v2's free stake (5 ETH) is below that claim's collateral, yet it votes to overturn:
+    # a reject that overturns an accept locks no bond
+    v2.reject(me, key(1), "invalid")
+    v3.reject(me, key(1), "invalid")
+    s = rich.submission(me, key(1))
+    assert (s.status, s.final) == ("rejected", True)
+
+    ledger.mature()
+    rich.settle(me)
+    rich.settle(them)
+    assert rich.worker(me).stake == 2 * c and other.worker(them).stake == c
+    assert rich.reward_pool() == pool  # nothing was paid
+    assert v2.worker(ledger.v2.address).locked == 0
+    assert v2.claimable(ledger.v2.address) == 2 * c * PARAMS.validator_share_bps // 10_000
+
+
 # ---- 3. profitable false slash ----------------------------------------------------
 
 
@@ -122,7 +174,7 @@ def test_3_repeated_false_slash_costs_the_validator_and_not_the_worker(ledger):
     for v in (ledger.v2, ledger.v3):
         ledger.client(v).send_many([("accept", (me, k)) for k in keys])
     assert all(w.submission(me, k).status == "accepted" for k in keys)
-    assert liar.worker(ledger.v1.address).stake == 10 * ETH - 10 * collateral(1)
+    assert liar.worker(ledger.v1.address).stake == VALIDATOR_BOND - 10 * collateral(1)
 
     ledger.mature()
     before = ledger.balance(ledger.worker)
@@ -155,8 +207,8 @@ RUG = replace(
     validator_share_bps=5_000,
     verdict_window=60,
     fetch_deadline=30,
-    reward_lock=60,
-    unbonding_delay=3_660 + 120,
+    reward_lock=3_600,  # the shortest challenge period the contract allows
+    unbonding_delay=60 + 3_600 + 3_600,
 )
 
 
@@ -238,12 +290,58 @@ def test_4_pending_work_keeps_its_recorded_terms_across_a_change(ledger):
         ({"verdict_window": 10**8}, "verdict_window out of bounds"),
         ({"fetch_deadline": 3600}, "fetch_deadline must be in the window"),
         ({"quorum": 1}, "quorum out of bounds"),
+        ({"min_stake": 0}, "min_stake is zero"),
+        # a first verdict at t0 + W leaves the quorum at least an hour to overturn it
+        ({"reward_lock": 3_599}, "reward_lock out of bounds"),
+        ({"reward_lock": 30 * 86_400 + 1}, "reward_lock out of bounds"),
+        ({"unbonding_delay": 180 * 86_400 + 1}, "unbonding_delay above bound"),
+        ({"max_staleness": 10**6 + 1}, "max_staleness above bound"),
     ],
 )
 def test_4_parameters_have_hard_bounds(ledger, change, reason):
     with pytest.raises(LedgerRevert) as exc:
         ledger.as_owner.propose_params(replace(PARAMS, **change))
     assert exc.value.reason == reason
+
+
+def test_4_removing_validators_while_work_is_pending_lets_no_false_verdict_stand(ledger):
+    """The owner removes the honest validators while work is pending, so that an
+    accomplice's false reject of honest work, or its accept of fraud, would stand (or removes
+    them all to void the pending work). The validators of a submission are those active when
+    it was made and they keep their votes on it: both verdicts are overturned and the pending
+    work is still judged; removed validators have no vote on work submitted afterwards, and
+    cannot be brought back."""
+    w = ledger.register(ledger.worker, 5 * ETH)
+    me = ledger.worker.address
+    w.submit_work(key(1), 100, 0)  # honest
+    w.submit_work(key(2), 100, 0)  # fraud
+    w.submit_work(key(3), 10, 0)  # honest, not judged yet
+    accomplice = ledger.client(ledger.v1)
+    accomplice.reject(me, key(1), "invalid")
+    accomplice.accept(me, key(2))
+    for v in (ledger.v2, ledger.v3):
+        ledger.as_owner.remove_validator(v.address)
+        assert not ledger.as_owner.is_validator(v.address)
+    for v in (ledger.v2, ledger.v3):
+        ledger.client(v).accept(me, key(1))
+        ledger.client(v).reject(me, key(2), "invalid")
+    ledger.client(ledger.v2).accept(me, key(3))
+    s1, s2 = w.submission(me, key(1)), w.submission(me, key(2))
+    assert (s1.status, s1.final, s2.status, s2.final) == ("accepted", True, "rejected", True)
+
+    ledger.chain.advance_time(1)  # (work submitted in the second of the removal keeps them)
+    w.submit_work(key(4), 10, 0)  # after the removal: v2 and v3 have no say on it
+    with pytest.raises(LedgerRevert, match="not a validator when this work was submitted"):
+        ledger.client(ledger.v2).accept(me, key(4))
+    with pytest.raises(LedgerRevert, match="a removed validator cannot return"):
+        ledger.as_owner.propose_validator(ledger.v2.address)
+
+    ledger.mature()
+    before = ledger.balance(ledger.worker)
+    receipt = w.claim()
+    assert ledger.balance(ledger.worker) == before + 110 * RATE - paid(receipt)
+    assert w.worker(me).stake == 5 * ETH - collateral(100)  # the fraud's collateral only
+    assert w.worker(ledger.v1.address).stake == VALIDATOR_BOND - collateral(100)  # bond burned
 
 
 def test_4_ownership_moves_in_two_steps(ledger):

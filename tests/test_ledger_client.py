@@ -191,6 +191,47 @@ def test_replacing_a_keystore_keeps_a_backup(tmp_path):
     assert load_account(tmp_path / "restored", "pw1").address == old.address
 
 
+def test_replacing_the_node_identity_keeps_a_backup(tmp_path):
+    """``keys new --force`` replaces the node's Ed25519 key, which may be registered on-chain:
+    the old one is kept aside (``identity.key.bak-<time>``, mode 0600)."""
+    from node.keystore import create_identity, load_identity
+
+    old = create_identity(tmp_path)
+    new = create_identity(tmp_path, force=True)
+    assert load_identity(tmp_path).public_bytes == new.public_bytes != old.public_bytes
+    (backup,) = tmp_path.glob("identity.key.bak-*")
+    assert backup.stat().st_mode & 0o777 == 0o600
+    (tmp_path / "restored").mkdir(mode=0o700)
+    restored = tmp_path / "restored" / "identity.key"
+    restored.write_bytes(backup.read_bytes())
+    restored.chmod(0o600)
+    assert load_identity(tmp_path / "restored").public_bytes == old.public_bytes
+
+
+def test_claim_asks_only_for_the_entries_that_matured_when_its_gas_was_estimated(monkeypatch):
+    """Entries that mature between the gas estimate and the block must not be settled by
+    that claim: it would run out of gas (3 matured when estimated, 63 when mined)."""
+    ledger = Ledger(connect("embedded"))
+    w = ledger.register(ledger.worker, 2 * ETH)
+    me = ledger.worker.address
+    w.submit_work_many([(key(i), 1, 0) for i in range(3)])
+    ledger.chain.advance_time(600)
+    w.submit_work_many([(key(100 + i), 1, 0) for i in range(60)])
+    ledger.chain.advance_time(PARAMS.verdict_window + PARAMS.reward_lock - 600 + 1)
+    assert w.matured(me) == 3
+    estimate = w._gas_for
+
+    def estimate_then_time_passes(name, *args):
+        gas = estimate(name, *args)
+        ledger.chain.advance_time(700)  # the other 60 mature before the claim is mined
+        return gas
+
+    monkeypatch.setattr(w, "_gas_for", estimate_then_time_passes)
+    receipt = w.claim()
+    assert receipt.status == 1 and w.matured(me) == 60
+    assert w.worker(me).locked == 60 * 2 * PARAMS.reward_per_unit
+
+
 def test_event_index_confirmation_lag_per_account_retention_and_fields(tmp_path):
     ledger = Ledger(connect("embedded"))
     w = ledger.register(ledger.worker, 2 * ETH)

@@ -7,19 +7,24 @@
 The economic rules (SPEC.md section 12 has the arithmetic):
 - Every submission reserves its reward (units x reward_per_unit, units <= max_units) from
   the pool and locks collateral = reward x collateral_bps / 10000 (at least the reward) of
-  the worker's stake until it matures, so a worker's unsettled claims are bounded by its
-  stake, and locked stake can be neither unbonded nor withdrawn.
+  the worker's stake until it is settled, so a worker's unsettled claims are bounded by its
+  stake (and by a tenth of the funded pool), and locked stake can be neither unbonded nor
+  withdrawn.
 - Work is paid only if a validator accepted it (an accept attests that the batch was
   fetched and matches its key and units); work nobody judged is never paid. A reject
   slashes exactly that submission's collateral at maturity: validator_share_bps of it to
   the rejecting validator, the rest burned.
 - A submission matures at submitted_at + verdict_window + reward_lock (all recorded at
-  submission, like every other term). The first verdict comes within the window; until
-  maturity a quorum of other validators can overturn it (an overturned reject burns the
-  same amount from the rejecting validator's bond, which each reject locks).
+  submission, like every other term; reward_lock >= 1 h). The first verdict comes within
+  the window; until maturity a quorum of other validators can overturn it (a reject that is
+  the first verdict locks the same amount of the rejecting validator's bond, burned if it is
+  overturned). A validator votes only while its stake covers the largest collateral.
+- The validators of a submission are those active when it was made: they keep their votes
+  on it if the owner removes them later, and validators added later have none.
 - Parameters and new validators take effect only after a timelock longer than
   unbonding_delay + verdict_window + reward_lock, within hard bounds; ownership moves in
-  two steps. Work keys live under (worker, key). Payouts forward all gas.
+  two steps. Work keys live under (worker, key). Payouts forward all gas. A registration
+  is revoked only by a quorum of validators.
 """
 
 BPS: constant(uint256) = 10000
@@ -35,6 +40,8 @@ MAX_COLLATERAL_BPS: constant(uint256) = 100000
 MAX_VALIDATOR_SHARE_BPS: constant(uint256) = 5000
 MAX_PERIOD: constant(uint256) = 2592000  # 30 days: verdict window, reward lock
 MAX_UNBONDING_DELAY: constant(uint256) = 15552000  # 180 days
+MIN_REWARD_LOCK: constant(uint256) = 3600  # the quorum's time after a last-second verdict
+MAX_RESERVE_BPS: constant(uint256) = 1000  # one worker reserves at most 10 % of the pool
 UNBONDING_MARGIN: constant(uint256) = 3600  # unbonding_delay >= window + lock + this
 TIMELOCK_MARGIN: constant(uint256) = 3600
 MAX_STALENESS: constant(uint256) = 1000000
@@ -60,10 +67,11 @@ SHARE_AT: constant(uint256) = 216  # 14
 STATUS_AT: constant(uint256) = 230  # 2
 FINAL_AT: constant(uint256) = 232  # 1
 QUORUM_AT: constant(uint256) = 233  # 5
-DISPUTED_AT: constant(uint256) = 238  # 1: a validator's reject bond is locked on it
+BONDED_AT: constant(uint256) = 238  # 1: the first rejecter's bond is locked on it
 M32: constant(uint256) = 2**32 - 1
 M40: constant(uint256) = 2**40 - 1
 M48: constant(uint256) = 2**48 - 1
+M64: constant(uint256) = 2**64 - 1
 M128: constant(uint256) = 2**128 - 1
 
 
@@ -135,6 +143,7 @@ event ValidatorProposed:
 
 event ValidatorRemoved:
     validator: indexed(address)
+    removed_at: uint256
 
 event PolicyVersion:
     version: uint256
@@ -154,6 +163,12 @@ event PeerKeyChanged:
     old_peer_key: bytes32
     peer_key: bytes32
     signature: Bytes[64]
+
+event RevocationVoted:
+    worker: indexed(address)
+    peer_key: bytes32
+    validator: indexed(address)
+    votes: uint256
 
 event RegistrationRevoked:
     worker: indexed(address)
@@ -229,7 +244,9 @@ event Withdrawn:
 
 owner: public(address)
 pending_owner: public(address)
-validator_since: public(HashMap[address, uint256])  # 0: not a validator
+# since | until << 64: active from ``since`` (0: never a validator) for work submitted
+# up to ``until`` (0: not removed)
+validator_terms: HashMap[address, uint256]
 policy_version: public(uint256)
 
 min_stake: public(uint256)
@@ -243,15 +260,20 @@ reward_lock: public(uint256)
 unbonding_delay: public(uint256)
 max_staleness: public(uint256)
 quorum: public(uint256)
+validator_bond: public(uint256)  # max(min_stake, the largest collateral): needed to vote
 proposed: Params
 params_eta: public(uint256)  # 0: no proposal
 
 reward_pool: public(uint256)  # unreserved
 reserved: public(HashMap[address, uint256])  # rewards of a worker's unsettled submissions
+total_reserved: public(uint256)
 total_burned: public(uint256)
 accounts: HashMap[address, Account]
 peer_owner: public(HashMap[bytes32, address])
 signatures: public(HashMap[address, Bytes[64]])
+registration_id: public(HashMap[address, uint256])  # counts an account's bindings
+revoke_votes: public(HashMap[address, HashMap[uint256, uint256]])  # by registration_id
+revoke_voted: HashMap[address, HashMap[uint256, HashMap[address, bool]]]
 rewards_due: public(HashMap[address, uint256])  # settled, accepted work
 credit: public(HashMap[address, uint256])  # validator shares of final slashes
 
@@ -273,7 +295,8 @@ def __init__(p: Params, validators: DynArray[address, MAX_INITIAL_VALIDATORS]):
     self._apply(p)
     for v: address in validators:
         assert v != empty(address), "zero address"
-        self.validator_since[v] = block.timestamp
+        assert self.validator_terms[v] == 0, "duplicate validator"
+        self.validator_terms[v] = block.timestamp
         log ValidatorProposed(validator=v, active_at=block.timestamp)
 
 
@@ -290,7 +313,7 @@ def _check_params(p: Params):
     assert p.validator_share_bps <= MAX_VALIDATOR_SHARE_BPS, "validator_share_bps above bound"
     assert p.verdict_window > 0 and p.verdict_window <= MAX_PERIOD, "verdict_window out of bounds"
     assert p.fetch_deadline > 0 and p.fetch_deadline < p.verdict_window, "fetch_deadline must be in the window"
-    assert p.reward_lock > 0 and p.reward_lock <= MAX_PERIOD, "reward_lock out of bounds"
+    assert p.reward_lock >= MIN_REWARD_LOCK and p.reward_lock <= MAX_PERIOD, "reward_lock out of bounds"
     assert p.unbonding_delay >= p.verdict_window + p.reward_lock + UNBONDING_MARGIN, "unbonding_delay too short"
     assert p.unbonding_delay <= MAX_UNBONDING_DELAY, "unbonding_delay above bound"
     assert p.max_staleness <= MAX_STALENESS, "max_staleness above bound"
@@ -310,6 +333,7 @@ def _apply(p: Params):
     self.unbonding_delay = p.unbonding_delay
     self.max_staleness = p.max_staleness
     self.quorum = p.quorum
+    self.validator_bond = max(p.min_stake, p.max_units * p.reward_per_unit * p.collateral_bps // BPS)
     log ParamsSet(params=p)
 
 
@@ -407,18 +431,23 @@ def accept_ownership():
 def propose_validator(validator: address):
     self._only_owner()
     assert validator != empty(address), "zero address"
-    assert self.validator_since[validator] == 0, "already a validator"
+    terms: uint256 = self.validator_terms[validator]
+    assert terms >> 64 == 0, "a removed validator cannot return"
+    assert terms == 0, "already a validator"
     active_at: uint256 = block.timestamp + self._timelock()
-    self.validator_since[validator] = active_at
+    self.validator_terms[validator] = active_at
     log ValidatorProposed(validator=validator, active_at=active_at)
 
 
 @external
 def remove_validator(validator: address):
+    """No vote on work submitted from now on; work submitted before keeps this validator's
+    vote until it matures (so removing honest validators cannot let a false verdict stand)."""
     self._only_owner()
-    assert self.validator_since[validator] != 0, "not a validator"
-    self.validator_since[validator] = 0
-    log ValidatorRemoved(validator=validator)
+    terms: uint256 = self.validator_terms[validator]
+    assert terms != 0 and terms >> 64 == 0, "not a validator"
+    self.validator_terms[validator] = terms | (block.timestamp << 64)
+    log ValidatorRemoved(validator=validator, removed_at=block.timestamp)
 
 
 @external
@@ -433,14 +462,29 @@ def set_policy_version(version: uint256):
 @view
 @internal
 def _is_validator(account: address) -> bool:
-    since: uint256 = self.validator_since[account]
-    return since != 0 and block.timestamp >= since
+    """Active now, for work submitted now."""
+    terms: uint256 = self.validator_terms[account]
+    return terms != 0 and terms >> 64 == 0 and block.timestamp >= terms & M64
 
 
 @view
 @external
 def is_validator(account: address) -> bool:
     return self._is_validator(account)
+
+
+@view
+@external
+def validator_since(account: address) -> uint256:
+    """When the validator became (or becomes) active; 0: never appointed."""
+    return self.validator_terms[account] & M64
+
+
+@view
+@external
+def validator_until(account: address) -> uint256:
+    """When it was removed (it votes only on work submitted up to then); 0: not removed."""
+    return self.validator_terms[account] >> 64
 
 
 @external
@@ -466,6 +510,7 @@ def _bind(peer_key: bytes32, signature: Bytes[64]):
     assert len(signature) == 64, "signature must be 64 bytes"
     assert self.peer_owner[peer_key] == empty(address), "peer key registered by another account"
     self.peer_owner[peer_key] = msg.sender
+    self.registration_id[msg.sender] += 1
     self.accounts[msg.sender].peer_key = peer_key
     self.signatures[msg.sender] = signature
 
@@ -494,11 +539,21 @@ def change_peer_key(peer_key: bytes32, signature: Bytes[64]):
 
 @external
 def revoke_registration(worker: address):
-    """A validator that found the stored signature invalid frees the peer key (the account
-    keeps its stake and may register again with a valid signature)."""
+    """A vote that the stored signature is invalid; at ``quorum`` votes of distinct
+    validators the registration is revoked and the peer key freed (the account keeps its
+    stake and may register again with a valid signature). One validator alone can neither
+    unregister a worker nor free its key for a squatter."""
     assert self._is_validator(msg.sender), "only a validator"
     old: bytes32 = self.accounts[worker].peer_key
     assert old != empty(bytes32), "not a registered worker"
+    rid: uint256 = self.registration_id[worker]
+    assert not self.revoke_voted[worker][rid][msg.sender], "already voted to revoke"
+    self.revoke_voted[worker][rid][msg.sender] = True
+    votes: uint256 = self.revoke_votes[worker][rid] + 1
+    self.revoke_votes[worker][rid] = votes
+    log RevocationVoted(worker=worker, peer_key=old, validator=msg.sender, votes=votes)
+    if votes < self.quorum:
+        return
     self.peer_owner[old] = empty(address)
     self.accounts[worker].peer_key = empty(bytes32)
     self.signatures[worker] = b""
@@ -556,8 +611,12 @@ def submit_work(key: bytes32, units: uint256, policy_version: uint256):
     collateral: uint256 = reward * self.collateral_bps // BPS
     assert a.stake - a.locked >= collateral, "free stake below this work's collateral"
     assert self.reward_pool >= reward, "reward pool too small"
+    total: uint256 = self.total_reserved
+    mine: uint256 = self.reserved[msg.sender] + reward
+    assert mine * BPS <= (self.reward_pool + total) * MAX_RESERVE_BPS, "worker's reserved rewards above its share of the pool"
     self.reward_pool -= reward
-    self.reserved[msg.sender] += reward
+    self.reserved[msg.sender] = mine
+    self.total_reserved = total + reward
     self.accounts[msg.sender].locked = a.locked + collateral
     window: uint256 = self.verdict_window
     lock: uint256 = self.reward_lock
@@ -604,18 +663,24 @@ def _lock_bond(validator: address, amount: uint256):
 @internal
 def _vote(worker: address, key: bytes32, accept: bool, reason: uint256) -> (uint256, bool):
     """One validator's verdict on one submission; returns (status, final)."""
-    assert self._is_validator(msg.sender), "only a validator"
-    assert self.accounts[msg.sender].stake >= self.min_stake, "validator stake below minimum"
+    vt: uint256 = self.validator_terms[msg.sender]
+    since: uint256 = vt & M64
+    until: uint256 = vt >> 64
+    assert since != 0 and block.timestamp >= since, "only a validator"
+    assert self.accounts[msg.sender].stake >= self.validator_bond, "validator stake below the validator bond"
     assert msg.sender != worker, "a validator cannot judge its own work"
     n: uint256 = self.index_of[worker][key]
     assert n != 0, "no such work"
     i: uint256 = n - 1
+    b: uint256 = self.terms[worker][i]
+    t0: uint256 = (b >> T0_AT) & M40
+    # removed at ``until``: still a validator of work submitted up to that second (blocks
+    # can share a timestamp, and such work was made before its worker could see the removal)
+    assert since <= t0 and (until == 0 or t0 <= until), "not a validator when this work was submitted"
     assert not self.voted[worker][i][msg.sender], "already voted on this work"
     self.voted[worker][i][msg.sender] = True
-    b: uint256 = self.terms[worker][i]
     assert (b >> FINAL_AT) & 1 == 0, "verdict is final"
     status: uint256 = (b >> STATUS_AT) & 3
-    t0: uint256 = (b >> T0_AT) & M40
     assert block.timestamp < self._unlock_at(b), "work has matured"
     collateral: uint256 = self.amounts[worker][i] >> 128
     tally: uint256 = self.tallies[worker][i]
@@ -627,11 +692,12 @@ def _vote(worker: address, key: bytes32, accept: bool, reason: uint256) -> (uint
         assert reason >= REASON_INVALID and reason <= REASON_MISMATCH, "unknown reject reason"
         if reason == REASON_UNAVAILABLE:
             assert block.timestamp >= t0 + ((b >> FETCH_AT) & M32), "fetch deadline not reached"
-        if rejects == 0:  # the first reject: this validator's bond answers for it
-            self._lock_bond(msg.sender, collateral)
+        if rejects == 0:  # the first reject: its validator gets the share if it stands
             self.rejecters[worker][i] = msg.sender
-            b |= 1 << DISPUTED_AT
             tally |= reason << 16
+            if status == STATUS_PENDING:  # and the first verdict: its bond answers for it
+                self._lock_bond(msg.sender, collateral)
+                b |= 1 << BONDED_AT
         rejects += 1
     else:
         accepts += 1
@@ -660,7 +726,7 @@ def _vote(worker: address, key: bytes32, accept: bool, reason: uint256) -> (uint
             self.accounts[worker].rejected -= 1
             self.accounts[worker].accepted += 1
             self._overturn(worker, key, i, collateral)
-            b &= ~(1 << DISPUTED_AT)
+            b &= ~(1 << BONDED_AT)
 
     b = (b & ~(3 << STATUS_AT)) | (status << STATUS_AT)
     if final:
@@ -732,15 +798,15 @@ def _settle(worker: address, max_entries: uint256) -> uint256:
             paid += reward
         else:
             unpaid += reward  # rejected, or never judged: never paid
-        if (b >> DISPUTED_AT) & 1 == 1:
+        if status == STATUS_REJECTED:
             rejecter: address = self.rejecters[worker][i]
-            self.accounts[rejecter].locked -= collateral
-            if status == STATUS_REJECTED:
-                share: uint256 = collateral * ((b >> SHARE_AT) & 16383) // BPS
-                self.credit[rejecter] += share
-                slashed += collateral
-                burned += collateral - share
-                log Slashed(worker=worker, index=i, validator=rejecter, stake=collateral, validator_share=share, burned=collateral - share)
+            if (b >> BONDED_AT) & 1 == 1:
+                self.accounts[rejecter].locked -= collateral
+            share: uint256 = collateral * ((b >> SHARE_AT) & 16383) // BPS
+            self.credit[rejecter] += share
+            slashed += collateral
+            burned += collateral - share
+            log Slashed(worker=worker, index=i, validator=rejecter, stake=collateral, validator_share=share, burned=collateral - share)
         i += 1
         n += 1
     if n == 0:
@@ -751,6 +817,7 @@ def _settle(worker: address, max_entries: uint256) -> uint256:
     self.accounts[worker].stake = a.stake - slashed
     self.accounts[worker].slashed = a.slashed + slashed
     self.reserved[worker] -= paid + unpaid
+    self.total_reserved -= paid + unpaid
     self.reward_pool += unpaid
     self.rewards_due[worker] += paid
     self.total_burned += burned
