@@ -102,6 +102,9 @@ def _add_node_flags(p: argparse.ArgumentParser) -> None:
         "--trainer-peer-id", metavar="PEER_ID", help=fields["trainer_peer_id"].description
     )
     p.add_argument(
+        "--follow-weights", choices=["true", "false"], help=fields["follow_weights"].description
+    )
+    p.add_argument(
         "--verify-profile",
         choices=["gpu-bf16", "paper", "strict-fp32"],
         help=f"{fields['verify_profile'].description} (default gpu-bf16)",

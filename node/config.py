@@ -138,6 +138,9 @@ class NodeConfig(BaseModel):
     upload_rate: float = Field(
         0.0, ge=0, le=100_000, description="Upload cap for weight shards in MB/s (0: none)."
     )
+    follow_weights: bool | None = Field(
+        None, description="Fetch every new weight version (default: every role but bootstrap)."
+    )
 
     @field_validator("run_id")
     @classmethod
@@ -203,7 +206,9 @@ def config_toml(cfg: NodeConfig) -> str:
             continue
         if isinstance(value, Path):
             value = str(value)
-        if isinstance(value, list):
+        if isinstance(value, bool):
+            lines.append(f"{name} = {str(value).lower()}")
+        elif isinstance(value, list):
             lines.append(f"{name} = [{', '.join(_toml_str(v) for v in value)}]")
         elif isinstance(value, str):
             lines.append(f"{name} = {_toml_str(value)}")

@@ -17,7 +17,7 @@ Two request/response protocols (one request envelope, one reply envelope):
   bytes in raw frames of at most ``DATA_FRAME`` bytes (unsigned: the manifest's hash is
   the check).
 New versions are announced on the ``weights`` announcement topic (``WeightsNotice``).
-SPEC.md section 14 is the normative text.
+SPEC.md section 15 is the normative text.
 """
 
 from __future__ import annotations

@@ -168,18 +168,25 @@ def test_spec_documents_every_message_field():
     import re
     from pathlib import Path
 
-    from protocol import messages, rollouts
+    from protocol import messages, rollouts, shardcast
 
     spec = (Path(__file__).resolve().parent.parent / "SPEC.md").read_text()
     header = {"run_id", "sender", "seq", "ts_ms"}
     types = [messages.NodeInfo, messages.Announcement, messages.SyncRequest, messages.SyncReply]
     types += [messages.Refusal, rollouts.RolloutBatch]
+    types += [shardcast.WeightManifest, shardcast.WeightsQuery, shardcast.WeightsHolding]
+    types += [shardcast.ShardRequest, shardcast.ShardReply]
     for cls in types:
         section = spec.split(f"### `{cls.TYPE}`", 1)[1].split("\n#", 1)[0]
         documented = set(re.findall(r"^\| `([a-z_]+)` \|", section, flags=re.MULTILINE))
         assert documented == set(cls.specs()) - header, cls.TYPE
         title = section.splitlines()[0].replace(",", "")
         assert str(cls.MAX_SIZE) in title or cls is messages.SyncReply, title
-    for cls in (rollouts.RolloutGroup, rollouts.RolloutSample):
+    for cls in (
+        rollouts.RolloutGroup,
+        rollouts.RolloutSample,
+        shardcast.WeightFile,
+        shardcast.WeightsNotice,
+    ):
         for field in cls.specs():
             assert f"`{field}`" in spec, (cls.__name__, field)

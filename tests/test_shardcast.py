@@ -284,6 +284,8 @@ def test_retention_keeps_the_newest_k_versions(tmp_path):
     assert sorted(store.retain(3)) == [1, 2, 2]  # two complete versions and one partial
     assert sorted(store.complete) == [3, 4, 5]
     assert sorted(p.name for p in store.root.iterdir()) == ["v00000003", "v00000004", "v00000005"]
+    # a version below the window goes even if fewer than keep are held
+    assert store.retain(3, floor=5) == [3, 4] and sorted(store.complete) == [5]
 
 
 def test_publish_refuses_bad_checkpoints(tmp_path):

@@ -1,7 +1,10 @@
 """SHARDCAST between real node processes on 127.0.0.1: publish and follow, relays, a
 malicious peer, forged and replayed manifests, a serving peer that dies or freezes, and
 a downloader killed with SIGKILL that resumes without fetching its verified shards again.
-Every process a test starts, the test stops (the ``cluster`` fixture)."""
+Every process a test starts, the test stops (the ``cluster`` fixture).
+
+The origin is a trainer node; downloaders are network-only nodes told to follow the
+weights (``follow_weights``), so these tests need no model or chain."""
 
 import filecmp
 import os
@@ -74,11 +77,17 @@ def cli(*args):
     return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=120)
 
 
-def trainer_and(cluster, n, role="inference", trainer_opts=None, **opts):
+def follower(cluster, st, **opts):
+    """A network-only node that follows the weights of the trainer whose status is ``st``."""
+    return cluster.start(
+        "bootstrap", [addr_of(st)], trainer_peer_id=st["peer_id"], follow_weights="true", **opts
+    )
+
+
+def trainer_and(cluster, n, trainer_opts=None, **opts):
     t, st = cluster.start("trainer", **(trainer_opts or {}))
-    tid = st["peer_id"]
-    others = [cluster.start(role, [addr_of(st)], trainer_peer_id=tid, **opts)[0] for _ in range(n)]
-    return t, tid, others
+    others = [follower(cluster, st, **opts)[0] for _ in range(n)]
+    return t, st["peer_id"], others
 
 
 def wait_known(nodes, count, timeout=30):
@@ -131,17 +140,11 @@ def test_publish_follow_bit_exact_cli_progress_and_retention(cluster, tmp_path):
 def test_malicious_peer_serving_corrupt_shards_is_banned(cluster, tmp_path):
     t, st = cluster.start("trainer", upload_rate="2", shard_size=str(256 * KiB))
     tid = st["peer_id"]
-    evil, se = cluster.start(
-        "inference",
-        [addr_of(st)],
-        module="tests.evil_node",
-        env={"EVIL": "corrupt"},
-        trainer_peer_id=tid,
-    )
+    evil, se = follower(cluster, st, module="tests.evil_node", env={"EVIL": "corrupt"})
     src = checkpoint(tmp_path / "ckpt", {"w.safetensors": 3 * MiB + 5, "config.json": 100})
     post(t, "/weights/publish", {"dir": str(src)})
     wait_until(lambda: has(evil, 1), 30, "the evil node to hold version 1 (honestly)")
-    victim, _ = cluster.start("inference", [addr_of(st)], trainer_peer_id=tid)
+    victim, _ = follower(cluster, st)
     wait_until(lambda: has(victim, 1), 60, "the victim to complete from the honest trainer")
     assert_same_files(src, Path(path_of(victim, 1)))
     view = job(victim)
@@ -158,14 +161,8 @@ def test_malicious_peer_serving_corrupt_shards_is_banned(cluster, tmp_path):
 def test_forged_oversized_inconsistent_and_replayed_manifests_are_refused(cluster, tmp_path):
     t, st = cluster.start("trainer")
     tid = st["peer_id"]
-    victim, _ = cluster.start("inference", [addr_of(st)], trainer_peer_id=tid)
-    evil, _ = cluster.start(
-        "inference",
-        [addr_of(st)],
-        module="tests.evil_node",
-        env={"EVIL": "manifests"},
-        trainer_peer_id=tid,
-    )
+    victim, _ = follower(cluster, st)
+    evil, _ = follower(cluster, st, module="tests.evil_node", env={"EVIL": "manifests"})
     wait_known([t, victim, evil], 2)
     src = checkpoint(tmp_path / "ckpt", {"w.safetensors": 100 * KiB})
     post(t, "/weights/publish", {"dir": str(src)})
@@ -201,11 +198,11 @@ def test_forged_oversized_inconsistent_and_replayed_manifests_are_refused(cluste
 def test_serving_peer_dies_or_freezes_mid_download(cluster, tmp_path, how):
     t, st = cluster.start("trainer", upload_rate="2", shard_size=str(256 * KiB))
     tid = st["peer_id"]
-    relay, sr = cluster.start("inference", [addr_of(st)], trainer_peer_id=tid, upload_rate="1.5")
+    relay, sr = follower(cluster, st, upload_rate="1.5")
     src = checkpoint(tmp_path / "ckpt", {"w.safetensors": 4 * MiB + 77})
     post(t, "/weights/publish", {"dir": str(src)})
     wait_until(lambda: has(relay, 1), 30, "the relay to hold version 1")
-    d, _ = cluster.start("inference", [addr_of(st)], trainer_peer_id=tid)
+    d, _ = follower(cluster, st)
 
     def from_relay():
         j = job(d)
@@ -230,11 +227,10 @@ def test_serving_peer_dies_or_freezes_mid_download(cluster, tmp_path, how):
 
 def test_downloader_killed_with_sigkill_resumes_without_refetching(cluster, tmp_path):
     t, st = cluster.start("trainer", upload_rate="1", shard_size=str(256 * KiB))
-    tid = st["peer_id"]
     src = checkpoint(tmp_path / "ckpt", {"a.safetensors": 3 * MiB + 3, "b.json": 1000})
     post(t, "/weights/publish", {"dir": str(src)})
     total = 3 * MiB + 3 + 1000
-    d, _ = cluster.start("inference", [addr_of(st)], trainer_peer_id=tid, name="downloader")
+    d, _ = follower(cluster, st, name="downloader")
     wait_until(lambda: (job(d) or {}).get("done_shards", 0) >= 4, 30, "a few shards", 0.05)
     d.proc.send_signal(signal.SIGKILL)
     d.proc.wait()
@@ -242,7 +238,7 @@ def test_downloader_killed_with_sigkill_resumes_without_refetching(cluster, tmp_
     journaled = (partial / "done").stat().st_size // 4
     assert journaled >= 4 and not has_complete_dir(d)
     sent_before = counter(metrics(t), "intellect_shardcast_bytes_total", direction="out")
-    d2, _ = cluster.start("inference", [addr_of(st)], trainer_peer_id=tid, name="downloader")
+    d2, _ = follower(cluster, st, name="downloader")
     wait_until(lambda: has(d2, 1), 60, "the restarted download to complete")
     assert_same_files(src, Path(path_of(d2, 1)))
     j = job(d2)

@@ -61,7 +61,7 @@ from protocol.shardcast import (
 )
 
 log = logging.getLogger("intellect.shardcast")
-REFRESH = 1.0  # seconds between holdings refreshes during a download
+REFRESH = 0.5  # seconds between holdings refreshes during a download
 PROVIDE_EVERY = 30.0
 MAX_QUERY_PEERS = 16  # holders asked per refresh
 POLL_PEERS = 4  # peers asked for their newest version per discovery interval
@@ -74,6 +74,7 @@ class DownloadJob:
     total: int
     shards: int
     started: float = field(default_factory=time.monotonic)
+    finished: float | None = None
     resumed_shards: int = 0
     resumed_bytes: int = 0
     fetched_bytes: int = 0
@@ -83,7 +84,7 @@ class DownloadJob:
     plan: DownloadPlan | None = None
 
     def view(self) -> dict[str, Any]:
-        elapsed = max(time.monotonic() - self.started, 1e-6)
+        elapsed = max((self.finished or time.monotonic()) - self.started, 1e-6)
         plan = self.plan
         return {
             "version": self.version,
@@ -112,7 +113,9 @@ class WeightService:
         self.cfg = cfg
         self.trainer = cfg.trainer_peer_id or (node.peer_id if cfg.role == "trainer" else None)
         self.store = WeightStore(cfg.resolved_data_dir / "weights", cfg.run_id, self.trainer)
-        self.follow = cfg.role != "bootstrap"
+        self.follow = (
+            cfg.follow_weights if cfg.follow_weights is not None else cfg.role != "bootstrap"
+        )
         self.keep = cfg.async_level + 1
         self.manifests: dict[int, tuple[WeightManifest, bytes]] = {}
         self.partials: dict[int, Partial] = {}
@@ -322,7 +325,7 @@ class WeightService:
             self._follow()
             return m.version
         except Exception as exc:
-            log.debug("learning version %d from %s failed: %s", version, peer[-8:], exc)
+            log.info("learning version %d from %s failed: %r", version, peer[-8:], exc)
             return None
         finally:
             self._learning.discard(version)
@@ -513,7 +516,7 @@ class WeightService:
             return
         finally:
             self.partials.pop(version, None)
-        job.state = "complete"
+        job.state, job.finished = "complete", time.monotonic()
         log.info(
             "version complete version=%d bytes=%d fetched=%d resumed=%d seconds=%.2f",
             version,
@@ -585,26 +588,29 @@ class WeightService:
         return length
 
     async def _refresh_loop(self, version: int, plan: DownloadPlan, wakeup: Wakeup) -> None:
-        last_dht = -1e9
         providers: set[str] = set()
-        while True:
-            if trio.current_time() - last_dht > 5:
-                last_dht = trio.current_time()
-                providers |= await self._find_providers(version)
-            candidates = (
-                (self.hints.get(version, set()) | providers | set(self.node.peers.peers))
-                - self.banned
-                - {self.node.peer_id}
-            )
-            known = [p for p in candidates if p in plan.peers]
-            fresh = [p for p in candidates if p not in plan.peers]
-            random.shuffle(fresh)
-            ask = (known + fresh)[:MAX_QUERY_PEERS]
-            async with trio.open_nursery() as nursery:
-                for peer in ask:
-                    nursery.start_soon(self._refresh_one, version, plan, peer)
-            wakeup.set()
-            await trio.sleep(REFRESH)
+
+        async def lookups() -> None:  # DHT lookups run beside, never delaying a refresh
+            while True:
+                providers.update(await self._find_providers(version))
+                await trio.sleep(5)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(lookups)
+            while True:
+                candidates = (
+                    (self.hints.get(version, set()) | providers | set(self.node.peers.peers))
+                    - self.banned
+                    - {self.node.peer_id}
+                )
+                known = [p for p in candidates if p in plan.peers]
+                fresh = [p for p in candidates if p not in plan.peers]
+                random.shuffle(fresh)
+                async with trio.open_nursery() as queries:
+                    for peer in (known + fresh)[:MAX_QUERY_PEERS]:
+                        queries.start_soon(self._refresh_one, version, plan, peer)
+                wakeup.set()
+                await trio.sleep(REFRESH)
 
     async def _refresh_one(self, version: int, plan: DownloadPlan, peer: str) -> None:
         m = self.manifests[version][0]
@@ -660,7 +666,8 @@ class WeightService:
             await trio.sleep(PROVIDE_EVERY)
 
     async def _retain(self) -> None:
-        dropped = await trio.to_thread.run_sync(self.store.retain, self.keep)
+        floor = self.newest_known - self.cfg.async_level
+        dropped = await trio.to_thread.run_sync(self.store.retain, self.keep, floor)
         for v in dropped:
             if v not in self.jobs or self.jobs[v].state != "downloading":
                 self.manifests.pop(v, None)

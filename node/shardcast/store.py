@@ -118,9 +118,10 @@ class Partial(ShardSource):
         return len(self.held)
 
     def verify(self, index: int, data: bytes | bytearray | memoryview) -> bool:
-        return len(data) == self.manifest.shard_length(index) and digest(
-            bytes(data)
-        ) == self.manifest.shard_hash(index)
+        if len(data) != self.manifest.shard_length(index):
+            return False
+        h = hashlib.blake2b(data, digest_size=DIGEST_SIZE)  # no copy of the shard
+        return h.digest() == self.manifest.shard_hash(index)
 
     def write(self, index: int, data: bytes | bytearray | memoryview) -> None:
         """Write a verified shard in place, then record it in the journal."""
@@ -230,16 +231,18 @@ class WeightStore:
         self.complete[m.version] = src
         return src
 
-    def retain(self, keep: int) -> list[int]:
-        """Delete all but the newest ``keep`` complete versions, and partial downloads older
-        than the oldest kept one. Returns the deleted versions."""
+    def retain(self, keep: int, floor: int = 0) -> list[int]:
+        """Delete all but the newest ``keep`` complete versions, every version below
+        ``floor`` (outside the retention window), and partial downloads older than the
+        oldest kept version. Returns the deleted versions."""
         versions = sorted(self.complete)
-        drop = versions[:-keep] if keep else versions
+        drop = [v for i, v in enumerate(versions) if i < len(versions) - keep or v < floor]
         for v in drop:
             self.complete.pop(v).close()
             shutil.rmtree(self.root / version_dir_name(v), ignore_errors=True)
-        if versions[-keep:]:
-            oldest = versions[-keep:][0]
+        kept = [v for v in versions if v not in drop]
+        if kept:
+            oldest = kept[0]
             for path in self.root.glob(".partial-v*"):
                 v = int(path.name[len(".partial-v") :])
                 if v < oldest and not _locked(path):

@@ -1,0 +1,355 @@
+"""Benchmark: SHARDCAST between node processes on 127.0.0.1, against a bare py-libp2p
+stream and a raw TCP socket between two processes moving the same bytes.
+
+    .venv/bin/python bench/shardcast.py [--mib 256] [--peers 6] [--cap 40] [--json]
+
+(a) one origin → one downloader: an ``intellect-node`` trainer publishes a ``--mib``
+    checkpoint (two safetensors files and a config); a second node pulls it. MB/s = bytes
+    / the downloader's job time (first request to verified, renamed version, including
+    the final whole-checkpoint hash). The same bytes then go from one process to another
+    over a bare py-libp2p stream (Noise + yamux, 1 MiB writes) and over a raw TCP socket.
+(b) one origin → ``--peers`` downloaders at once, every node with the same upload cap
+    (``--cap`` MB/s, a home uplink): time from the publish request until every downloader
+    holds the version, against the ideal ``size / cap`` (one copy leaving the origin at
+    its cap); per-node MB/s; the origin's egress divided by the checkpoint size.
+MB/s = 10^6 bytes per second.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from node.cli import _admin_get, admin_post  # noqa: E402
+from node.devnet import NodeProcess, p2p_addr, spawn_node, wait_ready  # noqa: E402
+
+MiB = 1024 * 1024
+TIMEOUT = 600
+# relaxed deadlines: seven node processes share this machine's cores with the bench
+FAST = [
+    "--heartbeat-interval", "1", "--peer-ttl", "15", "--discovery-interval", "2",
+    "--connect-timeout", "10", "--read-timeout", "20",
+]  # fmt: skip
+
+
+def make_checkpoint(path: Path, mib: int) -> int:
+    path.mkdir(parents=True, exist_ok=True)
+    half = mib * MiB // 2
+    sizes = {
+        "model-00001-of-00002.safetensors": half + 4097,
+        "model-00002-of-00002.safetensors": mib * MiB - half - 4097 - 600,
+        "config.json": 600,
+    }
+    for name, size in sizes.items():
+        with open(path / name, "wb") as f:
+            left = size
+            while left:
+                n = min(left, 8 * MiB)
+                f.write(os.urandom(n))
+                left -= n
+    return sum(sizes.values())
+
+
+def counter(node: NodeProcess, name: str, label: str) -> int:
+    info = json.loads((node.data_dir / "admin.json").read_text())
+    with urllib.request.urlopen(f"http://127.0.0.1:{info['port']}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    return sum(
+        int(float(line.split()[-1]))
+        for line in text.splitlines()
+        if line.startswith(name) and label in line
+    )
+
+
+def wait(pred, timeout: float, what: str, interval: float = 0.05):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = pred()
+        if got:
+            return got
+        time.sleep(interval)
+    raise RuntimeError(f"timed out waiting for {what}")
+
+
+def complete(node: NodeProcess) -> dict | None:  # type: ignore[type-arg]
+    w = _admin_get(node.data_dir, "/weights")
+    job = w["downloads"].get("1")
+    return job if job and job["state"] == "complete" else None
+
+
+def swarm(base: Path, ckpt: Path, total: int, peers: int, cap: float) -> dict[str, object]:
+    """One origin, ``peers`` downloaders started first; all capped at ``cap`` MB/s."""
+    nodes: list[NodeProcess] = []
+    try:
+        capped = ["--upload-rate", str(cap)] if cap else []
+        origin = spawn_node(
+            "origin",
+            "trainer",
+            base,
+            run_id="bench",
+            listen="/ip4/127.0.0.1/tcp/0",
+            bootstrap=[],
+            extra=FAST + capped,
+        )
+        nodes.append(origin)
+        st = wait_ready(origin)
+        tid = st["peer_id"]
+        for i in range(peers):
+            nodes.append(
+                spawn_node(
+                    f"dl{i}",
+                    "bootstrap",
+                    base,
+                    run_id="bench",
+                    listen="/ip4/127.0.0.1/tcp/0",
+                    bootstrap=[p2p_addr(st)],
+                    extra=FAST + capped + ["--trainer-peer-id", tid, "--follow-weights", "true"],
+                )
+            )
+        for n in nodes[1:]:
+            wait_ready(n)
+        wait(
+            lambda: all(len((n.status() or {"peers": []})["peers"]) >= peers for n in nodes),
+            60,
+            "the nodes to meet",
+            0.2,
+        )
+        t0 = time.monotonic()
+        admin_post(origin.data_dir, "/weights/publish", {"dir": str(ckpt)}, timeout=600)
+        published = time.monotonic()
+        jobs = {}
+        while len(jobs) < peers:
+            for n in nodes[1:]:
+                if n.name not in jobs and (job := complete(n)):
+                    jobs[n.name] = (time.monotonic(), job)
+            if time.monotonic() - published > TIMEOUT:
+                raise RuntimeError(f"only {len(jobs)} of {peers} completed in {TIMEOUT} s")
+            time.sleep(0.05)
+        done = max(t for t, _ in jobs.values())
+        egress = counter(origin, "intellect_shardcast_bytes_total", 'direction="out"')
+        relayed = {
+            name: counter(n, "intellect_shardcast_bytes_total", 'direction="out"')
+            for n in nodes[1:]
+            for name in [n.name]
+        }
+        return {
+            "publish_seconds": round(published - t0, 3),
+            "swarm_seconds": round(done - published, 3),
+            "per_node_MBps": {
+                name: round(total / job["elapsed_s"] / 1e6, 1) for name, (_, job) in jobs.items()
+            },
+            "origin_egress_ratio": round(egress / total, 3),
+            "relayed_bytes": relayed,
+            "completed": len(jobs),
+        }
+    finally:
+        for n in nodes:
+            n.stop(grace=10)
+
+
+def single(base: Path, ckpt: Path, total: int) -> float:
+    nodes: list[NodeProcess] = []
+    try:
+        origin = spawn_node(
+            "origin",
+            "trainer",
+            base,
+            run_id="bench1",
+            listen="/ip4/127.0.0.1/tcp/0",
+            bootstrap=[],
+            extra=FAST,
+        )
+        nodes.append(origin)
+        st = wait_ready(origin)
+        admin_post(origin.data_dir, "/weights/publish", {"dir": str(ckpt)}, timeout=600)
+        d = spawn_node(
+            "dl",
+            "bootstrap",
+            base,
+            run_id="bench1",
+            listen="/ip4/127.0.0.1/tcp/0",
+            bootstrap=[p2p_addr(st)],
+            extra=FAST + ["--trainer-peer-id", st["peer_id"], "--follow-weights", "true"],
+        )
+        nodes.append(d)
+        wait_ready(d)
+        job = wait(lambda: complete(d), 600, "the single download", 0.1)
+        return float(total / job["elapsed_s"] / 1e6)
+    finally:
+        for n in nodes:
+            n.stop(grace=10)
+
+
+# ---- the same bytes between two processes: bare py-libp2p stream, raw TCP --------------
+
+
+SINK = r"""
+import sys, time, trio, multiaddr
+from functools import partial
+sys.path.insert(0, {root!r})
+from crypto.identity import Identity
+from node.host import build_host
+mode, total = sys.argv[1], int(sys.argv[2])
+CHUNK = 1 << 20
+async def main():
+    done = trio.Event()
+    got = 0
+    first = None
+    async def drain(read):
+        nonlocal got, first
+        while got < total:
+            data = await read(CHUNK)
+            if not data:
+                break
+            if first is None:
+                first = time.perf_counter()
+            got += len(data)
+        print(f"DONE {{got}} {{time.perf_counter():.6f}}", flush=True)
+        done.set()
+    if mode == "tcp":
+        async def handler(stream):
+            await drain(stream.receive_some)
+        async with trio.open_nursery() as n:
+            listeners = await n.start(partial(trio.serve_tcp, handler, 0, host="127.0.0.1"))
+            print(f"ADDR {{listeners[0].socket.getsockname()[1]}}", flush=True)
+            await done.wait()
+            n.cancel_scope.cancel()
+    else:
+        host = build_host(Identity.generate())
+        async def handler(stream):
+            await drain(stream.read)
+            await stream.close()
+        async with host.run([multiaddr.Multiaddr("/ip4/127.0.0.1/tcp/0")]):
+            host.set_stream_handler("/intellect/bench/1.0.0", handler)
+            print(f"ADDR {{host.get_addrs()[0]}}", flush=True)
+            await done.wait()
+            await trio.sleep(0.2)
+trio.run(main)
+"""
+
+
+def two_process(mode: str, total: int) -> float:
+    import trio
+
+    root = str(Path(__file__).resolve().parent.parent)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SINK.format(root=root), mode, str(total)],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=root,
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        if not line.startswith("ADDR "):
+            raise RuntimeError(f"sink did not start: {line!r}")
+        addr = line.split()[1]
+        payload = bytes(1 << 20)
+
+        async def send() -> float:
+            if mode == "tcp":
+                stream = await trio.open_tcp_stream("127.0.0.1", int(addr))
+                started = time.perf_counter()
+                for _ in range(total // len(payload)):
+                    await stream.send_all(payload)
+                await stream.aclose()
+                return started
+            import multiaddr
+            from libp2p.peer.peerinfo import info_from_p2p_addr
+
+            from crypto.identity import Identity
+            from node.host import build_host
+
+            host = build_host(Identity.generate())
+            async with host.run([multiaddr.Multiaddr("/ip4/127.0.0.1/tcp/0")]):
+                info = info_from_p2p_addr(multiaddr.Multiaddr(addr))
+                await host.connect(info)
+                s = await host.new_stream(info.peer_id, ["/intellect/bench/1.0.0"])
+                started = time.perf_counter()
+                for _ in range(total // len(payload)):
+                    await s.write(payload)
+                await trio.to_thread.run_sync(proc.wait)
+                return started
+
+        started = trio.run(send)
+        done = proc.stdout.readline()
+        proc.wait(60)
+        got, finished = int(done.split()[1]), float(done.split()[2])
+        if got != total:
+            raise RuntimeError(f"{mode}: received {got} of {total}")
+        return total / (finished - started) / 1e6  # perf_counter is system-wide (CLOCK_MONOTONIC)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--mib", type=int, default=256, help="checkpoint size in MiB (default 256)")
+    ap.add_argument("--peers", type=int, default=6, help="downloaders in the swarm (default 6)")
+    ap.add_argument("--cap", type=float, default=40, help="upload cap per node, MB/s (default 40)")
+    ap.add_argument("--json", action="store_true", help="end with one JSON line of the figures")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        base = Path(tmp)
+        total = make_checkpoint(base / "ckpt", args.mib)
+        size = args.mib * MiB
+        tcp = two_process("tcp", size)
+        libp2p = two_process("libp2p", size)
+        one = single(base / "single", base / "ckpt", total)
+        print(f"(a) {args.mib} MiB, one origin -> one downloader, separate processes on 127.0.0.1:")
+        print(f"  raw TCP socket           {tcp:8.1f} MB/s")
+        print(f"  bare py-libp2p stream    {libp2p:8.1f} MB/s")
+        print(f"  SHARDCAST pull           {one:8.1f} MB/s   ({one / libp2p:.3f} x bare libp2p)")
+        sw = swarm(base / "swarm", base / "ckpt", total, args.peers, args.cap)
+        ideal = total / (args.cap * 1e6) if args.cap else 0.0
+        print(f"(b) one origin -> {args.peers} downloaders, every node capped at {args.cap} MB/s:")
+        print(
+            f"  all complete after {sw['swarm_seconds']:.2f} s; ideal size/cap {ideal:.2f} s "
+            f"({float(sw['swarm_seconds']) / ideal if ideal else 0:.2f} x)"
+        )
+        print(f"  completed {sw['completed']} of {args.peers}")
+        print(
+            f"  origin egress {sw['origin_egress_ratio']:.3f} x the checkpoint (HTTP origin: {args.peers})"
+        )
+        print(f"  per-node MB/s {sw['per_node_MBps']}")
+        print(f"  bytes each downloader relayed {sw['relayed_bytes']}")
+        if args.json:
+            print(
+                json.dumps(
+                    {
+                        "single_MBps": round(one, 1),
+                        "libp2p_MBps": round(libp2p, 1),
+                        "tcp_MBps": round(tcp, 1),
+                        "single_vs_libp2p": round(one / libp2p, 3),
+                        "swarm_seconds": sw["swarm_seconds"],
+                        "swarm_ideal_seconds": round(ideal, 3),
+                        "swarm_vs_ideal": round(float(sw["swarm_seconds"]) / ideal, 3)
+                        if ideal
+                        else None,
+                        "origin_egress_ratio": sw["origin_egress_ratio"],
+                        "completed": sw["completed"],
+                        "per_node_MBps": sw["per_node_MBps"],
+                        "peers": args.peers,
+                        "cap_MBps": args.cap,
+                        "checkpoint_bytes": total,
+                        "shard_bytes": 4 * MiB,
+                    }
+                )
+            )
+
+
+if __name__ == "__main__":
+    main()
