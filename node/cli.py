@@ -16,13 +16,13 @@ from node.config import ConfigError, NodeConfig, config_toml, load_config
 
 ROLE_NOTES = {
     "bootstrap": "entry point into the DHT: serves discovery, relays gossip.",
-    "inference": "pulls every new weight version (SHARDCAST) and serves its shards to peers; the "
-    "rollout engine exists (try `intellect-node model rollouts`), but this role does not yet "
-    "submit rollouts.",
-    "validator": "networking only for now: rollout validation and slashing are not built yet "
-    "(issues #3, #5), so this node checks nothing yet.",
-    "trainer": "publishes weight versions (`intellect-node weights publish DIR`) and serves them; "
-    "GRPO training is not built yet.",
+    "inference": "registers its stake, then for every step the trainer announces generates a "
+    "proven rollout batch for its assigned tasks, stores, announces and serves it, and submits "
+    "its work key on-chain; also pulls and relays weight versions (SHARDCAST).",
+    "validator": "fetches every submitted batch, checks registration, step window, units, "
+    "tasks, rewards and proofs, and posts accept or reject on-chain.",
+    "trainer": "announces the run's step every step_interval seconds (policy version 0: GRPO "
+    "training is not built yet) and publishes weight versions (`weights publish DIR`).",
 }
 
 EPILOG = """\
@@ -175,6 +175,18 @@ def build_parser() -> argparse.ArgumentParser:
         default=0,
         help="stop after this many seconds (0: run until Ctrl-C)",
     )
+    devnet.add_argument(
+        "--cheaters",
+        type=int,
+        default=0,
+        help="how many of the inference nodes cheat (generate with other weights; default 0)",
+    )
+    devnet.add_argument(
+        "--step-interval",
+        type=float,
+        default=15.0,
+        help="seconds between the trainer's steps (default 15)",
+    )
     return parser
 
 
@@ -209,6 +221,9 @@ def cmd_start(args: argparse.Namespace) -> int:
     import trio
 
     from node.admin import AdminServer
+    from node.engine.modeldir import ModelError
+    from node.roles import role_service
+    from node.roles.chain import ChainSetupError
     from node.runtime import Node
     from node.shardcast.service import WeightService
 
@@ -229,6 +244,15 @@ def cmd_start(args: argparse.Namespace) -> int:
                 weights = await nursery.start(WeightService(node, cfg).serve)
                 admin = AdminServer(node, data_dir, cfg.admin_port, routes=weights.admin_routes())
                 port = await nursery.start(admin.serve)
+                role = role_service(cfg.role)
+                if role is not None:
+                    try:
+                        await nursery.start(role, node, cfg)
+                    except (ChainSetupError, ModelError, RuntimeError, ValueError, OSError) as exc:
+                        print(f"intellect-node: error: {cfg.role} role: {exc}", file=sys.stderr)
+                        failed.append(exc)
+                        node.request_stop()
+                        return
                 print(f"intellect-node {cfg.role} up", flush=True)
                 print(f"  peer id : {node.peer_id}")
                 for a in node.addrs:
@@ -243,8 +267,9 @@ def cmd_start(args: argparse.Namespace) -> int:
                     node.request_stop()
                     break
 
+    failed: list[BaseException] = []
     trio.run(main)
-    return 0
+    return 1 if failed else 0
 
 
 def _admin_get(data_dir: Path, path: str) -> Any:
@@ -338,7 +363,12 @@ def cmd_devnet(args: argparse.Namespace) -> int:
     from node.devnet import run_devnet
 
     return run_devnet(
-        args.base_dir, run_id=args.run_id, inference=args.inference, duration=args.duration
+        args.base_dir,
+        run_id=args.run_id,
+        inference=args.inference,
+        duration=args.duration,
+        cheaters=args.cheaters,
+        step_interval=args.step_interval,
     )
 
 

@@ -142,6 +142,46 @@ class NodeConfig(BaseModel):
         None, description="Fetch every new weight version (default: every role but bootstrap)."
     )
 
+    # ---- work (inference, validator and trainer roles) ----
+    taskset: str = Field(
+        "arithmetic", description="The run's task set (arithmetic, arithmetic:LO-HI, or a file)."
+    )
+    tasks_per_batch: int = Field(4, ge=1, le=256, description="Tasks in one rollout batch.")
+    group_size: int = Field(4, ge=1, le=64, description="Samples per task (GRPO group size G).")
+    max_new_tokens: int = Field(48, ge=1, le=16384, description="Tokens per sample at most.")
+    temperature: float = Field(1.0, gt=0, le=10, description="Sampling temperature.")
+    engine_batch: int = Field(
+        32, ge=1, le=1024, description="Sequences the engine decodes together."
+    )
+    stake: float = Field(
+        2.0, gt=0, le=1e6, description="ETH an inference node stakes when it registers."
+    )
+    max_unjudged: int = Field(
+        4,
+        ge=1,
+        le=1024,
+        description="Submitted batches without a verdict after which a worker waits.",
+    )
+    step_interval: float = Field(
+        20.0,
+        ge=0.5,
+        le=86400,
+        description="Seconds between the trainer's step notices (until it trains).",
+    )
+    spot_check: float = Field(
+        1.0,
+        gt=0,
+        le=1,
+        description="Share of each batch's rollouts a validator recomputes (SPEC §14).",
+    )
+    cheat: Literal["none", "other_weights", "edit_token", "inflate_reward"] = Field(
+        "none",
+        description="FOR TESTS ONLY: make this worker cheat; refused unless dev_cheats is on.",
+    )
+    dev_cheats: bool = Field(
+        False, description="Allow the cheat setting (tests and the devnet's --cheaters)."
+    )
+
     @field_validator("run_id")
     @classmethod
     def _run_id(cls, v: str) -> str:
@@ -151,6 +191,12 @@ class NodeConfig(BaseModel):
     def _ttl_above_heartbeat(self) -> Self:
         if self.peer_ttl <= self.heartbeat_interval:
             raise ValueError("peer_ttl must be longer than heartbeat_interval")
+        return self
+
+    @model_validator(mode="after")
+    def _cheats_need_the_dev_flag(self) -> Self:
+        if self.cheat != "none" and not self.dev_cheats:
+            raise ValueError("cheat is for tests only: it needs dev_cheats = true")
         return self
 
     @property

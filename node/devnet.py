@@ -1,10 +1,14 @@
 """A local network on 127.0.0.1: one process per node, the real binary in each.
 
-Starts the development chain with the ledger contract (``intellect-node chain``), a
-bootstrap node, then a trainer, a validator and N inference nodes that each know only the
-bootstrap (all configured with the chain and contract), waits until every node has found every other one through the DHT,
-prints the network's status, and keeps printing it until Ctrl-C or ``duration`` seconds.
-Every process it starts it also stops (SIGTERM, then SIGKILL after a grace period).
+Starts the development chain with the ledger contract (``intellect-node chain``), makes a
+ledger account for every worker (funded from the chain's development keys) and gives the
+validator one of the chain's appointed validator keys, then starts a bootstrap node, the
+trainer (the run's clock), the validator and N inference nodes (``--cheaters C`` of them
+cheat: other weights) that each know only the bootstrap. Workers stake and register
+themselves, generate a batch per trainer step, and the validator judges each one on-chain.
+A live table shows per worker the batches generated, accepted, rejected and waiting, the
+stake and the rewards pending and claimable, until Ctrl-C or ``duration`` seconds. Every
+process it starts it also stops (SIGTERM, then SIGKILL after a grace period).
 """
 
 from __future__ import annotations
@@ -205,7 +209,76 @@ def prepare_model(out: Path) -> Path:
     return path
 
 
-def run_devnet(base_dir: Path, *, run_id: str, inference: int, duration: float) -> int:
+DEVNET_PASSWORD = "devnet"  # the development accounts' keystore password (local only)
+WORKER_FUNDS = "10"  # ETH sent to each worker account
+
+
+def make_account(data_dir: Path, private_key: str | None = None) -> str:
+    """A keystore in ``data_dir`` (kept if there is one); returns its address."""
+    from ledger.accounts import account_address, account_path, create_account
+
+    if not account_path(data_dir).exists():
+        create_account(data_dir, DEVNET_PASSWORD, private_key=private_key)
+    return account_address(data_dir).lower()
+
+
+def fund(chain_dir: Path, address: str, amount: str) -> None:
+    """``intellect-node chain fund`` from the development chain's funder key."""
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "node.cli",
+            "chain",
+            "fund",
+            address,
+            amount,
+            "--data-dir",
+            str(chain_dir),
+        ],
+        check=True,
+        capture_output=True,
+        cwd=Path(__file__).resolve().parent.parent,
+    )
+
+
+def work_table(nodes: list[NodeProcess]) -> str:
+    """Per worker: batches and money; per validator: verdicts (from each node's status)."""
+    rows = [
+        f"{'node':<14} {'step':>5} {'gen':>4} {'acc':>4} {'rej':>4} {'wait':>4} "
+        f"{'tok/s':>7} {'stake ETH':>10} {'pending':>9} {'claimable':>9}"
+    ]
+    for n in nodes:
+        st = n.status() or {}
+        w, v = st.get("inference"), st.get("validator")
+        if w is not None:
+            rows.append(
+                f"{n.name:<14} {str(w['step']):>5} {w['generated']:>4} {w['accepted']:>4} "
+                f"{w['rejected']:>4} {w['unjudged']:>4} {w['tokens_per_s']:>7} "
+                f"{w.get('stake_wei', 0) / 1e18:>10.4f} {w.get('pending_wei', 0) / 1e18:>9.6f} "
+                f"{w.get('claimable_wei', 0) / 1e18:>9.6f}"
+                + ("  (cheats)" if w["cheat"] != "none" else "")
+            )
+        elif v is not None:
+            reasons = ", ".join(f"{k} {c}" for k, c in v["rejected_by_reason"].items()) or "-"
+            rows.append(
+                f"{n.name:<14} {str(v['step']):>5} judged {v['judged']}: accepted "
+                f"{v['accepted']}, rejected {v['rejected']} ({reasons}), waiting {v['waiting']}"
+            )
+    return "\n".join(rows)
+
+
+def run_devnet(
+    base_dir: Path,
+    *,
+    run_id: str,
+    inference: int,
+    duration: float,
+    cheaters: int = 0,
+    step_interval: float = 15.0,
+) -> int:
+    if not 0 <= cheaters <= inference:
+        raise ValueError("--cheaters must be between 0 and --inference")
     base_dir.mkdir(parents=True, exist_ok=True)
     fast = ["--heartbeat-interval", "2", "--peer-ttl", "10", "--discovery-interval", "1"]
     nodes: list[NodeProcess] = []
@@ -219,12 +292,28 @@ def run_devnet(base_dir: Path, *, run_id: str, inference: int, duration: float) 
     chain: subprocess.Popen[bytes] | None = None
     try:
         chain, ledger_env = start_chain(base_dir / "chain")
-        # the trainer's key is the run's trust root for weights: make it first, tell everyone
+        chain_info = json.loads((base_dir / "chain" / "chain.json").read_text())
+        # the trainer's key is the run's trust root for weights and steps: make it first
         from node.keystore import load_or_create_identity
 
         trainer_id = load_or_create_identity(base_dir / "trainer").peer_id
-        ledger_env = {**ledger_env, "INTELLECT_NODE_TRAINER_PEER_ID": trainer_id}
-        print(f"devnet: trainer (weights trust root) {trainer_id}", flush=True)
+        ledger_env = {
+            **ledger_env,
+            "INTELLECT_NODE_TRAINER_PEER_ID": trainer_id,
+            "INTELLECT_NODE_PASSWORD": DEVNET_PASSWORD,
+            "INTELLECT_NODE_STEP_INTERVAL": str(step_interval),
+        }
+        print(f"devnet: trainer (weights and steps trust root) {trainer_id}", flush=True)
+        validator_addr = make_account(base_dir / "validator", chain_info["validator_key"])
+        print(f"devnet: validator account {validator_addr} (appointed by the chain)", flush=True)
+        workers = [f"inference-{i}" for i in range(inference)]
+        for i, name in enumerate(workers):
+            address = make_account(base_dir / name)
+            fund(base_dir / "chain", address, WORKER_FUNDS)
+            how = "cheats: other weights" if i >= inference - cheaters else "honest"
+            print(
+                f"devnet: {name} account {address}, funded {WORKER_FUNDS} ETH ({how})", flush=True
+            )
         model_env = {"INTELLECT_NODE_MODEL": str(prepare_model(base_dir / "model"))}
         boot = spawn_node(
             "bootstrap",
@@ -239,10 +328,17 @@ def run_devnet(base_dir: Path, *, run_id: str, inference: int, duration: float) 
         nodes.append(boot)
         boot_addr = p2p_addr(wait_ready(boot))
         print(f"devnet: bootstrap at {boot_addr}", flush=True)
-        roles = [("trainer", "trainer"), ("validator", "validator")] + [
-            (f"inference-{i}", "inference") for i in range(inference)
+        roles = [("trainer", "trainer", {}), ("validator", "validator", {})] + [
+            (
+                name,
+                "inference",
+                {"INTELLECT_NODE_CHEAT": "other_weights", "INTELLECT_NODE_DEV_CHEATS": "true"}
+                if i >= inference - cheaters
+                else {},
+            )
+            for i, name in enumerate(workers)
         ]
-        for name, role in roles:
+        for name, role, extra_env in roles:
             nodes.append(
                 spawn_node(
                     name,
@@ -252,7 +348,7 @@ def run_devnet(base_dir: Path, *, run_id: str, inference: int, duration: float) 
                     listen="/ip4/127.0.0.1/tcp/0",
                     bootstrap=[boot_addr],
                     extra=fast,
-                    env_extra={**ledger_env, **model_env},
+                    env_extra={**ledger_env, **model_env, **extra_env},
                 )
             )
         for n in nodes[1:]:
@@ -270,11 +366,16 @@ def run_devnet(base_dir: Path, *, run_id: str, inference: int, duration: float) 
         )
         print(table(nodes), flush=True)
         print(f"devnet: logs and keys under {base_dir}; Ctrl-C stops every node", flush=True)
-        last = time.monotonic()
+        last = 0.0
         while not stopping and (duration <= 0 or time.monotonic() - started < duration):
             time.sleep(0.2)
-            if time.monotonic() - last > 15:
-                print(table(nodes), flush=True)
+            for n in nodes:
+                if n.proc.poll() is not None:
+                    raise RuntimeError(
+                        f"{n.name} exited with {n.proc.returncode}; its log: {n.log_path}"
+                    )
+            if time.monotonic() - last > 10:
+                print(work_table(nodes), flush=True)
                 last = time.monotonic()
     finally:
         for n in reversed(nodes):

@@ -1,3 +1,26 @@
 """The roles a node plays, each a service the runtime starts: ``inference`` generates and
 submits rollout batches, ``validator`` judges them, ``trainer`` turns accepted batches
 into new policies. The decisions each role makes live in small pure classes beside it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+
+def role_service(role: str) -> Callable[..., Any] | None:
+    """``run(node, cfg, *, task_status)`` of a role, None for the bootstrap (network only).
+    Imported here, on start, so that ``--help`` stays instant."""
+    if role == "inference":
+        from node.roles.inference import run
+
+        return run
+    if role == "validator":
+        from node.roles.validator import run as run_validator
+
+        return run_validator
+    if role == "trainer":
+        from node.roles.trainer import run as run_trainer
+
+        return run_trainer
+    return None

@@ -1,0 +1,175 @@
+"""Benchmark: the first half of the loop (work generated and judged), measured in one run.
+
+    .venv/bin/python bench/loop.py [--seconds 240] [--step-interval 4] [--json]
+
+Real processes on 127.0.0.1 and the served development chain, the tiny base model: a
+bootstrap, the trainer (the clock), one validator (full verification: every rollout
+recomputed) and 2 inference workers (4 tasks x 4 samples x 48 tokens a batch, at most one
+batch without a verdict). For ``--seconds`` after the first verdict it counts:
+
+- batches generated and judged per minute (from the chain's events);
+- ``validator_to_worker_time``: the validator's CPU-seconds per judged batch over a worker's
+  CPU-seconds per generated batch (each node process and its engine process, from
+  /proc; the node's networking is included on both sides). Target <= 0.25: one validator
+  keeps up with four workers of the same hardware;
+- verdict latency p50 / p95: from the moment a submission is first seen on-chain (the
+  worker announces just before it submits) to its verdict, polled every 0.25 s;
+- gas per rollout: (submit_work + accept gas) / rollouts, from the receipts.
+
+``--json``: the last line is one JSON object with ``batches_per_min``, ``judged_per_min``,
+``validator_to_worker_time``, ``spot_check``, ``verdict_latency_s_p50``,
+``verdict_latency_s_p95``, ``gas_per_rollout`` and the details.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from node.devnet import wait_ready  # noqa: E402
+from tests.test_loop import Loop, submissions, verdict_events  # noqa: E402
+
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU time of ``pid`` and every descendant still running (utime + stime)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            children.setdefault(int(fields[1]), []).append(int(entry))
+    total, todo = 0.0, [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / TICKS
+        except OSError:
+            pass
+        todo.extend(children.get(p, []))
+    return total
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--seconds", type=float, default=240)
+    ap.add_argument("--step-interval", type=float, default=4)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+
+    from node.devnet import prepare_model
+
+    with tempfile.TemporaryDirectory(prefix="bench-loop-") as tmp:
+        base = Path(tmp)
+        model = prepare_model(base / "model")
+        loop = Loop(base, model, step_interval=args.step_interval)
+        loop.env.update(
+            {
+                "INTELLECT_NODE_TASKS_PER_BATCH": "4",
+                "INTELLECT_NODE_GROUP_SIZE": "4",
+                "INTELLECT_NODE_MAX_NEW_TOKENS": "48",
+                "INTELLECT_NODE_SPOT_CHECK": "1.0",
+            }
+        )
+        try:
+            loop.spawn("trainer", "trainer")
+            loop.validator()
+            for i in range(2):
+                loop.worker(f"worker-{i}")
+            for node in loop.nodes.values():
+                wait_ready(node, timeout=180)
+            client = loop.client()
+            first_seen: dict[tuple[str, bytes], float] = {}
+            judged_at: dict[tuple[str, bytes], float] = {}
+            start = None
+            cpu0: dict[str, float] = {}
+            deadline = time.monotonic() + 600
+            while True:
+                now = time.monotonic()
+                subs = submissions(client)
+                for key in subs:
+                    first_seen.setdefault(key, now)
+                for key in verdict_events(client):
+                    judged_at.setdefault(key, now)
+                if start is None and judged_at:
+                    start = now  # steady state: everyone is up and the validator works
+                    cpu0 = {
+                        n: cpu_seconds(loop.nodes[n].proc.pid)
+                        for n in ("validator", "worker-0", "worker-1")
+                    }
+                    base_subs, base_judged = len(first_seen), len(judged_at)
+                if start is not None and now - start >= args.seconds:
+                    break
+                if now > deadline and start is None:
+                    raise RuntimeError("no verdict within 10 minutes: see the node logs")
+                time.sleep(0.25)
+            cpu = {n: cpu_seconds(loop.nodes[n].proc.pid) - cpu0[n] for n in cpu0}
+            minutes = (time.monotonic() - start) / 60
+            generated = len(first_seen) - base_subs
+            judged = len(judged_at) - base_judged
+            latencies = sorted(judged_at[k] - first_seen[k] for k in judged_at if k in first_seen)
+            w = [loop.section(f"worker-{i}", "inference") for i in range(2)]
+            worker_batches = sum(x["generated"] for x in w)
+            v = loop.section("validator", "validator")
+            gas, rollouts = 0, 0
+            for ev in client.contract.events.WorkSubmitted.get_logs(from_block=0):
+                gas += client.w3.eth.get_transaction_receipt(ev["transactionHash"]).gasUsed
+                rollouts += 16
+            for ev in client.contract.events.WorkAccepted.get_logs(from_block=0):
+                gas += client.w3.eth.get_transaction_receipt(ev["transactionHash"]).gasUsed
+            worker_cpu_per_batch = (cpu["worker-0"] + cpu["worker-1"]) / max(1, generated)
+            validator_cpu_per_batch = cpu["validator"] / max(1, judged)
+        finally:
+            loop.close()
+
+    ratio = validator_cpu_per_batch / worker_cpu_per_batch if worker_cpu_per_batch else float("nan")
+    out = {
+        "batches_per_min": round(generated / minutes, 2),
+        "judged_per_min": round(judged / minutes, 2),
+        "rollouts_per_min": round(generated * 16 / minutes, 1),
+        "validator_to_worker_time": round(ratio, 3),
+        "spot_check": 1.0,
+        "verdict_latency_s_p50": round(statistics.median(latencies), 2) if latencies else None,
+        "verdict_latency_s_p95": round(latencies[int(0.95 * (len(latencies) - 1))], 2)
+        if latencies
+        else None,
+        "gas_per_rollout": round(gas / max(1, rollouts), 1),
+        "worker_cpu_s_per_batch": round(worker_cpu_per_batch, 3),
+        "validator_cpu_s_per_batch": round(validator_cpu_per_batch, 3),
+        "validator_judged": v["judged"] if v else None,
+        "worker_batches": worker_batches,
+        "seconds": round(minutes * 60, 1),
+    }
+    print(
+        f"loop, {out['seconds']} s steady state: 2 workers, 1 validator, tiny model, 16 rollouts a batch"
+    )
+    print(
+        f"  generated {out['batches_per_min']} batches/min ({out['rollouts_per_min']} rollouts/min), judged {out['judged_per_min']}/min"
+    )
+    print(
+        f"  CPU per batch: worker {out['worker_cpu_s_per_batch']} s, validator {out['validator_cpu_s_per_batch']} s "
+        f"(full verification): validator/worker = {out['validator_to_worker_time']} (target <= 0.25)"
+    )
+    print(
+        f"  verdict latency p50 {out['verdict_latency_s_p50']} s, p95 {out['verdict_latency_s_p95']} s; gas per rollout {out['gas_per_rollout']}"
+    )
+    if args.json:
+        print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()

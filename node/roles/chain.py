@@ -1,0 +1,79 @@
+"""The roles' access to the ledger: the node's account, and the work submitted on-chain.
+
+Every call here blocks (JSON-RPC); roles run them with ``trio.to_thread.run_sync`` so the
+node keeps answering while a transaction is mined.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from node.config import NodeConfig
+
+WEI = 10**18
+
+
+class ChainSetupError(RuntimeError):
+    """The node cannot use the ledger as configured (one line for the user)."""
+
+
+def open_ledger(cfg: NodeConfig, *, signing: bool = True) -> Any:
+    """A ``LedgerClient`` for the configured contract, with this node's account."""
+    from ledger.accounts import AccountError, load_account, read_password
+    from ledger.chain import connect
+    from ledger.client import LedgerClient
+
+    if not cfg.contract:
+        raise ChainSetupError("no ledger contract configured (contract / INTELLECT_NODE_CONTRACT)")
+    if signing and cfg.chain_id is None:
+        raise ChainSetupError("no chain id configured (chain_id): nothing is signed without one")
+    account = None
+    if signing:
+        try:
+            account = load_account(cfg.resolved_data_dir, read_password())
+        except AccountError as exc:
+            raise ChainSetupError(str(exc)) from exc
+    try:
+        return LedgerClient(
+            connect(cfg.chain), cfg.contract, account, expected_chain_id=cfg.chain_id
+        )
+    except Exception as exc:
+        raise ChainSetupError(f"cannot reach the ledger at {cfg.chain}: {exc}") from exc
+
+
+@dataclass(frozen=True)
+class Submission:
+    worker: str  # lower-case 0x address
+    key: bytes
+    units: int
+    policy_version: int
+    block: int
+
+
+class SubmissionWatcher:
+    """New ``WorkSubmitted`` events since the last poll (the validator's view of claimed
+    work), read up to the chain head."""
+
+    def __init__(self, client: Any, from_block: int) -> None:
+        self.client = client
+        self.next_block = from_block
+
+    def poll(self) -> list[Submission]:
+        head = int(self.client.w3.eth.block_number)
+        if head < self.next_block:
+            return []
+        logs = self.client.contract.events.WorkSubmitted.get_logs(
+            from_block=self.next_block, to_block=head
+        )
+        self.next_block = head + 1
+        return [
+            Submission(
+                worker=str(ev["args"]["worker"]).lower(),
+                key=bytes(ev["args"]["key"]),
+                units=int(ev["args"]["units"]),
+                policy_version=int(ev["args"]["policy_version"]),
+                block=int(ev["blockNumber"]),
+            )
+            for ev in logs
+        ]

@@ -1,0 +1,45 @@
+"""The run's clock as a node sees it: the trainer's step notices, and the async window.
+
+The step decides which tasks a worker must do (SPEC §13), so it is never the worker's
+choice: only ``StepNotice`` announcements signed by the run's trainer (``trainer_peer_id``)
+move the clock, and only forward. A batch is admissible while its step and its policy
+version are within ``async_level`` of the newest ones (the same window the SHARDCAST
+retention and the trainer use). Pure: the role feeds it announcements.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from protocol.batches import StepNotice
+
+
+@dataclass
+class StepClock:
+    trainer: str  # the trainer's peer id (the run's trust root)
+    async_level: int = 2
+    step: int | None = None
+    policy_version: int = 0
+    ignored: int = 0  # notices from anyone else, or older than what we have
+
+    def observe(self, sender: str, notice: StepNotice) -> bool:
+        """Take a notice; True when it moved the clock."""
+        if sender != self.trainer or (self.step is not None and notice.step <= self.step):
+            self.ignored += 1
+            return False
+        self.step = notice.step
+        self.policy_version = max(self.policy_version, notice.policy_version)
+        return True
+
+    def window(self, step: int, policy_version: int) -> str | None:
+        """None when a batch of ``step`` made with ``policy_version`` is admissible now,
+        else why not."""
+        if self.step is None:
+            return "no step announced by the trainer yet"
+        if step > self.step or policy_version > self.policy_version:
+            return f"step {step} / version {policy_version} is ahead of the trainer's"
+        if step + self.async_level < self.step:
+            return f"step {step} is older than {self.step} - {self.async_level}"
+        if policy_version + self.async_level < self.policy_version:
+            return f"policy version {policy_version} is older than the window allows"
+        return None

@@ -1,0 +1,97 @@
+"""Serving and fetching rollout batches over ``/intellect/batch/1.0.0`` (SPEC §14).
+
+Where a rollout is on this hop: the worker (``node/roles/inference.py``) stored the signed
+batch in its ``BatchStore`` and serves it from there; a validator
+(``node/roles/validator.py``) fetches it with ``fetch_batch``, which checks the size before
+reading, every frame under the read deadline, and that what arrived is a ``RolloutBatch``
+of this run, signed by the peer that served it, with the work key asked for.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import trio
+
+from node.batchstore import BatchStore, BatchStoreError
+from node.runtime import Node, Responder
+from protocol import ids
+from protocol.batches import BATCH_FRAME, MAX_BATCH_ENVELOPE, BatchReply, BatchRequest
+from protocol.errors import Reason, WireError
+from protocol.rollouts import RolloutBatch
+from protocol.wire import open_message
+
+log = logging.getLogger("intellect.batches")
+TRANSFER_DEADLINE_S = 120.0  # a whole batch, however large (every frame has its own too)
+
+
+def serve_batches(node: Node, store: BatchStore, *, slots: int = 4) -> None:
+    """Answer batch requests from ``store``; at most ``slots`` uploads at a time."""
+    uploads = trio.Semaphore(slots)
+
+    async def handle(req: BatchRequest, responder: Responder) -> None:
+        try:
+            envelope = store.get(req.work_key)
+        except BatchStoreError as exc:
+            log.error("cannot serve %s: %s", req.work_key.hex()[:16], exc)
+            raise WireError(Reason.INTERNAL, "stored batch is damaged") from exc
+        if envelope is None:
+            raise WireError(Reason.NOT_FOUND, "no batch with this work key here")
+        try:
+            uploads.acquire_nowait()
+        except trio.WouldBlock:
+            raise WireError(Reason.BUSY, "every upload slot is taken") from None
+        try:
+            await responder.send(
+                BatchReply(**node.header(), work_key=req.work_key, size=len(envelope))
+            )
+            for start in range(0, len(envelope), BATCH_FRAME):
+                await responder.write(envelope[start : start + BATCH_FRAME])
+            node.metrics.inc("batches_served")
+        finally:
+            uploads.release()
+
+    node.serve_requests(ids.BATCH, BatchRequest, handle, deadline=TRANSFER_DEADLINE_S)
+
+
+async def fetch_batch(
+    node: Node, peer: str, work_key: bytes, *, expected_size: int | None = None
+) -> tuple[RolloutBatch, bytes]:
+    """The batch ``work_key`` from ``peer`` and its envelope; ``WireError`` (counted as a
+    rejection under the batch protocol) when what arrives is not that batch."""
+    request = BatchRequest(**node.header(), work_key=work_key)
+    try:
+        with trio.fail_after(TRANSFER_DEADLINE_S):
+            async with node.open_request(peer, ids.BATCH, request, BatchReply) as exchange:
+                reply: BatchReply = exchange.reply
+                if reply.work_key != work_key:
+                    raise WireError(Reason.MALFORMED, "reply names another work key")
+                limit = expected_size if expected_size is not None else MAX_BATCH_ENVELOPE
+                if reply.size > limit:
+                    raise WireError(Reason.OVERSIZED, f"{reply.size} bytes > {limit} announced")
+                data = bytearray()
+                while len(data) < reply.size:
+                    try:
+                        frame = await exchange.reader.read_frame(
+                            min(BATCH_FRAME, reply.size - len(data)), node.cfg.read_timeout
+                        )
+                    except EOFError as exc:
+                        raise WireError(Reason.TRUNCATED, "the batch ended early") from exc
+                    data += frame
+    except trio.TooSlowError as exc:
+        raise WireError(Reason.TIMEOUT, "no stream, or no whole batch, within the deadline") from exc
+    envelope = bytes(data)
+    try:
+        batch = open_message(envelope, RolloutBatch)
+        if batch.sender != peer:
+            raise WireError(
+                Reason.SENDER_MISMATCH, "the batch is not signed by the peer serving it"
+            )
+        if batch.run_id != node.cfg.run_id:
+            raise WireError(Reason.WRONG_RUN, f"batch of run {batch.run_id!r}")
+        if batch.work_key() != work_key:
+            raise WireError(Reason.MALFORMED, "the batch does not hash to its work key")
+    except WireError as err:
+        node.reject(ids.BATCH, peer, err)
+        raise
+    return batch, envelope

@@ -1,0 +1,369 @@
+"""The inference role: generate rollout batches for the assigned tasks, prove, submit.
+
+This is where a rollout starts. For every step the run's trainer announces
+(``node/roles/clock.py``), the worker draws its tasks from (its address, the step, the
+index) (SPEC §13), generates ``group_size`` samples per task with the engine
+(``node/engine/``: seeded sampling, TOPLOC proofs), scores them, and seals one
+``RolloutBatch`` (``protocol/rollouts.py``). It then, in this order: stores the envelope
+durably (``node/batchstore.py``: nothing announced can be lost), announces a
+``BatchNotice`` on the ``batches`` topic, and submits the work key with its units (the
+generated tokens) on-chain. Validators fetch the batch from here
+(``node/roles/exchange.py``) and judge it (``node/roles/validator.py``).
+
+Generation runs in a worker thread, so the node keeps answering while the CPU or GPU is
+busy. Back-pressure: with ``max_unjudged`` submitted batches still without a verdict, the
+worker waits (validators lag; more work would only risk the stake). One batch per step.
+
+``cheat`` (tests and the devnet's ``--cheaters`` only, refused without ``dev_cheats``):
+``other_weights`` generates with perturbed weights, ``edit_token`` changes one output
+token after proving, ``inflate_reward`` claims reward 1 for every sample.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import trio
+
+from ledger.client import LedgerError
+from node.batchstore import BatchStore
+from node.config import NodeConfig
+from node.roles.chain import WEI, ChainSetupError, open_ledger
+from node.roles.clock import StepClock
+from node.roles.exchange import serve_batches
+from node.roles.offload import Offload, OffloadError
+from node.runtime import Node
+from protocol.batches import BATCH_TOPIC, STEP_TOPIC, BatchNotice, StepNotice
+from protocol.errors import WireError
+from protocol.messages import Announcement
+from protocol.rollouts import RolloutBatch, pack_tokens, unpack_tokens
+from protocol.wire import seal
+
+log = logging.getLogger("intellect.inference")
+POLL_S = 1.0
+
+
+@dataclass
+class WorkerCounts:
+    generated: int = 0
+    submitted: int = 0
+    accepted: int = 0
+    rejected: int = 0
+    tokens: int = 0
+    seconds: float = 0.0
+    errors: int = 0
+    pending: dict[bytes, int] = field(default_factory=dict)  # submitted, no verdict: key -> step
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "generated": self.generated,
+            "submitted": self.submitted,
+            "accepted": self.accepted,
+            "rejected": self.rejected,
+            "unjudged": len(self.pending),
+            "tokens": self.tokens,
+            "errors": self.errors,
+            "tokens_per_s": round(self.tokens / self.seconds, 1) if self.seconds else 0.0,
+        }
+
+
+class InferenceRole:
+    def __init__(self, node: Node, cfg: NodeConfig) -> None:
+        if cfg.model is None:
+            raise ChainSetupError("the inference role needs a model (--model DIR)")
+        if cfg.trainer_peer_id is None:
+            raise ChainSetupError("the inference role needs the run's trainer_peer_id")
+        self.node, self.cfg = node, cfg
+        self.store = BatchStore(cfg.resolved_data_dir / "batches")
+        self.state_path = cfg.resolved_data_dir / "inference-state.json"
+        self.clock = StepClock(cfg.trainer_peer_id, cfg.async_level)
+        self.counts = WorkerCounts()
+        self.ledger: Any = None
+        self.address = ""
+        self.maker: Any = None
+        self.done_step: int | None = None
+        self.stake_info: dict[str, Any] = {}
+
+    # ---- setup -------------------------------------------------------------------------
+
+    def _setup(self) -> None:
+        """Blocking: the ledger account, registration with stake."""
+        self.ledger = open_ledger(self.cfg)
+        self.address = self.ledger.address.lower()
+        info = self.ledger.worker(self.address)
+        if not info.registered:
+            self.ledger.register_identity(self.node.identity, int(self.cfg.stake * WEI))
+            log.info("registered %s with %.3f ETH stake", self.address, self.cfg.stake)
+        elif info.peer_key != self.node.identity.public_bytes:
+            raise ChainSetupError(
+                f"{self.address} is registered for another peer key; this node cannot work for it"
+            )
+
+    def on_step(self, msg: Announcement) -> None:
+        try:
+            self.clock.observe(msg.sender, StepNotice.decode(msg.body))
+        except WireError as err:
+            self.node.reject("announce/steps", msg.sender, err)
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "address": self.address,
+            "step": self.clock.step,
+            "policy_version": self.clock.policy_version,
+            "last_batch_step": self.done_step,
+            "cheat": self.cfg.cheat,
+            **self.counts.as_dict(),
+            **self.stake_info,
+        }
+
+    # ---- the loop ----------------------------------------------------------------------
+
+    async def serve(
+        self, *, task_status: trio.TaskStatus[InferenceRole] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        await trio.to_thread.run_sync(self._setup)
+        self.maker = Offload(
+            "node.roles.inference:BatchMaker",
+            str(self.cfg.model),
+            self.cfg.taskset,
+            self.cfg.tasks_per_batch,
+            self.cfg.group_size,
+            self.cfg.max_new_tokens,
+            self.cfg.temperature,
+            self.cfg.engine_batch,
+            self.cfg.cheat,
+        )
+        try:
+            await self.maker.ready()
+            await self._serve(task_status)
+        finally:
+            self.maker.close()
+
+    async def _serve(self, task_status: trio.TaskStatus[InferenceRole]) -> None:
+        serve_batches(self.node, self.store)
+        self.node.subscribe(STEP_TOPIC, self.on_step)
+        self.node.add_status("inference", self.status)
+        self._resume_pending()
+        task_status.started(self)
+        await self._refresh_verdicts()  # resubmits what a crash left unsubmitted
+        for key in list(self.counts.pending):  # and tells validators where to fetch it again
+            self._announce_stored(key)
+        while True:
+            try:
+                await self._refresh_verdicts()
+                step = self.clock.step
+                if (
+                    step is None
+                    or step == self.done_step
+                    or len(self.counts.pending) >= self.cfg.max_unjudged
+                ):
+                    await trio.sleep(POLL_S)
+                    continue
+                await self._work(step, self.clock.policy_version)
+            except (LedgerError, OffloadError, OSError) as exc:  # the chain said no, or a failure
+                self.counts.errors += 1
+                log.error("work failed: %s", exc)
+                await trio.sleep(5 * POLL_S)
+
+    def _resume_pending(self) -> None:
+        """After a restart: the stored batches still without a verdict are pending, and the
+        last step worked on is not worked on again (same tasks, same work key)."""
+        for key in self.store.keys():
+            self.counts.pending.setdefault(key, -1)
+        try:
+            self.done_step = int(json.loads(self.state_path.read_text())["done_step"])
+        except (FileNotFoundError, ValueError, KeyError, TypeError):
+            self.done_step = None
+
+    def _save_state(self) -> None:
+        tmp = self.state_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"done_step": self.done_step}))
+        tmp.replace(self.state_path)
+
+    async def _refresh_verdicts(self) -> None:
+        if not self.counts.pending:
+            if not self.stake_info:
+                self.stake_info = await trio.to_thread.run_sync(self._money)
+            return
+        keys = list(self.counts.pending)
+        infos = await trio.to_thread.run_sync(
+            lambda: [self.ledger.submission(self.address, k) for k in keys]
+        )
+        for key, info in zip(keys, infos, strict=True):
+            if info.status == "none" and self.counts.pending[key] == -1:
+                await self._resubmit(key)  # stored, but a crash came before the submission
+            elif info.status == "accepted":
+                self.counts.accepted += 1
+                del self.counts.pending[key]
+            elif info.status == "rejected":
+                self.counts.rejected += 1
+                del self.counts.pending[key]
+        self.stake_info = await trio.to_thread.run_sync(self._money)
+
+    def _money(self) -> dict[str, int]:
+        w = self.ledger.worker(self.address)
+        return {
+            "stake_wei": w.stake,
+            "locked_wei": w.locked,
+            "slashed": w.slashed,
+            "pending_wei": self.ledger.pending(self.address),
+            "claimable_wei": self.ledger.claimable(self.address),
+        }
+
+    def _announce_stored(self, key: bytes) -> None:
+        from protocol.wire import open_message
+
+        envelope = self.store.get(key)
+        if envelope is None:
+            return
+        batch = open_message(envelope, RolloutBatch)
+        notice = BatchNotice(
+            work_key=key,
+            worker=batch.worker,
+            step=batch.step,
+            policy_version=batch.policy_version,
+            units=batch.num_tokens,
+            size=len(envelope),
+        )
+        self.node.announce(BATCH_TOPIC, notice.encode())
+
+    async def _resubmit(self, key: bytes) -> None:
+        from protocol.wire import open_message
+
+        envelope = self.store.get(key)
+        del self.counts.pending[key]
+        if envelope is None:
+            return
+        batch = open_message(envelope, RolloutBatch)
+        try:
+            await trio.to_thread.run_sync(
+                self.ledger.submit_work, key, batch.num_tokens, batch.policy_version
+            )
+        except LedgerError as exc:
+            log.warning("stored batch %s not submitted: %s", key.hex()[:16], exc)
+            return
+        self.counts.submitted += 1
+        self.counts.pending[key] = batch.step
+
+    async def _work(self, step: int, version: int) -> None:
+        started = time.perf_counter()
+        encoded = await self.maker.call(self.address, step, version, self.node.header())
+        batch = RolloutBatch.decode(encoded)
+        envelope = seal(self.node.identity, batch)
+        notice = BatchNotice(
+            work_key=batch.work_key(),
+            worker=self.address,
+            step=step,
+            policy_version=version,
+            units=batch.num_tokens,
+            size=len(envelope),
+        )
+        self.counts.seconds += time.perf_counter() - started
+        self.counts.generated += 1
+        self.counts.tokens += notice.units
+        key = self.store.put(envelope)  # durable before anyone hears of it
+        self.done_step = step
+        self._save_state()
+        self.node.announce(BATCH_TOPIC, notice.encode())
+        await trio.to_thread.run_sync(self.ledger.submit_work, key, notice.units, version)
+        self.counts.submitted += 1
+        self.counts.pending[key] = step
+        log.info(
+            "batch step %d v%d: %d tokens, key %s submitted",
+            step,
+            version,
+            notice.units,
+            key.hex()[:16],
+        )
+
+
+class BatchMaker:
+    """In the role's child process (``Offload``): the engine, the task set, generation,
+    scoring; returns the encoded, unsigned batch (the node signs it)."""
+
+    def __init__(
+        self,
+        model: str,
+        taskset: str,
+        tasks_per_batch: int,
+        group_size: int,
+        max_new_tokens: int,
+        temperature: float,
+        engine_batch: int,
+        cheat: str,
+    ) -> None:
+        from node.engine import open_engine
+        from node.engine.base import SamplingParams
+        from node.tasks import load_taskset
+
+        self.taskset = load_taskset(taskset)
+        self.engine, self.tokenizer = open_engine(model, backend="torch", max_batch=engine_batch)
+        self.params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature)
+        self.count, self.group_size, self.cheat = tasks_per_batch, group_size, cheat
+        if cheat == "other_weights":
+            _perturb(self.engine.model)
+
+    def __call__(self, worker: str, step: int, version: int, header: dict[str, Any]) -> bytes:
+        from node.rollouts import generate_groups, to_batch
+
+        groups = generate_groups(
+            self.engine,
+            self.tokenizer,
+            self.taskset,
+            worker=worker,
+            step=step,
+            count=self.count,
+            group_size=self.group_size,
+            params=self.params,
+        )
+        if self.cheat == "inflate_reward":
+            for g in groups:
+                g.rewards = [1.0] * len(g.rewards)
+        batch = to_batch(
+            groups,
+            **header,
+            worker=worker,
+            step=step,
+            policy_version=version,
+            taskset=self.taskset.name,
+            params=self.params,
+        )
+        if self.cheat == "edit_token":
+            batch = _edit_one_token(batch, self.engine.vocab_size)
+        encoded: bytes = batch.encode()
+        return encoded
+
+
+def _perturb(model: Any) -> None:
+    """Other weights: every parameter moved by 5% of its spread (a test cheat)."""
+    import torch
+
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in model.parameters():
+            noise = torch.randn(p.shape, generator=g).to(p.device, p.dtype)
+            p.add_(noise * 0.05 * p.float().std().clamp_min(1e-3).to(p.dtype))
+
+
+def _edit_one_token(batch: Any, vocab: int) -> Any:
+    """One output token changed after proving (a test cheat)."""
+    group = batch.groups[0]
+    sample = group.samples[0]
+    tokens = unpack_tokens(sample.tokens)
+    i = len(tokens) // 2
+    tokens[i] = 3 + (tokens[i] - 3 + 1) % (vocab - 3)
+    edited = replace(sample, tokens=pack_tokens(tokens))
+    return replace(
+        batch, groups=[replace(group, samples=[edited, *group.samples[1:]]), *batch.groups[1:]]
+    )
+
+
+async def run(
+    node: Node, cfg: NodeConfig, *, task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED
+) -> None:
+    """The role as a service the runtime starts."""
+    await InferenceRole(node, cfg).serve(task_status=task_status)

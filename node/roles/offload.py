@@ -1,0 +1,86 @@
+"""Heavy work in a child process, so the node's event loop never starves.
+
+Generation and recomputation are long stretches of Python and torch; in a thread of the
+node's own process they hold the GIL often enough that heartbeats go out late, peers
+expire the node and requests to it time out (measured on this 2-core machine). A role
+therefore keeps its model in an ``Offload``: a child process (``spawn``) built by a
+factory ``module:function`` that returns the handler, answering one call at a time over a
+pipe. The role awaits ``call`` from trio (the waiting thread blocks in the pipe, not on the
+GIL). The pipe carries only our own local values (ints, strings, bytes) between this
+process and its child, never anything from the network. The child exits when the pipe
+closes, also when the node is killed.
+"""
+
+from __future__ import annotations
+
+import importlib
+import multiprocessing
+import multiprocessing.connection
+from typing import Any
+
+import trio
+
+
+class OffloadError(RuntimeError):
+    """The child process failed a call (its error, in one line) or died."""
+
+
+def _serve(conn: multiprocessing.connection.Connection, target: str, args: tuple[Any, ...]) -> None:
+    module, name = target.split(":")
+    try:
+        handler = getattr(importlib.import_module(module), name)(*args)
+    except Exception as exc:
+        conn.send((False, f"{type(exc).__name__}: {exc}"))
+        return
+    conn.send((True, "ready"))
+    while True:
+        try:
+            call = conn.recv()
+        except (EOFError, OSError):
+            return  # the node is gone
+        try:
+            conn.send((True, handler(*call)))
+        except Exception as exc:
+            conn.send((False, f"{type(exc).__name__}: {exc}"))
+
+
+class Offload:
+    def __init__(self, target: str, *args: Any) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        self._conn, child = ctx.Pipe()
+        self._proc = ctx.Process(target=_serve, args=(child, target, args), daemon=True)
+        self._proc.start()
+        child.close()
+        self._lock = trio.Lock()
+
+    def _recv(self) -> Any:
+        try:
+            ok, value = self._conn.recv()
+        except (EOFError, OSError) as exc:
+            raise OffloadError(
+                f"the worker process died (exit code {self._proc.exitcode})"
+            ) from exc
+        if not ok:
+            raise OffloadError(value)
+        return value
+
+    async def ready(self) -> None:
+        """Wait until the child built its handler (its error if it could not)."""
+        async with self._lock:
+            await trio.to_thread.run_sync(self._recv, abandon_on_cancel=True)
+
+    async def call(self, *args: Any) -> Any:
+        def roundtrip() -> Any:
+            self._conn.send(args)
+            return self._recv()
+
+        async with self._lock:
+            # on cancellation (the node stops) the thread is left to finish: the node is leaving
+            return await trio.to_thread.run_sync(roundtrip, abandon_on_cancel=True)
+
+    def close(self) -> None:
+        self._conn.close()
+        self._proc.join(5)
+        if self._proc.is_alive():
+            self._proc.kill()
+            self._proc.join()

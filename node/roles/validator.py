@@ -1,0 +1,336 @@
+"""The validator role: fetch every submitted batch, judge it, post the verdict on-chain.
+
+Where the rollout comes from: a worker (``node/roles/inference.py``) submitted a work key
+on-chain and announced the batch on the ``batches`` topic. The validator learns of
+submissions from the chain (``WorkSubmitted``) and of holders from the announcements, and
+``JudgingQueue`` (``node/roles/judging.py``) decides what to fetch next, when to retry and
+when a batch is unavailable. A fetched batch (``node/roles/exchange.py``) is judged in a
+worker thread, cheapest checks first:
+
+1. the batch is the worker's: signed by the peer key the worker registered on-chain, with a
+   valid registration signature (SPEC §12; the EVM cannot check Ed25519);
+2. its step and policy version are inside the async window of the trainer's clock, and the
+   version is the one submitted on-chain;
+3. the on-chain ``units`` are the batch's generated tokens;
+4. the tasks are the worker's assigned ones (SPEC §13) and every reward is what the task's
+   verifier gives the completion;
+5. the proofs: one prefill per rollout (``recompute_batch``) and the per-batch verdict of
+   ``crypto.verdict.check_batch`` under the run's verification profile (``spot_check`` < 1
+   recomputes a random share of the rollouts).
+
+Where it goes next: ``accept`` or ``reject`` (reason ``invalid``, ``mismatch`` or, for a
+batch nobody served by the fetch deadline, ``unavailable``) on-chain
+(``ledger/client.py``), once per key; the trainer takes accepted batches from there.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections import Counter, deque
+from dataclasses import dataclass
+from typing import Any
+
+import trio
+
+from node.config import NodeConfig
+from node.roles.chain import ChainSetupError, Submission, SubmissionWatcher, open_ledger
+from node.roles.clock import StepClock
+from node.roles.exchange import fetch_batch
+from node.roles.judging import JudgingQueue, Key
+from node.roles.offload import Offload, OffloadError
+from node.runtime import Node, RemoteRefusal
+from protocol.batches import BATCH_TOPIC, STEP_TOPIC, BatchNotice, StepNotice
+from protocol.errors import WireError
+from protocol.messages import Announcement
+from protocol.rollouts import RolloutBatch, unpack_tokens
+
+log = logging.getLogger("intellect.validator")
+POLL_S = 1.0
+
+
+@dataclass(frozen=True)
+class Judgement:
+    passed: bool
+    reason: str  # ledger reason on reject: invalid, mismatch
+    detail: str
+    rollouts: int = 0  # recomputed
+    seconds: float = 0.0
+
+
+class ValidatorRole:
+    def __init__(self, node: Node, cfg: NodeConfig) -> None:
+        if cfg.model is None:
+            raise ChainSetupError("the validator role needs the run's model (--model DIR)")
+        if cfg.trainer_peer_id is None:
+            raise ChainSetupError("the validator role needs the run's trainer_peer_id")
+        self.node, self.cfg = node, cfg
+        self.clock = StepClock(cfg.trainer_peer_id, cfg.async_level)
+        self.queue = JudgingQueue()
+        self.notices: dict[Key, BatchNotice] = {}
+        self.submissions: dict[Key, Submission] = {}
+        self.verdicts: Counter[str] = Counter()  # accepted, invalid, mismatch, unavailable
+        self.recent: deque[dict[str, Any]] = deque(maxlen=20)
+        self.fetch_failures = 0
+        self.judge_seconds = 0.0
+        self.ledger: Any = None
+        self.address = ""
+        self.watcher: SubmissionWatcher | None = None
+        self.checker: Any = None
+
+    def _setup(self) -> None:
+        self.ledger = open_ledger(self.cfg)
+        self.address = self.ledger.address.lower()
+        if not self.ledger.is_validator(self.address):
+            raise ChainSetupError(f"{self.address} is not a validator of this run's ledger")
+        self.queue.fetch_deadline_s = float(self.ledger.params().fetch_deadline)
+        self.watcher = SubmissionWatcher(self.ledger, self.cfg.contract_block)
+
+    def status(self) -> dict[str, Any]:
+        judged = sum(self.verdicts.values())
+        return {
+            "address": self.address,
+            "step": self.clock.step,
+            "judged": judged,
+            "accepted": self.verdicts["accepted"],
+            "rejected": judged - self.verdicts["accepted"],
+            "rejected_by_reason": {k: v for k, v in self.verdicts.items() if k != "accepted"},
+            "fetch_failures": self.fetch_failures,
+            "judge_seconds": round(self.judge_seconds, 3),
+            "waiting": sum(1 for e in self.queue.entries.values() if not e.done),
+            "recent": list(self.recent),
+        }
+
+    # ---- inputs ------------------------------------------------------------------------
+
+    def on_step(self, msg: Announcement) -> None:
+        try:
+            self.clock.observe(msg.sender, StepNotice.decode(msg.body))
+        except WireError as err:
+            self.node.reject("announce/steps", msg.sender, err)
+
+    def on_notice(self, msg: Announcement) -> None:
+        try:
+            notice = BatchNotice.decode(msg.body)
+        except WireError as err:
+            self.node.reject("announce/batches", msg.sender, err)
+            return
+        key = (notice.worker, notice.work_key)
+        self.queue.noticed(key, msg.sender, trio.current_time())
+        if key in self.queue.entries:
+            self.notices.setdefault(key, notice)
+
+    async def _watch_chain(self) -> None:
+        assert self.watcher is not None
+        while True:
+            try:
+                for sub in await trio.to_thread.run_sync(self.watcher.poll):
+                    key = (sub.worker, sub.key)
+                    self.submissions[key] = sub
+                    self.queue.submitted(key, sub.units, sub.policy_version, trio.current_time())
+            except Exception as exc:  # the chain may be briefly unreachable: try again
+                log.warning("reading submissions failed: %s", exc)
+            await trio.sleep(POLL_S)
+
+    # ---- judging -----------------------------------------------------------------------
+
+    async def serve(
+        self, *, task_status: trio.TaskStatus[ValidatorRole] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        await trio.to_thread.run_sync(self._setup)
+        self.checker = Offload(
+            "node.roles.validator:BatchChecker",
+            str(self.cfg.model),
+            self.cfg.taskset,
+            self.cfg.verify_profile,
+            self.cfg.spot_check,
+        )
+        try:
+            await self.checker.ready()
+            await self._serve(task_status)
+        finally:
+            self.checker.close()
+
+    async def _serve(self, task_status: trio.TaskStatus[ValidatorRole]) -> None:
+        self.node.subscribe(STEP_TOPIC, self.on_step)
+        self.node.subscribe(BATCH_TOPIC, self.on_notice)
+        self.node.add_status("validator", self.status)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._watch_chain)
+            task_status.started(self)
+            while True:
+                now = trio.current_time()
+                for key in self.queue.unavailable(now):
+                    await self._post(
+                        key, Judgement(False, "unavailable", "nobody served the batch")
+                    )
+                got = self.queue.next_fetch(now)
+                if got is None:
+                    wake = self.queue.wake_at(now)
+                    await trio.sleep(POLL_S if wake is None else max(0.05, min(POLL_S, wake - now)))
+                    continue
+                await self._fetch_and_judge(*got)
+
+    async def _fetch_and_judge(self, key: Key, peer: str) -> None:
+        notice = self.notices.get(key)
+        try:
+            batch, envelope = await fetch_batch(
+                self.node, peer, key[1], expected_size=notice.size if notice else None
+            )
+        except (WireError, RemoteRefusal, trio.TooSlowError, OSError) as exc:
+            self.fetch_failures += 1
+            log.info("fetching %s from %s failed: %s", key[1].hex()[:16], peer[-8:], exc)
+            self.queue.fetch_failed(key, trio.current_time())
+            return
+        except Exception as exc:  # py-libp2p raises many unrelated types on dial failure
+            self.fetch_failures += 1
+            log.info(
+                "fetching %s from %s failed: %s: %s",
+                key[1].hex()[:16],
+                peer[-8:],
+                type(exc).__name__,
+                exc,
+            )
+            self.queue.fetch_failed(key, trio.current_time())
+            return
+        self.queue.fetched(key)
+        judgement = await trio.to_thread.run_sync(self.judge, batch, self.submissions[key])
+        if judgement is None:  # the cheap checks passed: tasks, rewards and proofs
+            try:
+                judgement = Judgement(*await self.checker.call(envelope))
+            except OffloadError as exc:
+                log.error("checking %s failed: %s", key[1].hex()[:16], exc)
+                return
+        await self._post(key, judgement)
+
+    async def _post(self, key: Key, j: Judgement) -> None:
+        worker, work_key = key
+        try:
+            if j.passed:
+                await trio.to_thread.run_sync(self.ledger.accept, worker, work_key)
+            else:
+                await trio.to_thread.run_sync(self.ledger.reject, worker, work_key, j.reason)
+        except Exception as exc:
+            log.error("posting the verdict on %s failed: %s", work_key.hex()[:16], exc)
+            return
+        verdict = "accepted" if j.passed else j.reason
+        self.verdicts[verdict] += 1
+        self.judge_seconds += j.seconds
+        entry = {
+            "worker": worker,
+            "key": work_key.hex()[:16],
+            "verdict": verdict,
+            "detail": j.detail[:200],
+        }
+        self.recent.append(entry)
+        (log.info if j.passed else log.warning)("verdict %s", entry)
+
+    def judge(self, batch: RolloutBatch, sub: Submission) -> Judgement | None:
+        """Checks 1-3 of the module docstring (blocking: ledger reads); None when they pass
+        and the batch goes on to ``BatchChecker``."""
+        from crypto.identity import public_key_of_peer_id
+
+        if batch.worker != sub.worker:
+            return Judgement(False, "mismatch", "the batch names another worker")
+        peer_key, _ = self.ledger.registration(sub.worker)
+        if peer_key != public_key_of_peer_id(batch.sender) or not self.ledger.registration_valid(
+            sub.worker
+        ):
+            return Judgement(False, "invalid", "not signed by the worker's registered peer key")
+        if why := self.clock.window(batch.step, batch.policy_version):
+            return Judgement(False, "invalid", why)
+        if batch.policy_version != sub.policy_version:
+            return Judgement(False, "mismatch", "policy version differs from the submission")
+        if batch.num_tokens != sub.units:
+            return Judgement(
+                False, "mismatch", f"units {sub.units} on-chain, {batch.num_tokens} tokens"
+            )
+        return None
+
+
+class BatchChecker:
+    """In the role's child process (``Offload``): the model, tokenizer and task set; checks
+    4 and 5 of the module docstring on a batch envelope (already verified by the node)."""
+
+    def __init__(self, model: str, taskset: str, verify_profile: str, spot_check: float) -> None:
+        from crypto.verdict import profile
+        from node.engine.calibration import model_layers
+        from node.engine.models import load_model
+        from node.tasks import load_taskset
+
+        loaded = load_model(model)
+        self.model, self.tokenizer = loaded.model, loaded.tokenizer
+        self.taskset = load_taskset(taskset)
+        self.config = profile(verify_profile).for_layers(model_layers(self.model))
+        self.spot_check = spot_check
+
+    def __call__(self, envelope: bytes) -> tuple[bool, str, str, int, float]:
+        from protocol.wire import open_message
+
+        batch = open_message(envelope, RolloutBatch)
+        if why := self._check_tasks(batch):
+            return False, "invalid", why, 0, 0.0
+        j = self._check_proofs(batch)
+        return j.passed, j.reason, j.detail, j.rollouts, j.seconds
+
+    def _check_tasks(self, batch: RolloutBatch) -> str | None:
+        from node.rollouts import prompt_ids
+        from node.tasks import assign
+
+        if batch.taskset != self.taskset.name:
+            return f"task set {batch.taskset!r} is not the run's"
+        tasks = assign(self.taskset, batch.worker, batch.step, len(batch.groups))
+        for n, (group, task) in enumerate(zip(batch.groups, tasks, strict=True)):
+            if group.index != n or group.task_id != task.task_id:
+                return f"group {n} is not the assigned task"
+            if unpack_tokens(group.prompt) != prompt_ids(self.tokenizer, task.prompt):
+                return f"group {n}: prompt differs from the task's"
+            for s in group.samples:
+                text = self.tokenizer.decode(unpack_tokens(s.tokens), skip_special_tokens=True)
+                if task.reward(text) != s.reward:
+                    due = task.reward(text)
+                    return f"group {n} sample {s.sample}: reward {s.reward} claimed, {due} due"
+        return None
+
+    def _check_proofs(self, batch: RolloutBatch) -> Judgement:
+        from crypto.verdict import RolloutClaim, check_batch
+        from node.engine.torch_engine import recompute_batch
+
+        started = time.perf_counter()
+        samples = [(g, s) for g in batch.groups for s in g.samples]
+        if self.spot_check < 1:
+            count = max(1, round(self.spot_check * len(samples)))
+            samples = random.SystemRandom().sample(samples, count)  # unpredictable to workers
+        claims = [
+            RolloutClaim(
+                tokens=unpack_tokens(s.tokens),
+                proofs=list(s.proofs),
+                seed=s.seed,
+                finish_reason=s.finish_reason,
+                max_new_tokens=batch.max_new_tokens,
+                temperature=batch.temperature,
+                top_p=batch.top_p,
+            )
+            for _, s in samples
+        ]
+        recomputed = recompute_batch(
+            self.model, [unpack_tokens(g.prompt) for g, _ in samples], [c.tokens for c in claims]
+        )
+        verdict = check_batch(
+            claims, recomputed, eos_token_id=int(self.tokenizer.eos_token_id), config=self.config
+        )
+        return Judgement(
+            verdict.passed,
+            "invalid",
+            verdict.reason,
+            rollouts=len(claims),
+            seconds=time.perf_counter() - started,
+        )
+
+
+async def run(
+    node: Node, cfg: NodeConfig, *, task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED
+) -> None:
+    """The role as a service the runtime starts."""
+    await ValidatorRole(node, cfg).serve(task_status=task_status)

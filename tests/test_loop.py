@@ -1,0 +1,233 @@
+"""Work flows and is judged: real node processes on 127.0.0.1, the served development chain,
+the tiny model. Two honest workers and one that cheats (other weights), one validator: every
+batch gets exactly one verdict, honest ones are accepted, the cheater's are rejected and its
+stake is slashed at settlement, honest rewards become claimable, and the chain's figures
+equal the validator's and the workers' own counts. A worker killed with SIGKILL after its
+batch was stored is restarted, and the validator still fetches and judges that batch."""
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from node.devnet import (
+    DEVNET_PASSWORD,
+    fund,
+    make_account,
+    p2p_addr,
+    spawn_node,
+    start_chain,
+    wait_ready,
+)
+from tests.netutil import wait_until
+
+RUN = "loop-run"
+FAST = ["--heartbeat-interval", "1", "--peer-ttl", "8", "--discovery-interval", "1"]
+
+
+class Loop:
+    def __init__(self, base: Path, model: Path, *, step_interval: float = 4) -> None:
+        from node.keystore import load_or_create_identity
+
+        self.base = base
+        self.chain_proc, ledger_env = start_chain(base / "chain")
+        self.chain_info = json.loads((base / "chain" / "chain.json").read_text())
+        trainer_id = load_or_create_identity(base / "trainer").peer_id
+        self.env = {
+            **ledger_env,
+            "INTELLECT_NODE_TRAINER_PEER_ID": trainer_id,
+            "INTELLECT_NODE_PASSWORD": DEVNET_PASSWORD,
+            "INTELLECT_NODE_STEP_INTERVAL": str(step_interval),
+            "INTELLECT_NODE_MODEL": str(model),
+            "INTELLECT_NODE_MAX_UNJUDGED": "1",
+            "INTELLECT_NODE_TASKS_PER_BATCH": "2",
+            "INTELLECT_NODE_GROUP_SIZE": "2",
+            "INTELLECT_NODE_MAX_NEW_TOKENS": "24",
+        }
+        self.nodes = {}
+        self.addresses = {}
+        self.boot = self.spawn("bootstrap", "bootstrap", listen=None)
+        self.boot_addr = p2p_addr(wait_ready(self.boot))
+
+    def spawn(self, name, role, *, listen="/ip4/127.0.0.1/tcp/0", env=None):
+        from node.devnet import free_port
+
+        node = spawn_node(
+            name,
+            role,
+            self.base,
+            run_id=RUN,
+            listen=listen or f"/ip4/127.0.0.1/tcp/{free_port()}",
+            bootstrap=[] if role == "bootstrap" else [self.boot_addr],
+            extra=FAST,
+            env_extra={**self.env, **(env or {})},
+        )
+        self.nodes[name] = node
+        return node
+
+    def worker(self, name, cheat=None):
+        address = make_account(self.base / name)
+        fund(self.base / "chain", address, "10")
+        self.addresses[name] = address
+        env = {"INTELLECT_NODE_CHEAT": cheat, "INTELLECT_NODE_DEV_CHEATS": "true"} if cheat else {}
+        return self.spawn(name, "inference", env=env)
+
+    def validator(self):
+        self.addresses["validator"] = make_account(
+            self.base / "validator", self.chain_info["validator_key"]
+        )
+        return self.spawn("validator", "validator")
+
+    def client(self):
+        from ledger.chain import connect
+        from ledger.client import LedgerClient
+
+        chain = connect(self.chain_info["url"], dev_keys=self.chain_info["dev_keys"])
+        return LedgerClient(chain, self.chain_info["contract"])
+
+    def section(self, name, key):
+        st = self.nodes[name].status() or {}
+        return st.get(key)
+
+    def close(self):
+        for node in reversed(list(self.nodes.values())):
+            node.stop()
+        if self.chain_proc.poll() is None:
+            self.chain_proc.send_signal(signal.SIGTERM)
+            self.chain_proc.wait(20)
+
+
+def submissions(client):
+    """(worker, key) -> units of every WorkSubmitted event so far."""
+    return {
+        (str(e["args"]["worker"]).lower(), bytes(e["args"]["key"])): int(e["args"]["units"])
+        for e in client.contract.events.WorkSubmitted.get_logs(from_block=0)
+    }
+
+
+def verdict_events(client):
+    out = {}
+    for name in ("WorkAccepted", "WorkRejected"):
+        for e in getattr(client.contract.events, name).get_logs(from_block=0):
+            key = (str(e["args"]["worker"]).lower(), bytes(e["args"]["key"]))
+            out.setdefault(key, []).append(name)
+    return out
+
+
+@pytest.fixture
+def loop(tmp_path, tiny_model_dir):
+    lp = Loop(tmp_path, tiny_model_dir)
+    try:
+        yield lp
+    finally:
+        lp.close()
+
+
+@pytest.mark.timeout(900)
+def test_honest_work_is_accepted_and_cheating_work_rejected_and_slashed(loop):
+    loop.spawn("trainer", "trainer")
+    loop.validator()
+    for name, cheat in (("honest-0", None), ("honest-1", None), ("cheater", "other_weights")):
+        loop.worker(name, cheat)
+    for node in loop.nodes.values():
+        wait_ready(node, timeout=120)
+
+    def judged_enough():
+        counts = [loop.section(n, "inference") or {} for n in ("honest-0", "honest-1", "cheater")]
+        return (
+            all(c.get("accepted", 0) >= 1 for c in counts[:2]) and counts[2].get("rejected", 0) >= 1
+        )
+
+    wait_until(judged_enough, 600, "a verdict for every worker", interval=2)
+    loop.nodes["trainer"].stop()  # the clock stops: no new steps, so no new batches
+    client = loop.client()
+
+    def all_judged():
+        subs = submissions(client)
+        workers = [loop.section(n, "inference") for n in ("honest-0", "honest-1", "cheater")]
+        return (
+            subs
+            and all(client.submission(w, k).status != "pending" for w, k in subs)
+            and all(w is not None and w["unjudged"] == 0 for w in workers)
+        )
+
+    wait_until(all_judged, 180, "every submitted batch to be judged", interval=2)
+    subs = submissions(client)
+    verdicts = verdict_events(client)
+    assert set(verdicts) == set(subs) and all(len(v) == 1 for v in verdicts.values())
+    by_worker = {name: loop.addresses[name] for name in ("honest-0", "honest-1", "cheater")}
+    for name, address in by_worker.items():
+        keys = [k for (w, k) in subs if w == address]
+        statuses = {client.submission(address, k).status for k in keys}
+        assert keys and statuses == ({"rejected"} if name == "cheater" else {"accepted"}), name
+        own = loop.section(name, "inference")
+        assert own["accepted"] == sum(
+            1 for k in keys if client.submission(address, k).status == "accepted"
+        )
+        assert own["rejected"] == sum(
+            1 for k in keys if client.submission(address, k).status == "rejected"
+        )
+        assert own["submitted"] == len(keys)
+        for k in keys:  # the on-chain units are the batch's tokens
+            assert subs[(address, k)] > 0
+    v = loop.section("validator", "validator")
+    assert v["judged"] == len(subs)
+    assert v["accepted"] == sum(1 for s in verdicts.values() if s == ["WorkAccepted"])
+    assert (
+        v["rejected"]
+        == v["rejected_by_reason"].get("invalid", 0)
+        == sum(1 for (w, _) in subs if w == by_worker["cheater"])
+    )
+    # after the window and the lock: the cheater's stake is slashed, honest rewards claimable
+    params = client.params()
+    stake_before = client.worker(by_worker["cheater"]).stake
+    client.chain.advance_time(params.verdict_window + params.reward_lock + 10)
+    from eth_account import Account
+
+    from ledger.client import LedgerClient
+
+    anyone = LedgerClient(
+        client.chain, client.contract.address, Account.from_key(loop.chain_info["funder_key"])
+    )
+    anyone.settle(by_worker["cheater"])
+    assert client.worker(by_worker["cheater"]).stake < stake_before
+    assert client.worker(by_worker["cheater"]).slashed >= 1
+    for name in ("honest-0", "honest-1"):
+        assert client.claimable(by_worker[name]) + client.matured(by_worker[name]) > 0, name
+
+
+@pytest.mark.timeout(900)
+def test_a_worker_killed_after_storing_its_batch_still_gets_it_judged(loop):
+    loop.spawn("trainer", "trainer")
+    validator = loop.validator()
+    worker = loop.worker("w")
+    for node in loop.nodes.values():
+        wait_ready(node, timeout=120)
+    store = loop.base / "w" / "batches"
+    wait_until(
+        lambda: loop.section("validator", "validator") is not None, 120, "the validator role"
+    )
+    os.kill(validator.proc.pid, signal.SIGSTOP)  # the validator looks away...
+    try:
+        wait_until(
+            lambda: any(store.glob("*.batch")), 300, "the worker to store a batch", interval=0.05
+        )
+        worker.proc.send_signal(signal.SIGKILL)  # ...while the worker dies after storing it
+        worker.proc.wait()
+        key = bytes.fromhex(next(store.glob("*.batch")).name.removesuffix(".batch"))
+    finally:
+        os.kill(validator.proc.pid, signal.SIGCONT)
+    time.sleep(1)
+    loop.spawn("w", "inference")  # restarted: same data dir, same keys
+    client = loop.client()
+    address = loop.addresses["w"]
+    wait_until(
+        lambda: client.submission(address, key).status in ("accepted", "rejected"),
+        300,
+        "the stored batch to be judged",
+        interval=2,
+    )
+    assert client.submission(address, key).status == "accepted"

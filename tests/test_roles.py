@@ -1,0 +1,109 @@
+"""The roles' pure parts and plumbing: the step clock, the child process for heavy work,
+the inference role's cheats and the validator's refusal of settings it cannot serve."""
+
+import pytest
+import trio
+
+from node.config import ConfigError, load_config
+from node.roles.clock import StepClock
+from node.roles.offload import Offload, OffloadError
+from protocol.batches import StepNotice
+
+TRAINER = "12D3KooW" + "A" * 44
+
+
+def test_only_the_trainer_moves_the_clock_and_only_forward():
+    clock = StepClock(TRAINER, async_level=2)
+    assert clock.window(0, 0) == "no step announced by the trainer yet"
+    assert not clock.observe("12D3KooW" + "B" * 44, StepNotice(step=99, policy_version=0))
+    assert clock.step is None and clock.ignored == 1
+    assert clock.observe(TRAINER, StepNotice(step=10, policy_version=3))
+    assert not clock.observe(TRAINER, StepNotice(step=9, policy_version=3))  # a replayed old one
+    assert not clock.observe(TRAINER, StepNotice(step=10, policy_version=4))
+    assert (clock.step, clock.policy_version) == (10, 3)
+
+
+@pytest.mark.parametrize(
+    ("step", "version", "ok"),
+    [(10, 3, True), (8, 1, True), (7, 3, False), (10, 0, False), (11, 3, False), (10, 4, False)],
+)
+def test_the_async_window(step, version, ok):
+    clock = StepClock(TRAINER, async_level=2)
+    clock.observe(TRAINER, StepNotice(step=10, policy_version=3))
+    assert (clock.window(step, version) is None) is ok
+
+
+class Echo:
+    """A handler for the offload tests (built in the child)."""
+
+    def __init__(self, prefix: bytes) -> None:
+        self.prefix = prefix
+
+    def __call__(self, data: bytes) -> bytes:
+        if data == b"boom":
+            raise ValueError("asked to fail")
+        return self.prefix + data
+
+
+class Broken:
+    def __init__(self) -> None:
+        raise RuntimeError("cannot load the model")
+
+
+async def test_offload_answers_from_a_child_process_and_reports_errors():
+    off = Offload("tests.test_roles:Echo", b">")
+    try:
+        await off.ready()
+        assert await off.call(b"abc") == b">abc"
+        with pytest.raises(OffloadError, match="ValueError: asked to fail"):
+            await off.call(b"boom")
+        assert await off.call(b"again") == b">again"  # still serving after an error
+    finally:
+        off.close()
+    assert not off._proc.is_alive()
+    broken = Offload("tests.test_roles:Broken")
+    try:
+        with pytest.raises(OffloadError, match="cannot load the model"):
+            await broken.ready()
+    finally:
+        broken.close()
+
+
+async def test_the_node_keeps_running_while_the_child_works():
+    """A call that keeps the child busy for a second does not block the event loop."""
+    off = Offload("tests.test_roles:Slow")
+    ticks = 0
+    try:
+        await off.ready()
+
+        async def tick():
+            nonlocal ticks
+            while True:
+                await trio.sleep(0.05)
+                ticks += 1
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(tick)
+            await off.call(1.0)
+            nursery.cancel_scope.cancel()
+    finally:
+        off.close()
+    assert ticks >= 10
+
+
+class Slow:
+    def __call__(self, seconds: float) -> None:
+        import time
+
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:  # busy, holding its own GIL
+            pass
+
+
+def test_cheats_need_the_dev_flag():
+    with pytest.raises(ConfigError, match="cheat is for tests only"):
+        load_config(environ={"INTELLECT_NODE_CHEAT": "other_weights"})
+    cfg = load_config(
+        environ={"INTELLECT_NODE_CHEAT": "edit_token", "INTELLECT_NODE_DEV_CHEATS": "1"}
+    )
+    assert cfg.cheat == "edit_token"
