@@ -1,0 +1,138 @@
+"""Fetching a batch from a peer over libp2p: the honest path, and every way a peer can serve
+something else (two real runtimes in this process, on 127.0.0.1)."""
+
+import os
+from contextlib import asynccontextmanager
+
+import pytest
+import trio
+from libp2p.peer.id import ID
+from libp2p.peer.peerinfo import PeerInfo
+
+from crypto.identity import Identity
+from node.batchstore import BatchStore
+from node.config import load_config
+from node.host import parse_addrs
+from node.roles.exchange import fetch_batch, serve_batches
+from node.runtime import Node, RemoteRefusal
+from protocol import ids
+from protocol.batches import BatchReply, BatchRequest
+from protocol.errors import Reason, WireError
+from protocol.wire import seal
+from tests.test_batches import a_batch
+
+RUN = "test-run"
+
+
+@asynccontextmanager
+async def two_nodes(tmp_path):
+    nodes = []
+    async with trio.open_nursery() as nursery:
+        for name in ("holder", "fetcher"):
+            cfg = load_config(
+                environ={},
+                flags={
+                    "run_id": RUN,
+                    "listen": ["/ip4/127.0.0.1/tcp/0"],
+                    "data_dir": tmp_path / name,
+                    "read_timeout": 3.0,
+                    "discovery_interval": 600.0,
+                },
+            )
+            nodes.append(await nursery.start(Node(cfg, Identity.generate()).serve))
+        holder, fetcher = nodes
+        info = PeerInfo(ID.from_base58(holder.peer_id), parse_addrs(holder.addrs))
+        await fetcher.connect(info)
+        try:
+            yield holder, fetcher
+        finally:
+            for n in nodes:
+                n.request_stop()
+            nursery.cancel_scope.cancel()
+
+
+def rejected(node, reason):
+    return node.metrics.get("rejected", reason=reason.value, protocol=ids.BATCH)
+
+
+async def test_an_honest_batch_is_fetched_and_an_unknown_key_refused(tmp_path):
+    async with two_nodes(tmp_path) as (holder, fetcher):
+        store = BatchStore(tmp_path / "store")
+        batch = a_batch(holder.identity)
+        batch = type(batch)(**{**batch.__dict__, "run_id": RUN})
+        envelope = seal(holder.identity, batch)
+        key = store.put(envelope)
+        serve_batches(holder, store)
+        got, raw = await fetch_batch(fetcher, holder.peer_id, key, expected_size=len(envelope))
+        assert got == batch and raw == envelope
+        with pytest.raises(RemoteRefusal) as exc:
+            await fetch_batch(fetcher, holder.peer_id, bytes(32))
+        assert exc.value.reason == Reason.NOT_FOUND.value
+        assert holder.metrics.get("batches_served") == 1
+
+
+def serve_this(holder, body_for, size_for=len, send=None):
+    """The holder answers every request with ``body_for(key)`` (announced as
+    ``size_for(body)`` bytes), or with what ``send`` writes."""
+
+    async def handle(req, responder):
+        body = body_for(req.work_key)
+        await responder.send(
+            BatchReply(**holder.header(), work_key=req.work_key, size=size_for(body))
+        )
+        await (send(responder, body) if send else responder.write(body))
+
+    holder.serve_requests(ids.BATCH, BatchRequest, handle)
+
+
+@pytest.mark.parametrize(
+    "case", ["other_batch", "other_run", "other_signer", "garbage", "oversized", "truncated"]
+)
+async def test_a_peer_serving_something_else_is_refused_with_a_counted_reason(tmp_path, case):
+    async with two_nodes(tmp_path) as (holder, fetcher):
+        mine = a_batch(holder.identity)
+        mine = type(mine)(**{**mine.__dict__, "run_id": RUN})
+        key = mine.work_key()
+        expected_size = 10_000
+        reason = Reason.MALFORMED
+        if case == "other_batch":  # a valid batch of the holder's, but not the one asked for
+            other = a_batch(holder.identity, reward=0.0)
+            other = type(other)(**{**other.__dict__, "run_id": RUN})
+            serve_this(holder, lambda k: seal(holder.identity, other))
+        elif case == "other_run":
+            foreign = type(mine)(**{**mine.__dict__, "run_id": "another-run"})
+            key = foreign.work_key()
+            serve_this(holder, lambda k: seal(holder.identity, foreign))
+            reason = Reason.WRONG_RUN
+        elif case == "other_signer":  # someone else's batch relayed as if it were the holder's
+            stranger = Identity.generate()
+            theirs = type(mine)(**{**mine.__dict__, "sender": stranger.peer_id})
+            key = theirs.work_key()
+            serve_this(holder, lambda k: seal(stranger, theirs))
+            reason = Reason.SENDER_MISMATCH
+        elif case == "garbage":
+            serve_this(holder, lambda k: os.urandom(3000))
+        elif case == "oversized":  # more than the notice announced: refused before reading
+            serve_this(
+                holder, lambda k: seal(holder.identity, mine), size_for=lambda b: expected_size + 1
+            )
+            reason = Reason.OVERSIZED
+        else:  # announces more than it sends, then closes
+
+            async def half(responder, body):
+                await responder.write(body[: len(body) // 2])
+
+            serve_this(holder, lambda k: seal(holder.identity, mine), send=half)
+            reason = Reason.TRUNCATED
+        before = rejected(fetcher, reason)
+        with pytest.raises(WireError) as exc:
+            await fetch_batch(fetcher, holder.peer_id, key, expected_size=expected_size)
+        assert exc.value.reason is reason, exc.value
+        if case not in ("oversized", "truncated"):  # data that arrived whole is counted
+            assert rejected(fetcher, reason) == before + 1
+        # the fetcher goes on working: the holder's honest answer is taken next
+        store = BatchStore(tmp_path / "store")
+        good = store.put(seal(holder.identity, mine))
+        serve_batches(holder, store)
+        got, _ = await fetch_batch(fetcher, holder.peer_id, good)
+        assert got == mine
