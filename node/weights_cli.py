@@ -51,15 +51,41 @@ def _data_dir(args: argparse.Namespace) -> Path:
     return resolve(args)
 
 
+def _admin(data_dir: Path) -> dict[str, Any]:
+    """The running node's admin port and token (read here: importing node.admin would
+    import py-libp2p, a second of start-up for every command)."""
+    import json
+
+    path = data_dir / "admin.json"
+    try:
+        info: dict[str, Any] = json.loads(path.read_text())
+    except FileNotFoundError as exc:
+        raise RuntimeError(f"no running node found: {path} does not exist") from exc
+    return info
+
+
+def _call(data_dir: Path, path: str, body: dict[str, Any] | None, timeout: float) -> Any:
+    import json
+    import urllib.request
+
+    info = _admin(data_dir)
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{info['port']}{path}",
+        data=None if body is None else json.dumps(body).encode(),
+        headers={"Authorization": f"Bearer {info['token']}", "Content-Type": "application/json"},
+        method="GET" if body is None else "POST",
+    )
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
+        return json.loads(resp.read())
+
+
 def _post(data_dir: Path, path: str, body: dict[str, Any], timeout: float) -> Any:
     """POST to the node's admin endpoint; a refusal becomes a RuntimeError with its reason."""
     import json
     import urllib.error
 
-    from node.cli import admin_post
-
     try:
-        return admin_post(data_dir, path, body, timeout=timeout)
+        return _call(data_dir, path, body, timeout)
     except urllib.error.HTTPError as exc:
         try:
             reason = json.loads(exc.read()).get("error", str(exc))
@@ -80,9 +106,7 @@ def _publish(args: argparse.Namespace) -> int:
 
 
 def _get(data_dir: Path) -> dict[str, Any]:
-    from node.cli import _admin_get
-
-    st: dict[str, Any] = _admin_get(data_dir, "/weights")
+    st: dict[str, Any] = _call(data_dir, "/weights", None, timeout=30)
     return st
 
 

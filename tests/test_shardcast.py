@@ -361,6 +361,11 @@ def test_plan_tries_untried_peers_then_picks_by_measured_rate():
     # EWMA: one slow transfer lowers the rate by alpha of the difference
     p.completed(p.assign(0)[0][0], "fast", 10_000_000, 1.0)
     assert p.peers["fast"].rate == pytest.approx(0.7 * 50e6 + 0.3 * 10e6)
+    # untried peers are spread over, least loaded first
+    u = plan(10, max_inflight=2, per_peer=2)
+    u.update_peer("x", set(range(10)))
+    u.update_peer("y", set(range(10)))
+    assert sorted(peer for _, peer in u.assign(0)) == ["x", "y"]
     # with exploration on, every holder is tried now and then
     q = plan(1000, max_inflight=1, per_peer=1, explore=0.5)
     for peer in ("a", "b", "c"):
@@ -487,3 +492,34 @@ def test_progress_line_on_a_terminal_and_in_logs():
     assert "\r" not in line and "[" not in line
     assert "version=4" in line and "done=25.0%" in line and "peers=2" in line
     assert "resumed_shards=3" in line and "rate_MBps=93.5" in line
+
+
+def test_weights_cli_help_and_offline_ls_import_no_network_stack(tmp_path):
+    """``weights --help`` is instant and ``weights ls`` reads a stopped node's data dir
+    without importing py-libp2p, trio or torch."""
+    import subprocess
+    import sys
+
+    store = WeightStore(tmp_path / "weights", "run-1", TRAINER.peer_id)
+    src = checkpoint(tmp_path, {"w.bin": 5000})
+    publish(store, src, identity=TRAINER, version=4, step=40, shard_size=64 * KiB, seq=1, ts_ms=1)
+    code = (
+        "import sys; from node.cli import main; main(['weights', 'ls', '--data-dir', sys.argv[1]]);"
+        " print(sorted({m.split('.')[0] for m in sys.modules} & {'libp2p', 'trio', 'torch'}))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0] == "(node not running: listing the data dir)"
+    assert lines[2].split()[:5] == ["4", "40", "0.0", "1", "1"]
+    assert str(tmp_path / "weights" / "v00000004" / "files") in lines[2]
+    assert lines[-1] == "[]"
+    help_out = subprocess.run(
+        [sys.executable, "-m", "node.cli", "weights", "pull", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert help_out.returncode == 0 and "--version" in help_out.stdout
