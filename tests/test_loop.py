@@ -29,7 +29,7 @@ FAST = ["--heartbeat-interval", "1", "--peer-ttl", "8", "--discovery-interval", 
 
 
 class Loop:
-    def __init__(self, base: Path, model: Path, *, step_interval: float = 4) -> None:
+    def __init__(self, base: Path, model: Path, *, step_interval: float = 8) -> None:
         from node.keystore import load_or_create_identity
 
         self.base = base

@@ -107,3 +107,13 @@ def test_cheats_need_the_dev_flag():
         environ={"INTELLECT_NODE_CHEAT": "edit_token", "INTELLECT_NODE_DEV_CHEATS": "1"}
     )
     assert cfg.cheat == "edit_token"
+
+
+def test_the_window_as_the_clock_stood_at_submission():
+    """A validator that judges late compares with the clock when the batch was submitted."""
+    clock = StepClock(TRAINER, async_level=2)
+    clock.observe(TRAINER, StepNotice(step=40, policy_version=0))
+    assert clock.window(10, 0) is not None  # judged against now: too old
+    assert clock.window(10, 0, at=(11, 0)) is None  # as it stood then: fine
+    assert clock.window(10, 0, at=(13, 0)) is not None  # it was stale already then
+    assert clock.window(10, 0, at=(None, 0)) == "no step announced by the trainer yet"

@@ -31,15 +31,20 @@ class StepClock:
         self.policy_version = max(self.policy_version, notice.policy_version)
         return True
 
-    def window(self, step: int, policy_version: int) -> str | None:
-        """None when a batch of ``step`` made with ``policy_version`` is admissible now,
-        else why not."""
-        if self.step is None:
+    def window(
+        self, step: int, policy_version: int, at: tuple[int | None, int] | None = None
+    ) -> str | None:
+        """None when a batch of ``step`` made with ``policy_version`` is admissible, else
+        why not: against the clock now, or against ``at`` = (step, version) as the clock
+        stood when the batch was submitted (a validator judging later must not count its
+        own delay against the worker)."""
+        current, version = at if at is not None else (self.step, self.policy_version)
+        if current is None:
             return "no step announced by the trainer yet"
-        if step > self.step or policy_version > self.policy_version:
+        if step > current or policy_version > version:
             return f"step {step} / version {policy_version} is ahead of the trainer's"
-        if step + self.async_level < self.step:
-            return f"step {step} is older than {self.step} - {self.async_level}"
-        if policy_version + self.async_level < self.policy_version:
+        if step + self.async_level < current:
+            return f"step {step} is older than {current} - {self.async_level}"
+        if policy_version + self.async_level < version:
             return f"policy version {policy_version} is older than the window allows"
         return None

@@ -79,7 +79,9 @@ async def fetch_batch(
                         raise WireError(Reason.TRUNCATED, "the batch ended early") from exc
                     data += frame
     except trio.TooSlowError as exc:
-        raise WireError(Reason.TIMEOUT, "no stream, or no whole batch, within the deadline") from exc
+        raise WireError(
+            Reason.TIMEOUT, "no stream, or no whole batch, within the deadline"
+        ) from exc
     envelope = bytes(data)
     try:
         batch = open_message(envelope, RolloutBatch)

@@ -272,6 +272,21 @@ class InferenceRole:
         await trio.to_thread.run_sync(self.ledger.submit_work, key, notice.units, version)
         self.counts.submitted += 1
         self.counts.pending[key] = step
+        self.node.metrics.inc("batches_submitted")
+        self.node.metrics.inc("tokens_generated", notice.units)
+        c = self.counts
+        log.info(
+            "progress: %d batches, %.1f tokens/s, accepted %d, rejected %d, waiting %d, "
+            "slashed %d, pending %.6f ETH, claimable %.6f ETH",
+            c.generated,
+            c.tokens / c.seconds if c.seconds else 0.0,
+            c.accepted,
+            c.rejected,
+            len(c.pending),
+            self.stake_info.get("slashed", 0),
+            self.stake_info.get("pending_wei", 0) / WEI,
+            self.stake_info.get("claimable_wei", 0) / WEI,
+        )
         log.info(
             "batch step %d v%d: %d tokens, key %s submitted",
             step,

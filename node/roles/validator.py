@@ -42,7 +42,7 @@ from node.roles.judging import JudgingQueue, Key
 from node.roles.offload import Offload, OffloadError
 from node.runtime import Node, RemoteRefusal
 from protocol.batches import BATCH_TOPIC, STEP_TOPIC, BatchNotice, StepNotice
-from protocol.errors import WireError
+from protocol.errors import Reason, WireError
 from protocol.messages import Announcement
 from protocol.rollouts import RolloutBatch, unpack_tokens
 
@@ -70,6 +70,7 @@ class ValidatorRole:
         self.queue = JudgingQueue()
         self.notices: dict[Key, BatchNotice] = {}
         self.submissions: dict[Key, Submission] = {}
+        self.clock_at: dict[Key, tuple[int | None, int]] = {}  # the clock when submitted
         self.verdicts: Counter[str] = Counter()  # accepted, invalid, mismatch, unavailable
         self.recent: deque[dict[str, Any]] = deque(maxlen=20)
         self.fetch_failures = 0
@@ -128,6 +129,7 @@ class ValidatorRole:
                 for sub in await trio.to_thread.run_sync(self.watcher.poll):
                     key = (sub.worker, sub.key)
                     self.submissions[key] = sub
+                    self.clock_at[key] = (self.clock.step, self.clock.policy_version)
                     self.queue.submitted(key, sub.units, sub.policy_version, trio.current_time())
             except Exception as exc:  # the chain may be briefly unreachable: try again
                 log.warning("reading submissions failed: %s", exc)
@@ -182,6 +184,8 @@ class ValidatorRole:
             self.fetch_failures += 1
             log.info("fetching %s from %s failed: %s", key[1].hex()[:16], peer[-8:], exc)
             self.queue.fetch_failed(key, trio.current_time())
+            if isinstance(exc, WireError) and exc.reason is Reason.TIMEOUT:
+                await self._drop_connection(peer)  # a stuck connection: dial afresh next time
             return
         except Exception as exc:  # py-libp2p raises many unrelated types on dial failure
             self.fetch_failures += 1
@@ -204,6 +208,16 @@ class ValidatorRole:
                 return
         await self._post(key, judgement)
 
+    async def _drop_connection(self, peer: str) -> None:
+        from libp2p.peer.id import ID
+
+        assert self.node.host is not None
+        with trio.move_on_after(5):
+            try:
+                await self.node.host.disconnect(ID.from_base58(peer))
+            except Exception as exc:
+                log.debug("dropping the connection to %s failed: %s", peer[-8:], exc)
+
     async def _post(self, key: Key, j: Judgement) -> None:
         worker, work_key = key
         try:
@@ -216,6 +230,7 @@ class ValidatorRole:
             return
         verdict = "accepted" if j.passed else j.reason
         self.verdicts[verdict] += 1
+        self.node.metrics.inc("verdicts", verdict=verdict)
         self.judge_seconds += j.seconds
         entry = {
             "worker": worker,
@@ -238,7 +253,8 @@ class ValidatorRole:
             sub.worker
         ):
             return Judgement(False, "invalid", "not signed by the worker's registered peer key")
-        if why := self.clock.window(batch.step, batch.policy_version):
+        at = self.clock_at.get((sub.worker, sub.key))
+        if why := self.clock.window(batch.step, batch.policy_version, at):
             return Judgement(False, "invalid", why)
         if batch.policy_version != sub.policy_version:
             return Judgement(False, "mismatch", "policy version differs from the submission")
