@@ -302,6 +302,8 @@ def run_devnet(
             "INTELLECT_NODE_TRAINER_PEER_ID": trainer_id,
             "INTELLECT_NODE_PASSWORD": DEVNET_PASSWORD,
             "INTELLECT_NODE_STEP_INTERVAL": str(step_interval),
+            # every node computes in fp32 on a CPU: the exact profile (SPEC section 11.1)
+            "INTELLECT_NODE_VERIFY_PROFILE": "strict-fp32",
         }
         print(f"devnet: trainer (weights and steps trust root) {trainer_id}", flush=True)
         validator_addr = make_account(base_dir / "validator", chain_info["validator_key"])

@@ -29,7 +29,7 @@ FAST = ["--heartbeat-interval", "1", "--peer-ttl", "8", "--discovery-interval", 
 
 
 class Loop:
-    def __init__(self, base: Path, model: Path, *, step_interval: float = 8) -> None:
+    def __init__(self, base: Path, model: Path, *, step_interval: float = 20) -> None:
         from node.keystore import load_or_create_identity
 
         self.base = base
@@ -46,6 +46,7 @@ class Loop:
             "INTELLECT_NODE_TASKS_PER_BATCH": "2",
             "INTELLECT_NODE_GROUP_SIZE": "2",
             "INTELLECT_NODE_MAX_NEW_TOKENS": "24",
+            "INTELLECT_NODE_VERIFY_PROFILE": "strict-fp32",
         }
         self.nodes = {}
         self.addresses = {}
