@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import trio
@@ -40,7 +40,7 @@ from node.runtime import Node
 from protocol.batches import BATCH_TOPIC, STEP_TOPIC, BatchNotice, StepNotice
 from protocol.errors import WireError
 from protocol.messages import Announcement
-from protocol.rollouts import RolloutBatch, pack_tokens, unpack_tokens
+from protocol.rollouts import RolloutBatch
 from protocol.wire import seal
 
 log = logging.getLogger("intellect.inference")
@@ -338,6 +338,12 @@ class BatchMaker:
         if self.cheat == "inflate_reward":
             for g in groups:
                 g.rewards = [1.0] * len(g.rewards)
+        if self.cheat == "edit_token":  # after proving; the reward claimed is the edited text's
+            g, r = groups[0], groups[0].results[0]
+            i = len(r.tokens) // 2
+            r.tokens[i] = 3 + (r.tokens[i] - 3 + 1) % (self.engine.vocab_size - 3)
+            g.completions[0] = self.tokenizer.decode(r.tokens, skip_special_tokens=True)
+            g.rewards[0] = g.task.reward(g.completions[0])
         batch = to_batch(
             groups,
             **header,
@@ -347,8 +353,6 @@ class BatchMaker:
             taskset=self.taskset.name,
             params=self.params,
         )
-        if self.cheat == "edit_token":
-            batch = _edit_one_token(batch, self.engine.vocab_size)
         encoded: bytes = batch.encode()
         return encoded
 
@@ -363,19 +367,6 @@ def _perturb(model: Any) -> None:
         for p in model.parameters():
             spread = p.float().std().clamp_min(1e-3) if p.numel() > 1 else torch.tensor(1.0)
             p.copy_((torch.randn(p.shape, generator=g) * spread).to(p.device, p.dtype))
-
-
-def _edit_one_token(batch: Any, vocab: int) -> Any:
-    """One output token changed after proving (a test cheat)."""
-    group = batch.groups[0]
-    sample = group.samples[0]
-    tokens = unpack_tokens(sample.tokens)
-    i = len(tokens) // 2
-    tokens[i] = 3 + (tokens[i] - 3 + 1) % (vocab - 3)
-    edited = replace(sample, tokens=pack_tokens(tokens))
-    return replace(
-        batch, groups=[replace(group, samples=[edited, *group.samples[1:]]), *batch.groups[1:]]
-    )
 
 
 async def run(
