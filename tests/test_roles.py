@@ -116,4 +116,6 @@ def test_the_window_as_the_clock_stood_at_submission():
     assert clock.window(10, 0) is not None  # judged against now: too old
     assert clock.window(10, 0, at=(11, 0)) is None  # as it stood then: fine
     assert clock.window(10, 0, at=(13, 0)) is not None  # it was stale already then
-    assert clock.window(10, 0, at=(None, 0)) == "no step announced by the trainer yet"
+    assert clock.window(10, 0, at=(None, 0)) is not None  # unknown then: judged against now
+    assert clock.window(12, 0, at=(11, 0)) is None  # reached us after the worker: not ahead
+    assert clock.window(41, 0, at=(11, 0)) is not None  # ahead of the trainer even now

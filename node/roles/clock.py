@@ -35,16 +35,19 @@ class StepClock:
         self, step: int, policy_version: int, at: tuple[int | None, int] | None = None
     ) -> str | None:
         """None when a batch of ``step`` made with ``policy_version`` is admissible, else
-        why not: against the clock now, or against ``at`` = (step, version) as the clock
-        stood when the batch was submitted (a validator judging later must not count its
-        own delay against the worker)."""
-        current, version = at if at is not None else (self.step, self.policy_version)
-        if current is None:
+        why not. ``at`` = (step, version) as the clock stood when the batch was submitted:
+        staleness is judged against it (a validator judging later must not count its own
+        delay against the worker), while "ahead of the trainer" is judged against the clock
+        now (gossip may have brought the step to the worker before it reached us)."""
+        if self.step is None:
             return "no step announced by the trainer yet"
-        if step > current or policy_version > version:
+        then, version_then = (
+            at if at is not None and at[0] is not None else (self.step, self.policy_version)
+        )
+        if step > self.step or policy_version > self.policy_version:
             return f"step {step} / version {policy_version} is ahead of the trainer's"
-        if step + self.async_level < current:
-            return f"step {step} is older than {current} - {self.async_level}"
-        if policy_version + self.async_level < version:
+        if step + self.async_level < then:
+            return f"step {step} is older than {then} - {self.async_level}"
+        if policy_version + self.async_level < version_then:
             return f"policy version {policy_version} is older than the window allows"
         return None
