@@ -445,6 +445,36 @@ async def test_download_loop_reassigns_stalled_dead_and_corrupt_peers(autojump_c
     assert trio.current_time() == pytest.approx(8.0)
 
 
+async def test_busy_peer_is_asked_again_soon_and_a_stale_holding_is_dropped(autojump_clock):
+    from node.shardcast.transfer import PeerBusy, PeerLacks
+
+    p = DownloadPlan(2, max_inflight=1, per_peer=1, rng=random.Random(0))
+    p.update_peer("only", {0, 1})
+    p.update_peer("stale", {1})
+    p.peers["only"].rate = 1.0  # measured: the untried "stale" peer is asked first
+    refusals = 0
+    asked = []
+
+    async def fetch(shard, peer):
+        nonlocal refusals
+        asked.append((trio.current_time(), shard, peer))
+        if peer == "stale":
+            raise PeerLacks("not held")
+        if refusals < 3:
+            refusals += 1
+            raise PeerBusy("busy")
+        return 1
+
+    with trio.fail_after(10):  # a refusal handled wrongly would spin or wait forever
+        await run_download(p, fetch, shard_deadline=lambda s: 5.0, wakeup=Wakeup())
+    assert p.complete and p.peers["stale"].have == set()
+    # three refusals cost three quarter seconds, never an exponential backoff
+    assert [t for t, _, peer in asked if peer == "only"] == pytest.approx(
+        [0, 0.25, 0.5, 0.75, 0.75]
+    )
+    assert p.peers["only"].failures == 0 and p.peers["only"].success == 1.0
+
+
 async def test_download_waits_for_a_holder_then_finishes(autojump_clock):
     p = DownloadPlan(2, rng=random.Random(0))
     wake = Wakeup()

@@ -12,6 +12,8 @@ The download loop tells it what each peer holds (``update_peer``), asks it for w
   scored ``rate × success / (1 + in flight)``; a peer never measured is tried first
   (optimism), and with probability ``explore`` a random holder is taken, so a new fast
   peer is found.
+- **Refusals**: a peer that is busy (every upload slot taken) is asked again after a
+  quarter second, without penalty; one that lacks the shard loses it from its holdings.
 - **Failures**: a peer whose fetch failed or stalled loses that shard (it goes back to the
   pool at once) and is backed off for ``backoff × 2^(failures − 1)`` seconds (at most
   ``max_backoff``); a peer that served a shard whose hash is wrong is banned for good.
@@ -84,6 +86,18 @@ class DownloadPlan:
         p.success = (1 - self.alpha) * p.success
         p.failures += 1
         p.backoff_until = now + min(self.max_backoff, self.backoff * 2 ** (p.failures - 1))
+
+    def busy(self, shard: int, peer: str, now: float, wait: float = 0.25) -> None:
+        """The peer refused for now (all its upload slots taken): the shard goes back and
+        the peer is asked again after ``wait`` seconds; no failure is counted."""
+        self._release(shard, peer)
+        p = self.peers[peer]
+        p.backoff_until = max(p.backoff_until, now + wait)
+
+    def lacks(self, shard: int, peer: str) -> None:
+        """The peer does not hold the shard after all (its bitmap was stale)."""
+        self._release(shard, peer)
+        self.peers[peer].have.discard(shard)
 
     def corrupt(self, shard: int, peer: str) -> None:
         """The peer served bytes whose hash is not the manifest's: banned for the run."""

@@ -36,10 +36,17 @@ from typing import Any
 import trio
 
 from node.config import NodeConfig
-from node.runtime import Node, Responder
+from node.runtime import Node, RemoteRefusal, Responder
 from node.shardcast.schedule import DownloadPlan, PeerState
 from node.shardcast.store import Partial, ShardSource, StoreError, WeightStore, publish
-from node.shardcast.transfer import BadShard, ByteBucket, Wakeup, run_download
+from node.shardcast.transfer import (
+    BadShard,
+    ByteBucket,
+    PeerBusy,
+    PeerLacks,
+    Wakeup,
+    run_download,
+)
 from protocol import ids
 from protocol.errors import Reason, WireError
 from protocol.messages import Announcement
@@ -61,7 +68,7 @@ from protocol.shardcast import (
 )
 
 log = logging.getLogger("intellect.shardcast")
-REFRESH = 0.5  # seconds between holdings refreshes during a download
+REFRESH = 1.0  # seconds between holdings refreshes during a download
 PROVIDE_EVERY = 30.0
 MAX_QUERY_PEERS = 16  # holders asked per refresh
 POLL_PEERS = 4  # peers asked for their newest version per discovery interval
@@ -177,6 +184,20 @@ class WeightService:
             "uploads": {"active": self.uploads_active, "bytes": self.uploaded},
         }
 
+    def summary(self) -> dict[str, Any]:
+        """The short form in the node's ``/status`` (``GET /weights`` has everything)."""
+        return {
+            "current": self.current,
+            "newest_known": self.newest_known,
+            "held": sorted(self.store.complete),
+            "downloading": {
+                str(v): f"{len(j.plan.done) if j.plan else 0}/{j.shards}"
+                for v, j in self.jobs.items()
+                if j.state == "downloading"
+            },
+            "uploads_active": self.uploads_active,
+        }
+
     def admin_routes(self) -> dict[tuple[str, str], Any]:
         async def get(_args: dict[str, Any]) -> Any:
             return self.status()
@@ -217,6 +238,7 @@ class WeightService:
             resume.append(m.version)
         if not self.trainer:
             log.warning("no trainer_peer_id configured: weight manifests will be refused")
+        self.node.add_status("weights", self.summary)
         self.node.serve_requests(ids.WEIGHTS, WeightsQuery, self._on_query)
         self.node.serve_requests(ids.SHARDCAST, ShardRequest, self._on_shard, deadline=3600)
         self.node.subscribe(WEIGHTS_TOPIC, self._on_notice)
@@ -499,7 +521,14 @@ class WeightService:
                 nursery.start_soon(self._provide, version)
 
                 async def fetch(shard: int, peer: str) -> int:
-                    return await self._fetch(partial, job, shard, peer)
+                    try:
+                        return await self._fetch(partial, job, shard, peer)
+                    except RemoteRefusal as refusal:
+                        if refusal.reason == Reason.BUSY:
+                            raise PeerBusy(str(refusal)) from None
+                        if refusal.reason == Reason.NOT_FOUND:
+                            raise PeerLacks(str(refusal)) from None
+                        raise
 
                 await run_download(
                     plan,
@@ -534,6 +563,9 @@ class WeightService:
     def _report(self, version: int) -> Any:
         def report(outcome: str, shard: int, peer: str, err: BaseException | None) -> None:
             if outcome == "completed":
+                return
+            if outcome in ("busy", "lacks"):
+                self.node.metrics.inc("shardcast_refusals", outcome=outcome)
                 return
             if outcome == "corrupt":
                 self.banned.add(peer)
@@ -680,10 +712,13 @@ class WeightService:
         src = self._source(req.version)
         if src is None or req.index not in src.held:
             raise WireError(Reason.NOT_FOUND, f"shard {req.index} of v{req.version} not held")
-        try:
-            self.upload_slots.acquire_nowait()
-        except trio.WouldBlock:
-            raise WireError(Reason.BUSY, "every upload slot is taken") from None
+        # wait in line for a slot a while (a refusal would only bring the request back)
+        acquired = False
+        with trio.move_on_after(self.cfg.read_timeout / 2):
+            await self.upload_slots.acquire()
+            acquired = True
+        if not acquired:
+            raise WireError(Reason.BUSY, "every upload slot is taken")
         self.uploads_active += 1
         try:
             length = src.manifest.shard_length(req.index)

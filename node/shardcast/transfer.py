@@ -61,6 +61,14 @@ class BadShard(Exception):
     """The bytes a peer served do not hash to the manifest's value."""
 
 
+class PeerBusy(Exception):
+    """The peer refused for now: every one of its upload slots is taken."""
+
+
+class PeerLacks(Exception):
+    """The peer does not hold the shard it was asked for."""
+
+
 class Wakeup:
     """Something changed (a fetch ended, holdings were refreshed): re-plan now."""
 
@@ -108,6 +116,12 @@ async def run_download(
         except BadShard as err:
             plan.corrupt(shard, peer)
             note("corrupt", shard, peer, err)
+        except PeerBusy as err:
+            plan.busy(shard, peer, trio.current_time())
+            note("busy", shard, peer, err)
+        except PeerLacks as err:
+            plan.lacks(shard, peer)
+            note("lacks", shard, peer, err)
         except trio.TooSlowError as err:
             plan.failed(shard, peer, trio.current_time())
             note("stalled", shard, peer, err)
