@@ -47,6 +47,7 @@ class Loop:
             "INTELLECT_NODE_GROUP_SIZE": "2",
             "INTELLECT_NODE_MAX_NEW_TOKENS": "24",
             "INTELLECT_NODE_VERIFY_PROFILE": "strict-fp32",
+            "INTELLECT_NODE_ASYNC_LEVEL": "5",  # a loaded CI machine may generate slowly
         }
         self.nodes = {}
         self.addresses = {}
