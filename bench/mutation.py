@@ -198,17 +198,28 @@ def changed_line(source: Path, function: str, cls: str | None, diff: str) -> int
         for n in scope
         if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef) and n.name == function
     )
-    removed = [
-        line[1:].strip()
-        for line in diff.splitlines()
-        if line.startswith("-") and not line.startswith("---")
-    ]
+    # The diff is of the function alone: its hunk header counts from the function's first
+    # line (its first decorator); the first removed line lies that many lines further on.
+    first = min([node.lineno] + [d.lineno for d in node.decorator_list])
     lines = source.read_text().splitlines()
-    if removed:
-        for number in range(node.lineno, (node.end_lineno or len(lines)) + 1):
-            if lines[number - 1].strip() == removed[0]:
-                return number
-    return node.lineno
+    offset, removed = 0, ""
+    for line in diff.splitlines():
+        if line.startswith("@@"):
+            offset = int(line.split()[1].lstrip("-").split(",")[0]) - 1
+        elif line.startswith("-") and not line.startswith("---"):
+            removed = line[1:].strip()
+            break
+        elif not line.startswith(("+", "---", "+++")):
+            offset += 1
+    guess = first + offset
+    if not removed or (0 < guess <= len(lines) and lines[guess - 1].strip() == removed):
+        return guess if removed else node.lineno
+    matches = [
+        n
+        for n in range(first, (node.end_lineno or len(lines)) + 1)
+        if lines[n - 1].strip() == removed
+    ]
+    return min(matches, key=lambda n: abs(n - guess), default=node.lineno)
 
 
 def describe(diff: str) -> str:

@@ -46,6 +46,7 @@ from crypto.verdict import (
     RolloutClaim,
     RolloutVerdict,
     check_batch,
+    check_rollout,
     profile,
 )
 
@@ -133,6 +134,11 @@ def test_describe_names_the_failing_chunks_and_the_worst_one():
         "gaps beyond the noise bound at positions [1, 2]; implausible ending"
     )
     assert verdict([]).describe() == "toploc chunks [] fail"  # no proofs at all
+    many = verdict([ok], bad=range(10), suspect=range(20, 30)).describe()
+    assert many == (
+        "tokens not drawn by the seeded sampler at positions [0, 1, 2, 3, 4, 5, 6, 7]; "
+        "gaps beyond the noise bound at positions [20, 21, 22, 23, 24, 25, 26, 27]"
+    )
     assert (verdict([]).toploc_ok, verdict([ok]).toploc_ok) == (False, True)
 
 
@@ -315,3 +321,13 @@ def test_top_1_picks_the_largest_magnitude_of_any_exponent():
     assert proof == struct.pack(">2H", P, bf16_bits(-3.0))
     with pytest.raises(ValueError, match="chunk_size must be >= 1"):
         build_proofs([chunk], chunk_size=0)
+
+
+def test_a_stop_ending_is_judged_under_the_profiles_eos_threshold():
+    [claim], [(acts, logits)] = synthetic_batch(1, 0.0, GPU_BF16.sampling)
+    stop = replace(claim, finish_reason="stop", max_new_tokens=len(claim.tokens) + 1)
+    eos = claim.tokens[-1]  # the sampled last token plays EOS
+    assert check_rollout(stop, acts, logits, eos_token_id=eos, config=GPU_BF16).termination_ok
+    demanding = replace(GPU_BF16, sampling=SamplingCheck(min_eos_prob=0.999), name="demanding")
+    verdict = check_rollout(stop, acts, logits, eos_token_id=eos, config=demanding)
+    assert not verdict.termination_ok and verdict.reason == "termination"

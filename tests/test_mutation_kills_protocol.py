@@ -3,7 +3,8 @@
 Each test names what it pins down: the schema helpers declare what they say (a message
 class declared here, so the helpers run under test, not only at import), rejection details
 (they travel to the peer in a ``Refusal`` and into the logs), the replay window's bounds and
-eviction order, frame boundaries and the stream adapter.
+eviction order, frame boundaries and the stream adapter, envelope size limits, rollout batch
+rejections, and SHARDCAST's shard ranges, manifest checks, notices and have-bitmaps.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import pytest
 import trio
 import trio.testing
 
+from crypto.hashing import digest
 from crypto.identity import Identity
 from crypto.sampling import derive_seed
 from crypto.toploc import proof_size
@@ -36,7 +38,17 @@ from protocol.schema import (
     u64,
     unpack_limited,
 )
-from protocol.shardcast import WeightsQuery
+from protocol.shardcast import (
+    MIN_SHARD,
+    WeightFile,
+    WeightManifest,
+    WeightsQuery,
+    bitmap,
+    check_notice,
+    manifest_id,
+    open_manifest,
+    unbitmap,
+)
 from protocol.wire import ENVELOPE_OVERHEAD, max_envelope_size, open_message, seal
 
 # --- the schema helpers ------------------------------------------------------------------
@@ -63,7 +75,7 @@ def declare():
         mode: str = text(8, choices=("up", "down"))
         raw: bytes = blob(8)
         key: bytes = blob(4, exact_len=4)
-        ratio: float = f64(0.0, 1.0)
+        ratio: float = f64(-1.0, 1.0)
         ints: list[int] = listof(FieldSpec(int, hi=9), 2)
         items: list[Item] = listof(nested(Item), 2)
         one: Item = spec(nested(Item))
@@ -94,7 +106,7 @@ def test_schema_helpers_accept_the_edges_they_declare():
     message = probe.from_obj(good_obj())
     assert message.items == [item(n=1), item(n=9)] and message.one == item(n=5)
     assert probe.decode(message.encode()) == message
-    for field, value in [("small", 5), ("ratio", 0.0), ("name", "a"), ("raw", b""), ("ints", [])]:
+    for field, value in [("small", 5), ("ratio", -1.0), ("name", "a"), ("raw", b""), ("ints", [])]:
         assert probe.from_obj({**good_obj(), field: value}).to_obj()[field] == value
     assert probe.from_obj({**good_obj(), "count": 2**64 - 1}).count == 2**64 - 1
 
@@ -116,7 +128,7 @@ def test_schema_helpers_accept_the_edges_they_declare():
         ("key", b"abc", "key"),
         ("key", b"abcde", "key"),
         ("ratio", 1.5, "ratio"),
-        ("ratio", -0.5, "ratio"),
+        ("ratio", -1.5, "ratio"),
         ("ratio", 1, "ratio"),
         ("ints", [1, 2, 3], "ints"),
         ("ints", [10], "ints[0]"),
@@ -485,3 +497,57 @@ def test_rollout_batch_rejection_details(change, detail):
     with pytest.raises(WireError) as exc:
         RolloutBatch.from_obj(obj)
     assert (exc.value.reason, exc.value.detail) == (Reason.MALFORMED, detail)
+
+
+# --- SHARDCAST codecs ----------------------------------------------------------------------
+
+
+def weight_manifest(run_id="run-1", signer=A, total=MIN_SHARD + 1):
+    shards = -(-total // MIN_SHARD)
+    return WeightManifest(
+        run_id=run_id, sender=signer.peer_id, seq=1, ts_ms=1, version=1, step=0,
+        shard_size=MIN_SHARD, total_size=total, digest=bytes(32),
+        files=[WeightFile(name="model.safetensors", size=total, offset=0)],
+        shard_hashes=bytes(32 * shards),
+    )  # fmt: skip
+
+
+def test_shard_ranges_end_at_the_last_shard():
+    m = weight_manifest()
+    assert m.num_shards == 2
+    assert m.shard_range(1) == (MIN_SHARD, MIN_SHARD + 1)
+    for index in (2, -1):
+        with pytest.raises(IndexError) as exc:
+            m.shard_range(index)
+        assert str(exc.value) == f"shard {index} of 2"
+
+
+def test_open_manifest_details_and_manifest_id():
+    env = seal(A, weight_manifest(run_id="other"))
+    assert manifest_id(env) == digest(env)
+    with pytest.raises(WireError) as exc:
+        open_manifest(env, run_id="run-1", trainer=A.peer_id)
+    assert (exc.value.reason, exc.value.detail) == (Reason.WRONG_RUN, "manifest of run 'other'")
+    with pytest.raises(WireError) as exc:
+        open_manifest(seal(A, weight_manifest()), run_id="run-1", trainer=None)
+    assert (exc.value.reason, exc.value.detail) == (
+        Reason.BAD_SIGNATURE,
+        "no trainer_peer_id configured: no trust root",
+    )
+
+
+def test_notice_decoding_names_the_notice_in_its_detail():
+    bad = msgpack.packb({"version": 0, "step": 1, "manifest": bytes(32)})
+    with pytest.raises(WireError) as exc:
+        check_notice(bad)
+    assert exc.value.detail.startswith("weights notice.version: 0 not in"), exc.value.detail
+
+
+@pytest.mark.parametrize("n", [1, 8, 9, 10, 17, 20])
+def test_have_bitmap_round_trips_any_shard_count(n):
+    held = {i for i in range(n) if i % 3 == 0 or i == n - 1}
+    data = bitmap(held, n)
+    assert len(data) == (n + 7) // 8
+    assert unbitmap(data, n) == held
+    with pytest.raises(WireError):
+        unbitmap(data + b"\x00", n)
