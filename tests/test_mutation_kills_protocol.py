@@ -39,12 +39,14 @@ from protocol.schema import (
     unpack_limited,
 )
 from protocol.shardcast import (
+    MAX_SHARDS,
     MIN_SHARD,
     WeightFile,
     WeightManifest,
     WeightsQuery,
     bitmap,
     check_notice,
+    is_file_name,
     manifest_id,
     open_manifest,
     unbitmap,
@@ -551,3 +553,28 @@ def test_have_bitmap_round_trips_any_shard_count(n):
     assert unbitmap(data, n) == held
     with pytest.raises(WireError):
         unbitmap(data + b"\x00", n)
+
+
+def test_manifest_checks_say_what_does_not_add_up():
+    def refused(**over):
+        obj = {**weight_manifest().to_obj(), **over}
+        with pytest.raises(WireError) as exc:
+            WeightManifest.from_obj(obj)
+        assert exc.value.reason is Reason.MALFORMED
+        return exc.value.detail
+
+    assert refused(files=[]) == "manifest lists no files"
+    nested = [
+        {"name": "x/y", "size": 1, "offset": 0},
+        {"name": "x/y/z", "size": MIN_SHARD, "offset": 1},
+    ]
+    assert refused(files=nested) == "'x/y/z' lies under another file"
+    total = MAX_SHARDS * MIN_SHARD + 1
+    too_many = refused(total_size=total, files=[{"name": "w", "size": total, "offset": 0}])
+    assert too_many == f"{MAX_SHARDS + 1} shards > {MAX_SHARDS}"
+
+
+def test_file_names_have_no_dot_segments():
+    assert is_file_name("tokenizer/tokenizer.json") and is_file_name("a..b/.c")
+    for bad in ("a/../b", "..", "a/.", "./a", "/a", "a//b", ""):
+        assert not is_file_name(bad), bad
