@@ -117,11 +117,6 @@ def chunks_of(
     return out
 
 
-def _bf16_bits(t: torch.Tensor) -> torch.Tensor:
-    """The bf16 bit pattern of each entry as int64 in [0, 65536)."""
-    return t.to(torch.bfloat16).view(torch.int16).to(torch.int64) & 0xFFFF
-
-
 _GROUP_ELEMENTS = 1 << 26  # padded entries per top-k call, to bound memory
 
 
