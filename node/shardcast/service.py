@@ -557,8 +557,8 @@ class WeightService:
         await self._retain()
 
     def _shard_deadline(self, m: WeightManifest) -> Any:
-        frames = m.shard_size // MIN_FRAME + 2
-        return lambda _shard: self.cfg.read_timeout * frames
+        """A whole shard's deadline: a peer slower than 256 kB/s counts as stalled."""
+        return lambda shard: max(4 * self.cfg.read_timeout, m.shard_length(shard) / 262_144)
 
     def _report(self, version: int) -> Any:
         def report(outcome: str, shard: int, peer: str, err: BaseException | None) -> None:
