@@ -105,6 +105,12 @@ def _add_node_flags(p: argparse.ArgumentParser) -> None:
         "--follow-weights", choices=["true", "false"], help=fields["follow_weights"].description
     )
     p.add_argument(
+        "--network-only",
+        action="store_true",
+        default=None,
+        help=fields["network_only"].description,
+    )
+    p.add_argument(
         "--verify-profile",
         choices=["gpu-bf16", "paper", "strict-fp32"],
         help=f"{fields['verify_profile'].description} (default gpu-bf16)",
@@ -244,7 +250,7 @@ def cmd_start(args: argparse.Namespace) -> int:
                 weights = await nursery.start(WeightService(node, cfg).serve)
                 admin = AdminServer(node, data_dir, cfg.admin_port, routes=weights.admin_routes())
                 port = await nursery.start(admin.serve)
-                role = role_service(cfg.role)
+                role = None if cfg.network_only else role_service(cfg.role)
                 if role is not None:
                     try:
                         await nursery.start(role, node, cfg)

@@ -181,6 +181,11 @@ class NodeConfig(BaseModel):
     dev_cheats: bool = Field(
         False, description="Allow the cheat setting (tests and the devnet's --cheaters)."
     )
+    network_only: bool = Field(
+        False,
+        description="Join the network without doing the role's work (discovery, gossip, "
+        "relaying only): for tests and measurements.",
+    )
 
     @field_validator("run_id")
     @classmethod

@@ -53,7 +53,8 @@ class Cluster:
             listen="/ip4/127.0.0.1/tcp/0",
             bootstrap=bootstrap or [],
             extra=extra,
-            env_extra=env,
+            # network nodes: the roles' work needs a model and a chain (tests/test_loop.py)
+            env_extra={"INTELLECT_NODE_NETWORK_ONLY": "true", **(env or {})},
             module=module,
         )
         self.nodes.append(node)
