@@ -10,10 +10,10 @@ older than the retention (the verdict window plus a margin) are pruned.
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 
+from node.files import write_atomic
 from protocol.errors import WireError
 from protocol.rollouts import RolloutBatch
 from protocol.wire import open_message
@@ -29,7 +29,7 @@ class BatchStore:
     def __init__(self, directory: Path) -> None:
         self.dir = Path(directory)
         self.dir.mkdir(parents=True, exist_ok=True)
-        for stale in self.dir.glob("*.partial"):  # a write that a crash interrupted
+        for stale in self.dir.glob("*.tmp"):  # a write that a crash interrupted
             stale.unlink(missing_ok=True)
 
     def _path(self, work_key: bytes) -> Path:
@@ -41,13 +41,7 @@ class BatchStore:
         """Store a sealed batch envelope durably; returns its work key."""
         batch = open_message(envelope, RolloutBatch)
         key = batch.work_key()
-        final = self._path(key)
-        staging = final.with_suffix(".partial")
-        with open(staging, "wb") as f:
-            f.write(envelope)
-            f.flush()
-            os.fsync(f.fileno())
-        staging.replace(final)
+        write_atomic(self._path(key), envelope)
         return key
 
     def get(self, work_key: bytes) -> bytes | None:

@@ -105,9 +105,9 @@ def test_store_survives_a_restart_and_refuses_damage(tmp_path):
 
 def test_store_cleans_interrupted_writes_and_prunes(tmp_path):
     identity = Identity.generate()
-    (tmp_path / "ab.partial").write_bytes(b"half")
+    (tmp_path / "ab.tmp").write_bytes(b"half")
     store = BatchStore(tmp_path)
-    assert not list(tmp_path.glob("*.partial"))
+    assert not list(tmp_path.glob("*.tmp"))
     old = store.put(seal(identity, a_batch(identity, step=1)))
     new = store.put(seal(identity, a_batch(identity, step=2)))
     past = os.stat(tmp_path / f"{old.hex()}.batch").st_mtime - 1000

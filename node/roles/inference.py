@@ -32,6 +32,7 @@ import trio
 from ledger.client import LedgerError
 from node.batchstore import BatchStore
 from node.config import NodeConfig
+from node.files import write_atomic
 from node.roles.chain import WEI, ChainSetupError, open_ledger
 from node.roles.clock import StepClock
 from node.roles.exchange import serve_batches
@@ -180,9 +181,7 @@ class InferenceRole:
             self.done_step = None
 
     def _save_state(self) -> None:
-        tmp = self.state_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"done_step": self.done_step}))
-        tmp.replace(self.state_path)
+        write_atomic(self.state_path, json.dumps({"done_step": self.done_step}).encode())
 
     async def _refresh_verdicts(self) -> None:
         if not self.counts.pending:

@@ -17,6 +17,7 @@ from typing import Any
 import trio
 
 from node.config import NodeConfig
+from node.files import write_atomic
 from node.runtime import Node
 from protocol.batches import STEP_TOPIC, StepNotice
 
@@ -38,9 +39,7 @@ class TrainerRole:
             return 0
 
     def _save_step(self) -> None:
-        tmp = self.state_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"step": self.step}))
-        tmp.replace(self.state_path)
+        write_atomic(self.state_path, json.dumps({"step": self.step}).encode())
 
     def status(self) -> dict[str, Any]:
         return {"step": self.step, "policy_version": self.policy_version}

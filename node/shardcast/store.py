@@ -29,6 +29,7 @@ from pathlib import Path
 
 from crypto.hashing import DIGEST_SIZE, digest
 from crypto.identity import Identity
+from node.files import write_atomic
 from protocol.shardcast import MAX_FILES, WeightFile, WeightManifest, is_file_name, open_manifest
 from protocol.wire import seal
 
@@ -206,7 +207,7 @@ class WeightStore:
             if manifest_path.exists():  # another manifest for this version: start over
                 shutil.rmtree(path)
                 (path / "files").mkdir(parents=True)
-            _write_atomic(manifest_path, envelope)
+            write_atomic(manifest_path, envelope)
         return Partial(path, manifest, envelope)
 
     def finish(self, partial: Partial) -> ShardSource:
@@ -336,7 +337,7 @@ def publish(
         shard_hashes=b"".join(shard_hashes),
     )
     envelope = seal(identity, manifest)
-    _write_atomic(work / MANIFEST_FILE, envelope)
+    write_atomic(work / MANIFEST_FILE, envelope)
     final = store.root / version_dir_name(version)
     if final.exists():
         raise StoreError(f"version {version} already exists in {store.root}")
@@ -346,15 +347,6 @@ def publish(
     source.held = set(range(manifest.num_shards))
     store.complete[version] = source
     return source
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_suffix(".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def _fsync_dir(path: Path) -> None:
