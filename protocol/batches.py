@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from crypto.hashing import DIGEST_SIZE
 from protocol.messages import Header
-from protocol.rollouts import ADDRESS_PATTERN, MAX_BATCH_SIZE
+from protocol.rollouts import ADDRESS_PATTERN, MAX_BATCH_SIZE, RolloutBatch
 from protocol.schema import Message, blob, text, u64
 
 BATCH_TOPIC = "batches"  # announcement topic of BatchNotice bodies
@@ -42,6 +42,18 @@ class BatchNotice(Message):
     policy_version: int = u64()
     units: int = u64()  # generated output tokens (what the ledger pays for, SPEC §12)
     size: int = u64(1, MAX_BATCH_ENVELOPE)  # bytes of the signed envelope
+
+    @classmethod
+    def of(cls, batch: RolloutBatch, envelope: bytes) -> BatchNotice:
+        """The notice for ``batch``, sealed as ``envelope``."""
+        return cls(
+            work_key=batch.work_key(),
+            worker=batch.worker,
+            step=batch.step,
+            policy_version=batch.policy_version,
+            units=batch.num_tokens,
+            size=len(envelope),
+        )
 
 
 @dataclass(frozen=True)

@@ -60,6 +60,16 @@ def test_messages_round_trip_and_limits():
     identity = Identity.generate()
     notice = BatchNotice(work_key=KEY, worker=WORKER, step=4, policy_version=2, units=96, size=900)
     assert BatchNotice.decode(notice.encode()) == notice
+    batch = a_batch(identity)
+    envelope = seal(identity, batch)
+    assert BatchNotice.of(batch, envelope) == BatchNotice(
+        work_key=batch.work_key(),
+        worker=WORKER,
+        step=3,
+        policy_version=0,
+        units=6,
+        size=len(envelope),
+    )
     step = StepNotice(step=7, policy_version=5)
     assert StepNotice.decode(step.encode()) == step
     for msg in (

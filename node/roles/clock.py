@@ -10,8 +10,10 @@ retention and the trainer use). Pure: the role feeds it announcements.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
-from protocol.batches import StepNotice
+from protocol.batches import STEP_TOPIC, StepNotice
+from protocol.errors import WireError
 
 
 @dataclass
@@ -51,3 +53,15 @@ class StepClock:
         if policy_version + self.async_level < version_then:
             return f"policy version {policy_version} is older than the window allows"
         return None
+
+
+def follow_steps(node: Any, clock: StepClock) -> None:
+    """Feed ``clock`` every step notice ``node`` hears; a malformed one is counted."""
+
+    def on_step(msg: Any) -> None:
+        try:
+            clock.observe(msg.sender, StepNotice.decode(msg.body))
+        except WireError as err:
+            node.reject("announce/steps", msg.sender, err)
+
+    node.subscribe(STEP_TOPIC, on_step)

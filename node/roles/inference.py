@@ -34,15 +34,13 @@ from node.batchstore import BatchStore
 from node.config import NodeConfig
 from node.files import write_atomic
 from node.roles.chain import WEI, ChainSetupError, open_ledger
-from node.roles.clock import StepClock
+from node.roles.clock import StepClock, follow_steps
 from node.roles.exchange import serve_batches
 from node.roles.offload import Offload, OffloadError
 from node.runtime import Node
-from protocol.batches import BATCH_TOPIC, STEP_TOPIC, BatchNotice, StepNotice
-from protocol.errors import WireError
-from protocol.messages import Announcement
+from protocol.batches import BATCH_TOPIC, BatchNotice
 from protocol.rollouts import RolloutBatch
-from protocol.wire import seal
+from protocol.wire import open_message, seal
 
 log = logging.getLogger("intellect.inference")
 POLL_S = 1.0
@@ -104,12 +102,6 @@ class InferenceRole:
                 f"{self.address} is registered for another peer key; this node cannot work for it"
             )
 
-    def on_step(self, msg: Announcement) -> None:
-        try:
-            self.clock.observe(msg.sender, StepNotice.decode(msg.body))
-        except WireError as err:
-            self.node.reject("announce/steps", msg.sender, err)
-
     def status(self) -> dict[str, Any]:
         return {
             "address": self.address,
@@ -146,13 +138,14 @@ class InferenceRole:
 
     async def _serve(self, task_status: trio.TaskStatus[InferenceRole]) -> None:
         serve_batches(self.node, self.store)
-        self.node.subscribe(STEP_TOPIC, self.on_step)
+        follow_steps(self.node, self.clock)
         self.node.add_status("inference", self.status)
         self._resume_pending()
         task_status.started(self)
         await self._refresh_verdicts()  # resubmits what a crash left unsubmitted
         for key in list(self.counts.pending):  # and tells validators where to fetch it again
-            self._announce_stored(key)
+            if stored := self._stored(key):
+                self.node.announce(BATCH_TOPIC, BatchNotice.of(*stored).encode())
         while True:
             try:
                 await self._refresh_verdicts()
@@ -213,31 +206,16 @@ class InferenceRole:
             "claimable_wei": self.ledger.claimable(self.address),
         }
 
-    def _announce_stored(self, key: bytes) -> None:
-        from protocol.wire import open_message
-
+    def _stored(self, key: bytes) -> tuple[RolloutBatch, bytes] | None:
         envelope = self.store.get(key)
-        if envelope is None:
-            return
-        batch = open_message(envelope, RolloutBatch)
-        notice = BatchNotice(
-            work_key=key,
-            worker=batch.worker,
-            step=batch.step,
-            policy_version=batch.policy_version,
-            units=batch.num_tokens,
-            size=len(envelope),
-        )
-        self.node.announce(BATCH_TOPIC, notice.encode())
+        return None if envelope is None else (open_message(envelope, RolloutBatch), envelope)
 
     async def _resubmit(self, key: bytes) -> None:
-        from protocol.wire import open_message
-
-        envelope = self.store.get(key)
         del self.counts.pending[key]
-        if envelope is None:
+        stored = self._stored(key)
+        if stored is None:
             return
-        batch = open_message(envelope, RolloutBatch)
+        batch, _ = stored
         try:
             await trio.to_thread.run_sync(
                 self.ledger.submit_work, key, batch.num_tokens, batch.policy_version
@@ -253,14 +231,7 @@ class InferenceRole:
         encoded = await self.maker.call(self.address, step, version, self.node.header())
         batch = RolloutBatch.decode(encoded)
         envelope = seal(self.node.identity, batch)
-        notice = BatchNotice(
-            work_key=batch.work_key(),
-            worker=self.address,
-            step=step,
-            policy_version=version,
-            units=batch.num_tokens,
-            size=len(envelope),
-        )
+        notice = BatchNotice.of(batch, envelope)
         self.counts.seconds += time.perf_counter() - started
         self.counts.generated += 1
         self.counts.tokens += notice.units

@@ -36,12 +36,12 @@ import trio
 
 from node.config import NodeConfig
 from node.roles.chain import ChainSetupError, Submission, SubmissionWatcher, open_ledger
-from node.roles.clock import StepClock
+from node.roles.clock import StepClock, follow_steps
 from node.roles.exchange import fetch_batch
 from node.roles.judging import JudgingQueue, Key
 from node.roles.offload import Offload, OffloadError
 from node.runtime import Node, RemoteRefusal
-from protocol.batches import BATCH_TOPIC, STEP_TOPIC, BatchNotice, StepNotice
+from protocol.batches import BATCH_TOPIC, BatchNotice
 from protocol.errors import Reason, WireError
 from protocol.messages import Announcement
 from protocol.rollouts import RolloutBatch, unpack_tokens
@@ -105,12 +105,6 @@ class ValidatorRole:
 
     # ---- inputs ------------------------------------------------------------------------
 
-    def on_step(self, msg: Announcement) -> None:
-        try:
-            self.clock.observe(msg.sender, StepNotice.decode(msg.body))
-        except WireError as err:
-            self.node.reject("announce/steps", msg.sender, err)
-
     def on_notice(self, msg: Announcement) -> None:
         try:
             notice = BatchNotice.decode(msg.body)
@@ -155,7 +149,7 @@ class ValidatorRole:
             self.checker.close()
 
     async def _serve(self, task_status: trio.TaskStatus[ValidatorRole]) -> None:
-        self.node.subscribe(STEP_TOPIC, self.on_step)
+        follow_steps(self.node, self.clock)
         self.node.subscribe(BATCH_TOPIC, self.on_notice)
         self.node.add_status("validator", self.status)
         async with trio.open_nursery() as nursery:
@@ -180,23 +174,13 @@ class ValidatorRole:
             batch, envelope = await fetch_batch(
                 self.node, peer, key[1], expected_size=notice.size if notice else None
             )
-        except (WireError, RemoteRefusal, trio.TooSlowError, OSError) as exc:
+        except Exception as exc:  # refused, timed out, or any of py-libp2p's dial errors
             self.fetch_failures += 1
-            log.info("fetching %s from %s failed: %s", key[1].hex()[:16], peer[-8:], exc)
+            what = exc if isinstance(exc, WireError | RemoteRefusal) else repr(exc)
+            log.info("fetching %s from %s failed: %s", key[1].hex()[:16], peer[-8:], what)
             self.queue.fetch_failed(key, trio.current_time())
             if isinstance(exc, WireError) and exc.reason is Reason.TIMEOUT:
                 await self._drop_connection(peer)  # a stuck connection: dial afresh next time
-            return
-        except Exception as exc:  # py-libp2p raises many unrelated types on dial failure
-            self.fetch_failures += 1
-            log.info(
-                "fetching %s from %s failed: %s: %s",
-                key[1].hex()[:16],
-                peer[-8:],
-                type(exc).__name__,
-                exc,
-            )
-            self.queue.fetch_failed(key, trio.current_time())
             return
         self.queue.fetched(key)
         judgement = await trio.to_thread.run_sync(self.judge, batch, self.submissions[key])
