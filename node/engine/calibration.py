@@ -197,14 +197,23 @@ class NoiseReport:
     batches_accepted: int
     batches: int
     rollouts_accepted: int
-    fits: bool
     generate_s: float = 0.0
     validate_s: float = 0.0
 
+    @property
+    def fits(self) -> bool:
+        """Every honest batch accepted, the RMS within σ, every gap within κ."""
+        return (
+            self.batches_accepted == self.batches
+            and self.sigma_measured <= self.sigma_profile
+            and self.gap_units_max <= self.kappa_profile
+        )
+
     def as_dict(self) -> dict[str, Any]:
+        fields = {**asdict(self), "fits": self.fits}
         return {
             k: (None if isinstance(v, float) and not math.isfinite(v) else v)
-            for k, v in asdict(self).items()
+            for k, v in fields.items()
         }
 
     def lines(self) -> list[str]:
@@ -278,12 +287,6 @@ def measure(
         batches_accepted=sum(b.passed for b in verdicts),
         batches=len(verdicts),
         rollouts_accepted=sum(v.passed for v in rollouts),
-        fits=False,
-    )
-    report.fits = (
-        report.batches_accepted == report.batches
-        and report.sigma_measured <= config.sampling.noise_rms
-        and report.gap_units_max <= config.sampling.noise_max
     )
     return report, verdicts
 
