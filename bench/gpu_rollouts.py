@@ -1,7 +1,7 @@
 """Fixture generator: honest and cheating rollouts from a model rebuilt from a seed.
 
     .venv/bin/python bench/gpu_rollouts.py --out FILE [--shape small|1.1b] [--device cuda]
-        [--honest 48] [--cheats 16] [--new-tokens 96] [--variants a,b,...]
+        [--honest 48] [--cheats 16] [--new-tokens 96] [--variants a,b,...] [--json]
 
 Writes a JSON document in the format of the shared GPU fixture (``tests/fixtures/
 gpu_rollouts_h200.json``): the recipe of the model (``config``, ``init_seed``,
@@ -24,6 +24,9 @@ the project's ``TorchEngine`` with the seeded sampler, EOS ignored:
 - ``fp16_compute_batch16``: the same weights computed in float16.
 
 Nothing is downloaded; a CPU run works too (slow at the 1.1B shape: use a few rollouts).
+``--json``: the last line is one JSON object: the file written, the shape, the device, the
+weights' SHA-256 and per variant the rollouts, sequences in flight, tokens, seconds and
+tokens/s of generation.
 """
 
 from __future__ import annotations
@@ -87,7 +90,9 @@ def main() -> None:
     ap.add_argument("--cheats", type=int, default=16, help="rollouts of each other variant")
     ap.add_argument("--new-tokens", type=int, default=96)
     ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--json", action="store_true", help="last line: one JSON object of figures")
     args = ap.parse_args()
+    figures: dict[str, dict[str, float]] = {}
     device = torch.device(args.device)
     recipe = shape_recipe(args.shape)
     base_cpu = build_random_llama(recipe["config"], args.init_seed, recipe["lm_head_scale"])
@@ -127,9 +132,33 @@ def main() -> None:
             "top_p": 1.0,
             "rollouts": rollouts,
         }
-        print(f"{name}: {count} rollouts in {time.perf_counter() - started:.1f} s", flush=True)
+        seconds = time.perf_counter() - started
+        tokens = sum(len(r["tokens"]) for r in rollouts)
+        figures[name] = {
+            "rollouts": count,
+            "in_flight": batch,
+            "tokens": tokens,
+            "seconds": round(seconds, 2),
+            "tokens_per_s": round(tokens / seconds, 1),
+        }
+        print(
+            f"{name}: {count} rollouts in {seconds:.1f} s ({tokens / seconds:.1f} tokens/s)",
+            flush=True,
+        )
     args.out.write_text(json.dumps(doc))
     print(f"wrote {args.out}")
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "out": str(args.out),
+                    "shape": args.shape,
+                    "device": doc["device"],
+                    "weights_sha256_bf16": doc["weights_sha256_bf16"],
+                    "variants": figures,
+                }
+            )
+        )
 
 
 if __name__ == "__main__":
