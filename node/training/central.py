@@ -1,0 +1,244 @@
+"""The centralized baseline: the same GRPO code in one process, no network.
+
+Each step draws ``tasks_per_step`` tasks with ``node.tasks.assign`` for a fixed fake
+worker address (derived from the seed) and the step, samples ``group_size`` completions
+per task with the torch engine exactly as a worker does (``node.rollouts.generate_groups``:
+the same seeded sampler, temperature and token budget), scores them, drops groups whose
+prompt is held out and groups with zero advantage, and takes one GRPO step
+(``node.training.policy``) on the rest; the engine shares the policy's weights, so the
+next step samples from the new policy (synchronous, on-policy: async level 0). The
+held-out set (``node.training.heldout``) is evaluated greedily before the first step and
+every ``eval_every`` steps.
+
+``python -m node.training.central --steps N --seed S [--json]`` prints one line per step
+(with ``--json``: one JSON object per step, then a summary object as the last line).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from node.training.grpo import GRPOConfig
+
+DEFAULT_STEPS = 30
+
+
+@dataclass(frozen=True)
+class GenerationConfig:
+    """How rollouts are generated (a worker's settings, and the baseline's)."""
+
+    tasks_per_step: int = 32  # tasks (GRPO groups) per trainer step
+    group_size: int = 8  # samples per task (G)
+    max_new_tokens: int = 40  # arithmetic levels 1-3 answer in at most ~35 tokens
+    temperature: float = 1.0  # sampling temperature (also used for the new log-probs)
+
+
+@dataclass(frozen=True)
+class CentralConfig:
+    steps: int = DEFAULT_STEPS
+    seed: int = 0
+    taskset: str = "arithmetic"
+    gen: GenerationConfig = field(default_factory=GenerationConfig)
+    grpo: GRPOConfig = field(default_factory=GRPOConfig)
+    eval_every: int = 5
+    heldout_per_level: int = 100
+    heldout_seed: int = 0
+    heldout_max_new_tokens: int = 40
+    threads: int = 2
+
+
+def fake_worker(seed: int) -> str:
+    """The address the baseline draws its tasks for (one per seed)."""
+    from crypto.hashing import digest
+
+    return "0x" + digest(b"intellect-node/central-baseline" + seed.to_bytes(8, "big"))[:20].hex()
+
+
+def run(
+    cfg: CentralConfig,
+    model_dir: Path | str | None = None,
+    *,
+    on_metrics: Callable[[dict[str, Any]], None] | None = None,
+) -> list[dict[str, Any]]:
+    """Run the baseline; one metrics dict per step (step 0: the base policy)."""
+    import torch
+
+    from node.engine.base import SamplingParams
+    from node.engine.torch_engine import TorchEngine
+    from node.rollouts import generate_groups
+    from node.tasks import load_taskset
+    from node.training.grpo import samples_from_groups
+    from node.training.heldout import HeldOut
+    from node.training.policy import Policy
+
+    torch.set_num_threads(cfg.threads)
+    if model_dir is None:
+        model_dir = base_model_dir()
+    policy = Policy(Path(model_dir), cfg.grpo, seed=cfg.seed)
+    engine = TorchEngine(policy.model, eos_token_ids=policy.eos_token_ids, max_batch=64)
+    taskset = load_taskset(cfg.taskset)
+    heldout = HeldOut(cfg.taskset, per_level=cfg.heldout_per_level, seed=cfg.heldout_seed)
+    worker = fake_worker(cfg.seed)
+    g = cfg.gen
+    params = SamplingParams(max_new_tokens=g.max_new_tokens, temperature=g.temperature, prove=False)
+    started = time.perf_counter()
+    tokens_trained = 0
+    history: list[dict[str, Any]] = []
+
+    def evaluate(metrics: dict[str, Any]) -> None:
+        t0 = time.perf_counter()
+        acc = heldout.evaluate(engine, policy.tokenizer, max_new_tokens=cfg.heldout_max_new_tokens)
+        metrics["heldout_accuracy"] = acc["all"]
+        metrics["heldout"] = acc
+        metrics["eval_seconds"] = time.perf_counter() - t0
+
+    def emit(metrics: dict[str, Any]) -> None:
+        metrics["elapsed"] = time.perf_counter() - started
+        history.append(metrics)
+        if on_metrics is not None:
+            on_metrics(metrics)
+
+    base: dict[str, Any] = {"step": 0, "tokens_trained": 0, "seconds": 0.0}
+    evaluate(base)
+    emit(base)
+    for step in range(cfg.steps):
+        t0 = time.perf_counter()
+        groups = generate_groups(
+            engine,
+            policy.tokenizer,
+            taskset,
+            worker=worker,
+            step=step,
+            count=g.tasks_per_step,
+            group_size=g.group_size,
+            params=params,
+        )
+        gen_seconds = time.perf_counter() - t0
+        kept = [gr for gr in groups if not heldout.contains(gr.task.prompt)]
+        samples = samples_from_groups(
+            [
+                (
+                    gr.prompt,
+                    [
+                        (r.tokens, r.logprobs, w)
+                        for r, w in zip(gr.results, gr.rewards, strict=True)
+                    ],
+                )
+                for gr in kept
+            ],
+            cfg.grpo.adv_eps,
+        )
+        rewards = [w for gr in groups for w in gr.rewards]
+        metrics: dict[str, Any] = {
+            "step": step + 1,
+            "reward_mean": sum(rewards) / len(rewards),
+            "groups": len(groups),
+            "groups_heldout": len(groups) - len(kept),
+            "groups_used": len({id(s.prompt) for s in samples}),
+            "gen_seconds": gen_seconds,
+        }
+        if samples:
+            stats = policy.train_step(samples, g.temperature)
+            tokens_trained += int(stats["tokens"])
+            metrics.update({k: stats[k] for k in ("loss", "grad_norm", "clip_frac", "samples")})
+            metrics["train_seconds"] = stats["seconds"]
+        metrics["tokens_trained"] = tokens_trained
+        metrics["seconds"] = time.perf_counter() - t0
+        if (step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps:
+            evaluate(metrics)
+        emit(metrics)
+    return history
+
+
+def base_model_dir() -> Path:
+    """The ``model init`` base policy (built once per machine, then cached)."""
+    import tempfile
+
+    from node.engine.tinymodel import Recipe, build_tiny_model
+    from node.model_cli import default_cache_dir
+
+    cached = default_cache_dir() / Recipe().digest()
+    out = cached if cached.is_dir() else Path(tempfile.mkdtemp(prefix="central-")) / "base"
+    path, _ = build_tiny_model(out, Recipe(), cache_dir=default_cache_dir())
+    return path
+
+
+def summary(history: list[dict[str, Any]], cfg: CentralConfig) -> dict[str, Any]:
+    evals = [m for m in history if "heldout_accuracy" in m]
+    steps = [m for m in history if m["step"] > 0]
+    return {
+        "config": {
+            **asdict(cfg),
+            "grpo": {**asdict(cfg.grpo), "betas": list(cfg.grpo.betas)},
+        },
+        "base_accuracy": evals[0]["heldout_accuracy"],
+        "final_accuracy": evals[-1]["heldout_accuracy"],
+        "accuracy": {m["step"]: m["heldout_accuracy"] for m in evals},
+        "heldout": {m["step"]: m["heldout"] for m in evals},
+        "seconds_per_step": sum(m["seconds"] for m in steps) / max(len(steps), 1),
+        "seconds": history[-1]["elapsed"],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m node.training.central", description=__doc__)
+    d, dg, dr = CentralConfig(), GenerationConfig(), GRPOConfig()
+    ap.add_argument("--steps", type=int, default=d.steps)
+    ap.add_argument("--seed", type=int, default=d.seed)
+    ap.add_argument("--model", type=Path, default=None, help="base model directory")
+    ap.add_argument("--taskset", default=d.taskset)
+    ap.add_argument("--tasks-per-step", type=int, default=dg.tasks_per_step)
+    ap.add_argument("--group-size", type=int, default=dg.group_size)
+    ap.add_argument("--max-new-tokens", type=int, default=dg.max_new_tokens)
+    ap.add_argument("--temperature", type=float, default=dg.temperature)
+    ap.add_argument("--lr", type=float, default=dr.lr)
+    ap.add_argument("--micro-batch", type=int, default=dr.micro_batch)
+    ap.add_argument("--eval-every", type=int, default=d.eval_every)
+    ap.add_argument("--heldout-per-level", type=int, default=d.heldout_per_level)
+    ap.add_argument("--threads", type=int, default=d.threads)
+    ap.add_argument("--json", action="store_true", help="one JSON object per line")
+    a = ap.parse_args(argv)
+    cfg = CentralConfig(
+        steps=a.steps,
+        seed=a.seed,
+        taskset=a.taskset,
+        gen=GenerationConfig(a.tasks_per_step, a.group_size, a.max_new_tokens, a.temperature),
+        grpo=GRPOConfig(lr=a.lr, micro_batch=a.micro_batch),
+        eval_every=a.eval_every,
+        heldout_per_level=a.heldout_per_level,
+        threads=a.threads,
+    )
+
+    def show(m: dict[str, Any]) -> None:
+        if a.json:
+            print(json.dumps(m), flush=True)
+            return
+        acc = m.get("heldout")
+        held = " ".join(f"{k}:{v:.2f}" for k, v in acc.items()) if acc else ""
+        print(
+            f"step {m['step']:3d}  reward {m.get('reward_mean', float('nan')):.3f}  "
+            f"tokens {m['tokens_trained']:7d}  {m['seconds']:5.1f}s  {held}",
+            flush=True,
+        )
+
+    history = run(cfg, a.model, on_metrics=show)
+    s = summary(history, cfg)
+    if a.json:
+        print(json.dumps(s), flush=True)
+    else:
+        print(
+            f"held-out accuracy {s['base_accuracy']:.3f} -> {s['final_accuracy']:.3f} "
+            f"in {cfg.steps} steps, {s['seconds_per_step']:.1f} s/step, {s['seconds']:.0f} s"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,118 @@
+"""A fixed held-out task set, disjoint from every training assignment, evaluated greedily.
+
+Training tasks come from ``node.tasks.assign``: keys are digests under the assignment
+domain. The held-out keys are digests under their own domain (``HELDOUT_DOMAIN``) and a
+seed, ``per_level`` distinct prompts per difficulty level. Disjoint keys are not enough
+where a level has few problems (arithmetic level 1 has 100), so the trainer also drops
+every training group whose prompt ``contains`` reports as held out: the held-out prompts
+are never trained on.
+
+``evaluate`` decodes greedily (temperature 0 through the engine, no proofs) and reports
+the accuracy per level and overall (``"all"``: the mean over every held-out task, so with
+equal counts per level the mean of the levels).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from crypto.hashing import digest_parts
+from node.tasks import Task, TaskSet, load_taskset
+
+HELDOUT_DOMAIN = b"intellect-node/heldout/v1"
+DEFAULT_MAX_NEW_TOKENS = 40
+
+
+def heldout_key(seed: int, level: int, index: int) -> int:
+    d = digest_parts(
+        HELDOUT_DOMAIN, seed.to_bytes(8, "big"), level.to_bytes(8, "big"), index.to_bytes(8, "big")
+    )
+    return int.from_bytes(d[:8], "big")
+
+
+@dataclass
+class HeldOut:
+    """``per_level`` distinct tasks for each level of ``taskset_spec`` (arithmetic: each
+    level of its range; another task set: tasks grouped by their difficulty)."""
+
+    taskset_spec: str = "arithmetic"
+    per_level: int = 50
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.per_level < 1:
+            raise ValueError("per_level must be >= 1")
+        self.tasks: list[Task] = _draw(self.taskset_spec, self.per_level, self.seed)
+        self.prompts = frozenset(t.prompt for t in self.tasks)
+
+    def contains(self, prompt: str) -> bool:
+        return prompt in self.prompts
+
+    @property
+    def levels(self) -> list[int]:
+        return sorted({t.difficulty for t in self.tasks})
+
+    def evaluate(
+        self, engine: Any, tokenizer: Any, *, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
+    ) -> dict[str, float]:
+        """Greedy accuracy: ``{"1": ..., "2": ..., "all": ...}`` (levels as strings)."""
+        from node.engine.base import GenRequest, SamplingParams
+        from node.rollouts import prompt_ids
+
+        params = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0, prove=False)
+        requests = [GenRequest(prompt_ids(tokenizer, t.prompt), 0) for t in self.tasks]
+        results = engine.generate(requests, params)
+        rewards = [
+            t.reward(tokenizer.decode(r.tokens, skip_special_tokens=True))
+            for t, r in zip(self.tasks, results, strict=True)
+        ]
+        return accuracy_by_level(self.tasks, rewards)
+
+    def evaluate_dir(
+        self, model_dir: str | Path, *, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
+    ) -> dict[str, float]:
+        """``evaluate`` on the model in ``model_dir`` (the torch engine)."""
+        from node.engine import open_engine
+
+        engine, tokenizer = open_engine(str(model_dir), backend="torch", max_batch=64)
+        return self.evaluate(engine, tokenizer, max_new_tokens=max_new_tokens)
+
+
+def accuracy_by_level(tasks: Sequence[Task], rewards: Sequence[float]) -> dict[str, float]:
+    by: dict[int, list[float]] = {}
+    for t, r in zip(tasks, rewards, strict=True):
+        by.setdefault(t.difficulty, []).append(float(r))
+    out = {str(level): sum(v) / len(v) for level, v in sorted(by.items())}
+    out["all"] = sum(rewards) / len(rewards) if rewards else 0.0
+    return out
+
+
+def _draw(spec: str, per_level: int, seed: int) -> list[Task]:
+    from node.tasks.arithmetic import ArithmeticTasks
+
+    taskset = load_taskset(spec)
+    if isinstance(taskset, ArithmeticTasks):
+        out: list[Task] = []
+        for level in range(taskset.lo, taskset.hi + 1):
+            out += _distinct(ArithmeticTasks(level, level), per_level, seed, level, {level})
+        return out
+    return _distinct(taskset, per_level, seed, 0, None)
+
+
+def _distinct(
+    taskset: TaskSet, count: int, seed: int, level: int, levels: set[int] | None
+) -> list[Task]:
+    """``count`` tasks with distinct prompts (fewer if the space is smaller)."""
+    seen: set[str] = set()
+    out: list[Task] = []
+    index = 0
+    while len(out) < count and index < 50 * count:
+        t = taskset.task(heldout_key(seed, level, index))
+        index += 1
+        if t.prompt not in seen and (levels is None or t.difficulty in levels):
+            seen.add(t.prompt)
+            out.append(t)
+    return out
