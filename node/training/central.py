@@ -23,9 +23,13 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from node.training.grpo import GRPOConfig
+
+if TYPE_CHECKING:
+    from node.rollouts import ScoredGroup
+    from node.training.heldout import HeldOut
 
 DEFAULT_STEPS = 30
 
@@ -48,7 +52,7 @@ class CentralConfig:
     gen: GenerationConfig = field(default_factory=GenerationConfig)
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
     eval_every: int = 5
-    heldout_per_level: int = 100
+    heldout_per_level: int = 50
     heldout_seed: int = 0
     heldout_max_new_tokens: int = 40
     threads: int = 2
@@ -121,7 +125,7 @@ def run(
             params=params,
         )
         gen_seconds = time.perf_counter() - t0
-        kept = [gr for gr in groups if not heldout.contains(gr.task.prompt)]
+        kept = trainable_groups(groups, heldout)
         samples = samples_from_groups(
             [
                 (
@@ -155,6 +159,11 @@ def run(
             evaluate(metrics)
         emit(metrics)
     return history
+
+
+def trainable_groups(groups: list[ScoredGroup], heldout: HeldOut) -> list[ScoredGroup]:
+    """The groups whose prompt is not held out."""
+    return [g for g in groups if not heldout.contains(g.task.prompt)]
 
 
 def base_model_dir() -> Path:

@@ -42,14 +42,14 @@ fastest on a CPU; the measurements are in that module's docstring.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
 
-    from protocol.rollouts import RolloutBatch
+    from protocol.rollouts import RolloutBatch, RolloutGroup
 
 
 @dataclass(frozen=True)
@@ -178,8 +178,14 @@ def samples_from_groups(
     return out
 
 
-def samples_from_batch(batch: RolloutBatch, eps: float = GRPOConfig.adv_eps) -> list[TrainSample]:
-    """The training samples of one (accepted) rollout batch."""
+def samples_from_batch(
+    batch: RolloutBatch,
+    eps: float = GRPOConfig.adv_eps,
+    *,
+    drop: Callable[[RolloutGroup], bool] | None = None,
+) -> list[TrainSample]:
+    """The training samples of one (accepted) rollout batch; groups for which ``drop``
+    is true (held-out prompts: ``HeldOut.batch_filter``) are left out."""
     from protocol.rollouts import unpack_floats, unpack_tokens
 
     groups: list[Group] = [
@@ -188,6 +194,7 @@ def samples_from_batch(batch: RolloutBatch, eps: float = GRPOConfig.adv_eps) -> 
             [(unpack_tokens(s.tokens), unpack_floats(s.logprobs), s.reward) for s in g.samples],
         )
         for g in batch.groups
+        if drop is None or not drop(g)
     ]
     return samples_from_groups(groups, eps)
 

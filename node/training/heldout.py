@@ -14,7 +14,7 @@ equal counts per level the mean of the levels).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,7 +39,7 @@ class HeldOut:
     level of its range; another task set: tasks grouped by their difficulty)."""
 
     taskset_spec: str = "arithmetic"
-    per_level: int = 50
+    per_level: int = 50  # arithmetic level 1 has 100 problems: half stay trainable
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -50,6 +50,18 @@ class HeldOut:
 
     def contains(self, prompt: str) -> bool:
         return prompt in self.prompts
+
+    def batch_filter(self, batch: Any, taskset: TaskSet) -> Callable[[Any], bool]:
+        """For ``samples_from_batch(..., drop=...)``: whether a group of ``batch`` is a
+        held-out task. The group's task is recomputed from its assignment (worker, step,
+        index), as a validator does, not read from the batch."""
+        from node.tasks import assignment_key
+
+        def drop(group: Any) -> bool:
+            key = assignment_key(batch.worker, batch.step, group.index)
+            return self.contains(taskset.task(key).prompt)
+
+        return drop
 
     @property
     def levels(self) -> list[int]:

@@ -151,6 +151,16 @@ class Policy:
             loss += float(grpo_loss(new, old, adv, mask, self.cfg, num_tokens=total_tokens)[0])
         return loss
 
+    @torch.no_grad()
+    def logprobs(self, samples: list[TrainSample], temperature: float) -> list[list[float]]:
+        """The current policy's log-prob of every sampled token (the engine's convention)."""
+        out: list[list[float]] = []
+        for i in range(0, len(samples), self.cfg.micro_batch):
+            chunk = samples[i : i + self.cfg.micro_batch]
+            new = self._logprobs(chunk, temperature)[0].cpu()
+            out += [new[row, : len(s.tokens)].tolist() for row, s in enumerate(chunk)]
+        return out
+
     def _logprobs(
         self, chunk: list[TrainSample], temperature: float
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -1,0 +1,375 @@
+"""GRPO as INTELLECT-2 ran it (node.training): hand-computed losses, clipping, advantages,
+and the policy's step, checkpoints and held-out set on the tiny model."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from node.training.grpo import (
+    GRPOConfig,
+    TrainSample,
+    group_advantages,
+    grpo_loss,
+    samples_from_batch,
+    samples_from_groups,
+)
+
+CFG = GRPOConfig(lr=1e-4)
+
+# -- advantages --------------------------------------------------------------------------
+
+
+def test_group_advantages_hand_computed():
+    # rewards 1,0,0,0: mean 1/4, population std sqrt(3/16) = sqrt(3)/4
+    adv = group_advantages([1.0, 0.0, 0.0, 0.0], eps=0.0)
+    assert adv == pytest.approx(
+        [math.sqrt(3), -1 / math.sqrt(3), -1 / math.sqrt(3), -1 / math.sqrt(3)]
+    )
+    # rewards 1,0,0,1: mean 1/2, std 1/2; eps enters the divisor
+    assert group_advantages([1.0, 0.0, 0.0, 1.0], eps=0.5) == pytest.approx([0.5, -0.5, -0.5, 0.5])
+    assert group_advantages([0.3, 0.3], eps=1e-4) == [0.0, 0.0]
+
+
+def test_zero_advantage_groups_dropped():
+    groups = [
+        ([5, 6], [([1, 2], [-0.1, -0.2], 1.0), ([3], [-0.3], 1.0)]),  # all right: dropped
+        ([7], [([1], [-0.5], 0.0), ([2, 3], [-0.1, -0.2], 0.0)]),  # all wrong: dropped
+        ([8, 9], [([4], [-0.4], 1.0), ([5, 6], [-0.6, -0.7], 0.0)]),
+    ]
+    samples = samples_from_groups(groups, eps=0.0)
+    assert [(s.prompt, s.tokens, s.logprobs) for s in samples] == [
+        ([8, 9], [4], [-0.4]),
+        ([8, 9], [5, 6], [-0.6, -0.7]),
+    ]
+    assert [s.advantage for s in samples] == pytest.approx([1.0, -1.0])
+
+
+def test_samples_from_batch_unpacks_and_drops():
+    from protocol.rollouts import (
+        RolloutBatch,
+        RolloutGroup,
+        RolloutSample,
+        pack_floats,
+        pack_tokens,
+    )
+
+    def sample(i, tokens, lps, reward):
+        return RolloutSample(
+            sample=i,
+            seed=i,
+            tokens=pack_tokens(tokens),
+            logprobs=pack_floats(lps),
+            finish_reason="stop",
+            reward=reward,
+            proofs=[],
+        )
+
+    groups = [
+        RolloutGroup(
+            0,
+            "t/0",
+            pack_tokens([2, 10]),
+            [sample(0, [7], [-0.5], 1.0), sample(1, [8, 1], [-0.25, -2.0], 0.0)],
+        ),
+        RolloutGroup(
+            1,
+            "t/1",
+            pack_tokens([2, 11]),
+            [sample(0, [7], [-0.5], 0.0), sample(1, [9], [-1.0], 0.0)],
+        ),
+        RolloutGroup(
+            2,
+            "t/2",
+            pack_tokens([2, 12]),
+            [sample(0, [7], [-0.5], 0.0), sample(1, [9], [-1.0], 1.0)],
+        ),
+    ]
+    batch = RolloutBatch(
+        run_id="run",
+        sender="peer",
+        seq=1,
+        ts_ms=0,
+        worker="0x" + "11" * 20,
+        step=3,
+        policy_version=1,
+        taskset="arithmetic",
+        group_size=2,
+        max_new_tokens=8,
+        temperature=1.0,
+        top_p=1.0,
+        proof_chunk=32,
+        proof_topk=8,
+        groups=groups,
+    )
+    samples = samples_from_batch(batch, eps=0.0)
+    assert [(s.prompt, s.tokens, s.logprobs, s.advantage) for s in samples] == [
+        ([2, 10], [7], [-0.5], 1.0),
+        ([2, 10], [8, 1], [-0.25, -2.0], -1.0),  # float32 values exact in binary
+        ([2, 12], [7], [-0.5], -1.0),
+        ([2, 12], [9], [-1.0], 1.0),
+    ]
+    kept = samples_from_batch(batch, eps=0.0, drop=lambda g: g.index == 0)
+    assert [s.prompt for s in kept] == [[2, 12], [2, 12]]
+
+
+# -- the loss ----------------------------------------------------------------------------
+
+# Two sequences, four token slots. Ratios exp(new - old):
+#   A = +1: 1.0 (inside the clip range), 1.5 (above 1 + eps: clipped to 1.2, no gradient),
+#           0.5 (below 1 - eps: min keeps 0.5 * A, gradient flows), 100 (masked out)
+#   A = -1: 5.0 (above δ = 4: the clamp gives the constant -4, no gradient),
+#           0.5 (below 1 - eps: clipped to -0.8, no gradient),
+#           3.0 (above 1 + eps, below δ: min keeps -3, gradient flows), 1.0
+# Objectives: 1 + 1.2 + 0.5 = 2.7 and -4 - 0.8 - 3 - 1 = -8.8; 7 tokens.
+RATIOS = [[1.0, 1.5, 0.5, 100.0], [5.0, 0.5, 3.0, 1.0]]
+MASK = [[1.0, 1.0, 1.0, 0.0], [1.0, 1.0, 1.0, 1.0]]
+ADV = [1.0, -1.0]
+
+
+def _case(cfg=CFG):
+    old = torch.tensor([[-0.7, -1.1, -2.3, -0.2], [-3.0, -0.4, -1.9, -0.05]])
+    new = (old + torch.log(torch.tensor(RATIOS))).requires_grad_(True)
+    loss, stats = grpo_loss(new, old, torch.tensor(ADV), torch.tensor(MASK), cfg)
+    loss.backward()
+    return loss, stats, new.grad
+
+
+def test_loss_hand_computed_token_level():
+    loss, stats, _ = _case()
+    assert loss.item() == pytest.approx(-(2.7 - 8.8) / 7, rel=1e-6)
+    # a mean per sequence first would give -(2.7/3 - 8.8/4)/2 = 0.65: not what INTELLECT-2 does
+    assert loss.item() != pytest.approx(0.65, rel=1e-3)
+    assert stats["clip_frac"] == pytest.approx(3 / 7)  # 1.5 (A>0), 5.0 and 0.5 (A<0)
+    assert stats["ratio_mean"] == pytest.approx(12.5 / 7, rel=1e-6)
+    assert stats["tokens"] == 7
+
+
+def test_loss_gradients_clipped_on_both_sides_and_by_delta():
+    # d loss / d new_logprob = -A * ratio / 7 where the unclipped term is the minimum
+    _, _, grad = _case()
+    want = torch.tensor([[-1.0, 0.0, -0.5, 0.0], [0.0, 0.0, 3.0, 1.0]]) / 7
+    assert torch.allclose(grad, want, atol=1e-6)
+
+
+def test_delta_clamp_is_what_bounds_negative_advantages():
+    # with δ = 100 the ratio 5.0 of A = -1 is no longer clamped: -5 instead of -4
+    loss, stats, grad = _case(GRPOConfig(lr=1e-4, ratio_clamp=100.0))
+    assert loss.item() == pytest.approx(-(2.7 - 9.8) / 7, rel=1e-6)
+    assert grad[1, 0].item() == pytest.approx(5 / 7, rel=1e-5)
+    assert stats["clip_frac"] == pytest.approx(2 / 7)
+
+
+def test_no_kl_by_default_and_k3_when_asked():
+    old = torch.tensor([[-1.0]])
+    new = old + math.log(2.0)  # ratio 2, advantage 0: only a KL term could make a loss
+    args = (new, old, torch.tensor([0.0]), torch.tensor([[1.0]]))
+    assert grpo_loss(*args, CFG)[0].item() == 0.0
+    loss, _ = grpo_loss(*args, GRPOConfig(lr=1e-4, kl_coef=0.1))
+    # k3 with d = old - new = -ln 2: e^d - d - 1 = 0.5 + ln 2 - 1
+    assert loss.item() == pytest.approx(0.1 * (0.5 + math.log(2.0) - 1), rel=1e-6)
+
+
+def test_config_bounds():
+    with pytest.raises(ValueError, match="ratio_clamp"):
+        GRPOConfig(ratio_clamp=1.1)
+    with pytest.raises(ValueError, match="lr"):
+        GRPOConfig(lr=0.0)
+
+
+# -- the policy on the tiny model --------------------------------------------------------
+
+
+def _fixed_samples(policy, temperature=1.0):
+    """Two groups answered right and wrong, with the policy's own log-probs as the
+    sampling log-probs (ratio 1 at the start)."""
+    from node.rollouts import prompt_ids
+
+    tok = policy.tokenizer
+    eos = tok.eos_token_id
+    groups = []
+    for prompt, right, wrongs in (
+        ("3+4=?\nAnswer:", "7", ("8", "6", "12")),
+        ("21+35=?\nAnswer:", "56", ("55", "65", "46")),
+    ):
+        ids = prompt_ids(tok, prompt)
+        comps = []
+        for answer, reward in [(right, 1.0)] + [(w, 0.0) for w in wrongs]:
+            out = tok(f" \\boxed{{{answer}}}", add_special_tokens=False)["input_ids"] + [eos]
+            comps.append((out, [0.0] * len(out), reward))
+        groups.append((ids, comps))
+    samples = samples_from_groups(groups)
+    for s, lps in zip(samples, policy.logprobs(samples, temperature), strict=True):
+        s.logprobs = lps
+    return samples
+
+
+def _weights(policy):
+    return {k: v.detach().clone() for k, v in policy.model.state_dict().items()}
+
+
+@pytest.fixture
+def policy(tiny_model_dir):
+    from node.training.policy import Policy
+
+    torch.set_num_threads(2)
+    return Policy(tiny_model_dir, GRPOConfig(lr=1e-4, micro_batch=3))
+
+
+def test_train_step_changes_weights_and_lowers_the_loss(policy):
+    samples = _fixed_samples(policy)
+    before_w = _weights(policy)
+    before = policy.loss_on(samples, 1.0)
+    stats = policy.train_step(samples, 1.0)
+    after = policy.loss_on(samples, 1.0)
+    assert stats["samples"] == 8 and stats["tokens"] == sum(len(s.tokens) for s in samples)
+    assert stats["loss"] == pytest.approx(before, abs=1e-6)
+    assert stats["ratio_mean"] == pytest.approx(1.0, abs=1e-4)  # on-policy at the start
+    assert stats["grad_norm"] > 0
+    changed = [k for k, v in _weights(policy).items() if not torch.equal(v, before_w[k])]
+    assert len(changed) == len(before_w)
+    assert after < before - 1e-4
+    # the step moved probability toward the right answers: sum of A * (change in log-prob)
+    moved = [
+        sum(a) - sum(s.logprobs)
+        for s, a in zip(samples, policy.logprobs(samples, 1.0), strict=True)
+    ]
+    assert sum(m * s.advantage for m, s in zip(moved, samples, strict=True)) > 0
+
+
+def test_micro_batching_equals_one_batch(tiny_model_dir, policy):
+    from node.training.policy import Policy
+
+    samples = _fixed_samples(policy)
+    whole = Policy(tiny_model_dir, GRPOConfig(lr=1e-4, micro_batch=64))
+    a, b = policy.train_step(samples, 1.0), whole.train_step(samples, 1.0)
+    assert a["loss"] == pytest.approx(b["loss"], rel=1e-5)
+    assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4)
+    for (k, v), w in zip(
+        policy.model.state_dict().items(), whole.model.state_dict().values(), strict=True
+    ):
+        assert torch.allclose(v, w, atol=1e-6), k
+
+
+def test_saved_policy_loads_in_the_engine(policy, tmp_path):
+    from node.engine import open_engine
+    from node.engine.base import GenRequest, SamplingParams
+    from node.engine.torch_engine import TorchEngine
+
+    samples = _fixed_samples(policy)
+    policy.train_step(samples, 1.0)
+    out = policy.save(tmp_path / "v1")
+    assert out == tmp_path / "v1"
+    names = {p.name for p in out.iterdir()}
+    assert {"config.json", "model.safetensors", "tokenizer.json", "intellect-model.json"} <= names
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no staging left
+    engine, _ = open_engine(str(out), backend="torch")
+    for k, v in policy.model.state_dict().items():
+        assert torch.equal(engine.model.state_dict()[k], v), k
+    live = TorchEngine(policy.model, eos_token_ids=policy.eos_token_ids)
+    reqs = [GenRequest(s.prompt, i) for i, s in enumerate(samples)]
+    params = SamplingParams(max_new_tokens=12, temperature=1.0, prove=False)
+    assert [r.tokens for r in engine.generate(reqs, params)] == [
+        r.tokens for r in live.generate(reqs, params)
+    ]
+    policy.train_step(samples, 1.0)
+    policy.save(out)  # replaces the earlier version whole
+    engine2, _ = open_engine(str(out), backend="torch")
+    k = "model.norm.weight"
+    assert torch.equal(engine2.model.state_dict()[k], policy.model.state_dict()[k])
+    assert not torch.equal(engine2.model.state_dict()[k], engine.model.state_dict()[k])
+
+
+def test_resume_gives_the_identical_next_step(policy, tmp_path):
+    from node.training.policy import Policy
+
+    samples = _fixed_samples(policy)
+    policy.train_step(samples, 1.0)
+    policy.save(tmp_path / "ckpt")
+    policy.save_state(tmp_path / "ckpt.state")
+    want = policy.train_step(samples[::-1], 1.0)
+    resumed = Policy.from_checkpoint(tmp_path / "ckpt", tmp_path / "ckpt.state", policy.cfg)
+    assert resumed.steps == 1
+    got = resumed.train_step(samples[::-1], 1.0)
+    for key in ("loss", "grad_norm", "clip_frac", "ratio_mean", "tokens"):
+        assert got[key] == want[key], key
+    for (k, v), w in zip(
+        policy.model.state_dict().items(), resumed.model.state_dict().values(), strict=True
+    ):
+        assert torch.equal(v, w), k
+    # without the optimizer state the next step is a first Adam step: different weights
+    fresh = Policy(tmp_path / "ckpt", policy.cfg)
+    fresh.train_step(samples[::-1], 1.0)
+    assert not torch.equal(fresh.model.model.norm.weight, policy.model.model.norm.weight)
+
+
+# -- held-out ----------------------------------------------------------------------------
+
+
+def test_heldout_is_fixed_distinct_and_never_trained_on():
+    from node.rollouts import ScoredGroup
+    from node.tasks import assign, load_taskset
+    from node.training.central import fake_worker, trainable_groups
+    from node.training.heldout import HeldOut
+
+    h = HeldOut("arithmetic", per_level=40, seed=3)
+    assert [t.prompt for t in h.tasks] == [
+        t.prompt for t in HeldOut("arithmetic", per_level=40, seed=3).tasks
+    ]
+    assert [t.prompt for t in h.tasks] != [
+        t.prompt for t in HeldOut("arithmetic", per_level=40, seed=4).tasks
+    ]
+    assert len(h.tasks) == 120 and len(h.prompts) == 120 and h.levels == [1, 2, 3]
+    assert all(sum(t.difficulty == lv for t in h.tasks) == 40 for lv in (1, 2, 3))
+    # level 1 has only 100 problems: training assignments hit held-out prompts (mostly level 1) ...
+    taskset = load_taskset("arithmetic")
+    tasks = [t for step in range(20) for t in assign(taskset, fake_worker(0), step, 32)]
+    hits = [t for t in tasks if h.contains(t.prompt)]
+    assert sum(t.difficulty == 1 for t in hits) > len(hits) / 2
+    # ... and those groups are dropped before training
+    groups = [ScoredGroup(i, t, [1], [], [], [1.0, 0.0]) for i, t in enumerate(tasks)]
+    kept = trainable_groups(groups, h)
+    assert [g.task for g in kept] == [t for t in tasks if not h.contains(t.prompt)]
+    assert len(kept) == len(tasks) - len(hits)
+
+
+def test_heldout_batch_filter_recomputes_the_assignment():
+    from node.tasks import assign, load_taskset
+    from node.training.heldout import HeldOut
+
+    h = HeldOut("arithmetic", per_level=50, seed=0)
+    taskset = load_taskset("arithmetic")
+    worker = "0x" + "22" * 20
+
+    class Batch:  # only what the filter reads
+        pass
+
+    class Group:
+        def __init__(self, index):
+            self.index = index
+
+    for step in range(40):
+        tasks = assign(taskset, worker, step, 8)
+        batch = Batch()
+        batch.worker, batch.step = worker, step
+        drop = h.batch_filter(batch, taskset)
+        assert [drop(Group(i)) for i in range(8)] == [h.contains(t.prompt) for t in tasks]
+
+
+def test_heldout_evaluate_greedy_per_level(tiny_model_dir):
+    from node.training.heldout import HeldOut
+
+    torch.set_num_threads(2)
+    h = HeldOut("arithmetic", per_level=8, seed=0)
+    acc = h.evaluate_dir(tiny_model_dir, max_new_tokens=40)
+    assert set(acc) == {"1", "2", "3", "all"}
+    assert acc["all"] == pytest.approx((acc["1"] + acc["2"] + acc["3"]) / 3)
+    assert acc["1"] >= 0.5  # the base policy knows most one-digit sums
+    assert acc == h.evaluate_dir(tiny_model_dir, max_new_tokens=40)  # greedy: deterministic
+
+
+def test_train_sample_is_plain_data():
+    s = TrainSample([1], [2, 3], [-0.1, -0.2], 0.5)
+    assert s.tokens == [2, 3] and s.advantage == 0.5
