@@ -1,9 +1,9 @@
 """Benchmark: the first half of the loop (work generated and judged), measured in one run.
 
-    .venv/bin/python bench/loop.py [--seconds 240] [--step-interval 4] [--json]
+    .venv/bin/python bench/loop.py [--seconds 240] [--step-wait 4] [--json]
 
 Real processes on 127.0.0.1 and the served development chain, the tiny base model: a
-bootstrap, the trainer (the clock), one validator (full verification: every rollout
+bootstrap, the trainer (GRPO steps on what is accepted), one validator (full verification: every rollout
 recomputed) and 2 inference workers (4 tasks x 4 samples x 48 tokens a batch, at most one
 batch without a verdict). For ``--seconds`` after the first verdict it counts:
 
@@ -67,7 +67,9 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument("--seconds", type=float, default=240)
-    ap.add_argument("--step-interval", type=float, default=4)
+    ap.add_argument(
+        "--step-wait", type=float, default=4, help="seconds a trainer step waits for batches"
+    )
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
 
@@ -76,7 +78,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-loop-") as tmp:
         base = Path(tmp)
         model = prepare_model(base / "model")
-        loop = Loop(base, model, step_interval=args.step_interval)
+        loop = Loop(base, model, step_wait=args.step_wait)
         loop.env.update(
             {
                 "INTELLECT_NODE_TASKS_PER_BATCH": "4",

@@ -59,6 +59,9 @@ class BatchStore:
             raise BatchStoreError(f"{path.name}: holds another batch")
         return data
 
+    def delete(self, work_key: bytes) -> None:
+        self._path(work_key).unlink(missing_ok=True)
+
     def keys(self) -> list[bytes]:
         return sorted(bytes.fromhex(p.name[: -len(SUFFIX)]) for p in self.dir.glob(f"*{SUFFIX}"))
 

@@ -21,8 +21,9 @@ ROLE_NOTES = {
     "its work key on-chain; also pulls and relays weight versions (SHARDCAST).",
     "validator": "fetches every submitted batch, checks registration, step window, units, "
     "tasks, rewards and proofs, and posts accept or reject on-chain.",
-    "trainer": "announces the run's step every step_interval seconds (policy version 0: GRPO "
-    "training is not built yet) and publishes weight versions (`weights publish DIR`).",
+    "trainer": "the run owner's node: takes the batches validators accepted on-chain, trains "
+    "the policy with GRPO, publishes each new version over SHARDCAST and on-chain, announces "
+    "the training step, evaluates held-out accuracy (metrics.jsonl in its data dir).",
 }
 
 EPILOG = """\
@@ -85,6 +86,17 @@ def _add_node_flags(p: argparse.ArgumentParser) -> None:
         "download_slots",
         "upload_slots",
         "upload_rate",
+        "tasks_per_batch",
+        "group_size",
+        "max_new_tokens",
+        "temperature",
+        "max_unjudged",
+        "train_steps",
+        "batches_per_step",
+        "step_wait",
+        "eval_every",
+        "heldout_per_level",
+        "seed",
     ):
         f = fields[name]
         p.add_argument(
@@ -97,6 +109,8 @@ def _add_node_flags(p: argparse.ArgumentParser) -> None:
         choices=["debug", "info", "warning", "error"],
         help=fields["log_level"].description,
     )
+    p.add_argument("--learning-rate", type=float, help=fields["learning_rate"].description)
+    p.add_argument("--taskset", help=f"{fields['taskset'].description} (default arithmetic)")
     p.add_argument("--model", type=Path, metavar="DIR", help=fields["model"].description)
     p.add_argument(
         "--trainer-peer-id", metavar="PEER_ID", help=fields["trainer_peer_id"].description
@@ -179,7 +193,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--duration",
         type=float,
         default=0,
-        help="stop after this many seconds (0: run until Ctrl-C)",
+        help="stop after this many seconds at most (0: no limit)",
     )
     devnet.add_argument(
         "--cheaters",
@@ -188,10 +202,29 @@ def build_parser() -> argparse.ArgumentParser:
         help="how many of the inference nodes cheat (generate with other weights; default 0)",
     )
     devnet.add_argument(
-        "--step-interval",
-        type=float,
-        default=15.0,
-        help="seconds between the trainer's steps (default 15)",
+        "--validators",
+        type=int,
+        default=1,
+        help="number of validators (1-3: the development chain appoints 3; default 1)",
+    )
+    devnet.add_argument(
+        "--steps",
+        type=int,
+        default=10,
+        help="trainer steps to run; the devnet exits once every node holds the final policy "
+        "(0: run until Ctrl-C; default 10)",
+    )
+    devnet.add_argument(
+        "--async-level",
+        type=int,
+        default=2,
+        help="policy versions a worker may lag the trainer (0: synchronous, on-policy; default 2)",
+    )
+    devnet.add_argument(
+        "--report",
+        type=Path,
+        metavar="DIR",
+        help="write metrics.jsonl (one line per trainer step) and learning.png there",
     )
     return parser
 
@@ -253,7 +286,7 @@ def cmd_start(args: argparse.Namespace) -> int:
                 role = None if cfg.network_only else role_service(cfg.role)
                 if role is not None:
                     try:
-                        await nursery.start(role, node, cfg)
+                        await nursery.start(role, node, cfg, weights)
                     except (ChainSetupError, ModelError, RuntimeError, ValueError, OSError) as exc:
                         print(f"intellect-node: error: {cfg.role} role: {exc}", file=sys.stderr)
                         failed.append(exc)
@@ -374,7 +407,10 @@ def cmd_devnet(args: argparse.Namespace) -> int:
         inference=args.inference,
         duration=args.duration,
         cheaters=args.cheaters,
-        step_interval=args.step_interval,
+        validators=args.validators,
+        steps=args.steps,
+        async_level=args.async_level,
+        report=args.report,
     )
 
 

@@ -55,10 +55,40 @@ class NodeConfig(BaseModel):
         5.0, ge=0.1, le=300, description="Seconds between presence heartbeats on gossip."
     )
     peer_ttl: float = Field(
-        20.0, ge=0.3, le=3600, description="A peer silent this many seconds is forgotten."
+        30.0,
+        ge=0.3,
+        le=3600,
+        description="A peer silent this many seconds is forgotten (a connected one is asked "
+        "first); scaled up with the heartbeat interval when presence_rate lengthens it.",
+    )
+    presence_rate: float = Field(
+        2.0,
+        ge=0.01,
+        le=1000,
+        description="Presence heartbeats per second the whole network aims at: a node's "
+        "heartbeat interval is max(heartbeat_interval, (known peers + 1) / presence_rate).",
     )
     discovery_interval: float = Field(
-        5.0, ge=0.1, le=600, description="Seconds between DHT lookups for new peers."
+        5.0,
+        ge=0.1,
+        le=600,
+        description="Seconds before the first DHT lookup round; rounds back off from there.",
+    )
+    discovery_max_interval: float = Field(
+        300.0,
+        ge=0.1,
+        le=86400,
+        description="Longest seconds between DHT lookup rounds once the roles a node works "
+        "with are found (half of it while one is missing).",
+    )
+    conn_low: int = Field(
+        6, ge=1, le=1000, description="Connections below which a node dials known peers."
+    )
+    conn_high: int = Field(
+        12, ge=1, le=1000, description="Connections above which a node closes the surplus."
+    )
+    peers_per_role: int = Field(
+        256, ge=1, le=100_000, description="Peers of each role the peer table holds at most."
     )
     read_timeout: float = Field(
         10.0, ge=0.05, le=600, description="Deadline in seconds for every remote read."
@@ -162,12 +192,36 @@ class NodeConfig(BaseModel):
         le=1024,
         description="Submitted batches without a verdict after which a worker waits.",
     )
-    step_interval: float = Field(
-        20.0,
+    # ---- training (trainer role) ----
+    train_steps: int = Field(
+        0, ge=0, description="Trainer: stop after this many training steps (0: never)."
+    )
+    batches_per_step: int = Field(
+        2,
+        ge=1,
+        le=4096,
+        description="Trainer: accepted batches one training step waits for.",
+    )
+    step_wait: float = Field(
+        120.0,
         ge=0.5,
         le=86400,
-        description="Seconds between the trainer's step notices (until it trains).",
+        description="Trainer: seconds after which a step trains on the accepted batches it has "
+        "(at least one) instead of waiting for batches_per_step.",
     )
+    learning_rate: float | None = Field(
+        None, gt=0, le=1, description="Trainer: AdamW learning rate (default: GRPO's default)."
+    )
+    eval_every: int = Field(
+        1,
+        ge=0,
+        le=100_000,
+        description="Trainer: held-out evaluation every this many steps (0: never).",
+    )
+    heldout_per_level: int = Field(
+        32, ge=1, le=10_000, description="Trainer: held-out tasks per difficulty level."
+    )
+    seed: int = Field(0, ge=0, description="Trainer: the seed of its optimizer and held-out set.")
     spot_check: float = Field(
         1.0,
         gt=0,
@@ -196,6 +250,12 @@ class NodeConfig(BaseModel):
     def _ttl_above_heartbeat(self) -> Self:
         if self.peer_ttl <= self.heartbeat_interval:
             raise ValueError("peer_ttl must be longer than heartbeat_interval")
+        return self
+
+    @model_validator(mode="after")
+    def _watermarks_in_order(self) -> Self:
+        if self.conn_low > self.conn_high:
+            raise ValueError("conn_low must not be above conn_high")
         return self
 
     @model_validator(mode="after")

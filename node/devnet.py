@@ -1,14 +1,18 @@
 """A local network on 127.0.0.1: one process per node, the real binary in each.
 
 Starts the development chain with the ledger contract (``intellect-node chain``), makes a
-ledger account for every worker (funded from the chain's development keys) and gives the
-validator one of the chain's appointed validator keys, then starts a bootstrap node, the
-trainer (the run's clock), the validator and N inference nodes (``--cheaters C`` of them
-cheat: other weights) that each know only the bootstrap. Workers stake and register
-themselves, generate a batch per trainer step, and the validator judges each one on-chain.
-A live table shows per worker the batches generated, accepted, rejected and waiting, the
-stake and the rewards pending and claimable, until Ctrl-C or ``duration`` seconds. Every
-process it starts it also stops (SIGTERM, then SIGKILL after a grace period).
+ledger account for every worker (funded from the chain's development keys), gives each
+validator one of the chain's appointed validator keys and the trainer the contract
+owner's key, then starts a bootstrap node, the trainer, the validators and N inference
+nodes (``--cheaters C`` of them cheat: other weights) that each know only the bootstrap.
+Workers stake and register, generate a batch per trainer step with the newest policy they
+hold, validators judge each on-chain, the trainer trains on the accepted ones with GRPO
+and publishes every new policy over SHARDCAST. A live table shows the step, the policy
+version each node holds, mean reward, held-out accuracy, verdicts, slashes, rewards and
+bytes of weights moved. With ``--steps S`` it stops by itself once the trainer has taken S
+steps and every node holds the final version; ``--report DIR`` gets ``metrics.jsonl`` and
+a PNG of reward and held-out accuracy against step. Every process it starts it also stops
+(SIGTERM, then SIGKILL after a grace period); Ctrl-C stops it cleanly.
 """
 
 from __future__ import annotations
@@ -153,7 +157,7 @@ def table(nodes: list[NodeProcess]) -> str:
 
 
 def start_chain(
-    data_dir: Path, timeout: float = 60
+    data_dir: Path, timeout: float = 60, extra: list[str] | None = None
 ) -> tuple[subprocess.Popen[bytes], dict[str, str]]:
     """``intellect-node chain`` as a process; returns it and the env that points nodes at it."""
     info_path = data_dir / "chain.json"
@@ -168,6 +172,7 @@ def start_chain(
         str(free_port()),
         "--data-dir",
         str(data_dir),
+        *(extra or []),
     ]
     proc = subprocess.Popen(
         cmd, stdout=log, stderr=subprocess.STDOUT, cwd=Path(__file__).resolve().parent.parent
@@ -242,30 +247,137 @@ def fund(chain_dir: Path, address: str, amount: str) -> None:
     )
 
 
+# the run's work settings on the devnet (one CPU machine): small batches, short answers
+DEVNET_WORK = {
+    "INTELLECT_NODE_TASKS_PER_BATCH": "8",
+    "INTELLECT_NODE_GROUP_SIZE": "8",
+    "INTELLECT_NODE_MAX_NEW_TOKENS": "24",
+    "INTELLECT_NODE_TEMPERATURE": "1.0",
+    "INTELLECT_NODE_ENGINE_BATCH": "64",
+    # every node computes in fp32 on a CPU: the exact profile (SPEC section 11.1)
+    "INTELLECT_NODE_VERIFY_PROFILE": "strict-fp32",
+}
+
+
 def work_table(nodes: list[NodeProcess]) -> str:
-    """Per worker: batches and money; per validator: verdicts (from each node's status)."""
-    rows = [
-        f"{'node':<14} {'step':>5} {'gen':>4} {'acc':>4} {'rej':>4} {'wait':>4} "
-        f"{'tok/s':>7} {'stake ETH':>10} {'pending':>9} {'claimable':>9}"
-    ]
+    """The trainer's step and metrics; per worker batches and money; per validator
+    verdicts; per node the policy version held and weight bytes moved."""
+    rows = []
+    for n in nodes:
+        st = n.status() or {}
+        t = st.get("trainer")
+        if t is not None:
+            last = t.get("last") or {}
+            acc = last.get("heldout_accuracy")
+            reward = last.get("reward_mean")
+            rows.append(
+                f"trainer: step {t['step']}"
+                + (f"/{t['train_steps']}" if t.get("train_steps") else "")
+                + f", reward {'-' if reward is None else f'{reward:.3f}'}"
+                + f", held-out accuracy {'-' if acc is None else f'{acc:.3f}'}"
+                + f", accepted {t['accepted']}, rejected {t['rejected']}, slashed {t['slashed']}"
+                + f", batches used {t['batches_used']}, tokens trained {t['tokens_trained']}"
+            )
+    rows.append(
+        f"{'node':<14} {'holds':>5} {'gen':>4} {'acc':>4} {'rej':>4} {'wait':>4} "
+        f"{'tok/s':>7} {'stake ETH':>10} {'pending':>9} {'claimable':>9} {'MB up':>6} {'MB dn':>6}"
+    )
     for n in nodes:
         st = n.status() or {}
         w, v = st.get("inference"), st.get("validator")
+        weights = st.get("weights") or {}
+        moved = (
+            f" {weights.get('uploaded_bytes', 0) / 1e6:>6.1f}"
+            f" {weights.get('downloaded_bytes', 0) / 1e6:>6.1f}"
+        )
+        held = str(weights.get("current", "-"))
         if w is not None:
             rows.append(
-                f"{n.name:<14} {str(w['step']):>5} {w['generated']:>4} {w['accepted']:>4} "
+                f"{n.name:<14} {held:>5} {w['generated']:>4} {w['accepted']:>4} "
                 f"{w['rejected']:>4} {w['unjudged']:>4} {w['tokens_per_s']:>7} "
                 f"{w.get('stake_wei', 0) / 1e18:>10.4f} {w.get('pending_wei', 0) / 1e18:>9.6f} "
                 f"{w.get('claimable_wei', 0) / 1e18:>9.6f}"
+                + moved
                 + ("  (cheats)" if w["cheat"] != "none" else "")
             )
         elif v is not None:
             reasons = ", ".join(f"{k} {c}" for k, c in v["rejected_by_reason"].items()) or "-"
             rows.append(
-                f"{n.name:<14} {str(v['step']):>5} judged {v['judged']}: accepted "
-                f"{v['accepted']}, rejected {v['rejected']} ({reasons}), waiting {v['waiting']}"
+                f"{n.name:<14} {held:>5} judged {v['judged']}: accepted {v['accepted']}, "
+                f"rejected {v['rejected']} ({reasons}), waiting {v['waiting']}" + moved
             )
+        elif st.get("trainer") is not None:
+            rows.append(f"{n.name:<14} {held:>5}" + " " * 66 + moved)
     return "\n".join(rows)
+
+
+def final_versions(nodes: list[NodeProcess]) -> dict[str, int | None]:
+    """The newest complete policy version each following node holds (bootstrap excluded)."""
+    out: dict[str, int | None] = {}
+    for n in nodes:
+        if n.role == "bootstrap":
+            continue
+        st = n.status() or {}
+        out[n.name] = (st.get("weights") or {}).get("current")
+    return out
+
+
+def write_report(report: Path, metrics: Path) -> Path | None:
+    """``metrics.jsonl`` copied into ``report`` and a PNG of reward and held-out accuracy
+    against step; returns the PNG's path (None without metrics)."""
+    report.mkdir(parents=True, exist_ok=True)
+    if not metrics.exists():
+        return None
+    text = metrics.read_text()
+    (report / "metrics.jsonl").write_text(text)
+    lines = [json.loads(x) for x in text.splitlines() if x.strip()]
+    return plot_curves(
+        {"devnet": lines}, report / "learning.png", title="intellect-node devnet: GRPO"
+    )
+
+
+def plot_curves(runs: dict[str, list[dict[str, Any]]], out: Path, *, title: str) -> Path:
+    """Reward (dashed) and held-out accuracy (solid) against step, one colour per run."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=110)
+    for i, (name, lines) in enumerate(runs.items()):
+        colour = f"C{i}"
+        acc = [
+            (m["step"], m["heldout_accuracy"])
+            for m in lines
+            if m.get("heldout_accuracy") is not None
+        ]
+        rew = [(m["step"], m["reward_mean"]) for m in lines if m.get("reward_mean") is not None]
+        if acc:
+            ax.plot(
+                *zip(*acc, strict=True),
+                color=colour,
+                marker="o",
+                ms=3,
+                label=f"{name}: held-out accuracy",
+            )
+        if rew:
+            ax.plot(
+                *zip(*rew, strict=True),
+                color=colour,
+                ls="--",
+                alpha=0.7,
+                label=f"{name}: mean reward",
+            )
+    ax.set_xlabel("trainer step")
+    ax.set_ylabel("accuracy / reward")
+    ax.set_ylim(0, 1)
+    ax.grid(alpha=0.3)
+    ax.set_title(title)
+    ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(out)
+    plt.close(fig)
+    return out
 
 
 def run_devnet(
@@ -275,14 +387,26 @@ def run_devnet(
     inference: int,
     duration: float,
     cheaters: int = 0,
-    step_interval: float = 15.0,
+    validators: int = 1,
+    steps: int = 10,
+    async_level: int = 2,
+    report: Path | None = None,
+    env_extra: dict[str, str] | None = None,
+    quiet: bool = False,
 ) -> int:
+    """Run the devnet; 0 when it finished (``steps`` reached and every node holds the
+    final version, or Ctrl-C / ``duration``)."""
     if not 0 <= cheaters <= inference:
         raise ValueError("--cheaters must be between 0 and --inference")
+    if not 1 <= validators <= 3:
+        raise ValueError("--validators must be 1, 2 or 3 (the development chain appoints 3)")
+    if inference < 1:
+        raise ValueError("--inference must be at least 1")
     base_dir.mkdir(parents=True, exist_ok=True)
     fast = ["--heartbeat-interval", "2", "--peer-ttl", "10", "--discovery-interval", "1"]
     nodes: list[NodeProcess] = []
     stopping = False
+    say = (lambda *_a, **_k: None) if quiet else print
 
     def on_signal(_sig: int, _frame: Any) -> None:
         nonlocal stopping
@@ -291,7 +415,9 @@ def run_devnet(
     old = signal.signal(signal.SIGINT, on_signal), signal.signal(signal.SIGTERM, on_signal)
     chain: subprocess.Popen[bytes] | None = None
     try:
-        chain, ledger_env = start_chain(base_dir / "chain")
+        chain, ledger_env = start_chain(
+            base_dir / "chain", extra=["--max-staleness", str(async_level)]
+        )
         chain_info = json.loads((base_dir / "chain" / "chain.json").read_text())
         # the trainer's key is the run's trust root for weights and steps: make it first
         from node.keystore import load_or_create_identity
@@ -299,23 +425,25 @@ def run_devnet(
         trainer_id = load_or_create_identity(base_dir / "trainer").peer_id
         ledger_env = {
             **ledger_env,
+            **DEVNET_WORK,
             "INTELLECT_NODE_TRAINER_PEER_ID": trainer_id,
             "INTELLECT_NODE_PASSWORD": DEVNET_PASSWORD,
-            "INTELLECT_NODE_STEP_INTERVAL": str(step_interval),
-            # every node computes in fp32 on a CPU: the exact profile (SPEC section 11.1)
-            "INTELLECT_NODE_VERIFY_PROFILE": "strict-fp32",
+            "INTELLECT_NODE_ASYNC_LEVEL": str(async_level),
+            **(env_extra or {}),
         }
-        print(f"devnet: trainer (weights and steps trust root) {trainer_id}", flush=True)
-        validator_addr = make_account(base_dir / "validator", chain_info["validator_key"])
-        print(f"devnet: validator account {validator_addr} (appointed by the chain)", flush=True)
+        say(f"devnet: trainer (weights and steps trust root) {trainer_id}", flush=True)
+        owner = make_account(base_dir / "trainer", chain_info["owner_key"])
+        say(f"devnet: trainer account {owner} (the contract's owner)", flush=True)
+        vnames = ["validator"] if validators == 1 else [f"validator-{i}" for i in range(validators)]
+        for name, key in zip(vnames, chain_info["validator_keys"], strict=False):
+            address = make_account(base_dir / name, key)
+            say(f"devnet: {name} account {address} (appointed by the chain)", flush=True)
         workers = [f"inference-{i}" for i in range(inference)]
         for i, name in enumerate(workers):
             address = make_account(base_dir / name)
             fund(base_dir / "chain", address, WORKER_FUNDS)
             how = "cheats: other weights" if i >= inference - cheaters else "honest"
-            print(
-                f"devnet: {name} account {address}, funded {WORKER_FUNDS} ETH ({how})", flush=True
-            )
+            say(f"devnet: {name} account {address}, funded {WORKER_FUNDS} ETH ({how})", flush=True)
         model_env = {"INTELLECT_NODE_MODEL": str(prepare_model(base_dir / "model"))}
         boot = spawn_node(
             "bootstrap",
@@ -329,17 +457,25 @@ def run_devnet(
         )
         nodes.append(boot)
         boot_addr = p2p_addr(wait_ready(boot))
-        print(f"devnet: bootstrap at {boot_addr}", flush=True)
-        roles = [("trainer", "trainer", {}), ("validator", "validator", {})] + [
-            (
-                name,
-                "inference",
-                {"INTELLECT_NODE_CHEAT": "other_weights", "INTELLECT_NODE_DEV_CHEATS": "true"}
-                if i >= inference - cheaters
-                else {},
-            )
-            for i, name in enumerate(workers)
-        ]
+        say(f"devnet: bootstrap at {boot_addr}", flush=True)
+        trainer_env = {
+            "INTELLECT_NODE_TRAIN_STEPS": str(steps),
+            "INTELLECT_NODE_BATCHES_PER_STEP": str(max(1, inference - cheaters)),
+        }
+        roles = (
+            [("trainer", "trainer", trainer_env)]
+            + [(name, "validator", {}) for name in vnames]
+            + [
+                (
+                    name,
+                    "inference",
+                    {"INTELLECT_NODE_CHEAT": "other_weights", "INTELLECT_NODE_DEV_CHEATS": "true"}
+                    if i >= inference - cheaters
+                    else {},
+                )
+                for i, name in enumerate(workers)
+            ]
+        )
         for name, role, extra_env in roles:
             nodes.append(
                 spawn_node(
@@ -354,31 +490,42 @@ def run_devnet(
                 )
             )
         for n in nodes[1:]:
-            wait_ready(n)
+            wait_ready(n, timeout=180)
         started = time.monotonic()
-        want = len(nodes) - 1
-        while not stopping and time.monotonic() - started < 60:
-            sts = [n.status() for n in nodes]
-            if all(st is not None and len(st["peers"]) == want for st in sts):
-                break
-            time.sleep(0.5)
-        print(
-            f"devnet: {len(nodes)} nodes, discovery took {time.monotonic() - started:.1f} s",
+        say(
+            f"devnet: {len(nodes)} nodes up; logs and keys under {base_dir}; Ctrl-C stops every node",
             flush=True,
         )
-        print(table(nodes), flush=True)
-        print(f"devnet: logs and keys under {base_dir}; Ctrl-C stops every node", flush=True)
+        trainer = next(n for n in nodes if n.role == "trainer")
         last = 0.0
+        finished = False
         while not stopping and (duration <= 0 or time.monotonic() - started < duration):
-            time.sleep(0.2)
+            time.sleep(0.5)
             for n in nodes:
                 if n.proc.poll() is not None:
                     raise RuntimeError(
                         f"{n.name} exited with {n.proc.returncode}; its log: {n.log_path}"
                     )
             if time.monotonic() - last > 10:
-                print(work_table(nodes), flush=True)
+                say(work_table(nodes), flush=True)
                 last = time.monotonic()
+            if steps and ((trainer.status() or {}).get("trainer") or {}).get("done"):
+                held = final_versions(nodes)
+                if all(v is not None and v >= steps for v in held.values()):
+                    finished = True
+                    say(work_table(nodes), flush=True)
+                    say(
+                        f"devnet: {steps} steps done, every node holds version {steps} "
+                        f"({time.monotonic() - started:.0f} s)",
+                        flush=True,
+                    )
+                    break
+        if report is not None:
+            png = write_report(report, base_dir / "trainer" / "metrics.jsonl")
+            say(f"devnet: report in {report}" + (f" ({png.name})" if png else ""), flush=True)
+        if steps and not finished and not stopping:
+            say(f"devnet: stopped after {duration:.0f} s before step {steps}", flush=True)
+            return 1
     finally:
         for n in reversed(nodes):
             n.stop()
@@ -391,5 +538,5 @@ def run_devnet(
                 chain.wait()
         signal.signal(signal.SIGINT, old[0])
         signal.signal(signal.SIGTERM, old[1])
-        print("devnet: all nodes and the chain stopped", flush=True)
+        say("devnet: all nodes and the chain stopped", flush=True)
     return 0

@@ -83,6 +83,13 @@ def add_ledger_parsers(sub: Any) -> None:
         help="seconds (default 86400; at least window + lock + 3600)",
     )
     chain.add_argument(
+        "--max-staleness",
+        type=int,
+        default=2,
+        help="policy versions a submission may lag the newest published one (the run's "
+        "async_level; default 2)",
+    )
+    chain.add_argument(
         "--reward-per-unit",
         default="1000000000000wei",
         help="reward per unit, one generated token (default 1000000000000wei = 1e-6 ETH)",
@@ -294,7 +301,7 @@ def dev_params(args: argparse.Namespace) -> Any:
         fetch_deadline=max(1, args.verdict_window // 6),
         reward_lock=args.reward_lock,
         unbonding_delay=args.unbonding_delay,
-        max_staleness=2,
+        max_staleness=args.max_staleness,
         quorum=2,
     )
 

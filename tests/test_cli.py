@@ -169,20 +169,24 @@ def test_start_status_and_sigint(tmp_path):
 
 
 def test_devnet_main_job(tmp_path):
-    """The README's first command: chain + five nodes that find each other, then a clean stop."""
+    """The README's first command: chain, bootstrap, trainer, validator and two workers; one
+    GRPO step learned from accepted work, every node on the new version, a report, and a
+    clean stop by itself."""
     cache = Path(__file__).resolve().parent.parent / ".cache"  # shared with tiny_model_dir
+    report = tmp_path / "report"
     res = subprocess.run(
-        [*CLI, "devnet", "--base-dir", str(tmp_path), "--duration", "2"],
+        [*CLI, "devnet", "--base-dir", str(tmp_path), "--steps", "1", "--report", str(report)],
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=600,
         env={**os.environ, "INTELLECT_NODE_CACHE": str(cache)},
     )
     assert res.returncode == 0, res.stdout + res.stderr
     out = res.stdout
     assert "devnet: chain at http://127.0.0.1:" in out and "contract 0x" in out
-    assert "devnet: 5 nodes" in out
+    assert "devnet: 5 nodes up" in out
     assert f"devnet: base model {tmp_path / 'model'}" in out
+    assert "devnet: 1 steps done, every node holds version 1" in out
     assert (tmp_path / "model" / "config.json").is_file()
     assert (
         f'model = "{tmp_path / "model"}"'
@@ -190,11 +194,8 @@ def test_devnet_main_job(tmp_path):
             "start", "--print-config", env={"INTELLECT_NODE_MODEL": str(tmp_path / "model")}
         ).stdout
     )
-    rows = [
-        line
-        for line in out.splitlines()
-        if line.split()[:1]
-        and line.split()[0] in ("bootstrap", "trainer", "validator", "inference-0", "inference-1")
-    ]
-    assert len(rows) == 5 and all(line.split()[3] == "4" for line in rows), out
+    lines = [json.loads(x) for x in (report / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in lines] == [0, 1]
+    assert lines[1]["batches_used"] >= 1 and lines[1]["heldout_accuracy"] is not None
+    assert (report / "learning.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "all nodes and the chain stopped" in out

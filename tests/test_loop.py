@@ -29,18 +29,19 @@ FAST = ["--heartbeat-interval", "1", "--peer-ttl", "8", "--discovery-interval", 
 
 
 class Loop:
-    def __init__(self, base: Path, model: Path, *, step_interval: float = 20) -> None:
+    def __init__(self, base: Path, model: Path, *, step_wait: float = 20) -> None:
         from node.keystore import load_or_create_identity
 
         self.base = base
         self.chain_proc, ledger_env = start_chain(base / "chain")
         self.chain_info = json.loads((base / "chain" / "chain.json").read_text())
         trainer_id = load_or_create_identity(base / "trainer").peer_id
+        make_account(base / "trainer", self.chain_info["owner_key"])  # the contract's owner
         self.env = {
             **ledger_env,
             "INTELLECT_NODE_TRAINER_PEER_ID": trainer_id,
             "INTELLECT_NODE_PASSWORD": DEVNET_PASSWORD,
-            "INTELLECT_NODE_STEP_INTERVAL": str(step_interval),
+            "INTELLECT_NODE_STEP_WAIT": str(step_wait),
             "INTELLECT_NODE_MODEL": str(model),
             "INTELLECT_NODE_MAX_UNJUDGED": "1",
             "INTELLECT_NODE_TASKS_PER_BATCH": "2",

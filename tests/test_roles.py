@@ -19,17 +19,27 @@ def test_only_the_trainer_moves_the_clock_and_only_forward():
     assert clock.step is None and clock.ignored == 1
     assert clock.observe(TRAINER, StepNotice(step=10, policy_version=3))
     assert not clock.observe(TRAINER, StepNotice(step=9, policy_version=3))  # a replayed old one
-    assert not clock.observe(TRAINER, StepNotice(step=10, policy_version=4))
-    assert (clock.step, clock.policy_version) == (10, 3)
+    assert clock.observe(TRAINER, StepNotice(step=10, policy_version=4))  # version n published
+    assert not clock.observe(TRAINER, StepNotice(step=10, policy_version=4))  # a repeat
+    assert (clock.step, clock.policy_version) == (10, 4)
 
 
 @pytest.mark.parametrize(
     ("step", "version", "ok"),
-    [(10, 3, True), (8, 1, True), (7, 3, False), (10, 0, False), (11, 3, False), (10, 4, False)],
+    [
+        (10, 9, True),
+        (8, 7, True),
+        (10, 8, True),
+        (7, 9, False),  # the step is too old
+        (8, 6, False),  # the version is too old for the newest version
+        (10, 7, False),  # the version is too old for its step
+        (11, 9, False),  # ahead of the trainer's step
+        (10, 10, False),  # ahead of the trainer's version
+    ],
 )
 def test_the_async_window(step, version, ok):
     clock = StepClock(TRAINER, async_level=2)
-    clock.observe(TRAINER, StepNotice(step=10, policy_version=3))
+    clock.observe(TRAINER, StepNotice(step=10, policy_version=9))
     assert (clock.window(step, version) is None) is ok
 
 
@@ -112,10 +122,10 @@ def test_cheats_need_the_dev_flag():
 def test_the_window_as_the_clock_stood_at_submission():
     """A validator that judges late compares with the clock when the batch was submitted."""
     clock = StepClock(TRAINER, async_level=2)
-    clock.observe(TRAINER, StepNotice(step=40, policy_version=0))
-    assert clock.window(10, 0) is not None  # judged against now: too old
-    assert clock.window(10, 0, at=(11, 0)) is None  # as it stood then: fine
-    assert clock.window(10, 0, at=(13, 0)) is not None  # it was stale already then
-    assert clock.window(10, 0, at=(None, 0)) is not None  # unknown then: judged against now
-    assert clock.window(12, 0, at=(11, 0)) is None  # reached us after the worker: not ahead
-    assert clock.window(41, 0, at=(11, 0)) is not None  # ahead of the trainer even now
+    clock.observe(TRAINER, StepNotice(step=40, policy_version=40))
+    assert clock.window(10, 10) is not None  # judged against now: too old
+    assert clock.window(10, 10, at=(11, 11)) is None  # as it stood then: fine
+    assert clock.window(10, 10, at=(13, 13)) is not None  # it was stale already then
+    assert clock.window(10, 10, at=(None, 0)) is not None  # unknown then: judged against now
+    assert clock.window(12, 11, at=(11, 11)) is None  # reached us after the worker: not ahead
+    assert clock.window(41, 40, at=(11, 11)) is not None  # ahead of the trainer even now

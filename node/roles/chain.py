@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ledger.client import STATUS
 from node.config import NodeConfig
 
 WEI = 10**18
@@ -67,13 +68,51 @@ class SubmissionWatcher:
             from_block=self.next_block, to_block=head
         )
         self.next_block = head + 1
-        return [
-            Submission(
+        return [_submission(ev) for ev in logs]
+
+
+@dataclass(frozen=True)
+class Verdict:
+    worker: str  # lower-case 0x address
+    key: bytes
+    accepted: bool  # the submission's status after this vote is "accepted"
+    final: bool  # a quorum overturned the first verdict
+    block: int
+
+
+class WorkWatcher(SubmissionWatcher):
+    """Submissions and verdicts since the last poll, in chain order (the trainer's view of
+    accepted work: the chain, never gossip)."""
+
+    def poll_work(self) -> tuple[list[Submission], list[Verdict]]:
+        head = int(self.client.w3.eth.block_number)
+        if head < self.next_block:
+            return [], []
+        events = self.client.contract.events
+        span = {"from_block": self.next_block, "to_block": head}
+        subs = events.WorkSubmitted.get_logs(**span)
+        votes = list(events.WorkAccepted.get_logs(**span)) + list(
+            events.WorkRejected.get_logs(**span)
+        )
+        self.next_block = head + 1
+        votes.sort(key=lambda ev: (int(ev["blockNumber"]), int(ev["logIndex"])))
+        return [_submission(ev) for ev in subs], [
+            Verdict(
                 worker=str(ev["args"]["worker"]).lower(),
                 key=bytes(ev["args"]["key"]),
-                units=int(ev["args"]["units"]),
-                policy_version=int(ev["args"]["policy_version"]),
+                accepted=STATUS.get(int(ev["args"]["status"])) == "accepted",
+                final=bool(ev["args"]["final"]),
                 block=int(ev["blockNumber"]),
             )
-            for ev in logs
+            for ev in votes
         ]
+
+
+def _submission(ev: Any) -> Submission:
+    return Submission(
+        worker=str(ev["args"]["worker"]).lower(),
+        key=bytes(ev["args"]["key"]),
+        units=int(ev["args"]["units"]),
+        policy_version=int(ev["args"]["policy_version"]),
+        block=int(ev["blockNumber"]),
+    )

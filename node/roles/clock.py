@@ -25,13 +25,26 @@ class StepClock:
     ignored: int = 0  # notices from anyone else, or older than what we have
 
     def observe(self, sender: str, notice: StepNotice) -> bool:
-        """Take a notice; True when it moved the clock."""
-        if sender != self.trainer or (self.step is not None and notice.step <= self.step):
+        """Take a notice; True when it moved the clock: a newer step, or the same step with
+        a newer policy version (the trainer announces step n + 1 when it starts training
+        step n, and again once version n + 1 is published)."""
+        newer = self.step is None or (notice.step, notice.policy_version) > (
+            self.step,
+            self.policy_version,
+        )
+        if sender != self.trainer or not newer or notice.step < self.step_or(-1):
             self.ignored += 1
             return False
         self.step = notice.step
         self.policy_version = max(self.policy_version, notice.policy_version)
         return True
+
+    def step_or(self, default: int) -> int:
+        return default if self.step is None else self.step
+
+    def oldest_version(self) -> int:
+        """The oldest policy version a batch may be generated with now."""
+        return max(0, self.step_or(0) - self.async_level)
 
     def window(
         self, step: int, policy_version: int, at: tuple[int | None, int] | None = None
@@ -48,6 +61,8 @@ class StepClock:
         )
         if step > self.step or policy_version > self.policy_version:
             return f"step {step} / version {policy_version} is ahead of the trainer's"
+        if policy_version + self.async_level < step:
+            return f"policy version {policy_version} is older than step {step} - {self.async_level}"
         if step + self.async_level < then:
             return f"step {step} is older than {then} - {self.async_level}"
         if policy_version + self.async_level < version_then:

@@ -10,8 +10,15 @@ durably (``node/batchstore.py``: nothing announced can be lost), announces a
 generated tokens) on-chain. Validators fetch the batch from here
 (``node/roles/exchange.py``) and judge it (``node/roles/validator.py``).
 
-Generation runs in a worker thread, so the node keeps answering while the CPU or GPU is
-busy. Back-pressure: with ``max_unjudged`` submitted batches still without a verdict, the
+The policy: for step n the worker generates with the newest version it holds in the async
+window (version ≥ n − ``async_level``, and not newer than the trainer announced): version 0
+is the run's base model (``--model``), later ones arrive over SHARDCAST
+(``node/shardcast/service.py``, which follows new versions by itself). It switches at batch
+boundaries and keeps generating with an older version while the next one downloads; with
+none in the window it waits.
+
+Generation runs in a child process (``Offload``), so the node keeps answering while the CPU
+or GPU is busy. Back-pressure: with ``max_unjudged`` submitted batches still without a verdict, the
 worker waits (validators lag; more work would only risk the stake). One batch per step.
 
 ``cheat`` (tests and the devnet's ``--cheaters`` only, refused without ``dev_cheats``):
@@ -71,12 +78,12 @@ class WorkerCounts:
 
 
 class InferenceRole:
-    def __init__(self, node: Node, cfg: NodeConfig) -> None:
+    def __init__(self, node: Node, cfg: NodeConfig, weights: Any = None) -> None:
         if cfg.model is None:
             raise ChainSetupError("the inference role needs a model (--model DIR)")
         if cfg.trainer_peer_id is None:
             raise ChainSetupError("the inference role needs the run's trainer_peer_id")
-        self.node, self.cfg = node, cfg
+        self.node, self.cfg, self.weights = node, cfg, weights
         self.store = BatchStore(cfg.resolved_data_dir / "batches")
         self.state_path = cfg.resolved_data_dir / "inference-state.json"
         self.clock = StepClock(cfg.trainer_peer_id, cfg.async_level)
@@ -85,6 +92,7 @@ class InferenceRole:
         self.address = ""
         self.maker: Any = None
         self.done_step: int | None = None
+        self.version_used: int | None = None
         self.stake_info: dict[str, Any] = {}
 
     # ---- setup -------------------------------------------------------------------------
@@ -107,6 +115,8 @@ class InferenceRole:
             "address": self.address,
             "step": self.clock.step,
             "policy_version": self.clock.policy_version,
+            "version_used": self.version_used,
+            "weights_held": self.held_versions(),
             "last_batch_step": self.done_step,
             "cheat": self.cfg.cheat,
             **self.counts.as_dict(),
@@ -121,7 +131,6 @@ class InferenceRole:
         await trio.to_thread.run_sync(self._setup)
         self.maker = Offload(
             "node.roles.inference:BatchMaker",
-            str(self.cfg.model),
             self.cfg.taskset,
             self.cfg.tasks_per_batch,
             self.cfg.group_size,
@@ -157,7 +166,11 @@ class InferenceRole:
                 ):
                     await trio.sleep(POLL_S)
                     continue
-                await self._work(step, self.clock.policy_version)
+                picked = self.pick_version(step)
+                if picked is None:  # nothing in the window yet: the next version downloads
+                    await trio.sleep(POLL_S)
+                    continue
+                await self._work(step, *picked)
             except (LedgerError, OffloadError, OSError) as exc:  # the chain said no, or a failure
                 self.counts.errors += 1
                 log.error("work failed: %s", exc)
@@ -226,9 +239,27 @@ class InferenceRole:
         self.counts.submitted += 1
         self.counts.pending[key] = batch.step
 
-    async def _work(self, step: int, version: int) -> None:
+    def held_versions(self) -> list[int]:
+        held = set(self.weights.store.complete) if self.weights is not None else set()
+        return sorted(held | {0})
+
+    def pick_version(self, step: int) -> tuple[int, str] | None:
+        """The newest version held that the async window admits for ``step``, with its
+        model directory; None when none is held yet."""
+        lo = max(0, step - self.cfg.async_level)
+        usable = [v for v in self.held_versions() if lo <= v <= self.clock.policy_version]
+        if not usable:
+            return None
+        v = max(usable)
+        path = self.cfg.model if v == 0 else self.weights.model_dir(v)
+        return None if path is None else (v, str(path))
+
+    async def _work(self, step: int, version: int, model_dir: str) -> None:
         started = time.perf_counter()
-        encoded = await self.maker.call(self.address, step, version, self.node.header())
+        encoded = await self.maker.call(model_dir, self.address, step, version, self.node.header())
+        if version != self.version_used:
+            log.info("generating with policy version %d (%s)", version, model_dir)
+            self.version_used = version
         batch = RolloutBatch.decode(encoded)
         envelope = seal(self.node.identity, batch)
         notice = BatchNotice.of(batch, envelope)
@@ -272,7 +303,6 @@ class BatchMaker:
 
     def __init__(
         self,
-        model: str,
         taskset: str,
         tasks_per_batch: int,
         group_size: int,
@@ -281,19 +311,35 @@ class BatchMaker:
         engine_batch: int,
         cheat: str,
     ) -> None:
-        from node.engine import open_engine
         from node.engine.base import SamplingParams
         from node.tasks import load_taskset
 
         self.taskset = load_taskset(taskset)
-        self.engine, self.tokenizer = open_engine(model, backend="torch", max_batch=engine_batch)
         self.params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature)
         self.count, self.group_size, self.cheat = tasks_per_batch, group_size, cheat
-        if cheat == "other_weights":
+        self.engine_batch = engine_batch
+        self.engine: Any = None
+        self.tokenizer: Any = None
+        self.model_dir = ""
+
+    def _load(self, model_dir: str) -> None:
+        """Switch to the policy in ``model_dir`` (between batches)."""
+        from node.engine import open_engine
+
+        self.engine, self.tokenizer = open_engine(
+            model_dir, backend="torch", max_batch=self.engine_batch
+        )
+        self.model_dir = model_dir
+        if self.cheat == "other_weights":
             _perturb(self.engine.model)
 
-    def __call__(self, worker: str, step: int, version: int, header: dict[str, Any]) -> bytes:
+    def __call__(
+        self, model_dir: str, worker: str, step: int, version: int, header: dict[str, Any]
+    ) -> bytes:
         from node.rollouts import generate_groups, to_batch
+
+        if model_dir != self.model_dir:
+            self._load(model_dir)
 
         groups = generate_groups(
             self.engine,
@@ -340,7 +386,11 @@ def _perturb(model: Any) -> None:
 
 
 async def run(
-    node: Node, cfg: NodeConfig, *, task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED
+    node: Node,
+    cfg: NodeConfig,
+    weights: Any = None,
+    *,
+    task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """The role as a service the runtime starts."""
-    await InferenceRole(node, cfg).serve(task_status=task_status)
+    await InferenceRole(node, cfg, weights).serve(task_status=task_status)

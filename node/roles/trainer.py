@@ -1,69 +1,607 @@
-"""The trainer role: the run's clock (and, with GRPO, the policy).
+"""The trainer role: the run owner's node, where accepted rollouts become a new policy.
 
-Workers take their step from the trainer, never from themselves: task assignment depends
-on it (SPEC §13). Until training is built this role announces a ``StepNotice`` (step,
-policy version 0: the model directory every node was started with) every
-``step_interval`` seconds on the ``steps`` topic; the step advances by one each time and
-survives a restart (``trainer-state.json`` in the data dir). Workers and validators accept
-the notices only under ``trainer_peer_id``.
+Where the rollout comes from: a worker generated it (``node/roles/inference.py``), a
+validator judged it and posted ``accept`` on-chain (``node/roles/validator.py``). The
+trainer reads verdicts from the chain, never from gossip (``WorkWatcher``), fetches each
+accepted batch from its worker over ``/intellect/batch/1.0.0`` (it must hash to the work
+key the chain accepted), keeps it in its inbox, and trains on it: ``PolicyWorker`` (a
+child process) turns the batches into GRPO samples (``node/training/grpo.py``) and takes
+one optimizer step (``node/training/policy.py``).
+
+One training step n (the policy is version n; version 0 is the base ``--model``):
+
+1. announce the step: ``StepNotice(step=n, policy_version=n)``; workers generate for step n;
+2. wait until ``batches_per_step`` accepted batches are usable (or at least one after
+   ``step_wait`` seconds): usable means accepted on-chain, fetched, not used before, and
+   generated with a version ≥ n − ``async_level`` (older ones are not trained on; their
+   workers are still paid: the work was valid when judged, SPEC §16);
+3. with ``async_level`` ≥ 1, announce step n + 1 at once (version still n): workers
+   generate the next step with the current policy while this one trains (generation and
+   training overlap; with ``async_level`` 0 workers wait for version n + 1: on-policy);
+4. train, write checkpoint n + 1 (weights and optimizer state) and then, atomically, the
+   trainer state (step n + 1 and the batches consumed): a restart resumes here and uses no
+   batch twice and loses none;
+5. publish version n + 1 over SHARDCAST (``node/shardcast/service.py``) and on-chain
+   (``set_policy_version``, so workers may submit work made with it), announce
+   ``StepNotice(n + 1, n + 1)``;
+6. evaluate the held-out set greedily (every ``eval_every`` steps) and append one line to
+   ``metrics.jsonl``.
+
+Where it goes next: workers pull the new version and switch at their next batch.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import trio
 
+from node.batchstore import BatchStore, BatchStoreError
 from node.config import NodeConfig
 from node.files import write_atomic
+from node.roles.chain import ChainSetupError, Submission, Verdict, WorkWatcher, open_ledger
+from node.roles.exchange import fetch_batch
+from node.roles.offload import Offload, OffloadError
 from node.runtime import Node
-from protocol.batches import STEP_TOPIC, StepNotice
+from protocol.batches import BATCH_TOPIC, STEP_TOPIC, BatchNotice, StepNotice
+from protocol.errors import WireError
+from protocol.messages import Announcement
+from protocol.rollouts import RolloutBatch
+from protocol.wire import open_message
 
 log = logging.getLogger("intellect.trainer")
 STATE_FILE = "trainer-state.json"
+METRICS_FILE = "metrics.jsonl"
+POLL_S = 0.5
+ANNOUNCE_EVERY = 5.0  # the step notice is repeated (gossip can miss, nodes join late)
+KEEP_CHECKPOINTS = 2
+
+Key = tuple[str, bytes]  # (worker, work key)
+
+
+def append_line(path: Path, line: dict[str, Any]) -> None:
+    """Append one JSON line (after a line a crash cut short, on a line of its own)."""
+    with open(path, "a+b") as f:
+        cut = False
+        if f.seek(0, 2) > 0:
+            f.seek(-1, 2)
+            cut = f.read(1) != b"\n"
+        f.write((b"\n" if cut else b"") + json.dumps(line).encode() + b"\n")
+        f.flush()
+
+
+def recorded_step(path: Path) -> int:
+    """The step of the last line of ``metrics.jsonl`` (-1: none)."""
+    try:
+        lines = path.read_text().splitlines()
+    except FileNotFoundError:
+        return -1
+    for raw in reversed(lines):
+        try:
+            return int(json.loads(raw)["step"])
+        except (ValueError, KeyError, TypeError):
+            continue  # a line a crash cut short
+    return -1
+
+
+def key_text(key: Key) -> str:
+    return f"{key[0]}:{key[1].hex()}"
+
+
+@dataclass
+class WorkBook:
+    """What the chain says about work, and what the trainer did with it. Pure: the role
+    feeds it chain events and fetched batches.
+
+    ``consumed`` maps every batch trained on to its policy version; entries older than the
+    async window are forgotten (they can never be usable again)."""
+
+    async_level: int
+    submitted: dict[Key, Submission] = field(default_factory=dict)
+    accepted: set[Key] = field(default_factory=set)
+    rejected: set[Key] = field(default_factory=set)
+    fetched: dict[Key, int] = field(default_factory=dict)  # in the inbox -> policy version
+    consumed: dict[str, int] = field(default_factory=dict)  # key_text -> policy version
+
+    def on_submission(self, sub: Submission) -> None:
+        self.submitted[(sub.worker, sub.key)] = sub
+
+    def on_verdict(self, v: Verdict) -> None:
+        key = (v.worker, v.key)
+        (self.accepted if v.accepted else self.rejected).add(key)
+        (self.rejected if v.accepted else self.accepted).discard(key)
+
+    def wanted(self, step: int) -> list[Key]:
+        """Accepted batches to fetch: not fetched, not consumed, still in the window."""
+        return [
+            k
+            for k in self.accepted
+            if k not in self.fetched
+            and key_text(k) not in self.consumed
+            and k in self.submitted
+            and self.submitted[k].policy_version + self.async_level >= step
+        ]
+
+    def usable(self, step: int) -> list[Key]:
+        """Fetched, accepted, unused batches that step ``step`` may train on (oldest
+        submission first)."""
+        keys = [
+            k
+            for k, version in self.fetched.items()
+            if k in self.accepted
+            and key_text(k) not in self.consumed
+            and version + self.async_level >= step
+        ]
+        return sorted(keys, key=lambda k: (self.submitted[k].block, k[1]))
+
+    def stale(self, step: int) -> list[Key]:
+        """Accepted batches that fell out of the window unused (not trained on)."""
+        return [
+            k
+            for k in self.accepted
+            if key_text(k) not in self.consumed
+            and k in self.submitted
+            and self.submitted[k].policy_version + self.async_level < step
+        ]
+
+    def consume(self, keys: list[Key], step: int) -> None:
+        for k in keys:
+            self.consumed[key_text(k)] = self.submitted[k].policy_version
+        floor = step - self.async_level
+        self.consumed = {k: v for k, v in self.consumed.items() if v >= floor}
+
+
+@dataclass
+class TrainerState:
+    """What survives a restart (``trainer-state.json``), written after each checkpoint."""
+
+    step: int = 0
+    consumed: dict[str, int] = field(default_factory=dict)
+    batches_used: int = 0
+    tokens_trained: int = 0
+    line: dict[str, Any] = field(default_factory=dict)  # the last step's metrics, before eval
+
+    @classmethod
+    def load(cls, path: Path) -> TrainerState:
+        try:
+            raw = json.loads(path.read_text())
+        except FileNotFoundError:
+            return cls()
+        return cls(
+            step=int(raw["step"]),
+            consumed={str(k): int(v) for k, v in raw["consumed"].items()},
+            batches_used=int(raw.get("batches_used", 0)),
+            tokens_trained=int(raw.get("tokens_trained", 0)),
+            line=dict(raw.get("line", {})),
+        )
+
+    def save(self, path: Path) -> None:
+        body = {
+            "step": self.step,
+            "consumed": self.consumed,
+            "batches_used": self.batches_used,
+            "tokens_trained": self.tokens_trained,
+            "line": self.line,
+        }
+        write_atomic(path, json.dumps(body, sort_keys=True).encode())
 
 
 class TrainerRole:
-    def __init__(self, node: Node, cfg: NodeConfig) -> None:
-        self.node, self.cfg = node, cfg
-        self.state_path = cfg.resolved_data_dir / STATE_FILE
-        self.step = self._load_step()
-        self.policy_version = 0
+    def __init__(self, node: Node, cfg: NodeConfig, weights: Any = None) -> None:
+        if cfg.model is None:
+            raise ChainSetupError("the trainer role needs the run's base model (--model DIR)")
+        if weights is None:
+            raise ChainSetupError("the trainer role needs the weight service (SHARDCAST)")
+        self.node, self.cfg, self.weights = node, cfg, weights
+        self.dir = cfg.resolved_data_dir
+        self.state_path = self.dir / STATE_FILE
+        self.state = TrainerState.load(self.state_path)
+        self.book = WorkBook(cfg.async_level, consumed=dict(self.state.consumed))
+        self.inbox = BatchStore(self.dir / "trainer-inbox")
+        self.holders: dict[Key, list[str]] = {}  # peers that announced a batch
+        self.announced: tuple[int, int] = (-1, -1)
+        self.policy: Any = None
+        self.ledger: Any = None
+        self.watcher: WorkWatcher | None = None
+        self.slashed = 0
+        self.idle_s = 0.0
+        self.busy_s = 0.0
+        self.last: dict[str, Any] = {}
+        self.done = False
 
-    def _load_step(self) -> int:
-        try:
-            return int(json.loads(self.state_path.read_text())["step"]) + 1
-        except (FileNotFoundError, ValueError, KeyError, TypeError):
-            return 0
+    @property
+    def step(self) -> int:
+        return self.state.step
 
-    def _save_step(self) -> None:
-        write_atomic(self.state_path, json.dumps({"step": self.step}).encode())
+    # ---- setup -------------------------------------------------------------------------
+
+    def _setup(self) -> None:
+        """Blocking: the owner's ledger account, the chain's view of versions."""
+        self.ledger = open_ledger(self.cfg)
+        owner = self.ledger.owner().lower()
+        if self.ledger.address.lower() != owner:
+            raise ChainSetupError(
+                f"the trainer publishes policy versions on-chain: its account "
+                f"{self.ledger.address} must be the contract's owner {owner}"
+            )
+        self.watcher = WorkWatcher(self.ledger, self.cfg.contract_block)
+
+    def checkpoint_dir(self, version: int) -> Path:
+        """The model directory of ``version`` (0: the base model)."""
+        return (
+            Path(str(self.cfg.model)) if version == 0 else self.dir / "checkpoints" / f"v{version}"
+        )
 
     def status(self) -> dict[str, Any]:
-        return {"step": self.step, "policy_version": self.policy_version}
+        total = self.idle_s + self.busy_s
+        return {
+            "step": self.step,
+            "policy_version": self.step,
+            "train_steps": self.cfg.train_steps,
+            "done": self.done,
+            "accepted": len(self.book.accepted),
+            "rejected": len(self.book.rejected),
+            "slashed": self.slashed,
+            "usable": len(self.book.usable(self.step)),
+            "batches_used": self.state.batches_used,
+            "tokens_trained": self.state.tokens_trained,
+            "idle_share": round(self.idle_s / total, 3) if total else 0.0,
+            "last": self.last,
+        }
+
+    # ---- the loop ----------------------------------------------------------------------
 
     async def serve(
         self, *, task_status: trio.TaskStatus[TrainerRole] = trio.TASK_STATUS_IGNORED
     ) -> None:
-        if self.cfg.trainer_peer_id not in (None, self.node.peer_id):
-            log.warning(
-                "this node is not the run's trainer_peer_id: its step notices will be ignored"
-            )
+        await trio.to_thread.run_sync(self._setup)
+        self.policy = Offload(
+            "node.roles.trainer:PolicyWorker",
+            str(self.cfg.model),
+            str(self.dir / "checkpoints"),
+            self.step,
+            self.cfg.learning_rate,
+            self.cfg.seed,
+            self.cfg.taskset,
+            self.cfg.heldout_per_level,
+            self.cfg.max_new_tokens,
+            self.cfg.temperature,
+        )
+        try:
+            await self.policy.ready()
+            await self._serve(task_status)
+        finally:
+            self.policy.close()
+
+    async def _serve(self, task_status: trio.TaskStatus[TrainerRole]) -> None:
+        self.node.subscribe(BATCH_TOPIC, self._on_notice)
         self.node.add_status("trainer", self.status)
-        task_status.started(self)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._watch_chain)
+            nursery.start_soon(self._fetch_loop)
+            nursery.start_soon(self._announce_loop)
+            await self._publish(self.step)  # after a restart: what a crash left unpublished
+            task_status.started(self)
+            if recorded_step(self.dir / METRICS_FILE) < self.step:  # the base policy's line,
+                await self._record(self.state.line or self._line({}, [], time.monotonic()))
+                # or the line a crash cut off between the checkpoint and the record
+            while self.cfg.train_steps == 0 or self.step < self.cfg.train_steps:
+                await self._train_one()
+            self.done = True
+            log.info("trained %d steps: done (still serving weights)", self.step)
+            await trio.sleep_forever()
+
+    async def _train_one(self) -> None:
+        n = self.step
+        self._announce(n, n)
+        began = time.monotonic()
+        keys = await self._wait_for_batches(n)
+        if self.cfg.async_level >= 1:  # workers go on with version n while n trains
+            self._announce(n + 1, n)
+        envelopes = [e for k in keys if (e := self.inbox.get(k[1])) is not None]
+        busy = time.monotonic()
+        try:
+            stats = await self.policy.call("train", n, envelopes)
+        except OffloadError as exc:
+            log.error("training step %d failed: %s", n, exc)
+            raise
+        self.book.consume(keys, n + 1)
+        self.state.step = n + 1
+        self.state.consumed = dict(self.book.consumed)
+        self.state.batches_used += len(keys)
+        self.state.tokens_trained += int(stats.get("tokens", 0))
+        self.state.line = self._line(stats, keys, began)
+        await trio.to_thread.run_sync(self.state.save, self.state_path)
+        for k in keys:
+            self.inbox.delete(k[1])
+        await self._publish(n + 1)
+        self._announce(n + 1, n + 1)
+        self.busy_s += time.monotonic() - busy
+        await self._record(self.state.line)
+        self._prune_checkpoints()
+
+    async def _wait_for_batches(self, n: int) -> list[Key]:
+        """The accepted batches step ``n`` trains on (see the module docstring, 2.)."""
+        started = time.monotonic()
         while True:
-            self._save_step()
-            notice = StepNotice(step=self.step, policy_version=self.policy_version)
-            self.node.announce(STEP_TOPIC, notice.encode())
-            log.info("step %d (policy version %d)", self.step, self.policy_version)
-            await trio.sleep(self.cfg.step_interval)
-            self.step += 1
+            usable = self.book.usable(n)
+            waited = time.monotonic() - started
+            if len(usable) >= self.cfg.batches_per_step or (
+                usable and waited >= self.cfg.step_wait
+            ):
+                self.idle_s += waited
+                return usable[: max(self.cfg.batches_per_step, len(usable))]
+            await trio.sleep(POLL_S)
+
+    async def _publish(self, version: int) -> None:
+        """Version ``version`` over SHARDCAST and on-chain, unless it already is (a restart
+        between the checkpoint and the announcement publishes it here)."""
+        if version == 0:
+            return
+        if self.weights.model_dir(version) is None and version > self.weights.newest_known:
+            await self.weights.publish(self.checkpoint_dir(version), version=version, step=version)
+        on_chain = await trio.to_thread.run_sync(self.ledger.policy_version)
+        if on_chain < version:
+            await trio.to_thread.run_sync(self.ledger.set_policy_version, version)
+        log.info("policy version %d published (SHARDCAST and on-chain)", version)
+
+    def _announce(self, step: int, version: int) -> None:
+        self.announced = (step, version)
+        try:
+            self.node.announce(STEP_TOPIC, StepNotice(step=step, policy_version=version).encode())
+        except trio.WouldBlock:
+            log.warning("announce queue full: step %d goes out with the next repeat", step)
+        log.info("step %d (policy version %d)", step, version)
+
+    async def _announce_loop(self) -> None:
+        while True:
+            await trio.sleep(ANNOUNCE_EVERY)
+            if self.announced[0] >= 0:
+                step, version = self.announced
+                try:
+                    self.node.announce(
+                        STEP_TOPIC, StepNotice(step=step, policy_version=version).encode()
+                    )
+                except trio.WouldBlock:
+                    pass
+
+    def _line(self, stats: dict[str, Any], keys: list[Key], began: float) -> dict[str, Any]:
+        """The step's line of ``metrics.jsonl`` before the held-out evaluation."""
+        return {
+            "step": self.step,
+            "policy_version": self.step,
+            "reward_mean": stats.get("reward_mean"),
+            "heldout_accuracy": None,
+            "heldout_by_level": {},
+            "accepted": len(self.book.accepted),
+            "rejected": len(self.book.rejected),
+            "slashed": self.slashed,
+            "batches_used": len(keys),
+            "batches_used_total": self.state.batches_used,
+            "tokens_trained": int(stats.get("tokens", 0)),
+            "tokens_trained_total": self.state.tokens_trained,
+            "samples": int(stats.get("samples", 0)),
+            "stale_unused": len(self.book.stale(self.step)),
+            "loss": stats.get("loss"),
+            "grad_norm": stats.get("grad_norm"),
+            "clip_frac": stats.get("clip_frac"),
+            "versions_used": sorted({self.book.submitted[k].policy_version for k in keys}),
+            "used": [key_text(k) for k in keys],
+            "seconds": round(time.monotonic() - began, 3),
+            "idle_share": self.status()["idle_share"],
+            "time": time.time(),
+        }
+
+    async def _record(self, line: dict[str, Any]) -> None:
+        """Evaluate (when due) and append the step's line to ``metrics.jsonl``."""
+        line = dict(line)
+        if self.cfg.eval_every and self.step % self.cfg.eval_every == 0:
+            evaluated = await self.policy.call("eval", str(self.checkpoint_dir(self.step)))
+            line["heldout_accuracy"] = evaluated.get("all")
+            line["heldout_by_level"] = {k: v for k, v in evaluated.items() if k != "all"}
+        self.last = {k: line[k] for k in ("step", "reward_mean", "heldout_accuracy")}
+        await trio.to_thread.run_sync(append_line, self.dir / METRICS_FILE, line)
+        log.info(
+            "step %d: reward %s, held-out %s, %d batches, %d tokens",
+            self.step,
+            "-" if line["reward_mean"] is None else f"{line['reward_mean']:.3f}",
+            "-" if line["heldout_accuracy"] is None else f"{line['heldout_accuracy']:.3f}",
+            line["batches_used"],
+            line["tokens_trained"],
+        )
+
+    def _prune_checkpoints(self) -> None:
+        root = self.dir / "checkpoints"
+        for p in root.glob("v*"):
+            try:
+                v = int(p.name[1:].split(".")[0])
+            except ValueError:
+                continue
+            if v <= self.step - KEEP_CHECKPOINTS:
+                if p.is_dir():
+                    shutil.rmtree(p, ignore_errors=True)
+                else:
+                    p.unlink(missing_ok=True)
+
+    # ---- the chain and the batches ------------------------------------------------------
+
+    async def _watch_chain(self) -> None:
+        assert self.watcher is not None
+        while True:
+            try:
+                subs, verdicts = await trio.to_thread.run_sync(self.watcher.poll_work)
+                for sub in subs:
+                    self.book.on_submission(sub)
+                for v in verdicts:
+                    self.book.on_verdict(v)
+                self.slashed = await trio.to_thread.run_sync(self._count_slashed)
+            except Exception as exc:  # the chain may be briefly unreachable
+                log.warning("reading the chain failed: %s", exc)
+            await trio.sleep(POLL_S * 2)
+
+    def _count_slashed(self) -> int:
+        workers = {w for w, _ in self.book.submitted}
+        return sum(1 for w in workers if self.ledger.worker(w).slashed)
+
+    def _on_notice(self, msg: Announcement) -> None:
+        try:
+            notice = BatchNotice.decode(msg.body)
+        except WireError as err:
+            self.node.reject("announce/batches", msg.sender, err)
+            return
+        peers = self.holders.setdefault((notice.worker, notice.work_key), [])
+        if msg.sender not in peers and len(peers) < 8:
+            peers.append(msg.sender)
+
+    async def _fetch_loop(self) -> None:
+        """Fetch every accepted batch the trainer may still use into the inbox."""
+        for key in self.inbox.keys():  # after a restart: what was fetched before
+            self._file(key)
+        retry_at: dict[Key, float] = {}
+        while True:
+            for key in self.book.wanted(self.step):
+                if time.monotonic() < retry_at.get(key, 0.0):
+                    continue
+                if await self._fetch(key):
+                    retry_at.pop(key, None)
+                else:
+                    retry_at[key] = time.monotonic() + 2.0
+            await trio.sleep(POLL_S)
+
+    def _file(self, work_key: bytes) -> None:
+        try:
+            envelope = self.inbox.get(work_key)
+            if envelope is None:
+                return
+            batch = open_message(envelope, RolloutBatch)
+        except (BatchStoreError, WireError):  # damaged on disk: fetched again
+            self.inbox.delete(work_key)
+            return
+        self.book.fetched[(batch.worker, work_key)] = batch.policy_version
+
+    async def _fetch(self, key: Key) -> bool:
+        worker, work_key = key
+        peers = list(self.holders.get(key, []))
+        registered = await trio.to_thread.run_sync(self._worker_peer, worker)
+        if registered and registered not in peers:
+            peers.insert(0, registered)
+        expected = self.book.submitted[key].units if key in self.book.submitted else None
+        for peer in peers:
+            try:
+                batch, envelope = await fetch_batch(self.node, peer, work_key)
+            except Exception as exc:
+                log.debug("fetching %s from %s failed: %s", work_key.hex()[:16], peer[-8:], exc)
+                continue
+            if batch.worker != worker or (expected is not None and batch.num_tokens != expected):
+                log.warning("batch %s does not match its submission", work_key.hex()[:16])
+                continue
+            self.inbox.put(envelope)
+            self.book.fetched[key] = batch.policy_version
+            return True
+        return False
+
+    def _worker_peer(self, worker: str) -> str | None:
+        from crypto.identity import peer_id_of
+
+        try:
+            peer_key, _ = self.ledger.registration(worker)
+        except Exception:
+            return None
+        return peer_id_of(peer_key) if any(peer_key) else None
+
+
+class PolicyWorker:
+    """In the role's child process (``Offload``): the policy, its optimizer, the held-out
+    set; ``("train", step, envelopes)`` and ``("eval", model_dir)``."""
+
+    def __init__(
+        self,
+        base: str,
+        checkpoints: str,
+        step: int,
+        lr: float | None,
+        seed: int,
+        taskset: str,
+        heldout_per_level: int,
+        max_new_tokens: int,
+        temperature: float,
+    ) -> None:
+        import torch
+
+        from node.tasks import load_taskset
+        from node.training.grpo import GRPOConfig
+        from node.training.heldout import HeldOut
+        from node.training.policy import Policy
+
+        torch.manual_seed(seed)
+        self.cfg = GRPOConfig() if lr is None else GRPOConfig(lr=lr)
+        self.root = Path(checkpoints)
+        self.taskset = load_taskset(taskset)
+        self.heldout = HeldOut(taskset, per_level=heldout_per_level, seed=seed)
+        self.max_new_tokens, self.temperature = max_new_tokens, temperature
+        if step == 0:
+            self.policy = Policy(base, self.cfg, seed=seed)
+        else:
+            self.policy = Policy.from_checkpoint(
+                self.root / f"v{step}", self.root / f"v{step}.state", self.cfg, seed=seed
+            )
+            self.policy.base_dir = Path(base)  # tokenizer and recipe files come from the base
+        self.dropped_heldout = 0
+
+    def __call__(self, op: str, *args: Any) -> Any:
+        if op == "train":
+            return self.train(*args)
+        if op == "eval":
+            return self.heldout.evaluate_dir(args[0], max_new_tokens=self.max_new_tokens)
+        raise ValueError(f"unknown operation {op!r}")
+
+    def train(self, step: int, envelopes: list[bytes]) -> dict[str, Any]:
+        """One GRPO step on the batches; checkpoint ``step + 1`` (weights, then state)."""
+        import dataclasses
+
+        from node.tasks import assign
+        from node.training.grpo import samples_from_batch
+
+        samples = []
+        rewards: list[float] = []
+        skipped = 0
+        for envelope in envelopes:
+            batch = open_message(envelope, RolloutBatch)
+            if abs(batch.temperature - self.temperature) > 1e-9:
+                skipped += 1  # another temperature: its log-probs are not comparable
+                continue
+            tasks = assign(self.taskset, batch.worker, batch.step, len(batch.groups))
+            kept = [
+                g
+                for g, t in zip(batch.groups, tasks, strict=True)
+                if not self.heldout.contains(t.prompt)
+            ]
+            self.dropped_heldout += len(batch.groups) - len(kept)
+            rewards += [s.reward for g in kept for s in g.samples]
+            samples += samples_from_batch(dataclasses.replace(batch, groups=kept))
+        stats: dict[str, Any] = {"samples": 0, "tokens": 0}
+        if samples:
+            stats = dict(self.policy.train_step(samples, self.temperature))
+        self.policy.save(self.root / f"v{step + 1}")
+        self.policy.save_state(self.root / f"v{step + 1}.state")
+        stats["reward_mean"] = sum(rewards) / len(rewards) if rewards else None
+        stats["skipped_batches"] = skipped
+        stats["dropped_heldout_groups"] = self.dropped_heldout
+        return stats
 
 
 async def run(
-    node: Node, cfg: NodeConfig, *, task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED
+    node: Node,
+    cfg: NodeConfig,
+    weights: Any = None,
+    *,
+    task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """The role as a service the runtime starts."""
-    await TrainerRole(node, cfg).serve(task_status=task_status)
+    await TrainerRole(node, cfg, weights).serve(task_status=task_status)

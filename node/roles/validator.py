@@ -48,6 +48,7 @@ from protocol.rollouts import RolloutBatch, unpack_tokens
 
 log = logging.getLogger("intellect.validator")
 POLL_S = 1.0
+WEIGHTS_WAIT_S = 300.0  # a batch's policy version is waited for this long
 
 
 @dataclass(frozen=True)
@@ -60,12 +61,12 @@ class Judgement:
 
 
 class ValidatorRole:
-    def __init__(self, node: Node, cfg: NodeConfig) -> None:
+    def __init__(self, node: Node, cfg: NodeConfig, weights: Any = None) -> None:
         if cfg.model is None:
             raise ChainSetupError("the validator role needs the run's model (--model DIR)")
         if cfg.trainer_peer_id is None:
             raise ChainSetupError("the validator role needs the run's trainer_peer_id")
-        self.node, self.cfg = node, cfg
+        self.node, self.cfg, self.weights = node, cfg, weights
         self.clock = StepClock(cfg.trainer_peer_id, cfg.async_level)
         self.queue = JudgingQueue()
         self.notices: dict[Key, BatchNotice] = {}
@@ -137,7 +138,7 @@ class ValidatorRole:
         await trio.to_thread.run_sync(self._setup)
         self.checker = Offload(
             "node.roles.validator:BatchChecker",
-            str(self.cfg.model),
+            self.cfg.async_level + 2,
             self.cfg.taskset,
             self.cfg.verify_profile,
             self.cfg.spot_check,
@@ -185,12 +186,43 @@ class ValidatorRole:
         self.queue.fetched(key)
         judgement = await trio.to_thread.run_sync(self.judge, batch, self.submissions[key])
         if judgement is None:  # the cheap checks passed: tasks, rewards and proofs
+            model_dir = await self._model_dir(batch.policy_version)
+            if model_dir is None:
+                log.error(
+                    "no weights of version %d: %s left unjudged",
+                    batch.policy_version,
+                    key[1].hex()[:16],
+                )
+                return
             try:
-                judgement = Judgement(*await self.checker.call(envelope))
+                judgement = Judgement(
+                    *await self.checker.call(model_dir, batch.policy_version, envelope)
+                )
             except OffloadError as exc:
                 log.error("checking %s failed: %s", key[1].hex()[:16], exc)
                 return
         await self._post(key, judgement)
+
+    async def _model_dir(self, version: int) -> str | None:
+        """The weights a batch was generated with: the base model for version 0, else the
+        version from SHARDCAST (pulled if it is not here yet, waited for while it downloads,
+        at most ``WEIGHTS_WAIT_S``)."""
+        if version == 0:
+            return str(self.cfg.model)
+        if self.weights is None:
+            return None
+        with trio.move_on_after(WEIGHTS_WAIT_S):
+            asked = False
+            while (path := self.weights.model_dir(version)) is None:
+                if not asked:
+                    try:
+                        await self.weights.pull(version)
+                        asked = True
+                    except ValueError as exc:  # no manifest yet: gossip brings it
+                        log.debug("policy version %d not available yet: %s", version, exc)
+                await trio.sleep(0.5)
+            return str(path)
+        return None
 
     async def _drop_connection(self, peer: str) -> None:
         from libp2p.peer.id import ID
@@ -253,21 +285,35 @@ class BatchChecker:
     """In the role's child process (``Offload``): the model, tokenizer and task set; checks
     4 and 5 of the module docstring on a batch envelope (already verified by the node)."""
 
-    def __init__(self, model: str, taskset: str, verify_profile: str, spot_check: float) -> None:
+    def __init__(self, keep: int, taskset: str, verify_profile: str, spot_check: float) -> None:
+        from node.tasks import load_taskset
+
+        self.models: dict[int, tuple[str, Any, Any, Any]] = {}  # version -> (dir, model, tok, cfg)
+        self.keep = keep
+        self.taskset = load_taskset(taskset)
+        self.profile = verify_profile
+        self.spot_check = spot_check
+
+    def _use(self, model_dir: str, version: int) -> None:
+        """The model of ``version`` (loaded once; the newest ``keep`` versions stay loaded)."""
         from crypto.verdict import profile
         from node.engine.calibration import model_layers
         from node.engine.models import load_model
-        from node.tasks import load_taskset
 
-        loaded = load_model(model)
-        self.model, self.tokenizer = loaded.model, loaded.tokenizer
-        self.taskset = load_taskset(taskset)
-        self.config = profile(verify_profile).for_layers(model_layers(self.model))
-        self.spot_check = spot_check
+        if version not in self.models or self.models[version][0] != model_dir:
+            loaded = load_model(model_dir)
+            config = profile(self.profile).for_layers(model_layers(loaded.model))
+            self.models[version] = (model_dir, loaded.model, loaded.tokenizer, config)
+            for old in sorted(self.models)[: -self.keep]:
+                del self.models[old]
+        _, self.model, self.tokenizer, self.config = self.models[version]
 
-    def __call__(self, envelope: bytes) -> tuple[bool, str, str, int, float]:
+    def __call__(
+        self, model_dir: str, version: int, envelope: bytes
+    ) -> tuple[bool, str, str, int, float]:
         from protocol.wire import open_message
 
+        self._use(model_dir, version)
         batch = open_message(envelope, RolloutBatch)
         if why := self._check_tasks(batch):
             return False, "invalid", why, 0, 0.0
@@ -330,7 +376,11 @@ class BatchChecker:
 
 
 async def run(
-    node: Node, cfg: NodeConfig, *, task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED
+    node: Node,
+    cfg: NodeConfig,
+    weights: Any = None,
+    *,
+    task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """The role as a service the runtime starts."""
-    await ValidatorRole(node, cfg).serve(task_status=task_status)
+    await ValidatorRole(node, cfg, weights).serve(task_status=task_status)

@@ -20,7 +20,7 @@ the announcer) for its shard bitmap every ``REFRESH`` seconds, lets ``DownloadPl
 (shard, peer) pairs, verifies each shard on arrival, writes it in place and journals it
 (``store.Partial``), so a restarted node resumes; complete, it checks the whole digest and
 renames the version into view, provides it in the DHT, and keeps the newest
-``async_level + 1`` versions. Memory is bounded by ``download_slots`` shards plus one
+``async_level + 2`` versions. Memory is bounded by ``download_slots`` shards plus one
 frame per upload.
 """
 
@@ -123,7 +123,8 @@ class WeightService:
         self.follow = (
             cfg.follow_weights if cfg.follow_weights is not None else cfg.role != "bootstrap"
         )
-        self.keep = cfg.async_level + 1
+        # one more than the window: a validator still judges work of the version just left
+        self.keep = cfg.async_level + 2
         self.manifests: dict[int, tuple[WeightManifest, bytes]] = {}
         self.partials: dict[int, Partial] = {}
         self.jobs: dict[int, DownloadJob] = {}
@@ -152,6 +153,11 @@ class WeightService:
     def current(self) -> int:
         """The newest complete, verified version (0: none)."""
         return max(self.store.complete, default=0)
+
+    def model_dir(self, version: int) -> Path | None:
+        """The files of a complete, verified version (a model directory); None if not held."""
+        src = self.store.complete.get(version)
+        return None if src is None else src.root / "files"
 
     def _source(self, version: int) -> ShardSource | None:
         return self.store.complete.get(version) or self.partials.get(version)
@@ -196,6 +202,8 @@ class WeightService:
                 if j.state == "downloading"
             },
             "uploads_active": self.uploads_active,
+            "uploaded_bytes": self.uploaded,
+            "downloaded_bytes": sum(j.fetched_bytes for j in self.jobs.values()),
         }
 
     def admin_routes(self) -> dict[tuple[str, str], Any]:

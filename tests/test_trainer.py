@@ -1,0 +1,248 @@
+"""The trainer closes the loop: what it may train on (pure bookkeeping), the step clock's
+async window, its state across restarts, and one real run: chain, bootstrap, trainer,
+validator and two workers as processes on 127.0.0.1 for a few GRPO steps, the trainer
+killed with SIGKILL mid-run and restarted."""
+
+import json
+import signal
+import time
+
+import pytest
+
+from node.roles.chain import Submission, Verdict
+from node.roles.clock import StepClock
+from node.roles.trainer import TrainerState, WorkBook, append_line, key_text, recorded_step
+from protocol.batches import StepNotice
+from tests.netutil import wait_until
+
+W = "0x" + "11" * 20
+
+
+def sub(n: int, version: int, block: int | None = None) -> Submission:
+    return Submission(W, bytes([n]) * 32, 10, version, n if block is None else block)
+
+
+def key(n: int) -> tuple[str, bytes]:
+    return (W, bytes([n]) * 32)
+
+
+def verdict(n: int, accepted: bool, final: bool = False) -> Verdict:
+    return Verdict(W, bytes([n]) * 32, accepted, final, 100 + n)
+
+
+def test_only_accepted_fetched_unused_batches_in_the_window_are_usable():
+    book = WorkBook(async_level=2)
+    for n, version in ((1, 0), (2, 1), (3, 3), (4, 3)):
+        book.on_submission(sub(n, version))
+    book.on_verdict(verdict(1, True))
+    book.on_verdict(verdict(2, True))
+    book.on_verdict(verdict(3, True))
+    book.on_verdict(verdict(4, False))  # rejected: never usable
+    assert set(book.wanted(3)) == {key(2), key(3)}  # version 0 is out of step 3's window
+    for n in (1, 2, 3, 4):
+        book.fetched[key(n)] = book.submitted[key(n)].policy_version
+    assert book.usable(3) == [key(2), key(3)]  # oldest submission first
+    assert book.usable(2) == [key(1), key(2), key(3)]
+    assert book.stale(3) == [key(1)]
+    book.consume([key(2)], 3)
+    assert book.usable(3) == [key(3)] and key(2) not in book.wanted(3)
+
+
+def test_an_overturned_acceptance_is_no_longer_usable_and_a_final_accept_is():
+    book = WorkBook(async_level=1)
+    book.on_submission(sub(1, 0))
+    book.on_submission(sub(2, 0))
+    book.fetched[key(1)] = book.fetched[key(2)] = 0
+    book.on_verdict(verdict(1, True))
+    book.on_verdict(verdict(2, False))
+    assert book.usable(0) == [key(1)]
+    book.on_verdict(verdict(1, False, final=True))  # a quorum rejected it after all
+    book.on_verdict(verdict(2, True, final=True))  # and overturned the other reject
+    assert book.usable(0) == [key(2)]
+
+
+def test_consumed_batches_are_forgotten_once_outside_the_window():
+    book = WorkBook(async_level=1)
+    for n, version in ((1, 0), (2, 2)):
+        book.on_submission(sub(n, version))
+    book.consume([key(1), key(2)], 1)
+    assert set(book.consumed) == {key_text(key(1)), key_text(key(2))}
+    book.consume([], 2)  # version 0 < 2 - 1: never usable again, no need to remember
+    assert set(book.consumed) == {key_text(key(2))}
+
+
+def test_the_clock_takes_a_newer_version_of_the_same_step_but_never_goes_back():
+    clock = StepClock("trainer", async_level=1)
+    assert clock.observe("trainer", StepNotice(step=4, policy_version=3))
+    assert clock.observe("trainer", StepNotice(step=4, policy_version=4))
+    assert (clock.step, clock.policy_version) == (4, 4)
+    assert not clock.observe("trainer", StepNotice(step=4, policy_version=4))
+    assert not clock.observe("trainer", StepNotice(step=3, policy_version=5))
+    assert not clock.observe("mallory", StepNotice(step=9, policy_version=9))
+    assert (clock.step, clock.policy_version) == (4, 4)
+
+
+def test_a_batch_older_than_its_step_allows_is_outside_the_window():
+    clock = StepClock("trainer", async_level=1)
+    clock.observe("trainer", StepNotice(step=5, policy_version=5))
+    assert clock.window(5, 4) is None
+    assert "older than step" in (clock.window(5, 3) or "")
+    sync = StepClock("trainer", async_level=0)
+    sync.observe("trainer", StepNotice(step=5, policy_version=5))
+    assert sync.window(5, 5) is None and sync.window(5, 4) is not None
+
+
+def test_trainer_state_round_trips_and_a_cut_metrics_line_is_skipped(tmp_path):
+    state = TrainerState(step=3, consumed={"a": 1}, batches_used=5, tokens_trained=99)
+    state.line = {"step": 3, "used": ["a"]}
+    state.save(tmp_path / "s.json")
+    again = TrainerState.load(tmp_path / "s.json")
+    assert again == state
+    assert TrainerState.load(tmp_path / "none.json") == TrainerState()
+    metrics = tmp_path / "metrics.jsonl"
+    assert recorded_step(metrics) == -1
+    append_line(metrics, {"step": 0})
+    with open(metrics, "a") as f:
+        f.write('{"step": 1, "rew')  # a crash mid-write
+    assert recorded_step(metrics) == 0
+    append_line(metrics, {"step": 1})
+    lines = metrics.read_text().splitlines()
+    assert json.loads(lines[-1]) == {"step": 1} and recorded_step(metrics) == 1
+    assert len(lines) == 3 and "" not in lines  # no blank lines between records
+
+
+# ---- one real run -------------------------------------------------------------------------
+
+STEPS = 4
+
+
+def batch_steps(base):
+    """work key hex -> (step, policy version) of every batch the workers stored."""
+    from protocol.rollouts import RolloutBatch
+    from protocol.wire import open_message
+
+    out = {}
+    for path in base.glob("honest-*/batches/*"):
+        batch = open_message(path.read_bytes(), RolloutBatch)
+        out[batch.work_key().hex()] = (batch.step, batch.policy_version)
+    return out
+
+
+def metrics_lines(base):
+    path = base / "trainer" / "metrics.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+
+
+@pytest.mark.timeout(900)
+def test_a_devnet_learns_for_a_few_steps_and_a_killed_trainer_resumes_exactly(
+    tmp_path, tiny_model_dir
+):
+    from tests.test_loop import Loop, submissions
+
+    loop = Loop(tmp_path, tiny_model_dir, step_wait=60)
+    try:
+        loop.env.update(
+            {
+                "INTELLECT_NODE_ASYNC_LEVEL": "2",
+                "INTELLECT_NODE_MAX_UNJUDGED": "2",
+                "INTELLECT_NODE_TASKS_PER_BATCH": "4",
+                "INTELLECT_NODE_GROUP_SIZE": "4",
+                "INTELLECT_NODE_HELDOUT_PER_LEVEL": "4",
+                "INTELLECT_NODE_BATCHES_PER_STEP": "2",
+            }
+        )
+        trainer_env = {"INTELLECT_NODE_TRAIN_STEPS": str(STEPS)}
+        loop.spawn("trainer", "trainer", env=trainer_env)
+        loop.validator()
+        loop.worker("honest-0")
+        loop.worker("honest-1")
+        for node in loop.nodes.values():
+            wait_until(lambda n=node: n.status() is not None, 180, f"{node.name} up")
+
+        # SIGKILL the trainer once it has taken a step, then start it again
+        wait_until(lambda: len(metrics_lines(tmp_path)) >= 2, 400, "the first trainer step")
+        loop.nodes["trainer"].stop(signal.SIGKILL)
+        killed_at = json.loads((tmp_path / "trainer" / "trainer-state.json").read_text())["step"]
+        time.sleep(1)
+        loop.spawn("trainer", "trainer", env=trainer_env)
+
+        def done():
+            for node in loop.nodes.values():
+                assert node.proc.poll() is None, f"{node.name} died: {node.log_path}"
+            st = loop.section("trainer", "trainer") or {}
+            return st.get("done") and all(
+                ((loop.nodes[n].status() or {}).get("weights") or {}).get("current", 0) >= STEPS
+                for n in ("validator", "honest-0", "honest-1")
+            )
+
+        wait_until(done, 600, f"{STEPS} trainer steps and every node on version {STEPS}")
+        for name in ("honest-0", "honest-1"):
+            loop.nodes[name].stop()  # no new batches; what was submitted gets its verdict
+        client = loop.client()
+        wait_until(
+            lambda: all(
+                client.submission(w, k).status != "pending" for w, k in submissions(client)
+            ),
+            180,
+            "every submitted batch to be judged",
+        )
+        trainer_status = loop.section("trainer", "trainer")
+        submissions_seen = check_chain(loop, client)
+    finally:
+        loop.close()
+
+    lines = metrics_lines(tmp_path)
+    # every step recorded exactly once, the restart included
+    assert [m["step"] for m in lines] == list(range(STEPS + 1)), [m["step"] for m in lines]
+    assert 1 <= killed_at <= STEPS
+    assert all(m["heldout_accuracy"] is not None for m in lines)
+    # the trainer trained: weights changed, tokens trained at every step that had samples
+    assert sum(m["tokens_trained"] for m in lines) > 0
+    # what the trainer used: accepted batches, each once, each inside the async window
+    subs = submissions_seen
+    steps_of = batch_steps(tmp_path)
+    used = [k for m in lines for k in m["used"]]
+    assert len(used) == len(set(used)), "a batch was trained on twice"
+    accepted = {key_text(k) for k in subs}
+    assert set(used) <= accepted
+    for m in lines:
+        for k in m["used"]:
+            _, version = steps_of[k.split(":")[1]]
+            assert version + 2 >= m["step"] - 1, (k, version, m["step"])
+    # and none was lost: an accepted batch unused is of the last steps (made after the
+    # trainer's last selection) or fell out of the window
+    for k in accepted - set(used):
+        step, version = steps_of[k.split(":")[1]]
+        assert step >= STEPS - 1 or version + 2 < STEPS, (k, step, version)
+    assert trainer_status["batches_used"] == len(used)
+    # the workers followed: later batches were generated with later versions
+    versions = {v for _, v in steps_of.values()}
+    assert max(versions) >= 1, versions
+
+
+def check_chain(loop, client):
+    """Verdicts, slashing and rewards as the chain has them; returns the submissions."""
+    from tests.test_loop import submissions, verdict_events
+
+    # every batch has exactly one verdict; honest work is accepted, nobody slashed
+    subs = submissions(client)
+    verdicts = verdict_events(client)
+    assert set(verdicts) == set(subs) and all(v == ["WorkAccepted"] for v in verdicts.values())
+    for address in (loop.addresses["honest-0"], loop.addresses["honest-1"]):
+        assert client.worker(address).slashed == 0
+    # rewards: after the window and the lock an honest worker's reward is claimable
+    params = client.params()
+    client.chain.advance_time(params.verdict_window + params.reward_lock + 10)
+    from eth_account import Account
+
+    from ledger.client import LedgerClient
+
+    anyone = LedgerClient(
+        client.chain, client.contract.address, Account.from_key(loop.chain_info["funder_key"])
+    )
+    for name in ("honest-0", "honest-1"):
+        anyone.settle(loop.addresses[name])
+        assert client.claimable(loop.addresses[name]) > 0, name
+    return subs
