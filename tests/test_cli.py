@@ -146,7 +146,13 @@ def test_start_status_and_sigint(tmp_path):
     from tests.netutil import metrics
 
     node = spawn_node(
-        "solo", "trainer", tmp_path, run_id="cli-run", listen="/ip4/127.0.0.1/tcp/0", bootstrap=[]
+        "solo",
+        "trainer",
+        tmp_path,
+        run_id="cli-run",
+        listen="/ip4/127.0.0.1/tcp/0",
+        bootstrap=[],
+        extra=["--network-only"],  # the trainer's work needs a model and a chain
     )
     try:
         wait_ready(node)
