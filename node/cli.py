@@ -97,6 +97,7 @@ def _add_node_flags(p: argparse.ArgumentParser) -> None:
         "eval_every",
         "heldout_per_level",
         "seed",
+        "heldout_seed",
     ):
         f = fields[name]
         p.add_argument(

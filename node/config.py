@@ -221,7 +221,13 @@ class NodeConfig(BaseModel):
     heldout_per_level: int = Field(
         32, ge=1, le=10_000, description="Trainer: held-out tasks per difficulty level."
     )
-    seed: int = Field(0, ge=0, description="Trainer: the seed of its optimizer and held-out set.")
+    seed: int = Field(0, ge=0, description="Trainer: the seed of its optimizer (torch RNG).")
+    heldout_seed: int = Field(
+        0,
+        ge=0,
+        description="Trainer: the seed that draws the held-out task set (the same set for "
+        "every run that compares against another).",
+    )
     spot_check: float = Field(
         1.0,
         gt=0,

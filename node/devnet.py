@@ -322,10 +322,15 @@ def final_versions(nodes: list[NodeProcess]) -> dict[str, int | None]:
     return out
 
 
-def write_report(report: Path, metrics: Path) -> Path | None:
-    """``metrics.jsonl`` copied into ``report`` and a PNG of reward and held-out accuracy
-    against step; returns the PNG's path (None without metrics)."""
+def write_report(
+    report: Path, metrics: Path, statuses: dict[str, Any] | None = None
+) -> Path | None:
+    """``metrics.jsonl`` copied into ``report``, every node's last status
+    (``statuses.json``), and a PNG of reward and held-out accuracy against step; returns
+    the PNG's path (None without metrics)."""
     report.mkdir(parents=True, exist_ok=True)
+    if statuses is not None:
+        (report / "statuses.json").write_text(json.dumps(statuses, indent=1, default=str))
     if not metrics.exists():
         return None
     text = metrics.read_text()
@@ -521,7 +526,8 @@ def run_devnet(
                     )
                     break
         if report is not None:
-            png = write_report(report, base_dir / "trainer" / "metrics.jsonl")
+            statuses = {n.name: n.status() for n in nodes}
+            png = write_report(report, base_dir / "trainer" / "metrics.jsonl", statuses)
             say(f"devnet: report in {report}" + (f" ({png.name})" if png else ""), flush=True)
         if steps and not finished and not stopping:
             say(f"devnet: stopped after {duration:.0f} s before step {steps}", flush=True)

@@ -201,6 +201,31 @@ def test_an_announcement_flood_is_bounded():
     assert len(q.entries) == 3 and q.dropped == 7
 
 
+def test_one_peers_flood_of_unsubmitted_keys_cannot_crowd_out_the_others():
+    q = JudgingQueue(fetch_deadline_s=30, per_peer_unsubmitted=4)
+    for i in range(50):
+        q.noticed((WORKER, bytes([i]) * 32), "flooder", now=0)
+    assert len(q.entries) == 4 and q.dropped == 46
+    mine = (WORKER, b"\xc8" * 32)
+    q.noticed(mine, "honest", now=1)  # another peer's announcement still gets in
+    q.submitted(mine, 10, 0, now=1)
+    assert q.next_fetch(1) == (mine, "honest")
+    # a flooder's key that is submitted after all is work like any other: no longer counted
+    q.submitted((WORKER, bytes([0]) * 32), 10, 0, now=2)
+    q.noticed((WORKER, bytes([60]) * 32), "flooder", now=2)
+    assert (WORKER, bytes([60]) * 32) in q.entries
+
+
+def test_announced_keys_never_submitted_are_forgotten_after_the_fetch_deadline():
+    q = JudgingQueue(fetch_deadline_s=30, per_peer_unsubmitted=2)
+    q.noticed((WORKER, b"\x01" * 32), "flooder", now=0)
+    q.noticed((WORKER, b"\x02" * 32), "flooder", now=0)
+    q.noticed((WORKER, b"\x03" * 32), "flooder", now=10)  # over its share
+    assert q.dropped == 1 and len(q.entries) == 2
+    q.noticed((WORKER, b"\x03" * 32), "flooder", now=31)  # the first two expired
+    assert q.expired == 2 and list(q.entries) == [(WORKER, b"\x03" * 32)]
+
+
 def test_spec_documents_the_batch_messages():
     import re
     from pathlib import Path

@@ -93,6 +93,8 @@ class InferenceRole:
         self.maker: Any = None
         self.done_step: int | None = None
         self.version_used: int | None = None
+        self.serving_since: float | None = None
+        self.busy_s = 0.0  # generating, signing, storing, submitting
         self.stake_info: dict[str, Any] = {}
 
     # ---- setup -------------------------------------------------------------------------
@@ -119,6 +121,7 @@ class InferenceRole:
             "weights_held": self.held_versions(),
             "last_batch_step": self.done_step,
             "cheat": self.cfg.cheat,
+            "idle_share": idle_share(self.busy_s, self.serving_since),
             **self.counts.as_dict(),
             **self.stake_info,
         }
@@ -150,6 +153,7 @@ class InferenceRole:
         follow_steps(self.node, self.clock)
         self.node.add_status("inference", self.status)
         self._resume_pending()
+        self.serving_since = time.monotonic()
         task_status.started(self)
         await self._refresh_verdicts()  # resubmits what a crash left unsubmitted
         for key in list(self.counts.pending):  # and tells validators where to fetch it again
@@ -170,7 +174,11 @@ class InferenceRole:
                 if picked is None:  # nothing in the window yet: the next version downloads
                     await trio.sleep(POLL_S)
                     continue
-                await self._work(step, *picked)
+                began = time.monotonic()
+                try:
+                    await self._work(step, *picked)
+                finally:
+                    self.busy_s += time.monotonic() - began
             except (LedgerError, OffloadError, OSError) as exc:  # the chain said no, or a failure
                 self.counts.errors += 1
                 log.error("work failed: %s", exc)
@@ -371,6 +379,13 @@ class BatchMaker:
         )
         encoded: bytes = batch.encode()
         return encoded
+
+
+def idle_share(busy_s: float, since: float | None) -> float:
+    """The share of the time since ``since`` (monotonic) not spent busy."""
+    if since is None or time.monotonic() <= since:
+        return 0.0
+    return round(max(0.0, 1.0 - busy_s / (time.monotonic() - since)), 3)
 
 
 def _perturb(model: Any) -> None:

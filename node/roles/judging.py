@@ -6,7 +6,10 @@ retried with exponential back-off (``retry_s`` doubling up to ``retry_max_s``), 
 peer that announced the batch; a submitted key whose batch could not be fetched by
 ``fetch_deadline_s`` after its submission is *unavailable* (the validator rejects it as
 such: work no validator could see is never paid, SPEC §12). Every key is judged at most
-once. Pure: no clock, no sockets; the role passes ``now`` in.
+once. Announcements of keys never submitted are bounded: each peer may have at most
+``per_peer_unsubmitted`` of them waiting, and each waits at most ``fetch_deadline_s`` for
+its submission before it is forgotten (a flood from one peer cannot crowd out the others'
+work). Pure: no clock, no sockets; the role passes ``now`` in.
 """
 
 from __future__ import annotations
@@ -35,8 +38,10 @@ class JudgingQueue:
     retry_s: float = 1.0
     retry_max_s: float = 30.0
     max_pending: int = 4096  # keys tracked but not yet judged (announcement floods stop here)
+    per_peer_unsubmitted: int = 64  # announced by one peer and not (yet) submitted on-chain
     entries: dict[Key, _Entry] = field(default_factory=dict)
-    dropped: int = 0  # notices refused because the queue was full
+    dropped: int = 0  # notices refused because the queue or the peer's share was full
+    expired: int = 0  # announced keys never submitted within the fetch deadline
 
     def _pending(self) -> int:
         return sum(1 for e in self.entries.values() if not e.done)
@@ -50,8 +55,30 @@ class JudgingQueue:
             entry = self.entries[key] = _Entry()
         return entry
 
+    def _unsubmitted_by(self, peer: str) -> int:
+        return sum(
+            1
+            for e in self.entries.values()
+            if e.submitted_at is None and not e.done and e.peers[:1] == [peer]
+        )
+
+    def _expire(self, now: float) -> None:
+        for key in [
+            k
+            for k, e in self.entries.items()
+            if e.submitted_at is None
+            and e.noticed_at is not None
+            and now >= e.noticed_at + self.fetch_deadline_s
+        ]:
+            del self.entries[key]
+            self.expired += 1
+
     def noticed(self, key: Key, peer: str, now: float) -> None:
         """``peer`` announced that it holds the batch."""
+        self._expire(now)
+        if key not in self.entries and self._unsubmitted_by(peer) >= self.per_peer_unsubmitted:
+            self.dropped += 1
+            return
         entry = self._entry(key)
         if entry is None or entry.done:
             return

@@ -270,6 +270,7 @@ class TrainerRole:
             self.cfg.seed,
             self.cfg.taskset,
             self.cfg.heldout_per_level,
+            self.cfg.heldout_seed,
             self.cfg.max_new_tokens,
             self.cfg.temperature,
         )
@@ -529,6 +530,7 @@ class PolicyWorker:
         seed: int,
         taskset: str,
         heldout_per_level: int,
+        heldout_seed: int,
         max_new_tokens: int,
         temperature: float,
     ) -> None:
@@ -543,7 +545,7 @@ class PolicyWorker:
         self.cfg = GRPOConfig() if lr is None else GRPOConfig(lr=lr)
         self.root = Path(checkpoints)
         self.taskset = load_taskset(taskset)
-        self.heldout = HeldOut(taskset, per_level=heldout_per_level, seed=seed)
+        self.heldout = HeldOut(taskset, per_level=heldout_per_level, seed=heldout_seed)
         self.max_new_tokens, self.temperature = max_new_tokens, temperature
         if step == 0:
             self.policy = Policy(base, self.cfg, seed=seed)

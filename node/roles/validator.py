@@ -38,6 +38,7 @@ from node.config import NodeConfig
 from node.roles.chain import ChainSetupError, Submission, SubmissionWatcher, open_ledger
 from node.roles.clock import StepClock, follow_steps
 from node.roles.exchange import fetch_batch
+from node.roles.inference import idle_share
 from node.roles.judging import JudgingQueue, Key
 from node.roles.offload import Offload, OffloadError
 from node.runtime import Node, RemoteRefusal
@@ -76,6 +77,8 @@ class ValidatorRole:
         self.recent: deque[dict[str, Any]] = deque(maxlen=20)
         self.fetch_failures = 0
         self.judge_seconds = 0.0
+        self.serving_since: float | None = None
+        self.busy_s = 0.0  # fetching, judging, posting
         self.ledger: Any = None
         self.address = ""
         self.watcher: SubmissionWatcher | None = None
@@ -100,6 +103,7 @@ class ValidatorRole:
             "rejected_by_reason": {k: v for k, v in self.verdicts.items() if k != "accepted"},
             "fetch_failures": self.fetch_failures,
             "judge_seconds": round(self.judge_seconds, 3),
+            "idle_share": idle_share(self.busy_s, self.serving_since),
             "waiting": sum(1 for e in self.queue.entries.values() if not e.done),
             "recent": list(self.recent),
         }
@@ -155,6 +159,7 @@ class ValidatorRole:
         self.node.add_status("validator", self.status)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._watch_chain)
+            self.serving_since = time.monotonic()
             task_status.started(self)
             while True:
                 now = trio.current_time()
@@ -167,7 +172,9 @@ class ValidatorRole:
                     wake = self.queue.wake_at(now)
                     await trio.sleep(POLL_S if wake is None else max(0.05, min(POLL_S, wake - now)))
                     continue
+                began = time.monotonic()
                 await self._fetch_and_judge(*got)
+                self.busy_s += time.monotonic() - began
 
     async def _fetch_and_judge(self, key: Key, peer: str) -> None:
         notice = self.notices.get(key)

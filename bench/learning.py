@@ -1,0 +1,256 @@
+"""Experiment: does the network learn? Held-out accuracy against trainer step, measured.
+
+    .venv/bin/python bench/learning.py [--steps 20] [--seeds 2] [--configs k2,k0,central]
+                                       [--out DIR] [--json]
+
+Three configurations, the same number of trainer steps, the same base policy (``model
+init``), the same held-out set (seeded; disjoint from training), the same generation
+settings (tasks x samples per step, token budget, temperature) and the same GRPO code:
+
+- ``k2``: the devnet (``intellect-node devnet``: chain, bootstrap, trainer, one validator,
+  two workers, separate processes on 127.0.0.1) with ``--async-level 2``;
+- ``k0``: the same devnet with ``--async-level 0`` (synchronous, on-policy);
+- ``central``: the centralized baseline (``node.training.central``): one process, no
+  network, no proofs, no chain.
+
+Each step trains on ``--tasks`` tasks x ``--group`` samples (the devnet: two workers with
+half the tasks each, ``batches_per_step`` 2). The held-out set is evaluated greedily at
+every step. "Final accuracy" is the mean of the last 5 evaluations of a run, averaged over
+seeds (per-seed values printed too). It also reports each devnet role's share of
+wall-clock time spent idle (the trainer waiting for accepted batches, workers waiting for
+a step, back-pressure or weights, the validator waiting for work), from the nodes' last
+status. Targets (issue #13): k2 lifts final held-out accuracy on levels 1-3 by >= 20
+points over the base policy; k2 within 5 points of k0 and of central.
+
+Writes ``learning.png`` and ``learning.json`` into ``--out`` (default
+``bench-learning/``). ``--json``: the last line is one JSON object with ``base_accuracy``,
+``accuracy`` (config -> mean over seeds per evaluated step), ``final`` (config -> final
+accuracy), ``final_per_seed``, ``steps``, ``seconds`` (config -> mean wall-clock per run)
+and ``idle_share`` (role -> share, k2 runs; ``idle_share_k0`` for k0).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+LAST = 5  # evaluations averaged into the final accuracy
+
+
+def run_devnet_config(
+    k: int, seed: int, steps: int, tasks: int, group: int, tokens: int, per_level: int, lr: float
+) -> tuple[list[dict[str, Any]], dict[str, float], float]:
+    """One devnet run: its metrics lines, the roles' idle shares, its wall-clock."""
+    from node.devnet import run_devnet
+
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix=f"bench-learning-k{k}-") as tmp:
+        base = Path(tmp)
+        rc = run_devnet(
+            base / "net",
+            run_id=f"learning-k{k}-s{seed}",
+            inference=2,
+            duration=3600,
+            steps=steps,
+            async_level=k,
+            report=base / "report",
+            quiet=True,
+            env_extra={
+                "INTELLECT_NODE_TASKS_PER_BATCH": str(max(1, tasks // 2)),
+                "INTELLECT_NODE_GROUP_SIZE": str(group),
+                "INTELLECT_NODE_MAX_NEW_TOKENS": str(tokens),
+                "INTELLECT_NODE_HELDOUT_PER_LEVEL": str(per_level),
+                "INTELLECT_NODE_EVAL_EVERY": "1",
+                "INTELLECT_NODE_SEED": str(seed),
+                "INTELLECT_NODE_LEARNING_RATE": str(lr),
+                "INTELLECT_NODE_MAX_UNJUDGED": "2",
+            },
+        )
+        if rc != 0:
+            raise RuntimeError(f"the devnet (k={k}, seed {seed}) did not finish {steps} steps")
+        lines = [
+            json.loads(x)
+            for x in (base / "report" / "metrics.jsonl").read_text().splitlines()
+            if x.strip()
+        ]
+        statuses = json.loads((base / "report" / "statuses.json").read_text())
+    idle: dict[str, list[float]] = {}
+    for st in statuses.values():
+        for role in ("trainer", "inference", "validator"):
+            share = ((st or {}).get(role) or {}).get("idle_share")
+            if share is not None:
+                idle.setdefault(role, []).append(float(share))
+    shares = {role: sum(v) / len(v) for role, v in idle.items()}
+    return lines, shares, time.monotonic() - started
+
+
+def run_central_config(
+    seed: int, steps: int, tasks: int, group: int, tokens: int, per_level: int, lr: float
+) -> tuple[list[dict[str, Any]], float]:
+    from node.training.central import CentralConfig, GenerationConfig, run
+    from node.training.grpo import GRPOConfig
+
+    started = time.monotonic()
+    cfg = CentralConfig(
+        steps=steps,
+        seed=seed,
+        gen=GenerationConfig(tasks_per_step=tasks, group_size=group, max_new_tokens=tokens),
+        grpo=GRPOConfig(lr=lr),
+        eval_every=1,
+        heldout_per_level=per_level,
+        heldout_max_new_tokens=tokens,
+    )
+    return run(cfg), time.monotonic() - started
+
+
+def curve(lines: list[dict[str, Any]]) -> dict[int, float]:
+    return {
+        int(m["step"]): float(m["heldout_accuracy"])
+        for m in lines
+        if m.get("heldout_accuracy") is not None
+    }
+
+
+def final(c: dict[int, float]) -> float:
+    last = [c[s] for s in sorted(c)][-LAST:]
+    return sum(last) / len(last)
+
+
+def main() -> None:
+    from node.training.central import GenerationConfig
+    from node.training.grpo import GRPOConfig
+
+    gen = GenerationConfig()
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--steps", type=int, default=20, help="trainer steps per run (default 20)")
+    ap.add_argument("--seeds", type=int, default=2, help="runs per configuration (default 2)")
+    ap.add_argument("--configs", default="k2,k0,central")
+    ap.add_argument("--tasks", type=int, default=gen.tasks_per_step, help="tasks per step")
+    ap.add_argument("--group", type=int, default=gen.group_size, help="samples per task")
+    ap.add_argument("--max-new-tokens", type=int, default=gen.max_new_tokens)
+    ap.add_argument("--heldout-per-level", type=int, default=50)
+    ap.add_argument("--lr", type=float, default=GRPOConfig().lr)
+    ap.add_argument("--out", type=Path, default=Path("bench-learning"))
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+
+    from node.devnet import prepare_model
+
+    with tempfile.TemporaryDirectory() as tmp:
+        prepare_model(Path(tmp) / "model")  # built once per machine, then cached
+
+    configs = [c.strip() for c in args.configs.split(",") if c.strip()]
+    curves: dict[str, list[dict[int, float]]] = {c: [] for c in configs}
+    seconds: dict[str, list[float]] = {c: [] for c in configs}
+    idle: dict[str, list[dict[str, float]]] = {c: [] for c in configs}
+    shape = (
+        args.steps,
+        args.tasks,
+        args.group,
+        args.max_new_tokens,
+        args.heldout_per_level,
+        args.lr,
+    )
+    for seed in range(args.seeds):
+        for c in configs:
+            print(f"learning: {c} seed {seed} ({args.steps} steps) ...", flush=True)
+            if c == "central":
+                lines, secs = run_central_config(seed, *shape)
+            else:
+                lines, shares, secs = run_devnet_config(int(c[1:]), seed, *shape)
+                idle[c].append(shares)
+            curves[c].append(curve(lines))
+            seconds[c].append(secs)
+            acc = curve(lines)
+            print(
+                f"learning: {c} seed {seed}: base {acc.get(0, float('nan')):.3f}, "
+                f"final {final(acc):.3f} ({secs:.0f} s)",
+                flush=True,
+            )
+
+    base_values = [c[0] for runs in curves.values() for c in runs if 0 in c]
+    base = sum(base_values) / len(base_values)
+    mean_curve = {
+        c: [
+            sum(run[s] for run in runs) / len(runs)
+            for s in sorted(set.intersection(*(set(r) for r in runs)))
+        ]
+        for c, runs in curves.items()
+    }
+    finals = {c: sum(final(r) for r in runs) / len(runs) for c, runs in curves.items()}
+    per_seed = {c: [round(final(r), 4) for r in runs] for c, runs in curves.items()}
+
+    def mean_shares(rows: list[dict[str, float]]) -> dict[str, float]:
+        roles = {r for row in rows for r in row}
+        return {r: round(sum(row.get(r, 0.0) for row in rows) / len(rows), 3) for r in roles}
+
+    print()
+    print(f"held-out accuracy (levels 1-3, greedy), {args.steps} steps, {args.seeds} seeds")
+    print(f"base policy: {base:.3f}")
+    print(f"{'config':<8} {'final':>7} {'vs base':>8}  per seed          s/run")
+    for c in configs:
+        print(
+            f"{c:<8} {finals[c]:>7.3f} {100 * (finals[c] - base):>+7.1f}pt  "
+            f"{str(per_seed[c]):<17} {sum(seconds[c]) / len(seconds[c]):>5.0f}"
+        )
+    if "k2" in finals and "k0" in finals:
+        print(f"k2 - k0: {100 * (finals['k2'] - finals['k0']):+.1f} points")
+    if "k2" in finals and "central" in finals:
+        print(f"k2 - central: {100 * (finals['k2'] - finals['central']):+.1f} points")
+    for c in configs:
+        if idle[c]:
+            print(f"idle share ({c}): {mean_shares(idle[c])}")
+    steps_axis = {c: sorted(set.intersection(*(set(r) for r in curves[c]))) for c in configs}
+    print("per step (mean over seeds):")
+    for c in configs:
+        print(f"  {c:<8} " + " ".join(f"{v:.2f}" for v in mean_curve[c]))
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    from node.devnet import plot_curves
+
+    png = plot_curves(
+        {
+            c: [
+                {"step": s, "heldout_accuracy": v, "reward_mean": None}
+                for s, v in zip(steps_axis[c], mean_curve[c], strict=True)
+            ]
+            for c in configs
+        },
+        args.out / "learning.png",
+        title=f"held-out accuracy, mean of {args.seeds} seeds",
+    )
+    result = {
+        "base_accuracy": round(base, 4),
+        "accuracy": {c: [round(v, 4) for v in mean_curve[c]] for c in configs},
+        "final": {c: round(v, 4) for c, v in finals.items()},
+        "final_per_seed": per_seed,
+        "steps": args.steps,
+        "seeds": args.seeds,
+        "seconds": {c: round(sum(v) / len(v), 1) for c, v in seconds.items()},
+        "idle_share": mean_shares(idle.get("k2") or []),
+        "idle_share_k0": mean_shares(idle.get("k0") or []),
+        "settings": {
+            "tasks_per_step": args.tasks,
+            "group_size": args.group,
+            "max_new_tokens": args.max_new_tokens,
+            "heldout_per_level": args.heldout_per_level,
+            "lr": args.lr,
+        },
+    }
+    (args.out / "learning.json").write_text(json.dumps(result, indent=1))
+    print(f"plot: {png}")
+    if args.json:
+        print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
