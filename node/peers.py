@@ -8,6 +8,10 @@ no sockets of its own.
 A leave notice leaves a tombstone with its sequence number: a heartbeat the peer sent
 before leaving that arrives late (gossip takes other paths than the direct notice) must
 not bring it back. A message with a higher sequence number (the peer restarted) does.
+
+The table is bounded: at most ``per_role`` records per role; a new peer of a full role
+replaces the one heard from least recently. The runtime decides what to do with a peer
+that fell silent (``silent``): forget it, or first ask it directly whether it is alive.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 
 MAX_TOMBSTONES = 4096
+PER_ROLE = 256
 
 
 @dataclass
@@ -31,6 +36,7 @@ class PeerRecord:
 class PeerTable:
     self_id: str
     ttl: float
+    per_role: int = PER_ROLE
     peers: dict[str, PeerRecord] = field(default_factory=dict)
     departed: OrderedDict[str, int] = field(default_factory=OrderedDict)
 
@@ -43,6 +49,9 @@ class PeerTable:
         self.departed.pop(peer_id, None)
         rec = self.peers.get(peer_id)
         if rec is None:
+            same = [r for r in self.peers.values() if r.role == role]
+            if len(same) >= self.per_role:
+                del self.peers[min(same, key=lambda r: (r.last_seen, r.peer_id)).peer_id]
             self.peers[peer_id] = PeerRecord(peer_id, role, list(addrs), now, now)
             return True
         rec.role = role
@@ -63,6 +72,13 @@ class PeerTable:
             self.departed.popitem(last=False)
         return self.peers.pop(peer_id, None) is not None
 
+    def silent(self, now: float) -> list[str]:
+        """Peers not heard from for more than ``ttl`` (still in the table)."""
+        return [p for p, r in self.peers.items() if now - r.last_seen > self.ttl]
+
+    def forget(self, peer_id: str) -> bool:
+        return self.peers.pop(peer_id, None) is not None
+
     def expire(self, now: float) -> list[str]:
         """Forget every peer silent for more than ``ttl``; return their ids."""
         gone = [p for p, r in self.peers.items() if now - r.last_seen > self.ttl]
@@ -75,3 +91,6 @@ class PeerTable:
 
     def by_role(self) -> dict[str, int]:
         return dict(Counter(r.role for r in self.peers.values()))
+
+    def roles(self) -> set[str]:
+        return {r.role for r in self.peers.values()}

@@ -1,0 +1,160 @@
+"""The network's pure state machines: discovery back-off (on trio's MockClock), provide
+refreshes, connection watermarks, the bounded peer table, and the convergence rule."""
+
+import random
+
+import pytest
+import trio
+
+from node.connections import ConnectionPlan
+from node.convergence import problems
+from node.discovery import NEEDS, LookupSchedule, ProvideSchedule
+from node.peers import PeerTable
+
+
+async def _drive(schedule: LookupSchedule, roles_at, until: float) -> list[float]:
+    """Run the schedule the way the runtime does (a 1 s tick); return the virtual times of
+    lookup rounds. ``roles_at(t)``: the roles with a live peer in the table at time t."""
+    rounds = []
+    while trio.current_time() < until:
+        now = trio.current_time()
+        schedule.observe(now, roles_at(now))
+        if schedule.is_due(now):
+            rounds.append(now)
+            schedule.looked_up(now, roles_at(now))
+        await trio.sleep(1.0)
+    return rounds
+
+
+async def test_lookups_back_off_once_found_and_return_when_a_role_disappears(autojump_clock):
+    s = LookupSchedule(NEEDS["inference"], base=5, longest=80, longest_missing=20)
+    both = {"trainer", "validator", "inference"}
+
+    def roles_at(t):  # found at 12 s, the validator gone from 300 s to 400 s
+        if t < 12:
+            return set()
+        return both - {"validator"} if 300 <= t < 400 else both
+
+    rounds = await _drive(s, roles_at, until=600)
+    # missing: 0, then +5 (base), +10, +20 (capped at longest_missing while missing) ...
+    # found at 12: the round at 15 sees both, intervals double to 80: 15+20=35, 75, 155, 235
+    # at 300 the validator is gone: a round at once, then 5, 10, 20, 20 ... while missing
+    # at 400 it is back: the round at 405 doubles on to 40, 80
+    assert rounds == [0, 5, 15, 35, 75, 155, 235, 300, 305, 315, 335, 355, 375, 395, 415, 455,
+                      535]  # fmt: skip
+    gaps = [b - a for a, b in zip(rounds, rounds[1:], strict=False)]
+    assert max(gaps) == 80 and gaps[-1] == 80
+
+
+async def test_a_bootstrap_needs_no_role_and_settles_at_the_longest(autojump_clock):
+    s = LookupSchedule(NEEDS["bootstrap"], base=5, longest=60, longest_missing=10)
+    rounds = await _drive(s, lambda t: set(), until=300)
+    assert rounds == [0, 5, 15, 35, 75, 135, 195, 255]
+
+
+def test_lookup_schedule_rejects_a_base_above_its_caps():
+    with pytest.raises(ValueError, match="base"):
+        LookupSchedule(frozenset(), base=10, longest=5, longest_missing=5)
+
+
+def test_provide_at_first_peer_again_when_the_table_doubles_and_at_republish():
+    p = ProvideSchedule(republish=1000, retry=20)
+    assert not p.is_due(0, 0)  # nobody to store the record on
+    assert p.is_due(1, 1)
+    p.provided(1, 1, ok=False)  # reached nobody: wait before trying again
+    assert not p.is_due(10, 1) and p.is_due(21, 1)
+    p.provided(21, 3, ok=True)
+    assert not p.is_due(22, 5)  # grew, not doubled
+    assert p.is_due(22, 6)
+    p.provided(22, 6, ok=True)
+    assert not p.is_due(1021, 11) and p.is_due(1022, 11)  # the DHT's republish interval
+
+
+def test_connections_close_the_surplus_down_to_low_sparing_peers_in_use_and_new_ones():
+    c = ConnectionPlan(low=3, high=6, grace=3, cooldown=60, keep_per_role=1)
+    conns = {f"w{i}": "inference" for i in range(8)} | {"b": "bootstrap", "x": None}
+    c.update(0, {p: conns[p] for p in ["b", "w0"]})  # the oldest links
+    c.update(10, conns)
+    assert c.to_close(11) == []  # the new ones are inside their grace period: not counted
+    assert c.protected() == {"b", "w0"}  # one per role, the longest-connected
+    closing = c.to_close(13)
+    # down to halfway between the watermarks (3 + 6) // 2
+    assert len(closing) == 10 - 4 and "b" not in closing and "w0" not in closing
+    assert closing[0] == "x"  # unknown role first
+    remaining = {p: r for p, r in conns.items() if p not in closing}
+    assert c.update(14, remaining) == []  # what we closed is not a drop
+    assert c.to_close(14) == [] and c.to_dial(14, conns, random.Random(0)) == []
+    # what we closed is not dialed again during the cooldown, even below low
+    c.update(20, {"b": "bootstrap"})
+    assert set(c.to_dial(20, conns, random.Random(0))) <= set(remaining)
+
+
+def test_connections_dial_up_to_low_a_missing_role_first_and_cool_peers_that_dropped_us():
+    c = ConnectionPlan(low=3, high=6, grace=3, cooldown=60)
+    known = {"b": "bootstrap", "t": "trainer", "w1": "inference", "w2": "inference"}
+    c.update(0, {"w1": "inference", "b": "bootstrap"})
+    assert c.update(5, {"w1": "inference"}) == ["b"]  # b dropped us
+    dial = c.to_dial(5, known, random.Random(1))
+    assert dial[0] == "t" and "b" not in dial and len(dial) == 2
+    assert "b" in c.to_dial(66, known, random.Random(1))  # cooled down
+
+
+def test_an_isolated_node_dials_cooling_peers_rather_than_none():
+    c = ConnectionPlan(low=2, high=4)
+    c.update(0, {"b": "bootstrap"})
+    c.update(1, {})
+    assert c.to_dial(1, {"b": "bootstrap"}, random.Random(0)) == ["b"]
+
+
+def test_links_of_a_dht_round_are_closed_first_and_young_links_do_not_count():
+    c = ConnectionPlan(low=2, high=4, grace=5)
+    settled = {"a": "inference", "b": "inference", "c": "inference", "d": "bootstrap"}
+    c.update(0, settled)
+    c.update(10, settled | {"q1": "inference", "q2": "inference"})  # a query's links
+    assert c.settled(11) == 4 and c.settled(15) == 6
+    assert c.to_close(11) == []  # 4 settled: at the watermark, the young ones do not count
+    assert c.to_close(11, transient={"q1", "q2"}) == ["q1", "q2", "c"]
+
+
+def test_connection_plan_needs_ordered_watermarks():
+    with pytest.raises(ValueError, match="low"):
+        ConnectionPlan(low=5, high=4)
+
+
+def test_peer_table_holds_at_most_per_role_replacing_the_least_recently_heard():
+    t = PeerTable("me", ttl=100, per_role=3)
+    for i in range(3):
+        t.seen(f"w{i}", "inference", [], now=i)
+    t.seen("w0", "inference", [], now=10)  # heard again: w1 is now the stalest
+    t.seen("v", "validator", [], now=11)
+    assert t.seen("w3", "inference", [], now=12)
+    assert set(t.peers) == {"w0", "w2", "w3", "v"}
+    assert t.silent(105) == ["w2"] and t.forget("w2") and not t.forget("w2")
+
+
+def _st(peer, role, by_role, count, low=2, high=4):
+    return {
+        "peer_id": peer,
+        "role": role,
+        "peers_by_role": by_role,
+        "connections": {"count": count + 1, "settled": count, "low": low, "high": high},
+    }
+
+
+def test_converged_needs_a_live_peer_of_every_other_role_and_connections_in_range():
+    sts = [
+        _st("b", "bootstrap", {"inference": 2}, 2),
+        _st("w1", "inference", {"bootstrap": 1, "inference": 1}, 2),
+        _st("w2", "inference", {"bootstrap": 1, "inference": 1}, 3),
+    ]
+    assert problems(sts) == []
+    sts[1]["peers_by_role"] = {"bootstrap": 1}
+    sts[2]["connections"]["settled"] = 5
+    sts[0]["connections"]["count"] = 1
+    assert problems(sts) == [
+        "b holds 1 connections, fewer than 2",
+        "w1 (inference) knows no live inference",
+        "w2 holds 5 settled connections, more than 4",
+    ]
+    # two nodes: low is capped at the one other node there is
+    assert problems([_st("b", "bootstrap", {"inference": 1}, 1), _st("w", "inference", {"bootstrap": 1}, 1)]) == []  # fmt: skip
