@@ -9,6 +9,15 @@
   (or by) the public IPFS DHT.
 - Gossipsub: heartbeat 1 s instead of 120 s; the library's per-topic spam limit (10 msg/s)
   is off because our own publisher paces; the subscription queue is raised from 32.
+- Connections: py-libp2p 0.8.1's ``AutoConnector`` aims at (low + high watermark) / 2 = 200
+  connections and, while under ``min_connections`` (50), dials up to 16 peers of the
+  peerstore every 10 s: in a small network, a full mesh. Its pruner skips every connection
+  with an open stream (gossipsub keeps one to each peer), so it never trims one. We turn the
+  auto-connector off and keep the pruner out of the way; the runtime keeps its connections
+  between its own watermarks (``node/connections.py``).
+- Wire bytes: py-libp2p counts no traffic; ``count_wire_bytes`` wraps its TCP stream so
+  ``WIRE`` holds every byte this process wrote to or read from a TCP socket (Noise,
+  yamux, gossipsub, Kademlia and our protocols alike).
 """
 
 from __future__ import annotations
@@ -22,10 +31,12 @@ from libp2p.crypto.ed25519 import create_new_key_pair
 from libp2p.crypto.keys import KeyPair
 from libp2p.crypto.x25519 import create_new_key_pair as create_x25519_key_pair
 from libp2p.custom_types import TProtocol
+from libp2p.io.trio import TrioTCPStream
 from libp2p.kad_dht import common as kad_common
 from libp2p.kad_dht import kad_dht as kad_module
 from libp2p.kad_dht import peer_routing, provider_store, value_store
 from libp2p.kad_dht.kad_dht import DHTMode, KadDHT
+from libp2p.network.config import ConnectionConfig
 from libp2p.pubsub import pubsub as pubsub_module
 from libp2p.pubsub.gossipsub import GossipSub
 from libp2p.pubsub.pubsub import Pubsub
@@ -36,6 +47,27 @@ from crypto.identity import Identity
 from protocol.ids import GOSSIPSUB, KAD
 
 SUBSCRIPTION_QUEUE = 4096
+WIRE = {"in": 0, "out": 0}  # bytes through TCP sockets in this process (count_wire_bytes)
+
+
+def count_wire_bytes() -> None:
+    """Count every byte py-libp2p's TCP stream writes or reads, in ``WIRE`` (once)."""
+    if getattr(TrioTCPStream, "_intellect_counted", False):
+        return
+    write, read = TrioTCPStream.write, TrioTCPStream.read
+
+    async def counted_write(self: TrioTCPStream, data: bytes) -> None:
+        await write(self, data)
+        WIRE["out"] += len(data)
+
+    async def counted_read(self: TrioTCPStream, n: int | None = None) -> bytes:
+        data = await read(self, n)
+        WIRE["in"] += len(data)
+        return data
+
+    TrioTCPStream.write = counted_write  # type: ignore[method-assign]
+    TrioTCPStream.read = counted_read  # type: ignore[method-assign]
+    TrioTCPStream._intellect_counted = True  # type: ignore[attr-defined]
 
 
 def use_kad_protocol(protocol_id: str = KAD) -> None:
@@ -50,13 +82,37 @@ def key_pair_of(identity: Identity) -> KeyPair:
 
 
 def build_host(identity: Identity) -> IHost:
+    count_wire_bytes()
     key_pair = key_pair_of(identity)
     security: Any = {
         NOISE_PROTOCOL_ID: NoiseTransport(
             key_pair, noise_privkey=create_x25519_key_pair().private_key
         )
     }
-    return new_host(key_pair=key_pair, sec_opt=security, muxer_preference="YAMUX")
+    # the library's pruner starts above 4096 connections (never, in practice), and any number
+    # of inbound connections is accepted: the runtime trims down to its own watermarks
+    limits = ConnectionConfig(
+        max_connections=4096, min_connections=0, low_watermark=0, high_watermark=4096
+    )
+    host = new_host(
+        key_pair=key_pair,
+        sec_opt=security,
+        muxer_preference="YAMUX",
+        connection_config=limits,
+    )
+    _no_auto_connect(host)
+    return host
+
+
+def _no_auto_connect(host: IHost) -> None:
+    """Stop py-libp2p's auto-connector from dialing peers of the peerstore on its own."""
+
+    async def nothing() -> None:
+        return None
+
+    connector = getattr(host.get_network(), "auto_connector", None)
+    if connector is not None:
+        connector.maybe_connect = nothing
 
 
 def build_pubsub(host: IHost, heartbeat_interval: int = 1) -> Pubsub:

@@ -4,12 +4,18 @@
 - request/response handlers for ``/intellect/presence`` and ``/intellect/sync``, each
   under a guard (nothing a peer sends can raise into py-libp2p, which would take the
   host down) and with a deadline on every read;
-- discovery: dial the bootstrap peers, provide our role key in the DHT, look up every
-  role key, and greet (presence exchange) every peer found, so a node that knows only
-  B finds A through B;
-- presence: a signed heartbeat on gossip every ``heartbeat_interval``; peers silent for
-  ``peer_ttl`` are forgotten; on shutdown a ``leaving`` notice goes out on gossip and
-  directly to every known peer;
+- discovery: dial the bootstrap peers, provide our role key in the DHT (again only when
+  the DHT needs it: ``node/discovery.py``), look up the role keys this role works with on
+  a schedule that backs off once they are found and returns when one disappears, and greet
+  (presence exchange) what it finds, so a node that knows only B finds A through B;
+- connections: kept between ``conn_low`` and ``conn_high`` (``node/connections.py``),
+  with a few peers of each role protected as the peers in use; gossip relies on its mesh
+  over these links, never on a full mesh;
+- presence: a signed heartbeat on gossip every ``heartbeat_period()`` (longer as the
+  network grows, so that a node receives about ``presence_rate`` heartbeats a second
+  whatever the network's size); a peer silent for the TTL is asked directly first if it
+  is connected (a busy node is not dead), forgotten otherwise; on shutdown a ``leaving``
+  notice goes out on gossip and directly to every connected peer;
 - announcements: a paced publisher, and gap repair by direct request for anything
   gossip did not bring.
 Services and roles build on a small public API and never on the internals:
@@ -25,6 +31,7 @@ Services and roles build on a small public API and never on the internals:
 from __future__ import annotations
 
 import logging
+import random
 import time
 from collections import Counter, defaultdict
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -34,6 +41,7 @@ from typing import Any
 
 import trio
 from libp2p.abc import IHost, INetStream
+from libp2p.kad_dht.provider_store import PROVIDER_RECORD_REPUBLISH_INTERVAL
 from libp2p.network.stream.exceptions import StreamError
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo, info_from_p2p_addr
@@ -42,7 +50,10 @@ from libp2p.tools.anyio_service import background_trio_service
 from crypto.identity import Identity
 from node.announcements import Inbox, Outbox
 from node.config import NodeConfig
+from node.connections import ConnectionPlan
+from node.discovery import NEEDS, LookupSchedule, ProvideSchedule
 from node.host import (
+    WIRE,
     advertised_addrs,
     build_dht,
     build_host,
@@ -68,6 +79,10 @@ from protocol.messages import (
 from protocol.wire import max_envelope_size, open_message, seal
 
 log = logging.getLogger("intellect.node")
+TEND_INTERVAL = 1.0  # seconds between connection upkeep rounds
+DIAL_COOLDOWN = 60.0  # a peer that dropped our link (or we trimmed) is not dialed sooner
+STATUS_FULL_LIST = 32  # /status lists every known peer up to this many, else the peers in use
+MAX_CANDIDATES = 256  # DHT providers kept as dial candidates
 AnnouncementHandler = Callable[[Announcement], None]
 
 
@@ -118,7 +133,28 @@ class Node:
         self.identity = identity
         self.peer_id = identity.peer_id
         self.metrics = Metrics()
-        self.peers = PeerTable(self.peer_id, cfg.peer_ttl)
+        self.peers = PeerTable(self.peer_id, cfg.peer_ttl, per_role=cfg.peers_per_role)
+        self.links = ConnectionPlan(
+            low=cfg.conn_low,
+            high=cfg.conn_high,
+            grace=cfg.connect_timeout,
+            cooldown=DIAL_COOLDOWN,
+        )
+        base = cfg.discovery_interval
+        self.lookups = LookupSchedule(
+            NEEDS[cfg.role],
+            base=base,
+            longest=max(base, cfg.discovery_max_interval),
+            longest_missing=max(base, cfg.discovery_max_interval / 2),
+        )
+        self.provides = ProvideSchedule(
+            republish=float(PROVIDER_RECORD_REPUBLISH_INTERVAL), retry=4 * base
+        )
+        self._candidates: dict[str, tuple[str, PeerInfo]] = {}  # from DHT lookups
+        self._probing: set[str] = set()
+        self._dialing: set[str] = set()
+        self._transient: set[str] = set()  # links opened by DHT queries, not yet tended
+        self._rng = random.Random()
         self.admission = Admission(cfg.run_id, max_skew_ms=int(cfg.max_clock_skew * 1000))
         self._seq = time.time_ns() // 1000
         self.outbox = Outbox(session=self._seq, capacity=cfg.announce_buffer)
@@ -192,6 +228,18 @@ class Node:
     # ---- lifecycle --------------------------------------------------------------------
 
     async def serve(self, *, task_status: trio.TaskStatus[Node] = trio.TASK_STATUS_IGNORED) -> None:
+        try:
+            await self._serve(task_status)
+        except BaseException as exc:
+            # py-libp2p 0.8.1's pubsub and swarm tasks may raise while their nurseries close
+            # (``RuntimeError: Nursery is closed to new arrivals``): once we are stopping,
+            # that must not turn a clean stop into a failure.
+            if not (self._stop.is_set() and _only_errors(exc)):
+                raise
+            log.warning("py-libp2p raised while stopping (ignored): %r", exc)
+        log.info("node stopped peer_id=%s", self.peer_id)
+
+    async def _serve(self, task_status: trio.TaskStatus[Node]) -> None:
         host = self.host = build_host(self.identity)
         pubsub = build_pubsub(host)
         dht = self.dht = build_dht(host)
@@ -242,7 +290,6 @@ class Node:
                 await self._flush_announcements()
                 await self._leave()
                 nursery.cancel_scope.cancel()
-        log.info("node stopped peer_id=%s", self.peer_id)
 
     def request_stop(self) -> None:
         self._stop.set()
@@ -262,8 +309,9 @@ class Node:
             )
 
     async def _leave(self) -> None:
-        """Tell gossip and every known peer that we are leaving, within a short deadline."""
-        known = list(self.peers.peers)
+        """Tell gossip and every connected peer that we are leaving, within a short deadline
+        (peers we are not connected to hear it through gossip, or forget us after the TTL)."""
+        known = sorted(self.connected_peers())
         with trio.move_on_after(min(3.0, self.cfg.read_timeout)):
             try:
                 await self._publish_presence()
@@ -368,6 +416,8 @@ class Node:
         msg: NodeInfo = await self._read_request(stream, peer, ids.PRESENCE, NodeInfo)
         self._on_node_info(msg)
         await self._reply(stream, ids.PRESENCE, self.node_info())
+        if msg.state == "up":  # a peer of our run: a DHT peer too (a bootstrap has no other)
+            await self._add_to_dht(peer)
 
     async def _handle_sync(self, stream: INetStream, peer: str) -> None:
         msg: SyncRequest = await self._read_request(stream, peer, ids.SYNC, SyncRequest)
@@ -432,11 +482,14 @@ class Node:
         reply: NodeInfo = await self.request(peer, ids.PRESENCE, self.node_info(), NodeInfo)
         self._on_node_info(reply)
         if reply.state == "up":
-            try:
-                await self.dht.add_peer(ID.from_base58(peer))
-            except Exception as exc:
-                log.debug("dht add_peer %s failed: %s", peer[-8:], exc)
+            await self._add_to_dht(peer)
         return reply
+
+    async def _add_to_dht(self, peer: str) -> None:
+        try:
+            await self.dht.add_peer(ID.from_base58(peer))
+        except Exception as exc:
+            log.debug("dht add_peer %s failed: %s", peer[-8:], exc)
 
     async def ping(self, peer: str) -> dict[str, Any]:
         """A presence round trip to ``peer``: its role and the time taken, or the error."""
@@ -482,6 +535,16 @@ class Node:
         self._count_out("gossip-presence", data)
         await self.pubsub.publish(ids.presence_topic(self.cfg.run_id), data)
 
+    def heartbeat_period(self) -> float:
+        """Seconds between our heartbeats: ``heartbeat_interval``, or longer in a network
+        whose heartbeats would otherwise exceed ``presence_rate`` a second in all."""
+        known = len(self.peers.peers) + 1
+        return max(self.cfg.heartbeat_interval, known / self.cfg.presence_rate)
+
+    def peer_ttl(self) -> float:
+        """Silence after which a peer is in doubt: ``peer_ttl``, scaled with the period."""
+        return self.cfg.peer_ttl * self.heartbeat_period() / self.cfg.heartbeat_interval
+
     async def _heartbeat_loop(self, scope: trio.CancelScope) -> None:
         with scope:
             while True:
@@ -489,57 +552,174 @@ class Node:
                     await self._publish_presence()
                 except Exception as exc:
                     log.warning("heartbeat publish failed: %s", exc)
-                await trio.sleep(self.cfg.heartbeat_interval)
+                # jitter: nodes started together must not beat in step
+                await trio.sleep(self.heartbeat_period() * self._rng.uniform(0.9, 1.1))
 
     async def _expiry_loop(self) -> None:
         while True:
             await trio.sleep(min(1.0, self.cfg.peer_ttl / 4))
-            for peer in self.peers.expire(time.monotonic()):
-                log.info(
-                    "peer expired peer=%s (silent for more than %.1f s)",
-                    peer[-8:],
-                    self.cfg.peer_ttl,
-                )
+            self.peers.ttl = self.peer_ttl()
+            connected = self.connected_peers()
+            for peer in self.peers.silent(time.monotonic()):
+                if peer not in connected:
+                    self._expired(peer, "silent")
+                elif peer not in self._probing and self._nursery is not None:
+                    self._probing.add(peer)  # connected: a busy node is not a dead one
+                    self._nursery.start_soon(self._probe, peer)
 
-    # ---- discovery --------------------------------------------------------------------
+    async def _probe(self, peer: str) -> None:
+        """Ask a silent but connected peer directly; forget it only if it does not answer."""
+        try:
+            with trio.fail_after(self.cfg.connect_timeout + self.cfg.read_timeout):
+                await self.greet(peer)
+            self.metrics.inc("liveness_probes", outcome="alive")
+        except Exception as exc:
+            self.metrics.inc("liveness_probes", outcome="dead")
+            log.debug("probe of silent peer %s failed: %s", peer[-8:], exc)
+            if self.peers.silent(time.monotonic()).count(peer):
+                self._expired(peer, "silent and not answering")
+        finally:
+            self._probing.discard(peer)
+
+    def _expired(self, peer: str, why: str) -> None:
+        if self.peers.forget(peer):
+            self.metrics.inc("peers_expired")
+            log.info(
+                "peer expired peer=%s (%s for more than %.1f s)", peer[-8:], why, self.peers.ttl
+            )
+
+    # ---- discovery and connections ----------------------------------------------------
+
+    def connected_peers(self) -> set[str]:
+        """Peer ids we hold a connection to now."""
+        if self.host is None:
+            return set()
+        return {pid.to_base58() for pid in self.host.get_connected_peers()}
+
+    def reachable_peers(self) -> list[str]:
+        """Known peers of this run we hold a connection to (asking them costs no dial)."""
+        connected = self.connected_peers()
+        return [p for p in self.peers.peers if p in connected]
 
     async def _discovery_loop(self) -> None:
         bootstrap = [info_from_p2p_addr(a) for a in parse_addrs(self.cfg.bootstrap)]
-        provided_at = -1e9
+        await self._greet_all(bootstrap)
+        assert self._nursery is not None
+        self._nursery.start_soon(self._connection_loop, bootstrap)
         while True:
-            if trio.current_time() - provided_at > 30 or self.dht.get_routing_table_size() == 0:
+            now = trio.current_time()
+            if self.lookups.observe(now, self.peers.roles()):
+                log.info("a needed role disappeared: looking peers up again")
+            table = self.dht.get_routing_table_size()
+            before = self.connected_peers()
+            if self.provides.is_due(now, table):
+                ok = False
                 with trio.move_on_after(self.cfg.read_timeout):
-                    await self._provide()
-                    provided_at = trio.current_time()
-            candidates: dict[str, PeerInfo] = {}
-            for info in bootstrap:
-                candidates[info.peer_id.to_base58()] = info
-            with trio.move_on_after(self.cfg.read_timeout):
-                for role in ids.ROLES:
-                    self.metrics.inc("dht_lookups")
-                    for info in await self.dht.find_providers(ids.role_key(self.cfg.run_id, role)):
-                        pid = info.peer_id.to_base58()
-                        if pid != self.peer_id:
-                            self.dht_providers.add(pid)
-                        candidates.setdefault(pid, info)
-            assert self.host is not None
-            for pid in self.host.get_connected_peers():
-                candidates.setdefault(pid.to_base58(), PeerInfo(pid, []))
-            fresh = [i for p, i in candidates.items() if p != self.peer_id and p not in self.peers]
-            if fresh:
-                async with trio.open_nursery() as nursery:
-                    for info in fresh:
-                        nursery.start_soon(self._dial_and_greet, info)
-                if any(i.peer_id.to_base58() in self.peers for i in fresh):
-                    provided_at = -1e9  # our closest peers changed: re-provide on the next round
-            await trio.sleep(self.cfg.discovery_interval)
+                    ok = await self._provide()
+                self.provides.provided(trio.current_time(), table, ok)
+            if self.lookups.is_due(now):
+                await self._look_up()
+                delay = self.lookups.looked_up(trio.current_time(), self.peers.roles())
+                log.debug("next DHT lookup round in %.1f s", delay)
+            # links a DHT query opened (Kademlia asks the peers closest to a key, not our
+            # neighbours) are the first to close if they take us above the high watermark
+            self._transient |= self.connected_peers() - before
+            await trio.sleep(min(TEND_INTERVAL, self.cfg.discovery_interval))
 
-    async def _provide(self) -> None:
+    async def _connection_loop(self, bootstrap: list[PeerInfo]) -> None:
+        """Every second, whatever the lookups are doing: trim above, dial below."""
+        while True:
+            transient, self._transient = self._transient, set()
+            await self._tend_connections(bootstrap, transient)
+            await trio.sleep(TEND_INTERVAL)
+
+    async def _look_up(self) -> None:
+        """One lookup round: providers of the roles we work with (and of our own, for peers
+        to link to); a role we know no live peer of is greeted at once (two providers)."""
+        roles = sorted(self.lookups.needed | ({self.cfg.role} if self.lookups.needed else set()))
+        known = self.peers.roles()
+        greet: list[PeerInfo] = []
+        with trio.move_on_after(self.cfg.read_timeout):
+            for role in roles:
+                self.metrics.inc("dht_lookups")
+                found = await self.dht.find_providers(ids.role_key(self.cfg.run_id, role))
+                fresh = [i for i in found if i.peer_id.to_base58() != self.peer_id]
+                for info in fresh:
+                    pid = info.peer_id.to_base58()
+                    self.dht_providers.add(pid)
+                    if info.addrs:
+                        self._candidates[pid] = (role, info)
+                if role not in known:
+                    greet += [i for i in fresh if i.peer_id.to_base58() not in self.peers][:2]
+        while len(self._candidates) > MAX_CANDIDATES:
+            self._candidates.pop(next(iter(self._candidates)))
+        if len(self.dht_providers) > MAX_CANDIDATES:
+            self.dht_providers = set(list(self.dht_providers)[-MAX_CANDIDATES:])
+        await self._greet_all(greet)
+
+    async def _tend_connections(
+        self, bootstrap: list[PeerInfo], transient: set[str] | None = None
+    ) -> None:
+        """Close connections above the high watermark, dial peers below the low one."""
+        assert self.host is not None
+        now = trio.current_time()
+        connected = self.connected_peers()
+        roles = {
+            p: (self.peers.peers[p].role if p in self.peers.peers else None) for p in connected
+        }
+        for peer in self.links.update(now, roles):
+            self.metrics.inc("connections_dropped")
+            log.debug("connection to %s dropped by the peer or the network", peer[-8:])
+        closing = self.links.to_close(now, transient or set())
+        infos: dict[str, PeerInfo] = {}
+        known: dict[str, str] = {}
+        for peer, (role, info) in self._candidates.items():
+            infos[peer], known[peer] = info, role
+        for peer, rec in self.peers.peers.items():
+            if rec.addrs:
+                infos[peer] = PeerInfo(ID.from_base58(peer), parse_addrs(rec.addrs))
+                known[peer] = rec.role
+        if not known:  # nobody known at all: back to the bootstrap peers
+            for info in bootstrap:
+                peer = info.peer_id.to_base58()
+                infos[peer], known[peer] = info, "bootstrap"
+        dials = [infos[p] for p in self.links.to_dial(now, known, self._rng)]
+        # in the background: the next round must not wait for a slow dial or close
+        assert self._nursery is not None
+        for peer in closing:
+            self.metrics.inc("connections_trimmed")
+            self._nursery.start_soon(self._disconnect, peer)
+        for info in dials:
+            peer = info.peer_id.to_base58()
+            if peer not in self._dialing:
+                self._dialing.add(peer)
+                self.metrics.inc("connections_dialed")
+                self._nursery.start_soon(self._dial_and_greet, info)
+
+    async def _disconnect(self, peer: str) -> None:
+        assert self.host is not None
+        with trio.move_on_after(self.cfg.connect_timeout):
+            try:
+                await self.host.disconnect(ID.from_base58(peer))
+            except Exception as exc:
+                log.debug("closing the connection to %s failed: %s", peer[-8:], exc)
+
+    async def _greet_all(self, infos: list[PeerInfo]) -> None:
+        fresh = [i for i in infos if i.peer_id.to_base58() != self.peer_id]
+        if fresh:
+            async with trio.open_nursery() as nursery:
+                for info in fresh:
+                    nursery.start_soon(self._dial_and_greet, info)
+
+    async def _provide(self) -> bool:
         try:
-            await self.dht.provide(ids.role_key(self.cfg.run_id, self.cfg.role))
-            self.metrics.inc("dht_provides")
+            ok = await self.dht.provide(ids.role_key(self.cfg.run_id, self.cfg.role))
         except Exception as exc:
             log.debug("dht provide failed: %s", exc)
+            return False
+        if ok:
+            self.metrics.inc("dht_provides")
+        return bool(ok)
 
     async def _dial_and_greet(self, info: PeerInfo) -> None:
         peer = info.peer_id.to_base58()
@@ -552,6 +732,8 @@ class Node:
             log.debug("greeting %s failed: %s", peer[-8:], exc)
         except Exception as exc:  # py-libp2p raises many unrelated types on dial failure
             log.debug("dialing %s failed: %s: %s", peer[-8:], type(exc).__name__, exc)
+        finally:
+            self._dialing.discard(peer)
 
     # ---- announcements ----------------------------------------------------------------
 
@@ -659,6 +841,11 @@ class Node:
 
     def status(self) -> dict[str, Any]:
         now = time.monotonic()
+        connected = self.connected_peers()
+        in_use = self.links.protected()
+        records = sorted(self.peers.peers.values(), key=lambda r: (r.role, r.peer_id))
+        if len(records) > STATUS_FULL_LIST:  # a large network: the peers we work with only
+            records = [r for r in records if r.peer_id in in_use or r.peer_id in connected]
         return {
             "peer_id": self.peer_id,
             "role": self.cfg.role,
@@ -671,13 +858,33 @@ class Node:
                     "role": r.role,
                     "addrs": r.addrs,
                     "last_seen_s": round(now - r.last_seen, 3),
+                    "connected": r.peer_id in connected,
+                    "in_use": r.peer_id in in_use,
                 }
-                for r in sorted(self.peers.peers.values(), key=lambda r: (r.role, r.peer_id))
+                for r in records
             ],
+            "peer_count": len(self.peers.peers),
+            "peers_listed": "all" if len(self.peers.peers) <= STATUS_FULL_LIST else "in use",
             "peers_by_role": self.peers.by_role(),
+            "connections": {
+                "count": len(connected),
+                "settled": self.links.settled(_trio_now()),
+                "low": self.cfg.conn_low,
+                "high": self.cfg.conn_high,
+                "in_use": len(in_use),
+                "dialed": self.metrics.get("connections_dialed"),
+                "trimmed": self.metrics.get("connections_trimmed"),
+                "dropped": self.metrics.get("connections_dropped"),
+            },
+            "presence": {
+                "heartbeat_s": round(self.heartbeat_period(), 3),
+                "peer_ttl_s": round(self.peers.ttl, 3),
+                "expired": self.metrics.get("peers_expired"),
+            },
             "traffic": {
                 "messages": self.metrics.by_label("messages", "direction"),
                 "bytes": self.metrics.by_label("bytes", "direction"),
+                "wire_bytes": dict(WIRE),  # all TCP bytes: encryption, muxing, libp2p's own
             },
             "rejected": self.metrics.by_label("rejected", "reason"),
             "announcements": {
@@ -691,6 +898,8 @@ class Node:
                 "dht_lookups": self.metrics.get("dht_lookups"),
                 "dht_provides": self.metrics.get("dht_provides"),
                 "dht_providers": len(self.dht_providers),
+                "next_lookup_in_s": round(max(0.0, self.lookups.due - _trio_now()), 3),
+                "provides_ok": self.provides.last_ok is not None,
             },
             **{name: section() for name, section in self._status_sections.items()},
         }
@@ -699,6 +908,7 @@ class Node:
         by_role = self.peers.by_role()
         gauges = {
             "peers": {(("role", r),): float(by_role.get(r, 0)) for r in ids.ROLES},
+            "connections": {(): float(len(self.connected_peers()))},
             "announcements_published": {(): float(self.outbox.count)},
         }
         return self.metrics.render(gauges)
@@ -719,6 +929,20 @@ async def _close_quietly(stream: INetStream) -> None:
             await stream.close()
         except Exception:
             await _reset_quietly(stream)
+
+
+def _trio_now() -> float:
+    try:
+        return trio.current_time()
+    except RuntimeError:  # outside trio (a test reading the status)
+        return 0.0
+
+
+def _only_errors(exc: BaseException) -> bool:
+    """True if ``exc`` is an ``Exception`` or a group of nothing else (no cancellation)."""
+    if isinstance(exc, BaseExceptionGroup):
+        return all(_only_errors(e) for e in exc.exceptions)
+    return isinstance(exc, Exception)
 
 
 def _ms_since(started: float) -> float:

@@ -52,15 +52,17 @@ def test_six_node_chain_discovery_sigkill_and_sigterm(cluster):
 
     wait_until(everyone_knows_everyone, 45, "all six nodes to learn every other node and its role")
     # the DHT itself found peers, not only presence relayed by gossip: every node provides
-    # its role key and looks up the others, and provider records name other nodes
+    # its role key, every node but the bootstrap looks up the roles it works with and its
+    # own (three keys a round), and provider records name other nodes
+    workers = procs[1:]
     wait_until(
-        lambda: all(status(p)["discovery"]["dht_providers"] >= 2 for p in procs),
+        lambda: all(status(p)["discovery"]["dht_providers"] >= 2 for p in workers),
         30,
         "every node to find providers through the DHT",
     )
     for p in procs:
         d = status(p)["discovery"]
-        assert d["dht_lookups"] >= len(set(ROLES)) and d["dht_provides"] >= 1, d
+        assert d["dht_provides"] >= 1 and d["dht_lookups"] >= (3 if p in workers else 0), d
     # node 5 knew only node 4, node 0 knew nobody: discovery was transitive
     assert ids[0] in peer_roles(procs[5]) and ids[5] in peer_roles(procs[0])
 

@@ -410,7 +410,8 @@ class WeightService:
         """Gossip can miss a notice: ask a few known peers for their newest version."""
         while True:
             await trio.sleep(self.cfg.discovery_interval)
-            peers = [p for p in self.node.peers.peers if p not in self.banned]
+            # peers we are connected to: a poll must not dial (connections are bounded)
+            peers = [p for p in self.node.reachable_peers() if p not in self.banned]
             for peer in random.sample(peers, min(POLL_PEERS, len(peers))):
                 try:
                     holding = await self._query(peer, 0, with_manifest=False)
