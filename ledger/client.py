@@ -377,7 +377,11 @@ class LedgerClient:
 
     def _simulate(self, name: str, fn: Any, value: int) -> None:
         try:
-            _retry(lambda: fn.call({"from": self.address, "value": value}))
+            # against the pending block: the one the transaction goes into (its timestamp,
+            # not the last mined block's, decides deadlines)
+            _retry(
+                lambda: fn.call({"from": self.address, "value": value}, block_identifier="pending")
+            )
         except LedgerError:
             raise
         except Exception as exc:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -56,15 +57,27 @@ class DevChain:
         self.provider = EthereumTesterProvider()
         self.tester = self.provider.ethereum_tester
         self.lock = threading.Lock()
+        self.offset = 0  # seconds evm_increaseTime moved the clock ahead of the wall clock
 
     def call(self, method: str, params: list[Any]) -> Any:
         with self.lock:
             return self._call(method, params)
 
+    def _follow_wall_clock(self) -> None:
+        """The next block's timestamp is at least now (plus the time travelled): like a real
+        chain, the clock moves while nobody transacts (eth-tester stamps a pending block
+        when the previous one is mined, so a chain left idle would stay in the past)."""
+        chain = self.tester.backend.chain
+        target = int(time.time()) + self.offset
+        if chain.header.timestamp < target:
+            chain.header = chain.header.copy(timestamp=target)
+
     def _call(self, method: str, params: list[Any]) -> Any:
+        self._follow_wall_clock()
         if method == "evm_increaseTime":
             now = self.tester.get_block_by_number("latest")["timestamp"]
             seconds = int(params[0], 16) if isinstance(params[0], str) else int(params[0])
+            self.offset += seconds
             self.tester.time_travel(now + seconds)
             return hex(seconds)
         if method == "evm_mine":

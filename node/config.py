@@ -234,7 +234,7 @@ class NodeConfig(BaseModel):
         le=1,
         description="Share of each batch's rollouts a validator recomputes (SPEC §14).",
     )
-    cheat: Literal["none", "other_weights", "edit_token", "inflate_reward"] = Field(
+    cheat: Literal["none", "other_weights", "edit_token", "inflate_reward", "withhold"] = Field(
         "none",
         description="FOR TESTS ONLY: make this worker cheat; refused unless dev_cheats is on.",
     )

@@ -29,11 +29,11 @@ FAST = ["--heartbeat-interval", "1", "--peer-ttl", "8", "--discovery-interval", 
 
 
 class Loop:
-    def __init__(self, base: Path, model: Path, *, step_wait: float = 20) -> None:
+    def __init__(self, base: Path, model: Path, *, step_wait: float = 20, chain_args=None) -> None:
         from node.keystore import load_or_create_identity
 
         self.base = base
-        self.chain_proc, ledger_env = start_chain(base / "chain")
+        self.chain_proc, ledger_env = start_chain(base / "chain", extra=chain_args)
         self.chain_info = json.loads((base / "chain" / "chain.json").read_text())
         trainer_id = load_or_create_identity(base / "trainer").peer_id
         make_account(base / "trainer", self.chain_info["owner_key"])  # the contract's owner
@@ -234,3 +234,37 @@ def test_a_worker_killed_after_storing_its_batch_still_gets_it_judged(loop):
         interval=2,
     )
     assert client.submission(address, key).status == "accepted"
+
+
+@pytest.mark.timeout(600)
+def test_a_batch_nobody_serves_is_rejected_as_unavailable_after_the_fetch_deadline(
+    tmp_path, tiny_model_dir
+):
+    """A worker that submits and announces but never serves: after the chain's fetch
+    deadline (here 60 s // 6 = 10 s) the validator rejects it as unavailable, on-chain."""
+    loop = Loop(tmp_path, tiny_model_dir, chain_args=["--verdict-window", "60"])
+    try:
+        loop.spawn("trainer", "trainer")
+        loop.validator()
+        loop.worker("withholder", cheat="withhold")
+        for node in loop.nodes.values():
+            wait_ready(node, timeout=120)
+        client = loop.client()
+        assert client.params().fetch_deadline == 10
+        address = loop.addresses["withholder"]
+        wait_until(lambda: submissions(client), 300, "the withholder's submission", interval=1)
+        (worker, key), *_ = submissions(client)
+        assert worker == address
+        wait_until(
+            lambda: client.submission(address, key).status != "pending",
+            120,
+            "the verdict on the withheld batch",
+            interval=1,
+        )
+        assert client.submission(address, key).status == "rejected"
+        (event,) = client.contract.events.WorkRejected.get_logs(from_block=0)
+        assert event["args"]["reason"] == 2  # unavailable (SPEC section 12)
+        v = loop.section("validator", "validator")
+        assert v["rejected_by_reason"] == {"unavailable": 1} and v["fetch_failures"] >= 1
+    finally:
+        loop.close()

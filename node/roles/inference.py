@@ -23,7 +23,8 @@ worker waits (validators lag; more work would only risk the stake). One batch pe
 
 ``cheat`` (tests and the devnet's ``--cheaters`` only, refused without ``dev_cheats``):
 ``other_weights`` generates with perturbed weights, ``edit_token`` changes one output
-token after proving, ``inflate_reward`` claims reward 1 for every sample.
+token after proving, ``inflate_reward`` claims reward 1 for every sample, ``withhold``
+announces and submits its batches but never serves them.
 """
 
 from __future__ import annotations
@@ -149,7 +150,8 @@ class InferenceRole:
             self.maker.close()
 
     async def _serve(self, task_status: trio.TaskStatus[InferenceRole]) -> None:
-        serve_batches(self.node, self.store)
+        if self.cfg.cheat != "withhold":  # a test cheat: submit and announce, never serve
+            serve_batches(self.node, self.store)
         follow_steps(self.node, self.clock)
         self.node.add_status("inference", self.status)
         self._resume_pending()

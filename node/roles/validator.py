@@ -49,7 +49,9 @@ from protocol.rollouts import RolloutBatch, unpack_tokens
 
 log = logging.getLogger("intellect.validator")
 POLL_S = 1.0
-WEIGHTS_WAIT_S = 300.0  # a batch's policy version is waited for this long
+WEIGHTS_WAIT_S = 300.0
+POST_ATTEMPTS = 30  # a verdict the chain refused is posted again, this many times at most
+POST_RETRY_S = 2.0  # a batch's policy version is waited for this long
 
 
 @dataclass(frozen=True)
@@ -79,6 +81,7 @@ class ValidatorRole:
         self.judge_seconds = 0.0
         self.serving_since: float | None = None
         self.busy_s = 0.0  # fetching, judging, posting
+        self.unposted: dict[Key, tuple[Judgement, float, int]] = {}  # verdict, retry at, tries
         self.ledger: Any = None
         self.address = ""
         self.watcher: SubmissionWatcher | None = None
@@ -102,6 +105,7 @@ class ValidatorRole:
             "rejected": judged - self.verdicts["accepted"],
             "rejected_by_reason": {k: v for k, v in self.verdicts.items() if k != "accepted"},
             "fetch_failures": self.fetch_failures,
+            "unposted": len(self.unposted),
             "judge_seconds": round(self.judge_seconds, 3),
             "idle_share": idle_share(self.busy_s, self.serving_since),
             "waiting": sum(1 for e in self.queue.entries.values() if not e.done),
@@ -167,6 +171,9 @@ class ValidatorRole:
                     await self._post(
                         key, Judgement(False, "unavailable", "nobody served the batch")
                     )
+                for key, (judgement, due, _) in list(self.unposted.items()):
+                    if due <= now:
+                        await self._post(key, judgement)
                 got = self.queue.next_fetch(now)
                 if got is None:
                     wake = self.queue.wake_at(now)
@@ -249,8 +256,20 @@ class ValidatorRole:
             else:
                 await trio.to_thread.run_sync(self.ledger.reject, worker, work_key, j.reason)
         except Exception as exc:
-            log.error("posting the verdict on %s failed: %s", work_key.hex()[:16], exc)
+            attempts = self.unposted.get(key, (j, 0.0, 0))[2] + 1
+            if attempts < POST_ATTEMPTS:  # e.g. the chain's clock lags ours: try again
+                self.unposted[key] = (j, trio.current_time() + POST_RETRY_S, attempts)
+            else:
+                self.unposted.pop(key, None)
+            log.error(
+                "posting the verdict on %s failed (attempt %d of %d): %s",
+                work_key.hex()[:16],
+                attempts,
+                POST_ATTEMPTS,
+                exc,
+            )
             return
+        self.unposted.pop(key, None)
         verdict = "accepted" if j.passed else j.reason
         self.verdicts[verdict] += 1
         self.node.metrics.inc("verdicts", verdict=verdict)
