@@ -12,6 +12,25 @@ every ``eval_every`` steps.
 
 ``python -m node.training.central --steps N --seed S [--json]`` prints one line per step
 (with ``--json``: one JSON object per step, then a summary object as the last line).
+
+Measured on the 2-core CPU machine, arithmetic levels 1-3, the ``model init`` base policy,
+held-out 50 per level (greedy base: level 1 0.86, level 2 0.03, level 3 0.04, all 0.31),
+max_new_tokens 40 (level 3's worked answers take at most ~35 tokens):
+
+- Nothing tried lifts held-out accuracy. 32 tasks x 16 samples, T = 1: lr 3e-5 flat for
+  75+ steps (0.31 -> 0.30; training reward 0.20 -> 0.26); lr 1e-4 drifts down (0.31 ->
+  0.21 at step 75, level 1 0.86 -> 0.61); lr 3e-4 collapses (0.05 at step 40), 1e-3
+  within 10 steps. 64 x 16 at 1e-4, T = 0.7 at 5e-5, and Adam eps 1e-3 at 3e-4: flat or down.
+- The algorithm does learn what it trains on: the same 16 level-2 prompts resampled each
+  step (lr 1e-4, G = 16) go from 0/16 to 6/16 greedy in 24 steps, level-1 prompts from
+  15/16 to 16/16 in 9. What does not happen is transfer to unseen problems: the held-out
+  set is disjoint, and this policy answers level 2 in one shot (``\\boxed{139}``), so RL
+  would have to teach it two-digit addition rather than sharpen what it knows.
+- Gradients of independent 512-sample batches agree in sign on ~50% of the weights (cosine
+  -0.4 .. 0.5): a few lucky right answers (advantage up to sqrt(G - 1)) dominate each step,
+  which is why larger learning rates walk the policy away.
+- Speed: 32 x 8 samples, one step (generate, score, train) 0.5 s on a quiet machine;
+  32 x 16 took 3-8 s per step with the machine shared; a held-out evaluation 0.3-15 s.
 """
 
 from __future__ import annotations
@@ -39,7 +58,7 @@ class GenerationConfig:
     """How rollouts are generated (a worker's settings, and the baseline's)."""
 
     tasks_per_step: int = 32  # tasks (GRPO groups) per trainer step
-    group_size: int = 8  # samples per task (G)
+    group_size: int = 16  # samples per task (G): more groups with a right answer
     max_new_tokens: int = 40  # arithmetic levels 1-3 answer in at most ~35 tokens
     temperature: float = 1.0  # sampling temperature (also used for the new log-probs)
 
@@ -145,7 +164,7 @@ def run(
             "reward_mean": sum(rewards) / len(rewards),
             "groups": len(groups),
             "groups_heldout": len(groups) - len(kept),
-            "groups_used": len({id(s.prompt) for s in samples}),
+            "groups_used": sum(1 for gr in kept if len(set(gr.rewards)) > 1),
             "gen_seconds": gen_seconds,
         }
         if samples:
