@@ -268,3 +268,51 @@ def test_a_batch_nobody_serves_is_rejected_as_unavailable_after_the_fetch_deadli
         assert v["rejected_by_reason"] == {"unavailable": 1} and v["fetch_failures"] >= 1
     finally:
         loop.close()
+
+
+@pytest.mark.timeout(900)
+def test_a_removed_validator_restarts_and_judges_only_work_from_before_its_removal(loop):
+    loop.spawn("trainer", "trainer")
+    loop.validator()
+    loop.worker("w")
+    for node in loop.nodes.values():
+        wait_ready(node, timeout=120)
+    client = loop.client()
+    address = loop.addresses["w"]
+    wait_until(
+        lambda: any(client.submission(w, k).status == "accepted" for w, k in submissions(client)),
+        400,
+        "a first verdict",
+        interval=2,
+    )
+    loop.nodes["validator"].stop()
+    from eth_account import Account
+
+    from ledger.client import LedgerClient
+
+    owner = LedgerClient(
+        client.chain, client.contract.address, Account.from_key(loop.chain_info["owner_key"])
+    )
+    owner.remove_validator(loop.addresses["validator"])
+    removed_at = client.validator_until(loop.addresses["validator"])
+    assert removed_at > 0
+    before = set(submissions(client))
+    loop.spawn("validator", "validator")  # refused to start before: "not a validator"
+    wait_ready(loop.nodes["validator"], timeout=120)
+    wait_until(
+        lambda: (loop.section("validator", "validator") or {}).get("removed_at") == removed_at,
+        120,
+        "the validator role, aware of its removal",
+    )
+    wait_until(lambda: set(submissions(client)) - before, 300, "work submitted after the removal")
+    wait_until(
+        lambda: (loop.section("validator", "validator") or {}).get("not_ours", 0) >= 1,
+        120,
+        "the validator to see it and leave it",
+    )
+    time.sleep(5)
+    for w, k in set(submissions(client)) - before:
+        assert w == address and client.submission(w, k).status == "pending"
+    assert loop.nodes["validator"].proc.poll() is None
+    v = loop.section("validator", "validator")
+    assert v["judged"] == 0 and v["unposted"] == 0, v  # it did not even try

@@ -82,6 +82,8 @@ class ValidatorRole:
         self.serving_since: float | None = None
         self.busy_s = 0.0  # fetching, judging, posting
         self.unposted: dict[Key, tuple[Judgement, float, int]] = {}  # verdict, retry at, tries
+        self.until = 0  # when this validator was removed on-chain (0: it was not)
+        self.not_ours = 0  # submissions after the removal, left to the other validators
         self.ledger: Any = None
         self.address = ""
         self.watcher: SubmissionWatcher | None = None
@@ -91,7 +93,15 @@ class ValidatorRole:
         self.ledger = open_ledger(self.cfg)
         self.address = self.ledger.address.lower()
         if not self.ledger.is_validator(self.address):
-            raise ChainSetupError(f"{self.address} is not a validator of this run's ledger")
+            self.until = self.ledger.validator_until(self.address)
+            if not self.until:
+                raise ChainSetupError(f"{self.address} is not a validator of this run's ledger")
+            log.warning(
+                "%s was removed as a validator: it judges only work submitted up to its "
+                "removal (timestamp %d)",
+                self.address,
+                self.until,
+            )
         self.queue.fetch_deadline_s = float(self.ledger.params().fetch_deadline)
         self.watcher = SubmissionWatcher(self.ledger, self.cfg.contract_block)
 
@@ -106,6 +116,8 @@ class ValidatorRole:
             "rejected_by_reason": {k: v for k, v in self.verdicts.items() if k != "accepted"},
             "fetch_failures": self.fetch_failures,
             "unposted": len(self.unposted),
+            "removed_at": self.until or None,
+            "not_ours": self.not_ours,
             "judge_seconds": round(self.judge_seconds, 3),
             "idle_share": idle_share(self.busy_s, self.serving_since),
             "waiting": sum(1 for e in self.queue.entries.values() if not e.done),
@@ -130,6 +142,9 @@ class ValidatorRole:
         while True:
             try:
                 for sub in await trio.to_thread.run_sync(self.watcher.poll):
+                    if self.until and await trio.to_thread.run_sync(self._after_removal, sub):
+                        self.not_ours += 1  # not ours to judge: submitted after our removal
+                        continue
                     key = (sub.worker, sub.key)
                     self.submissions[key] = sub
                     self.clock_at[key] = (self.clock.step, self.clock.policy_version)
@@ -137,6 +152,10 @@ class ValidatorRole:
             except Exception as exc:  # the chain may be briefly unreachable: try again
                 log.warning("reading submissions failed: %s", exc)
             await trio.sleep(POLL_S)
+
+    def _after_removal(self, sub: Submission) -> bool:
+        block = self.ledger.w3.eth.get_block(sub.block)
+        return int(block["timestamp"]) > self.until
 
     # ---- judging -----------------------------------------------------------------------
 
