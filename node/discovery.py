@@ -7,7 +7,8 @@ seconds after it starts, then backs off by doubling the interval after every rou
 to ``longest`` once every needed role has a live peer in its table, and up to
 ``longest_missing`` while some needed role is still missing (a run may simply have no
 validator yet: asking every ``base`` seconds forever would cost every node a lookup per
-role per interval for nothing). When a needed role that was present disappears from the
+role per interval for nothing); a node that knows no peer at all does not back off. When a
+needed role that was present disappears from the
 table, the interval falls back to ``base`` and the next lookup is due at once. Gossip
 presence, not the DHT, keeps a node's table current; lookups are how it first finds the
 network and how it finds a role again.
@@ -58,6 +59,8 @@ class LookupSchedule:
         delay until the next round."""
         self.present = frozenset(roles) & self.needed
         cap = self.longest if self.present == self.needed else self.longest_missing
+        if not roles:  # knows no peer at all (its bootstrap greeting failed): no back-off
+            cap = self.base
         self.interval = self.base if self.interval == 0 else min(cap, self.interval * 2)
         self.due = now + self.interval
         return self.interval

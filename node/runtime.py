@@ -83,6 +83,7 @@ TEND_INTERVAL = 1.0  # seconds between connection upkeep rounds
 DIAL_COOLDOWN = 60.0  # a peer that dropped our link (or we trimmed) is not dialed sooner
 STATUS_FULL_LIST = 32  # /status lists every known peer up to this many, else the peers in use
 MAX_CANDIDATES = 256  # DHT providers kept as dial candidates
+GREET_AGAIN = 30.0  # seconds before a connected peer of unknown role is greeted again
 AnnouncementHandler = Callable[[Announcement], None]
 
 
@@ -154,6 +155,7 @@ class Node:
         self._probing: set[str] = set()
         self._dialing: set[str] = set()
         self._transient: set[str] = set()  # links opened by DHT queries, not yet tended
+        self._greeted: dict[str, float] = {}  # connected peers of unknown role we greeted
         self._rng = random.Random()
         self.admission = Admission(cfg.run_id, max_skew_ms=int(cfg.max_clock_skew * 1000))
         self._seq = time.time_ns() // 1000
@@ -670,6 +672,18 @@ class Node:
         for peer in self.links.update(now, roles):
             self.metrics.inc("connections_dropped")
             log.debug("connection to %s dropped by the peer or the network", peer[-8:])
+        # a connected peer we know nothing of (a greeting that failed under load, a peer
+        # that dialed us and has not greeted yet): greet it, at most every 30 s
+        self._greeted = {p: t for p, t in self._greeted.items() if p in connected}
+        assert self._nursery is not None
+        for peer in connected:
+            if roles[peer] is None and now - self._greeted.get(peer, -1e9) >= GREET_AGAIN:
+                if peer not in self._dialing and now - self.links.since.get(peer, now) >= 1.0:
+                    self._greeted[peer] = now
+                    self._dialing.add(peer)
+                    self._nursery.start_soon(
+                        self._dial_and_greet, PeerInfo(ID.from_base58(peer), [])
+                    )
         closing = self.links.to_close(now, transient or set())
         infos: dict[str, PeerInfo] = {}
         known: dict[str, str] = {}

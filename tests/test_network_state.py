@@ -36,20 +36,26 @@ async def test_lookups_back_off_once_found_and_return_when_a_role_disappears(aut
         return both - {"validator"} if 300 <= t < 400 else both
 
     rounds = await _drive(s, roles_at, until=600)
-    # missing: 0, then +5 (base), +10, +20 (capped at longest_missing while missing) ...
-    # found at 12: the round at 15 sees both, intervals double to 80: 15+20=35, 75, 155, 235
+    # knowing nobody: every 5 s (0, 5, 10); found at 12: the round at 15 sees both roles,
+    # then the interval doubles up to 80: 25, 45, 85, 165, 245
     # at 300 the validator is gone: a round at once, then 5, 10, 20, 20 ... while missing
-    # at 400 it is back: the round at 405 doubles on to 40, 80
-    assert rounds == [0, 5, 15, 35, 75, 155, 235, 300, 305, 315, 335, 355, 375, 395, 415, 455,
-                      535]  # fmt: skip
+    # at 400 it is back: the round at 415 doubles on to 40, 80
+    assert rounds == [0, 5, 10, 15, 25, 45, 85, 165, 245, 300, 305, 315, 335, 355, 375, 395,
+                      415, 455, 535]  # fmt: skip
     gaps = [b - a for a, b in zip(rounds, rounds[1:], strict=False)]
     assert max(gaps) == 80 and gaps[-1] == 80
 
 
 async def test_a_bootstrap_needs_no_role_and_settles_at_the_longest(autojump_clock):
     s = LookupSchedule(NEEDS["bootstrap"], base=5, longest=60, longest_missing=10)
-    rounds = await _drive(s, lambda t: set(), until=300)
+    rounds = await _drive(s, lambda t: {"inference"}, until=300)
     assert rounds == [0, 5, 15, 35, 75, 135, 195, 255]
+
+
+async def test_a_node_that_knows_nobody_does_not_back_off(autojump_clock):
+    s = LookupSchedule(NEEDS["inference"], base=5, longest=80, longest_missing=20)
+    rounds = await _drive(s, lambda t: set() if t < 30 else {"bootstrap"}, until=100)
+    assert rounds == [0, 5, 10, 15, 20, 25, 30, 40, 60, 80]
 
 
 def test_lookup_schedule_rejects_a_base_above_its_caps():
