@@ -135,6 +135,7 @@ class WorkBook:
             k
             for k, version in self.fetched.items()
             if k in self.accepted
+            and k in self.submitted
             and key_text(k) not in self.consumed
             and version + self.async_level >= step
         ]
