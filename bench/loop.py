@@ -1,6 +1,6 @@
 """Benchmark: the first half of the loop (work generated and judged), measured in one run.
 
-    .venv/bin/python bench/loop.py [--seconds 240] [--step-wait 4] [--json]
+    .venv/bin/python bench/loop.py [--seconds 240] [--step-wait 4] [--spot-check 1.0] [--json]
 
 Real processes on 127.0.0.1 and the served development chain, the tiny base model: a
 bootstrap, the trainer (GRPO steps on what is accepted), one validator (full verification: every rollout
@@ -70,6 +70,12 @@ def main() -> None:
     ap.add_argument(
         "--step-wait", type=float, default=4, help="seconds a trainer step waits for batches"
     )
+    ap.add_argument(
+        "--spot-check",
+        type=float,
+        default=1.0,
+        help="share of each batch's rollouts the validator recomputes (SPEC section 14)",
+    )
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
 
@@ -84,7 +90,7 @@ def main() -> None:
                 "INTELLECT_NODE_TASKS_PER_BATCH": "4",
                 "INTELLECT_NODE_GROUP_SIZE": "4",
                 "INTELLECT_NODE_MAX_NEW_TOKENS": "48",
-                "INTELLECT_NODE_SPOT_CHECK": "1.0",
+                "INTELLECT_NODE_SPOT_CHECK": str(args.spot_check),
             }
         )
         try:
@@ -144,7 +150,7 @@ def main() -> None:
         "judged_per_min": round(judged / minutes, 2),
         "rollouts_per_min": round(generated * 16 / minutes, 1),
         "validator_to_worker_time": round(ratio, 3),
-        "spot_check": 1.0,
+        "spot_check": args.spot_check,
         "verdict_latency_s_p50": round(statistics.median(latencies), 2) if latencies else None,
         "verdict_latency_s_p95": round(latencies[int(0.95 * (len(latencies) - 1))], 2)
         if latencies
