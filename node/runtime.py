@@ -13,9 +13,9 @@
   over these links, never on a full mesh;
 - presence: a signed heartbeat on gossip every ``heartbeat_period()`` (longer as the
   network grows, so that a node receives about ``presence_rate`` heartbeats a second
-  whatever the network's size); a peer silent for the TTL is asked directly first if it
-  is connected (a busy node is not dead), forgotten otherwise; on shutdown a ``leaving``
-  notice goes out on gossip and directly to every connected peer;
+  whatever the network's size); a peer silent for the TTL is asked directly first (a
+  busy node is not dead, and gossip may miss), forgotten if it does not answer; on shutdown
+  a ``leaving`` notice goes out on gossip and directly to every connected peer;
 - announcements: a paced publisher, and gap repair by direct request for anything
   gossip did not bring.
 Services and roles build on a small public API and never on the internals:
@@ -84,6 +84,7 @@ DIAL_COOLDOWN = 60.0  # a peer that dropped our link (or we trimmed) is not dial
 STATUS_FULL_LIST = 32  # /status lists every known peer up to this many, else the peers in use
 MAX_CANDIDATES = 256  # DHT providers kept as dial candidates
 GREET_AGAIN = 30.0  # seconds before a connected peer of unknown role is greeted again
+MAX_PROBES = 4  # silent peers asked directly at once (a probe may dial)
 AnnouncementHandler = Callable[[Announcement], None]
 
 
@@ -563,14 +564,17 @@ class Node:
             self.peers.ttl = self.peer_ttl()
             connected = self.connected_peers()
             for peer in self.peers.silent(time.monotonic()):
-                if peer not in connected:
-                    self._expired(peer, "silent")
-                elif peer not in self._probing and self._nursery is not None:
-                    self._probing.add(peer)  # connected: a busy node is not a dead one
+                # a busy node is not a dead one, and gossip may have missed its heartbeats:
+                # ask it directly (a few at a time if that means dialing) before forgetting
+                dial = peer not in connected
+                if peer in self._probing or (dial and len(self._probing) >= MAX_PROBES):
+                    continue
+                if self._nursery is not None:
+                    self._probing.add(peer)
                     self._nursery.start_soon(self._probe, peer)
 
     async def _probe(self, peer: str) -> None:
-        """Ask a silent but connected peer directly; forget it only if it does not answer."""
+        """Ask a silent peer directly; forget it only if it does not answer."""
         try:
             with trio.fail_after(self.cfg.connect_timeout + self.cfg.read_timeout):
                 await self.greet(peer)
