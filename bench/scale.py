@@ -45,7 +45,10 @@ off, node/host.py) dialed the whole peerstore towards 200 connections; a Kademli
 every lookup round opens links to up to 10 peers beyond the watermark; its pubsub retry
 task re-dials a peer just disconnected; it raises ``RuntimeError: Nursery is closed to new
 arrivals`` while closing after SIGTERM (reproduced by tests/test_network_scale.py when
-``Node.serve`` does not absorb it).
+``Node.serve`` does not absorb it). ``--profile 10 --window 30`` (load 4-10; start-up
+imports included, waiting in epoll excluded): of 15.9 s of CPU, stdlib and builtins 49 %
+(imports, ssl-free hashing, socket calls), trio 27 %, py-libp2p 21 % (yamux 6 %, gossipsub
+2 %, Noise 2 %, Kademlia 1 %, the rest 10 %), this project's node/, protocol/, crypto/ 2 %.
 """
 
 from __future__ import annotations
@@ -240,7 +243,9 @@ def profile(n: int, window: float) -> None:
     stats = pstats.Stats(str(out))
     by: dict[str, float] = {}
     total = 0.0
-    for (filename, _line, _fn), (_cc, _nc, tottime, _ct, _callers) in stats.stats.items():  # type: ignore[attr-defined]
+    for (filename, _line, fn), (_cc, _nc, tottime, _ct, _callers) in stats.stats.items():  # type: ignore[attr-defined]
+        if "select.epoll" in fn:
+            continue  # waiting for I/O: idle, not work
         label = next(lab for key, lab in PACKAGES if key in filename)
         by[label] = by.get(label, 0.0) + tottime
         total += tottime
