@@ -3,7 +3,7 @@
     .venv/bin/python bench/loop.py [--seconds 240] [--step-wait 4] [--spot-check 1.0] [--json]
 
 Real processes on 127.0.0.1 and the served development chain, the tiny base model: a
-bootstrap, the trainer (GRPO steps on what is accepted), one validator (full verification: every rollout
+bootstrap, the trainer (GRPO steps on what is accepted), one validator (full verification by default: every rollout
 recomputed) and 2 inference workers (4 tasks x 4 samples x 48 tokens a batch, at most one
 batch without a verdict). For ``--seconds`` after the first verdict it counts:
 
@@ -170,7 +170,7 @@ def main() -> None:
     )
     print(
         f"  CPU per batch: worker {out['worker_cpu_s_per_batch']} s, validator {out['validator_cpu_s_per_batch']} s "
-        f"(full verification): validator/worker = {out['validator_to_worker_time']} (target <= 0.25)"
+        f"({'full verification' if args.spot_check >= 1 else f'spot check {args.spot_check}'}): validator/worker = {out['validator_to_worker_time']} (target <= 0.25)"
     )
     print(
         f"  verdict latency p50 {out['verdict_latency_s_p50']} s, p95 {out['verdict_latency_s_p95']} s; gas per rollout {out['gas_per_rollout']}"
