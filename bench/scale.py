@@ -36,6 +36,14 @@ nodes' own CPU time), before the commit that also probes silent unconnected peer
    30       116.3        5.76          25284       45  12.73   18    32   3767        0  33
    50   not in 240        2.0           7040       69   6.62   36   135   6180        0  38
 
+Again with the last liveness fix, the machine otherwise idle (load 2 before; the nodes
+themselves drive it to 27 at N = 30 and 38 at N = 50):
+
+    N  converge s  cpu %/node  wire B/s/node  own B/s  conns  max  lost  RSS MB  exit!=0
+   10         1.1        3.11          14566      545   9.0     9     0   1197        0
+   30        42.6        6.6           30994       64  12.53   20     0   3727        0
+   50   not in 240        3.95          12780       53   8.04   22    83   6274        0
+
 Issue #15 measured 7.8 % CPU per node at N = 10 and 197 % (saturated) at N = 20. What
 py-libp2p costs by itself: at N = 5, idle, 5.6 kB/s per node crossed the sockets against
 0.55 kB/s of this project's envelopes (gossipsub control traffic, yamux, Noise framing and
