@@ -79,6 +79,17 @@ async def test_offload_answers_from_a_child_process_and_reports_errors():
         broken.close()
 
 
+async def test_offload_as_a_context_is_closed_also_when_it_fails_to_start():
+    async with Offload("tests.test_roles:Echo", b">") as off:
+        assert await off.call(b"x") == b">x"
+    assert not off._proc.is_alive()
+    broken = Offload("tests.test_roles:Broken")
+    with pytest.raises(OffloadError, match="cannot load the model"):
+        async with broken:
+            pass
+    assert not broken._proc.is_alive()
+
+
 async def test_the_node_keeps_running_while_the_child_works():
     """A call that keeps the child busy for a second does not block the event loop."""
     off = Offload("tests.test_roles:Slow")

@@ -133,7 +133,7 @@ class InferenceRole:
         self, *, task_status: trio.TaskStatus[InferenceRole] = trio.TASK_STATUS_IGNORED
     ) -> None:
         await trio.to_thread.run_sync(self._setup)
-        self.maker = Offload(
+        async with Offload(
             "node.roles.inference:BatchMaker",
             self.cfg.taskset,
             self.cfg.tasks_per_batch,
@@ -142,12 +142,8 @@ class InferenceRole:
             self.cfg.temperature,
             self.cfg.engine_batch,
             self.cfg.cheat,
-        )
-        try:
-            await self.maker.ready()
+        ) as self.maker:
             await self._serve(task_status)
-        finally:
-            self.maker.close()
 
     async def _serve(self, task_status: trio.TaskStatus[InferenceRole]) -> None:
         if self.cfg.cheat != "withhold":  # a test cheat: submit and announce, never serve

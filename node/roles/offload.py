@@ -5,7 +5,8 @@ node's own process they hold the GIL often enough that heartbeats go out late, p
 expire the node and requests to it time out (measured on this 2-core machine). A role
 therefore keeps its model in an ``Offload``: a child process (``spawn``) built by a
 factory ``module:function`` that returns the handler, answering one call at a time over a
-pipe. The role awaits ``call`` from trio (the waiting thread blocks in the pipe, not on the
+pipe (``async with Offload(...) as child:`` waits until it is ready and closes it on
+exit). The role awaits ``call`` from trio (the waiting thread blocks in the pipe, not on the
 GIL). The pipe carries only our own local values (ints, strings, bytes) between this
 process and its child, never anything from the network. The child exits when the pipe
 closes, also when the node is killed.
@@ -77,6 +78,17 @@ class Offload:
         async with self._lock:
             # on cancellation (the node stops) the thread is left to finish: the node is leaving
             return await trio.to_thread.run_sync(roundtrip, abandon_on_cancel=True)
+
+    async def __aenter__(self) -> Offload:
+        try:
+            await self.ready()
+        except BaseException:  # __aexit__ does not run when entering fails
+            self.close()
+            raise
+        return self
+
+    async def __aexit__(self, *_exc: object) -> None:
+        self.close()
 
     def close(self) -> None:
         self._conn.close()

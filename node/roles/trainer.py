@@ -46,12 +46,11 @@ from node.batchstore import BatchStore, BatchStoreError
 from node.config import NodeConfig
 from node.files import write_atomic
 from node.roles.chain import ChainSetupError, Submission, Verdict, WorkWatcher, open_ledger
-from node.roles.exchange import fetch_batch
+from node.roles.exchange import fetch_batch, follow_notices
 from node.roles.offload import Offload, OffloadError
 from node.runtime import Node
-from protocol.batches import BATCH_TOPIC, STEP_TOPIC, BatchNotice, StepNotice
+from protocol.batches import STEP_TOPIC, BatchNotice, StepNotice
 from protocol.errors import WireError
-from protocol.messages import Announcement
 from protocol.rollouts import RolloutBatch
 from protocol.wire import open_message
 
@@ -109,6 +108,10 @@ class WorkBook:
     fetched: dict[Key, int] = field(default_factory=dict)  # in the inbox -> policy version
     consumed: dict[str, int] = field(default_factory=dict)  # key_text -> policy version
 
+    def in_window(self, version: int, step: int) -> bool:
+        """Step ``step`` may train on work made with ``version``."""
+        return version + self.async_level >= step
+
     def on_submission(self, sub: Submission) -> None:
         self.submitted[(sub.worker, sub.key)] = sub
 
@@ -125,7 +128,7 @@ class WorkBook:
             if k not in self.fetched
             and key_text(k) not in self.consumed
             and k in self.submitted
-            and self.submitted[k].policy_version + self.async_level >= step
+            and self.in_window(self.submitted[k].policy_version, step)
         ]
 
     def usable(self, step: int) -> list[Key]:
@@ -137,7 +140,7 @@ class WorkBook:
             if k in self.accepted
             and k in self.submitted
             and key_text(k) not in self.consumed
-            and version + self.async_level >= step
+            and self.in_window(version, step)
         ]
         return sorted(keys, key=lambda k: (self.submitted[k].block, k[1]))
 
@@ -148,7 +151,7 @@ class WorkBook:
             for k in self.accepted
             if key_text(k) not in self.consumed
             and k in self.submitted
-            and self.submitted[k].policy_version + self.async_level < step
+            and not self.in_window(self.submitted[k].policy_version, step)
         ]
 
     def consume(self, keys: list[Key], step: int) -> None:
@@ -262,7 +265,7 @@ class TrainerRole:
         self, *, task_status: trio.TaskStatus[TrainerRole] = trio.TASK_STATUS_IGNORED
     ) -> None:
         await trio.to_thread.run_sync(self._setup)
-        self.policy = Offload(
+        async with Offload(
             "node.roles.trainer:PolicyWorker",
             str(self.cfg.model),
             str(self.dir / "checkpoints"),
@@ -274,15 +277,11 @@ class TrainerRole:
             self.cfg.heldout_seed,
             self.cfg.max_new_tokens,
             self.cfg.temperature,
-        )
-        try:
-            await self.policy.ready()
+        ) as self.policy:
             await self._serve(task_status)
-        finally:
-            self.policy.close()
 
     async def _serve(self, task_status: trio.TaskStatus[TrainerRole]) -> None:
-        self.node.subscribe(BATCH_TOPIC, self._on_notice)
+        follow_notices(self.node, self._on_notice)
         self.node.add_status("trainer", self.status)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._watch_chain)
@@ -355,23 +354,24 @@ class TrainerRole:
 
     def _announce(self, step: int, version: int) -> None:
         self.announced = (step, version)
+        if not self._send_step():
+            log.warning("announce queue full: step %d goes out with the next repeat", step)
+        log.info("step %d (policy version %d)", step, version)
+
+    def _send_step(self) -> bool:
+        """The current step notice on gossip; False when the announce queue is full."""
+        step, version = self.announced
         try:
             self.node.announce(STEP_TOPIC, StepNotice(step=step, policy_version=version).encode())
         except trio.WouldBlock:
-            log.warning("announce queue full: step %d goes out with the next repeat", step)
-        log.info("step %d (policy version %d)", step, version)
+            return False
+        return True
 
     async def _announce_loop(self) -> None:
         while True:
             await trio.sleep(ANNOUNCE_EVERY)
             if self.announced[0] >= 0:
-                step, version = self.announced
-                try:
-                    self.node.announce(
-                        STEP_TOPIC, StepNotice(step=step, policy_version=version).encode()
-                    )
-                except trio.WouldBlock:
-                    pass
+                self._send_step()
 
     def _line(self, stats: dict[str, Any], keys: list[Key], began: float) -> dict[str, Any]:
         """The step's line of ``metrics.jsonl`` before the held-out evaluation."""
@@ -451,15 +451,10 @@ class TrainerRole:
         workers = {w for w, _ in self.book.submitted}
         return sum(1 for w in workers if self.ledger.worker(w).slashed)
 
-    def _on_notice(self, msg: Announcement) -> None:
-        try:
-            notice = BatchNotice.decode(msg.body)
-        except WireError as err:
-            self.node.reject("announce/batches", msg.sender, err)
-            return
+    def _on_notice(self, sender: str, notice: BatchNotice) -> None:
         peers = self.holders.setdefault((notice.worker, notice.work_key), [])
-        if msg.sender not in peers and len(peers) < 8:
-            peers.append(msg.sender)
+        if sender not in peers and len(peers) < 8:
+            peers.append(sender)
 
     async def _fetch_loop(self) -> None:
         """Fetch every accepted batch the trainer may still use into the inbox."""
@@ -568,7 +563,6 @@ class PolicyWorker:
         """One GRPO step on the batches; checkpoint ``step + 1`` (weights, then state)."""
         import dataclasses
 
-        from node.tasks import assign
         from node.training.grpo import samples_from_batch
 
         samples = []
@@ -579,12 +573,8 @@ class PolicyWorker:
             if abs(batch.temperature - self.temperature) > 1e-9:
                 skipped += 1  # another temperature: its log-probs are not comparable
                 continue
-            tasks = assign(self.taskset, batch.worker, batch.step, len(batch.groups))
-            kept = [
-                g
-                for g, t in zip(batch.groups, tasks, strict=True)
-                if not self.heldout.contains(t.prompt)
-            ]
+            held_out = self.heldout.batch_filter(batch, self.taskset)
+            kept = [g for g in batch.groups if not held_out(g)]
             self.dropped_heldout += len(batch.groups) - len(kept)
             rewards += [s.reward for g in kept for s in g.samples]
             samples += samples_from_batch(dataclasses.replace(batch, groups=kept))

@@ -37,14 +37,13 @@ import trio
 from node.config import NodeConfig
 from node.roles.chain import ChainSetupError, Submission, SubmissionWatcher, open_ledger
 from node.roles.clock import StepClock, follow_steps
-from node.roles.exchange import fetch_batch
+from node.roles.exchange import fetch_batch, follow_notices
 from node.roles.inference import idle_share
 from node.roles.judging import JudgingQueue, Key
 from node.roles.offload import Offload, OffloadError
 from node.runtime import Node, RemoteRefusal
-from protocol.batches import BATCH_TOPIC, BatchNotice
+from protocol.batches import BatchNotice
 from protocol.errors import Reason, WireError
-from protocol.messages import Announcement
 from protocol.rollouts import RolloutBatch, unpack_tokens
 
 log = logging.getLogger("intellect.validator")
@@ -126,14 +125,9 @@ class ValidatorRole:
 
     # ---- inputs ------------------------------------------------------------------------
 
-    def on_notice(self, msg: Announcement) -> None:
-        try:
-            notice = BatchNotice.decode(msg.body)
-        except WireError as err:
-            self.node.reject("announce/batches", msg.sender, err)
-            return
+    def on_notice(self, sender: str, notice: BatchNotice) -> None:
         key = (notice.worker, notice.work_key)
-        self.queue.noticed(key, msg.sender, trio.current_time())
+        self.queue.noticed(key, sender, trio.current_time())
         if key in self.queue.entries:
             self.notices.setdefault(key, notice)
 
@@ -163,22 +157,18 @@ class ValidatorRole:
         self, *, task_status: trio.TaskStatus[ValidatorRole] = trio.TASK_STATUS_IGNORED
     ) -> None:
         await trio.to_thread.run_sync(self._setup)
-        self.checker = Offload(
+        async with Offload(
             "node.roles.validator:BatchChecker",
             self.cfg.async_level + 2,
             self.cfg.taskset,
             self.cfg.verify_profile,
             self.cfg.spot_check,
-        )
-        try:
-            await self.checker.ready()
+        ) as self.checker:
             await self._serve(task_status)
-        finally:
-            self.checker.close()
 
     async def _serve(self, task_status: trio.TaskStatus[ValidatorRole]) -> None:
         follow_steps(self.node, self.clock)
-        self.node.subscribe(BATCH_TOPIC, self.on_notice)
+        follow_notices(self.node, self.on_notice)
         self.node.add_status("validator", self.status)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._watch_chain)
