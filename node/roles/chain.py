@@ -60,14 +60,20 @@ class SubmissionWatcher:
         self.client = client
         self.next_block = from_block
 
-    def poll(self) -> list[Submission]:
+    def _span(self) -> dict[str, int] | None:
+        """The blocks not read yet, up to the head (None: none); the caller marks them read
+        once its reads succeeded (a failed poll reads them again)."""
         head = int(self.client.w3.eth.block_number)
         if head < self.next_block:
+            return None
+        return {"from_block": self.next_block, "to_block": head}
+
+    def poll(self) -> list[Submission]:
+        span = self._span()
+        if span is None:
             return []
-        logs = self.client.contract.events.WorkSubmitted.get_logs(
-            from_block=self.next_block, to_block=head
-        )
-        self.next_block = head + 1
+        logs = self.client.contract.events.WorkSubmitted.get_logs(**span)
+        self.next_block = span["to_block"] + 1
         return [_submission(ev) for ev in logs]
 
 
@@ -85,16 +91,15 @@ class WorkWatcher(SubmissionWatcher):
     accepted work: the chain, never gossip)."""
 
     def poll_work(self) -> tuple[list[Submission], list[Verdict]]:
-        head = int(self.client.w3.eth.block_number)
-        if head < self.next_block:
+        span = self._span()
+        if span is None:
             return [], []
         events = self.client.contract.events
-        span = {"from_block": self.next_block, "to_block": head}
         subs = events.WorkSubmitted.get_logs(**span)
         votes = list(events.WorkAccepted.get_logs(**span)) + list(
             events.WorkRejected.get_logs(**span)
         )
-        self.next_block = head + 1
+        self.next_block = span["to_block"] + 1
         votes.sort(key=lambda ev: (int(ev["blockNumber"]), int(ev["logIndex"])))
         return [_submission(ev) for ev in subs], [
             Verdict(

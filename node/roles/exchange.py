@@ -10,19 +10,43 @@ of this run, signed by the peer that served it, with the work key asked for.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from typing import Any
 
 import trio
 
 from node.batchstore import BatchStore, BatchStoreError
 from node.runtime import Node, Responder
 from protocol import ids
-from protocol.batches import BATCH_FRAME, MAX_BATCH_ENVELOPE, BatchReply, BatchRequest
+from protocol.batches import (
+    BATCH_FRAME,
+    BATCH_TOPIC,
+    MAX_BATCH_ENVELOPE,
+    BatchNotice,
+    BatchReply,
+    BatchRequest,
+)
 from protocol.errors import Reason, WireError
 from protocol.rollouts import RolloutBatch
 from protocol.wire import open_message
 
 log = logging.getLogger("intellect.batches")
 TRANSFER_DEADLINE_S = 120.0  # a whole batch, however large (every frame has its own too)
+
+
+def follow_notices(node: Node, on_notice: Callable[[str, BatchNotice], None]) -> None:
+    """Call ``on_notice(sender, notice)`` for every batch notice ``node`` hears (where a
+    batch can be fetched); a malformed one is counted."""
+
+    def handle(msg: Any) -> None:
+        try:
+            notice = BatchNotice.decode(msg.body)
+        except WireError as err:
+            node.reject("announce/batches", msg.sender, err)
+            return
+        on_notice(msg.sender, notice)
+
+    node.subscribe(BATCH_TOPIC, handle)
 
 
 def serve_batches(node: Node, store: BatchStore, *, slots: int = 4) -> None:
