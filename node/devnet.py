@@ -142,20 +142,6 @@ def p2p_addr(status: dict[str, Any]) -> str:
     return f"{addr}/p2p/{status['peer_id']}"
 
 
-def table(nodes: list[NodeProcess]) -> str:
-    rows = [f"{'node':<12} {'role':<10} {'peer id':<54} {'peers':>5}  by role"]
-    for n in nodes:
-        st = n.status()
-        if st is None:
-            rows.append(f"{n.name:<12} {n.role:<10} {'(not answering)':<54}")
-            continue
-        by_role = ", ".join(f"{r}={c}" for r, c in sorted(st["peers_by_role"].items()))
-        rows.append(
-            f"{n.name:<12} {n.role:<10} {st['peer_id']:<54} {len(st['peers']):>5}  {by_role}"
-        )
-    return "\n".join(rows)
-
-
 def start_chain(
     data_dir: Path, timeout: float = 60, extra: list[str] | None = None
 ) -> tuple[subprocess.Popen[bytes], dict[str, str]]:
