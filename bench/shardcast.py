@@ -7,7 +7,10 @@ stream and a raw TCP socket between two processes moving the same bytes.
     checkpoint (two safetensors files and a config); a second node pulls it. MB/s = bytes
     / the downloader's job time (first request to verified, renamed version, including
     the final whole-checkpoint hash). The same bytes then go from one process to another
-    over a bare py-libp2p stream (Noise + yamux, 1 MiB writes) and over a raw TCP socket.
+    over a bare py-libp2p stream (Noise + yamux, 1 MiB writes; ``plain_host``: the library
+    as shipped, without the read-ahead our nodes put on their TCP streams), over the same
+    stream with that read-ahead (for reference: what the nodes' transport itself moves),
+    and over a raw TCP socket.
 (b) one origin → ``--peers`` downloaders at once, every node with the same upload cap
     (``--cap`` MB/s, a home uplink): time from the publish request until every downloader
     holds the version, against the ideal ``size / cap`` (one copy leaving the origin at
@@ -30,13 +33,16 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from node.cli import _admin_get, admin_post  # noqa: E402
+from node.config import NodeConfig  # noqa: E402
 from node.devnet import NodeProcess, p2p_addr, spawn_node, wait_ready  # noqa: E402
 
 MiB = 1024 * 1024
 TIMEOUT = 600
-# relaxed deadlines: seven node processes share this machine's cores with the bench
+SHARD: list[str] = []  # --shard-mib: the origin's shard size (default: the node's)
+# the node's default intervals (as a real run has them), deadlines relaxed: seven node
+# processes share this machine's cores with the bench
 FAST = [
-    "--heartbeat-interval", "1", "--peer-ttl", "15", "--discovery-interval", "2",
+    "--network-only",  # the trainer role's own work needs a model and a chain
     "--connect-timeout", "10", "--read-timeout", "20",
 ]  # fmt: skip
 
@@ -98,7 +104,7 @@ def swarm(base: Path, ckpt: Path, total: int, peers: int, cap: float) -> dict[st
             run_id="bench",
             listen="/ip4/127.0.0.1/tcp/0",
             bootstrap=[],
-            extra=FAST + capped,
+            extra=FAST + capped + SHARD,
         )
         nodes.append(origin)
         st = wait_ready(origin)
@@ -119,7 +125,7 @@ def swarm(base: Path, ckpt: Path, total: int, peers: int, cap: float) -> dict[st
             wait_ready(n)
         wait(
             lambda: all(len((n.status() or {"peers": []})["peers"]) >= peers for n in nodes),
-            60,
+            120,
             "the nodes to meet",
             0.2,
         )
@@ -186,7 +192,7 @@ def single(base: Path, ckpt: Path, total: int) -> float:
             run_id="bench1",
             listen="/ip4/127.0.0.1/tcp/0",
             bootstrap=[],
-            extra=FAST,
+            extra=FAST + SHARD,
         )
         nodes.append(origin)
         st = wait_ready(origin)
@@ -217,7 +223,7 @@ import sys, time, trio, multiaddr
 from functools import partial
 sys.path.insert(0, {root!r})
 from crypto.identity import Identity
-from node.host import build_host
+from node.host import build_host, plain_host
 mode, total = sys.argv[1], int(sys.argv[2])
 CHUNK = 1 << 20
 async def main():
@@ -244,7 +250,7 @@ async def main():
             await done.wait()
             n.cancel_scope.cancel()
     else:
-        host = build_host(Identity.generate())
+        host = (build_host if mode == "tuned" else plain_host)(Identity.generate())
         async def handler(stream):
             await drain(stream.read)
             await stream.close()
@@ -287,9 +293,9 @@ def two_process(mode: str, total: int) -> float:
             from libp2p.peer.peerinfo import info_from_p2p_addr
 
             from crypto.identity import Identity
-            from node.host import build_host
+            from node.host import build_host, plain_host
 
-            host = build_host(Identity.generate())
+            host = (build_host if mode == "tuned" else plain_host)(Identity.generate())
             async with host.run([multiaddr.Multiaddr("/ip4/127.0.0.1/tcp/0")]):
                 info = info_from_p2p_addr(multiaddr.Multiaddr(addr))
                 await host.connect(info)
@@ -323,20 +329,27 @@ def main() -> None:
     ap.add_argument(
         "--timeout", type=float, default=600, help="swarm: give up after this many seconds"
     )
+    ap.add_argument(
+        "--shard-mib", type=int, default=None, help="the origin's shard size in MiB (default 4)"
+    )
     ap.add_argument("--json", action="store_true", help="end with one JSON line of the figures")
     args = ap.parse_args()
     global TIMEOUT
     TIMEOUT = args.timeout
+    shard_mib = args.shard_mib or NodeConfig().shard_size // MiB
+    SHARD[:] = ["--shard-size", str(shard_mib * MiB)]
     with tempfile.TemporaryDirectory() as tmp:
         base = Path(tmp)
         total = make_checkpoint(base / "ckpt", args.mib)
         size = args.mib * MiB
         tcp = two_process("tcp", size)
         libp2p = two_process("libp2p", size)
+        tuned = two_process("tuned", size)  # last: it wraps this process's TCP streams
         one = single(base / "single", base / "ckpt", total)
         print(f"(a) {args.mib} MiB, one origin -> one downloader, separate processes on 127.0.0.1:")
         print(f"  raw TCP socket           {tcp:8.1f} MB/s")
         print(f"  bare py-libp2p stream    {libp2p:8.1f} MB/s")
+        print(f"  the same, nodes' TCP     {tuned:8.1f} MB/s   (with our read-ahead, node/host.py)")
         print(f"  SHARDCAST pull           {one:8.1f} MB/s   ({one / libp2p:.3f} x bare libp2p)")
         sw = swarm(base / "swarm", base / "ckpt", total, args.peers, args.cap)
         ideal = total / (args.cap * 1e6) if args.cap else 0.0
@@ -358,6 +371,7 @@ def main() -> None:
                     {
                         "single_MBps": round(one, 1),
                         "libp2p_MBps": round(libp2p, 1),
+                        "libp2p_read_ahead_MBps": round(tuned, 1),
                         "tcp_MBps": round(tcp, 1),
                         "single_vs_libp2p": round(one / libp2p, 3),
                         "swarm_seconds": sw["swarm_seconds"],
@@ -372,7 +386,7 @@ def main() -> None:
                         "peers": args.peers,
                         "cap_MBps": args.cap,
                         "checkpoint_bytes": total,
-                        "shard_bytes": 4 * MiB,
+                        "shard_bytes": shard_mib * MiB,
                     }
                 )
             )

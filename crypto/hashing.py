@@ -1,8 +1,14 @@
-"""Hash helpers. One hash function for everything content-addressed: BLAKE2b-256."""
+"""Hash helpers. Messages, keys and records are content-addressed with BLAKE2b-256; bulk
+bytes (weight shards and whole checkpoints, SPEC §15) with BLAKE3-256, which hashes 4 MiB
+about 7x faster on this machine (6.3 GB/s against 0.92 GB/s) and so keeps hashing off a
+download's critical path."""
 
 from __future__ import annotations
 
 import hashlib
+from typing import Any
+
+import blake3
 
 DIGEST_SIZE = 32
 
@@ -24,3 +30,13 @@ def digest_parts(*parts: bytes) -> bytes:
         h.update(len(part).to_bytes(8, "big"))
         h.update(part)
     return h.digest()
+
+
+def bulk_hasher() -> Any:
+    """An incremental BLAKE3-256 hasher (``update(buffer)``, ``digest()``) for bulk bytes."""
+    return blake3.blake3(max_threads=1)
+
+
+def bulk_digest(data: bytes | bytearray | memoryview) -> bytes:
+    """32-byte BLAKE3 digest of a bulk buffer (no copy of it)."""
+    return bytes(blake3.blake3(data, max_threads=1).digest())

@@ -4,7 +4,7 @@ A checkpoint (a directory of safetensors weights, config and tokenizer files) is
 *version*. Its files, sorted by name, are concatenated into one byte sequence cut into
 shards of ``shard_size`` bytes (the last one shorter). The trainer signs a
 ``WeightManifest``: run id, version, training step, the files (name, size, offset), the
-shard size, one BLAKE2b-256 hash per shard and one for the whole sequence. A node accepts
+shard size, one BLAKE3-256 hash per shard and one for the whole sequence. A node accepts
 a manifest only when the run's trainer key (``trainer_peer_id``) signed it
 (``open_manifest``), and verifies each shard against it on arrival, so any peer may serve
 shards and none has to be trusted.

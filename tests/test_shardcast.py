@@ -5,6 +5,7 @@ trio's MockClock, progress output."""
 import os
 import random
 
+import blake3
 import msgpack
 import pytest
 import trio
@@ -216,6 +217,12 @@ def read_all(root, m):
 def test_store_resumes_verified_shards_and_completes_bit_exact(tmp_path):
     origin, source, src = published(tmp_path)
     m, env = source.manifest, source.envelope
+    # SPEC §15: shard hashes and the whole digest are BLAKE3-256 of the bytes
+    whole = read_all(origin.root / "v00000001", m)
+    assert m.digest == blake3.blake3(whole).digest()
+    for i in range(m.num_shards):
+        start, end = m.shard_range(i)
+        assert m.shard_hash(i) == blake3.blake3(whole[start:end]).digest()
     store = make_store(tmp_path)
     partial = store.begin(m, env)
     assert partial.resumed == 0
@@ -342,6 +349,41 @@ def test_plan_asks_the_origin_only_for_what_nobody_else_holds():
     q = plan(2, origin="trainer", max_inflight=2, per_peer=2)
     q.update_peer("trainer", {0, 1})
     assert sorted(q.assign(0)) == [(0, "trainer"), (1, "trainer")]
+
+
+def test_downloaders_split_the_origins_shards_and_take_the_rest_from_each_other():
+    ids = ["peer-a", "peer-b", "peer-c"]
+    plans = {}
+    for me in ids:
+        p = plan(12, origin="trainer", me=me, max_inflight=4, per_peer=4)
+        p.update_peer("trainer", set(range(12)))
+        for other in ids:
+            if other != me:
+                p.update_peer(other, set())  # joined: downloading, nothing held yet
+        plans[me] = p
+    taken = {me: dict(p.assign(0)) for me, p in plans.items()}
+    for rank, me in enumerate(ids):  # sorted ids: rank r takes shards s = r (mod 3)
+        assert set(taken[me]) == {s for s in range(12) if s % 3 == rank}
+        assert set(taken[me].values()) == {"trainer"}
+    # peer-a has its share; peer-b's shards come from peer-b, not from the origin again
+    a = plans["peer-a"]
+    for shard in taken["peer-a"]:
+        a.completed(shard, "trainer", 10, 1.0)
+    a.update_peer("peer-b", {1, 4})
+    got = dict(a.assign(0))
+    assert got == {1: "peer-b", 4: "peer-b"}
+    # what nobody else holds yet stays with its owner while we have work in flight...
+    assert a.assign(0) == []
+    for shard in got:
+        a.completed(shard, "peer-b", 10, 1.0)
+    # ...and once we are idle, we take another's share from the origin rather than wait
+    (late,) = a.assign(0)
+    assert late[1] == "trainer" and late[0] % 3 != 0
+    # without our own id (or alone) every shard is ours to take
+    solo = plan(4, origin="trainer", max_inflight=4, per_peer=4)
+    solo.update_peer("trainer", set(range(4)))
+    solo.update_peer("peer-b", set())
+    assert len(solo.assign(0)) == 4
 
 
 def test_plan_tries_untried_peers_then_picks_by_measured_rate():

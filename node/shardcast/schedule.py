@@ -8,6 +8,15 @@ The download loop tells it what each peer holds (``update_peer``), asks it for w
   trade them among themselves.
 - **Origin last**: the run's trainer is asked for a shard only when no other usable peer
   holds it, so the origin's egress stays near one copy however many nodes pull.
+- **Origin shares**: the downloaders of a version split the origin's shards among
+  themselves without talking: with the ``n`` downloaders a node knows of (itself and the
+  peers that answered holdings for this version, the origin aside) sorted by peer id, the
+  node at rank ``r`` takes from the origin only shards ``s`` with ``s mod n == r``, and
+  gets the others from the peers that fetched them. Only when it has nothing in flight
+  and nothing else to fetch does it take another's share from the origin (a downloader
+  that left or is slow does not hold the rest up). Without it, downloaders starting
+  together pick the same rare shards and the origin sends 1.66 copies for 6 downloaders
+  (``bench/shardcast.py``).
 - **Peers**: a moving average (EWMA, ``alpha``) of measured throughput and of success,
   scored ``rate × success / (1 + in flight)``; a peer never measured is tried first
   (optimism), and with probability ``explore`` a random holder is taken, so a new fast
@@ -24,6 +33,7 @@ The download loop tells it what each peer holds (``update_peer``), asks it for w
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 
@@ -37,6 +47,7 @@ class PeerState:
     failures: int = 0  # consecutive
     backoff_until: float = 0.0
     banned: bool = False
+    joined: bool = False  # it answered holdings for this version (holds or downloads it)
     fetched_bytes: int = 0
 
     def score(self) -> float:
@@ -48,6 +59,7 @@ class DownloadPlan:
     num_shards: int
     done: set[int] = field(default_factory=set)
     origin: str | None = None
+    me: str | None = None  # our peer id: turns on origin shares (None: any shard)
     max_inflight: int = 4
     per_peer: int = 2
     alpha: float = 0.3
@@ -63,11 +75,13 @@ class DownloadPlan:
     def update_peer(self, peer: str, have: set[int]) -> None:
         state = self.peers.setdefault(peer, PeerState(peer))
         state.have = {i for i in have if 0 <= i < self.num_shards}
+        state.joined = True
 
     def remove_peer(self, peer: str) -> None:
         """Forget a peer's holdings (its in-flight fetches report their own outcome)."""
         if peer in self.peers:
             self.peers[peer].have = set()
+            self.peers[peer].joined = False
 
     def completed(self, shard: int, peer: str, nbytes: int, seconds: float) -> None:
         self._release(shard, peer)
@@ -159,6 +173,8 @@ class DownloadPlan:
         order = list(holders)
         self.rng.shuffle(order)
         order.sort(key=lambda s: len(holders[s]))  # stable: random among equally rare
+        mine = self._share()
+        deferred: list[tuple[int, list[PeerState]]] = []
         for shard in order:
             live = [p for p in holders[shard] if self._available(p, now)]
             others = [p for p in live if p.peer != self.origin]
@@ -166,8 +182,25 @@ class DownloadPlan:
             usable = [p for p in pool if p.inflight < self.per_peer]
             if not usable:
                 continue
+            if not others and not mine(shard):
+                deferred.append((shard, usable))  # another downloader's share
+                continue
+            return shard, self._choose(usable).peer
+        if deferred and not self.inflight:  # idle: take another's share rather than wait
+            shard, usable = deferred[0]
             return shard, self._choose(usable).peer
         return None
+
+    def _share(self) -> Callable[[int], bool]:
+        """Whether a shard only the origin holds is ours to take from it (module doc)."""
+        if self.me is None:
+            return lambda shard: True
+        group = sorted(
+            {self.me}
+            | {p.peer for p in self.peers.values() if p.joined and not p.banned} - {self.origin}
+        )
+        n, rank = len(group), group.index(self.me)
+        return lambda shard: shard % n == rank
 
     def _choose(self, usable: list[PeerState]) -> PeerState:
         untried = [p for p in usable if p.rate is None]

@@ -518,6 +518,7 @@ class WeightService:
             m.num_shards,
             done=set(partial.held),
             origin=m.sender,
+            me=self.node.peer_id,
             max_inflight=self.cfg.download_slots,
             per_peer=max(1, min(2, self.cfg.download_slots)),
         )

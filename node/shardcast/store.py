@@ -20,14 +20,13 @@ Everything here is blocking file I/O: the service calls it through ``trio.to_thr
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import os
 import shutil
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from crypto.hashing import DIGEST_SIZE, digest
+from crypto.hashing import bulk_digest, bulk_hasher
 from crypto.identity import Identity
 from node.files import write_atomic
 from protocol.shardcast import MAX_FILES, WeightFile, WeightManifest, is_file_name, open_manifest
@@ -109,7 +108,7 @@ class Partial(ShardSource):
         raw = os.pread(self._journal, os.fstat(self._journal).st_size, 0)
         listed = {JOURNAL.unpack_from(raw, i)[0] for i in range(0, len(raw) - len(raw) % 4, 4)}
         for index in sorted(listed):
-            if index < self.manifest.num_shards and digest(
+            if index < self.manifest.num_shards and bulk_digest(
                 self.read_shard(index)
             ) == self.manifest.shard_hash(index):
                 self.held.add(index)
@@ -121,8 +120,7 @@ class Partial(ShardSource):
     def verify(self, index: int, data: bytes | bytearray | memoryview) -> bool:
         if len(data) != self.manifest.shard_length(index):
             return False
-        h = hashlib.blake2b(data, digest_size=DIGEST_SIZE)  # no copy of the shard
-        return h.digest() == self.manifest.shard_hash(index)
+        return bulk_digest(data) == self.manifest.shard_hash(index)
 
     def write(self, index: int, data: bytes | bytearray | memoryview) -> None:
         """Write a verified shard in place, then record it in the journal."""
@@ -150,12 +148,12 @@ class Partial(ShardSource):
 
 
 def whole_digest(source: ShardSource) -> bytes:
-    h = hashlib.blake2b(digest_size=DIGEST_SIZE)
+    h = bulk_hasher()
     m = source.manifest
     for index in range(m.num_shards):
         for offset in range(0, m.shard_length(index), READ_CHUNK):
             h.update(source.read(index, offset, READ_CHUNK))
-    return h.digest()
+    return bytes(h.digest())
 
 
 @dataclass
@@ -291,8 +289,8 @@ def publish(
     work = store.root / (".publish-" + version_dir_name(version))
     shutil.rmtree(work, ignore_errors=True)
     shard_hashes: list[bytes] = []
-    whole = hashlib.blake2b(digest_size=DIGEST_SIZE)
-    shard = hashlib.blake2b(digest_size=DIGEST_SIZE)
+    whole = bulk_hasher()
+    shard = bulk_hasher()
     in_shard = 0
     entries = []
     offset = 0
@@ -312,14 +310,14 @@ def publish(
                     in_shard += take
                     view = view[take:]
                     if in_shard == shard_size:
-                        shard_hashes.append(shard.digest())
-                        shard, in_shard = hashlib.blake2b(digest_size=DIGEST_SIZE), 0
+                        shard_hashes.append(bytes(shard.digest()))
+                        shard, in_shard = bulk_hasher(), 0
             fout.flush()
             os.fsync(fout.fileno())
         entries.append(WeightFile(name=name, size=size, offset=offset))
         offset += size
     if in_shard:
-        shard_hashes.append(shard.digest())
+        shard_hashes.append(bytes(shard.digest()))
     if offset == 0:
         shutil.rmtree(work, ignore_errors=True)
         raise StoreError(f"{src}: every file is empty")
@@ -332,7 +330,7 @@ def publish(
         step=step,
         shard_size=shard_size,
         total_size=offset,
-        digest=whole.digest(),
+        digest=bytes(whole.digest()),
         files=entries,
         shard_hashes=b"".join(shard_hashes),
     )
