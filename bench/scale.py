@@ -44,6 +44,28 @@ themselves drive it to 27 at N = 30 and 38 at N = 50):
    30        42.6        6.6           30994       64  12.53   20     0   3727        0
    50   not in 240        3.95          12780       53   8.04   22    83   6274        0
 
+With the read-ahead under py-libp2p's TCP streams (machine idle, load 2 before):
+
+    N  converge s  cpu %/node  wire B/s/node  own B/s  conns  max  lost  RSS MB  exit!=0
+   10         1.1        3.87          14776      531   9.0     9     0   1203        0
+   30        43.1        6.59          23807       79   9.97   18     7   3773        0
+   50   not in 240        3.95           8064       80   7.02   24   202   6275        0
+
+and with the host's advertised addresses cached as well (``cache_addrs``):
+
+   10         1.2        3.44          14633      526   9.0     9     0   1204        0
+   30        53.9        6.59          34726      104  13.6    20     2   3808        0
+
+At N = 30 and 50 the nodes use the whole machine (6.6 % x 30 = 198 % of 2 cores), so
+the per-node CPU there is a ceiling, not a cost. A profile of one inference node at
+N = 30: py-libp2p pubsub ~40 % (reading gossip, and replaying its recent-message cache to
+every newly connected peer), yamux ~20 %, connection set-up ~9 %. Over 30 s of steady
+state the 30 nodes trimmed 332 connections that something else had opened (our manager
+dialed 3): Kademlia lookups (26 rounds; the inference nodes of this bench need trainer and
+validator roles nobody provides, so their lookups back off only to 150 s) dial up to 10
+peers each, and every new connection costs a Noise handshake, a pubsub subscription
+exchange and a replay.
+
 Issue #15 measured 7.8 % CPU per node at N = 10 and 197 % (saturated) at N = 20. What
 py-libp2p costs by itself: at N = 5, idle, 5.6 kB/s per node crossed the sockets against
 0.55 kB/s of this project's envelopes (gossipsub control traffic, yamux, Noise framing and

@@ -21,6 +21,8 @@
   wrapper reads ahead up to ``READ_AHEAD`` bytes per ``recv`` and serves the small reads
   from that buffer: a bare py-libp2p stream between two processes here goes from ~174 to
   ~370 MB/s (``bench/shardcast.py`` measures against an unpatched host, ``plain_host``).
+- Advertised addresses (``cache_addrs``): py-libp2p rebuilds them on every call, and calls
+  it for every gossip RPC and Kademlia reply; the node's host keeps them ``ADDRS_TTL`` s.
 - Wire bytes: py-libp2p counts no traffic; the same wrapper counts in ``WIRE`` every byte
   this process wrote to or read from a TCP socket (Noise, yamux, gossipsub, Kademlia and
   our protocols alike).
@@ -28,6 +30,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import multiaddr
@@ -54,6 +57,7 @@ from protocol.ids import GOSSIPSUB, KAD
 
 SUBSCRIPTION_QUEUE = 4096
 READ_AHEAD = 256 * 1024  # bytes per recv at most (tune_tcp_streams)
+ADDRS_TTL = 5.0  # seconds a host's advertised addresses are kept (cache_addrs)
 WIRE = {"in": 0, "out": 0}  # bytes through TCP sockets in this process (tune_tcp_streams)
 
 
@@ -103,9 +107,34 @@ def key_pair_of(identity: Identity) -> KeyPair:
 
 
 def build_host(identity: Identity) -> IHost:
-    """The node's host: ``plain_host`` over TCP streams tuned by ``tune_tcp_streams``."""
+    """The node's host: ``plain_host`` over TCP streams tuned by ``tune_tcp_streams``, its
+    advertised addresses cached (``cache_addrs``)."""
     tune_tcp_streams()
-    return plain_host(identity)
+    host = plain_host(identity)
+    cache_addrs(host)
+    return host
+
+
+def cache_addrs(host: IHost, ttl: float = ADDRS_TTL) -> None:
+    """Keep the host's advertised addresses for ``ttl`` seconds once it has some.
+
+    py-libp2p rebuilds them (multiaddr parsing and encapsulation, base58) on every call,
+    and calls it for every gossip RPC it sends (to attach the signed peer record, also once
+    per message it replays to a newly subscribed peer) and every Kademlia reply: 15% of an
+    idle inference node's CPU in a 30-node network (``bench/scale.py``). An empty answer
+    (not listening yet) is never kept."""
+    compute = host.get_addrs
+    kept: list[multiaddr.Multiaddr] = []
+    stamp = 0.0
+
+    def get_addrs() -> list[multiaddr.Multiaddr]:
+        nonlocal kept, stamp
+        now = time.monotonic()
+        if not kept or now - stamp > ttl:
+            kept, stamp = compute(), now
+        return list(kept)
+
+    host.get_addrs = get_addrs  # type: ignore[method-assign]
 
 
 def plain_host(identity: Identity) -> IHost:

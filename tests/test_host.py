@@ -1,5 +1,6 @@
 """The TCP stream wrapper every node puts under py-libp2p (node/host.py): read-ahead and
-wire-byte counting, on an in-memory stream whose receive calls are counted."""
+wire-byte counting, on an in-memory stream whose receive calls are counted; and the cache
+of the host's advertised addresses."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import trio
 import trio.testing
 from libp2p.io.trio import TrioTCPStream
 
-from node.host import READ_AHEAD, WIRE, tune_tcp_streams
+from node.host import READ_AHEAD, WIRE, cache_addrs, tune_tcp_streams
 
 
 class Counted:
@@ -72,3 +73,32 @@ async def test_bytes_read_ahead_are_served_before_the_end_of_the_stream():
     assert await reader.read(2) == b"ab"
     assert await reader.read(10) == b"cdef"  # the rest of what one receive brought
     assert await reader.read(10) == b""  # then the end of the stream
+
+
+class FakeHost:
+    def __init__(self) -> None:
+        self.calls = 0
+        self.addrs: list[str] = []
+
+    def get_addrs(self) -> list[str]:
+        self.calls += 1
+        return list(self.addrs)
+
+
+def test_advertised_addresses_are_kept_for_the_ttl_once_there_are_some(monkeypatch):
+    now = [100.0]
+    monkeypatch.setattr("node.host.time.monotonic", lambda: now[0])
+    host = FakeHost()
+    cache_addrs(host, ttl=5.0)  # type: ignore[arg-type]
+    assert host.get_addrs() == [] and host.get_addrs() == []
+    assert host.calls == 2  # not listening yet: an empty answer is never kept
+    host.addrs = ["/ip4/127.0.0.1/tcp/4001/p2p/me"]
+    for _ in range(10):
+        assert host.get_addrs() == host.addrs
+    assert host.calls == 3  # computed once, then kept
+    got = host.get_addrs()
+    got.append("changed by a caller")  # callers get a copy, never the kept list
+    assert host.get_addrs() == host.addrs
+    now[0] += 5.5
+    host.addrs = ["/ip4/10.0.0.1/tcp/4001/p2p/me"]
+    assert host.get_addrs() == host.addrs and host.calls == 4  # past the ttl: recomputed
