@@ -9,7 +9,6 @@
   (or by) the public IPFS DHT.
 - Gossipsub: heartbeat 1 s instead of 120 s; the library's per-topic spam limit (10 msg/s)
   is off because our own publisher paces; the subscription queue is raised from 32.
-  Its replay of recent messages to each newly subscribed peer is off (``_no_replay``).
 - Connections: py-libp2p 0.8.1's ``AutoConnector`` aims at (low + high watermark) / 2 = 200
   connections and, while under ``min_connections`` (50), dials up to 16 peers of the
   peerstore every 10 s: in a small network, a full mesh. Its pruner skips every connection
@@ -184,25 +183,7 @@ def build_pubsub(host: IHost, heartbeat_interval: int = 1) -> Pubsub:
         spam_protection_enabled=False,
         max_pending_messages_per_peer=1000,
     )
-    pubsub = Pubsub(host, router, strict_signing=True)
-    _no_replay(pubsub)
-    return pubsub
-
-
-def _no_replay(pubsub: Pubsub) -> None:
-    """Stop py-libp2p from replaying its recent-message cache to every newly subscribed peer.
-
-    It sends each cached message in an RPC of its own, with our signed peer record, on
-    every new connection; the runtime already repairs gaps itself (a presence heartbeat
-    carries how many announcements its sender made, and what is missing is fetched
-    directly). In a 30-node network (``bench/scale.py``) the replays were 9% of an
-    inference node's CPU, and without them the wire bytes per node fell from 24-35 kB/s
-    to 15 kB/s, as at N = 10."""
-
-    async def nothing(peer_id: Any, topic: str) -> None:
-        return None
-
-    pubsub._replay_recent_messages = nothing  # type: ignore[method-assign]
+    return Pubsub(host, router, strict_signing=True)
 
 
 def build_dht(host: IHost) -> KadDHT:

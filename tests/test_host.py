@@ -1,6 +1,6 @@
 """The TCP stream wrapper every node puts under py-libp2p (node/host.py): read-ahead and
 wire-byte counting, on an in-memory stream whose receive calls are counted; and the cache
-of the host's advertised addresses; gossipsub without py-libp2p's replay to new peers."""
+of the host's advertised addresses."""
 
 from __future__ import annotations
 
@@ -10,10 +10,8 @@ import pytest
 import trio
 import trio.testing
 from libp2p.io.trio import TrioTCPStream
-from libp2p.peer.id import ID
 
-from crypto.identity import Identity
-from node.host import READ_AHEAD, WIRE, build_host, build_pubsub, cache_addrs, tune_tcp_streams
+from node.host import READ_AHEAD, WIRE, cache_addrs, tune_tcp_streams
 
 
 class Counted:
@@ -104,20 +102,3 @@ def test_advertised_addresses_are_kept_for_the_ttl_once_there_are_some(monkeypat
     now[0] += 5.5
     host.addrs = ["/ip4/10.0.0.1/tcp/4001/p2p/me"]
     assert host.get_addrs() == host.addrs and host.calls == 4  # past the ttl: recomputed
-
-
-@pytest.mark.trio
-async def test_the_pubsub_replays_no_recent_messages_to_a_new_peer():
-    """Gap repair is the runtime's (presence carries the announced count); py-libp2p's
-    replay of its message cache on every new connection is switched off."""
-    pubsub = build_pubsub(build_host(Identity.generate()))
-    sent = []
-
-    async def send_recent_messages(peer_id, topic):
-        sent.append((peer_id, topic))
-
-    pubsub.router.send_recent_messages = send_recent_messages  # type: ignore[method-assign]
-    peer = ID.from_base58(Identity.generate().peer_id)
-    pubsub.peers[peer] = object()  # type: ignore[assignment]  # as if its stream were open
-    await pubsub._replay_recent_messages(peer, "intellect/presence")
-    assert sent == []
