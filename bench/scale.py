@@ -44,14 +44,16 @@ themselves drive it to 27 at N = 30 and 38 at N = 50):
    30        42.6        6.6           30994       64  12.53   20     0   3727        0
    50   not in 240        3.95          12780       53   8.04   22    83   6274        0
 
-With the read-ahead under py-libp2p's TCP streams (machine idle, load 2 before):
+With a read-ahead under py-libp2p's TCP streams (tried, then taken out: it made request/
+response so much faster that gap repair overtook gossip in tests/test_network.py; machine
+idle, load 2 before):
 
     N  converge s  cpu %/node  wire B/s/node  own B/s  conns  max  lost  RSS MB  exit!=0
    10         1.1        3.87          14776      531   9.0     9     0   1203        0
    30        43.1        6.59          23807       79   9.97   18     7   3773        0
    50   not in 240        3.95           8064       80   7.02   24   202   6275        0
 
-and with the host's advertised addresses cached as well (``cache_addrs``):
+and with the host's advertised addresses cached as well (``cache_addrs``, kept):
 
    10         1.2        3.44          14633      526   9.0     9     0   1204        0
    30        53.9        6.59          34726      104  13.6    20     2   3808        0
