@@ -39,7 +39,7 @@ TIMEOUT = 600
 SHARD: list[str] = []  # --shard-mib: the origin's shard size (default: the node's)
 # the node's default intervals (as a real run has them), deadlines relaxed: seven node
 # processes share this machine's cores with the bench
-FAST = [
+NODE_ARGS = [
     "--network-only",  # the trainer role's own work needs a model and a chain
     "--connect-timeout", "10", "--read-timeout", "20",
 ]  # fmt: skip
@@ -102,7 +102,7 @@ def swarm(base: Path, ckpt: Path, total: int, peers: int, cap: float) -> dict[st
             run_id="bench",
             listen="/ip4/127.0.0.1/tcp/0",
             bootstrap=[],
-            extra=FAST + capped + SHARD,
+            extra=NODE_ARGS + capped + SHARD,
         )
         nodes.append(origin)
         st = wait_ready(origin)
@@ -116,7 +116,9 @@ def swarm(base: Path, ckpt: Path, total: int, peers: int, cap: float) -> dict[st
                     run_id="bench",
                     listen="/ip4/127.0.0.1/tcp/0",
                     bootstrap=[p2p_addr(st)],
-                    extra=FAST + capped + ["--trainer-peer-id", tid, "--follow-weights", "true"],
+                    extra=NODE_ARGS
+                    + capped
+                    + ["--trainer-peer-id", tid, "--follow-weights", "true"],
                 )
             )
         for n in nodes[1:]:
@@ -190,7 +192,7 @@ def single(base: Path, ckpt: Path, total: int) -> float:
             run_id="bench1",
             listen="/ip4/127.0.0.1/tcp/0",
             bootstrap=[],
-            extra=FAST + SHARD,
+            extra=NODE_ARGS + SHARD,
         )
         nodes.append(origin)
         st = wait_ready(origin)
@@ -202,7 +204,7 @@ def single(base: Path, ckpt: Path, total: int) -> float:
             run_id="bench1",
             listen="/ip4/127.0.0.1/tcp/0",
             bootstrap=[p2p_addr(st)],
-            extra=FAST + ["--trainer-peer-id", st["peer_id"], "--follow-weights", "true"],
+            extra=NODE_ARGS + ["--trainer-peer-id", st["peer_id"], "--follow-weights", "true"],
         )
         nodes.append(d)
         wait_ready(d)

@@ -6,7 +6,6 @@ download's critical path."""
 from __future__ import annotations
 
 import hashlib
-from typing import Any
 
 import blake3
 
@@ -32,11 +31,11 @@ def digest_parts(*parts: bytes) -> bytes:
     return h.digest()
 
 
-def bulk_hasher() -> Any:
+def bulk_hasher() -> blake3.blake3:
     """An incremental BLAKE3-256 hasher (``update(buffer)``, ``digest()``) for bulk bytes."""
     return blake3.blake3(max_threads=1)
 
 
 def bulk_digest(data: bytes | bytearray | memoryview) -> bytes:
     """32-byte BLAKE3 digest of a bulk buffer (no copy of it)."""
-    return bytes(blake3.blake3(data, max_threads=1).digest())
+    return blake3.blake3(data, max_threads=1).digest()

@@ -174,7 +174,7 @@ class DownloadPlan:
         self.rng.shuffle(order)
         order.sort(key=lambda s: len(holders[s]))  # stable: random among equally rare
         mine = self._share()
-        deferred: list[tuple[int, list[PeerState]]] = []
+        deferred: tuple[int, list[PeerState]] | None = None  # the rarest of another's share
         for shard in order:
             live = [p for p in holders[shard] if self._available(p, now)]
             others = [p for p in live if p.peer != self.origin]
@@ -183,11 +183,11 @@ class DownloadPlan:
             if not usable:
                 continue
             if not others and not mine(shard):
-                deferred.append((shard, usable))  # another downloader's share
+                deferred = deferred or (shard, usable)  # another downloader's share
                 continue
             return shard, self._choose(usable).peer
         if deferred and not self.inflight:  # idle: take another's share rather than wait
-            shard, usable = deferred[0]
+            shard, usable = deferred
             return shard, self._choose(usable).peer
         return None
 

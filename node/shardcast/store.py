@@ -153,7 +153,7 @@ def whole_digest(source: ShardSource) -> bytes:
     for index in range(m.num_shards):
         for offset in range(0, m.shard_length(index), READ_CHUNK):
             h.update(source.read(index, offset, READ_CHUNK))
-    return bytes(h.digest())
+    return h.digest()
 
 
 @dataclass
@@ -310,14 +310,14 @@ def publish(
                     in_shard += take
                     view = view[take:]
                     if in_shard == shard_size:
-                        shard_hashes.append(bytes(shard.digest()))
+                        shard_hashes.append(shard.digest())
                         shard, in_shard = bulk_hasher(), 0
             fout.flush()
             os.fsync(fout.fileno())
         entries.append(WeightFile(name=name, size=size, offset=offset))
         offset += size
     if in_shard:
-        shard_hashes.append(bytes(shard.digest()))
+        shard_hashes.append(shard.digest())
     if offset == 0:
         shutil.rmtree(work, ignore_errors=True)
         raise StoreError(f"{src}: every file is empty")
@@ -330,7 +330,7 @@ def publish(
         step=step,
         shard_size=shard_size,
         total_size=offset,
-        digest=bytes(whole.digest()),
+        digest=whole.digest(),
         files=entries,
         shard_hashes=b"".join(shard_hashes),
     )
