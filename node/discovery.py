@@ -15,8 +15,15 @@ network and how it finds a role again.
 
 ``ProvideSchedule``: a provider record lives on the ``k`` peers closest to the key. It
 needs refreshing when the DHT's republish interval has passed, or when the routing table
-has at least doubled since the last provide (peers closer to the key may have joined who
-do not hold it yet). A provide that reached nobody is retried after ``retry`` seconds.
+has at least doubled since the last provide and holds ``k`` peers or more (peers closer to
+the key may have joined who do not hold it yet; in a table smaller than ``k`` the walk of
+the first provide already asked the network, not the table, for the closest peers, and
+a node whose table grows 1, 2, 4, 8, 16 would otherwise walk and dial five times while it
+joins). A provide that reached nobody (or ran out of time) is retried after
+``retry`` seconds, then after twice that for each further failure in a row, up to the
+republish interval: every provide is a Kademlia walk that dials the peers closest to the
+key, and on a loaded machine a walk that keeps timing out must not keep dialing every
+``retry`` seconds.
 """
 
 from __future__ import annotations
@@ -81,22 +88,25 @@ class LookupSchedule:
 @dataclass
 class ProvideSchedule:
     republish: float  # the DHT's provider-record republish interval
-    retry: float  # seconds before a provide that reached nobody is tried again
+    retry: float  # seconds before a provide that reached nobody is first tried again
     last_ok: float | None = None
     table_at_last: int = 0
     retry_at: float = 0.0
+    failures: int = 0  # provides in a row that reached nobody
+    k: int = 20  # the DHT's bucket size: peers a provider record is stored on
 
     def is_due(self, now: float, table_size: int) -> bool:
         if table_size == 0 or now < self.retry_at:
             return False  # nobody to store it (or too soon after a failure)
         if self.last_ok is None:
             return True
-        if table_size >= 2 * max(1, self.table_at_last):
+        if table_size >= max(2 * self.table_at_last, self.k):
             return True
         return now - self.last_ok >= self.republish
 
     def provided(self, now: float, table_size: int, ok: bool) -> None:
         if ok:
-            self.last_ok, self.table_at_last = now, table_size
+            self.last_ok, self.table_at_last, self.failures = now, table_size, 0
         else:
-            self.retry_at = now + self.retry
+            self.retry_at = now + min(self.republish, self.retry * 2**self.failures)
+            self.failures += 1

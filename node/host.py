@@ -15,6 +15,15 @@
   with an open stream (gossipsub keeps one to each peer), so it never trims one. We turn the
   auto-connector off and keep the pruner out of the way; the runtime keeps its connections
   between its own watermarks (``node/connections.py``).
+- Provider lookups among the connected peers (``providers_nearby``): py-libp2p's
+  ``find_providers`` walks the network until it has 20 providers, so a lookup for a role
+  with fewer providers (or none) asks every peer it hears of and dials each; a node that is
+  already well connected asks only the peers it holds a link to.
+- Gossip peer records (``verify_records_once``): gossipsub attaches the sender's signed
+  peer record to every RPC and the receiver verifies it every time; a record identical to
+  one verified in the last ``RECORD_RECHECK`` s is not verified again.
+- Yamux window updates (``batch_yamux_window_updates``): granted once half a stream's
+  window is consumed, as go-yamux does, not after every read.
 - Advertised addresses (``cache_addrs``): py-libp2p rebuilds them on every call, and calls
   it for every gossip RPC and Kademlia reply; the node's host keeps them ``ADDRS_TTL`` s.
 - Wire bytes: py-libp2p counts no traffic; ``count_wire_bytes`` wraps its TCP stream so
@@ -24,10 +33,14 @@
 
 from __future__ import annotations
 
+import os
 import time
+from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any
 
 import multiaddr
+import trio
 from libp2p import new_host
 from libp2p.abc import IHost
 from libp2p.crypto.ed25519 import create_new_key_pair
@@ -39,8 +52,13 @@ from libp2p.kad_dht import common as kad_common
 from libp2p.kad_dht import kad_dht as kad_module
 from libp2p.kad_dht import peer_routing, provider_store, value_store
 from libp2p.kad_dht.kad_dht import DHTMode, KadDHT
+from libp2p.kad_dht.utils import sort_peer_ids_by_distance
 from libp2p.network.config import ConnectionConfig
+from libp2p.peer.id import ID
+from libp2p.peer.peerinfo import PeerInfo
+from libp2p.pubsub import gossipsub as gossipsub_module
 from libp2p.pubsub import pubsub as pubsub_module
+from libp2p.pubsub import utils as pubsub_utils
 from libp2p.pubsub.gossipsub import GossipSub
 from libp2p.pubsub.pubsub import Pubsub
 from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_PROTOCOL_ID
@@ -51,6 +69,8 @@ from protocol.ids import GOSSIPSUB, KAD
 
 SUBSCRIPTION_QUEUE = 4096
 ADDRS_TTL = 5.0  # seconds a host's advertised addresses are kept (cache_addrs)
+RECORD_RECHECK = 600.0  # seconds a verified gossip peer record is trusted unchanged
+MAX_RECORDS = 4096  # verified peer records remembered (verify_records_once)
 WIRE = {"in": 0, "out": 0}  # bytes through TCP sockets in this process (count_wire_bytes)
 
 
@@ -85,10 +105,20 @@ def key_pair_of(identity: Identity) -> KeyPair:
     return create_new_key_pair(identity.private_bytes)
 
 
+def batch_yamux_window_updates() -> None:
+    """py-libp2p's yamux answers every read with a WINDOW_UPDATE frame of its own (one
+    more Noise message and ``send`` per message received) unless ``PY_YAMUX_RELEASE_ON_READ``
+    is 0; then, as in go-yamux, a stream grants the window back once half of it is consumed.
+    Set for this process unless the environment already chose."""
+    os.environ.setdefault("PY_YAMUX_RELEASE_ON_READ", "0")
+
+
 def build_host(identity: Identity) -> IHost:
-    """The node's host: ``plain_host`` with its TCP bytes counted (``count_wire_bytes``) and
-    its advertised addresses cached (``cache_addrs``)."""
+    """The node's host: ``plain_host`` with its TCP bytes counted (``count_wire_bytes``),
+    yamux window updates batched (``batch_yamux_window_updates``) and its advertised
+    addresses cached (``cache_addrs``)."""
     count_wire_bytes()
+    batch_yamux_window_updates()
     host = plain_host(identity)
     cache_addrs(host)
     return host
@@ -151,8 +181,51 @@ def _no_auto_connect(host: IHost) -> None:
         connector.maybe_connect = nothing
 
 
+def verify_records_once(
+    consume: Callable[[Any, IHost, ID], bool], clock: Callable[[], float] = time.monotonic
+) -> Callable[[Any, IHost, ID], bool]:
+    """Wrap py-libp2p's ``maybe_consume_signed_record`` for gossip RPCs so that the same
+    signed peer record from the same peer is verified once per ``RECORD_RECHECK`` s.
+
+    Gossipsub attaches the sender's signed peer record to every RPC it sends, and the
+    receiver verifies the signature, decodes the peer id and parses the addresses each
+    time: several per cent of an idle node's CPU (``bench/scale.py --profile``). A record
+    byte-identical to one already verified for that peer (and stored in the peerstore)
+    proves nothing new; a changed record, or one not seen for ``RECORD_RECHECK`` s (the
+    peerstore keeps it 2 h), goes through the full check again. A record that fails is
+    never remembered."""
+    verified: OrderedDict[tuple[int, ID], tuple[bytes, float]] = OrderedDict()
+
+    def consume_once(msg: Any, host: IHost, peer_id: ID) -> bool:
+        if not msg.HasField("senderRecord"):
+            return consume(msg, host, peer_id)
+        key, raw, now = (id(host), peer_id), bytes(msg.senderRecord), clock()
+        seen = verified.get(key)
+        if seen is not None and seen[0] == raw and now - seen[1] < RECORD_RECHECK:
+            return True
+        ok = consume(msg, host, peer_id)
+        if ok:
+            verified[key] = (raw, now)
+            verified.move_to_end(key)
+            while len(verified) > MAX_RECORDS:
+                verified.popitem(last=False)
+        return ok
+
+    return consume_once
+
+
+def _gossip_records_verified_once() -> None:
+    if getattr(pubsub_utils, "_intellect_once", False):
+        return
+    once = verify_records_once(pubsub_utils.maybe_consume_signed_record)
+    gossipsub_module.maybe_consume_signed_record = once  # type: ignore[attr-defined]
+    pubsub_module.maybe_consume_signed_record = once  # type: ignore[attr-defined]
+    pubsub_utils._intellect_once = True  # type: ignore[attr-defined]
+
+
 def build_pubsub(host: IHost, heartbeat_interval: int = 1) -> Pubsub:
     pubsub_module.SUBSCRIPTION_CHANNEL_SIZE = SUBSCRIPTION_QUEUE
+    _gossip_records_verified_once()
     router = GossipSub(
         [TProtocol(GOSSIPSUB)],
         degree=6,
@@ -163,6 +236,36 @@ def build_pubsub(host: IHost, heartbeat_interval: int = 1) -> Pubsub:
         max_pending_messages_per_peer=1000,
     )
     return Pubsub(host, router, strict_signing=True)
+
+
+async def providers_nearby(
+    dht: KadDHT, key: str, peers: list[ID], limit: int, per_peer_s: float
+) -> list[PeerInfo]:
+    """The providers of ``key`` that the ``limit`` of ``peers`` closest to it know of: one
+    GET_PROVIDERS each, in parallel, and no second hop, so nothing is dialed when ``peers``
+    are connected. Like py-libp2p's lookup, it answers from the local provider store when
+    that holds records, and caches what it finds there."""
+    store = dht.provider_store
+    raw = kad_module._encode_key(key)
+    local = store.get_providers(raw)
+    if local:
+        return local
+    found: dict[ID, PeerInfo] = {}
+
+    async def ask(peer: ID) -> None:
+        with trio.move_on_after(per_peer_s):
+            try:
+                providers, _closer = await store._get_providers_from_peer_with_closers(peer, raw)
+            except Exception:  # py-libp2p raises many unrelated types on a failed stream
+                return
+            for info in providers:
+                found.setdefault(info.peer_id, info)
+                store.add_provider(raw, info)
+
+    async with trio.open_nursery() as nursery:
+        for peer in sort_peer_ids_by_distance(raw, peers)[:limit]:
+            nursery.start_soon(ask, peer)
+    return list(found.values())
 
 
 def build_dht(host: IHost) -> KadDHT:

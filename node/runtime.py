@@ -60,6 +60,7 @@ from node.host import (
     build_pubsub,
     local_ipv4s,
     parse_addrs,
+    providers_nearby,
 )
 from node.metrics import Metrics
 from node.pacing import TokenBucket
@@ -83,6 +84,10 @@ TEND_INTERVAL = 1.0  # seconds between connection upkeep rounds
 DIAL_COOLDOWN = 60.0  # a peer that dropped our link (or we trimmed) is not dialed sooner
 STATUS_FULL_LIST = 32  # /status lists every known peer up to this many, else the peers in use
 MAX_CANDIDATES = 256  # DHT providers kept as dial candidates
+PROVIDE_LIMIT = 60.0  # seconds a provide (a walk, then one store per close peer) may take
+SYNC_GRACE = 2.0  # seconds gossip gets to deliver what a gossiped heartbeat counts
+SYNC_BATCH = 64  # announcements asked for in one sync request at most
+NEARBY_ASKED = 8  # connected peers asked for a role's providers by a well-connected node
 GREET_AGAIN = 30.0  # seconds before a connected peer of unknown role is greeted again
 MAX_PROBES = 4  # silent peers asked directly at once (a probe may dial)
 AnnouncementHandler = Callable[[Announcement], None]
@@ -174,6 +179,7 @@ class Node:
             cfg.gossip_queue
         )
         self._syncing: set[str] = set()
+        self._providing = False  # a provide round is running
         self._stop = trio.Event()
         self._drained = trio.Event()  # set by the publisher whenever its queue runs empty
         self._nursery: trio.Nursery | None = None
@@ -250,6 +256,10 @@ class Node:
         async with AsyncExitStack() as stack:
             await stack.enter_async_context(host.run(parse_addrs(self.cfg.listen)))
             await stack.enter_async_context(background_trio_service(pubsub))
+            # the router is a service of its own: without it gossipsub's heartbeat never
+            # runs (no mesh upkeep, no IHAVE gossip, and a message cache that never shifts,
+            # replayed whole to every new peer)
+            await stack.enter_async_context(background_trio_service(pubsub.router))
             await stack.enter_async_context(background_trio_service(dht))
             await pubsub.wait_until_ready()
             self.addrs = advertised_addrs(
@@ -517,7 +527,7 @@ class Node:
 
     # ---- presence ---------------------------------------------------------------------
 
-    def _on_node_info(self, msg: NodeInfo) -> None:
+    def _on_node_info(self, msg: NodeInfo, via: str = "direct") -> None:
         if msg.sender == self.peer_id:
             return
         if msg.state == "leaving":
@@ -528,10 +538,15 @@ class Node:
             return  # a heartbeat sent before its leave notice, arriving late
         if self.peers.seen(msg.sender, msg.role, msg.addrs, time.monotonic(), msg.seq):
             log.info("peer joined peer=%s role=%s", msg.sender[-8:], msg.role)
-        missing = self.inbox.missing(msg.sender, msg.session, msg.announced, limit=64)
+        missing = self.inbox.missing(msg.sender, msg.session, msg.announced, limit=SYNC_BATCH)
         if missing and msg.sender not in self._syncing and self._nursery is not None:
+            # a heartbeat on gossip may overtake the announcements it counts, still on their
+            # way through the mesh: give gossip SYNC_GRACE seconds before asking directly
+            grace = SYNC_GRACE if via == "gossip" else 0.0
             self._syncing.add(msg.sender)
-            self._nursery.start_soon(self._sync_from, msg.sender, msg.session, missing)
+            self._nursery.start_soon(
+                self._sync_from, msg.sender, msg.session, msg.announced, missing, grace
+            )
 
     async def _publish_presence(self) -> None:
         data = seal(self.identity, self.node_info())
@@ -618,11 +633,9 @@ class Node:
                 log.info("a needed role disappeared: looking peers up again")
             table = self.dht.get_routing_table_size()
             before = self.connected_peers()
-            if self.provides.is_due(now, table):
-                ok = False
-                with trio.move_on_after(self.cfg.read_timeout):
-                    ok = await self._provide()
-                self.provides.provided(trio.current_time(), table, ok)
+            if not self._providing and self.provides.is_due(now, table):
+                self._providing = True  # beside the lookups: a walk can take a while
+                self._nursery.start_soon(self._provide_round, table)
             if self.lookups.is_due(now):
                 await self._look_up()
                 delay = self.lookups.looked_up(trio.current_time(), self.peers.roles())
@@ -645,10 +658,23 @@ class Node:
         roles = sorted(self.lookups.needed | ({self.cfg.role} if self.lookups.needed else set()))
         known = self.peers.roles()
         greet: list[PeerInfo] = []
+        assert self.host is not None
         with trio.move_on_after(self.cfg.read_timeout):
             for role in roles:
-                self.metrics.inc("dht_lookups")
-                found = await self.dht.find_providers(ids.role_key(self.cfg.run_id, role))
+                key = ids.role_key(self.cfg.run_id, role)
+                # in the network (enough links, or enough known peers to dial): ask our
+                # neighbours only. A walk dials the peers closest to the key, who mostly are
+                # not our neighbours, and each link it opens pushes some peer above its high
+                # watermark to close another; gossip presence brings new peers anyway.
+                connected = self.host.get_connected_peers()
+                if max(len(connected), len(self.peers.peers)) >= self.cfg.conn_low:
+                    self.metrics.inc("dht_lookups", scope="connected")
+                    found = await providers_nearby(
+                        self.dht, key, connected, NEARBY_ASKED, self.cfg.connect_timeout
+                    )
+                else:
+                    self.metrics.inc("dht_lookups", scope="network")
+                    found = await self.dht.find_providers(key)
                 fresh = [i for i in found if i.peer_id.to_base58() != self.peer_id]
                 for info in fresh:
                     pid = info.peer_id.to_base58()
@@ -729,6 +755,17 @@ class Node:
                 for info in fresh:
                     nursery.start_soon(self._dial_and_greet, info)
 
+    async def _provide_round(self, table: int) -> None:
+        before = self.connected_peers()
+        ok = False
+        try:
+            with trio.move_on_after(PROVIDE_LIMIT):
+                ok = await self._provide()
+        finally:
+            self.provides.provided(trio.current_time(), table, ok)
+            self._providing = False
+            self._transient |= self.connected_peers() - before
+
     async def _provide(self) -> bool:
         try:
             ok = await self.dht.provide(ids.role_key(self.cfg.run_id, self.cfg.role))
@@ -803,7 +840,7 @@ class Node:
         if msg.sender == self.peer_id:
             return
         self.admission.admit(msg, now_ms())
-        self._on_node_info(msg)
+        self._on_node_info(msg, via="gossip")
 
     def _gossip_validator(
         self, protocol: str, handle: Callable[[bytes], None]
@@ -840,8 +877,17 @@ class Node:
         while True:
             await sub.get()
 
-    async def _sync_from(self, sender: str, session: int, indices: list[int]) -> None:
+    async def _sync_from(
+        self, sender: str, session: int, announced: int, indices: list[int], grace: float
+    ) -> None:
+        """Ask ``sender`` for the announcements ``indices``; after a grace period, only for
+        those of them (and of ``announced``) still missing by then."""
         try:
+            if grace > 0:
+                await trio.sleep(grace)
+                indices = self.inbox.missing(sender, session, announced, limit=SYNC_BATCH)
+                if not indices:
+                    return  # gossip brought them meanwhile
             req = SyncRequest(**self._header(), session=session, indices=indices)
             reply: SyncReply = await self.request(sender, ids.SYNC, req, SyncReply)
             for item in reply.items:
@@ -913,7 +959,8 @@ class Node:
                 "queued": self._queue_send.statistics().current_buffer_used,
             },
             "discovery": {
-                "dht_lookups": self.metrics.get("dht_lookups"),
+                "dht_lookups": sum(self.metrics.by_label("dht_lookups", "scope").values()),
+                "dht_lookups_by_scope": self.metrics.by_label("dht_lookups", "scope"),
                 "dht_provides": self.metrics.get("dht_provides"),
                 "dht_providers": len(self.dht_providers),
                 "next_lookup_in_s": round(max(0.0, self.lookups.due - _trio_now()), 3),

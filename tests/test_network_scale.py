@@ -47,6 +47,15 @@ def test_twelve_nodes_converge_within_the_watermarks_and_all_exit_0_on_sigterm(t
             assert max(settled.values()) <= 6, settled
         # the bootstrap was dialed by all eleven and kept at most six of them
         assert status(boot)["connections"]["trimmed"] >= 1
+        # in the network, lookups ask connected peers only (SPEC §8): no walk that dials
+        wait_until(
+            lambda: all(
+                status(n)["discovery"]["dht_lookups_by_scope"].get("connected", 0) >= 3
+                for n in nodes[1:]
+            ),
+            60,
+            "a lookup round among connected peers on every node",
+        )
 
         for n in nodes:  # all at once
             n.proc.send_signal(signal.SIGTERM)

@@ -64,16 +64,35 @@ def test_lookup_schedule_rejects_a_base_above_its_caps():
 
 
 def test_provide_at_first_peer_again_when_the_table_doubles_and_at_republish():
-    p = ProvideSchedule(republish=1000, retry=20)
+    p = ProvideSchedule(republish=1000, retry=20, k=8)
     assert not p.is_due(0, 0)  # nobody to store the record on
     assert p.is_due(1, 1)
     p.provided(1, 1, ok=False)  # reached nobody: wait before trying again
     assert not p.is_due(10, 1) and p.is_due(21, 1)
     p.provided(21, 3, ok=True)
-    assert not p.is_due(22, 5)  # grew, not doubled
-    assert p.is_due(22, 6)
-    p.provided(22, 6, ok=True)
-    assert not p.is_due(1021, 11) and p.is_due(1022, 11)  # the DHT's republish interval
+    assert not p.is_due(22, 7)  # doubled, but fewer than k peers: the walk asked the network
+    assert p.is_due(22, 8)
+    p.provided(22, 8, ok=True)
+    assert not p.is_due(23, 15)  # grew, not doubled
+    assert p.is_due(23, 16)
+    p.provided(23, 16, ok=True)
+    assert not p.is_due(1022, 31) and p.is_due(1023, 31)  # the DHT's republish interval
+
+
+def test_a_provide_that_keeps_failing_is_retried_ever_less_often():
+    p = ProvideSchedule(republish=1000, retry=20)
+    now, waits = 0.0, []
+    for _ in range(8):
+        assert p.is_due(now, 5)
+        p.provided(now, 5, ok=False)
+        wait = p.retry_at - now
+        assert not p.is_due(now + wait - 0.1, 5)
+        waits.append(wait)
+        now += wait
+    assert waits == [20, 40, 80, 160, 320, 640, 1000, 1000]  # doubling, capped at republish
+    p.provided(now, 5, ok=True)
+    p.provided(now + 1, 5, ok=False)  # a success resets the back-off
+    assert p.retry_at == now + 1 + 20
 
 
 def test_connections_close_the_surplus_down_to_low_sparing_peers_in_use_and_new_ones():
@@ -164,3 +183,45 @@ def test_converged_needs_a_live_peer_of_every_other_role_and_connections_in_rang
     ]
     # two nodes: low is capped at the one other node there is
     assert problems([_st("b", "bootstrap", {"inference": 1}, 1), _st("w", "inference", {"bootstrap": 1}, 1)]) == []  # fmt: skip
+
+
+async def test_gap_repair_gives_gossip_time_when_the_heartbeat_came_on_gossip(
+    autojump_clock, tmp_path
+):
+    """A heartbeat on gossip can overtake the announcements it counts: the receiver asks the
+    publisher for the missing ones only SYNC_GRACE s later, and only for those still missing
+    then; a heartbeat from a presence exchange (a new contact) is acted on at once."""
+    from crypto.identity import Identity
+    from node.config import NodeConfig
+    from node.runtime import SYNC_GRACE, Node
+    from protocol.messages import SyncReply
+
+    publisher = Node(NodeConfig(data_dir=tmp_path / "p"), Identity.generate())
+    for i in range(5):
+        publisher.outbox.add(i, b"signed announcement %d" % i)
+    receiver = Node(NodeConfig(data_dir=tmp_path / "r"), Identity.generate())
+    asked: list[tuple[float, list[int]]] = []
+
+    async def request(peer, protocol, req, reply_type):
+        assert peer == publisher.peer_id
+        asked.append((trio.current_time(), list(req.indices)))
+        return SyncReply(**publisher._header(), items=[])
+
+    receiver.request = request
+    session = publisher.outbox.session
+    async with trio.open_nursery() as nursery:
+        receiver._nursery = nursery
+        start = trio.current_time()
+        receiver._on_node_info(publisher.node_info(), via="gossip")
+        await trio.sleep(SYNC_GRACE / 2)
+        assert asked == []  # not yet: gossip may still bring them
+        for i in (0, 1, 3):  # gossip delivers three of the five meanwhile
+            assert receiver.inbox.add(publisher.peer_id, session, i)
+        await trio.sleep(SYNC_GRACE)
+        assert asked == [(start + SYNC_GRACE, [2, 4])]
+
+        asked.clear()
+        start = trio.current_time()
+        receiver._on_node_info(publisher.node_info(), via="direct")
+        await trio.sleep(SYNC_GRACE * 2)
+        assert asked == [(start, [2, 4])]
