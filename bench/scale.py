@@ -73,6 +73,23 @@ validator roles nobody provides, so their lookups back off only to 150 s) dial u
 peers each, and every new connection costs a Noise handshake, a pubsub subscription
 exchange and a replay.
 
+Later (commit 25e6bb0): the gossipsub router's own service had never been started, so its
+heartbeat never ran (no mesh upkeep, no IHAVE gossip, and a message cache that never
+shifted: every new connection was replayed every message since start). Counted over 30 s
+at N = 30 (nodes instrumented for the run, not kept), the connections opened came from
+Kademlia walks: provides cut at 10 s and retried every 20 s (each a walk plus ~20 stores,
+116-128 dials), role lookups by nodes below conn_low (83-95 walks), and far fewer from our
+connection manager (16-49 dials). With the router running, lookups among connected peers
+only, provides that back off, gossip peer records verified once and yamux window updates
+batched (machine idle, load 3 before):
+
+    N  converge s  cpu %/node  wire B/s/node  own B/s  conns  max  lost  RSS MB  exit!=0
+   10         1.1        4.02          16118      545    9.0     9     0   1199        0
+   30         7.8        6.57          39486      127  11.27   23     0   3679        0
+
+Converging is 5-7x faster and no peer is lost, but N = 30 still saturates both cores and
+the bytes grew: gossipsub now sends its IHAVE gossip every second, as designed.
+
 Issue #15 measured 7.8 % CPU per node at N = 10 and 197 % (saturated) at N = 20. What
 py-libp2p costs by itself: at N = 5, idle, 5.6 kB/s per node crossed the sockets against
 0.55 kB/s of this project's envelopes (gossipsub control traffic, yamux, Noise framing and
