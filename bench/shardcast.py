@@ -8,7 +8,9 @@ stream and a raw TCP socket between two processes moving the same bytes.
     / the downloader's job time (first request to verified, renamed version, including
     the final whole-checkpoint hash). The same bytes then go from one process to another
     over a bare py-libp2p stream (Noise + yamux, 1 MiB writes; ``plain_host``: the library
-    as shipped, nothing of ours on its TCP streams) and over a raw TCP socket.
+    as shipped, without the read-ahead our nodes put on their TCP streams), over the same
+    stream with that read-ahead (for reference: what the nodes' transport itself moves),
+    and over a raw TCP socket.
 (b) one origin → ``--peers`` downloaders at once, every node with the same upload cap
     (``--cap`` MB/s, a home uplink): time from the publish request until every downloader
     holds the version, against the ideal ``size / cap`` (one copy leaving the origin at
@@ -223,7 +225,7 @@ import sys, time, trio, multiaddr
 from functools import partial
 sys.path.insert(0, {root!r})
 from crypto.identity import Identity
-from node.host import plain_host
+from node.host import build_host, plain_host
 mode, total = sys.argv[1], int(sys.argv[2])
 CHUNK = 1 << 20
 async def main():
@@ -250,7 +252,7 @@ async def main():
             await done.wait()
             n.cancel_scope.cancel()
     else:
-        host = plain_host(Identity.generate())
+        host = (build_host if mode == "tuned" else plain_host)(Identity.generate())
         async def handler(stream):
             await drain(stream.read)
             await stream.close()
@@ -293,9 +295,9 @@ def two_process(mode: str, total: int) -> float:
             from libp2p.peer.peerinfo import info_from_p2p_addr
 
             from crypto.identity import Identity
-            from node.host import plain_host
+            from node.host import build_host, plain_host
 
-            host = plain_host(Identity.generate())
+            host = (build_host if mode == "tuned" else plain_host)(Identity.generate())
             async with host.run([multiaddr.Multiaddr("/ip4/127.0.0.1/tcp/0")]):
                 info = info_from_p2p_addr(multiaddr.Multiaddr(addr))
                 await host.connect(info)
@@ -344,10 +346,12 @@ def main() -> None:
         size = args.mib * MiB
         tcp = two_process("tcp", size)
         libp2p = two_process("libp2p", size)
+        tuned = two_process("tuned", size)  # last: it wraps this process's TCP streams
         one = single(base / "single", base / "ckpt", total)
         print(f"(a) {args.mib} MiB, one origin -> one downloader, separate processes on 127.0.0.1:")
         print(f"  raw TCP socket           {tcp:8.1f} MB/s")
         print(f"  bare py-libp2p stream    {libp2p:8.1f} MB/s")
+        print(f"  the same, nodes' TCP     {tuned:8.1f} MB/s   (with our read-ahead, node/host.py)")
         print(f"  SHARDCAST pull           {one:8.1f} MB/s   ({one / libp2p:.3f} x bare libp2p)")
         sw = swarm(base / "swarm", base / "ckpt", total, args.peers, args.cap)
         ideal = total / (args.cap * 1e6) if args.cap else 0.0
@@ -369,6 +373,7 @@ def main() -> None:
                     {
                         "single_MBps": round(one, 1),
                         "libp2p_MBps": round(libp2p, 1),
+                        "libp2p_read_ahead_MBps": round(tuned, 1),
                         "tcp_MBps": round(tcp, 1),
                         "single_vs_libp2p": round(one / libp2p, 3),
                         "swarm_seconds": sw["swarm_seconds"],
