@@ -16,6 +16,13 @@ stream and a raw TCP socket between two processes moving the same bytes.
     holds the version, against the ideal ``size / cap`` (one copy leaving the origin at
     its cap); per-node MB/s; the origin's egress divided by the checkpoint size.
 MB/s = 10^6 bytes per second.
+
+Measured on this 2-core machine, idle before the run (load 2), after the read-ahead came
+back (commit 953f526): SHARDCAST pull 115.9 MB/s, bare py-libp2p stream 149.2 (0.776x),
+the same with the nodes' read-ahead 295.7, raw TCP 2338; 6 downloaders capped at 40 MB/s
+complete in 19.15 s against 6.71 ideal (2.85x), each at 14.1-14.9 MB/s, origin egress
+1.000 copies. The downloader is CPU-bound (Noise, yamux and BLAKE3 in one Python thread),
+and the swarm's seven processes share the two cores: about 80 MB/s of relayed bytes in all.
 """
 
 from __future__ import annotations

@@ -107,7 +107,9 @@ def tune_tcp_streams() -> None:
                 return got
             ahead = memoryview(got)
         take = len(ahead) if n is None else min(n, len(ahead))
-        self._intellect_ahead = ahead[take:]  # type: ignore[attr-defined]
+        rest = ahead[take:]
+        # drained: drop the view, or it keeps the whole receive buffer alive
+        self._intellect_ahead = rest if len(rest) else None  # type: ignore[attr-defined]
         return bytes(ahead[:take])
 
     TrioTCPStream.write = counted_write  # type: ignore[method-assign]
@@ -212,8 +214,9 @@ def verify_records_once(
     receiver verifies the signature, decodes the peer id and parses the addresses each
     time: several per cent of an idle node's CPU (``bench/scale.py --profile``). A record
     byte-identical to one already verified for that peer (and stored in the peerstore)
-    proves nothing new; a changed record, or one not seen for ``RECORD_RECHECK`` s (the
-    peerstore keeps it 2 h), goes through the full check again. A record that fails is
+    proves nothing new while the peerstore still holds it; a changed record, one the
+    peerstore dropped, or one not seen for ``RECORD_RECHECK`` s (the peerstore keeps it
+    2 h) goes through the full check again. A record that fails is
     never remembered."""
     verified: OrderedDict[tuple[int, ID], tuple[bytes, float]] = OrderedDict()
 
@@ -222,7 +225,12 @@ def verify_records_once(
             return consume(msg, host, peer_id)
         key, raw, now = (id(host), peer_id), bytes(msg.senderRecord), clock()
         seen = verified.get(key)
-        if seen is not None and seen[0] == raw and now - seen[1] < RECORD_RECHECK:
+        if (
+            seen is not None
+            and seen[0] == raw
+            and now - seen[1] < RECORD_RECHECK
+            and host.get_peerstore().get_peer_record(peer_id) is not None  # still stored
+        ):
             return True
         ok = consume(msg, host, peer_id)
         if ok:
@@ -264,13 +272,11 @@ async def providers_nearby(
 ) -> list[PeerInfo]:
     """The providers of ``key`` that the ``limit`` of ``peers`` closest to it know of: one
     GET_PROVIDERS each, in parallel, and no second hop, so nothing is dialed when ``peers``
-    are connected. Like py-libp2p's lookup, it answers from the local provider store when
-    that holds records, and caches what it finds there."""
+    are connected. Unlike py-libp2p's lookup it always asks (records it found before stay
+    in the local provider store for 48 h, and a role that disappeared must be looked for
+    again); what it finds is cached there too."""
     store = dht.provider_store
     raw = kad_module._encode_key(key)
-    local = store.get_providers(raw)
-    if local:
-        return local
     found: dict[ID, PeerInfo] = {}
 
     async def ask(peer: ID) -> None:

@@ -179,6 +179,7 @@ class Node:
             cfg.gossip_queue
         )
         self._syncing: set[str] = set()
+        self._sync_announced: dict[str, int] = {}  # newest count heard while a sync waits
         self._providing = False  # a provide round is running
         self._stop = trio.Event()
         self._drained = trio.Event()  # set by the publisher whenever its queue runs empty
@@ -538,6 +539,10 @@ class Node:
             return  # a heartbeat sent before its leave notice, arriving late
         if self.peers.seen(msg.sender, msg.role, msg.addrs, time.monotonic(), msg.seq):
             log.info("peer joined peer=%s role=%s", msg.sender[-8:], msg.role)
+        if msg.sender in self._syncing:  # a sync waiting out its grace: let it ask for all
+            self._sync_announced[msg.sender] = max(
+                msg.announced, self._sync_announced.get(msg.sender, 0)
+            )
         missing = self.inbox.missing(msg.sender, msg.session, msg.announced, limit=SYNC_BATCH)
         if missing and msg.sender not in self._syncing and self._nursery is not None:
             # a heartbeat on gossip may overtake the announcements it counts, still on their
@@ -667,7 +672,7 @@ class Node:
                 # not our neighbours, and each link it opens pushes some peer above its high
                 # watermark to close another; gossip presence brings new peers anyway.
                 connected = self.host.get_connected_peers()
-                if max(len(connected), len(self.peers.peers)) >= self.cfg.conn_low:
+                if connected and max(len(connected), len(self.peers.peers)) >= self.cfg.conn_low:
                     self.metrics.inc("dht_lookups", scope="connected")
                     found = await providers_nearby(
                         self.dht, key, connected, NEARBY_ASKED, self.cfg.connect_timeout
@@ -756,7 +761,9 @@ class Node:
                     nursery.start_soon(self._dial_and_greet, info)
 
     async def _provide_round(self, table: int) -> None:
-        before = self.connected_peers()
+        """One provide, beside the lookup rounds. The links its walk opens are not marked
+        transient: over up to a minute that would sweep in links our own manager dialed
+        and links peers opened to us; the watermarks close the surplus as usual."""
         ok = False
         try:
             with trio.move_on_after(PROVIDE_LIMIT):
@@ -764,7 +771,6 @@ class Node:
         finally:
             self.provides.provided(trio.current_time(), table, ok)
             self._providing = False
-            self._transient |= self.connected_peers() - before
 
     async def _provide(self) -> bool:
         try:
@@ -885,6 +891,7 @@ class Node:
         try:
             if grace > 0:
                 await trio.sleep(grace)
+                announced = max(announced, self._sync_announced.get(sender, 0))
                 indices = self.inbox.missing(sender, session, announced, limit=SYNC_BATCH)
                 if not indices:
                     return  # gossip brought them meanwhile
@@ -900,6 +907,7 @@ class Node:
             log.debug("sync from %s failed: %s", sender[-8:], exc)
         finally:
             self._syncing.discard(sender)
+            self._sync_announced.pop(sender, None)
 
     # ---- views ------------------------------------------------------------------------
 

@@ -133,9 +133,23 @@ def test_a_gossip_peer_record_is_verified_once_until_it_changes_or_ages():
         calls.append(bytes(msg.senderRecord))
         return verdicts.get(bytes(msg.senderRecord), True)
 
+    class Store:
+        def __init__(self):
+            self.records = {"A": "env", "B": "env", "C": None}
+
+        def get_peer_record(self, peer_id):
+            return self.records.get(peer_id)
+
+    class Host:
+        def __init__(self):
+            self.store = Store()
+
+        def get_peerstore(self):
+            return self.store
+
     now = [0.0]
     once = verify_records_once(consume, clock=lambda: now[0])
-    host, other_host = object(), object()
+    host, other_host = Host(), Host()
     assert once(Rpc(b"good"), host, "A") and once(Rpc(b"good"), host, "A")
     assert calls == [b"good"]  # the same record from the same peer: checked once
     assert once(Rpc(b"good"), host, "B") and once(Rpc(b"good"), other_host, "A")
@@ -148,9 +162,13 @@ def test_a_gossip_peer_record_is_verified_once_until_it_changes_or_ages():
     now[0] = RECORD_RECHECK + 1  # old enough: checked again (the peerstore's copy ages)
     assert once(Rpc(b"good2"), host, "A") and len(calls) == n + 1
     assert once(Rpc(None), host, "A") and len(calls) == n + 2  # no record: py-libp2p decides
+    host.store.records["A"] = None  # the peerstore dropped it: checked (and stored) again
+    assert once(Rpc(b"good2"), host, "A") and len(calls) == n + 3
 
 
-def test_yamux_grants_window_back_in_batches_in_a_node():
+def test_yamux_grants_window_back_in_batches_in_a_node(monkeypatch):
+    monkeypatch.setenv("PY_YAMUX_RELEASE_ON_READ", "unset")  # restored after the test
+    monkeypatch.delenv("PY_YAMUX_RELEASE_ON_READ")
     batch_yamux_window_updates()
     from libp2p.stream_muxer.yamux.yamux import _yamux_release_on_read
 

@@ -217,11 +217,56 @@ async def test_gap_repair_gives_gossip_time_when_the_heartbeat_came_on_gossip(
         assert asked == []  # not yet: gossip may still bring them
         for i in (0, 1, 3):  # gossip delivers three of the five meanwhile
             assert receiver.inbox.add(publisher.peer_id, session, i)
+        for i in (5, 6):  # and the publisher announces two more, counted by a new heartbeat
+            publisher.outbox.add(i, b"signed announcement %d" % i)
+        receiver._on_node_info(publisher.node_info(), via="gossip")
         await trio.sleep(SYNC_GRACE)
-        assert asked == [(start + SYNC_GRACE, [2, 4])]
+        assert asked == [(start + SYNC_GRACE, [2, 4, 5, 6])]
 
         asked.clear()
         start = trio.current_time()
         receiver._on_node_info(publisher.node_info(), via="direct")
         await trio.sleep(SYNC_GRACE * 2)
-        assert asked == [(start, [2, 4])]
+        assert asked == [(start, [2, 4, 5, 6])]
+
+
+async def test_providers_nearby_asks_the_closest_connected_peers_once_each(autojump_clock):
+    """A lookup among connected peers: the ``limit`` peers closest to the key, one
+    GET_PROVIDERS each, in parallel; a peer that fails or hangs costs nothing but its own
+    answer; what is found comes back (once per provider) and is cached in the store."""
+    from libp2p.kad_dht.kad_dht import _encode_key
+    from libp2p.kad_dht.utils import sort_peer_ids_by_distance
+    from libp2p.peer.id import ID
+    from libp2p.peer.peerinfo import PeerInfo
+
+    from node.host import providers_nearby
+
+    key = "/intellect/run/role/trainer"
+    raw = _encode_key(key)
+    peers = [ID(bytes([0, 36, 8, 1, 18, 32]) + bytes([i]) * 32) for i in range(12)]
+    closest = sort_peer_ids_by_distance(raw, peers)[:8]
+    trainer = PeerInfo(ID(bytes([0, 36, 8, 1, 18, 32]) + b"\xee" * 32), [])
+    asked, cached = [], []
+
+    class Store:
+        async def _get_providers_from_peer_with_closers(self, peer, k):
+            assert k == raw
+            asked.append(peer)
+            if peer == closest[1]:
+                raise OSError("stream reset")
+            if peer == closest[2]:
+                await trio.sleep(3600)  # never answers
+            return ([trainer] if peer in closest[3:6] else []), peers
+
+        def add_provider(self, k, info):
+            cached.append((k, info.peer_id))
+
+    class Dht:
+        provider_store = Store()
+
+    start = trio.current_time()
+    found = await providers_nearby(Dht(), key, peers, limit=8, per_peer_s=5.0)
+    assert sorted(asked, key=str) == sorted(closest, key=str)  # the 8 closest, once each
+    assert [i.peer_id for i in found] == [trainer.peer_id]
+    assert cached == [(raw, trainer.peer_id)] * 3
+    assert trio.current_time() - start == 5.0  # the silent peer was cut at per_peer_s
