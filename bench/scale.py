@@ -88,7 +88,16 @@ batched (machine idle, load 3 before):
    30         7.8        6.57          39486      127  11.27   23     0   3679        0
 
 Converging is 5-7x faster and no peer is lost, but N = 30 still saturates both cores and
-the bytes grew: gossipsub now sends its IHAVE gossip every second, as designed.
+the bytes grew: gossipsub now sends its IHAVE gossip every second, as designed. With the
+read-ahead back (953f526): 10: 4.57 %, 16132 B/s; 30: 6.45 %, 43058 B/s, 12.0 s, 0 lost.
+Then provide rounds stopped marking every link of their minute transient (8e92dd7; those
+links were closed first and counted twice against the high watermark), load 3 before:
+
+   10         1.1        4.46          17968      542    9.0     9     0   1201        0
+   30        17.4        5.56          33295      339   9.37    12     0   3713        0
+
+30 x 5.56 % = 167 %: the first run at N = 30 that did not saturate the machine (1.25x the
+per-node CPU of N = 10; bytes 1.85x).
 
 Issue #15 measured 7.8 % CPU per node at N = 10 and 197 % (saturated) at N = 20. What
 py-libp2p costs by itself: at N = 5, idle, 5.6 kB/s per node crossed the sockets against

@@ -21,7 +21,9 @@ Measured on this 2-core machine, idle before the run (load 2), after the read-ah
 back (commit 953f526): SHARDCAST pull 115.9 MB/s, bare py-libp2p stream 149.2 (0.776x),
 the same with the nodes' read-ahead 295.7, raw TCP 2338; 6 downloaders capped at 40 MB/s
 complete in 19.15 s against 6.71 ideal (2.85x), each at 14.1-14.9 MB/s, origin egress
-1.000 copies. The downloader is CPU-bound (Noise, yamux and BLAKE3 in one Python thread),
+1.000 copies. Again on the final code of that stop (8e92dd7): 116.6 against 139.0 MB/s
+(0.838x; the bare stream varies 139-165 from run to run), swarm 18.94 s (2.82x), egress
+1.031, 6 of 6. The downloader is CPU-bound (Noise, yamux and BLAKE3 in one Python thread),
 and the swarm's seven processes share the two cores: about 80 MB/s of relayed bytes in all.
 """
 

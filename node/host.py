@@ -229,7 +229,7 @@ def verify_records_once(
             seen is not None
             and seen[0] == raw
             and now - seen[1] < RECORD_RECHECK
-            and host.get_peerstore().get_peer_record(peer_id) is not None  # still stored
+            and _record_stored(host, peer_id)
         ):
             return True
         ok = consume(msg, host, peer_id)
@@ -241,6 +241,16 @@ def verify_records_once(
         return ok
 
     return consume_once
+
+
+def _record_stored(host: IHost, peer_id: ID) -> bool:
+    """Whether the peerstore still holds ``peer_id``'s signed record. Never raises into
+    py-libp2p's stream handler (that would take the host down): its peerstore raises
+    ``PeerStoreError`` for a peer whose addresses expired."""
+    try:
+        return host.get_peerstore().get_peer_record(peer_id) is not None
+    except Exception:
+        return False
 
 
 def _gossip_records_verified_once() -> None:
