@@ -178,8 +178,8 @@ class Node:
         self._queue_send, self._queue_recv = trio.open_memory_channel[tuple[str, bytes]](
             cfg.gossip_queue
         )
-        self._syncing: set[str] = set()
-        self._sync_announced: dict[str, int] = {}  # newest count heard while a sync waits
+        # publishers a sync is running for -> the newest count heard from them meanwhile
+        self._syncing: dict[str, int] = {}
         self._providing = False  # a provide round is running
         self._stop = trio.Event()
         self._drained = trio.Event()  # set by the publisher whenever its queue runs empty
@@ -540,18 +540,14 @@ class Node:
         if self.peers.seen(msg.sender, msg.role, msg.addrs, time.monotonic(), msg.seq):
             log.info("peer joined peer=%s role=%s", msg.sender[-8:], msg.role)
         if msg.sender in self._syncing:  # a sync waiting out its grace: let it ask for all
-            self._sync_announced[msg.sender] = max(
-                msg.announced, self._sync_announced.get(msg.sender, 0)
-            )
+            self._syncing[msg.sender] = max(msg.announced, self._syncing[msg.sender])
         missing = self.inbox.missing(msg.sender, msg.session, msg.announced, limit=SYNC_BATCH)
         if missing and msg.sender not in self._syncing and self._nursery is not None:
             # a heartbeat on gossip may overtake the announcements it counts, still on their
             # way through the mesh: give gossip SYNC_GRACE seconds before asking directly
             grace = SYNC_GRACE if via == "gossip" else 0.0
-            self._syncing.add(msg.sender)
-            self._nursery.start_soon(
-                self._sync_from, msg.sender, msg.session, msg.announced, missing, grace
-            )
+            self._syncing[msg.sender] = msg.announced
+            self._nursery.start_soon(self._sync_from, msg.sender, msg.session, missing, grace)
 
     async def _publish_presence(self) -> None:
         data = seal(self.identity, self.node_info())
@@ -883,15 +879,13 @@ class Node:
         while True:
             await sub.get()
 
-    async def _sync_from(
-        self, sender: str, session: int, announced: int, indices: list[int], grace: float
-    ) -> None:
-        """Ask ``sender`` for the announcements ``indices``; after a grace period, only for
-        those of them (and of ``announced``) still missing by then."""
+    async def _sync_from(self, sender: str, session: int, indices: list[int], grace: float) -> None:
+        """Ask ``sender`` for the announcements ``indices``; after a grace period, for
+        those still missing by then of all it is known to have announced."""
         try:
             if grace > 0:
                 await trio.sleep(grace)
-                announced = max(announced, self._sync_announced.get(sender, 0))
+                announced = self._syncing[sender]
                 indices = self.inbox.missing(sender, session, announced, limit=SYNC_BATCH)
                 if not indices:
                     return  # gossip brought them meanwhile
@@ -906,8 +900,7 @@ class Node:
         except Exception as exc:
             log.debug("sync from %s failed: %s", sender[-8:], exc)
         finally:
-            self._syncing.discard(sender)
-            self._sync_announced.pop(sender, None)
+            self._syncing.pop(sender, None)
 
     # ---- views ------------------------------------------------------------------------
 
