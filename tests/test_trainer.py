@@ -228,7 +228,12 @@ def check_chain(loop, client):
     # every batch has exactly one verdict; honest work is accepted, nobody slashed
     subs = submissions(client)
     verdicts = verdict_events(client)
-    assert set(verdicts) == set(subs) and all(v == ["WorkAccepted"] for v in verdicts.values())
+    assert set(verdicts) == set(subs), (len(verdicts), len(subs))
+    not_accepted = {k: v for k, v in verdicts.items() if v != ["WorkAccepted"]}
+    assert not not_accepted, (
+        not_accepted,
+        (loop.section("validator", "validator") or {}).get("recent"),
+    )
     for address in (loop.addresses["honest-0"], loop.addresses["honest-1"]):
         assert client.worker(address).slashed == 0
     # rewards: after the window and the lock an honest worker's reward is claimable
