@@ -140,3 +140,54 @@ def test_the_window_as_the_clock_stood_at_submission():
     assert clock.window(10, 10, at=(None, 0)) is not None  # unknown then: judged against now
     assert clock.window(12, 11, at=(11, 11)) is None  # reached us after the worker: not ahead
     assert clock.window(41, 40, at=(11, 11)) is not None  # ahead of the trainer even now
+
+
+@pytest.mark.parametrize("trainer_moves_on", [False, True])
+async def test_a_batch_the_window_moved_past_while_it_was_generated_is_not_submitted(
+    tmp_path, trainer_moves_on
+):
+    """A worker whose generation outlasted the async window drops the batch: submitting it
+    would only get it rejected as invalid. One still inside is stored, announced, submitted."""
+    from crypto.identity import Identity
+    from node.roles.inference import InferenceRole
+    from tests.test_batches import a_batch
+
+    identity = Identity.generate()
+    cfg = load_config(
+        environ={"INTELLECT_NODE_MODEL": str(tmp_path), "INTELLECT_NODE_DATA_DIR": str(tmp_path)}
+    )
+    announced, submitted = [], []
+
+    class Node:
+        def __init__(self):
+            self.identity = identity
+            self.metrics = type("M", (), {"inc": lambda *a, **k: None})()
+
+        def header(self):
+            return {}
+
+        def announce(self, topic, body):
+            announced.append(topic)
+
+    class Ledger:
+        def submit_work(self, key, units, version):
+            submitted.append((key, version))
+
+    role = InferenceRole(Node(), cfg.model_copy(update={"trainer_peer_id": TRAINER}))
+    role.clock.observe(TRAINER, StepNotice(step=3, policy_version=1))
+
+    class Maker:
+        async def call(self, *args):
+            if trainer_moves_on:  # steps 4 and 5 go by while we generate step 3 with v1
+                role.clock.observe(TRAINER, StepNotice(step=5, policy_version=4))
+            return a_batch(identity, step=3).encode()
+
+    role.maker, role.ledger = Maker(), Ledger()
+    await role._work(3, 1, str(tmp_path))
+    assert role.done_step == 3  # either way, step 3 is not worked on again
+    if trainer_moves_on:
+        assert (submitted, announced, role.store.keys()) == ([], [], [])
+        assert role.counts.stale == 1 and role.status()["stale"] == 1
+    else:
+        assert len(submitted) == 1 and submitted[0][1] == 1 and len(announced) == 1
+        assert role.store.keys() == [submitted[0][0]] and role.counts.stale == 0

@@ -4,7 +4,9 @@ This is where a rollout starts. For every step the run's trainer announces
 (``node/roles/clock.py``), the worker draws its tasks from (its address, the step, the
 index) (SPEC §13), generates ``group_size`` samples per task with the engine
 (``node/engine/``: seeded sampling, TOPLOC proofs), scores them, and seals one
-``RolloutBatch`` (``protocol/rollouts.py``). It then, in this order: stores the envelope
+``RolloutBatch`` (``protocol/rollouts.py``). A batch the async window has moved past
+while it was generated is dropped (a validator would reject it). Otherwise it then, in
+this order: stores the envelope
 durably (``node/batchstore.py``: nothing announced can be lost), announces a
 ``BatchNotice`` on the ``batches`` topic, and submits the work key with its units (the
 generated tokens) on-chain. Validators fetch the batch from here
@@ -63,6 +65,7 @@ class WorkerCounts:
     tokens: int = 0
     seconds: float = 0.0
     errors: int = 0
+    stale: int = 0  # generated, then left unsubmitted: the window had moved past it
     pending: dict[bytes, int] = field(default_factory=dict)  # submitted, no verdict: key -> step
 
     def as_dict(self) -> dict[str, Any]:
@@ -74,6 +77,7 @@ class WorkerCounts:
             "unjudged": len(self.pending),
             "tokens": self.tokens,
             "errors": self.errors,
+            "stale": self.stale,
             "tokens_per_s": round(self.tokens / self.seconds, 1) if self.seconds else 0.0,
         }
 
@@ -267,6 +271,14 @@ class InferenceRole:
             log.info("generating with policy version %d (%s)", version, model_dir)
             self.version_used = version
         batch = RolloutBatch.decode(encoded)
+        if why := self.clock.window(step, version):
+            # the trainer moved on while we generated: a validator would reject it as
+            # invalid (and slash the stake for it), so it is neither stored nor submitted
+            self.counts.stale += 1
+            self.done_step = step
+            self._save_state()
+            log.warning("batch of step %d v%d not submitted: %s", step, version, why)
+            return
         envelope = seal(self.node.identity, batch)
         notice = BatchNotice.of(batch, envelope)
         self.counts.seconds += time.perf_counter() - started
