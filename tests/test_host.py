@@ -180,3 +180,49 @@ def test_yamux_grants_window_back_in_batches_in_a_node(monkeypatch):
     from libp2p.stream_muxer.yamux.yamux import _yamux_release_on_read
 
     assert not _yamux_release_on_read()
+
+
+async def test_the_router_replays_recent_messages_to_a_new_peer_except_on_no_replay_topics(
+    tmp_path,
+):
+    """py-libp2p hands a newly subscribed peer the recent-message window of a topic; on the
+    presence topic that was most of a node's gossip (every new link got ~48 heartbeats), so
+    the node's router skips it there, and only there."""
+    from libp2p.pubsub.pb import rpc_pb2
+
+    from crypto.identity import Identity
+    from node.config import load_config
+    from node.host import Router
+    from node.runtime import Node
+    from protocol import ids
+
+    router = Router([ids.GOSSIPSUB], degree=6, degree_low=4, degree_high=12)
+    router.no_replay = frozenset({"presence"})
+    sent: list[str] = []
+
+    class Pubsub:  # what the router needs of py-libp2p's Pubsub to replay
+        peers = {"new-peer": object()}
+
+        async def write_msg(self, stream, rpc):
+            sent.extend(m.topicIDs[0] for m in rpc.publish)
+            return True
+
+    router.pubsub = Pubsub()
+    for n, topic in enumerate(("presence", "announce", "presence", "announce")):
+        router.mcache.put(
+            rpc_pb2.Message(from_id=b"peer", seqno=n.to_bytes(8, "big"), topicIDs=[topic])
+        )
+    await router.send_recent_messages("new-peer", "presence")
+    await router.send_recent_messages("new-peer", "announce")
+    assert sent == ["announce", "announce"]
+
+    # and a node's router is built so: no replay of presence, announcements replayed
+    cfg = load_config(
+        environ={},
+        flags={"run_id": "r", "listen": ["/ip4/127.0.0.1/tcp/0"], "data_dir": tmp_path},
+    )
+    async with trio.open_nursery() as nursery:
+        node = await nursery.start(Node(cfg, Identity.generate()).serve)
+        assert node.pubsub.router.no_replay == {ids.presence_topic("r")}
+        node.request_stop()
+        nursery.cancel_scope.cancel()
