@@ -99,6 +99,27 @@ links were closed first and counted twice against the high watermark), load 3 be
 30 x 5.56 % = 167 %: the first run at N = 30 that did not saturate the machine (1.25x the
 per-node CPU of N = 10; bytes 1.85x).
 
+Where the bytes at N = 30 went (gossipsub RPCs counted per node in an instrumented run,
+not kept): 2.3 distinct heartbeats a second in the whole network, yet 55 gossip messages
+sent per node a second; 38 of them were py-libp2p's replay of its recent-message window
+(~48 heartbeats) to every newly subscribed peer, and new links (Kademlia walks and stores,
+trimmed again by the connection manager) came at ~0.5 a second per node; 14 a second of
+the writes failed on links already closing. Without that replay on the presence topic
+(node/host.py ``Router``; announcements are still replayed), two runs, load 2 before each:
+
+    N  converge s  cpu %/node  wire B/s/node  own B/s  conns  max  lost  RSS MB  exit!=0
+   10         1.1        4.12          17699      525    9.0     9     0   1199        0
+   20        67.3        2.83          12614      512   7.75    12     0   2422        0
+   30         5.4        3.78          20195      486   11.4    17     0   3673        0
+   50        74.9        3.94          22159      143   9.56    12     0   6286        0
+
+   10         1.1        3.46          17830      526    9.0     9     0   1198        0
+   30         3.6        4.29          20831      471  10.57    15     0   3679        0
+   50       103.3        3.95          21354      197   9.74    19     0   6279        0
+
+N = 30 against N = 10: CPU per node 0.92x and 1.24x, bytes per node 1.14x and 1.17x; N = 50
+converges (load 45 at its end) with no peer lost; every node of every run exited 0.
+
 Issue #15 measured 7.8 % CPU per node at N = 10 and 197 % (saturated) at N = 20. What
 py-libp2p costs by itself: at N = 5, idle, 5.6 kB/s per node crossed the sockets against
 0.55 kB/s of this project's envelopes (gossipsub control traffic, yamux, Noise framing and
