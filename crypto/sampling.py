@@ -25,7 +25,10 @@ rule; ``crypto.verdict`` applies it per batch.
 
 A sequence must end either at the length limit or with EOS, and an EOS ending is only
 plausible if the validator's probability of EOS at that position is at least
-``min_eos_prob``.
+``false_slash / (rollouts · max_new_tokens)`` (or an explicit ``min_eos_prob``): an honest
+worker draws an EOS that unlikely somewhere in a batch of ``rollouts`` with probability at
+most ``false_slash``. (A fixed 1e-4 rejected honest work: a tiny, peaked model gives EOS
+~3e-5 at every position, and it was drawn about once in ten devnet runs.)
 """
 
 from __future__ import annotations
@@ -158,7 +161,7 @@ class SamplingCheck:
     noise_max: float = 1.75  # κ: bound on the score-difference noise, in units
     forged_factor: float = 2.0  # a gap beyond forged_factor · κ units is no noise: not drawn
     false_slash: float = 1e-6  # α: designed probability of rejecting honest work
-    min_eos_prob: float = 1e-4  # an EOS ending below this probability is implausible
+    min_eos_prob: float | None = None  # an EOS ending below this is implausible (None: derived)
 
     def __post_init__(self) -> None:
         if not (0 < self.noise_rms and 0 < self.noise_max and self.forged_factor >= 1):
@@ -325,11 +328,13 @@ def check_termination(
     eos_logits: torch.Tensor | None,
     temperature: float,
     check: SamplingCheck | None = None,
+    rollouts: int = 1,
 ) -> bool:
     """A sequence ends at the length limit, or with an EOS the validator finds plausible.
 
     ``eos_logits`` [V] are the validator's logits at the position that produced the last
-    token (needed for a ``stop`` ending).
+    token (needed for a ``stop`` ending). ``rollouts``: how many are judged together (the
+    batch), which the derived EOS threshold divides the false-slash budget among.
     """
     c = check or SamplingCheck()
     if finish_reason == "length":
@@ -343,4 +348,15 @@ def check_termination(
         return False
     t = temperature if temperature > 0 else 1.0
     p_eos = float(torch.softmax(eos_logits.double() / t, dim=-1)[eos_token_id])
-    return p_eos >= c.min_eos_prob
+    return p_eos >= min_eos_prob(c, max_new_tokens, rollouts)
+
+
+def min_eos_prob(check: SamplingCheck, max_new_tokens: int, rollouts: int = 1) -> float:
+    """The least EOS probability of a plausible ending: ``check.min_eos_prob`` when set,
+    else ``false_slash / (rollouts · max_new_tokens)``. Each position of an honest rollout
+    draws EOS with its probability p, so an EOS with p below the threshold ends one of
+    ``rollouts`` sequences of at most ``max_new_tokens`` tokens with probability at most
+    ``rollouts · max_new_tokens · threshold = false_slash`` (a union bound)."""
+    if check.min_eos_prob is not None:
+        return check.min_eos_prob
+    return check.false_slash / (max(1, rollouts) * max(1, max_new_tokens))

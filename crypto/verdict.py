@@ -168,9 +168,10 @@ def check_rollout(
     *,
     eos_token_id: int,
     config: VerifyConfig | None = None,
+    rollouts: int = 1,
 ) -> RolloutVerdict:
     """``activations`` and ``logits`` [n, V] are the validator's own recomputation, on any
-    device and in any float dtype."""
+    device and in any float dtype; ``rollouts``: the size of the batch it is judged in."""
     cfg = config or GPU_BF16
     if not claim.tokens or logits.shape[0] != len(claim.tokens):
         raise ValueError("logits must have one row per output token")
@@ -198,6 +199,7 @@ def check_rollout(
         eos_logits=logits[-1],
         temperature=claim.temperature,
         check=cfg.sampling,
+        rollouts=rollouts,
     )
     return RolloutVerdict(toploc, sampling, termination)
 
@@ -238,7 +240,7 @@ def check_batch(
     if not claims or len(claims) != len(recomputed):
         raise ValueError("need one recomputation per claim, and at least one claim")
     verdicts = [
-        check_rollout(c, acts, logits, eos_token_id=eos_token_id, config=cfg)
+        check_rollout(c, acts, logits, eos_token_id=eos_token_id, config=cfg, rollouts=len(claims))
         for c, (acts, logits) in zip(claims, recomputed, strict=True)
     ]
     statistic = sum(v.sampling.excess for v in verdicts)

@@ -3,13 +3,11 @@
 import os
 
 import pytest
-import trio
 
 from crypto.identity import Identity
 from crypto.sampling import derive_seed
 from node.batchstore import BatchStore, BatchStoreError
-from node.config import load_config
-from node.roles.judging import AheadHold, JudgingQueue
+from node.roles.judging import JudgingQueue
 from protocol.batches import (
     MAX_BATCH_ENVELOPE,
     BatchNotice,
@@ -226,75 +224,6 @@ def test_announced_keys_never_submitted_are_forgotten_after_the_fetch_deadline()
     assert q.dropped == 1 and len(q.entries) == 2
     q.noticed((WORKER, b"\x03" * 32), "flooder", now=31)  # the first two expired
     assert q.expired == 2 and list(q.entries) == [(WORKER, b"\x03" * 32)]
-
-
-def test_a_batch_ahead_of_the_clock_waits_for_its_notice_at_most_wait_s():
-    hold = AheadHold(wait_s=30, limit=2)
-    heard = {"step": 3}
-    still_ahead = lambda step: step > heard["step"]  # noqa: E731
-    assert hold.hold(K1, 4, now=0) and hold.hold(K2, 9, now=5)
-    assert not hold.hold((WORKER, b"\x03" * 32), 5, now=5)  # full: judged at once
-    assert hold.release(still_ahead, now=10) == []  # both still ahead, both in time
-    heard["step"] = 4
-    assert hold.release(still_ahead, now=11) == [(K1, 4)]  # the notice came
-    assert hold.release(still_ahead, now=34.9) == []
-    assert hold.release(still_ahead, now=35) == [(K2, 9)]  # out of time: judged as it is
-    assert hold.entries == {}
-
-
-async def test_the_validator_judges_a_batch_ahead_of_its_clock_once_the_notice_comes(
-    monkeypatch, tmp_path
-):
-    """An honest batch fetched before the validator heard of its step is accepted after
-    the trainer's notice, not rejected as ahead of the trainer; one still ahead after the
-    wait is rejected."""
-    from crypto.identity import public_key_of_peer_id
-    from node.roles import validator as validator_module
-    from node.roles.chain import Submission
-
-    trainer, worker = Identity.generate(), Identity.generate()
-    cfg = load_config(environ={"INTELLECT_NODE_MODEL": str(tmp_path)})
-    cfg = cfg.model_copy(update={"trainer_peer_id": trainer.peer_id})
-    role = validator_module.ValidatorRole(None, cfg)
-    batches = {K1: a_batch(worker, step=2), K2: a_batch(worker, step=7)}
-
-    async def fetch_batch(node, peer, work_key, expected_size=None):
-        return batches[(WORKER, work_key)], b"envelope"
-
-    class Ledger:
-        def registration(self, address):
-            return public_key_of_peer_id(worker.peer_id), b""
-
-        def registration_valid(self, address):
-            return True
-
-    class Checker:
-        async def call(self, model_dir, version, envelope):
-            return True, "", "proofs pass", 1, 0.0
-
-    posted = []
-
-    async def post(key, judgement):
-        posted.append((key, judgement.passed, judgement.detail))
-
-    monkeypatch.setattr(validator_module, "fetch_batch", fetch_batch)
-    role.ledger, role.checker, role._post = Ledger(), Checker(), post
-    for key, batch in batches.items():
-        role.submissions[key] = Submission(WORKER, key[1], batch.num_tokens, 0, 1)
-        role.queue.submitted(key, batch.num_tokens, 0, trio.current_time())
-        role.queue.noticed(key, "peer", trio.current_time())
-    role.clock.observe(trainer.peer_id, StepNotice(step=1, policy_version=0))
-    while got := role.queue.next_fetch(trio.current_time()):
-        await role._fetch_and_judge(*got)
-    assert posted == [] and len(role.held.entries) == 2  # both ahead of step 1: they wait
-    await role._judge_released(trio.current_time())
-    assert posted == []
-    role.clock.observe(trainer.peer_id, StepNotice(step=2, policy_version=0))
-    await role._judge_released(trio.current_time())
-    assert posted == [(K1, True, "proofs pass")]  # the notice came: judged and accepted
-    await role._judge_released(trio.current_time() + role.held.wait_s)
-    assert posted[1][:2] == (K2, False) and "ahead of the trainer" in posted[1][2]
-    assert role.held.entries == {}
 
 
 def test_spec_documents_the_batch_messages():

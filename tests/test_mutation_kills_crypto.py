@@ -221,6 +221,7 @@ def test_eos_plausibility_is_judged_at_the_sampling_temperature():
         return check_termination(
             finish_reason="stop", num_tokens=3, max_new_tokens=8, last_token=1, eos_token_id=1,
             eos_logits=eos_logits, temperature=temperature,
+            check=SamplingCheck(min_eos_prob=1e-4),
         )  # fmt: skip
 
     assert stop(2.0) is True

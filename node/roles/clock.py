@@ -46,11 +46,6 @@ class StepClock:
         """The oldest policy version a batch may be generated with now."""
         return max(0, self.step_or(0) - self.async_level)
 
-    def ahead(self, step: int, policy_version: int) -> bool:
-        """True when a batch of ``step`` / ``policy_version`` is newer than this clock: the
-        trainer never announced it, or its notice has not reached us yet."""
-        return self.step is None or step > self.step or policy_version > self.policy_version
-
     def window(
         self, step: int, policy_version: int, at: tuple[int | None, int] | None = None
     ) -> str | None:
@@ -64,7 +59,7 @@ class StepClock:
         then, version_then = (
             at if at is not None and at[0] is not None else (self.step, self.policy_version)
         )
-        if self.ahead(step, policy_version):
+        if step > self.step or policy_version > self.policy_version:
             return f"step {step} / version {policy_version} is ahead of the trainer's"
         if policy_version + self.async_level < step:
             return f"policy version {policy_version} is older than step {step} - {self.async_level}"

@@ -14,9 +14,7 @@ work). Pure: no clock, no sockets; the role passes ``now`` in.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 Key = tuple[str, bytes]  # (worker address, work key): how the ledger keys a submission
 
@@ -153,37 +151,3 @@ class JudgingQueue:
             if e.peers:
                 times.append(max(now, e.next_try))
         return min(times) if times else None
-
-
-@dataclass
-class AheadHold:
-    """Fetched batches whose step or policy version our clock has not heard of yet.
-
-    The trainer's step notice may reach a worker seconds before it reaches us (gossip takes
-    different paths), and an honest worker that starts at once can submit a batch before
-    we know its step. Such a batch waits here until the clock catches up, at most
-    ``wait_s``; then it is judged (and rejected if it is still ahead). At most ``limit``
-    wait: beyond that a batch is judged at once, so submissions of made-up future steps
-    cannot pile up. Pure, like the queue: ``now`` comes from the role."""
-
-    wait_s: float = 30.0
-    limit: int = 64
-    entries: dict[Key, tuple[Any, float]] = field(default_factory=dict)  # item, judge by
-
-    def hold(self, key: Key, item: Any, now: float) -> bool:
-        """Keep ``item`` for later; False when the hold is full (judge it now)."""
-        if len(self.entries) >= self.limit:
-            return False
-        self.entries[key] = (item, now + self.wait_s)
-        return True
-
-    def release(self, still_ahead: Callable[[Any], bool], now: float) -> list[tuple[Key, Any]]:
-        """The items to judge now: those the clock caught up with, and those out of time."""
-        out = [
-            (key, item)
-            for key, (item, by) in self.entries.items()
-            if now >= by or not still_ahead(item)
-        ]
-        for key, _ in out:
-            del self.entries[key]
-        return out

@@ -10,8 +10,7 @@ worker thread, cheapest checks first:
 1. the batch is the worker's: signed by the peer key the worker registered on-chain, with a
    valid registration signature (SPEC §12; the EVM cannot check Ed25519);
 2. its step and policy version are inside the async window of the trainer's clock, and the
-   version is the one submitted on-chain (a batch ahead of our clock first waits in
-   ``AheadHold`` for the trainer's notice, which may reach us after it reached the worker);
+   version is the one submitted on-chain;
 3. the on-chain ``units`` are the batch's generated tokens;
 4. the tasks are the worker's assigned ones (SPEC §13) and every reward is what the task's
    verifier gives the completion;
@@ -40,7 +39,7 @@ from node.roles.chain import ChainSetupError, Submission, SubmissionWatcher, ope
 from node.roles.clock import StepClock, follow_steps
 from node.roles.exchange import fetch_batch, follow_notices
 from node.roles.inference import idle_share
-from node.roles.judging import AheadHold, JudgingQueue, Key
+from node.roles.judging import JudgingQueue, Key
 from node.roles.offload import Offload, OffloadError
 from node.runtime import Node, RemoteRefusal
 from protocol.batches import BatchNotice
@@ -72,7 +71,6 @@ class ValidatorRole:
         self.node, self.cfg, self.weights = node, cfg, weights
         self.clock = StepClock(cfg.trainer_peer_id, cfg.async_level)
         self.queue = JudgingQueue()
-        self.held = AheadHold()  # fetched before our clock heard of their step
         self.notices: dict[Key, BatchNotice] = {}
         self.submissions: dict[Key, Submission] = {}
         self.clock_at: dict[Key, tuple[int | None, int]] = {}  # the clock when submitted
@@ -122,7 +120,6 @@ class ValidatorRole:
             "judge_seconds": round(self.judge_seconds, 3),
             "idle_share": idle_share(self.busy_s, self.serving_since),
             "waiting": sum(1 for e in self.queue.entries.values() if not e.done),
-            "held_ahead": len(self.held.entries),
             "recent": list(self.recent),
         }
 
@@ -186,10 +183,9 @@ class ValidatorRole:
                 for key, (judgement, due, _) in list(self.unposted.items()):
                     if due <= now:
                         await self._post(key, judgement)
-                await self._judge_released(now)
                 got = self.queue.next_fetch(now)
                 if got is None:
-                    wake = self.queue.wake_at(now)  # held batches: checked every POLL_S
+                    wake = self.queue.wake_at(now)
                     await trio.sleep(POLL_S if wake is None else max(0.05, min(POLL_S, wake - now)))
                     continue
                 began = time.monotonic()
@@ -211,27 +207,6 @@ class ValidatorRole:
                 await self._drop_connection(peer)  # a stuck connection: dial afresh next time
             return
         self.queue.fetched(key)
-        if self.clock.ahead(batch.step, batch.policy_version) and self.held.hold(
-            key, (batch, envelope), trio.current_time()
-        ):
-            log.info(
-                "%s is of step %d / version %d, ahead of our clock: it waits for the notice",
-                key[1].hex()[:16],
-                batch.step,
-                batch.policy_version,
-            )
-            return
-        await self._judge(key, batch, envelope)
-
-    async def _judge_released(self, now: float) -> None:
-        """Judge the held batches whose step our clock has heard of now, or whose wait ended."""
-        released = self.held.release(
-            lambda item: self.clock.ahead(item[0].step, item[0].policy_version), now
-        )
-        for key, (batch, envelope) in released:
-            await self._judge(key, batch, envelope)
-
-    async def _judge(self, key: Key, batch: RolloutBatch, envelope: bytes) -> None:
         judgement = await trio.to_thread.run_sync(self.judge, batch, self.submissions[key])
         if judgement is None:  # the cheap checks passed: tasks, rewards and proofs
             model_dir = await self._model_dir(batch.policy_version)
