@@ -11,7 +11,7 @@
   is off because our own publisher paces; the subscription queue is raised from 32.
   py-libp2p replays its recent-message window to every peer that subscribes to a topic,
   which is every newly connected peer; ``Router`` skips that for the ``no_replay`` topics
-  (presence: heartbeats recur, and a new link starts with a direct presence exchange).
+  (presence: heartbeats recur, and a connected peer of unknown role is asked directly).
   Measured at N = 30 in ``bench/scale.py``: new links (Kademlia walks and stores, trimmed
   again by the connection manager) arrived at ~0.5 a second per node and each was
   replayed ~48 heartbeats, 38 of the 55 gossip messages a node sent per second.
