@@ -9,12 +9,6 @@
   (or by) the public IPFS DHT.
 - Gossipsub: heartbeat 1 s instead of 120 s; the library's per-topic spam limit (10 msg/s)
   is off because our own publisher paces; the subscription queue is raised from 32.
-  py-libp2p replays its recent-message window to every peer that subscribes to a topic,
-  which is every newly connected peer; ``Router`` skips that for the ``no_replay`` topics
-  (presence: heartbeats recur, and a connected peer of unknown role is asked directly).
-  Measured at N = 30 in ``bench/scale.py``: new links (Kademlia walks and stores, trimmed
-  again by the connection manager) arrived at ~0.5 a second per node and each was
-  replayed ~48 heartbeats, 38 of the 55 gossip messages a node sent per second.
 - Connections: py-libp2p 0.8.1's ``AutoConnector`` aims at (low + high watermark) / 2 = 200
   connections and, while under ``min_connections`` (50), dials up to 16 peers of the
   peerstore every 10 s: in a small network, a full mesh. Its pruner skips every connection
@@ -268,23 +262,10 @@ def _gossip_records_verified_once() -> None:
     pubsub_utils._intellect_once = True  # type: ignore[attr-defined]
 
 
-class Router(GossipSub):
-    """py-libp2p's gossipsub router, without the replay of recent messages on the
-    ``no_replay`` topics to a newly subscribed peer."""
-
-    no_replay: frozenset[str] = frozenset()
-
-    async def send_recent_messages(self, peer_id: ID, topic: str) -> None:
-        if topic not in self.no_replay:
-            await super().send_recent_messages(peer_id, topic)
-
-
-def build_pubsub(
-    host: IHost, heartbeat_interval: int = 1, no_replay: frozenset[str] = frozenset()
-) -> Pubsub:
+def build_pubsub(host: IHost, heartbeat_interval: int = 1) -> Pubsub:
     pubsub_module.SUBSCRIPTION_CHANNEL_SIZE = SUBSCRIPTION_QUEUE
     _gossip_records_verified_once()
-    router = Router(
+    router = GossipSub(
         [TProtocol(GOSSIPSUB)],
         degree=6,
         degree_low=4,
@@ -293,7 +274,6 @@ def build_pubsub(
         spam_protection_enabled=False,
         max_pending_messages_per_peer=1000,
     )
-    router.no_replay = no_replay
     return Pubsub(host, router, strict_signing=True)
 
 

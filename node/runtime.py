@@ -251,7 +251,7 @@ class Node:
 
     async def _serve(self, task_status: trio.TaskStatus[Node]) -> None:
         host = self.host = build_host(self.identity)
-        pubsub = build_pubsub(host, no_replay=frozenset({ids.presence_topic(self.cfg.run_id)}))
+        pubsub = build_pubsub(host)
         dht = self.dht = build_dht(host)
         self.pubsub = pubsub
         async with AsyncExitStack() as stack:
