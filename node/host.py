@@ -9,6 +9,11 @@
   (or by) the public IPFS DHT.
 - Gossipsub: heartbeat 1 s instead of 120 s; the library's per-topic spam limit (10 msg/s)
   is off because our own publisher paces; the subscription queue is raised from 32.
+  py-libp2p replays its whole recent-message window to every peer that subscribes, i.e.
+  every new link; on the presence topic ``Router`` sends only the newest heartbeat of each
+  publisher, at most 8. At N = 30 new links (Kademlia walks and stores, trimmed again)
+  came at ~0.5 a second per node, each replayed ~48 heartbeats: 38 of the 55 gossip
+  messages a node sent a second (``bench/scale.py``).
 - Connections: py-libp2p 0.8.1's ``AutoConnector`` aims at (low + high watermark) / 2 = 200
   connections and, while under ``min_connections`` (50), dials up to 16 peers of the
   peerstore every 10 s: in a small network, a full mesh. Its pruner skips every connection
@@ -62,10 +67,12 @@ from libp2p.kad_dht.utils import sort_peer_ids_by_distance
 from libp2p.network.config import ConnectionConfig
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo
+from libp2p.peer.peerstore import env_to_send_in_RPC
 from libp2p.pubsub import gossipsub as gossipsub_module
 from libp2p.pubsub import pubsub as pubsub_module
 from libp2p.pubsub import utils as pubsub_utils
 from libp2p.pubsub.gossipsub import GossipSub
+from libp2p.pubsub.pb import rpc_pb2
 from libp2p.pubsub.pubsub import Pubsub
 from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_PROTOCOL_ID
 from libp2p.security.noise.transport import Transport as NoiseTransport
@@ -262,10 +269,47 @@ def _gossip_records_verified_once() -> None:
     pubsub_utils._intellect_once = True  # type: ignore[attr-defined]
 
 
-def build_pubsub(host: IHost, heartbeat_interval: int = 1) -> Pubsub:
+class Router(GossipSub):
+    """py-libp2p's gossipsub router. On the ``replay_newest`` topics a newly subscribed peer
+    is sent only the newest cached message of each publisher, at most the topic's cap,
+    instead of the whole recent-message window."""
+
+    replay_newest: dict[str, int] = {}  # noqa: RUF012 (set per instance by build_pubsub)
+
+    async def send_recent_messages(self, peer_id: ID, topic: str) -> None:
+        cap = self.replay_newest.get(topic)
+        if cap is None:
+            await super().send_recent_messages(peer_id, topic)
+            return
+        pubsub = self.pubsub
+        if pubsub is None or peer_id not in pubsub.peers:
+            return
+        seen: set[bytes] = set()
+        msgs = []
+        for mid in self.mcache.window(topic):
+            msg = self.mcache.get(mid)
+            if msg is None or msg.from_id in seen:
+                continue
+            seen.add(msg.from_id)
+            msgs.append(msg)
+            if len(msgs) >= cap:
+                break
+        stream = pubsub.peers[peer_id]
+        for msg in msgs:
+            rpc = rpc_pb2.RPC(publish=[msg])
+            rpc.senderRecord = env_to_send_in_RPC(pubsub.host)[0]
+            try:
+                await pubsub.write_msg(stream, rpc)
+            except Exception:
+                return
+
+
+def build_pubsub(
+    host: IHost, heartbeat_interval: int = 1, replay_newest: dict[str, int] | None = None
+) -> Pubsub:
     pubsub_module.SUBSCRIPTION_CHANNEL_SIZE = SUBSCRIPTION_QUEUE
     _gossip_records_verified_once()
-    router = GossipSub(
+    router = Router(
         [TProtocol(GOSSIPSUB)],
         degree=6,
         degree_low=4,
@@ -274,6 +318,7 @@ def build_pubsub(host: IHost, heartbeat_interval: int = 1) -> Pubsub:
         spam_protection_enabled=False,
         max_pending_messages_per_peer=1000,
     )
+    router.replay_newest = replay_newest or {}
     return Pubsub(host, router, strict_signing=True)
 
 

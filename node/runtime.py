@@ -88,6 +88,7 @@ PROVIDE_LIMIT = 60.0  # seconds a provide (a walk, then one store per close peer
 SYNC_GRACE = 2.0  # seconds gossip gets to deliver what a gossiped heartbeat counts
 SYNC_BATCH = 64  # announcements asked for in one sync request at most
 NEARBY_ASKED = 8  # connected peers asked for a role's providers by a well-connected node
+REPLAY_PRESENCE = 8  # newest heartbeats (one per publisher) sent to a newly subscribed peer
 GREET_AGAIN = 30.0  # seconds before a connected peer of unknown role is greeted again
 MAX_PROBES = 4  # silent peers asked directly at once (a probe may dial)
 AnnouncementHandler = Callable[[Announcement], None]
@@ -251,7 +252,9 @@ class Node:
 
     async def _serve(self, task_status: trio.TaskStatus[Node]) -> None:
         host = self.host = build_host(self.identity)
-        pubsub = build_pubsub(host)
+        pubsub = build_pubsub(
+            host, replay_newest={ids.presence_topic(self.cfg.run_id): REPLAY_PRESENCE}
+        )
         dht = self.dht = build_dht(host)
         self.pubsub = pubsub
         async with AsyncExitStack() as stack:

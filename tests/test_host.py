@@ -180,3 +180,60 @@ def test_yamux_grants_window_back_in_batches_in_a_node(monkeypatch):
     from libp2p.stream_muxer.yamux.yamux import _yamux_release_on_read
 
     assert not _yamux_release_on_read()
+
+
+async def test_a_new_peer_gets_the_newest_heartbeat_of_each_publisher_not_the_whole_window(
+    tmp_path, monkeypatch
+):
+    """py-libp2p hands a newly subscribed peer a topic's whole recent-message window; on the
+    presence topic that was most of a node's gossip at N = 30 (every new link got ~48
+    heartbeats), so there the router sends the newest one of each publisher, at most the
+    cap; other topics are replayed whole."""
+    from libp2p.pubsub.pb import rpc_pb2
+
+    import node.host as host_module
+    from crypto.identity import Identity
+    from node.config import load_config
+    from node.host import Router
+    from node.runtime import REPLAY_PRESENCE, Node
+    from protocol import ids
+
+    router = Router([ids.GOSSIPSUB], degree=6, degree_low=4, degree_high=12)
+    router.replay_newest = {"presence": 2}
+    sent: list[tuple[str, bytes, int]] = []
+
+    class Pubsub:  # what the router needs of py-libp2p's Pubsub to replay
+        peers = {"new-peer": object()}
+        host = None
+
+        async def write_msg(self, stream, rpc):
+            m = rpc.publish[0]
+            sent.append((m.topicIDs[0], m.from_id, int.from_bytes(m.seqno, "big")))
+            return True
+
+    router.pubsub = Pubsub()
+    for seq, (topic, sender) in enumerate(
+        [("presence", b"a"), ("presence", b"b"), ("presence", b"a"), ("presence", b"c")]
+        + [("announce", b"a"), ("announce", b"a")]
+    ):
+        if seq == 2:
+            router.mcache.shift()  # a's second heartbeat is newer than its first
+        msg = rpc_pb2.Message(from_id=sender, seqno=seq.to_bytes(8, "big"), topicIDs=[topic])
+        router.mcache.put(msg)
+    monkeypatch.setattr(host_module, "env_to_send_in_RPC", lambda host: (b"", False))
+    await router.send_recent_messages("new-peer", "presence")
+    await router.send_recent_messages("new-peer", "announce")
+    presence = [(s, q) for t, s, q in sent if t == "presence"]
+    assert presence == [(b"a", 2), (b"c", 3)]  # newest slot first, one per publisher, cap 2
+    assert [q for t, _, q in sent if t == "announce"] == [4, 5]  # replayed whole
+
+    # and a node's router is built so
+    cfg = load_config(
+        environ={},
+        flags={"run_id": "r", "listen": ["/ip4/127.0.0.1/tcp/0"], "data_dir": tmp_path},
+    )
+    async with trio.open_nursery() as nursery:
+        node = await nursery.start(Node(cfg, Identity.generate()).serve)
+        assert node.pubsub.router.replay_newest == {ids.presence_topic("r"): REPLAY_PRESENCE}
+        node.request_stop()
+        nursery.cancel_scope.cancel()
