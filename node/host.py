@@ -295,9 +295,9 @@ class Router(GossipSub):
             if len(msgs) >= cap:
                 break
         stream = pubsub.peers[peer_id]
+        record = env_to_send_in_RPC(pubsub.host)[0]  # our signed record, the same for each
         for msg in msgs:
-            rpc = rpc_pb2.RPC(publish=[msg])
-            rpc.senderRecord = env_to_send_in_RPC(pubsub.host)[0]
+            rpc = rpc_pb2.RPC(publish=[msg], senderRecord=record)
             try:
                 await pubsub.write_msg(stream, rpc)
             except Exception:
