@@ -284,6 +284,8 @@ class Router(GossipSub):
         pubsub = self.pubsub
         if pubsub is None or peer_id not in pubsub.peers:
             return
+        if self.scorer is not None and not self.scorer.allow_publish(peer_id, [topic]):
+            return  # the library's own replay applies this gate too
         seen: set[bytes] = set()
         msgs = []
         for mid in self.mcache.window(topic):
