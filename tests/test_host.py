@@ -237,3 +237,99 @@ async def test_a_new_peer_gets_the_newest_heartbeat_of_each_publisher_not_the_wh
         assert node.pubsub.router.replay_newest == {ids.presence_topic("r"): REPLAY_PRESENCE}
         node.request_stop()
         nursery.cancel_scope.cancel()
+
+
+STOCK_PEER = r"""
+import hashlib, sys, trio, multiaddr
+sys.path.insert(0, sys.argv[1])
+from crypto.identity import Identity
+from node.host import plain_host
+BACK = int(sys.argv[2])
+async def main():
+    host = plain_host(Identity.generate())  # py-libp2p as shipped: 64 KiB yamux frames
+    done = trio.Event()
+    async def handler(stream):
+        got = hashlib.blake2b()
+        while True:
+            try:
+                data = await stream.read(1 << 20)
+            except EOFError:
+                break
+            if not data:
+                break
+            got.update(data)
+        await stream.write(got.digest() + bytes(range(256)) * (BACK // 256))
+        await stream.close()
+        done.set()
+    async with host.run([multiaddr.Multiaddr("/ip4/127.0.0.1/tcp/0")]):
+        host.set_stream_handler("/intellect/test-frames/1.0.0", handler)
+        print(host.get_addrs()[0], flush=True)
+        with trio.fail_after(60):
+            await done.wait()
+        await trio.sleep(0.5)
+trio.run(main)
+"""
+
+
+def test_a_node_sends_larger_yamux_frames_and_a_stock_py_libp2p_peer_reads_them(monkeypatch):
+    """Our host sends yamux DATA frames of up to YAMUX_FRAME (py-libp2p: 64 KiB) and a peer
+    running py-libp2p as shipped, in another process, receives every byte and answers in
+    its own 64 KiB frames."""
+    import hashlib
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import multiaddr
+    from libp2p.peer.peerinfo import info_from_p2p_addr
+    from libp2p.stream_muxer.yamux import yamux
+
+    from crypto.identity import Identity
+    from node.host import YAMUX_FRAME, build_host
+
+    frames: list[int] = []  # payload bytes of each DATA frame this process sends
+    write_frame = yamux.Yamux._write_frame
+
+    async def spy(self, data):  # type: ignore[no-untyped-def]
+        if len(data) > yamux.HEADER_SIZE and data[1] == yamux.TYPE_DATA:
+            frames.append(len(data) - yamux.HEADER_SIZE)
+        await write_frame(self, data)
+
+    monkeypatch.setattr(yamux.Yamux, "_write_frame", spy)
+    monkeypatch.setattr(yamux, "MAX_MESSAGE_SIZE", yamux.MAX_MESSAGE_SIZE)  # restored after
+    back = 3 * 1024 * 1024
+    payload = os.urandom(3 * 1024 * 1024 + 12_345)
+    root = str(Path(__file__).resolve().parent.parent)
+    peer = subprocess.Popen(
+        [sys.executable, "-c", STOCK_PEER, root, str(back)], stdout=subprocess.PIPE, text=True
+    )
+
+    async def exchange(addr: str) -> bytes:
+        host = build_host(Identity.generate())
+        answer = bytearray()
+        async with host.run([multiaddr.Multiaddr("/ip4/127.0.0.1/tcp/0")]):
+            info = info_from_p2p_addr(multiaddr.Multiaddr(addr))
+            with trio.fail_after(60):
+                await host.connect(info)
+                stream = await host.new_stream(info.peer_id, ["/intellect/test-frames/1.0.0"])
+                await stream.write(payload)
+                await stream.close()
+                while len(answer) < 64 + back:
+                    try:
+                        answer += await stream.read(1 << 20)
+                    except EOFError:
+                        break
+        return bytes(answer)
+
+    try:
+        assert peer.stdout is not None
+        answer = trio.run(exchange, peer.stdout.readline().strip())
+        assert answer[:64] == hashlib.blake2b(payload).digest()
+        assert answer[64:] == bytes(range(256)) * (back // 256)
+        assert max(frames) == YAMUX_FRAME - yamux.HEADER_SIZE > 64 * 1024
+        assert sum(frames) >= len(payload)
+    finally:
+        peer.kill()
+        peer.wait()
+        if peer.stdout is not None:
+            peer.stdout.close()
