@@ -17,14 +17,20 @@ stream and a raw TCP socket between two processes moving the same bytes.
     its cap); per-node MB/s; the origin's egress divided by the checkpoint size.
 MB/s = 10^6 bytes per second.
 
-Measured on this 2-core machine, idle before the run (load 2), after the read-ahead came
-back (commit 953f526): SHARDCAST pull 115.9 MB/s, bare py-libp2p stream 149.2 (0.776x),
-the same with the nodes' read-ahead 295.7, raw TCP 2338; 6 downloaders capped at 40 MB/s
-complete in 19.15 s against 6.71 ideal (2.85x), each at 14.1-14.9 MB/s, origin egress
-1.000 copies. Again on the final code of that stop (8e92dd7): 116.6 against 139.0 MB/s
-(0.838x; the bare stream varies 139-165 from run to run), swarm 18.94 s (2.82x), egress
-1.031, 6 of 6. The downloader is CPU-bound (Noise, yamux and BLAKE3 in one Python thread),
-and the swarm's seven processes share the two cores: about 80 MB/s of relayed bytes in all.
+Measured on this 2-core machine, idle before the run. Earlier (8e92dd7, 64 KiB yamux
+frames, 4 MiB shards): pull 116.6 against 139.0 MB/s (0.838x), swarm 18.94 s (2.82x),
+egress 1.031. Since then, three changes, each measured here: yamux frames of up to 2 MiB
+(``node/host.py``: py-libp2p's cost is per frame; the pull went 122-137 -> 146-158 MB/s at
+256 KiB, 175-183 at 2 MiB), 8 MiB shards (one pull 142-143 MB/s at 4 MiB, 155 at 8,
+160-162 at 16; the swarm 12.0-13.2 s at 4, 12.2 at 8, 13.4 at 16), and a finish with
+nothing left to do (``node/shardcast/store.py``: the whole hash and the disk flush happen
+as shards are written; they took 0.08 s and 0.14 s at the end of a 1.55 s pull). Two full
+runs on the final code: pull 178.8 / 184.0 MB/s against a bare stream of 188.9 / 193.6
+(0.947x / 0.951x), the bare stream with the nodes' read-ahead 475 / 469, raw TCP
+2709 / 2900; 6 downloaders capped at 40 MB/s complete in 11.53 / 12.64 s against 6.71 ideal
+(1.72x / 1.88x), each at 21-25 MB/s, origin egress 1.000, 6 of 6, peak downloader RSS
+199-206 MiB. The swarm's seven processes share the two cores (vmstat: no idle time), so
+the machine, not the upload caps, sets its pace.
 """
 
 from __future__ import annotations
@@ -341,7 +347,10 @@ def main() -> None:
         "--timeout", type=float, default=600, help="swarm: give up after this many seconds"
     )
     ap.add_argument(
-        "--shard-mib", type=int, default=None, help="the origin's shard size in MiB (default 4)"
+        "--shard-mib",
+        type=int,
+        default=None,
+        help="the origin's shard size in MiB (default: the node's, 8)",
     )
     ap.add_argument("--json", action="store_true", help="end with one JSON line of the figures")
     args = ap.parse_args()

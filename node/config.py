@@ -154,7 +154,7 @@ class NodeConfig(BaseModel):
         description="A worker at trainer step n may use policy versions >= n - async_level.",
     )
     shard_size: int = Field(
-        4 * 1024 * 1024,
+        8 * 1024 * 1024,
         ge=64 * 1024,
         le=64 * 1024 * 1024,
         description="Bytes per weight shard in the manifests this node publishes.",

@@ -280,6 +280,63 @@ def test_store_refuses_to_finish_incomplete_or_wrong_whole_digest(tmp_path):
     assert not (tmp_path / "other" / "v00000003").exists()
 
 
+def test_the_whole_digest_advances_as_shards_are_written_in_any_order(tmp_path):
+    """Finishing has nothing left to hash once the shards are in: the whole-sequence hash
+    advances as they are written, from the bytes just written when it is a shard's turn and
+    from the files for shards that came ahead of their turn; written in any order, from
+    several threads at once, it is the manifest's digest; a shard altered on disk while it
+    waited for its turn is caught."""
+    import random
+    import threading
+
+    _origin, source, _src = published(tmp_path)
+    m = source.manifest
+    assert m.num_shards >= 6
+
+    in_order = make_store(tmp_path, "in-order").begin(m, source.envelope)
+    for i in range(m.num_shards):
+        in_order.write(i, source.read_shard(i))
+        assert in_order._hashed == i + 1  # hashed as written, not at the end
+    assert in_order.whole_digest() == m.digest
+    in_order.close()
+
+    backwards = make_store(tmp_path, "backwards").begin(m, source.envelope)
+    for i in reversed(range(m.num_shards)):
+        backwards.write(i, source.read_shard(i))
+    assert backwards._hashed == m.num_shards  # shard 0 came last and pulled the rest in
+    assert backwards.whole_digest() == m.digest
+    backwards.close()
+
+    store = make_store(tmp_path, "threads")
+    order = list(range(m.num_shards))
+    random.Random(7).shuffle(order)
+    shuffled = store.begin(m, source.envelope)
+    threads = [
+        threading.Thread(target=shuffled.write, args=(i, source.read_shard(i))) for i in order
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert store.finish(shuffled).manifest.digest == m.digest
+
+    # shard 1 written ahead of its turn, then altered on disk: read back when its turn
+    # comes, it no longer hashes to the whole digest
+    tampered = make_store(tmp_path, "tampered")
+    partial = tampered.begin(m, source.envelope)
+    partial.write(1, source.read_shard(1))
+    i, off, _n = next(iter(m.spans(*m.shard_range(1))))
+    with open(partial.root / "files" / m.files[i].name, "r+b") as f:
+        f.seek(off)
+        was = f.read(1)
+        f.seek(off)
+        f.write(b"X" if was != b"X" else b"Y")
+    for i in [0, *range(2, m.num_shards)]:
+        partial.write(i, source.read_shard(i))
+    with pytest.raises(StoreError, match="whole"):
+        tampered.finish(partial)
+
+
 def test_retention_keeps_the_newest_k_versions(tmp_path):
     store = make_store(tmp_path, "origin")
     src = checkpoint(tmp_path, {"w.bin": 1000})

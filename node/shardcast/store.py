@@ -15,6 +15,13 @@ then the whole-sequence hash, then an atomic rename. A process killed at any poi
 a partial whose journal lists only shards whose bytes were written before; on resume those
 shards are read back and re-hashed locally (never fetched again), the rest are fetched.
 Everything here is blocking file I/O: the service calls it through ``trio.to_thread``.
+
+Finishing costs little beyond the last shard: the whole-sequence hash advances while shards
+are written (in shard order: a shard whose turn it is is hashed from the bytes just
+written, one that came ahead of its turn or was resumed is read back when its turn comes),
+and each shard is flushed to disk (``fdatasync``) as it is written, so the ``fsync`` before
+the rename has almost nothing left. At the end they took 0.08 s and 0.14 s of a 1.55 s
+single 256 MiB pull (``bench/shardcast.py``).
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ import fcntl
 import os
 import shutil
 import struct
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -102,6 +110,10 @@ class Partial(ShardSource):
         super().__init__(root, manifest, envelope, _open_files(root, manifest, create=True))
         self._journal = os.open(root / "done", os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
         self.resumed = self._resume()
+        # the whole-sequence hash over shards [0, _hashed), advanced as shards are written
+        self._whole = bulk_hasher()
+        self._hashed = 0
+        self._whole_lock = threading.Lock()  # writes run in several threads at once
 
     def _resume(self) -> int:
         """Re-hash the shards the journal lists; keep those that match. Returns the count."""
@@ -123,15 +135,41 @@ class Partial(ShardSource):
         return bulk_digest(data) == self.manifest.shard_hash(index)
 
     def write(self, index: int, data: bytes | bytearray | memoryview) -> None:
-        """Write a verified shard in place, then record it in the journal."""
+        """Write a verified shard in place and flush it to disk, record it in the journal,
+        then advance the whole-sequence hash as far as the shards held allow."""
         start, end = self.manifest.shard_range(index)
         view = memoryview(data)
         for i, off, n in self.manifest.spans(start, end):
             f = self.manifest.files[i]
             pos = f.offset + off - start
-            os.pwrite(self._fds[i], view[pos : pos + n], off)
+            done = 0
+            while done < n:  # pwrite may write less than asked (a full disk, a signal)
+                wrote = os.pwrite(self._fds[i], view[pos + done : pos + n], off + done)
+                if wrote <= 0:
+                    raise StoreError(f"cannot write shard {index}: wrote {wrote} bytes")
+                done += wrote
+            os.fdatasync(self._fds[i])
         os.write(self._journal, JOURNAL.pack(index))
         self.held.add(index)
+        self._advance(index, view)
+
+    def _advance(self, written: int | None = None, data: memoryview | None = None) -> None:
+        """Hash the held shards that follow the hashed prefix, in order: ``data`` for shard
+        ``written``, any other from the files."""
+        with self._whole_lock:
+            while self._hashed in self.held:
+                k = self._hashed
+                self._whole.update(
+                    data if k == written and data is not None else self.read_shard(k)
+                )
+                self._hashed += 1
+
+    def whole_digest(self) -> bytes:
+        """The whole-sequence digest (every shard must be held)."""
+        if not self.complete:
+            raise StoreError(f"{len(self.held)} of {self.manifest.num_shards} shards held")
+        self._advance()
+        return self._whole.digest()
 
     @property
     def complete(self) -> bool:
@@ -145,15 +183,6 @@ class Partial(ShardSource):
         if self._lock >= 0:
             os.close(self._lock)
             self._lock = -1
-
-
-def whole_digest(source: ShardSource) -> bytes:
-    h = bulk_hasher()
-    m = source.manifest
-    for index in range(m.num_shards):
-        for offset in range(0, m.shard_length(index), READ_CHUNK):
-            h.update(source.read(index, offset, READ_CHUNK))
-    return h.digest()
 
 
 @dataclass
@@ -213,10 +242,10 @@ class WeightStore:
         m = partial.manifest
         if not partial.complete:
             raise StoreError(f"version {m.version}: {len(partial.held)} of {m.num_shards} shards")
-        if whole_digest(partial) != m.digest:
+        if partial.whole_digest() != m.digest:
             raise StoreError(f"version {m.version}: whole-checkpoint digest does not match")
         for fd in partial._fds:
-            os.fsync(fd)
+            os.fsync(fd)  # each shard was flushed as it was written: little is left
         partial.close()
         (partial.root / "done").unlink()
         (partial.root / "lock").unlink()
