@@ -94,6 +94,7 @@ def _add_node_flags(p: argparse.ArgumentParser) -> None:
         "train_steps",
         "batches_per_step",
         "step_wait",
+        "train_procs",
         "eval_every",
         "heldout_per_level",
         "seed",
@@ -111,6 +112,11 @@ def _add_node_flags(p: argparse.ArgumentParser) -> None:
         help=fields["log_level"].description,
     )
     p.add_argument("--learning-rate", type=float, help=fields["learning_rate"].description)
+    p.add_argument(
+        "--train-device",
+        choices=["cpu", "cuda"],
+        help=f"{fields['train_device'].description} (default cpu)",
+    )
     p.add_argument("--taskset", help=f"{fields['taskset'].description} (default arithmetic)")
     p.add_argument("--model", type=Path, metavar="DIR", help=fields["model"].description)
     p.add_argument(

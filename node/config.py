@@ -212,6 +212,16 @@ class NodeConfig(BaseModel):
     learning_rate: float | None = Field(
         None, gt=0, le=1, description="Trainer: AdamW learning rate (default: GRPO's default)."
     )
+    train_procs: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="Trainer: processes its GRPO step runs in; above 1, torchrun ranks that "
+        "shard the policy with FSDP2 (with train_device cuda, one per GPU of this machine).",
+    )
+    train_device: Literal["cpu", "cuda"] = Field(
+        "cpu", description="Trainer: where the policy trains (cuda: NCCL between the ranks)."
+    )
     eval_every: int = Field(
         1,
         ge=0,

@@ -102,6 +102,8 @@ GROUPS: list[tuple[str, str, list[str]]] = [
             "batches_per_step",
             "step_wait",
             "learning_rate",
+            "train_procs",
+            "train_device",
             "eval_every",
             "heldout_per_level",
             "seed",

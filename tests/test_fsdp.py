@@ -50,3 +50,53 @@ def test_fsdp2_step_matches_single_process(tiny_model_dir, tmp_path):
     assert proc.returncode == 0, out[-4000:]
     assert "fsdp-check ok" in out, out[-4000:]
     assert (tmp_path / "v1" / "model.safetensors").is_file()
+
+
+def test_the_trainer_step_on_two_torchrun_ranks_equals_the_step_in_one_process(
+    tiny_model_dir, tmp_path
+):
+    """What `start --role trainer --train-procs 2` runs: the role's PolicyWorker calls go to
+    torchrun rank 0, which broadcasts them; two gloo ranks with FSDP2 take the same GRPO
+    step on real worker batches as one process (same statistics, same checkpoint), rank 0
+    evaluates the held-out set, and every process is gone after close."""
+    from safetensors.torch import load_file
+
+    from crypto.identity import Identity
+    from node.roles.inference import BatchMaker
+    from node.roles.trainer import PolicyWorker
+    from node.training.ranks import RankedPolicyWorker
+    from protocol.rollouts import RolloutBatch
+    from protocol.wire import seal
+
+    envelopes = []
+    for i in range(2):
+        identity = Identity.generate()
+        maker = BatchMaker("arithmetic", 4, 4, 16, 1.0, 8, "none")
+        header = dict(run_id="r", sender=identity.peer_id, seq=1, ts_ms=1_700_000_000_000)
+        worker = "0x" + f"{i + 1:02x}" * 20
+        envelopes.append(
+            seal(identity, RolloutBatch.decode(maker(str(tiny_model_dir), worker, i, 0, header)))
+        )
+    args = (str(tiny_model_dir), 0, 1e-3, 0, "arithmetic", 2, 0, 16, 1.0)
+    one = PolicyWorker(args[0], str(tmp_path / "one"), *args[1:])
+    want = one("train", 0, envelopes)
+    assert want["samples"] > 0  # groups with mixed rewards: a real step
+    ranked = RankedPolicyWorker(2, "cpu", args[0], str(tmp_path / "two"), *args[1:])
+    try:
+        got = ranked("train", 0, envelopes)
+        evaluated = ranked("eval", str(tmp_path / "two" / "v1"))
+    finally:
+        ranked.close()
+    assert ranked.proc.returncode == 0
+    assert (want["ranks"], got["ranks"]) == (1, 2)  # sharded across both ranks
+    for key in ("samples", "tokens", "reward_mean"):
+        assert got[key] == want[key], key
+    for key in ("loss", "grad_norm"):
+        assert abs(got[key] - want[key]) <= 1e-4 * max(1.0, abs(want[key])), key
+    base = load_file(tiny_model_dir / "model.safetensors")
+    a = load_file(tmp_path / "one" / "v1" / "model.safetensors")
+    b = load_file(tmp_path / "two" / "v1" / "model.safetensors")
+    assert max((a[k] - b[k]).abs().max().item() for k in a) <= 1e-5
+    assert max((a[k] - base[k]).abs().max().item() for k in base) > 1e-4  # the step moved them
+    assert (tmp_path / "two" / "v1.state").is_file()
+    assert evaluated == one("eval", str(tmp_path / "two" / "v1"))

@@ -154,7 +154,9 @@ def test_a_devnet_learns_for_a_few_steps_and_a_killed_trainer_resumes_exactly(
             }
         )
         trainer_env = {"INTELLECT_NODE_TRAIN_STEPS": str(STEPS)}
-        loop.spawn("trainer", "trainer", env=trainer_env)
+        # the first trainer takes its steps on two torchrun ranks (FSDP2, gloo); the
+        # restarted one resumes from their checkpoint in one process
+        loop.spawn("trainer", "trainer", env={**trainer_env, "INTELLECT_NODE_TRAIN_PROCS": "2"})
         loop.validator()
         loop.worker("honest-0")
         loop.worker("honest-1")
@@ -163,8 +165,11 @@ def test_a_devnet_learns_for_a_few_steps_and_a_killed_trainer_resumes_exactly(
 
         # SIGKILL the trainer once it has taken a step, then start it again
         wait_until(lambda: len(metrics_lines(tmp_path)) >= 2, 400, "the first trainer step")
+        assert ranks_of(tmp_path), "the trainer's torchrun ranks are not running"
         loop.nodes["trainer"].stop(signal.SIGKILL)
         killed_at = json.loads((tmp_path / "trainer" / "trainer-state.json").read_text())["step"]
+        # its ranks notice that the role's process is gone and exit by themselves
+        wait_until(lambda: not ranks_of(tmp_path), 60, "the killed trainer's ranks to exit")
         time.sleep(1)
         loop.spawn("trainer", "trainer", env=trainer_env)
 
@@ -197,6 +202,9 @@ def test_a_devnet_learns_for_a_few_steps_and_a_killed_trainer_resumes_exactly(
     assert [m["step"] for m in lines] == list(range(STEPS + 1)), [m["step"] for m in lines]
     assert 1 <= killed_at <= STEPS
     assert all(m["heldout_accuracy"] is not None for m in lines)
+    # the steps before the kill ran on two ranks, the steps after it in one process
+    ranks = [m["train_ranks"] for m in lines[1:]]
+    assert ranks == [2] * killed_at + [1] * (STEPS - killed_at), (killed_at, ranks)
     # the trainer trained: weights changed, tokens trained at every step that had samples
     assert sum(m["tokens_trained"] for m in lines) > 0
     # what the trainer used: accepted batches, each once, each inside the async window
@@ -219,6 +227,23 @@ def test_a_devnet_learns_for_a_few_steps_and_a_killed_trainer_resumes_exactly(
     # the workers followed: later batches were generated with later versions
     versions = {v for _, v in steps_of.values()}
     assert max(versions) >= 1, versions
+
+
+def ranks_of(tmp_path):
+    """PIDs of the torchrun ranks (and their launcher) training for this test's trainer."""
+    import os
+
+    mine = str(tmp_path / "trainer")
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().decode(errors="replace")
+        except OSError:
+            continue
+        if "node.training.ranks" in cmd and mine in cmd:
+            found.append(int(pid))
+    return found
 
 
 def check_chain(loop, client):

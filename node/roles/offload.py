@@ -38,6 +38,8 @@ def _serve(conn: multiprocessing.connection.Connection, target: str, args: tuple
         try:
             call = conn.recv()
         except (EOFError, OSError):
+            if callable(close := getattr(handler, "close", None)):
+                close()  # a handler with processes of its own stops them
             return  # the node is gone
         try:
             conn.send((True, handler(*call)))

@@ -6,7 +6,8 @@ trainer reads verdicts from the chain, never from gossip (``WorkWatcher``), fetc
 accepted batch from its worker over ``/intellect/batch/1.0.0`` (it must hash to the work
 key the chain accepted), keeps it in its inbox, and trains on it: ``PolicyWorker`` (a
 child process) turns the batches into GRPO samples (``node/training/grpo.py``) and takes
-one optimizer step (``node/training/policy.py``).
+one optimizer step (``node/training/policy.py``); with ``train_procs`` > 1 the child drives
+that many torchrun ranks that shard the step with FSDP2 (``node/training/ranks.py``).
 
 One training step n (the policy is version n; version 0 is the base ``--model``):
 
@@ -265,8 +266,15 @@ class TrainerRole:
         self, *, task_status: trio.TaskStatus[TrainerRole] = trio.TASK_STATUS_IGNORED
     ) -> None:
         await trio.to_thread.run_sync(self._setup)
+        # one process, or torchrun ranks with FSDP2 (node/training/ranks.py)
+        procs, device = self.cfg.train_procs, self.cfg.train_device
+        where = (
+            ("node.training.ranks:RankedPolicyWorker", procs, device)
+            if procs > 1
+            else ("node.roles.trainer:PolicyWorker",)
+        )
         async with Offload(
-            "node.roles.trainer:PolicyWorker",
+            *where,
             str(self.cfg.model),
             str(self.dir / "checkpoints"),
             self.step,
@@ -277,6 +285,7 @@ class TrainerRole:
             self.cfg.heldout_seed,
             self.cfg.max_new_tokens,
             self.cfg.temperature,
+            *((device,) if procs == 1 else ()),
         ) as self.policy:
             await self._serve(task_status)
 
@@ -393,6 +402,7 @@ class TrainerRole:
             "loss": stats.get("loss"),
             "grad_norm": stats.get("grad_norm"),
             "clip_frac": stats.get("clip_frac"),
+            "train_ranks": stats.get("ranks", self.cfg.train_procs),
             "versions_used": sorted({self.book.submitted[k].policy_version for k in keys}),
             "used": [key_text(k) for k in keys],
             "seconds": round(time.monotonic() - began, 3),
@@ -529,6 +539,8 @@ class PolicyWorker:
         heldout_seed: int,
         max_new_tokens: int,
         temperature: float,
+        device: str = "cpu",
+        distributed: bool = False,
     ) -> None:
         import torch
 
@@ -543,11 +555,12 @@ class PolicyWorker:
         self.taskset = load_taskset(taskset)
         self.heldout = HeldOut(taskset, per_level=heldout_per_level, seed=heldout_seed)
         self.max_new_tokens, self.temperature = max_new_tokens, temperature
+        where = {"device": device, "distributed": distributed}
         if step == 0:
-            self.policy = Policy(base, self.cfg, seed=seed)
+            self.policy = Policy(base, self.cfg, seed=seed, **where)
         else:
             self.policy = Policy.from_checkpoint(
-                self.root / f"v{step}", self.root / f"v{step}.state", self.cfg, seed=seed
+                self.root / f"v{step}", self.root / f"v{step}.state", self.cfg, seed=seed, **where
             )
             self.policy.base_dir = Path(base)  # tokenizer and recipe files come from the base
         self.dropped_heldout = 0
@@ -585,6 +598,7 @@ class PolicyWorker:
         self.policy.save_state(self.root / f"v{step + 1}.state")
         stats["reward_mean"] = sum(rewards) / len(rewards) if rewards else None
         stats["skipped_batches"] = skipped
+        stats["ranks"] = self.policy.ranks.world  # processes the step was sharded across
         stats["dropped_heldout_groups"] = self.dropped_heldout
         return stats
 
