@@ -30,7 +30,7 @@
 - Yamux window updates (``batch_yamux_window_updates``): granted once half a stream's
   window is consumed, as go-yamux does, not after every read.
 - Yamux frames (``larger_yamux_frames``): we send DATA frames of up to ``YAMUX_FRAME``
-  (2 MiB, within the receiver's window) instead of 64 KiB; py-libp2p's cost is per frame
+  (1 MiB, within the receiver's window) instead of 64 KiB; py-libp2p's cost is per frame
   on both sides, and the receiver accepts any frame within its window.
 - TCP reads (``tune_tcp_streams``): py-libp2p reads its TCP stream in the sizes its layers
   ask for: a Noise message is a 2-byte length and then its body, a yamux frame a 12-byte
@@ -86,7 +86,7 @@ from protocol.ids import GOSSIPSUB, KAD
 
 SUBSCRIPTION_QUEUE = 4096
 READ_AHEAD = 256 * 1024  # bytes per recv at most (tune_tcp_streams)
-YAMUX_FRAME = 2 * 1024 * 1024  # most bytes per yamux frame we send, header in (larger_yamux_frames)
+YAMUX_FRAME = 1024 * 1024  # most bytes per yamux frame we send, header in (larger_yamux_frames)
 ADDRS_TTL = 5.0  # seconds a host's advertised addresses are kept (cache_addrs)
 RECORD_RECHECK = 600.0  # seconds a verified gossip peer record is trusted unchanged
 MAX_RECORDS = 4096  # verified peer records remembered (verify_records_once)
@@ -155,12 +155,14 @@ def larger_yamux_frames(size: int = YAMUX_FRAME) -> None:
     and a debug string each, and a Noise message per 64 KiB. A frame never exceeds the
     receiver's window (256 KiB at first, the yamux default; grown by py-libp2p up to
     16 MiB), and py-libp2p as shipped (like go-yamux) accepts any frame within the window,
-    so only what we send changes. 2 MiB holds one SHARDCAST data frame (1 MiB + 4) whole;
-    such a frame keeps other streams of the connection waiting ~5 ms at 200 MB/s. Measured
-    on a single 256 MiB SHARDCAST pull between two processes (``bench/shardcast.py``):
-    4 MiB shards, 122-137 MB/s at 64 KiB and 146-158 at 256 KiB (each side ~30 % less
-    CPU); 8 MiB shards, 167-170 at 256 KiB, 171-179 at 1 MiB, 175-183 at 2 MiB. Noise
-    still splits a frame into messages of at most 65,519 plaintext bytes."""
+    so only what we send changes. 1 MiB is also the largest body rust-yamux accepts, and a
+    SHARDCAST upload frame fills exactly one (``node/shardcast/service.py``); such a frame
+    holds the connection's other streams ~5 ms at 200 MB/s (0.8 s at 10 Mbit/s: a TCP
+    send buffer of the same size does as much). Measured on a single 256 MiB SHARDCAST
+    pull between two processes (``bench/shardcast.py``): 4 MiB shards, 122-137 MB/s at
+    64 KiB and 146-158 at 256 KiB (each side ~30 % less CPU); 8 MiB shards, 167-170 at
+    256 KiB, 171-179 at 1 MiB, 175-183 at 2 MiB. Noise still splits a frame into messages
+    of at most 65,519 plaintext bytes."""
     yamux_module.MAX_MESSAGE_SIZE = size
 
 

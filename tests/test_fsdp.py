@@ -58,7 +58,8 @@ def test_the_trainer_step_on_two_torchrun_ranks_equals_the_step_in_one_process(
     """What `start --role trainer --train-procs 2` runs: the role's PolicyWorker calls go to
     torchrun rank 0, which broadcasts them; two gloo ranks with FSDP2 take the same GRPO
     step on real worker batches as one process (same statistics, same checkpoint), rank 0
-    evaluates the held-out set, and every process is gone after close."""
+    evaluates the held-out set; a step that fails on the ranks fails the role's call and
+    every rank and torchrun exit by themselves."""
     from safetensors.torch import load_file
 
     from crypto.identity import Identity
@@ -85,9 +86,15 @@ def test_the_trainer_step_on_two_torchrun_ranks_equals_the_step_in_one_process(
     try:
         got = ranked("train", 0, envelopes)
         evaluated = ranked("eval", str(tmp_path / "two" / "v1"))
+        # a step that fails on the ranks is an error for the role, not a hang, and the
+        # ranks and torchrun leave by themselves
+        with pytest.raises(RuntimeError, match="rank 0: |ranks are gone"):
+            ranked("train", 1, [b"garbage"])
+        assert ranked.proc.wait(60) != 0
+        with pytest.raises(RuntimeError, match="ranks are gone"):
+            ranked("eval", str(tmp_path / "two" / "v1"))
     finally:
         ranked.close()
-    assert ranked.proc.returncode == 0
     assert (want["ranks"], got["ranks"]) == (1, 2)  # sharded across both ranks
     for key in ("samples", "tokens", "reward_mean"):
         assert got[key] == want[key], key

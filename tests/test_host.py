@@ -276,6 +276,7 @@ def test_a_node_sends_larger_yamux_frames_and_a_stock_py_libp2p_peer_reads_them(
     running py-libp2p as shipped, in another process, receives every byte and answers in
     its own 64 KiB frames."""
     import hashlib
+    import select
     import subprocess
     import sys
     from pathlib import Path
@@ -323,6 +324,8 @@ def test_a_node_sends_larger_yamux_frames_and_a_stock_py_libp2p_peer_reads_them(
 
     try:
         assert peer.stdout is not None
+        ready, _, _ = select.select([peer.stdout], [], [], 60)
+        assert ready, "the stock peer did not start within 60 s"
         answer = trio.run(exchange, peer.stdout.readline().strip())
         assert answer[:64] == hashlib.blake2b(payload).digest()
         assert answer[64:] == bytes(range(256)) * (back // 256)

@@ -4,6 +4,7 @@ validator and two workers as processes on 127.0.0.1 for a few GRPO steps, the tr
 killed with SIGKILL mid-run and restarted."""
 
 import json
+import os
 import signal
 import time
 
@@ -196,6 +197,8 @@ def test_a_devnet_learns_for_a_few_steps_and_a_killed_trainer_resumes_exactly(
         submissions_seen = check_chain(loop, client)
     finally:
         loop.close()
+        for pid in ranks_of(tmp_path):  # only if a check above failed: they exit by themselves
+            os.kill(pid, signal.SIGKILL)
 
     lines = metrics_lines(tmp_path)
     # every step recorded exactly once, the restart included
@@ -231,8 +234,6 @@ def test_a_devnet_learns_for_a_few_steps_and_a_killed_trainer_resumes_exactly(
 
 def ranks_of(tmp_path):
     """PIDs of the torchrun ranks (and their launcher) training for this test's trainer."""
-    import os
-
     mine = str(tmp_path / "trainer")
     found = []
     for pid in filter(str.isdigit, os.listdir("/proc")):

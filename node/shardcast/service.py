@@ -34,8 +34,10 @@ from pathlib import Path
 from typing import Any
 
 import trio
+from libp2p.stream_muxer.yamux.yamux import HEADER_SIZE as YAMUX_HEADER
 
 from node.config import NodeConfig
+from node.host import YAMUX_FRAME
 from node.runtime import Node, RemoteRefusal, Responder
 from node.shardcast.schedule import DownloadPlan, PeerState
 from node.shardcast.store import Partial, ShardSource, StoreError, WeightStore, publish
@@ -49,6 +51,7 @@ from node.shardcast.transfer import (
 )
 from protocol import ids
 from protocol.errors import Reason, WireError
+from protocol.framing import HEADER as FRAME_HEADER
 from protocol.messages import Announcement
 from protocol.shardcast import (
     DATA_FRAME,
@@ -73,6 +76,9 @@ PROVIDE_EVERY = 30.0
 MAX_QUERY_PEERS = 16  # holders asked per refresh
 POLL_PEERS = 4  # peers asked for their newest version per discovery interval
 MIN_FRAME = 64 * 1024
+# an upload frame's bytes plus our 4-byte frame length and yamux's 12-byte header fill one
+# yamux frame of the node's host (node/host.py: YAMUX_FRAME)
+UPLOAD_FRAME = min(DATA_FRAME, YAMUX_FRAME - FRAME_HEADER.size - YAMUX_HEADER)
 
 
 @dataclass
@@ -134,9 +140,9 @@ class WeightService:
         rate = cfg.upload_rate * 1e6
         self.bucket = ByteBucket(rate, burst=max(rate / 10, DATA_FRAME)) if rate else None
         self.frame = (
-            DATA_FRAME
+            UPLOAD_FRAME
             if not rate
-            else int(min(DATA_FRAME, max(MIN_FRAME, rate / (4 * cfg.upload_slots))))
+            else int(min(UPLOAD_FRAME, max(MIN_FRAME, rate / (4 * cfg.upload_slots))))
         )
         self.uploaded = 0
         self.uploads_active = 0

@@ -14,10 +14,16 @@ rank 0 writes the checkpoint and the optimizer state), ``eval`` (the held-out se
 checkpoint directory rank 0 wrote) runs on rank 0 alone. Rank 0 sends the result back.
 
 The process group is gloo on the CPU and NCCL with ``train_device`` cuda (rank r on GPU r
-of this machine). When the role's child exits, also when the node is killed, the
-connection closes; rank 0 then broadcasts a stop and every rank exits, and torchrun with
-them. A rank that fails makes torchrun stop the others, which closes the connection: the
-role's call fails with the error instead of waiting.
+of this machine); their sockets are kept on the loopback interface. When the role's child
+exits, also when the node is killed, the connection closes; rank 0 then broadcasts a stop
+and every rank exits, and torchrun with them (torchrun also gets SIGTERM when the role's
+child dies, and is stopped as a process group when it closes). A rank whose collective
+call fails (building the policy, a training step) reports the error (rank 0) and exits at
+once: the others may be waiting inside a collective, and torchrun stops them when one
+fails. The role's call then fails with that error, or with "the training ranks are gone",
+instead of waiting. The held-out evaluation runs on rank 0 alone; its error is only
+reported. Not closed here: torchrun's rendezvous store listens on every interface (a
+random port) while the ranks start.
 """
 
 from __future__ import annotations
@@ -25,20 +31,34 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import signal
 import socket
+import struct
 import subprocess
 import sys
 import time
 from datetime import timedelta
 from multiprocessing.connection import Connection, answer_challenge, deliver_challenge
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 ADDR_ENV = "INTELLECT_RANKS_ADDR"
 KEY_ENV = "INTELLECT_RANKS_KEY"
-START_TIMEOUT = 600.0  # seconds for torchrun to start and rank 0 to connect
+START_TIMEOUT = 600.0  # seconds for torchrun to start, rank 0 to connect, every rank to build
+CHALLENGE_TIMEOUT = 10.0  # seconds a connecting process has to answer our key challenge
 GROUP_TIMEOUT = timedelta(days=7)  # ranks wait in a broadcast while the role waits for batches
 STOP = ("stop",)
+COLLECTIVE = {"train"}  # calls every rank runs; any other runs on rank 0 alone
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
+    """Linux: SIGTERM to torchrun when the process that started it dies."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except Exception:
+        pass
 
 
 def torchrun_command(procs: int) -> list[str]:
@@ -68,6 +88,8 @@ class RankedPolicyWorker:
         }
         if device == "cpu":
             env.setdefault("OMP_NUM_THREADS", "1")  # N ranks share this machine's cores
+        env.setdefault("GLOO_SOCKET_IFNAME", "lo")  # the ranks talk over the loopback only
+        env.setdefault("NCCL_SOCKET_IFNAME", "lo")
         self.proc = subprocess.Popen(
             [
                 *torchrun_command(procs),
@@ -75,8 +97,9 @@ class RankedPolicyWorker:
                 "node.training.ranks",
                 json.dumps([device, *worker_args]),
             ],
-            env=env,
-            cwd=root,
+            env=env,  # the node's working directory: relative paths mean the same there
+            start_new_session=True,  # close() stops torchrun and every rank as one group
+            preexec_fn=_die_with_parent if sys.platform == "linux" else None,
         )
         self.conn: Connection | None = None
         try:
@@ -91,14 +114,24 @@ class RankedPolicyWorker:
                 except TimeoutError:
                     continue
                 sock.settimeout(None)
+                wait = struct.pack("ll", int(CHALLENGE_TIMEOUT), 0)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, wait)
                 conn = Connection(sock.detach())
                 try:
                     deliver_challenge(conn, key)
                 except Exception:
-                    conn.close()  # not our rank 0
+                    conn.close()  # not our rank 0, or silent
                     continue
+                fd = socket.socket(fileno=conn.fileno())
+                fd.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", 0, 0))
+                fd.detach()  # the connection keeps the descriptor
                 self.conn = conn
-            ok, detail = self.conn.recv()  # every rank built its PolicyWorker, or why not
+            while not self.conn.poll(1.0):  # every rank builds its PolicyWorker
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"torchrun exited with status {self.proc.returncode}")
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"the ranks were not ready within {START_TIMEOUT:.0f} s")
+            ok, detail = self.conn.recv()
             if not ok:
                 raise RuntimeError(detail)
         except BaseException:
@@ -128,12 +161,19 @@ class RankedPolicyWorker:
         try:
             self.proc.wait(grace)
         except subprocess.TimeoutExpired:
-            self.proc.terminate()
+            self._signal_group(signal.SIGTERM)
             try:
                 self.proc.wait(10)
             except subprocess.TimeoutExpired:
-                self.proc.kill()
+                self._signal_group(signal.SIGKILL)
                 self.proc.wait()
+        self._signal_group(signal.SIGKILL)  # a rank that outlived torchrun
+
+    def _signal_group(self, sig: int) -> None:
+        try:
+            os.killpg(self.proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
 
     def __del__(self) -> None:
         if getattr(self, "proc", None) is not None and self.proc.poll() is None:
@@ -164,19 +204,26 @@ def main(argv: list[str] | None = None) -> int:
     )
     rank = dist.get_rank()
     conn = _connect_to_role() if rank == 0 else None
-    worker: PolicyWorker | None = None
-    built: tuple[bool, str] = (True, "ready")
+
+    def fail(detail: str) -> NoReturn:
+        """Report (rank 0) and leave now: other ranks may wait inside a collective, and
+        torchrun stops them once one rank has failed."""
+        if conn is not None:
+            try:
+                conn.send((False, detail))
+            except OSError:
+                pass
+        os._exit(1)
+
     try:
         worker = PolicyWorker(*worker_args, device=device, distributed=True)
     except Exception as exc:
-        built = (False, f"rank {rank}: {type(exc).__name__}: {exc}")
-    everyone: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(everyone, built)
-    failed = [detail for ok, detail in everyone if not ok]
+        fail(f"rank {rank}: {type(exc).__name__}: {exc}")
+    dist.barrier()  # every rank built its worker
     if conn is not None:
-        conn.send((False, "; ".join(failed)) if failed else (True, "ready"))
+        conn.send((True, "ready"))
     try:
-        while worker is not None and not failed:
+        while True:
             box: list[Any] = [None]
             if conn is not None:
                 try:
@@ -187,19 +234,25 @@ def main(argv: list[str] | None = None) -> int:
             call = tuple(box[0])
             if call == STOP:
                 break
-            if call[0] == "eval" and rank != 0:
+            if call[0] not in COLLECTIVE and rank != 0:
                 continue
             try:
                 result: tuple[bool, Any] = (True, worker(*call))
             except Exception as exc:
-                result = (False, f"rank {rank}: {type(exc).__name__}: {exc}")
+                detail = f"rank {rank}: {type(exc).__name__}: {exc}"
+                if call[0] in COLLECTIVE:
+                    fail(detail)
+                result = (False, detail)
             if conn is not None:
-                conn.send(result)
+                try:
+                    conn.send(result)
+                except OSError:
+                    pass  # the role's process is gone: the next receive fails, a stop
     finally:
         if conn is not None:
             conn.close()
         dist.destroy_process_group()
-    return 1 if failed else 0
+    return 0
 
 
 if __name__ == "__main__":
