@@ -51,14 +51,23 @@ STOP = ("stop",)
 COLLECTIVE = {"train"}  # calls every rank runs; any other runs on rank 0 alone
 
 
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
-    """Linux: SIGTERM to torchrun when the process that started it dies."""
+def _parent_death_signal() -> Any:
+    """Linux: a function for the child, between fork and exec, that asks for SIGTERM when
+    the process that started it dies (``prctl(PR_SET_PDEATHSIG)``); looked up here, in the
+    parent, so the child only calls it. None elsewhere."""
+    if sys.platform != "linux":
+        return None
     try:
         import ctypes
 
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except Exception:
-        pass
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+    def set_signal() -> None:  # pragma: no cover - runs in the child
+        prctl(1, int(signal.SIGTERM))  # 1: PR_SET_PDEATHSIG
+
+    return set_signal
 
 
 def torchrun_command(procs: int) -> list[str]:
@@ -99,7 +108,7 @@ class RankedPolicyWorker:
             ],
             env=env,  # the node's working directory: relative paths mean the same there
             start_new_session=True,  # close() stops torchrun and every rank as one group
-            preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+            preexec_fn=_parent_death_signal(),
         )
         self.conn: Connection | None = None
         try:
