@@ -39,12 +39,18 @@ def test_twelve_nodes_converge_within_the_watermarks_and_all_exit_0_on_sigterm(t
             wait_until(converged, 120, "the network to converge")
         except AssertionError as exc:
             raise AssertionError(f"{exc}\n{last}\n{dump_logs(nodes)}") from None
-        # and for a while after: nobody above the high watermark (a node may dip below the
-        # low one for a moment when a peer trims it, until its next dial)
-        for _ in range(5):
+        # and for a while after: nobody above the high watermark for longer than one upkeep
+        # round (every second). Links other nodes open for a lookup round count once they
+        # are older than the grace period; under load (the whole suite on two cores) a
+        # burst of them was seen above the watermark at one sample, until the next round
+        # trimmed it. A node may also dip below the low one until its next dial.
+        above: set[str] = set()
+        for _ in range(6):
             time.sleep(1)
             settled = {n.name: status(n)["connections"]["settled"] for n in nodes}
-            assert max(settled.values()) <= 6, settled
+            now_above = {name for name, count in settled.items() if count > 6}
+            assert not (above & now_above), settled  # still above one round later
+            above = now_above
         # the bootstrap was dialed by all eleven and kept at most six of them
         assert status(boot)["connections"]["trimmed"] >= 1
         # in the network, lookups ask connected peers only (SPEC §8): no walk that dials
