@@ -244,6 +244,7 @@ def test_store_resumes_verified_shards_and_completes_bit_exact(tmp_path):
     assert store.load() == [1] and not store.complete  # a partial, not a version
     partial = store.begin(m, env)
     assert partial.held == {0, m.num_shards - 1} and partial.resumed == 2
+    assert partial._hashed == 1  # shard 0 entered the whole hash as it was re-verified
     for i in range(m.num_shards):
         if i not in partial.held:
             partial.write(i, source.read_shard(i))

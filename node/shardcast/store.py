@@ -109,21 +109,22 @@ class Partial(ShardSource):
             raise StoreError(f"{root} is being written by another process") from exc
         super().__init__(root, manifest, envelope, _open_files(root, manifest, create=True))
         self._journal = os.open(root / "done", os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
-        self.resumed = self._resume()
         # the whole-sequence hash over shards [0, _hashed), advanced as shards are written
         self._whole = bulk_hasher()
         self._hashed = 0
         self._whole_lock = threading.Lock()  # writes run in several threads at once
+        self.resumed = self._resume()
 
     def _resume(self) -> int:
         """Re-hash the shards the journal lists; keep those that match. Returns the count."""
         raw = os.pread(self._journal, os.fstat(self._journal).st_size, 0)
         listed = {JOURNAL.unpack_from(raw, i)[0] for i in range(0, len(raw) - len(raw) % 4, 4)}
         for index in sorted(listed):
-            if index < self.manifest.num_shards and bulk_digest(
-                self.read_shard(index)
-            ) == self.manifest.shard_hash(index):
-                self.held.add(index)
+            if index < self.manifest.num_shards:
+                data = self.read_shard(index)
+                if self.verify(index, data):
+                    self.held.add(index)
+                    self._advance(index, memoryview(data))  # a resumed prefix: read once
         # rewrite the journal with exactly what was verified (drops a torn last entry)
         os.ftruncate(self._journal, 0)
         os.write(self._journal, b"".join(JOURNAL.pack(i) for i in sorted(self.held)))
