@@ -114,10 +114,7 @@ class RankedPolicyWorker:
         try:
             deadline = time.monotonic() + START_TIMEOUT
             while self.conn is None:
-                if self.proc.poll() is not None:
-                    raise RuntimeError(f"torchrun exited with status {self.proc.returncode}")
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"rank 0 did not connect within {START_TIMEOUT:.0f} s")
+                self._still_starting(deadline, "rank 0 did not connect")
                 try:
                     sock, _ = server.accept()
                 except TimeoutError:
@@ -136,10 +133,7 @@ class RankedPolicyWorker:
                 fd.detach()  # the connection keeps the descriptor
                 self.conn = conn
             while not self.conn.poll(1.0):  # every rank builds its PolicyWorker
-                if self.proc.poll() is not None:
-                    raise RuntimeError(f"torchrun exited with status {self.proc.returncode}")
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"the ranks were not ready within {START_TIMEOUT:.0f} s")
+                self._still_starting(deadline, "the ranks were not ready")
             ok, detail = self.conn.recv()
             if not ok:
                 raise RuntimeError(detail)
@@ -148,6 +142,13 @@ class RankedPolicyWorker:
             raise
         finally:
             server.close()
+
+    def _still_starting(self, deadline: float, late: str) -> None:
+        """Raise if torchrun has exited, or ``late`` once ``deadline`` has passed."""
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"torchrun exited with status {self.proc.returncode}")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{late} within {START_TIMEOUT:.0f} s")
 
     def __call__(self, op: str, *args: Any) -> Any:
         if self.conn is None:
