@@ -239,6 +239,27 @@ def test_train_step_changes_weights_and_lowers_the_loss(policy):
     assert sum(m * s.advantage for m, s in zip(moved, samples, strict=True)) > 0
 
 
+def test_an_engine_sharing_the_policy_samples_from_the_stepped_weights(policy):
+    """The centralized baseline samples with an engine over the policy's own modules; the
+    optimizer updates those weights in place, and the engine's fused copies must follow
+    (else each step would be trained on samples of the base policy)."""
+    from node.engine.base import GenRequest, SamplingParams
+    from node.engine.torch_engine import TorchEngine
+    from node.rollouts import prompt_ids
+
+    engine = TorchEngine(policy.model, eos_token_ids=policy.eos_token_ids, max_batch=8)
+    ids = prompt_ids(policy.tokenizer, "21+35=?\nAnswer:")
+    params = SamplingParams(max_new_tokens=12, temperature=1.0, prove=False)
+    reqs = [GenRequest(ids, seed) for seed in range(4)]
+    engine.generate(reqs, params)  # the fused copies exist before the step
+    policy.train_step(_fixed_samples(policy), 1.0)
+    after = engine.generate(reqs, params)
+    samples = [TrainSample(list(ids), list(r.tokens), list(r.logprobs), 0.0) for r in after]
+    fresh = policy.logprobs(samples, 1.0)
+    for r, lps in zip(after, fresh, strict=True):
+        assert lps == pytest.approx(r.logprobs, abs=1e-4)  # the engine saw the new weights
+
+
 def test_micro_batching_equals_one_batch(tiny_model_dir, policy):
     from node.training.policy import Policy
 
