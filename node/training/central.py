@@ -30,15 +30,22 @@ max_new_tokens 40 (level 3's worked answers take at most ~35 tokens):
   -0.4 .. 0.5): a few lucky right answers (advantage up to sqrt(G - 1)) dominate each step,
   which is why larger learning rates walk the policy away.
 - The step is right but the landscape is sharp. The engine's sampling log-probs equal the
-  trainer's recomputed ones to 6e-6; on the 50 trainable level-1 prompts (on the column-
-  step base below) a small step raises the probability of the right completion (0.740 ->
-  0.745 after one SGD step at lr 1e-3, 0.759 at 1e-2; 0.793 after 30 Adam steps at 2e-5),
-  but one SGD step of norm 0.1 drops it to 0.20, one Adam step at 1e-4 to 0.69, and 10 SGD
-  steps at 0.3 collapse every answer to "11". Also tried, 40 steps each, none lifting
-  held-out accuracy: a base with worked column steps for level 2 (greedy 0.39, pass@16
-  0.52 / 0.46 on levels 2 / 3) at lr 2e-5, 5e-5, 1e-4 with a 10-step warm-up, four
+  trainer's recomputed ones to 6e-6; on the 50 trainable level-1 prompts (on the
+  column-step base below) a small step raises the probability of the right completion
+  (0.740 -> 0.745 after one SGD step at lr 1e-3, 0.759 at 1e-2; 0.793 after 30 Adam steps
+  at 2e-5), but one SGD step of norm 0.1 drops it to 0.20, one Adam step at 1e-4 to 0.69,
+  and 10 SGD steps at 0.3 collapse every answer to "11". Also tried, 40 steps each, none
+  lifting held-out accuracy: a base with worked column steps for level 2 (greedy 0.39,
+  pass@16 0.52 / 0.46 on levels 2 / 3) at lr 2e-5, 5e-5, 1e-4 with a 10-step warm-up, four
   optimizer steps per batch, and positive-advantage samples only at 3e-4 (0.33-0.39 at the
   end).
+- Where held-out accuracy goes: level 1 has 100 problems, half held out. Training on the
+  other half turns held-out answers into off-by-one ones (128 x 8 at lr 5e-5: level 1 0.88
+  -> 0.68 in 30 steps; 7+2 -> 8, 1+1 -> 11); training on levels 2-3 alone keeps level 1 at
+  0.86-0.92 but learns nothing there either (2% of samples right). A wider base (hidden
+  256, SFT lr 1e-3: greedy 0.51) declines the same way (0.45 and 0.43 after 40 steps at lr
+  3e-5 and 1e-4). The engine's sampler matches the model's distribution (2,000 draws per
+  prompt, within 0.01 of every top-5 probability).
 - Speed: 32 x 8 samples, one step (generate, score, train) 0.5 s on a quiet machine;
   32 x 16 took 3-8 s per step with the machine shared; a held-out evaluation 0.3-15 s.
 """
