@@ -26,11 +26,9 @@ Measured on this 2-core machine (50 steps, 2 seeds, 32 tasks x 16 samples a step
 held-out 50 per level): the whole bench took 57 minutes (per seed: k2 939 s, k0 685 s,
 central 85 s; about 80 steps would fill 90 minutes). Base 0.313; final k2 0.279, k0 0.261,
 central 0.263 (30 steps: 0.277, 0.279, 0.281): the network tracks the baseline and all
-lose 3-5 points, most of it on level 1. Level 1 has 100 problems and half of them are held
-out: training on the other half turns held-out answers into off-by-one ones (``7+2`` -> 8,
-``1+1`` -> 11), and training on levels 2-3 alone leaves level 1 where it was but learns
-nothing there either (about 2% of samples are right). The issue's +20-point target is not
-met (``node/training/central.py`` has the experiments).
+lose 3-5 points, most of it on the held-out half of level 1. The issue's +20-point target is
+not met; ``node/training/central.py``'s docstring has the experiments and where the
+accuracy goes.
 
 Writes ``learning.png`` and ``learning.json`` into ``--out`` (default
 ``bench-learning/``). ``--json``: the last line is one JSON object with ``base_accuracy``,
