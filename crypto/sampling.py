@@ -77,6 +77,25 @@ def _shr(x: torch.Tensor, k: int) -> torch.Tensor:
     return (x >> k) & ((1 << (64 - k)) - 1)
 
 
+def position_keys(seeds: list[int], positions: list[int]) -> list[int]:
+    """``position_key`` of each (seed, position), as the int64 with the same bits (what
+    ``gumbel_noise_from_keys`` takes)."""
+    return [_signed(position_key(s, p)) for s, p in zip(seeds, positions, strict=True)]
+
+
+def gumbel_noise_from_keys(keys: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Standard Gumbel noise [len(keys), vocab_size] (float64) from int64 position keys
+    [B] (``position_keys``), on the keys' device: integer operations only, no host
+    synchronization (a CUDA graph can hold it)."""
+    t = torch.arange(1, vocab_size + 1, dtype=torch.int64, device=keys.device)[None]
+    z = keys[:, None] + t * _signed(_GOLDEN)  # int64 arithmetic wraps like uint64
+    z = (z ^ _shr(z, 30)) * _signed(_MIX1)
+    z = (z ^ _shr(z, 27)) * _signed(_MIX2)
+    z = z ^ _shr(z, 31)
+    u = (_shr(z, 11).double() + 0.5) * 2.0**-53
+    return -torch.log(-torch.log(u))
+
+
 def gumbel_noise_rows(
     seeds: list[int], positions: list[int], vocab_size: int, device: torch.device | str = "cpu"
 ) -> torch.Tensor:
@@ -87,18 +106,8 @@ def gumbel_noise_rows(
     with ``key = position_key(seed, position)``: a counter-based hash, so every row and
     token is computed at once, on a GPU as on a CPU, from integer operations only.
     """
-    keys = torch.tensor(
-        [_signed(position_key(s, p)) for s, p in zip(seeds, positions, strict=True)],
-        dtype=torch.int64,
-        device=device,
-    )[:, None]
-    t = torch.arange(1, vocab_size + 1, dtype=torch.int64, device=device)[None]
-    z = keys + t * _signed(_GOLDEN)  # int64 arithmetic wraps like uint64
-    z = (z ^ _shr(z, 30)) * _signed(_MIX1)
-    z = (z ^ _shr(z, 27)) * _signed(_MIX2)
-    z = z ^ _shr(z, 31)
-    u = (_shr(z, 11).double() + 0.5) * 2.0**-53
-    return -torch.log(-torch.log(u))
+    keys = torch.tensor(position_keys(seeds, positions), dtype=torch.int64, device=device)
+    return gumbel_noise_from_keys(keys, vocab_size)
 
 
 def gumbel_noise(seed: int, position: int, vocab_size: int) -> torch.Tensor:

@@ -89,6 +89,12 @@ def _inverses() -> np.ndarray:
     return result
 
 
+def warm_up() -> None:
+    """Make this process's table of inverses (a few milliseconds, once) before a proof
+    is waited for."""
+    _inverses()
+
+
 def chunks_of(
     activations: list[torch.Tensor], chunk_size: int, skip_prefill: bool
 ) -> list[torch.Tensor]:
@@ -122,7 +128,23 @@ _GROUP_ELEMENTS = 1 << 26  # padded entries per top-k call, to bound memory
 
 def _top_entries(chunks: list[torch.Tensor], topk: int) -> list[tuple[np.ndarray, np.ndarray]]:
     """Per chunk: the flat indices and bf16 bit patterns of its k = min(topk, numel)
-    entries of largest |value| (as bf16), ties broken by the lower index.
+    entries of largest |value| (``select_top``), as numpy arrays."""
+    out: list[tuple[np.ndarray, np.ndarray]] = [(np.empty(0), np.empty(0))] * len(chunks)
+    for members, idx, picked in select_top(chunks, topk):
+        idx_np, picked_np = idx.cpu().numpy(), picked.cpu().numpy()
+        for row, n in enumerate(members):
+            out[n] = (idx_np[row], picked_np[row])
+    return out
+
+
+def select_top(
+    chunks: list[torch.Tensor], topk: int
+) -> list[tuple[list[int], torch.Tensor, torch.Tensor]]:
+    """The device half of a proof: per group of chunks, ``(members, idx [n, k], bits
+    [n, k])`` on the chunks' device, where row r holds the flat indices and bf16 bit
+    patterns of the k = min(topk, numel) entries of largest |value| of chunk
+    ``members[r]``, ties broken by the lower index. Nothing here waits for the device, so
+    an engine can queue it behind the decode step that wrote the states.
 
     The order is total (magnitude, then index), so the selection does not depend on the
     top-k algorithm, on the other chunks, or on padding: chunks of different sizes are
@@ -130,48 +152,42 @@ def _top_entries(chunks: list[torch.Tensor], topk: int) -> list[tuple[np.ndarray
     Keys are ``magnitude bits << p | (2^p - 1 - index)``, in int32 when indices fit in
     16 bits (p = 16), else int64 (p = 32).
     """
-    out: list[tuple[np.ndarray, np.ndarray]] = [(np.empty(0), np.empty(0))] * len(chunks)
     groups: dict[int, list[int]] = {}
     for n, chunk in enumerate(chunks):
         numel = chunk.numel()
         width = numel if numel <= topk else 1 << (numel - 1).bit_length()
         groups.setdefault(width, []).append(n)
+    out = []
     for width, members in groups.items():
         per_call = max(1, _GROUP_ELEMENTS // width)
         for start in range(0, len(members), per_call):
             part = members[start : start + per_call]
-            _select(chunks, part, width, min(topk, width), out)
+            out.append((part, *_select(chunks, part, width, min(topk, width))))
     return out
 
 
 def _select(
-    chunks: list[torch.Tensor],
-    part: list[int],
-    width: int,
-    k: int,
-    out: list[tuple[np.ndarray, np.ndarray]],
-) -> None:
+    chunks: list[torch.Tensor], part: list[int], width: int, k: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     device = chunks[part[0]].device
-    sizes = [chunks[n].numel() for n in part]
-    patterns = torch.zeros((len(part), width), dtype=torch.int16, device=device)
-    for row, n in enumerate(part):
-        patterns[row, : sizes[row]] = chunks[n].reshape(-1).to(torch.bfloat16).view(torch.int16)
+    flat = [chunks[n].reshape(-1) for n in part]
+    if all(f.numel() == width for f in flat):  # one copy for chunks of one full size
+        patterns = torch.stack(flat).to(torch.bfloat16).view(torch.int16)
+    else:
+        patterns = torch.zeros((len(part), width), dtype=torch.int16, device=device)
+        for row, f in enumerate(flat):
+            patterns[row, : f.numel()] = f.to(torch.bfloat16).view(torch.int16)
     shift, dtype = (16, torch.int32) if width <= 1 << 16 else (32, torch.int64)
     low = (1 << shift) - 1
     rev = low - torch.arange(width, dtype=dtype, device=device)
+    # Padding never wins, without a mask: a chunk is padded only when it has more than k
+    # entries, and every real entry's key (magnitude >= 0, then a lower index) is above
+    # every padding entry's (magnitude 0, a higher index).
     keys = ((patterns & 0x7FFF).to(dtype) << shift) | rev
-    if min(sizes) < width:  # padding never wins: its key is below every real one
-        pad = (
-            torch.arange(width, device=device)[None, :]
-            >= torch.tensor(sizes, device=device)[:, None]
-        )
-        keys.masked_fill_(pad, -1)
     top = keys.topk(k, dim=1, sorted=False).values
     idx = (low - (top & low)).long()
     picked = patterns.gather(1, idx).long() & 0xFFFF
-    idx_np, picked_np = idx.cpu().numpy(), picked.cpu().numpy()
-    for row, n in enumerate(part):
-        out[n] = (idx_np[row], picked_np[row])
+    return idx, picked
 
 
 def _find_modulus(indices: np.ndarray | torch.Tensor) -> int:
@@ -272,11 +288,24 @@ def build_proofs_batch(
         raise ValueError("topk must be in 1..4096")
     per_seq = [chunks_of(acts, chunk_size, skip_prefill) for acts in sequences]
     chunks = [c for seq in per_seq for c in seq]
+    proofs = proofs_from_entries(_top_entries(chunks, topk), topk)
+    out, start = [], 0
+    for seq in per_seq:
+        out.append(proofs[start : start + len(seq)])
+        start += len(seq)
+    return out
+
+
+def proofs_from_entries(entries: list[tuple[np.ndarray, np.ndarray]], topk: int) -> list[bytes]:
+    """The host half of a proof: one proof per chunk from its top entries (flat indices
+    and bf16 bit patterns, as ``select_top`` gives them): the modulus, the interpolation
+    over GF(P) (chunks with the same k together) and the encoding. Plain numpy: it runs
+    in any process."""
     points: list[tuple[int, np.ndarray, np.ndarray]] = []
-    for idx, bits in _top_entries(chunks, topk):
+    for idx, bits in entries:
         m = _find_modulus(idx)
         points.append((m, idx % m, bits % P))
-    proofs: list[bytes] = [b""] * len(chunks)
+    proofs: list[bytes] = [b""] * len(entries)
     by_k: dict[int, list[int]] = {}
     for n, (_, xs, _) in enumerate(points):
         by_k.setdefault(len(xs), []).append(n)
@@ -291,11 +320,7 @@ def build_proofs_batch(
         encoded = rows.astype(">u2").tobytes()  # [m u16be][topk × u16be] per row
         for row, n in enumerate(members):
             proofs[n] = encoded[row * size : (row + 1) * size]
-    out, start = [], 0
-    for seq in per_seq:
-        out.append(proofs[start : start + len(seq)])
-        start += len(seq)
-    return out
+    return proofs
 
 
 def _decode(proof: bytes, topk: int) -> tuple[int, np.ndarray] | None:

@@ -1,5 +1,10 @@
 """GPU checks (marker ``gpu``; never in CI): run with ``pytest -m gpu tests/test_gpu.py`` on
-a machine with an NVIDIA GPU (and vLLM for the last test). They fail, not skip, without one."""
+a machine with an NVIDIA GPU (and vLLM for ``test_vllm_engine_glue``). They fail, not skip,
+without one. The CUDA default of the torch engine is static-shape decoding replayed from
+CUDA graphs (``node.engine.graphs``), so every torch-engine test here runs that path."""
+
+import copy
+import functools
 
 import pytest
 import torch
@@ -69,11 +74,91 @@ def test_the_validator_judges_on_the_gpu(tiny_model_dir):
         assert verdict.passed, verdict.reason
 
 
-def _shape_1_1b():
+@functools.cache
+def _built(shape):
     from node.engine.calibration import build_random_llama, shape_recipe
 
-    recipe = shape_recipe("1.1b")
-    return recipe, build_random_llama(recipe["config"], 0, recipe["lm_head_scale"]).cuda()
+    recipe = shape_recipe(shape)
+    return recipe, build_random_llama(recipe["config"], 0, recipe["lm_head_scale"])
+
+
+def _shape(shape):
+    """A random-init Llama of a fixture shape on the GPU (built once, copied per test)."""
+    recipe, model = _built(shape)
+    return recipe, copy.deepcopy(model).cuda()
+
+
+def _shape_1_1b():
+    return _shape("1.1b")
+
+
+def _graph_run(top_p=1.0):
+    """Sequences of many lengths (37 of 4,096 tokens end them) through 16 rows, proofs on:
+    buckets shrink as rows retire and grow as they are refilled."""
+    from node.engine.calibration import random_prompts
+
+    recipe, model = _shape("small")
+    reqs = [
+        GenRequest(p, 500 + i)
+        for i, p in enumerate(random_prompts(40, recipe["config"]["vocab_size"]))
+    ]
+    return model, reqs, SamplingParams(max_new_tokens=80, top_p=top_p), frozenset(range(3, 40))
+
+
+@pytest.mark.parametrize("top_p", [1.0, 0.9])
+def test_cuda_graph_decoding_equals_the_same_steps_run_eagerly(top_p):
+    from node.engine.torch_engine import TorchEngine
+
+    model, reqs, params, eos = _graph_run(top_p)
+    graphed = TorchEngine(model, eos_token_ids=eos, max_batch=16)  # the CUDA default
+    eager = TorchEngine(model, eos_token_ids=eos, max_batch=16, graphs=False)
+    ours = graphed.generate(reqs, params)
+    assert graphed.static and graphed.graph_failure is None
+    keys = graphed.decoder.graphs.graphs.keys()
+    assert len({k[1] for k in keys if k[0] == "step"}) >= 3  # several buckets replayed
+    assert len({len(r.tokens) for r in ours}) > 5  # sequences ended at many lengths
+    assert ours == eager.generate(reqs, params)  # tokens, log-probs, finish, proofs
+    assert graphed.generate(reqs, params) == ours  # the graphs replayed in a second call
+
+
+def test_a_capture_that_fails_falls_back_to_the_same_eager_steps(monkeypatch):
+    """An operation that synchronizes cannot be captured: the engine says why and runs the
+    same steps eagerly."""
+    from node.engine import graphs
+    from node.engine.torch_engine import TorchEngine
+
+    model, reqs, params, eos = _graph_run()
+    expected = TorchEngine(model, eos_token_ids=eos, max_batch=16, graphs=False).generate(
+        reqs, params
+    )
+    original = graphs.StaticDecoder.sample_fn
+
+    def syncing(self, b):
+        out = original(self, b)
+        out[0, 0].item()  # a host synchronization: illegal while capturing
+        return out
+
+    monkeypatch.setattr(graphs.StaticDecoder, "sample_fn", syncing)
+    engine = TorchEngine(model, eos_token_ids=eos, max_batch=16)
+    assert engine.generate(reqs, params) == expected
+    assert engine.graph_failure is not None and not engine.decoder.graphs.enabled
+
+
+def test_graphs_follow_in_place_weight_updates():
+    """Graphs hold addresses: weights copied in place (a new policy version) must not
+    leave them replaying the old fused projections."""
+    from node.engine.torch_engine import TorchEngine
+
+    model, reqs, params, eos = _graph_run()
+    engine = TorchEngine(model, eos_token_ids=eos, max_batch=16)
+    before = engine.generate(reqs, params)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(1.01)
+    after = engine.generate(reqs, params)
+    assert [r.tokens for r in after] != [r.tokens for r in before]
+    fresh = TorchEngine(model, eos_token_ids=eos, max_batch=16, graphs=False)
+    assert after == fresh.generate(reqs, params)
 
 
 @pytest.mark.parametrize("in_flight", [32, 1])

@@ -69,6 +69,18 @@ def test_ties_select_the_lowest_indices_alone_or_in_a_batch():
     assert result.passed and result.exp_mismatches == 0
 
 
+def test_padding_never_enters_the_selection_even_of_an_all_zero_chunk():
+    """Chunks of 1,200 entries are padded to 2,048 for one top-k call; padding has the
+    magnitude of a zero, so a chunk of zeros must still pick its own lowest indices."""
+    zeros = torch.zeros(3, 400)
+    mixed = torch.zeros(3, 400)
+    mixed[2, 399] = 1.0
+    (z_idx, _), (m_idx, m_bits) = toploc._top_entries([zeros, mixed], 128)
+    assert sorted(z_idx.tolist()) == list(range(128))
+    assert 1199 in m_idx.tolist() and sorted(m_idx.tolist())[:127] == list(range(127))
+    assert int(m_bits[m_idx.tolist().index(1199)]) == 0x3F80  # bf16 1.0
+
+
 def test_chunking():
     acts = random_acts(steps=70)
     chunks = chunks_of(acts, 32, skip_prefill=False)

@@ -41,20 +41,34 @@ class Flight:
         eos_token_ids: frozenset[int],
         vocab_size: int,
     ) -> None:
-        self.reqs, self.params, self.eos = reqs, params, eos_token_ids
-        self.slots = min(slots, len(reqs))
+        slots = min(slots, len(reqs))
         longest = max(len(r.prompt) for r in reqs)
-        self.dec = SlotDecoder(model, self.slots, longest + params.max_new_tokens)
-        self.device, self.vocab_size = self.dec.device, vocab_size
-        self.states = (
+        dec = SlotDecoder(model, slots, longest + params.max_new_tokens)
+        states = (
             torch.empty(
-                (self.slots, params.max_new_tokens, model.config.hidden_size),
+                (slots, params.max_new_tokens, model.config.hidden_size),
                 dtype=torch.bfloat16,
-                device=self.device,
+                device=dec.device,
             )
             if params.prove
             else None
         )
+        self._start(dec, states, reqs, params, slots, eos_token_ids, vocab_size)
+        self.logits = self._no_logits()  # [active, V]: each row's next-token logits
+
+    def _start(
+        self,
+        dec: SlotDecoder,
+        states: torch.Tensor | None,
+        reqs: list[GenRequest],
+        params: SamplingParams,
+        slots: int,
+        eos_token_ids: frozenset[int],
+        vocab_size: int,
+    ) -> None:
+        self.reqs, self.params, self.eos = reqs, params, eos_token_ids
+        self.dec, self.states, self.slots = dec, states, slots
+        self.device, self.vocab_size = dec.device, vocab_size
         self.waiting = sorted(range(len(reqs)), key=lambda i: len(reqs[i].prompt), reverse=True)
         self.owner: list[int] = []  # row -> request index
         self.tokens: list[list[int]] = [[] for _ in reqs]
@@ -62,7 +76,6 @@ class Flight:
         self.finish = ["length"] * len(reqs)
         self.prefill: list[torch.Tensor | None] = [None] * len(reqs)
         self.decode: list[torch.Tensor | None] = [None] * len(reqs)
-        self.logits = self._no_logits()  # [active, V]: each row's next-token logits
         self.next: list[int] = []  # each row's last sampled token
 
     def _no_logits(self) -> torch.Tensor:
@@ -78,14 +91,21 @@ class Flight:
         if not self.waiting or (free < max(1, self.slots // 4) and self.dec.active):
             return
         batch = [self.waiting.pop() for _ in range(min(free, len(self.waiting)))]
+        first = self.dec.active
         hidden, logits = self.dec.admit([self.reqs[i].prompt for i in batch])  # [n, W, H]
+        self.owner += batch
+        self._admitted(batch, first, hidden, logits)
+
+    def _admitted(
+        self, batch: list[int], first: int, hidden: torch.Tensor, logits: torch.Tensor
+    ) -> None:
+        """Rows ``first..`` now hold ``batch``: keep their prefill states and logits."""
         for r, i in enumerate(batch):
             self.prefill[i] = hidden[r, : len(self.reqs[i].prompt)]
-        self.owner += batch
         self.logits = torch.cat([self.logits, logits])
 
-    def sample(self) -> list[int]:
-        """Draw every active row's next token; the rows whose sequence ended."""
+    def _draw(self) -> tuple[list[int], list[float]]:
+        """Every active row's next token and its log-probability."""
         p = self.params
         noise = gumbel_noise_rows(
             [self.reqs[i].seed for i in self.owner],
@@ -94,8 +114,12 @@ class Flight:
             self.device,
         )
         nxt = sample_tokens(self.logits.float(), noise, p.temperature, p.top_p)
-        lp = chosen_logprobs(self.logits, nxt, p.temperature).tolist()
-        self.next = nxt.tolist()
+        return nxt.tolist(), chosen_logprobs(self.logits, nxt, p.temperature).tolist()
+
+    def sample(self) -> list[int]:
+        """Draw every active row's next token; the rows whose sequence ended."""
+        p = self.params
+        self.next, lp = self._draw()
         ended = []
         for row, i in enumerate(self.owner):
             self.tokens[i].append(self.next[row])
@@ -108,10 +132,8 @@ class Flight:
         return ended
 
     def retire(self, ended: list[int]) -> None:
+        self._retiring(ended)
         for row in sorted(ended, reverse=True):  # highest first: moves stay valid
-            i = self.owner[row]
-            if self.states is not None:  # n tokens were chosen by n - 1 decode states
-                self.decode[i] = self.states[row, : len(self.tokens[i]) - 1].clone()
             moved = self.dec.retire(row)
             if moved is not None:
                 self.owner[row], self.next[row] = self.owner[moved], self.next[moved]
@@ -122,6 +144,14 @@ class Flight:
             self.next.pop()
         if not self.dec.active:
             self.logits = self._no_logits()
+
+    def _retiring(self, ended: list[int]) -> None:
+        """Before rows ``ended`` are freed (and overwritten): keep their decode states."""
+        if self.states is None:
+            return
+        for row in ended:  # n tokens were chosen by n - 1 decode states
+            i = self.owner[row]
+            self.decode[i] = self.states[row, : len(self.tokens[i]) - 1].clone()
 
     def step(self) -> None:
         """One decode step for every active row."""

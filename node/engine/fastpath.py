@@ -43,7 +43,7 @@ def supports(model: Any) -> bool:
 FUSE_MAX_PARAMS = 2_000_000_000  # above this, fused copies cost too much memory
 
 
-def _stamp(*tensors: torch.Tensor | None) -> tuple[tuple[int, int], ...]:
+def weights_stamp(*tensors: torch.Tensor | None) -> tuple[tuple[int, int], ...]:
     """Storage and in-place version of each tensor: changes whenever the weights do."""
     return tuple((t.data_ptr(), t._version) for t in tensors if t is not None)
 
@@ -67,7 +67,7 @@ class _Fused:
         return out
 
     def current(self) -> _Fused:
-        stamp = _stamp(*self._sources())
+        stamp = weights_stamp(*self._sources())
         if stamp != self.stamp:
             self.qkv, self.gate_up = [], []
             for layer in self.layers:
@@ -127,6 +127,8 @@ class SlotDecoder:
         self.k, self.v = self._cache(slots, max_len), self._cache(slots, max_len)
         self.lens = [0] * slots  # filled columns per row
         self.active = 0
+        self.rows = torch.arange(slots, device=self.device)
+        self.columns = torch.arange(max_len, device=self.device)
 
     def _cache(self, batch: int, max_len: int) -> list[torch.Tensor]:
         shape = (batch, self.kv_heads, max_len, self.head_dim)
@@ -255,3 +257,22 @@ class SlotDecoder:
         for r in range(a):
             self.lens[r] += 1
         return hidden[:, 0]
+
+    def step_static(self, tokens: torch.Tensor, lens: torch.Tensor, window: int) -> torch.Tensor:
+        """``step`` with shapes fixed by ``len(tokens)`` and ``window`` alone, reading
+        everything else from device tensors: rows ``0..b-1`` take input ``tokens`` [b] at
+        positions ``lens`` [b] (their keys and values go to column ``lens``), attending to
+        the first ``window`` columns of the cache. No host synchronization and no shape
+        that depends on the data, so a CUDA graph can capture it. Rows past the active
+        ones are padding: give them a length that fits the window (their cache rows are
+        free and rewritten by the next prefill). The caller advances ``lens``."""
+        b = tokens.shape[0]
+        rows = self.rows[:b]
+        allowed = (self.columns[:window][None, :] <= lens[:, None])[:, None, None]
+
+        def store(i: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            self.k[i][rows, :, lens] = k[:, :, 0]
+            self.v[i][rows, :, lens] = v[:, :, 0]
+            return self.k[i][:b, :, :window], self.v[i][:b, :, :window]
+
+        return self._run(tokens[:, None], lens[:, None], allowed, store)[:, 0]

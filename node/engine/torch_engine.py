@@ -23,7 +23,14 @@ from crypto.sampling import gumbel_noise_rows, sample_tokens
 from crypto.toploc import build_proofs_batch
 from node.engine.base import GenRequest, GenResult, SamplingParams
 from node.engine.continuous import Flight, chosen_logprobs
-from node.engine.fastpath import supports
+from node.engine.fastpath import supports, weights_stamp
+from node.engine.graphs import (
+    CACHE_ROUND,
+    ProofPipeline,
+    StaticDecoder,
+    StaticFlight,
+    proof_workers,
+)
 
 _NORM_NAMES = ("norm", "final_layernorm", "ln_f", "final_norm")
 
@@ -96,8 +103,15 @@ class TorchEngine:
         eos_token_ids: frozenset[int],
         max_batch: int = 32,
         fast: bool = True,
+        static: bool | None = None,
+        graphs: bool = True,
+        proof_processes: bool | None = None,
     ) -> None:
-        """``fast``: use the lean forward of ``fastpath`` when the architecture allows."""
+        """``fast``: use the lean forward of ``fastpath`` when the architecture allows.
+        ``static``: decode on fixed shapes (``node.engine.graphs``; default: on CUDA),
+        replayed from CUDA graphs when ``graphs`` and the device allow. ``proof_processes``:
+        on the static path, build proofs in worker processes while decoding (default: on
+        CUDA), else in this process."""
         if max_batch < 1:
             raise ValueError("max_batch must be >= 1")
         self.model = model
@@ -110,6 +124,11 @@ class TorchEngine:
         pad = getattr(model.config, "pad_token_id", None)
         self.pad_token_id = int(pad) if isinstance(pad, int) else 0
         self.proof_seconds = 0.0  # time spent building proofs, since construction
+        cuda = self.device.type == "cuda"
+        self.static = self.fast and (cuda if static is None else static)
+        self.graphs = graphs
+        self.proof_processes = cuda if proof_processes is None else proof_processes
+        self.decoder: StaticDecoder | None = None  # kept across calls: its graphs too
 
     def _prove(
         self, activations: list[list[torch.Tensor]], params: SamplingParams
@@ -140,9 +159,69 @@ class TorchEngine:
                 results[i] = res
         return [r for r in results if r is not None]
 
+    @property
+    def graph_failure(self) -> str | None:
+        """Why CUDA graph capture was given up for the current decoder, if it was."""
+        return self.decoder.graphs.failure if self.decoder is not None else None
+
+    def _static_decoder(self, reqs: list[GenRequest], params: SamplingParams) -> StaticDecoder:
+        need = max(len(r.prompt) for r in reqs) + params.max_new_tokens
+        max_len = -(-need // CACHE_ROUND) * CACHE_ROUND
+        stamp = weights_stamp(*self.model.parameters())  # new weights: new graphs
+        if self.decoder is None or not self.decoder.fits(self.max_batch, max_len, params, stamp):
+            self.decoder = None  # its buffers and graphs go before the new ones are made
+            self.decoder = StaticDecoder(
+                self.model,
+                slots=self.max_batch,
+                max_len=max_len,
+                params=params,
+                vocab_size=self.vocab_size,
+                graphs=self.graphs,
+                stamp=stamp,
+            )
+        return self.decoder
+
+    def _static(self, reqs: list[GenRequest], params: SamplingParams) -> list[GenResult]:
+        """Continuous batching on fixed shapes (``node.engine.graphs``), proofs built
+        beside decoding."""
+        pipeline = None
+        if params.prove:
+            pipeline = ProofPipeline(
+                params.proof_topk, proof_workers() if self.proof_processes else None
+            )
+        flight = StaticFlight(
+            self._static_decoder(reqs, params),
+            reqs,
+            params,
+            slots=self.max_batch,
+            eos_token_ids=self.eos_token_ids,
+            pipeline=pipeline,
+        )
+        try:
+            flight.run()
+        except BaseException:
+            self.decoder = None  # its rows may be half-written: start clean next time
+            raise
+        started = time.perf_counter()
+        proofs = flight.proofs()  # what is left of them once decoding is done
+        self.proof_seconds += time.perf_counter() - started
+        return [
+            GenResult(
+                list(r.prompt),
+                flight.tokens[i],
+                flight.logprobs[i],
+                flight.finish[i],
+                r.seed,
+                proofs[i],
+            )
+            for i, r in enumerate(reqs)
+        ]
+
     @torch.inference_mode()
     def _continuous(self, reqs: list[GenRequest], params: SamplingParams) -> list[GenResult]:
         """Continuous batching on the lean forward (``node.engine.continuous``)."""
+        if self.static:
+            return self._static(reqs, params)
         flight = Flight(
             self.model,
             reqs,

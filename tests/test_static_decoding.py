@@ -1,0 +1,118 @@
+"""The static-shape decode path (``node.engine.graphs``) on the CPU: what the GPU replays
+from CUDA graphs, run eagerly. Graph capture itself is checked in tests/test_gpu.py."""
+
+import pytest
+import torch
+
+from crypto.toploc import build_proofs_batch
+from node.engine.base import SamplingParams
+from node.engine.graphs import Graphs, ProofPipeline, bucket, proof_workers
+from node.engine.torch_engine import TorchEngine
+from tests.test_engine import midway_token, requests, verify_all
+from tests.tiny_lm import EOS, tiny_llama
+
+
+@pytest.fixture(scope="module")
+def llama():
+    return tiny_llama(0, layers=2, hidden=64)
+
+
+def mixed_run(llama):
+    """More sequences than rows, ending at many different steps (rows refilled, buckets
+    shrinking and growing)."""
+    reqs = requests([3, 11, 6, 20, 4, 9, 15, 7, 5, 12, 8, 10, 14, 6], seed=5)
+    params = SamplingParams(max_new_tokens=75, temperature=1.2)
+    eos = midway_token(llama, reqs, params, 4, 8)
+    return reqs, params, frozenset({eos})
+
+
+def test_static_steps_give_the_dynamic_paths_tokens_and_proofs(llama):
+    reqs, params, eos = mixed_run(llama)
+    static = TorchEngine(llama, eos_token_ids=eos, max_batch=5, static=True)
+    dynamic = TorchEngine(llama, eos_token_ids=eos, max_batch=5)
+    assert static.static and not dynamic.static  # the CPU default stays dynamic
+    ours, theirs = static.generate(reqs, params), dynamic.generate(reqs, params)
+    assert len({len(r.tokens) for r in ours}) > 3 and 75 in {len(r.tokens) for r in ours}
+    assert [r.tokens for r in ours] == [r.tokens for r in theirs]
+    assert [r.finish_reason for r in ours] == [r.finish_reason for r in theirs]
+    # proofs come from a pipeline, chunk by chunk, yet equal the one-call proofs
+    assert [r.proofs for r in ours] == [r.proofs for r in theirs]
+    for a, b in zip(ours, theirs, strict=True):
+        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs, strict=True)) < 1e-4
+    verify_all(llama, ours, params, eos=next(iter(eos)))
+    assert static.decoder is not None and static.decoder.graphs.enabled is False  # no CUDA
+
+
+def test_the_decoder_is_reused_across_calls_and_rebuilt_for_new_weights():
+    model = tiny_llama(0, layers=2, hidden=64)
+    engine = TorchEngine(model, eos_token_ids=frozenset({EOS}), max_batch=4, static=True)
+    reqs, params = requests([6, 9, 4]), SamplingParams(max_new_tokens=30)
+    first = engine.generate(reqs, params)
+    decoder = engine.decoder
+    assert engine.generate(reqs, params) == first and engine.decoder is decoder
+    model.load_state_dict(tiny_llama(1, layers=2, hidden=64).state_dict())  # in place
+    after = engine.generate(reqs, params)
+    assert engine.decoder is not decoder
+    assert [r.tokens for r in after] != [r.tokens for r in first]
+    fresh = TorchEngine(model, eos_token_ids=frozenset({EOS}), max_batch=4, static=True)
+    assert after == fresh.generate(reqs, params)  # not the stale fused weights
+    verify_all(model, after, params)
+    decoder = engine.decoder
+    engine.generate(reqs, SamplingParams(max_new_tokens=30, top_p=0.9))  # other settings
+    assert engine.decoder is not decoder
+
+
+def test_a_failed_call_leaves_no_half_written_decoder(llama, monkeypatch):
+    engine = TorchEngine(llama, eos_token_ids=frozenset({EOS}), max_batch=4, static=True)
+    reqs, params = requests([6, 9, 4]), SamplingParams(max_new_tokens=30)
+    good = engine.generate(reqs, params)
+    from node.engine import graphs
+
+    calls = []
+
+    def interrupted(self):
+        calls.append(1)
+        if len(calls) == 5:
+            raise KeyboardInterrupt
+        return original(self)
+
+    original = graphs.StaticFlight.step
+    monkeypatch.setattr(graphs.StaticFlight, "step", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        engine.generate(reqs, params)
+    assert engine.decoder is None
+    monkeypatch.setattr(graphs.StaticFlight, "step", original)
+    assert engine.generate(reqs, params) == good
+
+
+def test_proof_workers_give_the_same_proofs(llama):
+    """The pipeline with worker processes (the GPU default) against proofs in one call."""
+    reqs, params, eos = mixed_run(llama)
+    engine = TorchEngine(llama, eos_token_ids=eos, max_batch=5, static=True, proof_processes=True)
+    results = engine.generate(reqs, params)
+    plain = TorchEngine(llama, eos_token_ids=eos, max_batch=5).generate(reqs, params)
+    assert [r.proofs for r in results] == [r.proofs for r in plain]
+    assert proof_workers() is proof_workers()  # one pool per process
+
+
+def test_pipeline_proofs_equal_batch_proofs_in_any_order():
+    torch.manual_seed(3)
+    prefill = [torch.randn(n, 96) for n in (5, 40, 2)]
+    decode = [torch.randn(n, 96) for n in (70, 33, 1)]
+    pipeline = ProofPipeline(topk=128)
+    # handed in out of order and in mixed groups, as chunks complete
+    pipeline.submit([(1, 1), (0, 0)], [decode[1][:32], prefill[0]])
+    pipeline.submit([(0, 3), (2, 0), (1, 0)], [decode[0][64:], prefill[2], prefill[1]])
+    pipeline.submit([(0, 1), (0, 2), (1, 2)], [decode[0][:32], decode[0][32:64], decode[1][32:]])
+    pipeline.submit([(2, 1)], [decode[2]])
+    done = pipeline.finish()
+    expected = build_proofs_batch([[p, d] for p, d in zip(prefill, decode, strict=True)])
+    for i, proofs in enumerate(expected):
+        assert [done[(i, c)] for c in range(len(proofs))] == proofs
+
+
+def test_buckets_and_disabled_graphs():
+    assert [bucket(n, 64) for n in (1, 2, 3, 5, 16, 17, 64)] == [1, 2, 4, 8, 16, 32, 64]
+    assert bucket(40, 48) == 48 and bucket(1, 1) == 1
+    graphs = Graphs(enabled=not torch.cuda.is_available())  # on a CPU: never enabled
+    assert graphs.run("k", lambda: 7) == 7 and graphs.graphs == {}
