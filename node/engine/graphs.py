@@ -1,9 +1,9 @@
 """Static-shape decoding, replayed from CUDA graphs, with proofs built beside it.
 
-On a GPU the eager decode loop is bound by the host: a 22-layer model launches about 300
-kernels per token, and the states that proofs need were indexed with tensors built from
-Python lists, a host synchronization per step (a pageable copy waits for the stream). This
-path removes both:
+On a GPU the eager decode loop (``continuous.Flight``) is bound by the host: on an H200, a
+22-layer 1.1B model at batch 64 launched about 830 kernels per decode step, and the
+profiler counted 2.6 s of CPU time against 0.42 s of GPU time per call. This path makes a
+step one launch and keeps the host out of the GPU's way:
 
 - **Static shapes.** The batch is padded to a bucket (1, 2, 4, ... up to the slots) and
   attention reads a window of the cache rounded up to ``WINDOW`` columns, so a decode step

@@ -9,6 +9,11 @@ batch and its cache rows. Either way tokens come from the seeded Gumbel-max samp
 ``crypto.sampling``, the log-probability of each chosen token is kept, and the
 post-final-norm hidden states (the LM head's input, what TOPLOC commits to) are captured
 and proven in one ``build_proofs_batch`` call per ``generate``.
+
+On CUDA, Llama-family models decode on fixed shapes replayed from CUDA graphs and are
+proven chunk by chunk while decoding (``node.engine.graphs``); the engine then keeps a KV
+cache of ``max_batch`` rows and its graphs between calls, rebuilt when the weights or the
+sampling settings change.
 """
 
 from __future__ import annotations
