@@ -1,6 +1,11 @@
 """The static-shape decode path (``node.engine.graphs``) on the CPU: what the GPU replays
 from CUDA graphs, run eagerly. Graph capture itself is checked in tests/test_gpu.py."""
 
+import os
+import signal
+from concurrent.futures import Executor, Future
+from concurrent.futures.process import BrokenProcessPool
+
 import pytest
 import torch
 
@@ -92,14 +97,42 @@ def test_proof_workers_give_the_same_proofs(llama):
     results = engine.generate(reqs, params)
     plain = TorchEngine(llama, eos_token_ids=eos, max_batch=5).generate(reqs, params)
     assert [r.proofs for r in results] == [r.proofs for r in plain]
-    assert proof_workers() is proof_workers()  # one pool per process
+    pool = proof_workers()
+    assert pool is proof_workers()  # one pool per process
+    for pid in list(pool._processes):  # Ctrl-C reaches the workers too: they leave it
+        os.kill(pid, signal.SIGINT)
+    assert engine.generate(reqs, params) == results and proof_workers() is pool
+    os.kill(next(iter(pool._processes)), signal.SIGKILL)  # a worker dies
+    pool._processes[next(iter(pool._processes))].join(timeout=30)
+    assert engine.generate(reqs, params) == results  # its work redone in this process
+    assert proof_workers() is not pool  # and the next call gets a new pool
+    assert engine.generate(reqs, params) == results
 
 
-def test_pipeline_proofs_equal_batch_proofs_in_any_order():
+class DyingWorkers(Executor):
+    """Proof workers that die: the first task's worker mid-task, then the whole pool."""
+
+    def __init__(self):
+        self.tasks = 0
+
+    def submit(self, fn, /, *args, **kwargs):
+        self.tasks += 1
+        if self.tasks > 1:
+            raise BrokenProcessPool("the pool is gone")
+        task = Future()
+        task.set_exception(BrokenProcessPool("a worker died mid-task"))
+        return task
+
+
+@pytest.mark.parametrize("workers", [None, DyingWorkers], ids=["inline", "dying-workers"])
+def test_pipeline_proofs_equal_batch_proofs_in_any_order(workers):
+    """Chunks handed in out of order and in mixed groups give the one-call proofs, also
+    when the worker processes die (their groups are redone in this process)."""
     torch.manual_seed(3)
     prefill = [torch.randn(n, 96) for n in (5, 40, 2)]
     decode = [torch.randn(n, 96) for n in (70, 33, 1)]
-    pipeline = ProofPipeline(topk=128)
+    executor = workers() if workers else None
+    pipeline = ProofPipeline(topk=128, executor=executor)
     # handed in out of order and in mixed groups, as chunks complete
     pipeline.submit([(1, 1), (0, 0)], [decode[1][:32], prefill[0]])
     pipeline.submit([(0, 3), (2, 0), (1, 0)], [decode[0][64:], prefill[2], prefill[1]])
@@ -109,6 +142,7 @@ def test_pipeline_proofs_equal_batch_proofs_in_any_order():
     expected = build_proofs_batch([[p, d] for p, d in zip(prefill, decode, strict=True)])
     for i, proofs in enumerate(expected):
         assert [done[(i, c)] for c in range(len(proofs))] == proofs
+    assert executor is None or executor.tasks == 2
 
 
 def test_buckets_and_disabled_graphs():

@@ -36,9 +36,11 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
+import signal
 from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import Executor, Future, ProcessPoolExecutor
-from functools import cache, partial
+from concurrent.futures.process import BrokenProcessPool
+from functools import partial
 from typing import Any
 
 import torch
@@ -173,17 +175,29 @@ class StaticDecoder:
         return torch.stack([nxt.double(), chosen_logprobs(logits, nxt, t).double()])
 
 
-@cache
+_workers: ProcessPoolExecutor | None = None
+
+
 def proof_workers() -> Executor:
     """Worker processes for the field arithmetic of proofs (numpy, no GPU), shared by
-    every engine of this process. All of them start here, and each has made its table of
-    inverses before decoding needs it: a worker spawned mid-generation would cost that
-    generation seconds."""
-    count = max(1, min(4, (os.cpu_count() or 2) // 4))
-    pool = ProcessPoolExecutor(count, mp_context=multiprocessing.get_context("spawn"))
-    for task in [pool.submit(warm_up) for _ in range(count)]:
-        task.result()
-    return pool
+    every engine of this process (a new pool if a worker died). All of them start here,
+    and each has made its table of inverses before decoding needs it: a worker spawned
+    mid-generation would cost that generation seconds."""
+    global _workers
+    if _workers is None or getattr(_workers, "_broken", False):
+        count = max(1, min(4, (os.cpu_count() or 2) // 4))
+        _workers = ProcessPoolExecutor(
+            count, mp_context=multiprocessing.get_context("spawn"), initializer=_leave_ctrl_c
+        )
+        for task in [_workers.submit(warm_up) for _ in range(count)]:
+            task.result()
+    return _workers
+
+
+def _leave_ctrl_c() -> None:
+    """In a proof worker: Ctrl-C in the terminal reaches the whole process group; the node
+    handles it and shuts the pool down, so a worker does not die mid-task with a trace."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 class ProofPipeline:
@@ -196,7 +210,7 @@ class ProofPipeline:
     def __init__(self, topk: int, executor: Executor | None = None) -> None:
         self.topk, self.executor = topk, executor
         self.copying: list[tuple[Any, list[Hashable], torch.Tensor, torch.Tensor]] = []
-        self.running: list[tuple[list[Hashable], Future[list[bytes]]]] = []
+        self.running: list[tuple[list[Hashable], list[Any], Future[list[bytes]]]] = []
         self.proofs: dict[Hashable, bytes] = {}
 
     def submit(self, keys: Sequence[Hashable], chunks: list[torch.Tensor]) -> None:
@@ -226,19 +240,27 @@ class ProofPipeline:
         self.copying = pending
         mine = groups.pop() if wait and groups else None
         for keys, part in groups:
-            if self.executor is None:
+            task = None
+            if self.executor is not None:
+                try:
+                    task = self.executor.submit(proofs_from_entries, part, self.topk)
+                except BrokenProcessPool:  # a worker died: this process does the rest
+                    self.executor = None
+            if task is None:
                 self._store(keys, proofs_from_entries(part, self.topk))
             else:
-                self.running.append(
-                    (keys, self.executor.submit(proofs_from_entries, part, self.topk))
-                )
+                self.running.append((keys, part, task))
         if mine is not None:
             self._store(mine[0], proofs_from_entries(mine[1], self.topk))
 
     def finish(self) -> dict[Hashable, bytes]:
         self.poll(wait=True)
-        for keys, task in self.running:
-            self._store(keys, task.result())
+        for keys, part, task in self.running:
+            try:
+                proofs = task.result()
+            except BrokenProcessPool:  # its worker died: nothing is lost, redo it here
+                proofs = proofs_from_entries(part, self.topk)
+            self._store(keys, proofs)
         self.running = []
         return self.proofs
 
