@@ -45,8 +45,10 @@ share of the run spent waiting for proofs after the last token. The batch-1 band
 is tokens/s × the weights' bytes ÷ 4.8 TB/s. ``--profile`` prints torch.profiler's table for
 one eager batch-64 call with proofs. ``--json`` here: ``gpu_fixed_tokens_per_s`` (batch →
 {ours, ours_proofs, hf, eager, eager_proofs}), ``speedup_vs_hf``,
-``proof_overhead_pct_throughput``, ``proof_wait_pct``, ``bandwidth_share_b1`` and
-``graph_failure`` (per batch, why capture was given up, or null).
+``proof_overhead_pct_throughput``, ``proof_wait_pct``, ``bandwidth_share_b1``,
+``graph_failure`` (per batch, why capture was given up, or null), and of the CPU run's keys
+those that mean the same on this fixed-length workload (``fixed_length_tokens_per_s``,
+``fixed_length_speedup_vs_hf``, ``model_parameters``).
 
 Measured on an NVIDIA H200 (2026-11-30, torch 2.11, best of 3), tokens/s:
 
@@ -323,13 +325,20 @@ def shape_bench(args):
         except Exception as exc:  # noqa: BLE001 - a profiler the machine lacks: say so
             print(f"profiling failed: {type(exc).__name__}: {exc}")
     cols = ("ours", "ours_proofs", "hf", "eager", "eager_proofs")
+    speedup = {str(b): round(r["ours"] / r["hf"], 2) for b, r in table.items()}
     return {
         "device": name,
         "shape": args.shape,
         "param_bytes": param_bytes,
+        "model_parameters": sum(p.numel() for p in model.parameters()),
         "new_tokens": GPU_NEW_TOKENS,
         "gpu_fixed_tokens_per_s": {str(b): {c: r[c] for c in cols} for b, r in table.items()},
-        "speedup_vs_hf": {str(b): round(r["ours"] / r["hf"], 2) for b, r in table.items()},
+        # the CPU run's keys that mean the same here (this workload is fixed length)
+        "fixed_length_tokens_per_s": {
+            str(b): {c: r[c] for c in cols[:3]} for b, r in table.items()
+        },
+        "fixed_length_speedup_vs_hf": speedup,
+        "speedup_vs_hf": speedup,
         "eager_speedup_vs_hf": {str(b): round(r["eager"] / r["hf"], 2) for b, r in table.items()},
         "proof_overhead_pct_throughput": {
             str(b): round((r["ours"] / r["ours_proofs"] - 1) * 100, 2) for b, r in table.items()
