@@ -131,6 +131,9 @@ def test_bad_requests(llama):
         SamplingParams(top_p=0)
     with pytest.raises(ValueError, match="max_new_tokens"):
         SamplingParams(max_new_tokens=0)
+    for bad in ({"proof_chunk": 0}, {"proof_topk": 0}, {"proof_topk": 5000}):
+        with pytest.raises(ValueError, match="proof_"):
+            SamplingParams(**bad)
 
 
 def test_tiny_model_loads_offline_and_generates(tiny_model_dir, monkeypatch):

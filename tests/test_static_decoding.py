@@ -31,6 +31,16 @@ def mixed_run(llama):
     return reqs, params, frozenset({eos})
 
 
+def same_work(ours, theirs):
+    """The same tokens, endings and proofs; log-probs equal up to the rounding of other
+    batch shapes."""
+    return all(
+        (a.tokens, a.finish_reason, a.proofs) == (b.tokens, b.finish_reason, b.proofs)
+        and max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs, strict=True)) < 1e-4
+        for a, b in zip(ours, theirs, strict=True)
+    )
+
+
 def test_static_steps_give_the_dynamic_paths_tokens_and_proofs(llama):
     reqs, params, eos = mixed_run(llama)
     static = TorchEngine(llama, eos_token_ids=eos, max_batch=5, static=True)
@@ -38,14 +48,23 @@ def test_static_steps_give_the_dynamic_paths_tokens_and_proofs(llama):
     assert static.static and not dynamic.static  # the CPU default stays dynamic
     ours, theirs = static.generate(reqs, params), dynamic.generate(reqs, params)
     assert len({len(r.tokens) for r in ours}) > 3 and 75 in {len(r.tokens) for r in ours}
-    assert [r.tokens for r in ours] == [r.tokens for r in theirs]
-    assert [r.finish_reason for r in ours] == [r.finish_reason for r in theirs]
     # proofs come from a pipeline, chunk by chunk, yet equal the one-call proofs
-    assert [r.proofs for r in ours] == [r.proofs for r in theirs]
-    for a, b in zip(ours, theirs, strict=True):
-        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs, strict=True)) < 1e-4
+    assert same_work(ours, theirs)
     verify_all(llama, ours, params, eos=next(iter(eos)))
     assert static.decoder is not None and static.decoder.graphs.enabled is False  # no CUDA
+
+
+def test_attention_windows_grow_past_a_boundary_mid_sequence(llama):
+    """A 100-token prompt decoded 60 tokens crosses the 128-column window (and rows of
+    other lengths share its steps): still the dynamic path's tokens and proofs."""
+    reqs = requests([100, 5, 40, 9], seed=8)
+    params = SamplingParams(max_new_tokens=60, stop_at_eos=False)
+    static = TorchEngine(llama, eos_token_ids=frozenset({EOS}), max_batch=4, static=True)
+    dynamic = TorchEngine(llama, eos_token_ids=frozenset({EOS}), max_batch=4)
+    ours = static.generate(reqs, params)
+    assert static.decoder is not None and static.decoder.dec.max_len == 256
+    assert same_work(ours, dynamic.generate(reqs, params))
+    verify_all(llama, ours, params)
 
 
 def test_the_decoder_is_reused_across_calls_and_rebuilt_for_new_weights():
@@ -122,6 +141,21 @@ class DyingWorkers(Executor):
         task = Future()
         task.set_exception(BrokenProcessPool("a worker died mid-task"))
         return task
+
+
+def test_proof_workers_that_cannot_start_leave_the_proving_to_this_process(llama, monkeypatch):
+    from node.engine import torch_engine
+
+    def unavailable():
+        raise BrokenProcessPool("a worker died while starting")
+
+    monkeypatch.setattr(torch_engine, "proof_workers", unavailable)
+    reqs, params = requests([6, 9, 4]), SamplingParams(max_new_tokens=40)
+    engine = TorchEngine(
+        llama, eos_token_ids=frozenset({EOS}), max_batch=4, static=True, proof_processes=True
+    )
+    plain = TorchEngine(llama, eos_token_ids=frozenset({EOS}), max_batch=4)
+    assert same_work(engine.generate(reqs, params), plain.generate(reqs, params))
 
 
 @pytest.mark.parametrize("workers", [None, DyingWorkers], ids=["inline", "dying-workers"])

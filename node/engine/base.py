@@ -33,6 +33,10 @@ class SamplingParams:
             raise ValueError("temperature must be >= 0")
         if not 0 < self.top_p <= 1:
             raise ValueError("top_p must be in (0, 1]")
+        if self.proof_chunk < 1:
+            raise ValueError("proof_chunk must be >= 1")
+        if not 1 <= self.proof_topk <= 4096:
+            raise ValueError("proof_topk must be in 1..4096")
 
 
 @dataclass(frozen=True)

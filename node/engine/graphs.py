@@ -87,22 +87,26 @@ class Graphs:
     def _capture(self, key: Hashable, fn: Callable[[], Any]) -> tuple[Any, Any] | None:
         stream = torch.cuda.current_stream()
         try:
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                fn()  # warm-up: workspaces and lazy state are made outside the graph
-            torch.cuda.current_stream().wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            if self.pool is None:
-                self.pool = torch.cuda.graph_pool_handle()
-            with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
-                out = fn()
+            return self._record(key, fn)
         except Exception as exc:  # noqa: BLE001 - any capture failure: run eagerly instead
-            torch.cuda.set_stream(stream)  # a failed capture can leave its own stream current
             self.enabled = False
             self.failure = f"{type(exc).__name__}: {exc}"
             log.warning("CUDA graph capture failed, decoding eagerly: %s", self.failure)
             return None
+        finally:  # a failed or interrupted capture can leave its own stream current
+            torch.cuda.set_stream(stream)
+
+    def _record(self, key: Hashable, fn: Callable[[], Any]) -> tuple[Any, Any]:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            fn()  # warm-up: workspaces and lazy state are made outside the graph
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        if self.pool is None:
+            self.pool = torch.cuda.graph_pool_handle()
+        with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
+            out = fn()
         self.graphs[key] = (graph, out)
         return self.graphs[key]
 
@@ -196,7 +200,8 @@ def proof_workers() -> Executor:
 
 def _leave_ctrl_c() -> None:
     """In a proof worker: Ctrl-C in the terminal reaches the whole process group; the node
-    handles it and shuts the pool down, so a worker does not die mid-task with a trace."""
+    handles it, and the pool's workers end when the node exits (concurrent.futures joins
+    them), not mid-task with a trace each."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 

@@ -18,7 +18,11 @@ sampling settings change.
 
 from __future__ import annotations
 
+import logging
 import time
+from concurrent.futures import Executor
+from concurrent.futures.process import BrokenProcessPool
+from contextlib import nullcontext
 from typing import Any
 
 import torch
@@ -36,6 +40,8 @@ from node.engine.graphs import (
     StaticFlight,
     proof_workers,
 )
+
+log = logging.getLogger(__name__)
 
 _NORM_NAMES = ("norm", "final_layernorm", "ln_f", "final_norm")
 
@@ -186,30 +192,42 @@ class TorchEngine:
             )
         return self.decoder
 
+    def _proof_executor(self) -> Executor | None:
+        """The proof workers, or None (this process proves) when not wanted or when they
+        cannot be started here."""
+        if not self.proof_processes:
+            return None
+        try:
+            return proof_workers()
+        except (BrokenProcessPool, OSError) as exc:
+            log.warning("proof workers unavailable, proving in this process: %s", exc)
+            return None
+
     def _static(self, reqs: list[GenRequest], params: SamplingParams) -> list[GenResult]:
         """Continuous batching on fixed shapes (``node.engine.graphs``), proofs built
         beside decoding."""
         pipeline = None
         if params.prove:
-            pipeline = ProofPipeline(
-                params.proof_topk, proof_workers() if self.proof_processes else None
+            pipeline = ProofPipeline(params.proof_topk, self._proof_executor())
+        # streams, events and graphs are those of the model's device, current or not
+        on_device = torch.cuda.device(self.device) if self.device.type == "cuda" else nullcontext()
+        with on_device:
+            flight = StaticFlight(
+                self._static_decoder(reqs, params),
+                reqs,
+                params,
+                slots=self.max_batch,
+                eos_token_ids=self.eos_token_ids,
+                pipeline=pipeline,
             )
-        flight = StaticFlight(
-            self._static_decoder(reqs, params),
-            reqs,
-            params,
-            slots=self.max_batch,
-            eos_token_ids=self.eos_token_ids,
-            pipeline=pipeline,
-        )
-        try:
-            flight.run()
-        except BaseException:
-            self.decoder = None  # its rows may be half-written: start clean next time
-            raise
-        started = time.perf_counter()
-        proofs = flight.proofs()  # what is left of them once decoding is done
-        self.proof_seconds += time.perf_counter() - started
+            try:
+                flight.run()
+            except BaseException:
+                self.decoder = None  # its rows may be half-written: start clean next time
+                raise
+            started = time.perf_counter()
+            proofs = flight.proofs()  # what is left of them once decoding is done
+            self.proof_seconds += time.perf_counter() - started
         return [
             GenResult(
                 list(r.prompt),
