@@ -28,6 +28,17 @@ def chosen_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: flo
     return torch.log_softmax(scaled, dim=-1).gather(1, tokens[:, None])[:, 0]
 
 
+def decode_states(
+    model: Any, slots: int, params: SamplingParams, device: torch.device
+) -> torch.Tensor | None:
+    """Each row's decode states ``[slots, max_new_tokens, hidden]`` (bf16, what TOPLOC
+    rounds to), or None when nothing is proven."""
+    if not params.prove:
+        return None
+    shape = (slots, params.max_new_tokens, model.config.hidden_size)
+    return torch.empty(shape, dtype=torch.bfloat16, device=device)
+
+
 class Flight:
     """The sequences of one ``generate`` call and the rows they occupy."""
 
@@ -44,15 +55,7 @@ class Flight:
         slots = min(slots, len(reqs))
         longest = max(len(r.prompt) for r in reqs)
         dec = SlotDecoder(model, slots, longest + params.max_new_tokens)
-        states = (
-            torch.empty(
-                (slots, params.max_new_tokens, model.config.hidden_size),
-                dtype=torch.bfloat16,
-                device=dec.device,
-            )
-            if params.prove
-            else None
-        )
+        states = decode_states(model, slots, params, dec.device)
         self._start(dec, states, reqs, params, slots, eos_token_ids, vocab_size)
         self.logits = self._no_logits()  # [active, V]: each row's next-token logits
 

@@ -48,7 +48,7 @@ import torch
 from crypto.sampling import gumbel_noise_from_keys, position_keys, sample_tokens
 from crypto.toploc import proofs_from_entries, select_top, warm_up
 from node.engine.base import GenRequest, SamplingParams
-from node.engine.continuous import Flight, chosen_logprobs
+from node.engine.continuous import Flight, chosen_logprobs, decode_states
 from node.engine.fastpath import SlotDecoder
 
 log = logging.getLogger(__name__)
@@ -137,15 +137,7 @@ class StaticDecoder:
         self.staged = self.staging.numpy()
         self.drawn = torch.zeros(2 * slots, dtype=torch.float64, pin_memory=cuda)
         self.logits = torch.zeros((slots, vocab_size), dtype=self.dec.dtype, device=dev)
-        self.states = (
-            torch.zeros(
-                (slots, params.max_new_tokens, model.config.hidden_size),
-                dtype=torch.bfloat16,
-                device=dev,
-            )
-            if params.prove
-            else None
-        )
+        self.states = decode_states(model, slots, params, dev)  # read only where written
         self.vocab_size = vocab_size
         self.graphs = Graphs(graphs and cuda)
 

@@ -228,17 +228,7 @@ class TorchEngine:
             started = time.perf_counter()
             proofs = flight.proofs()  # what is left of them once decoding is done
             self.proof_seconds += time.perf_counter() - started
-        return [
-            GenResult(
-                list(r.prompt),
-                flight.tokens[i],
-                flight.logprobs[i],
-                flight.finish[i],
-                r.seed,
-                proofs[i],
-            )
-            for i, r in enumerate(reqs)
-        ]
+        return _results(reqs, flight, proofs)
 
     @torch.inference_mode()
     def _continuous(self, reqs: list[GenRequest], params: SamplingParams) -> list[GenResult]:
@@ -255,17 +245,7 @@ class TorchEngine:
         )
         flight.run()
         proofs = self._prove(flight.activations(), params) if params.prove else [[] for _ in reqs]
-        return [
-            GenResult(
-                list(r.prompt),
-                flight.tokens[i],
-                flight.logprobs[i],
-                flight.finish[i],
-                r.seed,
-                proofs[i],
-            )
-            for i, r in enumerate(reqs)
-        ]
+        return _results(reqs, flight, proofs)
 
     @torch.inference_mode()
     def _generate_batch(self, reqs: list[GenRequest], params: SamplingParams) -> list[GenResult]:
@@ -353,6 +333,21 @@ class TorchEngine:
             )
             for i, r in enumerate(reqs)
         ]
+
+
+def _results(reqs: list[GenRequest], flight: Flight, proofs: list[list[bytes]]) -> list[GenResult]:
+    """One result per request of a finished flight, in request order."""
+    return [
+        GenResult(
+            list(r.prompt),
+            flight.tokens[i],
+            flight.logprobs[i],
+            flight.finish[i],
+            r.seed,
+            proofs[i],
+        )
+        for i, r in enumerate(reqs)
+    ]
 
 
 @torch.inference_mode()
