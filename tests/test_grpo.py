@@ -394,3 +394,79 @@ def test_heldout_evaluate_greedy_per_level(tiny_model_dir):
 def test_train_sample_is_plain_data():
     s = TrainSample([1], [2, 3], [-0.1, -0.2], 0.5)
     assert s.tokens == [2, 3] and s.advantage == 0.5
+
+
+def test_pass_at_k_estimator_on_hand_computed_cases():
+    from node.training.heldout import pass_at_k
+
+    assert pass_at_k(4, 0, 2) == 0.0
+    assert pass_at_k(4, 4, 1) == 1.0
+    assert pass_at_k(4, 1, 1) == pytest.approx(0.25)
+    assert pass_at_k(4, 1, 2) == pytest.approx(0.5)  # 3 of the 6 pairs hold the right one
+    assert pass_at_k(4, 2, 2) == pytest.approx(5 / 6)  # only the pair of wrong ones misses
+    assert pass_at_k(5, 2, 5) == 1.0
+
+
+def test_heldout_sample_stats_counts_right_draws_per_task():
+    """A scripted engine: level-1 tasks are answered right on seeds 0 and 1 of 8, the
+    first level-2 task on every seed and the rest never, level 3 never."""
+    from types import SimpleNamespace
+
+    from node.training.heldout import HeldOut
+
+    h = HeldOut("arithmetic", per_level=4, seed=0)
+    by_prompt = {t.prompt: t for t in h.tasks}
+    first_l2 = next(t for t in h.tasks if t.difficulty == 2)
+
+    class Tok:
+        def __call__(self, text):
+            return {"input_ids": [ord(c) for c in text]}
+
+        def decode(self, tokens, skip_special_tokens=True):
+            return "".join(map(chr, tokens))
+
+    class Engine:
+        def __init__(self):
+            self.requests = []
+
+        def generate(self, requests, params):
+            assert params.temperature == 1.0 and not params.prove
+            self.requests += requests
+            out = []
+            for r in requests:
+                t = by_prompt["".join(map(chr, r.prompt))]
+                right = (t.difficulty == 1 and r.seed < 2) or t is first_l2
+                answer = t.answer if right else str(int(t.answer) + 1)
+                out.append(SimpleNamespace(tokens=[ord(c) for c in f" \\boxed{{{answer}}}"]))
+            return out
+
+    engine = Engine()
+    stats = h.sample_stats(engine, Tok(), samples=8, k=2)
+    assert len(engine.requests) == 8 * len(h.tasks)
+    assert sorted({r.seed for r in engine.requests}) == list(range(8))
+    assert set(stats) == {"1", "2", "3"}
+    one, two, three = stats["1"], stats["2"], stats["3"]
+    assert one["sampled"] == pytest.approx(2 / 8)
+    assert one["pass_at_k"] == pytest.approx(1 - 15 / 28)  # 1 - C(6,2)/C(8,2) per task
+    assert one["pass_at_k_if_even"] == pytest.approx(1 - 0.75**2)
+    assert two["sampled"] == pytest.approx(1 / 4)  # one task of four, every time
+    assert two["pass_at_k"] == pytest.approx(1 / 4)  # concentrated: below the even figure
+    assert two["pass_at_k"] < two["pass_at_k_if_even"] < one["pass_at_k"]
+    assert three["sampled"] == three["pass_at_k"] == three["best_task"] == 0.0
+    assert one["best_task"] == pytest.approx(2 / 8) and two["best_task"] == 1.0
+    with pytest.raises(ValueError, match="k <= samples"):
+        h.sample_stats(engine, Tok(), samples=4, k=5)
+
+
+def test_heldout_sample_stats_on_the_base_policy(tiny_model_dir):
+    from node.engine import open_engine
+    from node.training.heldout import HeldOut
+
+    torch.set_num_threads(2)
+    h = HeldOut("arithmetic", per_level=4, seed=0)
+    engine, tok = open_engine(str(tiny_model_dir), backend="torch", max_batch=64)
+    stats = h.sample_stats(engine, tok, samples=8, k=4, max_new_tokens=40)
+    assert stats == h.sample_stats(engine, tok, samples=8, k=4, max_new_tokens=40)  # seeded
+    for s in stats.values():
+        assert 0.0 <= s["sampled"] <= s["pass_at_k"] <= 1.0
+    assert stats["1"]["sampled"] > 0.3  # the base policy samples most one-digit sums right

@@ -83,6 +83,57 @@ class HeldOut:
         ]
         return accuracy_by_level(self.tasks, rewards)
 
+    def sample_stats(
+        self,
+        engine: Any,
+        tokenizer: Any,
+        *,
+        samples: int = 64,
+        k: int = 16,
+        temperature: float = 1.0,
+        max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+    ) -> dict[str, dict[str, float]]:
+        """What sampling could find, per level (levels as strings): ``samples`` draws per
+        task at ``temperature`` (seeds 0..samples-1). ``sampled``: the mean reward;
+        ``pass_at_k``: the chance that k of the draws hold a right one (the unbiased
+        estimator ``1 - C(n - c, k) / C(n, k)`` per task, averaged); ``pass_at_k_if_even``:
+        ``1 - (1 - sampled) ** k``, what pass@k would be if every task of the level were
+        answered right at the level's mean rate. A ``pass_at_k`` at or above the even
+        figure means the right answers are spread over the tasks (lucky guesses) rather
+        than concentrated on tasks the policy nearly knows, which RL could sharpen;
+        ``best_task``: the highest share of right draws of any one task of the level."""
+        from node.engine.base import GenRequest, SamplingParams
+        from node.rollouts import prompt_ids
+
+        if not 1 <= k <= samples:
+            raise ValueError("need 1 <= k <= samples")
+        params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, prove=False)
+        requests = [
+            GenRequest(prompt_ids(tokenizer, t.prompt), seed)
+            for t in self.tasks
+            for seed in range(samples)
+        ]
+        results = engine.generate(requests, params)
+        by: dict[int, list[tuple[int, int]]] = {}
+        for i, t in enumerate(self.tasks):
+            texts = (
+                tokenizer.decode(r.tokens, skip_special_tokens=True)
+                for r in results[i * samples : (i + 1) * samples]
+            )
+            right = sum(1 for text in texts if t.reward(text) > 0)
+            by.setdefault(t.difficulty, []).append((right, samples))
+        out: dict[str, dict[str, float]] = {}
+        for level, rows in sorted(by.items()):
+            sampled = sum(c for c, _ in rows) / sum(n for _, n in rows)
+            out[str(level)] = {
+                "sampled": sampled,
+                "pass_at_k": sum(pass_at_k(n, c, k) for c, n in rows) / len(rows),
+                "pass_at_k_if_even": 1 - (1 - sampled) ** k,
+                "best_task": max(c / n for c, n in rows),
+                "k": float(k),
+            }
+        return out
+
     def evaluate_dir(
         self, model_dir: str | Path, *, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
     ) -> dict[str, float]:
@@ -91,6 +142,13 @@ class HeldOut:
 
         engine, tokenizer = open_engine(str(model_dir), backend="torch", max_batch=64)
         return self.evaluate(engine, tokenizer, max_new_tokens=max_new_tokens)
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """The chance that ``k`` of ``n`` draws, ``c`` of them right, include a right one."""
+    from math import comb
+
+    return 1.0 - comb(n - c, k) / comb(n, k)
 
 
 def accuracy_by_level(tasks: Sequence[Task], rewards: Sequence[float]) -> dict[str, float]:
