@@ -88,7 +88,9 @@ def test_ctrl_c_during_init_leaves_no_half_built_model(tmp_path):
     import signal
     import time
 
-    env = {**os.environ, "INTELLECT_NODE_CACHE": str(tmp_path / "cache")}
+    scratch = tmp_path / "tmp"  # the build's staging directory appears here
+    scratch.mkdir()
+    env = {**os.environ, "INTELLECT_NODE_CACHE": str(tmp_path / "cache"), "TMPDIR": str(scratch)}
     out = tmp_path / "m"
     proc = subprocess.Popen(
         [*CLI, "model", "init", str(out), "--steps", "3000"],
@@ -98,11 +100,23 @@ def test_ctrl_c_during_init_leaves_no_half_built_model(tmp_path):
         text=True,
     )
     try:
-        time.sleep(6)  # inside the SFT loop by now
+        # the tokenizer is written to the staging directory just before the SFT loop
+        deadline = time.monotonic() + 120
+        while not any(scratch.glob("intellect-model-*/tokenizer.json")):
+            assert proc.poll() is None, proc.communicate()[1]
+            assert time.monotonic() < deadline, "model init never started its SFT loop"
+            time.sleep(0.1)
+        time.sleep(1)  # a few SFT steps in
         proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=60)
+        try:
+            _, err = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            _, err = proc.communicate()
+            pytest.fail(f"model init ran on after Ctrl-C; its stderr:\n{err}")
     finally:
         proc.kill()
+        proc.wait()
     assert proc.returncode == 130, err
     assert "Traceback" not in err
     assert not out.exists()  # nothing half-written where the model would be
