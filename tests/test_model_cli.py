@@ -98,6 +98,9 @@ def test_ctrl_c_during_init_leaves_no_half_built_model(tmp_path):
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        # as a terminal would start it: a suite run as a background job of a shell
+        # without job control has SIGINT ignored, and children inherit that
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         # the tokenizer is written to the staging directory just before the SFT loop
