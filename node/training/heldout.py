@@ -71,17 +71,8 @@ class HeldOut:
         self, engine: Any, tokenizer: Any, *, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
     ) -> dict[str, float]:
         """Greedy accuracy: ``{"1": ..., "2": ..., "all": ...}`` (levels as strings)."""
-        from node.engine.base import GenRequest, SamplingParams
-        from node.rollouts import prompt_ids
-
-        params = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0, prove=False)
-        requests = [GenRequest(prompt_ids(tokenizer, t.prompt), 0) for t in self.tasks]
-        results = engine.generate(requests, params)
-        rewards = [
-            t.reward(tokenizer.decode(r.tokens, skip_special_tokens=True))
-            for t, r in zip(self.tasks, results, strict=True)
-        ]
-        return accuracy_by_level(self.tasks, rewards)
+        rewards = self._rewards(engine, tokenizer, 1, 0.0, max_new_tokens)
+        return accuracy_by_level(self.tasks, [r[0] for r in rewards])
 
     def sample_stats(
         self,
@@ -102,37 +93,45 @@ class HeldOut:
         figure means the right answers are spread over the tasks (lucky guesses) rather
         than concentrated on tasks the policy nearly knows, which RL could sharpen;
         ``best_task``: the highest share of right draws of any one task of the level."""
+        if not 1 <= k <= samples:
+            raise ValueError("need 1 <= k <= samples")
+        rewards = self._rewards(engine, tokenizer, samples, temperature, max_new_tokens)
+        by: dict[int, list[int]] = {}  # level -> right draws of each task
+        for t, draws in zip(self.tasks, rewards, strict=True):
+            by.setdefault(t.difficulty, []).append(sum(1 for r in draws if r > 0))
+        out: dict[str, dict[str, float]] = {}
+        for level, rights in sorted(by.items()):
+            sampled = sum(rights) / (len(rights) * samples)
+            out[str(level)] = {
+                "sampled": sampled,
+                "pass_at_k": sum(pass_at_k(samples, c, k) for c in rights) / len(rights),
+                "pass_at_k_if_even": 1 - (1 - sampled) ** k,
+                "best_task": max(rights) / samples,
+                "k": float(k),
+            }
+        return out
+
+    def _rewards(
+        self, engine: Any, tokenizer: Any, draws: int, temperature: float, max_new_tokens: int
+    ) -> list[list[float]]:
+        """Each task's reward on ``draws`` completions (seeds 0..draws-1), without proofs."""
         from node.engine.base import GenRequest, SamplingParams
         from node.rollouts import prompt_ids
 
-        if not 1 <= k <= samples:
-            raise ValueError("need 1 <= k <= samples")
         params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, prove=False)
         requests = [
             GenRequest(prompt_ids(tokenizer, t.prompt), seed)
             for t in self.tasks
-            for seed in range(samples)
+            for seed in range(draws)
         ]
         results = engine.generate(requests, params)
-        by: dict[int, list[tuple[int, int]]] = {}
-        for i, t in enumerate(self.tasks):
-            texts = (
-                tokenizer.decode(r.tokens, skip_special_tokens=True)
-                for r in results[i * samples : (i + 1) * samples]
-            )
-            right = sum(1 for text in texts if t.reward(text) > 0)
-            by.setdefault(t.difficulty, []).append((right, samples))
-        out: dict[str, dict[str, float]] = {}
-        for level, rows in sorted(by.items()):
-            sampled = sum(c for c, _ in rows) / sum(n for _, n in rows)
-            out[str(level)] = {
-                "sampled": sampled,
-                "pass_at_k": sum(pass_at_k(n, c, k) for c, n in rows) / len(rows),
-                "pass_at_k_if_even": 1 - (1 - sampled) ** k,
-                "best_task": max(c / n for c, n in rows),
-                "k": float(k),
-            }
-        return out
+        return [
+            [
+                t.reward(tokenizer.decode(r.tokens, skip_special_tokens=True))
+                for r in results[i * draws : (i + 1) * draws]
+            ]
+            for i, t in enumerate(self.tasks)
+        ]
 
     def evaluate_dir(
         self, model_dir: str | Path, *, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
