@@ -79,9 +79,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 from node.engine.base import GenRequest, SamplingParams  # noqa: E402
-from node.engine.models import load_model  # noqa: E402
+from node.engine.models import (
+    load_model,  # noqa: E402
+    prompt_ids,  # noqa: E402
+)
 from node.engine.torch_engine import TorchEngine  # noqa: E402
-from node.rollouts import prompt_ids  # noqa: E402
 from node.tasks import assign, load_taskset  # noqa: E402
 
 BATCHES = (1, 8, 32)
@@ -383,8 +385,7 @@ def main() -> None:
 
     model_dir = args.model
     if model_dir is None:
-        from node.engine.tinymodel import Recipe, build_tiny_model
-        from node.model_cli import default_cache_dir
+        from node.engine.tinymodel import Recipe, build_tiny_model, default_cache_dir
 
         cache = default_cache_dir()
         model_dir, _ = build_tiny_model(cache / "bench-base", Recipe(), cache_dir=cache)

@@ -66,7 +66,7 @@ def run_devnet_config(
     k: int, seed: int, steps: int, tasks: int, group: int, tokens: int, per_level: int, lr: float
 ) -> tuple[list[dict[str, Any]], dict[str, float], float]:
     """One devnet run: its metrics lines, the roles' idle shares, its wall-clock."""
-    from node.devnet import run_devnet
+    from node.cli.devnet import run_devnet
 
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix=f"bench-learning-k{k}-") as tmp:
@@ -188,7 +188,7 @@ def main() -> None:
     args = ap.parse_args()
     args.base_samples = max(args.base_samples, args.group)  # pass@group needs that many
 
-    from node.devnet import prepare_model
+    from node.cli.devnet import prepare_model
 
     with tempfile.TemporaryDirectory() as tmp:
         model = prepare_model(Path(tmp) / "model")  # built once per machine, then cached
@@ -271,7 +271,7 @@ def main() -> None:
         print(f"  {c:<8} " + " ".join(f"{v:.2f}" for v in mean_curve[c]))
 
     args.out.mkdir(parents=True, exist_ok=True)
-    from node.devnet import plot_curves
+    from node.cli.devnet import plot_curves
 
     png = plot_curves(
         {

@@ -30,7 +30,7 @@ from crypto.identity import Identity  # noqa: E402
 from ledger.chain import Chain, connect, start_anvil  # noqa: E402
 from ledger.client import LedgerClient, Params, deploy  # noqa: E402
 from ledger.devchain import DevChain, serve  # noqa: E402
-from node.devnet import free_port  # noqa: E402
+from node.cli.devnet import free_port  # noqa: E402
 
 ETH = 10**18
 PARAMS = Params(

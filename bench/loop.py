@@ -34,7 +34,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from node.devnet import wait_ready  # noqa: E402
+from node.cli.devnet import wait_ready  # noqa: E402
 from tests.test_loop import Loop, submissions, verdict_events  # noqa: E402
 
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -79,7 +79,7 @@ def main() -> None:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
 
-    from node.devnet import prepare_model
+    from node.cli.devnet import prepare_model
 
     with tempfile.TemporaryDirectory(prefix="bench-loop-") as tmp:
         base = Path(tmp)

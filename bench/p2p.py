@@ -32,8 +32,8 @@ from libp2p.peer.peerinfo import info_from_p2p_addr  # noqa: E402
 from libp2p.tools.anyio_service import background_trio_service  # noqa: E402
 
 from crypto.identity import Identity  # noqa: E402
-from node.devnet import p2p_addr, spawn_node, wait_ready  # noqa: E402
-from node.host import build_dht, build_host  # noqa: E402
+from node.cli.devnet import p2p_addr, spawn_node, wait_ready  # noqa: E402
+from node.net.host import build_dht, build_host  # noqa: E402
 from protocol import ids  # noqa: E402
 from protocol.framing import FrameReader, write_frame  # noqa: E402
 

@@ -6,7 +6,7 @@ For each N: a bootstrap and N-1 inference nodes that do no work (``network_only`
 knowing only the bootstrap, on 127.0.0.1 with the default settings, started 5 at a time.
 Measured:
 - ``converge_s``: from the moment the last node answered until the network is converged
-  (SPEC §8.1, ``node.convergence.problems`` over every node's ``/status``);
+  (SPEC §8.1, ``node.net.convergence.problems`` over every node's ``/status``);
 - then a steady window of ``--window`` seconds (statuses are read only at its two ends):
   ``cpu_pct_per_node`` (user + system CPU time of all node processes over the window, % of
   one core, divided by N), ``bytes_per_s_per_node`` (bytes written to TCP sockets, counted
@@ -128,7 +128,7 @@ timing work; a replacement (presence in the greeting, or the newest heartbeat pe
 publisher only) is the next step.
 
 That replacement (commit cc5698d, kept): on the presence topic a newly subscribed peer gets
-the newest cached heartbeat of each publisher, at most 8 (node/host.py ``Router``); the
+the newest cached heartbeat of each publisher, at most 8 (node/net/host.py ``Router``); the
 SHARDCAST tests pass with it. One run, ``--nodes 10,30 --window 40``, machine idle:
 
    10         1.1        2.88          19715      549    9.0     9     0   1199        0
@@ -144,7 +144,7 @@ Issue #15 measured 7.8 % CPU per node at N = 10 and 197 % (saturated) at N = 20.
 py-libp2p costs by itself: at N = 5, idle, 5.6 kB/s per node crossed the sockets against
 0.55 kB/s of this project's envelopes (gossipsub control traffic, yamux, Noise framing and
 a multistream negotiation per request stream make the rest); its AutoConnector (switched
-off, node/host.py) dialed the whole peerstore towards 200 connections; a Kademlia
+off, node/net/host.py) dialed the whole peerstore towards 200 connections; a Kademlia
 ``find_providers`` first runs a full ``find_closest_peers`` (10 queries in flight), so
 every lookup round opens links to up to 10 peers beyond the watermark; its pubsub retry
 task re-dials a peer just disconnected; it raises ``RuntimeError: Nursery is closed to new
@@ -171,8 +171,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import psutil  # noqa: E402
 
-from node.convergence import problems  # noqa: E402
-from node.devnet import NodeProcess, p2p_addr, spawn_node, wait_ready  # noqa: E402
+from node.cli.devnet import NodeProcess, p2p_addr, spawn_node, wait_ready  # noqa: E402
+from node.net.convergence import problems  # noqa: E402
 
 BATCH = 5
 ENV = {"INTELLECT_NODE_NETWORK_ONLY": "true"}

@@ -20,7 +20,7 @@ MB/s = 10^6 bytes per second.
 Measured on this 2-core machine, idle before the run. Earlier (8e92dd7, 64 KiB yamux
 frames, 4 MiB shards): pull 116.6 against 139.0 MB/s (0.838x), swarm 18.94 s (2.82x),
 egress 1.031. Since then, three changes, each measured here: larger yamux frames
-(``node/host.py``: py-libp2p's cost is per frame; the pull went 122-137 -> 146-158 MB/s at
+(``node/net/host.py``: py-libp2p's cost is per frame; the pull went 122-137 -> 146-158 MB/s at
 256 KiB, 171-179 at 1 MiB, 175-183 at 2 MiB; 1 MiB kept, the largest body rust-yamux
 takes), 8 MiB shards (one pull 142-143 MB/s at 4 MiB, 155 at 8, 160-162 at 16; the swarm
 12.0-13.2 s at 4, 12.2 at 8, 13.4 at 16), and a finish with nothing left to do
@@ -49,9 +49,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from node.cli import _admin_get, admin_post  # noqa: E402
+from node.cli.adminclient import admin_get as _admin_get  # noqa: E402
+from node.cli.adminclient import admin_post
+from node.cli.devnet import NodeProcess, p2p_addr, spawn_node, wait_ready  # noqa: E402
 from node.config import NodeConfig  # noqa: E402
-from node.devnet import NodeProcess, p2p_addr, spawn_node, wait_ready  # noqa: E402
 
 MiB = 1024 * 1024
 TIMEOUT = 600
@@ -242,7 +243,7 @@ import sys, time, trio, multiaddr
 from functools import partial
 sys.path.insert(0, {root!r})
 from crypto.identity import Identity
-from node.host import build_host, plain_host
+from node.net.host import build_host, plain_host
 mode, total = sys.argv[1], int(sys.argv[2])
 CHUNK = 1 << 20
 async def main():
@@ -312,7 +313,7 @@ def two_process(mode: str, total: int) -> float:
             from libp2p.peer.peerinfo import info_from_p2p_addr
 
             from crypto.identity import Identity
-            from node.host import build_host, plain_host
+            from node.net.host import build_host, plain_host
 
             host = (build_host if mode == "tuned" else plain_host)(Identity.generate())
             async with host.run([multiaddr.Multiaddr("/ip4/127.0.0.1/tcp/0")]):
@@ -371,7 +372,9 @@ def main() -> None:
         print(f"(a) {args.mib} MiB, one origin -> one downloader, separate processes on 127.0.0.1:")
         print(f"  raw TCP socket           {tcp:8.1f} MB/s")
         print(f"  bare py-libp2p stream    {libp2p:8.1f} MB/s")
-        print(f"  the same, nodes' TCP     {tuned:8.1f} MB/s   (with our read-ahead, node/host.py)")
+        print(
+            f"  the same, nodes' TCP     {tuned:8.1f} MB/s   (with our read-ahead, node/net/host.py)"
+        )
         print(f"  SHARDCAST pull           {one:8.1f} MB/s   ({one / libp2p:.3f} x bare libp2p)")
         sw = swarm(base / "swarm", base / "ckpt", total, args.peers, args.cap)
         ideal = total / (args.cap * 1e6) if args.cap else 0.0

@@ -197,7 +197,7 @@ def bounds_text(field: FieldInfo) -> str:
 
 def start_flags() -> dict[str, str]:
     """Setting name -> its ``intellect-node start`` flag, read from the CLI's parser."""
-    from node.cli import build_parser
+    from node.cli.main import build_parser
 
     parser = build_parser()
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))

@@ -16,7 +16,7 @@ from crypto.identity import Identity
 from ledger.chain import connect, start_anvil
 from ledger.client import LedgerClient, Params, deploy
 from ledger.devchain import DevChain, serve
-from node.devnet import free_port
+from node.cli.devnet import free_port
 
 ETH = 10**18
 PARAMS = Params(

@@ -9,8 +9,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from node.admin import read_admin_file
-from node.devnet import NodeProcess, p2p_addr, spawn_node, wait_ready
+from node.cli.devnet import NodeProcess, p2p_addr, spawn_node, wait_ready
+from node.net.admin import read_admin_file
 
 FAST = {
     "--heartbeat-interval": "0.5",
@@ -138,7 +138,7 @@ def counter(text: str, name: str, **labels: str) -> int:
 
 
 def post(node: NodeProcess, path: str, body: dict[str, Any], timeout: float = 30) -> Any:
-    from node.cli import admin_post
+    from node.cli.adminclient import admin_post
 
     return admin_post(node.data_dir, path, body, timeout=timeout)
 

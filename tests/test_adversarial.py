@@ -19,7 +19,7 @@ from libp2p.security.insecure.transport import PLAINTEXT_PROTOCOL_ID, InsecureTr
 from libp2p.tools.anyio_service import background_trio_service
 
 from crypto.identity import Identity
-from node.host import build_host, build_pubsub, key_pair_of
+from node.net.host import build_host, build_pubsub, key_pair_of
 from protocol import ids
 from protocol.framing import HEADER, read_frame
 from protocol.messages import Announcement, NodeInfo, Refusal, SyncReply, SyncRequest
@@ -258,7 +258,7 @@ def test_admin_endpoint_requires_the_token_for_actions(target):
     import urllib.error
     import urllib.request
 
-    from node.admin import read_admin_file
+    from node.net.admin import read_admin_file
 
     node, _ = target
     port = read_admin_file(node.data_dir)["port"]

@@ -10,11 +10,11 @@ from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo
 
 from crypto.identity import Identity
-from node.batchstore import BatchStore
 from node.config import load_config
-from node.host import parse_addrs
+from node.net.host import parse_addrs
+from node.net.runtime import Node, RemoteRefusal
 from node.roles.exchange import fetch_batch, serve_batches
-from node.runtime import Node, RemoteRefusal
+from node.rollouts.store import BatchStore
 from protocol import ids
 from protocol.batches import BatchReply, BatchRequest
 from protocol.errors import Reason, WireError
@@ -52,7 +52,7 @@ async def two_nodes(tmp_path):
 
 
 def rejected(node, reason):
-    return node.metrics.get("rejected", reason=reason.value, protocol=ids.BATCH)
+    return node.net.metrics.get("rejected", reason=reason.value, protocol=ids.BATCH)
 
 
 async def test_an_honest_batch_is_fetched_and_an_unknown_key_refused(tmp_path):

@@ -6,8 +6,8 @@ import pytest
 
 from crypto.identity import Identity
 from crypto.sampling import derive_seed
-from node.batchstore import BatchStore, BatchStoreError
 from node.roles.judging import JudgingQueue
+from node.rollouts.store import BatchStore, BatchStoreError
 from protocol.batches import (
     MAX_BATCH_ENVELOPE,
     BatchNotice,

@@ -142,7 +142,7 @@ def test_start_status_and_sigint(tmp_path):
     import signal
     import time
 
-    from node.devnet import spawn_node, wait_ready
+    from node.cli.devnet import spawn_node, wait_ready
     from tests.netutil import metrics
 
     node = spawn_node(

@@ -185,7 +185,7 @@ def test_config_bounds():
 def _fixed_samples(policy, temperature=1.0):
     """Two groups answered right and wrong, with the policy's own log-probs as the
     sampling log-probs (ratio 1 at the start)."""
-    from node.rollouts import prompt_ids
+    from node.engine.models import prompt_ids
 
     tok = policy.tokenizer
     eos = tok.eos_token_id
@@ -244,8 +244,8 @@ def test_an_engine_sharing_the_policy_samples_from_the_stepped_weights(policy):
     optimizer updates those weights in place, and the engine's fused copies must follow
     (else each step would be trained on samples of the base policy)."""
     from node.engine.base import GenRequest, SamplingParams
+    from node.engine.models import prompt_ids
     from node.engine.torch_engine import TorchEngine
-    from node.rollouts import prompt_ids
 
     engine = TorchEngine(policy.model, eos_token_ids=policy.eos_token_ids, max_batch=8)
     ids = prompt_ids(policy.tokenizer, "21+35=?\nAnswer:")
@@ -330,7 +330,7 @@ def test_resume_gives_the_identical_next_step(policy, tmp_path):
 
 
 def test_heldout_is_fixed_distinct_and_never_trained_on():
-    from node.rollouts import ScoredGroup
+    from node.rollouts.generate import ScoredGroup
     from node.tasks import assign, load_taskset
     from node.training.central import fake_worker, trainable_groups
     from node.training.heldout import HeldOut

@@ -1,4 +1,4 @@
-"""What every node puts on its py-libp2p host (node/host.py): the TCP stream wrapper
+"""What every node puts on its py-libp2p host (node/net/host.py): the TCP stream wrapper
 (read-ahead and wire-byte counting, on an in-memory stream whose receive calls are
 counted), the cache of the host's advertised addresses, gossip peer records verified
 once, and yamux window updates in batches."""
@@ -13,7 +13,7 @@ import trio.testing
 from libp2p.io.trio import TrioTCPStream
 from libp2p.peer.peerstore import PeerStoreError
 
-from node.host import (
+from node.net.host import (
     READ_AHEAD,
     RECORD_RECHECK,
     WIRE,
@@ -97,7 +97,7 @@ class FakeHost:
 
 def test_advertised_addresses_are_kept_for_the_ttl_once_there_are_some(monkeypatch):
     now = [100.0]
-    monkeypatch.setattr("node.host.time.monotonic", lambda: now[0])
+    monkeypatch.setattr("node.net.host.time.monotonic", lambda: now[0])
     host = FakeHost()
     cache_addrs(host, ttl=5.0)  # type: ignore[arg-type]
     assert host.get_addrs() == [] and host.get_addrs() == []
@@ -191,11 +191,11 @@ async def test_a_new_peer_gets_the_newest_heartbeat_of_each_publisher_not_the_wh
     cap; other topics are replayed whole."""
     from libp2p.pubsub.pb import rpc_pb2
 
-    import node.host as host_module
+    import node.net.host as host_module
     from crypto.identity import Identity
     from node.config import load_config
-    from node.host import Router
-    from node.runtime import REPLAY_PRESENCE, Node
+    from node.net.host import Router
+    from node.net.runtime import REPLAY_PRESENCE, Node
     from protocol import ids
 
     router = Router([ids.GOSSIPSUB], degree=6, degree_low=4, degree_high=12)
@@ -243,7 +243,7 @@ STOCK_PEER = r"""
 import hashlib, sys, trio, multiaddr
 sys.path.insert(0, sys.argv[1])
 from crypto.identity import Identity
-from node.host import plain_host
+from node.net.host import plain_host
 BACK = int(sys.argv[2])
 async def main():
     host = plain_host(Identity.generate())  # py-libp2p as shipped: 64 KiB yamux frames
@@ -286,7 +286,7 @@ def test_a_node_sends_larger_yamux_frames_and_a_stock_py_libp2p_peer_reads_them(
     from libp2p.stream_muxer.yamux import yamux
 
     from crypto.identity import Identity
-    from node.host import YAMUX_FRAME, build_host
+    from node.net.host import YAMUX_FRAME, build_host
 
     frames: list[int] = []  # payload bytes of each DATA frame this process sends
     write_frame = yamux.Yamux._write_frame

@@ -16,7 +16,7 @@ from eth_account import Account
 from ledger.accounts import load_account
 from ledger.chain import connect
 from ledger.client import LedgerClient
-from node.devnet import free_port
+from node.cli.devnet import free_port
 
 CLI = [sys.executable, "-m", "node.cli"]
 ENV = {**os.environ, "INTELLECT_NODE_PASSWORD": "correct horse"}

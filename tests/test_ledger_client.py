@@ -16,7 +16,7 @@ from ledger.chain import connect, start_anvil
 from ledger.client import LedgerOutOfGas, LedgerPending, LedgerRevert
 from ledger.devchain import DevChain, serve
 from ledger.history import EventIndex
-from node.devnet import free_port
+from node.cli.devnet import free_port
 from tests.ledger_fixtures import ETH, PARAMS, Ledger, key, ledger_fixture, paid  # noqa: F401
 
 

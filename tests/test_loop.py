@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from node.devnet import (
+from node.cli.devnet import (
     DEVNET_PASSWORD,
     fund,
     make_account,
@@ -56,7 +56,7 @@ class Loop:
         self.boot_addr = p2p_addr(wait_ready(self.boot))
 
     def spawn(self, name, role, *, listen="/ip4/127.0.0.1/tcp/0", env=None):
-        from node.devnet import free_port
+        from node.cli.devnet import free_port
 
         node = spawn_node(
             name,

@@ -5,7 +5,7 @@ than 6 connections, and all twelve stopped at once with SIGTERM exit 0."""
 import signal
 import time
 
-from node.convergence import problems
+from node.net.convergence import problems
 from tests.netutil import Cluster, addr_of, dump_logs, status, wait_until
 
 NODES = 12

@@ -6,10 +6,10 @@ import random
 import pytest
 import trio
 
-from node.connections import ConnectionPlan
-from node.convergence import problems
-from node.discovery import NEEDS, LookupSchedule, ProvideSchedule
-from node.peers import PeerTable
+from node.net.connections import ConnectionPlan
+from node.net.convergence import problems
+from node.net.peers import PeerTable
+from node.net.schedules import NEEDS, LookupSchedule, ProvideSchedule
 
 
 async def _drive(schedule: LookupSchedule, roles_at, until: float) -> list[float]:
@@ -193,7 +193,7 @@ async def test_gap_repair_gives_gossip_time_when_the_heartbeat_came_on_gossip(
     then; a heartbeat from a presence exchange (a new contact) is acted on at once."""
     from crypto.identity import Identity
     from node.config import NodeConfig
-    from node.runtime import SYNC_GRACE, Node
+    from node.net.runtime import SYNC_GRACE, Node
     from protocol.messages import SyncReply
 
     publisher = Node(NodeConfig(data_dir=tmp_path / "p"), Identity.generate())
@@ -239,7 +239,7 @@ async def test_providers_nearby_asks_the_closest_connected_peers_once_each(autoj
     from libp2p.peer.id import ID
     from libp2p.peer.peerinfo import PeerInfo
 
-    from node.host import providers_nearby
+    from node.net.host import providers_nearby
 
     key = "/intellect/run/role/trainer"
     raw = _encode_key(key)

@@ -13,7 +13,7 @@ from crypto.sampling import derive_seed
 from crypto.verdict import RolloutClaim, check_rollout
 from node.engine.base import SamplingParams
 from node.engine.torch_engine import TorchEngine, recompute
-from node.rollouts import generate_groups, to_batch
+from node.rollouts.generate import generate_groups, to_batch
 from node.tasks import assign, load_taskset
 from protocol.errors import Reason, WireError
 from protocol.rollouts import (

@@ -12,10 +12,10 @@ import trio
 
 from crypto.hashing import digest
 from crypto.identity import Identity
+from node.cli.weights import format_progress
 from node.shardcast.schedule import DownloadPlan
 from node.shardcast.store import StoreError, WeightStore, publish, version_dir_name
 from node.shardcast.transfer import BadShard, ByteBucket, Wakeup, run_download
-from node.weights_cli import format_progress
 from protocol.errors import Reason, WireError
 from protocol.shardcast import (
     MANIFEST_MAX,

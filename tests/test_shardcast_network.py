@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from node.cli import _admin_get
+from node.cli.adminclient import admin_get as _admin_get
 from tests.netutil import Cluster, addr_of, counter, dump_logs, metrics, post, status, wait_until
 
 CLI = [sys.executable, "-m", "node.cli"]

@@ -1,10 +1,10 @@
 import pytest
 import trio
 
-from node.announcements import Inbox, Outbox
-from node.metrics import Metrics
-from node.pacing import TokenBucket
-from node.peers import PeerTable
+from node.net.delivery import Inbox, Outbox
+from node.net.metrics import Metrics
+from node.net.pacing import TokenBucket
+from node.net.peers import PeerTable
 
 
 def test_peer_table_ttl_and_leave():

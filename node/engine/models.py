@@ -82,3 +82,15 @@ def load_model(path: str | Path, *, dtype: str = "auto", device: str = "auto") -
         raise ModelError(f"{p}: cannot load: {exc}") from exc
     model = model.to(dev).eval()
     return LoadedModel(model, tokenizer, p, dev, dt)
+
+
+def prompt_ids(tokenizer: Any, text: str) -> list[int]:
+    """Token ids of a task prompt: the chat template when the tokenizer has one."""
+    if getattr(tokenizer, "chat_template", None):
+        ids = tokenizer.apply_chat_template(
+            [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True
+        )
+        if isinstance(ids, dict) or hasattr(ids, "keys"):
+            ids = ids["input_ids"]
+        return [int(i) for i in ids]
+    return [int(i) for i in tokenizer(text)["input_ids"]]

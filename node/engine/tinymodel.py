@@ -14,6 +14,7 @@ under ``cache_dir`` by recipe digest so each is built once per machine.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import string
 import tempfile
@@ -48,6 +49,15 @@ class Recipe:
 
     def digest(self) -> str:
         return digest(json.dumps(asdict(self), sort_keys=True).encode()).hex()[:16]
+
+
+def default_cache_dir() -> Path:
+    """Where built models are cached: ``$INTELLECT_NODE_CACHE/models``, else the XDG cache."""
+    env = os.environ.get("INTELLECT_NODE_CACHE")
+    if env:
+        return Path(env).expanduser() / "models"
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "intellect-node" / "models"
 
 
 def build_tokenizer(out_dir: Path) -> None:
@@ -199,9 +209,8 @@ def _copy(src: Path, dst: Path) -> None:
 def evaluate(model_dir: str | Path, task: str, *, count: int = 64, seed: int = 12345) -> float:
     """Greedy accuracy of the model on ``count`` tasks drawn from ``task``."""
     from node.engine.base import GenRequest, SamplingParams
-    from node.engine.models import load_model
+    from node.engine.models import load_model, prompt_ids
     from node.engine.torch_engine import TorchEngine
-    from node.rollouts import prompt_ids
 
     loaded = load_model(model_dir)
     engine = TorchEngine(loaded.model, eos_token_ids=loaded.eos_token_ids)

@@ -15,8 +15,8 @@ from typing import Any
 
 import trio
 
-from node.batchstore import BatchStore, BatchStoreError
-from node.runtime import Node, Responder
+from node.net.runtime import Node, Responder
+from node.rollouts.store import BatchStore, BatchStoreError
 from protocol import ids
 from protocol.batches import (
     BATCH_FRAME,
@@ -71,7 +71,7 @@ def serve_batches(node: Node, store: BatchStore, *, slots: int = 4) -> None:
             )
             for start in range(0, len(envelope), BATCH_FRAME):
                 await responder.write(envelope[start : start + BATCH_FRAME])
-            node.metrics.inc("batches_served")
+            node.net.metrics.inc("batches_served")
         finally:
             uploads.release()
 

@@ -7,7 +7,7 @@ index) (SPEC §13), generates ``group_size`` samples per task with the engine
 ``RolloutBatch`` (``protocol/rollouts.py``). A batch the async window has moved past
 while it was generated is dropped (a validator would reject it). Otherwise it then, in
 this order: stores the envelope
-durably (``node/batchstore.py``: nothing announced can be lost), announces a
+durably (``node/rollouts/store.py``: nothing announced can be lost), announces a
 ``BatchNotice`` on the ``batches`` topic, and submits the work key with its units (the
 generated tokens) on-chain. Validators fetch the batch from here
 (``node/roles/exchange.py``) and judge it (``node/roles/validator.py``).
@@ -40,14 +40,14 @@ from typing import Any
 import trio
 
 from ledger.client import LedgerError
-from node.batchstore import BatchStore
 from node.config import NodeConfig
 from node.files import write_atomic
+from node.net.runtime import Node
 from node.roles.chain import WEI, ChainSetupError, open_ledger
 from node.roles.clock import StepClock, follow_steps
 from node.roles.exchange import serve_batches
 from node.roles.offload import Offload, OffloadError
-from node.runtime import Node
+from node.rollouts.store import BatchStore
 from protocol.batches import BATCH_TOPIC, BatchNotice
 from protocol.rollouts import RolloutBatch
 from protocol.wire import open_message, seal
@@ -354,7 +354,7 @@ class BatchMaker:
     def __call__(
         self, model_dir: str, worker: str, step: int, version: int, header: dict[str, Any]
     ) -> bytes:
-        from node.rollouts import generate_groups, to_batch
+        from node.rollouts.generate import generate_groups, to_batch
 
         if model_dir != self.model_dir:
             self._load(model_dir)

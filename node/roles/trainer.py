@@ -43,13 +43,13 @@ from typing import Any
 
 import trio
 
-from node.batchstore import BatchStore, BatchStoreError
 from node.config import NodeConfig
 from node.files import write_atomic
+from node.net.runtime import Node
 from node.roles.chain import ChainSetupError, Submission, Verdict, WorkWatcher, open_ledger
 from node.roles.exchange import fetch_batch, follow_notices
 from node.roles.offload import Offload, OffloadError
-from node.runtime import Node
+from node.rollouts.store import BatchStore, BatchStoreError
 from protocol.batches import STEP_TOPIC, BatchNotice, StepNotice
 from protocol.errors import WireError
 from protocol.rollouts import RolloutBatch

@@ -35,13 +35,13 @@ from typing import Any
 import trio
 
 from node.config import NodeConfig
+from node.net.runtime import Node, RemoteRefusal
 from node.roles.chain import ChainSetupError, Submission, SubmissionWatcher, open_ledger
 from node.roles.clock import StepClock, follow_steps
 from node.roles.exchange import fetch_batch, follow_notices
 from node.roles.inference import idle_share
 from node.roles.judging import JudgingQueue, Key
 from node.roles.offload import Offload, OffloadError
-from node.runtime import Node, RemoteRefusal
 from protocol.batches import BatchNotice
 from protocol.errors import Reason, WireError
 from protocol.rollouts import RolloutBatch, unpack_tokens
@@ -356,7 +356,7 @@ class BatchChecker:
         return j.passed, j.reason, j.detail, j.rollouts, j.seconds
 
     def _check_tasks(self, batch: RolloutBatch) -> str | None:
-        from node.rollouts import prompt_ids
+        from node.engine.models import prompt_ids
         from node.tasks import assign
 
         if batch.taskset != self.taskset.name:

@@ -37,8 +37,8 @@ import trio
 from libp2p.stream_muxer.yamux.yamux import HEADER_SIZE as YAMUX_HEADER
 
 from node.config import NodeConfig
-from node.host import YAMUX_FRAME
-from node.runtime import Node, RemoteRefusal, Responder
+from node.net.host import YAMUX_FRAME
+from node.net.runtime import Node, RemoteRefusal, Responder
 from node.shardcast.schedule import DownloadPlan, PeerState
 from node.shardcast.store import Partial, ShardSource, StoreError, WeightStore, publish
 from node.shardcast.transfer import (
@@ -77,7 +77,7 @@ MAX_QUERY_PEERS = 16  # holders asked per refresh
 POLL_PEERS = 4  # peers asked for their newest version per discovery interval
 MIN_FRAME = 64 * 1024
 # an upload frame's bytes plus our 4-byte frame length and yamux's 12-byte header fill one
-# yamux frame of the node's host (node/host.py: YAMUX_FRAME)
+# yamux frame of the node's host (node/net/host.py: YAMUX_FRAME)
 UPLOAD_FRAME = min(DATA_FRAME, YAMUX_FRAME - FRAME_HEADER.size - YAMUX_HEADER)
 
 

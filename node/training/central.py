@@ -2,7 +2,7 @@
 
 Each step draws ``tasks_per_step`` tasks with ``node.tasks.assign`` for a fixed fake
 worker address (derived from the seed) and the step, samples ``group_size`` completions
-per task with the torch engine exactly as a worker does (``node.rollouts.generate_groups``:
+per task with the torch engine exactly as a worker does (``node.rollouts.generate.generate_groups``:
 the same seeded sampler, temperature and token budget), scores them, drops groups whose
 prompt is held out and groups with zero advantage, and takes one GRPO step
 (``node.training.policy``) on the rest; the engine shares the policy's weights, so the
@@ -87,7 +87,7 @@ from typing import TYPE_CHECKING, Any
 from node.training.grpo import GRPOConfig
 
 if TYPE_CHECKING:
-    from node.rollouts import ScoredGroup
+    from node.rollouts.generate import ScoredGroup
     from node.training.heldout import HeldOut
 
 DEFAULT_STEPS = 30
@@ -135,7 +135,7 @@ def run(
 
     from node.engine.base import SamplingParams
     from node.engine.torch_engine import TorchEngine
-    from node.rollouts import generate_groups
+    from node.rollouts.generate import generate_groups
     from node.tasks import load_taskset
     from node.training.grpo import samples_from_groups
     from node.training.heldout import HeldOut
@@ -229,8 +229,7 @@ def base_model_dir() -> Path:
     """The ``model init`` base policy (built once per machine, then cached)."""
     import tempfile
 
-    from node.engine.tinymodel import Recipe, build_tiny_model
-    from node.model_cli import default_cache_dir
+    from node.engine.tinymodel import Recipe, build_tiny_model, default_cache_dir
 
     cached = default_cache_dir() / Recipe().digest()
     out = cached if cached.is_dir() else Path(tempfile.mkdtemp(prefix="central-")) / "base"

@@ -31,7 +31,7 @@ PROBLEMS = (
 
 
 def fixed_samples(policy: Any, temperature: float = 1.0) -> list[TrainSample]:
-    from node.rollouts import prompt_ids
+    from node.engine.models import prompt_ids
 
     tok = policy.tokenizer
     groups = []

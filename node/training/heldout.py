@@ -116,7 +116,7 @@ class HeldOut:
     ) -> list[list[float]]:
         """Each task's reward on ``draws`` completions (seeds 0..draws-1), without proofs."""
         from node.engine.base import GenRequest, SamplingParams
-        from node.rollouts import prompt_ids
+        from node.engine.models import prompt_ids
 
         params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, prove=False)
         requests = [

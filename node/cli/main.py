@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from node.cli.adminclient import admin_get, admin_post, data_dir
 from node.config import ConfigError, NodeConfig, config_toml, load_config
 
 ROLE_NOTES = {
@@ -176,15 +177,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="EVM keystore password file (else INTELLECT_NODE_PASSWORD, else a prompt)",
     )
 
-    from node.ledger_cli import add_ledger_parsers
+    from node.cli.ledger import add_ledger_parsers
 
     add_ledger_parsers(sub)
 
-    from node.model_cli import add_model_parsers
+    from node.cli.model import add_model_parsers
 
     add_model_parsers(sub)
 
-    from node.weights_cli import add_weights_parsers
+    from node.cli.weights import add_weights_parsers
 
     add_weights_parsers(sub)
 
@@ -241,12 +242,6 @@ def _config_from_args(args: argparse.Namespace) -> NodeConfig:
     return load_config(file=args.config, flags=flags)
 
 
-def _data_dir(args: argparse.Namespace) -> Path:
-    if args.data_dir is not None:
-        return Path(args.data_dir).expanduser()
-    return NodeConfig(name=args.name).resolved_data_dir
-
-
 def cmd_start(args: argparse.Namespace) -> int:
     cfg = _config_from_args(args)
     if args.print_config:
@@ -266,11 +261,11 @@ def cmd_start(args: argparse.Namespace) -> int:
 
     import trio
 
-    from node.admin import AdminServer
     from node.engine.modeldir import ModelError
+    from node.net.admin import AdminServer
+    from node.net.runtime import Node
     from node.roles import role_service
     from node.roles.chain import ChainSetupError
-    from node.runtime import Node
     from node.shardcast.service import WeightService
 
     setup_logging(
@@ -318,32 +313,6 @@ def cmd_start(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
-def _admin_get(data_dir: Path, path: str) -> Any:
-    import urllib.request
-
-    from node.admin import read_admin_file
-
-    info = read_admin_file(data_dir)
-    with urllib.request.urlopen(f"http://127.0.0.1:{info['port']}{path}", timeout=10) as resp:
-        return json.loads(resp.read())
-
-
-def admin_post(data_dir: Path, path: str, body: dict[str, Any], timeout: float = 30) -> Any:
-    import urllib.request
-
-    from node.admin import read_admin_file
-
-    info = read_admin_file(data_dir)
-    req = urllib.request.Request(
-        f"http://127.0.0.1:{info['port']}{path}",
-        data=json.dumps(body).encode(),
-        headers={"Authorization": f"Bearer {info['token']}", "Content-Type": "application/json"},
-        method="POST",
-    )
-    with urllib.request.urlopen(req, timeout=timeout) as resp:
-        return json.loads(resp.read())
-
-
 def format_status(st: dict[str, Any]) -> str:
     lines = [
         f"peer id   {st['peer_id']}",
@@ -365,13 +334,13 @@ def format_status(st: dict[str, Any]) -> str:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    st = _admin_get(_data_dir(args), "/status")
+    st = admin_get(data_dir(args), "/status")
     print(json.dumps(st, indent=2) if args.json else format_status(st))
     return 0
 
 
 def cmd_ping(args: argparse.Namespace) -> int:
-    result = admin_post(_data_dir(args), "/ping", {"peer_id": args.peer_id})
+    result = admin_post(data_dir(args), "/ping", {"peer_id": args.peer_id})
     print(json.dumps(result))
     return 0 if result.get("ok") else 1
 
@@ -386,27 +355,27 @@ def cmd_keys(args: argparse.Namespace) -> int:
     )
     from node.keystore import create_identity, key_path, load_identity
 
-    data_dir = _data_dir(args)
+    directory = data_dir(args)
     if args.action == "new":
         password = read_password(args.password_file, confirm=True)  # before anything is written
-        ident = create_identity(data_dir, force=args.force)
-        address = create_account(data_dir, password, force=args.force).address
+        ident = create_identity(directory, force=args.force)
+        address = create_account(directory, password, force=args.force).address
     else:
-        ident = load_identity(data_dir)
+        ident = load_identity(directory)
         try:
-            address = account_address(data_dir)
+            address = account_address(directory)
         except AccountError:
             address = "(none: intellect-node keys new creates one)"
     print(f"peer id    {ident.peer_id}")
     print(f"public key {ident.public_bytes.hex()}")
-    print(f"key file   {key_path(data_dir)}")
+    print(f"key file   {key_path(directory)}")
     print(f"account    {address}")
-    print(f"keystore   {account_path(data_dir)}")
+    print(f"keystore   {account_path(directory)}")
     return 0
 
 
 def cmd_devnet(args: argparse.Namespace) -> int:
-    from node.devnet import run_devnet
+    from node.cli.devnet import run_devnet
 
     return run_devnet(
         args.base_dir,
@@ -422,24 +391,24 @@ def cmd_devnet(args: argparse.Namespace) -> int:
 
 
 def cmd_model(args: argparse.Namespace) -> int:
-    from node.model_cli import cmd_model as run
+    from node.cli.model import cmd_model as run
 
     return run(args)
 
 
 def cmd_weights(args: argparse.Namespace) -> int:
-    from node.weights_cli import cmd_weights as run
+    from node.cli.weights import cmd_weights as run
 
     return run(args)
 
 
 def cmd_ledger(args: argparse.Namespace) -> int:
-    from node import ledger_cli
+    from node.cli import ledger
 
     commands = {
-        "chain": ledger_cli.cmd_chain,
-        "rewards": ledger_cli.cmd_rewards,
-        "stake": ledger_cli.cmd_stake,
+        "chain": ledger.cmd_chain,
+        "rewards": ledger.cmd_rewards,
+        "stake": ledger.cmd_stake,
     }
     return commands[args.command](args)
 

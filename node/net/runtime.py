@@ -5,10 +5,10 @@
   under a guard (nothing a peer sends can raise into py-libp2p, which would take the
   host down) and with a deadline on every read;
 - discovery: dial the bootstrap peers, provide our role key in the DHT (again only when
-  the DHT needs it: ``node/discovery.py``), look up the role keys this role works with on
+  the DHT needs it: ``node/net/schedules.py``), look up the role keys this role works with on
   a schedule that backs off once they are found and returns when one disappears, and greet
   (presence exchange) what it finds, so a node that knows only B finds A through B;
-- connections: kept between ``conn_low`` and ``conn_high`` (``node/connections.py``),
+- connections: kept between ``conn_low`` and ``conn_high`` (``node/net/connections.py``),
   with a few peers of each role protected as the peers in use; gossip relies on its mesh
   over these links, never on a full mesh;
 - presence: a signed heartbeat on gossip every ``heartbeat_period()`` (longer as the
@@ -48,11 +48,10 @@ from libp2p.peer.peerinfo import PeerInfo, info_from_p2p_addr
 from libp2p.tools.anyio_service import background_trio_service
 
 from crypto.identity import Identity
-from node.announcements import Inbox, Outbox
 from node.config import NodeConfig
-from node.connections import ConnectionPlan
-from node.discovery import NEEDS, LookupSchedule, ProvideSchedule
-from node.host import (
+from node.net.connections import ConnectionPlan
+from node.net.delivery import Inbox, Outbox
+from node.net.host import (
     WIRE,
     advertised_addrs,
     build_dht,
@@ -62,9 +61,10 @@ from node.host import (
     parse_addrs,
     providers_nearby,
 )
-from node.metrics import Metrics
-from node.pacing import TokenBucket
-from node.peers import PeerTable
+from node.net.metrics import Metrics
+from node.net.pacing import TokenBucket
+from node.net.peers import PeerTable
+from node.net.schedules import NEEDS, LookupSchedule, ProvideSchedule
 from protocol import ids
 from protocol.admission import Admission
 from protocol.errors import Reason, WireError

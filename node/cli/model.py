@@ -20,14 +20,6 @@ TASK_HELP = (
 )
 
 
-def default_cache_dir() -> Path:
-    env = os.environ.get("INTELLECT_NODE_CACHE")
-    if env:
-        return Path(env).expanduser() / "models"
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "intellect-node" / "models"
-
-
 def add_model_parsers(sub: Any) -> None:
     model = sub.add_parser(
         "model", help="build the tiny base model, or generate proven rollouts with a model"
@@ -135,8 +127,7 @@ def cmd_model(args: argparse.Namespace) -> int:
 def cmd_calibrate(args: argparse.Namespace) -> int:
     from crypto.verdict import DEFAULT_PROFILE, profile
     from node.engine.calibration import calibrate, model_layers, random_prompts
-    from node.engine.models import load_model
-    from node.rollouts import prompt_ids
+    from node.engine.models import load_model, prompt_ids
     from node.tasks import assign, load_taskset
 
     config = profile(
@@ -205,7 +196,7 @@ def _bar(done: int, total: int, loss: float, started: float) -> None:
 
 
 def cmd_init(args: argparse.Namespace) -> int:
-    from node.engine.tinymodel import Recipe, build_tiny_model, evaluate
+    from node.engine.tinymodel import Recipe, build_tiny_model, default_cache_dir, evaluate
 
     task = args.task
     recipe = Recipe(
@@ -241,7 +232,7 @@ def cmd_init(args: argparse.Namespace) -> int:
 def cmd_rollouts(args: argparse.Namespace) -> int:
     from node.engine import open_engine
     from node.engine.base import SamplingParams
-    from node.rollouts import generate_groups, to_batch
+    from node.rollouts.generate import generate_groups, to_batch
     from node.tasks import load_taskset
 
     worker = args.worker.lower()

@@ -16,6 +16,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from node.cli.adminclient import admin_get, admin_post, data_dir
+
 MiB = 1024 * 1024
 
 
@@ -45,58 +47,9 @@ def cmd_weights(args: argparse.Namespace) -> int:
     return commands[args.weights_command](args)
 
 
-def _data_dir(args: argparse.Namespace) -> Path:
-    from node.cli import _data_dir as resolve
-
-    return resolve(args)
-
-
-def _admin(data_dir: Path) -> dict[str, Any]:
-    """The running node's admin port and token (read here: importing node.admin would
-    import py-libp2p, a second of start-up for every command)."""
-    import json
-
-    path = data_dir / "admin.json"
-    try:
-        info: dict[str, Any] = json.loads(path.read_text())
-    except FileNotFoundError as exc:
-        raise RuntimeError(f"no running node found: {path} does not exist") from exc
-    return info
-
-
-def _call(data_dir: Path, path: str, body: dict[str, Any] | None, timeout: float) -> Any:
-    import json
-    import urllib.request
-
-    info = _admin(data_dir)
-    req = urllib.request.Request(
-        f"http://127.0.0.1:{info['port']}{path}",
-        data=None if body is None else json.dumps(body).encode(),
-        headers={"Authorization": f"Bearer {info['token']}", "Content-Type": "application/json"},
-        method="GET" if body is None else "POST",
-    )
-    with urllib.request.urlopen(req, timeout=timeout) as resp:
-        return json.loads(resp.read())
-
-
-def _post(data_dir: Path, path: str, body: dict[str, Any], timeout: float) -> Any:
-    """POST to the node's admin endpoint; a refusal becomes a RuntimeError with its reason."""
-    import json
-    import urllib.error
-
-    try:
-        return _call(data_dir, path, body, timeout)
-    except urllib.error.HTTPError as exc:
-        try:
-            reason = json.loads(exc.read()).get("error", str(exc))
-        except ValueError:
-            reason = str(exc)
-        raise RuntimeError(reason) from None
-
-
 def _publish(args: argparse.Namespace) -> int:
     body = {"dir": str(Path(args.dir).resolve()), "version": args.version, "step": args.step}
-    r = _post(_data_dir(args), "/weights/publish", body, timeout=3600)
+    r = admin_post(data_dir(args), "/weights/publish", body, timeout=3600)
     print(
         f"published version {r['version']} (step {r['step']}): {r['bytes']} bytes, "
         f"{r['files']} files, {r['shards']} shards, digest {r['digest'][:16]}…"
@@ -105,8 +58,8 @@ def _publish(args: argparse.Namespace) -> int:
     return 0
 
 
-def _get(data_dir: Path) -> dict[str, Any]:
-    st: dict[str, Any] = _call(data_dir, "/weights", None, timeout=30)
+def _get(directory: Path) -> dict[str, Any]:
+    st: dict[str, Any] = admin_get(directory, "/weights", timeout=30)
     return st
 
 
@@ -133,12 +86,14 @@ def format_progress(job: dict[str, Any], *, tty: bool, width: int = 30) -> str:
 
 
 def _pull(args: argparse.Namespace) -> int:
-    data_dir = _data_dir(args)
-    version = _post(data_dir, "/weights/pull", {"version": args.version}, timeout=120)["version"]
+    directory = data_dir(args)
+    version = admin_post(directory, "/weights/pull", {"version": args.version}, timeout=120)[
+        "version"
+    ]
     tty = sys.stdout.isatty()
     started, last_line = time.monotonic(), 0.0
     while True:
-        st = _get(data_dir)
+        st = _get(directory)
         job = st["downloads"].get(str(version))
         held = next((v for v in st["versions"] if v["version"] == version), None)
         if job is None and held and held["complete"]:
@@ -167,13 +122,13 @@ def _pull(args: argparse.Namespace) -> int:
 def _ls(args: argparse.Namespace) -> int:
     import json
 
-    data_dir = _data_dir(args)
+    directory = data_dir(args)
     try:
-        st = _get(data_dir)
+        st = _get(directory)
         versions = st["versions"]
         header = f"current {st['current']}  newest known {st['newest_known']}  keep {st['keep']}"
     except (RuntimeError, OSError):  # no node running: read the store as it is on disk
-        versions = _offline_versions(data_dir / "weights")
+        versions = _offline_versions(directory / "weights")
         header = "(node not running: listing the data dir)"
     if args.json:
         print(json.dumps(versions, indent=2))

@@ -19,11 +19,12 @@ import os
 import secrets
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
-from node.runtime import Node
+if TYPE_CHECKING:
+    from node.net.runtime import Node
 
 log = logging.getLogger("intellect.admin")
 ADMIN_FILE = "admin.json"
@@ -184,6 +185,7 @@ async def _call(route: Route, args: dict[str, Any]) -> Any:
 
 
 def read_admin_file(data_dir: Path) -> dict[str, Any]:
+    """The running node's admin port and token; a clear error if no node runs there."""
     path = data_dir / ADMIN_FILE
     try:
         info: dict[str, Any] = json.loads(path.read_text())

@@ -13,6 +13,7 @@ from typing import Any
 
 from crypto.sampling import derive_seed
 from node.engine.base import Engine, GenRequest, GenResult, SamplingParams
+from node.engine.models import prompt_ids
 from node.tasks import Task, TaskSet, assign
 from protocol.rollouts import (
     MAX_PROMPT_TOKENS,
@@ -22,18 +23,6 @@ from protocol.rollouts import (
     pack_floats,
     pack_tokens,
 )
-
-
-def prompt_ids(tokenizer: Any, text: str) -> list[int]:
-    """Token ids of a task prompt: the chat template when the tokenizer has one."""
-    if getattr(tokenizer, "chat_template", None):
-        ids = tokenizer.apply_chat_template(
-            [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True
-        )
-        if isinstance(ids, dict) or hasattr(ids, "keys"):
-            ids = ids["input_ids"]
-        return [int(i) for i in ids]
-    return [int(i) for i in tokenizer(text)["input_ids"]]
 
 
 @dataclass

@@ -19,7 +19,7 @@
   peerstore every 10 s: in a small network, a full mesh. Its pruner skips every connection
   with an open stream (gossipsub keeps one to each peer), so it never trims one. We turn the
   auto-connector off and keep the pruner out of the way; the runtime keeps its connections
-  between its own watermarks (``node/connections.py``).
+  between its own watermarks (``node/net/connections.py``).
 - Provider lookups among the connected peers (``providers_nearby``): py-libp2p's
   ``find_providers`` walks the network until it has 20 providers, so a lookup for a role
   with fewer providers (or none) asks every peer it hears of and dials each; a node that is

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from node.admin import ADMIN_FILE
+from node.net.admin import ADMIN_FILE
 
 
 def free_port() -> int:
@@ -189,8 +189,7 @@ def start_chain(
 
 def prepare_model(out: Path) -> Path:
     """The tiny base policy for the run (``model init``): built once per machine, cached."""
-    from node.engine.tinymodel import Recipe, build_tiny_model
-    from node.model_cli import default_cache_dir
+    from node.engine.tinymodel import Recipe, build_tiny_model, default_cache_dir
 
     started = time.monotonic()
     print("devnet: preparing the base model (built once per machine, then cached)", flush=True)
