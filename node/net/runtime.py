@@ -529,6 +529,43 @@ class Node:
             }
         return {"ok": True, "role": reply.role, "rtt_ms": _ms_since(started)}
 
+    # ---- what services ask of the network -----------------------------------------------
+
+    def known_peers(self) -> list[str]:
+        """Peer ids of this run we know of (heard from within the TTL)."""
+        return list(self.peers.peers)
+
+    async def provide(self, key: str) -> bool:
+        """Announce in the DHT that we provide ``key``; False if no peer stored it."""
+        return bool(await self.dht.provide(key))
+
+    async def find_providers(self, key: str) -> set[str]:
+        """Peers (not us) that provide ``key`` in the DHT, each dialed at its provider
+        record's addresses if we hold no connection to it; those we cannot dial are left
+        out."""
+        out: set[str] = set()
+        connected = self.connected_peers()
+        for info in await self.dht.find_providers(key):
+            peer = info.peer_id.to_base58()
+            if peer == self.peer_id:
+                continue
+            if info.addrs and peer not in connected:
+                try:
+                    await self.connect(info)
+                except Exception:
+                    continue
+            out.add(peer)
+        return out
+
+    async def disconnect(self, peer: str) -> None:
+        """Close our connection to ``peer`` (within ``connect_timeout``; failures logged)."""
+        assert self.host is not None
+        with trio.move_on_after(self.cfg.connect_timeout):
+            try:
+                await self.host.disconnect(ID.from_base58(peer))
+            except Exception as exc:
+                log.debug("closing the connection to %s failed: %s", peer[-8:], exc)
+
     # ---- presence ---------------------------------------------------------------------
 
     def _on_node_info(self, msg: NodeInfo, via: str = "direct") -> None:
@@ -736,21 +773,13 @@ class Node:
         assert self._nursery is not None
         for peer in closing:
             self.metrics.inc("connections_trimmed")
-            self._nursery.start_soon(self._disconnect, peer)
+            self._nursery.start_soon(self.disconnect, peer)
         for info in dials:
             peer = info.peer_id.to_base58()
             if peer not in self._dialing:
                 self._dialing.add(peer)
                 self.metrics.inc("connections_dialed")
                 self._nursery.start_soon(self._dial_and_greet, info)
-
-    async def _disconnect(self, peer: str) -> None:
-        assert self.host is not None
-        with trio.move_on_after(self.cfg.connect_timeout):
-            try:
-                await self.host.disconnect(ID.from_base58(peer))
-            except Exception as exc:
-                log.debug("closing the connection to %s failed: %s", peer[-8:], exc)
 
     async def _greet_all(self, infos: list[PeerInfo]) -> None:
         fresh = [i for i in infos if i.peer_id.to_base58() != self.peer_id]

@@ -204,7 +204,7 @@ class ValidatorRole:
             log.info("fetching %s from %s failed: %s", key[1].hex()[:16], peer[-8:], what)
             self.queue.fetch_failed(key, trio.current_time())
             if isinstance(exc, WireError) and exc.reason is Reason.TIMEOUT:
-                await self._drop_connection(peer)  # a stuck connection: dial afresh next time
+                await self.node.disconnect(peer)  # a stuck connection: dial afresh next time
             return
         self.queue.fetched(key)
         judgement = await trio.to_thread.run_sync(self.judge, batch, self.submissions[key])
@@ -246,16 +246,6 @@ class ValidatorRole:
                 await trio.sleep(0.5)
             return str(path)
         return None
-
-    async def _drop_connection(self, peer: str) -> None:
-        from libp2p.peer.id import ID
-
-        assert self.node.host is not None
-        with trio.move_on_after(5):
-            try:
-                await self.node.host.disconnect(ID.from_base58(peer))
-            except Exception as exc:
-                log.debug("dropping the connection to %s failed: %s", peer[-8:], exc)
 
     async def _post(self, key: Key, j: Judgement) -> None:
         worker, work_key = key

@@ -464,7 +464,7 @@ class WeightService:
                 f"({self.newest_known} - {self.cfg.async_level})"
             )
         if version not in self.manifests:
-            for peer in list(self.node.peers.peers):
+            for peer in self.node.known_peers():
                 try:
                     holding = await self._query(peer, version, with_manifest=True)
                 except Exception:
@@ -483,7 +483,7 @@ class WeightService:
 
     async def _poll_all(self) -> None:
         async with trio.open_nursery() as nursery:
-            for peer in list(self.node.peers.peers):
+            for peer in self.node.known_peers():
                 nursery.start_soon(self._poll_one, peer)
 
     async def _poll_one(self, peer: str) -> None:
@@ -647,7 +647,7 @@ class WeightService:
             nursery.start_soon(lookups)
             while True:
                 candidates = (
-                    (self.hints.get(version, set()) | providers | set(self.node.peers.peers))
+                    (self.hints.get(version, set()) | providers | set(self.node.known_peers()))
                     - self.banned
                     - {self.node.peer_id}
                 )
@@ -678,32 +678,17 @@ class WeightService:
         plan.remove_peer(peer)
 
     async def _find_providers(self, version: int) -> set[str]:
-        out: set[str] = set()
         with trio.move_on_after(self.cfg.read_timeout):
             try:
-                infos = await self.node.dht.find_providers(
-                    ids.weights_key(self.cfg.run_id, version)
-                )
+                return await self.node.find_providers(ids.weights_key(self.cfg.run_id, version))
             except Exception as exc:
                 log.debug("find_providers failed: %s", exc)
-                return out
-            for info in infos:
-                peer = info.peer_id.to_base58()
-                if peer == self.node.peer_id:
-                    continue
-                assert self.node.host is not None
-                if info.addrs and info.peer_id not in self.node.host.get_connected_peers():
-                    try:
-                        await self.node.connect(info)
-                    except Exception:
-                        continue
-                out.add(peer)
-        return out
+        return set()
 
     async def _provide(self, version: int) -> None:
         with trio.move_on_after(self.cfg.read_timeout):
             try:
-                await self.node.dht.provide(ids.weights_key(self.cfg.run_id, version))
+                await self.node.provide(ids.weights_key(self.cfg.run_id, version))
             except Exception as exc:
                 log.debug("dht provide of version %d failed: %s", version, exc)
 
