@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from node.cli.devnet import NodeProcess, p2p_addr, spawn_node, wait_ready
-from node.net.admin import read_admin_file
+from node.net.adminfile import read_admin_file
 
 FAST = {
     "--heartbeat-interval": "0.5",

@@ -258,7 +258,7 @@ def test_admin_endpoint_requires_the_token_for_actions(target):
     import urllib.error
     import urllib.request
 
-    from node.net.admin import read_admin_file
+    from node.net.adminfile import read_admin_file
 
     node, _ = target
     port = read_admin_file(node.data_dir)["port"]

@@ -195,7 +195,8 @@ async def test_a_new_peer_gets_the_newest_heartbeat_of_each_publisher_not_the_wh
     from crypto.identity import Identity
     from node.config import load_config
     from node.net.host import Router
-    from node.net.runtime import REPLAY_PRESENCE, Node
+    from node.net.network import REPLAY_PRESENCE
+    from node.net.runtime import Node
     from protocol import ids
 
     router = Router([ids.GOSSIPSUB], degree=6, degree_low=4, degree_high=12)
@@ -234,7 +235,9 @@ async def test_a_new_peer_gets_the_newest_heartbeat_of_each_publisher_not_the_wh
     )
     async with trio.open_nursery() as nursery:
         node = await nursery.start(Node(cfg, Identity.generate()).serve)
-        assert node.pubsub.router.replay_newest == {ids.presence_topic("r"): REPLAY_PRESENCE}
+        assert node.network.pubsub.router.replay_newest == {
+            ids.presence_topic("r"): REPLAY_PRESENCE
+        }
         node.request_stop()
         nursery.cancel_scope.cancel()
 

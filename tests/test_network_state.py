@@ -193,39 +193,40 @@ async def test_gap_repair_gives_gossip_time_when_the_heartbeat_came_on_gossip(
     then; a heartbeat from a presence exchange (a new contact) is acted on at once."""
     from crypto.identity import Identity
     from node.config import NodeConfig
-    from node.net.runtime import SYNC_GRACE, Node
+    from node.net.announcements import SYNC_GRACE
+    from node.net.runtime import Node
     from protocol.messages import SyncReply
 
     publisher = Node(NodeConfig(data_dir=tmp_path / "p"), Identity.generate())
     for i in range(5):
-        publisher.outbox.add(i, b"signed announcement %d" % i)
+        publisher.announcements.outbox.add(i, b"signed announcement %d" % i)
     receiver = Node(NodeConfig(data_dir=tmp_path / "r"), Identity.generate())
     asked: list[tuple[float, list[int]]] = []
 
     async def request(peer, protocol, req, reply_type):
         assert peer == publisher.peer_id
         asked.append((trio.current_time(), list(req.indices)))
-        return SyncReply(**publisher._header(), items=[])
+        return SyncReply(**publisher.header(), items=[])
 
-    receiver.request = request
-    session = publisher.outbox.session
+    receiver.requests.request = request
+    session = publisher.announcements.session
     async with trio.open_nursery() as nursery:
-        receiver._nursery = nursery
+        receiver.announcements._nursery = nursery
         start = trio.current_time()
-        receiver._on_node_info(publisher.node_info(), via="gossip")
+        receiver.presence.heard(publisher.node_info(), via="gossip")
         await trio.sleep(SYNC_GRACE / 2)
         assert asked == []  # not yet: gossip may still bring them
         for i in (0, 1, 3):  # gossip delivers three of the five meanwhile
-            assert receiver.inbox.add(publisher.peer_id, session, i)
+            assert receiver.announcements.inbox.add(publisher.peer_id, session, i)
         for i in (5, 6):  # and the publisher announces two more, counted by a new heartbeat
-            publisher.outbox.add(i, b"signed announcement %d" % i)
-        receiver._on_node_info(publisher.node_info(), via="gossip")
+            publisher.announcements.outbox.add(i, b"signed announcement %d" % i)
+        receiver.presence.heard(publisher.node_info(), via="gossip")
         await trio.sleep(SYNC_GRACE)
         assert asked == [(start + SYNC_GRACE, [2, 4, 5, 6])]
 
         asked.clear()
         start = trio.current_time()
-        receiver._on_node_info(publisher.node_info(), via="direct")
+        receiver.presence.heard(publisher.node_info(), via="direct")
         await trio.sleep(SYNC_GRACE * 2)
         assert asked == [(start, [2, 4, 5, 6])]
 

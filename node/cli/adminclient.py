@@ -1,8 +1,8 @@
 """Talking to a running node's local admin endpoint (``node/net/admin.py``) from a command.
 
 The endpoint's port and bearer token are in ``<data_dir>/admin.json``
-(``node.net.admin.read_admin_file``, imported only when a command calls the node, so
-``--help`` and ``--print-config`` stay instant).
+(``node/net/adminfile.py``, which imports neither trio nor py-libp2p, so ``--help`` and
+offline commands stay instant).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from node.config import NodeConfig
+from node.net.adminfile import read_admin_file
 
 
 def data_dir(args: argparse.Namespace) -> Path:
@@ -26,8 +27,6 @@ def data_dir(args: argparse.Namespace) -> Path:
 
 def admin_call(data_dir: Path, path: str, body: dict[str, Any] | None, timeout: float) -> Any:
     """GET ``path`` (``body`` None) or POST ``body`` to it, with the token; the JSON reply."""
-    from node.net.admin import read_admin_file  # imports trio: not at a command's start
-
     info = read_admin_file(data_dir)
     req = urllib.request.Request(
         f"http://127.0.0.1:{info['port']}{path}",

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from node.net.admin import ADMIN_FILE
+from node.net.adminfile import ADMIN_FILE
 
 
 def free_port() -> int:

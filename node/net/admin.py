@@ -23,11 +23,12 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from node.net.adminfile import ADMIN_FILE
+
 if TYPE_CHECKING:
     from node.net.runtime import Node
 
 log = logging.getLogger("intellect.admin")
-ADMIN_FILE = "admin.json"
 MAX_REQUEST = 64 * 1024
 READ_TIMEOUT = 5.0
 Route = Callable[[dict[str, Any]], Awaitable[Any]]
@@ -182,13 +183,3 @@ async def _call(route: Route, args: dict[str, Any]) -> Any:
         return await route(args)
     except ValueError as exc:
         raise HttpError(400, str(exc)) from exc
-
-
-def read_admin_file(data_dir: Path) -> dict[str, Any]:
-    """The running node's admin port and token; a clear error if no node runs there."""
-    path = data_dir / ADMIN_FILE
-    try:
-        info: dict[str, Any] = json.loads(path.read_text())
-    except FileNotFoundError as exc:
-        raise RuntimeError(f"no running node found: {path} does not exist") from exc
-    return info

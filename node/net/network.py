@@ -1,0 +1,122 @@
+"""The running py-libp2p host, gossipsub router and Kademlia DHT of one node.
+
+``running()`` builds them with this project's settings (``node/net/host.py``), starts them
+and stops them; the methods are the few things every service asks of the libp2p layer
+(dial, close, who is connected, provide and look up DHT keys). Nothing here knows what
+a presence message or an announcement is.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from typing import Any
+
+import trio
+from libp2p.abc import IHost
+from libp2p.peer.id import ID
+from libp2p.peer.peerinfo import PeerInfo
+from libp2p.tools.anyio_service import background_trio_service
+
+from crypto.identity import Identity
+from node.config import NodeConfig
+from node.net.host import (
+    advertised_addrs,
+    build_dht,
+    build_host,
+    build_pubsub,
+    local_ipv4s,
+    parse_addrs,
+)
+from protocol import ids
+
+log = logging.getLogger("intellect.node")
+REPLAY_PRESENCE = 8  # newest heartbeats (one per publisher) sent to a newly subscribed peer
+
+
+class Network:
+    """One node's libp2p host, gossip and DHT; ``host`` is None until ``running()``."""
+
+    def __init__(self, cfg: NodeConfig, identity: Identity) -> None:
+        self.cfg = cfg
+        self.identity = identity
+        self.host: IHost | None = None
+        self.pubsub: Any = None
+        self.dht: Any = None
+        self.addrs: list[str] = []  # what we advertise, once listening
+
+    @asynccontextmanager
+    async def running(self) -> AsyncIterator[Network]:
+        """Listen, start gossipsub (with its router: without it gossipsub's heartbeat never
+        runs: no mesh upkeep, no IHAVE gossip, and a message cache that never shifts,
+        replayed whole to every new peer) and the DHT; stop them all on exit."""
+        host = self.host = build_host(self.identity)
+        self.pubsub = build_pubsub(
+            host, replay_newest={ids.presence_topic(self.cfg.run_id): REPLAY_PRESENCE}
+        )
+        self.dht = build_dht(host)
+        async with AsyncExitStack() as stack:
+            await stack.enter_async_context(host.run(parse_addrs(self.cfg.listen)))
+            await stack.enter_async_context(background_trio_service(self.pubsub))
+            await stack.enter_async_context(background_trio_service(self.pubsub.router))
+            await stack.enter_async_context(background_trio_service(self.dht))
+            await self.pubsub.wait_until_ready()
+            self.addrs = advertised_addrs(
+                [str(a) for a in host.get_transport_addrs()], local_ipv4s()
+            )
+            yield self
+
+    def connected_peers(self) -> set[str]:
+        """Peer ids we hold a connection to now."""
+        if self.host is None:
+            return set()
+        return {pid.to_base58() for pid in self.host.get_connected_peers()}
+
+    async def connect(self, info: PeerInfo) -> None:
+        """Dial ``info`` within ``connect_timeout`` (``trio.TooSlowError`` past it)."""
+        assert self.host is not None
+        with trio.fail_after(self.cfg.connect_timeout):
+            await self.host.connect(info)
+
+    async def disconnect(self, peer: str) -> None:
+        """Close our connection to ``peer`` (within ``connect_timeout``; failures logged)."""
+        assert self.host is not None
+        with trio.move_on_after(self.cfg.connect_timeout):
+            try:
+                await self.host.disconnect(ID.from_base58(peer))
+            except Exception as exc:
+                log.debug("closing the connection to %s failed: %s", peer[-8:], exc)
+
+    async def add_to_dht(self, peer: str) -> None:
+        """Put ``peer`` in our DHT routing table (a peer of our run)."""
+        try:
+            await self.dht.add_peer(ID.from_base58(peer))
+        except Exception as exc:
+            log.debug("dht add_peer %s failed: %s", peer[-8:], exc)
+
+    async def provide(self, key: str) -> bool:
+        """Announce in the DHT that we provide ``key``; False if no peer stored it."""
+        return bool(await self.dht.provide(key))
+
+    async def find_providers(self, key: str) -> set[str]:
+        """Peers (not us) that provide ``key`` in the DHT, each dialed at its provider
+        record's addresses if we hold no connection to it; those we cannot dial are left
+        out."""
+        own = self.identity.peer_id
+        out: set[str] = set()
+        connected = self.connected_peers()
+        for info in await self.dht.find_providers(key):
+            peer = info.peer_id.to_base58()
+            if peer == own:
+                continue
+            if info.addrs and peer not in connected:
+                try:
+                    await self.connect(info)
+                except Exception:
+                    continue
+            out.add(peer)
+        return out
+
+    async def publish(self, topic: str, data: bytes) -> None:
+        await self.pubsub.publish(topic, data)
