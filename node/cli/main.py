@@ -403,12 +403,12 @@ def cmd_weights(args: argparse.Namespace) -> int:
 
 
 def cmd_ledger(args: argparse.Namespace) -> int:
-    from node.cli import ledger
+    from node.cli.ledger import cmd_chain, cmd_rewards, cmd_stake
 
     commands = {
-        "chain": ledger.cmd_chain,
-        "rewards": ledger.cmd_rewards,
-        "stake": ledger.cmd_stake,
+        "chain": cmd_chain,
+        "rewards": cmd_rewards,
+        "stake": cmd_stake,
     }
     return commands[args.command](args)
 

@@ -47,7 +47,7 @@ from node.net.requests import (  # noqa: F401  (RemoteRefusal, Responder: re-exp
     Responder,
     now_ms,
 )
-from node.net.status import node_status, prometheus
+from node.net.status import StatusView, node_status, prometheus
 from protocol.errors import WireError
 from protocol.messages import Header, NodeInfo
 
@@ -81,6 +81,16 @@ class Node:
             ),
         )
         self.discovery = Discovery(cfg, self.network, peers, self.presence, self.metrics)
+        self._view = StatusView(
+            cfg,
+            self.network,
+            peers,
+            self.presence,
+            self.discovery,
+            self.announcements,
+            self.metrics,
+            self._status_sections,
+        )
 
     @property
     def addrs(self) -> list[str]:
@@ -219,10 +229,10 @@ class Node:
         self._status_sections[name] = section
 
     def status(self) -> dict[str, Any]:
-        return node_status(self, self._status_sections)
+        return node_status(self._view)
 
     def prometheus(self) -> str:
-        return prometheus(self)
+        return prometheus(self._view)
 
 
 def _only_errors(exc: BaseException) -> bool:

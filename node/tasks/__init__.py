@@ -10,33 +10,12 @@ costs stake) — and then every index of every step is again drawn for it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Protocol
-
 from crypto.hashing import digest_parts
-from node.tasks.answers import score
+from node.tasks.task import Task, TaskSet
+
+__all__ = ["Task", "TaskSet", "assign", "assignment_key", "load_taskset"]
 
 ASSIGN_DOMAIN = b"intellect-node/task-assignment/v1"
-
-
-@dataclass(frozen=True)
-class Task:
-    task_id: str
-    prompt: str
-    answer: str  # the reference answer
-    difficulty: int
-    solution: str = ""  # a worked solution ending in the answer (for SFT), if known
-
-    def reward(self, completion: str) -> float:
-        return score(self.answer, completion)
-
-
-class TaskSet(Protocol):
-    name: str  # identifies the task set (and its version) in rollout batches
-
-    def task(self, key: int) -> Task:
-        """The task for a 64-bit key."""
-        ...
 
 
 def assignment_key(worker: str, step: int, index: int) -> int:

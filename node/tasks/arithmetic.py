@@ -12,7 +12,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 
-from node.tasks import Task
+from node.tasks.task import Task
 
 LEVELS = (1, 2, 3, 4, 5)
 PROMPT_SUFFIX = "\nAnswer:"

@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from crypto.hashing import digest
-from node.tasks import Task
 from node.tasks.answers import last_boxed
+from node.tasks.task import Task
 
 PROMPT_SUFFIX = "\nPut the final answer in \\boxed{}."
 
