@@ -91,6 +91,11 @@ class ShardSource:
     def read_shard(self, index: int) -> bytes:
         return self.read(index, 0, self.manifest.shard_length(index))
 
+    def sync(self) -> None:
+        """Flush the version's files to disk (``fsync``)."""
+        for fd in self._fds:
+            os.fsync(fd)
+
     def close(self) -> None:
         for fd in self._fds:
             os.close(fd)
@@ -245,8 +250,7 @@ class WeightStore:
             raise StoreError(f"version {m.version}: {len(partial.held)} of {m.num_shards} shards")
         if partial.whole_digest() != m.digest:
             raise StoreError(f"version {m.version}: whole-checkpoint digest does not match")
-        for fd in partial._fds:
-            os.fsync(fd)  # each shard was flushed as it was written: little is left
+        partial.sync()  # each shard was flushed as it was written: little is left
         partial.close()
         (partial.root / "done").unlink()
         (partial.root / "lock").unlink()

@@ -1,0 +1,173 @@
+"""Learning of new versions, and following them: which version to download, and when.
+
+A version is learned from a ``WeightsNotice`` on the ``weights`` topic, or by asking a
+few connected peers for their newest every ``discovery_interval`` (gossip can miss a
+notice); its manifest is fetched from the peer that claims it and verified
+(``VersionBook.accept``) before anything else. Every node but a bootstrap follows: it
+downloads the newest version it learns of if it is newer than its current one, so the
+current version only moves forward. A version inside the retention window (newest −
+``async_level``) can also be pulled on request (``pull``), e.g. by a validator that needs
+the weights a batch was generated with.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+
+import trio
+
+from node.config import NodeConfig
+from node.net.runtime import Node
+from node.shardcast.pulling import Downloads, Holders, ask_holding
+from node.shardcast.versions import VersionBook
+from protocol import ids
+from protocol.errors import WireError
+from protocol.messages import Announcement
+from protocol.shardcast import WeightManifest, check_notice
+
+log = logging.getLogger("intellect.shardcast")
+POLL_PEERS = 4  # peers asked for their newest version per discovery interval
+
+
+class Follower:
+    """Learns of versions from notices, polls and ``pull`` requests; starts downloads."""
+
+    def __init__(
+        self,
+        node: Node,
+        cfg: NodeConfig,
+        book: VersionBook,
+        downloads: Downloads,
+        holders: Holders,
+        *,
+        follow: bool,
+    ) -> None:
+        self.node = node
+        self.cfg = cfg
+        self.book = book
+        self.downloads = downloads
+        self.holders = holders
+        self.follow = follow
+        self._learning: set[int] = set()
+        self._nursery: trio.Nursery | None = None
+
+    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            nursery.start_soon(self._poll_loop)
+            task_status.started()
+            await trio.sleep_forever()
+
+    def on_notice(self, msg: Announcement) -> None:
+        try:
+            notice = check_notice(msg.body)
+        except WireError as err:
+            self.node.reject("gossip-weights", msg.sender, err)
+            return
+        self.holders.saw(notice.version, msg.sender)
+        if notice.version > self.book.newest_known and self._nursery is not None:
+            self._nursery.start_soon(self._learn, msg.sender, notice.version, notice.manifest)
+
+    async def pull(self, version: int | None = None) -> int:
+        """Start (or join) the download of ``version`` (default: the newest known)."""
+        if version is None:
+            await self._poll_all()
+            version = self.book.newest_known
+            if version == 0:
+                raise ValueError("no version known: no peer holds a verified manifest")
+        if version < self.book.floor:
+            raise ValueError(
+                f"version {version} is outside the retention window "
+                f"({self.book.newest_known} - {self.cfg.async_level})"
+            )
+        if not self.book.knows(version):
+            for peer in self.node.known_peers():
+                try:
+                    holding = await ask_holding(self.node, peer, version, with_manifest=True)
+                except Exception:
+                    continue
+                if holding.version == version and self._accept(
+                    holding.manifest, peer, claimed=version
+                ):
+                    break
+            else:
+                raise ValueError(f"no peer has a verified manifest of version {version}")
+        self.downloads.ensure(version)
+        return version
+
+    async def _learn(self, peer: str, version: int, expect: bytes | None) -> int | None:
+        """Fetch the manifest a peer says is newer than ours; accept it if it is."""
+        if version in self._learning:
+            return None
+        self._learning.add(version)
+        try:
+            holding = await ask_holding(self.node, peer, version, with_manifest=True)
+            if holding.version != version or not holding.manifest:
+                return None
+            m = self._accept(holding.manifest, peer, claimed=version, expect=expect)
+            if m is None:
+                return None
+            self._follow()
+            return m.version
+        except Exception as exc:
+            log.info("learning version %d from %s failed: %r", version, peer[-8:], exc)
+            return None
+        finally:
+            self._learning.discard(version)
+
+    def _accept(
+        self,
+        envelope: bytes,
+        peer: str,
+        *,
+        claimed: int | None = None,
+        expect: bytes | None = None,
+    ) -> WeightManifest | None:
+        """``VersionBook.accept`` for a manifest ``peer`` sent; every refusal is counted
+        with its reason."""
+        try:
+            m, new = self.book.accept(envelope, claimed=claimed, expect=expect)
+        except WireError as err:
+            self.node.reject(ids.WEIGHTS, peer, err)
+            return None
+        if new:
+            self.holders.saw(m.version, peer)
+            log.info("manifest accepted version=%d step=%d from=%s", m.version, m.step, peer[-8:])
+        return m
+
+    def _follow(self) -> None:
+        v = self.book.newest_known
+        if self.follow and v > self.book.current and not self.downloads.has_job(v):
+            self.downloads.start(v)
+
+    async def _poll_loop(self) -> None:
+        """Gossip can miss a notice: ask a few known peers for their newest version."""
+        while True:
+            await trio.sleep(self.cfg.discovery_interval)
+            # peers we are connected to: a poll must not dial (connections are bounded)
+            connected = self.node.connected_peers()
+            banned = self.holders.banned
+            peers = [p for p in self.node.known_peers() if p in connected and p not in banned]
+            for peer in random.sample(peers, min(POLL_PEERS, len(peers))):
+                try:
+                    holding = await ask_holding(self.node, peer, 0, with_manifest=False)
+                except Exception as exc:
+                    log.debug("poll of %s failed: %s", peer[-8:], exc)
+                    continue
+                if holding.version > self.book.newest_known:
+                    await self._learn(peer, holding.version, None)
+
+    async def _poll_all(self) -> None:
+        async with trio.open_nursery() as nursery:
+            for peer in self.node.known_peers():
+                nursery.start_soon(self._poll_one, peer)
+
+    async def _poll_one(self, peer: str) -> None:
+        with trio.move_on_after(self.cfg.read_timeout * 2):
+            try:
+                holding = await ask_holding(self.node, peer, 0, with_manifest=True)
+            except Exception:
+                return
+            if holding.version and holding.manifest:
+                self._accept(holding.manifest, peer)

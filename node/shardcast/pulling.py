@@ -1,0 +1,352 @@
+"""The downloads side of SHARDCAST: pull a known version's shards from whoever holds them.
+
+A download asks every candidate holder (DHT providers of the version's key, the peers
+``Holders`` saw with it, known peers) for its shard bitmap every ``REFRESH`` seconds, lets
+``DownloadPlan`` pick (shard, peer) pairs, and runs them through ``run_download``: each
+shard is verified on arrival, written in place and journalled (``store.Partial``), so a
+restarted node resumes. Complete, the whole digest is checked and the version renamed into
+view (``VersionBook.finish``), then retention runs. A peer that served a bad shard is
+banned for the rest of the run. Memory: at most ``download_slots`` shards in flight.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import trio
+
+from node.config import NodeConfig
+from node.net.runtime import Node, RemoteRefusal
+from node.shardcast.providers import find_providers, provide
+from node.shardcast.schedule import DownloadPlan, PeerState
+from node.shardcast.store import Partial, StoreError
+from node.shardcast.transfer import BadShard, PeerBusy, PeerLacks, Wakeup, run_download
+from node.shardcast.versions import VersionBook
+from protocol import ids
+from protocol.errors import Reason, WireError
+from protocol.shardcast import (
+    DATA_FRAME,
+    ShardReply,
+    ShardRequest,
+    WeightManifest,
+    WeightsHolding,
+    WeightsQuery,
+    unbitmap,
+)
+
+log = logging.getLogger("intellect.shardcast")
+REFRESH = 1.0  # seconds between holdings refreshes during a download
+MAX_QUERY_PEERS = 16  # holders asked per refresh
+LOOKUP_EVERY = 5.0  # seconds between DHT provider lookups during a download
+
+
+async def ask_holding(
+    node: Node, peer: str, version: int, *, with_manifest: bool
+) -> WeightsHolding:
+    """What ``peer`` holds of ``version`` (0: its newest), with the manifest if asked."""
+    req = WeightsQuery(**node.header(), version=version, with_manifest=with_manifest)
+    reply: WeightsHolding = await node.request(peer, ids.WEIGHTS, req, WeightsHolding)
+    return reply
+
+
+class Holders:
+    """Peers known to hold something of a version, and the peers banned in this run (they
+    served a bad shard: never asked again)."""
+
+    def __init__(self) -> None:
+        self._hints: dict[int, set[str]] = {}
+        self._banned: set[str] = set()
+
+    def saw(self, version: int, peer: str) -> None:
+        self._hints.setdefault(version, set()).add(peer)
+
+    def of(self, version: int) -> set[str]:
+        return set(self._hints.get(version, ()))
+
+    def ban(self, peer: str) -> None:
+        self._banned.add(peer)
+
+    @property
+    def banned(self) -> frozenset[str]:
+        return frozenset(self._banned)
+
+
+@dataclass
+class DownloadJob:
+    version: int
+    total: int
+    shards: int
+    started: float = field(default_factory=time.monotonic)
+    finished: float | None = None
+    resumed_shards: int = 0
+    resumed_bytes: int = 0
+    fetched_bytes: int = 0
+    done_bytes: int = 0
+    state: str = "downloading"  # downloading, complete, failed
+    error: str = ""
+    plan: DownloadPlan | None = None
+
+    def view(self) -> dict[str, Any]:
+        elapsed = max((self.finished or time.monotonic()) - self.started, 1e-6)
+        plan = self.plan
+        return {
+            "version": self.version,
+            "state": self.state,
+            "error": self.error,
+            "total_bytes": self.total,
+            "done_bytes": self.done_bytes,
+            "fetched_bytes": self.fetched_bytes,
+            "resumed_shards": self.resumed_shards,
+            "resumed_bytes": self.resumed_bytes,
+            "shards": self.shards,
+            "done_shards": len(plan.done) if plan else 0,
+            "rate_Bps": round(self.fetched_bytes / elapsed),
+            "elapsed_s": round(elapsed, 3),
+            "peers": {
+                p.peer: {"bytes": p.fetched_bytes, "holds": len(p.have), "banned": p.banned}
+                for p in (plan.peers.values() if plan else [])
+            },
+            "banned": plan.banned if plan else [],
+        }
+
+
+@dataclass(frozen=True)
+class DownloadsStatus:
+    jobs: dict[str, dict[str, Any]]  # every download of this run by version: its view
+    progress: dict[str, str]  # downloads in progress: "done/total" shards
+    fetched_bytes: int  # shard bytes fetched from peers by every download
+
+
+class Downloads:
+    """The download jobs of this run, one per version, each in its own task."""
+
+    def __init__(self, node: Node, cfg: NodeConfig, book: VersionBook, holders: Holders) -> None:
+        self.node = node
+        self.cfg = cfg
+        self.book = book
+        self.holders = holders
+        self._jobs: dict[int, DownloadJob] = {}
+        self._nursery: trio.Nursery | None = None
+
+    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            task_status.started()
+            await trio.sleep_forever()
+
+    def has_job(self, version: int) -> bool:
+        return version in self._jobs
+
+    def downloading(self) -> set[int]:
+        return {v for v, j in self._jobs.items() if j.state == "downloading"}
+
+    def start(self, version: int) -> None:
+        """Download a known version (again, if a job for it failed)."""
+        known = self.book.manifest(version)
+        assert known is not None and self._nursery is not None
+        m = known[0]
+        self._jobs[version] = DownloadJob(version, m.total_size, m.num_shards)
+        self._nursery.start_soon(self._download, version)
+
+    def ensure(self, version: int) -> None:
+        """Download ``version`` unless it is held or downloading."""
+        job = self._jobs.get(version)
+        if (job is None and not self.book.is_complete(version)) or (
+            job is not None and job.state == "failed"
+        ):
+            self.start(version)
+
+    async def retain(self) -> None:
+        await self.book.retain(self.downloading())
+
+    def status(self) -> DownloadsStatus:
+        return DownloadsStatus(
+            jobs={str(v): j.view() for v, j in self._jobs.items()},
+            progress={
+                str(v): f"{len(j.plan.done) if j.plan else 0}/{j.shards}"
+                for v, j in self._jobs.items()
+                if j.state == "downloading"
+            },
+            fetched_bytes=sum(j.fetched_bytes for j in self._jobs.values()),
+        )
+
+    async def _download(self, version: int) -> None:
+        job = self._jobs[version]
+        try:
+            partial = await self.book.begin(version)
+        except StoreError as exc:
+            job.state, job.error = "failed", str(exc)
+            log.error("cannot download version %d: %s", version, exc)
+            return
+        m = partial.manifest
+        job.resumed_shards = partial.resumed
+        job.resumed_bytes = job.done_bytes = sum(m.shard_length(i) for i in partial.held)
+        if partial.resumed:
+            log.info(
+                "resumed version=%d verified_shards=%d of %d (not fetched again)",
+                version,
+                partial.resumed,
+                m.num_shards,
+            )
+        plan = job.plan = DownloadPlan(
+            m.num_shards,
+            done=set(partial.held),
+            origin=m.sender,
+            me=self.node.peer_id,
+            max_inflight=self.cfg.download_slots,
+            per_peer=max(1, min(2, self.cfg.download_slots)),
+        )
+        for peer in self.holders.banned:
+            plan.peers.setdefault(peer, PeerState(peer)).banned = True
+        wakeup = Wakeup()
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._refresh_loop, m, plan, wakeup)
+                nursery.start_soon(provide, self.node, self.cfg, version)
+
+                async def fetch(shard: int, peer: str) -> int:
+                    try:
+                        return await self._fetch(partial, job, shard, peer)
+                    except RemoteRefusal as refusal:
+                        if refusal.reason == Reason.BUSY:
+                            raise PeerBusy(str(refusal)) from None
+                        if refusal.reason == Reason.NOT_FOUND:
+                            raise PeerLacks(str(refusal)) from None
+                        raise
+
+                await run_download(
+                    plan,
+                    fetch,
+                    shard_deadline=self._shard_deadline(m),
+                    wakeup=wakeup,
+                    report=self._report(version),
+                )
+                nursery.cancel_scope.cancel()
+            await self.book.finish(partial)
+        except StoreError as exc:
+            job.state, job.error = "failed", str(exc)
+            log.error("version %d failed: %s", version, exc)
+            return
+        finally:
+            self.book.end(version)
+        job.state, job.finished = "complete", time.monotonic()
+        log.info(
+            "version complete version=%d bytes=%d fetched=%d resumed=%d seconds=%.2f",
+            version,
+            m.total_size,
+            job.fetched_bytes,
+            job.resumed_bytes,
+            time.monotonic() - job.started,
+        )
+        await self.retain()
+
+    def _shard_deadline(self, m: WeightManifest) -> Callable[[int], float]:
+        """A whole shard's deadline: a peer slower than 256 kB/s counts as stalled."""
+        return lambda shard: max(4 * self.cfg.read_timeout, m.shard_length(shard) / 262_144)
+
+    def _report(self, version: int) -> Callable[[str, int, str, BaseException | None], None]:
+        def report(outcome: str, shard: int, peer: str, err: BaseException | None) -> None:
+            if outcome == "completed":
+                return
+            if outcome in ("busy", "lacks"):
+                self.node.metrics.inc("shardcast_refusals", outcome=outcome)
+                return
+            if outcome == "corrupt":
+                self.holders.ban(peer)
+                self.node.reject(
+                    ids.SHARDCAST, peer, WireError(Reason.BAD_SHARD, f"v{version} shard {shard}")
+                )
+                log.warning("banned peer=%s: served a bad shard %d of v%d", peer, shard, version)
+            else:
+                self.node.metrics.inc("shardcast_fetch_failures", outcome=outcome)
+                log.info(
+                    "shard fetch %s version=%d shard=%d peer=%s: %s",
+                    outcome,
+                    version,
+                    shard,
+                    peer[-8:],
+                    err,
+                )
+
+        return report
+
+    async def _fetch(self, partial: Partial, job: DownloadJob, shard: int, peer: str) -> int:
+        m = partial.manifest
+        length = m.shard_length(shard)
+        req = ShardRequest(**self.node.header(), version=m.version, index=shard)
+        buf = bytearray(length)
+        view = memoryview(buf)
+        async with self.node.open_request(peer, ids.SHARDCAST, req, ShardReply) as ex:
+            r: ShardReply = ex.reply
+            if (r.version, r.index, r.size) != (m.version, shard, length):
+                raise WireError(Reason.MALFORMED, "shard reply for another shard or size")
+            got = 0
+            while got < length:
+                piece = await ex.reader.read_frame_into(
+                    view[got : got + min(DATA_FRAME, length - got)],  # type: ignore[arg-type]
+                    self.cfg.read_timeout,
+                )
+                if not piece:
+                    raise WireError(Reason.MALFORMED, "empty data frame")
+                got += len(piece)
+        self.node.metrics.inc("shardcast_bytes", length, direction="in")
+        job.fetched_bytes += length
+
+        def store() -> bool:
+            if not partial.verify(shard, buf):
+                return False
+            partial.write(shard, buf)
+            return True
+
+        if not await trio.to_thread.run_sync(store):
+            raise BadShard(f"shard {shard} from {peer} does not match its hash")
+        job.done_bytes += length
+        return length
+
+    async def _refresh_loop(self, m: WeightManifest, plan: DownloadPlan, wakeup: Wakeup) -> None:
+        """Ask up to ``MAX_QUERY_PEERS`` candidate holders for their bitmaps every
+        ``REFRESH`` seconds (those the plan knows first), and wake the transfer loop."""
+        providers: set[str] = set()
+
+        async def lookups() -> None:  # DHT lookups run beside, never delaying a refresh
+            while True:
+                providers.update(await find_providers(self.node, self.cfg, m.version))
+                await trio.sleep(LOOKUP_EVERY)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(lookups)
+            while True:
+                candidates = (
+                    (self.holders.of(m.version) | providers | set(self.node.known_peers()))
+                    - self.holders.banned
+                    - {self.node.peer_id}
+                )
+                known = [p for p in candidates if p in plan.peers]
+                fresh = [p for p in candidates if p not in plan.peers]
+                random.shuffle(fresh)
+                async with trio.open_nursery() as queries:
+                    for peer in (known + fresh)[:MAX_QUERY_PEERS]:
+                        queries.start_soon(self._refresh_one, m, plan, peer)
+                wakeup.set()
+                await trio.sleep(REFRESH)
+
+    async def _refresh_one(self, m: WeightManifest, plan: DownloadPlan, peer: str) -> None:
+        with trio.move_on_after(self.cfg.read_timeout):
+            try:
+                holding = await ask_holding(self.node, peer, m.version, with_manifest=False)
+                if holding.version != m.version:
+                    plan.remove_peer(peer)
+                    return
+                plan.update_peer(peer, unbitmap(holding.have, m.num_shards))
+                self.holders.saw(m.version, peer)
+                return
+            except WireError as err:
+                self.node.reject(ids.WEIGHTS, peer, err)
+            except Exception as exc:
+                log.debug("holdings of %s failed: %s", peer[-8:], exc)
+        plan.remove_peer(peer)
