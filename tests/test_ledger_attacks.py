@@ -292,6 +292,8 @@ def test_4_pending_work_keeps_its_recorded_terms_across_a_change(ledger):
         ({"fetch_deadline": 3600}, "fetch_deadline must be in the window"),
         ({"quorum": 1}, "quorum out of bounds"),
         ({"min_stake": 0}, "min_stake is zero"),
+        # recorded with each submission (issue #33): bounded so that it fits its word
+        ({"min_stake": 10**24 + 1}, "min_stake above bound"),
         # a first verdict at t0 + W leaves the quorum at least an hour to overturn it
         ({"reward_lock": 3_599}, "reward_lock out of bounds"),
         ({"reward_lock": 30 * 86_400 + 1}, "reward_lock out of bounds"),
@@ -733,7 +735,11 @@ def test_33_5_sybils_reserving_the_whole_pool_lose_k_times_it_per_cycle(ledger):
         assert s.worker(acct.address).stake == 0
     assert ledger.as_owner.reward_pool() == pool
     share = sum(ledger.as_owner.claimable(v.address) for v in (ledger.v1, ledger.v2, ledger.v3))
-    assert share + ledger.as_owner.total_burned() - burned == 10 * c == PARAMS.collateral_bps * pool // 10_000
+    assert (
+        share + ledger.as_owner.total_burned() - burned
+        == 10 * c
+        == PARAMS.collateral_bps * pool // 10_000
+    )
 
 
 def test_33_5_a_colluding_quorum_takes_at_most_a_tenth_of_the_pool_per_account(ledger):
