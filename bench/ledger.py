@@ -142,7 +142,7 @@ def main() -> None:
         print(f"note: gas differs between backends: { {k: r[0] for k, r in results.items()} }")
     print("gas per call (from receipts):")
     for call, g in gas.items():
-        print(f"  {call:<12} {g:>8}")
+        print(f"  {call:<16} {g:>8}")
     print(f"  claim of 256 matured entries: {gas_256} gas in {txs_256} transaction(s)")
     print(
         f"  submit_work: {gas['submit_work']} gas (a worker's first; later ones "

@@ -45,7 +45,7 @@ GAS = {
     "change_peer_key": 200_000,
     "revoke_registration": 200_000,
     "add_stake": 80_000,
-    "submit_work": 300_000,  # bench/ledger.py: 225 k (storage written cold)
+    "submit_work": 300_000,  # bench/ledger.py: 108 k (a worker's first), 91 k after
     "accept": 250_000,
     "reject": 250_000,
     "unbond": 120_000,
