@@ -9,7 +9,9 @@ await the receipt) for ``submit_work``, sequentially, on: the embedded chain in 
 process, the same chain served over JSON-RPC (what ``intellect-node chain`` runs), and
 anvil. A worker's rollout batch costs one ``submit_work``, one validator ``accept`` (work
 nobody accepted is never paid) and a 256th of a 256-entry ``claim``: gas per rollout is
-their sum divided by the batch size. ``claim_256`` accepts 256 submissions, lets them
+their sum divided by the batch size. ``submit_work`` is printed next to what it cost before
+issue #33 packed the storage; ``--json`` ends with one JSON object (``submit_work_gas``
+among its keys). ``claim_256`` accepts 256 submissions, lets them
 mature and claims them the way ``intellect-node rewards claim`` does (gas estimated, as
 many transactions as it takes) on the embedded chain.
 """
@@ -48,15 +50,20 @@ PARAMS = Params(
 )
 
 
+# submit_work before issue #33 packed the ledger's storage (same call, same parameters)
+SUBMIT_WORK_BEFORE = 224_747
+
+
 def setup(chain: Chain) -> tuple[LedgerClient, LedgerClient, LedgerClient, LedgerClient]:
-    """(owner, validator, second validator, worker) clients on a fresh deployment."""
+    """(owner, validator, second validator, worker) clients on a fresh deployment, with a
+    third bonded validator (work needs quorum + 1 validators that can vote on it)."""
     keys = chain.dev_keys
-    owner, v1, worker, v2 = (Account.from_key(k) for k in keys[:4])
-    address, _ = deploy(chain, owner, PARAMS, [v1.address, v2.address])
-    o, a, w, b = (LedgerClient(chain, address, x) for x in (owner, v1, worker, v2))
+    owner, v1, worker, v2, v3 = (Account.from_key(k) for k in keys[:5])
+    address, _ = deploy(chain, owner, PARAMS, [v1.address, v2.address, v3.address])
+    o, a, w, b, c = (LedgerClient(chain, address, x) for x in (owner, v1, worker, v2, v3))
     o.fund(100 * ETH)
-    a.add_stake(10 * ETH)
-    b.add_stake(10 * ETH)
+    for v in (a, b, c):
+        v.add_stake(10 * ETH)
     return o, a, b, w
 
 
@@ -64,8 +71,8 @@ def run_backend(chain: Chain, txs: int) -> tuple[dict[str, int], float]:
     _, v, v2, w = setup(chain)
     worker = w.address
     gas = {"register": w.register_identity(Identity.generate(), 5 * ETH).gasUsed}
-    gas["submit_work"] = w.submit_work((1).to_bytes(32, "big"), 64, 0).gasUsed
-    w.submit_work((2).to_bytes(32, "big"), 64, 0)
+    gas["submit_work"] = w.submit_work((1).to_bytes(32, "big"), 64, 0).gasUsed  # its first
+    gas["submit_work_next"] = w.submit_work((2).to_bytes(32, "big"), 64, 0).gasUsed
     w.submit_work((3).to_bytes(32, "big"), 64, 0)
     gas["accept"] = v.accept(worker, (1).to_bytes(32, "big")).gasUsed
     gas["reject"] = v.reject(worker, (2).to_bytes(32, "big"), "invalid").gasUsed
@@ -135,8 +142,13 @@ def main() -> None:
         print(f"note: gas differs between backends: { {k: r[0] for k, r in results.items()} }")
     print("gas per call (from receipts):")
     for call, g in gas.items():
-        print(f"  {call:<12} {g:>8}")
+        print(f"  {call:<16} {g:>8}")
     print(f"  claim of 256 matured entries: {gas_256} gas in {txs_256} transaction(s)")
+    print(
+        f"  submit_work: {gas['submit_work']} gas (a worker's first; later ones "
+        f"{gas['submit_work_next']}), before issue #33's packing {SUBMIT_WORK_BEFORE} "
+        f"({gas['submit_work'] / SUBMIT_WORK_BEFORE:.2f} x)"
+    )
     per_batch = gas["submit_work"] + gas["accept"] + gas_256 / 256
     per_rollout = per_batch / args.batch
     print(
@@ -152,6 +164,8 @@ def main() -> None:
             json.dumps(
                 {
                     "gas": gas,
+                    "submit_work_gas": gas["submit_work"],
+                    "submit_work_gas_before": SUBMIT_WORK_BEFORE,
                     "tx_per_s": {k: round(r[1], 1) for k, r in results.items()},
                     "gas_per_rollout": round(per_rollout, 1),
                     "batch": args.batch,

@@ -43,9 +43,9 @@ RETRIES = 3
 GAS = {
     "register": 250_000,
     "change_peer_key": 200_000,
-    "revoke_registration": 100_000,
+    "revoke_registration": 200_000,
     "add_stake": 80_000,
-    "submit_work": 300_000,  # bench/ledger.py: 225 k (storage written cold)
+    "submit_work": 300_000,  # bench/ledger.py: 108 k (a worker's first), 91 k after
     "accept": 250_000,
     "reject": 250_000,
     "unbond": 120_000,
@@ -218,6 +218,13 @@ def deploy(
             "chainId": chain.chain_id,
         }
     )
+    try:  # simulated first, so that a refused deployment says why
+        chain.w3.eth.call({"from": account.address, "data": tx["data"]})
+    except Exception as exc:
+        reason = revert_reason(exc)
+        if reason is not None:
+            raise LedgerRevert("deploy", reason) from exc
+        raise
     signed = account.sign_transaction(tx)
     tx_hash = chain.w3.eth.send_raw_transaction(signed.raw_transaction)
     receipt = chain.w3.eth.wait_for_transaction_receipt(
@@ -589,6 +596,10 @@ class LedgerClient:
         return self._transact(
             "change_peer_key", identity.public_bytes, self.sign_registration(identity)
         )
+
+    def change_peer_key_signed(self, peer_key: bytes, signature: bytes) -> Any:
+        """Rotate to ``peer_key`` with a signature made elsewhere (what the contract stores)."""
+        return self._transact("change_peer_key", peer_key, signature)
 
     def revoke_registration(self, worker: str) -> Any:
         return self._transact("revoke_registration", self._addr(worker))

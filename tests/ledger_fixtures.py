@@ -44,20 +44,23 @@ class Ledger:
     """Owner (key 0), validators v1, v2, v3 (keys 1, 4, 5, bonded), worker (key 2) and a
     stranger (key 3), neither registered yet; 100 ETH in the pool."""
 
-    def __init__(self, chain, params: Params = PARAMS) -> None:
+    def __init__(self, chain, params: Params = PARAMS, *, extra_validators: int = 0) -> None:
         self.chain = chain
         self.params = params
         keys = chain.dev_keys
         self.owner = Account.from_key(keys[0])
         self.v1, self.v2, self.v3 = (Account.from_key(keys[i]) for i in (1, 4, 5))
+        # more validators (keys 6, 7, ...), for tests that need more than quorum + 1
+        self.extra = [Account.from_key(keys[6 + i]) for i in range(extra_validators)]
+        self.validators = [self.v1, self.v2, self.v3, *self.extra]
         self.worker = Account.from_key(keys[2])
         self.stranger = Account.from_key(keys[3])
         self.address, self.block = deploy(
-            chain, self.owner, params, [v.address for v in (self.v1, self.v2, self.v3)]
+            chain, self.owner, params, [v.address for v in self.validators]
         )
         self.as_owner = self.client(self.owner)
         self.as_owner.fund(100 * ETH)
-        for v in (self.v1, self.v2, self.v3):
+        for v in self.validators:
             self.client(v).add_stake(VALIDATOR_BOND)
         self.identities: dict[str, Identity] = {}
 
@@ -74,6 +77,9 @@ class Ledger:
     def balance(self, account) -> int:
         address = account if isinstance(account, str) else account.address
         return self.chain.w3.eth.get_balance(address)
+
+    def now(self) -> int:
+        return int(self.chain.w3.eth.get_block("latest")["timestamp"])
 
     def mature(self) -> None:
         """Past every submission's verdict window and challenge period."""

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from crypto.identity import Identity
 from ledger.client import LedgerRevert, Params
 from ledger.registration import registration_message
 from tests.ledger_fixtures import (  # noqa: F401
@@ -291,6 +292,8 @@ def test_4_pending_work_keeps_its_recorded_terms_across_a_change(ledger):
         ({"fetch_deadline": 3600}, "fetch_deadline must be in the window"),
         ({"quorum": 1}, "quorum out of bounds"),
         ({"min_stake": 0}, "min_stake is zero"),
+        # recorded with each submission (issue #33): bounded so that it fits its word
+        ({"min_stake": 10**24 + 1}, "min_stake above bound"),
         # a first verdict at t0 + W leaves the quorum at least an hour to overturn it
         ({"reward_lock": 3_599}, "reward_lock out of bounds"),
         ({"reward_lock": 30 * 86_400 + 1}, "reward_lock out of bounds"),
@@ -307,10 +310,10 @@ def test_4_parameters_have_hard_bounds(ledger, change, reason):
 def test_4_removing_validators_while_work_is_pending_lets_no_false_verdict_stand(ledger):
     """The owner removes the honest validators while work is pending, so that an
     accomplice's false reject of honest work, or its accept of fraud, would stand (or removes
-    them all to void the pending work). The validators of a submission are those active when
-    it was made and they keep their votes on it: both verdicts are overturned and the pending
-    work is still judged; removed validators have no vote on work submitted afterwards, and
-    cannot be brought back."""
+    them all to void the pending work). A removal takes effect only after the timelock, on
+    work submitted from then on, so both verdicts are overturned and the pending work is
+    still judged; with fewer than quorum + 1 validators left to vote on new work, none is
+    taken; and a removed validator cannot be brought back (issue #33 has the rest)."""
     w = ledger.register(ledger.worker, 5 * ETH)
     me = ledger.worker.address
     w.submit_work(key(1), 100, 0)  # honest
@@ -321,7 +324,6 @@ def test_4_removing_validators_while_work_is_pending_lets_no_false_verdict_stand
     accomplice.accept(me, key(2))
     for v in (ledger.v2, ledger.v3):
         ledger.as_owner.remove_validator(v.address)
-        assert not ledger.as_owner.is_validator(v.address)
     for v in (ledger.v2, ledger.v3):
         ledger.client(v).accept(me, key(1))
         ledger.client(v).reject(me, key(2), "invalid")
@@ -329,10 +331,8 @@ def test_4_removing_validators_while_work_is_pending_lets_no_false_verdict_stand
     s1, s2 = w.submission(me, key(1)), w.submission(me, key(2))
     assert (s1.status, s1.final, s2.status, s2.final) == ("accepted", True, "rejected", True)
 
-    ledger.chain.advance_time(1)  # (work submitted in the second of the removal keeps them)
-    w.submit_work(key(4), 10, 0)  # after the removal: v2 and v3 have no say on it
-    with pytest.raises(LedgerRevert, match="not a validator when this work was submitted"):
-        ledger.client(ledger.v2).accept(me, key(4))
+    with pytest.raises(LedgerRevert, match="fewer than quorum \\+ 1 validators"):
+        w.submit_work(key(4), 10, 0)
     with pytest.raises(LedgerRevert, match="a removed validator cannot return"):
         ledger.as_owner.propose_validator(ledger.v2.address)
 
@@ -489,3 +489,278 @@ def test_9_work_on_a_stale_or_unpublished_policy_version_is_refused(ledger):
     assert w.submission(ledger.worker.address, key(1)).policy_version == 3
     with pytest.raises(LedgerRevert, match="versions only go up"):
         ledger.as_owner.set_policy_version(5)
+
+
+# ---- issue #33: the validator set and its bonds turned against honest workers -----------
+
+GRACE = 86_400  # a due parameter proposal may be applied for this long, then it expires
+
+
+def timelock(p: Params = PARAMS) -> int:
+    return p.unbonding_delay + p.verdict_window + p.reward_lock + 3_600
+
+
+def test_33_1_removing_the_honest_validators_leaves_no_work_to_an_accomplice(ledger):
+    """The owner removes the two honest validators at once, so that its accomplice (v1)
+    alone judges new work: a false reject of an honest worker's claim at max_units (25 ETH
+    of stake down to 5) and Sybils' fraud would stand. Removal waits out the timelock (the
+    removed validators keep their vote on work submitted until then), and no work is taken
+    while fewer than quorum + 1 validators could vote on it."""
+    w = ledger.register(ledger.worker, 25 * ETH)
+    me = ledger.worker.address
+    for v in (ledger.v2, ledger.v3):
+        ledger.as_owner.remove_validator(v.address)
+        assert ledger.as_owner.validator_until(v.address) == ledger.now() + timelock()
+        assert ledger.as_owner.is_validator(v.address)  # of work submitted until then
+    with pytest.raises(LedgerRevert, match="fewer than quorum \\+ 1 validators"):
+        w.submit_work(key(1), PARAMS.max_units, 0)
+    assert w.worker(me).locked == 0
+
+
+def test_33_1_a_removal_waits_out_the_timelock(ledger):
+    """Four validators; the owner removes an honest one and its accomplice rejects honest
+    work submitted right after: the removed validator still votes on it (with the third it
+    overturns the reject), and it loses its vote only on work submitted after the timelock."""
+    run = type(ledger)(ledger.chain, extra_validators=1)
+    w = run.register(run.worker, 25 * ETH)
+    me = run.worker.address
+    run.as_owner.remove_validator(run.v2.address)
+    until = run.as_owner.validator_until(run.v2.address)
+    assert until == run.now() + timelock()
+    w.submit_work(key(1), PARAMS.max_units, 0)
+    run.client(run.v1).reject(me, key(1), "invalid")  # the accomplice
+    run.client(run.v2).accept(me, key(1))
+    run.client(run.v3).accept(me, key(1))
+    s = w.submission(me, key(1))
+    assert (s.status, s.final) == ("accepted", True)
+    run.chain.advance_time(until - run.now() + 1)
+    w.claim()
+    assert w.worker(me).stake == 25 * ETH
+    v1 = run.client(run.v1)
+    assert v1.worker(run.v1.address).stake < v1.validator_bond()  # its lie cost it its vote
+    v1.add_stake(collateral(PARAMS.max_units))
+    w.submit_work(key(2), 10, 0)  # v1, v3 and the fourth remain: quorum + 1
+    with pytest.raises(LedgerRevert, match="not a validator when this work was submitted"):
+        run.client(run.v2).accept(me, key(2))
+
+
+def test_33_1_work_needs_quorum_plus_one_bonded_validators(ledger):
+    w = ledger.register(ledger.worker, 5 * ETH)
+    v3 = ledger.client(ledger.v3)
+    v3.unbond(VALIDATOR_BOND - collateral(PARAMS.max_units) + 1)  # below the bond: no vote
+    with pytest.raises(LedgerRevert, match="fewer than quorum \\+ 1 validators"):
+        w.submit_work(key(1), 10, 0)
+    v3.add_stake(ETH)
+    w.submit_work(key(1), 10, 0)
+
+
+def test_33_1_a_run_needs_quorum_plus_one_validators():
+    from eth_account import Account
+
+    from ledger.chain import connect
+    from ledger.client import deploy
+
+    chain = connect("embedded")
+    owner, v1, v2 = (Account.from_key(chain.dev_keys[i]) for i in (0, 1, 4))
+    with pytest.raises(LedgerRevert, match="fewer than quorum \\+ 1 validators"):
+        deploy(chain, owner, PARAMS, [v1.address, v2.address])
+
+
+def test_33_2_a_due_proposal_applied_after_a_false_reject_cannot_disable_the_overturn(ledger):
+    """The owner proposes a min_stake above the honest validators' bonds and leaves it
+    pending past its due time; its accomplice rejects honest work, then the proposal is
+    applied: the submission keeps the bond it was made under, so the honest validators
+    still overturn the reject."""
+    w = ledger.register(ledger.worker, 25 * ETH)
+    me = ledger.worker.address
+    ledger.as_owner.propose_params(replace(PARAMS, min_stake=30 * ETH))
+    _, eta = ledger.as_owner.proposed_params()
+    ledger.chain.advance_time(eta - ledger.now())
+    w.submit_work(key(1), PARAMS.max_units, 0)
+    ledger.client(ledger.v1).reject(me, key(1), "invalid")
+    ledger.as_owner.apply_params()
+    assert ledger.as_owner.validator_bond() == 30 * ETH
+    ledger.client(ledger.v2).accept(me, key(1))
+    ledger.client(ledger.v3).accept(me, key(1))
+    s = w.submission(me, key(1))
+    assert (s.status, s.final) == ("accepted", True)
+
+
+def test_33_2_a_proposal_not_applied_soon_after_it_is_due_expires(ledger):
+    ledger.as_owner.propose_params(replace(PARAMS, min_stake=2 * ETH))
+    _, eta = ledger.as_owner.proposed_params()
+    ledger.chain.advance_time(eta - ledger.now() + GRACE + 1)
+    with pytest.raises(LedgerRevert, match="proposal expired"):
+        ledger.as_owner.apply_params()
+    assert ledger.as_owner.params() == PARAMS
+
+
+def test_33_3_selective_serving_does_not_burn_an_honest_validators_bond(ledger):
+    """A worker serves v1 nothing (v1 rejects it, unavailable) and v2, v3 the batch (they
+    overturn). The overturn used to burn v1's 20 ETH, leaving it no vote, and a Sybil's
+    fraud accepted by a colluding v2 then stood. An unavailable reject locks and risks no
+    bond (nor earns a share), so v1 keeps its bond and, with v3, overturns the fraud; and a
+    validator re-checking accepted work (a lone reject vote) risks nothing either."""
+    w = ledger.register(ledger.worker, 25 * ETH)
+    me = ledger.worker.address
+    w.submit_work(key(1), PARAMS.max_units - 10, 0)  # 19.98 ETH of collateral
+    ledger.chain.advance_time(PARAMS.fetch_deadline)
+    v1, v2, v3 = (ledger.client(v) for v in (ledger.v1, ledger.v2, ledger.v3))
+    v1.reject(me, key(1), "unavailable")
+    assert v1.worker(ledger.v1.address).locked == 0
+    v2.accept(me, key(1))
+    v3.accept(me, key(1))
+    assert w.submission(me, key(1)).status == "accepted"
+    assert v1.worker(ledger.v1.address).stake == VALIDATOR_BOND
+
+    sybil = ledger.register(ledger.stranger, 25 * ETH)
+    them = ledger.stranger.address
+    sybil.submit_work(key(2), PARAMS.max_units, 0)
+    v2.accept(them, key(2))  # colluding
+    v1.reject(them, key(2), "invalid")
+    v3.reject(them, key(2), "invalid")
+    s = w.submission(them, key(2))
+    assert (s.status, s.final) == ("rejected", True)
+    w.submit_work(key(3), 10, 0)
+    v2.accept(me, key(3))
+    v3.reject(me, key(3), "invalid")  # a spot check that finds no quorum
+    ledger.mature()
+    w.claim()
+    sybil.settle(them)
+    assert w.worker(me).stake == 25 * ETH
+    assert sybil.worker(them).stake == 25 * ETH - collateral(PARAMS.max_units)
+    assert v3.worker(ledger.v3.address).stake == VALIDATOR_BOND
+
+
+def test_33_3_an_unavailable_reject_that_stands_earns_the_rejecter_nothing(ledger):
+    """So a false 'unavailable', which risks no bond, gains its validator nothing."""
+    w = ledger.register(ledger.worker, 2 * ETH)
+    me = ledger.worker.address
+    w.submit_work(key(1), 100, 0)
+    ledger.chain.advance_time(PARAMS.fetch_deadline)
+    ledger.client(ledger.v1).reject(me, key(1), "unavailable")
+    burned = w.total_burned()
+    ledger.mature()
+    w.settle(me)
+    assert w.worker(me).stake == 2 * ETH - collateral(100)
+    assert w.claimable(ledger.v1.address) == 0
+    assert w.total_burned() == burned + collateral(100)
+
+
+def squat(ledger, stake: int = 2 * ETH):
+    """The stranger registers the worker-to-be's peer key with an invalid signature."""
+    victim = Identity.generate()
+    squatter = ledger.client(ledger.stranger)
+    squatter.register(victim.public_bytes, bytes(64), stake)
+    return squatter, victim
+
+
+def test_33_4_a_squatter_cannot_reset_revocation_votes_by_rotating(ledger):
+    squatter, victim = squat(ledger)
+    them = ledger.stranger.address
+    ledger.client(ledger.v1).revoke_registration(them)
+    with pytest.raises(LedgerRevert, match="same peer key"):
+        squatter.change_peer_key_signed(victim.public_bytes, bytes(64))
+    other = Identity.generate()
+    squatter.change_peer_key_signed(other.public_bytes, bytes(64))  # another invalid binding
+    squatter.change_peer_key_signed(victim.public_bytes, bytes(64))  # and back
+    ledger.client(ledger.v2).revoke_registration(them)  # the second vote: quorum
+    assert not squatter.worker(them).registered
+
+
+def test_33_4_a_revoked_squatter_pays_to_register_again(ledger):
+    """Revoked, a squatter kept its stake and registered the key again at once; now each
+    revocation burns min_stake of it, so every squat costs min_stake."""
+    squatter, victim = squat(ledger, PARAMS.min_stake)
+    them = ledger.stranger.address
+    burned = squatter.total_burned()
+    ledger.client(ledger.v1).revoke_registration(them)
+    ledger.client(ledger.v2).revoke_registration(them)
+    assert squatter.worker(them).stake == 0
+    assert squatter.total_burned() == burned + PARAMS.min_stake
+    with pytest.raises(LedgerRevert, match="stake below minimum"):
+        squatter.register(victim.public_bytes, bytes(64), PARAMS.min_stake - 1)
+
+
+def test_33_4_revocation_votes_need_the_bond(ledger):
+    squat(ledger)
+    v3 = ledger.client(ledger.v3)
+    v3.unbond(VALIDATOR_BOND - collateral(PARAMS.max_units) + 1)
+    with pytest.raises(LedgerRevert, match="validator stake below the validator bond"):
+        v3.revoke_registration(ledger.stranger.address)
+
+
+def sybils(ledger, n: int, stake: int) -> list:
+    """``n`` fresh registered accounts, each funded by the owner."""
+    from eth_account import Account
+
+    out = []
+    for _ in range(n):
+        acct = Account.create()
+        tx = {
+            "to": acct.address,
+            "value": stake + ETH,
+            "nonce": ledger.chain.w3.eth.get_transaction_count(ledger.owner.address),
+            "gas": 21_000,
+            "chainId": ledger.chain.chain_id,
+            "maxFeePerGas": 10**11,
+            "maxPriorityFeePerGas": 10**9,
+        }
+        signed = ledger.owner.sign_transaction(tx)
+        h = ledger.chain.w3.eth.send_raw_transaction(signed.raw_transaction)
+        ledger.chain.w3.eth.wait_for_transaction_receipt(h, poll_latency=0.01)
+        out.append((acct, ledger.register(acct, stake)))
+    return out
+
+
+def test_33_5_sybils_reserving_the_whole_pool_lose_k_times_it_per_cycle(ledger):
+    """Ten accounts each reserve their tenth of the pool (all of it) with claims at
+    max_units: the honest validators' bonds (25 ETH each) cover one such reject each, but a
+    reject beyond the free bond goes in unbonded, so every claim is rejected and the Sybils
+    lose k x the pool per cycle (SPEC section 12: 200 ETH for locking a 100 ETH pool for
+    W + L), not what the validators' bonds happened to cover."""
+    pool = ledger.as_owner.reward_pool()
+    c = collateral(PARAMS.max_units)
+    accounts = sybils(ledger, 10, c)
+    for _, s in accounts:
+        s.submit_work(key(1), PARAMS.max_units, 0)
+    assert ledger.as_owner.reward_pool() == 0
+    vs = [ledger.client(v) for v in (ledger.v1, ledger.v2, ledger.v3)]
+    for i, (acct, _) in enumerate(accounts):
+        vs[i % 3].reject(acct.address, key(1), "invalid")
+    burned = ledger.as_owner.total_burned()
+    ledger.mature()
+    for acct, s in accounts:
+        s.settle(acct.address)
+        assert s.worker(acct.address).stake == 0
+    assert ledger.as_owner.reward_pool() == pool
+    share = sum(ledger.as_owner.claimable(v.address) for v in (ledger.v1, ledger.v2, ledger.v3))
+    assert (
+        share + ledger.as_owner.total_burned() - burned
+        == 10 * c
+        == PARAMS.collateral_bps * pool // 10_000
+    )
+
+
+def test_33_5_a_colluding_quorum_takes_at_most_a_tenth_of_the_pool_per_account(ledger):
+    """v1 and v2 collude with two Sybil accounts: their fraud stands (v3 alone cannot
+    overturn it) and pays at most a tenth of the funded pool per account per cycle."""
+    pool = ledger.as_owner.reward_pool()
+    accounts = sybils(ledger, 2, 2 * collateral(PARAMS.max_units))
+    for acct, s in accounts:
+        s.submit_work(key(1), PARAMS.max_units, 0)
+        with pytest.raises(LedgerRevert, match="above its share of the pool"):
+            s.submit_work(key(2), 1, 0)
+        ledger.client(ledger.v1).accept(acct.address, key(1))
+        ledger.client(ledger.v3).reject(acct.address, key(1), "invalid")
+    ledger.mature()
+    for _, s in accounts:
+        s.claim()
+    assert pool - ledger.as_owner.reward_pool() == 2 * pool // 10
+
+
+def test_33_6_submit_work_costs_at_most_160k_gas(ledger):
+    w = ledger.register(ledger.worker, 5 * ETH)
+    first = w.submit_work(key(1), 64, 0).gasUsed
+    second = w.submit_work(key(2), 64, 0).gasUsed
+    assert max(first, second) <= 160_000, (first, second)

@@ -257,6 +257,7 @@ def test_event_index_confirmation_lag_per_account_retention_and_fields(tmp_path)
     assert [e["event"] for e in state["accounts"][ledger.v3.address.lower()]] == [
         "ValidatorProposed",
         "StakeAdded",
+        "ValidatorCounted",  # bonded: it counts toward the validators new work needs
     ]
     # the fields say what part is reward, credit, stake
     claimed = next(e for e in events if e["event"] == "Claimed")
