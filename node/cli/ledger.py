@@ -19,7 +19,9 @@ from typing import Any
 from node.config import NodeConfig, load_config
 
 WEI = 10**18
-DEV_VALIDATORS = 3  # quorum 2: one validator alone can neither overturn nor be unchecked
+# quorum 2: one validator alone can neither overturn nor be unchecked; new work needs
+# quorum + 1 validators that can vote on it, so one of 4 can be removed and work goes on
+DEV_VALIDATORS = 4
 DEV_VALIDATOR_BOND = 100 * WEI
 DEV_CHAIN_DIR = Path.home() / ".intellect-node" / "chain"
 CHAIN_FILE = "chain.json"
