@@ -10,9 +10,10 @@ import time
 
 import pytest
 
-from node.roles.chain import Submission, Verdict
+from node.roles.chain import Ruling, Submission
 from node.roles.clock import StepClock
 from node.roles.trainer import TrainerState, WorkBook, append_line, key_text, recorded_step
+from node.roles.work import Verdict
 from protocol.batches import StepNotice
 from tests.netutil import wait_until
 
@@ -27,18 +28,19 @@ def key(n: int) -> tuple[str, bytes]:
     return (W, bytes([n]) * 32)
 
 
-def verdict(n: int, accepted: bool, final: bool = False) -> Verdict:
-    return Verdict(W, bytes([n]) * 32, accepted, final, 100 + n)
+def ruling(n: int, accepted: bool, final: bool = False) -> Ruling:
+    verdict = Verdict.accept() if accepted else Verdict.reject("invalid", "")
+    return Ruling((W, bytes([n]) * 32), verdict, final, 100 + n)
 
 
 def test_only_accepted_fetched_unused_batches_in_the_window_are_usable():
     book = WorkBook(async_level=2)
     for n, version in ((1, 0), (2, 1), (3, 3), (4, 3)):
         book.on_submission(sub(n, version))
-    book.on_verdict(verdict(1, True))
-    book.on_verdict(verdict(2, True))
-    book.on_verdict(verdict(3, True))
-    book.on_verdict(verdict(4, False))  # rejected: never usable
+    book.on_ruling(ruling(1, True))
+    book.on_ruling(ruling(2, True))
+    book.on_ruling(ruling(3, True))
+    book.on_ruling(ruling(4, False))  # rejected: never usable
     assert set(book.wanted(3)) == {key(2), key(3)}  # version 0 is out of step 3's window
     for n in (1, 2, 3, 4):
         book.fetched[key(n)] = book.submitted[key(n)].policy_version
@@ -54,11 +56,11 @@ def test_an_overturned_acceptance_is_no_longer_usable_and_a_final_accept_is():
     book.on_submission(sub(1, 0))
     book.on_submission(sub(2, 0))
     book.fetched[key(1)] = book.fetched[key(2)] = 0
-    book.on_verdict(verdict(1, True))
-    book.on_verdict(verdict(2, False))
+    book.on_ruling(ruling(1, True))
+    book.on_ruling(ruling(2, False))
     assert book.usable(0) == [key(1)]
-    book.on_verdict(verdict(1, False, final=True))  # a quorum rejected it after all
-    book.on_verdict(verdict(2, True, final=True))  # and overturned the other reject
+    book.on_ruling(ruling(1, False, final=True))  # a quorum rejected it after all
+    book.on_ruling(ruling(2, True, final=True))  # and overturned the other reject
     assert book.usable(0) == [key(2)]
 
 
