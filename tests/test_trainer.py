@@ -6,7 +6,6 @@ killed with SIGKILL mid-run and restarted."""
 import json
 import os
 import signal
-import time
 
 import pytest
 
@@ -142,6 +141,8 @@ def metrics_lines(base):
 def test_a_devnet_learns_for_a_few_steps_and_a_killed_trainer_resumes_exactly(
     tmp_path, tiny_model_dir
 ):
+    from safetensors.torch import load_file
+
     from tests.test_loop import Loop, submissions
 
     loop = Loop(tmp_path, tiny_model_dir, step_wait=60)
@@ -173,7 +174,8 @@ def test_a_devnet_learns_for_a_few_steps_and_a_killed_trainer_resumes_exactly(
         killed_at = json.loads((tmp_path / "trainer" / "trainer-state.json").read_text())["step"]
         # its ranks notice that the role's process is gone and exit by themselves
         wait_until(lambda: not ranks_of(tmp_path), 60, "the killed trainer's ranks to exit")
-        time.sleep(1)
+        killed = loop.nodes["trainer"].proc
+        wait_until(lambda: killed.poll() is not None, 30, "the killed trainer to be gone")
         loop.spawn("trainer", "trainer", env=trainer_env)
 
         def done():
@@ -210,8 +212,14 @@ def test_a_devnet_learns_for_a_few_steps_and_a_killed_trainer_resumes_exactly(
     # the steps before the kill ran on two ranks, the steps after it in one process
     ranks = [m["train_ranks"] for m in lines[1:]]
     assert ranks == [2] * killed_at + [1] * (STEPS - killed_at), (killed_at, ranks)
-    # the trainer trained: weights changed, tokens trained at every step that had samples
+    # the trainer trained: tokens trained, and the weights it published last (the version
+    # every node holds) are not the base model's
     assert sum(m["tokens_trained"] for m in lines) > 0
+    base = load_file(tiny_model_dir / "model.safetensors")
+    last = load_file(tmp_path / "trainer" / "checkpoints" / f"v{STEPS}" / "model.safetensors")
+    assert set(last) == set(base)
+    moved = max((last[k].float() - base[k].float()).abs().max().item() for k in base)
+    assert moved > 1e-4, f"the weights of version {STEPS} are the base model's"
     # what the trainer used: accepted batches, each once, each inside the async window
     subs = submissions_seen
     steps_of = batch_steps(tmp_path)
