@@ -2,9 +2,10 @@
 
 This is where a rollout starts. For every step the run's trainer announces
 (``node/roles/clock.py``), the worker draws its tasks from (its address, the step, the
-index) (SPEC §13), generates ``group_size`` samples per task with the engine
-(``node/engine/``: seeded sampling, TOPLOC proofs), scores them, and seals one
-``RolloutBatch`` (``protocol/rollouts.py``). A batch the async window has moved past
+index) (SPEC §13); its batch maker (``node/rollouts/maker.py``, in a child process)
+generates ``group_size`` samples per task with the engine (``node/engine/``: seeded
+sampling, TOPLOC proofs) and scores them, and the role seals one ``RolloutBatch``
+(``protocol/rollouts.py``, where the rollout goes next). A batch the async window has moved past
 while it was generated is dropped (a validator would reject it). Otherwise it then, in
 this order: stores the envelope
 durably (``node/rollouts/store.py``: nothing announced can be lost), announces a
@@ -12,21 +13,22 @@ durably (``node/rollouts/store.py``: nothing announced can be lost), announces a
 generated tokens) on-chain. Validators fetch the batch from here
 (``node/roles/exchange.py``) and judge it (``node/roles/validator.py``).
 
-The policy: for step n the worker generates with the newest version it holds in the async
-window (version ≥ n − ``async_level``, and not newer than the trainer announced): version 0
+The policy (``VersionChoice``, ``node/roles/working.py``): for step n the worker generates
+with the newest version it holds in the async window (version ≥ n − ``async_level``, and not newer than the trainer announced): version 0
 is the run's base model (``--model``), later ones arrive over SHARDCAST
 (``node/shardcast/service.py``, which follows new versions by itself). It switches at batch
 boundaries and keeps generating with an older version while the next one downloads; with
 none in the window it waits.
 
-Generation runs in a child process (``Offload``), so the node keeps answering while the CPU
-or GPU is busy. Back-pressure: with ``max_unjudged`` submitted batches still without a verdict, the
-worker waits (validators lag; more work would only risk the stake). One batch per step.
+Generation runs in a child process (``Offload(BatchMaker, MakerSpec.of(cfg))``, one
+``MakeBatch`` call per batch), so the node keeps answering while the CPU or GPU is busy.
+Back-pressure: with ``max_unjudged`` submitted batches still without a verdict
+(``PendingVerdicts``), the worker waits (validators lag; more work would only risk the
+stake). One batch per step.
 
 ``cheat`` (tests and the devnet's ``--cheaters`` only, refused without ``dev_cheats``):
-``other_weights`` generates with perturbed weights, ``edit_token`` changes one output
-token after proving, ``inflate_reward`` claims reward 1 for every sample, ``withhold``
-announces and submits its batches but never serves them.
+``withhold`` announces and submits its batches but never serves them; the others are the
+batch maker's (``node/rollouts/maker.py``).
 """
 
 from __future__ import annotations

@@ -4,8 +4,9 @@ Where the rollout comes from: a worker (``node/roles/inference.py``) submitted a
 on-chain and announced the batch on the ``batches`` topic. The validator learns of
 submissions from the chain (``WorkSubmitted``) and of holders from the announcements, and
 ``JudgingQueue`` (``node/roles/judging.py``) decides what to fetch next, when to retry and
-when a batch is unavailable. A fetched batch (``node/roles/exchange.py``) is judged in a
-worker thread, cheapest checks first:
+when a batch is unavailable. A fetched batch (``node/roles/exchange.py``) is judged
+cheapest checks first: 1-3 here in a worker thread (``judge``), 4-5 in the batch checker,
+a child process (``Offload(BatchChecker, CheckerSpec.of(cfg))``, ``node/roles/checking.py``):
 
 1. the batch is the worker's: signed by the peer key the worker registered on-chain, with a
    valid registration signature (SPEC §12; the EVM cannot check Ed25519);
@@ -14,13 +15,15 @@ worker thread, cheapest checks first:
 3. the on-chain ``units`` are the batch's generated tokens;
 4. the tasks are the worker's assigned ones (SPEC §13) and every reward is what the task's
    verifier gives the completion;
-5. the proofs: one prefill per rollout (``recompute_batch``) and the per-batch verdict of
-   ``crypto.verdict.check_batch`` under the run's verification profile (``spot_check`` < 1
-   recomputes a random share of the rollouts).
+5. the proofs: one prefill per rollout (``recompute_batch``) and the proof check of
+   ``crypto.verdict.check_batch`` (``crypto/verdict.py``, the next hop) under the run's
+   verification profile (``spot_check`` < 1 recomputes a random share of the rollouts).
 
-Where it goes next: ``accept`` or ``reject`` (reason ``invalid``, ``mismatch`` or, for a
-batch nobody served by the fetch deadline, ``unavailable``) on-chain
-(``ledger/client.py``), once per key; the trainer takes accepted batches from there.
+Every check ends in one ``Verdict`` (``node/roles/work.py``). Where it goes next: ``accept``
+or ``reject`` (reason ``invalid``, ``mismatch`` or, for a batch nobody served by the fetch
+deadline, ``unavailable``) on-chain (``ledger/client.py``), once per key; a post the chain
+refuses is tried again (``VerdictPosts``, ``node/roles/judging.py``). The trainer takes
+accepted batches from there.
 """
 
 from __future__ import annotations
