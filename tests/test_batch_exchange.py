@@ -52,7 +52,7 @@ async def two_nodes(tmp_path):
 
 
 def rejected(node, reason):
-    return node.net.metrics.get("rejected", reason=reason.value, protocol=ids.BATCH)
+    return node.metrics.get("rejected", reason=reason.value, protocol=ids.BATCH)
 
 
 async def test_an_honest_batch_is_fetched_and_an_unknown_key_refused(tmp_path):

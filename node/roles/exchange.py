@@ -71,7 +71,7 @@ def serve_batches(node: Node, store: BatchStore, *, slots: int = 4) -> None:
             )
             for start in range(0, len(envelope), BATCH_FRAME):
                 await responder.write(envelope[start : start + BATCH_FRAME])
-            node.net.metrics.inc("batches_served")
+            node.metrics.inc("batches_served")
         finally:
             uploads.release()
 
