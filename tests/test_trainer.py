@@ -217,7 +217,7 @@ def test_a_devnet_learns_for_a_few_steps_and_a_killed_trainer_resumes_exactly(
     assert sum(m["tokens_trained"] for m in lines) > 0
     base = load_file(tiny_model_dir / "model.safetensors")
     last = load_file(tmp_path / "trainer" / "checkpoints" / f"v{STEPS}" / "model.safetensors")
-    assert set(last) == set(base)
+    assert set(base) <= set(last)  # (a checkpoint may also write the tied lm_head)
     moved = max((last[k].float() - base[k].float()).abs().max().item() for k in base)
     assert moved > 1e-4, f"the weights of version {STEPS} are the base model's"
     # what the trainer used: accepted batches, each once, each inside the async window
