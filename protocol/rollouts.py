@@ -11,6 +11,11 @@ thousands of msgpack items. Every length, count and range is checked on decode
 The batch is signed like every message (``protocol.wire.seal``); its *work key* is the
 BLAKE2b digest of its canonical encoding without ``seq`` and ``ts_ms``, so the same work
 always has the same key (the ledger accepts each key once).
+
+Where a batch comes from: the worker's batch maker (``node/rollouts/maker.py``, run by
+``node/roles/inference.py``) builds it and the role signs it. Where it goes next: a
+validator fetches it (``node/roles/exchange.py``) and judges it
+(``node/roles/validator.py``).
 """
 
 from __future__ import annotations

@@ -3,6 +3,7 @@ single-process step, and a sharded policy resumes exactly from what rank 0 saved
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 import subprocess
@@ -63,47 +64,68 @@ def test_the_trainer_step_on_two_torchrun_ranks_equals_the_step_in_one_process(
     from safetensors.torch import load_file
 
     from crypto.identity import Identity
-    from node.roles.inference import BatchMaker
-    from node.roles.trainer import PolicyWorker
-    from node.training.ranks import RankedPolicyWorker
+    from node.rollouts.maker import BatchMaker, MakeBatch, MakerSpec
+    from node.training.ranks import RankedPolicyWorker, RanksSpec
+    from node.training.worker import Evaluate, PolicySpec, PolicyWorker, TrainStep
     from protocol.rollouts import RolloutBatch
     from protocol.wire import seal
 
     envelopes = []
     for i in range(2):
         identity = Identity.generate()
-        maker = BatchMaker("arithmetic", 4, 4, 16, 1.0, 8, "none")
+        maker = BatchMaker(
+            MakerSpec(
+                taskset="arithmetic",
+                tasks_per_batch=4,
+                group_size=4,
+                max_new_tokens=16,
+                temperature=1.0,
+                engine_batch=8,
+            )
+        )
         header = dict(run_id="r", sender=identity.peer_id, seq=1, ts_ms=1_700_000_000_000)
         worker = "0x" + f"{i + 1:02x}" * 20
-        envelopes.append(
-            seal(identity, RolloutBatch.decode(maker(str(tiny_model_dir), worker, i, 0, header)))
-        )
-    args = (str(tiny_model_dir), 0, 1e-3, 0, "arithmetic", 2, 0, 16, 1.0)
-    one = PolicyWorker(args[0], str(tmp_path / "one"), *args[1:])
-    want = one("train", 0, envelopes)
-    assert want["samples"] > 0  # groups with mixed rewards: a real step
-    ranked = RankedPolicyWorker(2, "cpu", args[0], str(tmp_path / "two"), *args[1:])
+        made = maker(MakeBatch(str(tiny_model_dir), worker, i, 0, header))
+        envelopes.append(seal(identity, RolloutBatch.decode(made.encoded)))
+    spec = PolicySpec(
+        base=str(tiny_model_dir),
+        checkpoints=str(tmp_path / "one"),
+        step=0,
+        lr=1e-3,
+        seed=0,
+        taskset="arithmetic",
+        heldout_per_level=2,
+        heldout_seed=0,
+        max_new_tokens=16,
+        temperature=1.0,
+    )
+    one = PolicyWorker(spec)
+    want = one(TrainStep(0, envelopes))
+    assert want.samples > 0  # groups with mixed rewards: a real step
+    two = dataclasses.replace(spec, checkpoints=str(tmp_path / "two"))
+    ranked = RankedPolicyWorker(RanksSpec(procs=2, policy=two))
     try:
-        got = ranked("train", 0, envelopes)
-        evaluated = ranked("eval", str(tmp_path / "two" / "v1"))
+        got = ranked(TrainStep(0, envelopes))
+        evaluated = ranked(Evaluate(str(tmp_path / "two" / "v1")))
         # a step that fails on the ranks is an error for the role, not a hang, and the
         # ranks and torchrun leave by themselves
         with pytest.raises(RuntimeError, match="rank 0: |ranks are gone"):
-            ranked("train", 1, [b"garbage"])
+            ranked(TrainStep(1, [b"garbage"]))
         assert ranked.proc.wait(60) != 0
         with pytest.raises(RuntimeError, match="ranks are gone"):
-            ranked("eval", str(tmp_path / "two" / "v1"))
+            ranked(Evaluate(str(tmp_path / "two" / "v1")))
     finally:
         ranked.close()
-    assert (want["ranks"], got["ranks"]) == (1, 2)  # sharded across both ranks
+    assert (want.ranks, got.ranks) == (1, 2)  # sharded across both ranks
     for key in ("samples", "tokens", "reward_mean"):
-        assert got[key] == want[key], key
+        assert getattr(got, key) == getattr(want, key), key
     for key in ("loss", "grad_norm"):
-        assert abs(got[key] - want[key]) <= 1e-4 * max(1.0, abs(want[key])), key
+        g, w = getattr(got, key), getattr(want, key)
+        assert abs(g - w) <= 1e-4 * max(1.0, abs(w)), key
     base = load_file(tiny_model_dir / "model.safetensors")
     a = load_file(tmp_path / "one" / "v1" / "model.safetensors")
     b = load_file(tmp_path / "two" / "v1" / "model.safetensors")
     assert max((a[k] - b[k]).abs().max().item() for k in a) <= 1e-5
     assert max((a[k] - base[k]).abs().max().item() for k in base) > 1e-4  # the step moved them
     assert (tmp_path / "two" / "v1.state").is_file()
-    assert evaluated == one("eval", str(tmp_path / "two" / "v1"))
+    assert evaluated == one(Evaluate(str(tmp_path / "two" / "v1")))

@@ -1,15 +1,26 @@
 """The worker's batch maker and the validator's batch checker, in this process (what the
 roles run in their child processes): honest batches pass; each cheat is caught, and why."""
 
+import dataclasses
+
 import pytest
 
 from crypto.identity import Identity
-from node.roles.inference import BatchMaker
-from node.roles.validator import BatchChecker
+from node.roles.checking import BatchChecker, CheckBatch, CheckerSpec
+from node.rollouts.maker import BatchMaker, MakeBatch, MakerSpec
 from protocol.rollouts import RolloutBatch
 from protocol.wire import seal
 
 WORKER = "0x" + "5a" * 20
+MAKER = MakerSpec(
+    taskset="arithmetic",
+    tasks_per_batch=2,
+    group_size=2,
+    max_new_tokens=24,
+    temperature=1.0,
+    engine_batch=8,
+)
+CHECKER = CheckerSpec(keep=2, taskset="arithmetic", verify_profile="strict-fp32", spot_check=1.0)
 
 
 @pytest.fixture(scope="module")
@@ -22,17 +33,17 @@ class Checker:
 
     def __init__(self, model_dir, spot_check):
         self.model_dir = str(model_dir)
-        self.inner = BatchChecker(2, "arithmetic", "strict-fp32", spot_check)
+        self.inner = BatchChecker(dataclasses.replace(CHECKER, spot_check=spot_check))
 
     def __call__(self, envelope):
-        return self.inner(self.model_dir, 0, envelope)
+        return self.inner(CheckBatch(self.model_dir, 0, envelope))
 
 
 def make(model_dir, cheat, step=3):
     identity = Identity.generate()
-    maker = BatchMaker("arithmetic", 2, 2, 24, 1.0, 8, cheat)
+    maker = BatchMaker(dataclasses.replace(MAKER, cheat=cheat))
     header = dict(run_id="test-run", sender=identity.peer_id, seq=1, ts_ms=1_700_000_000_000)
-    batch = RolloutBatch.decode(maker(str(model_dir), WORKER, step, 0, header))
+    batch = RolloutBatch.decode(maker(MakeBatch(str(model_dir), WORKER, step, 0, header)).encoded)
     assert batch.worker == WORKER and batch.step == step and len(batch.groups) == 2
     return seal(identity, batch)
 
@@ -47,17 +58,18 @@ def make(model_dir, cheat, step=3):
     ],
 )
 def test_honest_batches_pass_and_each_cheat_is_caught(tiny_model_dir, checker, cheat, evidence):
-    passed, reason, detail, rollouts, _ = checker(make(tiny_model_dir, cheat))
-    assert passed is (cheat == "none"), detail
-    assert evidence in detail, detail
+    verdict = checker(make(tiny_model_dir, cheat))
+    assert verdict.accepted is (cheat == "none"), verdict.detail
+    assert verdict.reason == ("accepted" if cheat == "none" else "invalid")
+    assert evidence in verdict.detail, verdict.detail
     if cheat != "inflate_reward":  # the reward check comes before any recomputation
-        assert rollouts == 4
+        assert verdict.rollouts == 4
 
 
 def test_spot_checks_recompute_a_share(tiny_model_dir):
     half = Checker(tiny_model_dir, 0.5)
-    passed, _, _, rollouts, _ = half(make(tiny_model_dir, "none"))
-    assert passed and rollouts == 2
+    verdict = half(make(tiny_model_dir, "none"))
+    assert verdict.accepted and verdict.rollouts == 2
 
 
 def test_a_batch_is_judged_with_the_weights_of_its_own_policy_version(tiny_model_dir, tmp_path):
@@ -79,12 +91,13 @@ def test_a_batch_is_judged_with_the_weights_of_its_own_policy_version(tiny_model
     loaded.model.save_pretrained(v1, safe_serialization=True)
 
     identity = Identity.generate()
-    maker = BatchMaker("arithmetic", 2, 2, 24, 1.0, 8, "none")
+    maker = BatchMaker(MAKER)
     header = dict(run_id="test-run", sender=identity.peer_id, seq=1, ts_ms=1_700_000_000_000)
-    envelope = seal(identity, RolloutBatch.decode(maker(str(v1), WORKER, 3, 1, header)))
-    checker = BatchChecker(2, "arithmetic", "strict-fp32", 1.0)
-    passed, _, detail, _, _ = checker(str(v1), 1, envelope)
-    assert passed, detail
-    passed, _, detail, _, _ = checker(str(tiny_model_dir), 0, envelope)
-    assert not passed and "toploc" in detail, detail
+    made = maker(MakeBatch(str(v1), WORKER, 3, 1, header))
+    envelope = seal(identity, RolloutBatch.decode(made.encoded))
+    checker = BatchChecker(CHECKER)
+    verdict = checker(CheckBatch(str(v1), 1, envelope))
+    assert verdict.accepted, verdict.detail
+    verdict = checker(CheckBatch(str(tiny_model_dir), 0, envelope))
+    assert not verdict.accepted and "toploc" in verdict.detail, verdict.detail
     assert sorted(checker.models) == [0, 1]  # both versions stay loaded (keep = 2)

@@ -8,7 +8,6 @@ batch was stored is restarted, and the validator still fetches and judges that b
 import json
 import os
 import signal
-import time
 from pathlib import Path
 
 import pytest
@@ -108,6 +107,16 @@ def submissions(client):
     return {
         (str(e["args"]["worker"]).lower(), bytes(e["args"]["key"])): int(e["args"]["units"])
         for e in client.contract.events.WorkSubmitted.get_logs(from_block=0)
+    }
+
+
+def after_removal(client, removed_at):
+    """(worker, key) of the submissions in blocks later than ``removed_at`` (a timestamp):
+    those a validator removed then leaves to the others."""
+    return {
+        (str(e["args"]["worker"]).lower(), bytes(e["args"]["key"]))
+        for e in client.contract.events.WorkSubmitted.get_logs(from_block=0)
+        if int(client.w3.eth.get_block(e["blockNumber"])["timestamp"]) > removed_at
     }
 
 
@@ -223,7 +232,7 @@ def test_a_worker_killed_after_storing_its_batch_still_gets_it_judged(loop):
         key = bytes.fromhex(next(store.glob("*.batch")).name.removesuffix(".batch"))
     finally:
         os.kill(validator.proc.pid, signal.SIGCONT)
-    time.sleep(1)
+    wait_until(lambda: validator.status() is not None, 60, "the validator, running again")
     loop.spawn("w", "inference")  # restarted: same data dir, same keys
     client = loop.client()
     address = loop.addresses["w"]
@@ -310,8 +319,16 @@ def test_a_removed_validator_restarts_and_judges_only_work_from_before_its_remov
         120,
         "the validator to see it and leave it",
     )
-    time.sleep(5)
-    for w, k in set(submissions(client)) - before:
+    # the validator reads submissions in block order and counts each one after its removal
+    # once: when it has counted all of them, it has left every one of them (none is judged)
+    late = after_removal(client, removed_at)
+    wait_until(
+        lambda: (loop.section("validator", "validator") or {}).get("not_ours", 0) >= len(late),
+        120,
+        f"the validator to read and leave all {len(late)} submissions after its removal",
+    )
+    assert late >= set(submissions(client)) - before
+    for w, k in late:
         assert w == address and client.submission(w, k).status == "pending"
     assert loop.nodes["validator"].proc.poll() is None
     v = loop.section("validator", "validator")

@@ -1,6 +1,8 @@
 """The roles' pure parts and plumbing: the step clock, the child process for heavy work,
 the inference role's cheats and the validator's refusal of settings it cannot serve."""
 
+from dataclasses import dataclass
+
 import pytest
 import trio
 
@@ -43,35 +45,50 @@ def test_the_async_window(step, version, ok):
     assert (clock.window(step, version) is None) is ok
 
 
+@dataclass(frozen=True)
+class EchoSpec:
+    prefix: bytes
+
+
+@dataclass(frozen=True)
+class Say:
+    data: bytes
+
+
+@dataclass(frozen=True)
+class Said:
+    data: bytes
+
+
 class Echo:
     """A handler for the offload tests (built in the child)."""
 
-    def __init__(self, prefix: bytes) -> None:
-        self.prefix = prefix
+    def __init__(self, spec: EchoSpec) -> None:
+        self.prefix = spec.prefix
 
-    def __call__(self, data: bytes) -> bytes:
-        if data == b"boom":
+    def __call__(self, call: Say) -> Said:
+        if call.data == b"boom":
             raise ValueError("asked to fail")
-        return self.prefix + data
+        return Said(self.prefix + call.data)
 
 
 class Broken:
-    def __init__(self) -> None:
+    def __init__(self, spec: None) -> None:
         raise RuntimeError("cannot load the model")
 
 
 async def test_offload_answers_from_a_child_process_and_reports_errors():
-    off = Offload("tests.test_roles:Echo", b">")
+    off = Offload(Echo, EchoSpec(prefix=b">"))
     try:
         await off.ready()
-        assert await off.call(b"abc") == b">abc"
+        assert await off.call(Say(b"abc")) == Said(b">abc")
         with pytest.raises(OffloadError, match="ValueError: asked to fail"):
-            await off.call(b"boom")
-        assert await off.call(b"again") == b">again"  # still serving after an error
+            await off.call(Say(b"boom"))
+        assert await off.call(Say(b"again")) == Said(b">again")  # still serving after an error
     finally:
         off.close()
     assert not off._proc.is_alive()
-    broken = Offload("tests.test_roles:Broken")
+    broken = Offload(Broken, None)
     try:
         with pytest.raises(OffloadError, match="cannot load the model"):
             await broken.ready()
@@ -80,10 +97,10 @@ async def test_offload_answers_from_a_child_process_and_reports_errors():
 
 
 async def test_offload_as_a_context_is_closed_also_when_it_fails_to_start():
-    async with Offload("tests.test_roles:Echo", b">") as off:
-        assert await off.call(b"x") == b">x"
+    async with Offload(Echo, EchoSpec(prefix=b">")) as off:
+        assert await off.call(Say(b"x")) == Said(b">x")
     assert not off._proc.is_alive()
-    broken = Offload("tests.test_roles:Broken")
+    broken = Offload(Broken, None)
     with pytest.raises(OffloadError, match="cannot load the model"):
         async with broken:
             pass
@@ -92,7 +109,7 @@ async def test_offload_as_a_context_is_closed_also_when_it_fails_to_start():
 
 async def test_the_node_keeps_running_while_the_child_works():
     """A call that keeps the child busy for a second does not block the event loop."""
-    off = Offload("tests.test_roles:Slow")
+    off = Offload(Slow, None)
     ticks = 0
     try:
         await off.ready()
@@ -105,7 +122,7 @@ async def test_the_node_keeps_running_while_the_child_works():
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(tick)
-            await off.call(1.0)
+            await off.call(1.0)  # Slow takes the seconds as its call
             nursery.cancel_scope.cancel()
     finally:
         off.close()
@@ -113,6 +130,9 @@ async def test_the_node_keeps_running_while_the_child_works():
 
 
 class Slow:
+    def __init__(self, spec: None) -> None:
+        pass
+
     def __call__(self, seconds: float) -> None:
         import time
 
@@ -150,6 +170,7 @@ async def test_a_batch_the_window_moved_past_while_it_was_generated_is_not_submi
     would only get it rejected as invalid. One still inside is stored, announced, submitted."""
     from crypto.identity import Identity
     from node.roles.inference import InferenceRole
+    from node.rollouts.maker import MadeBatch, MakeBatch
     from tests.test_batches import a_batch
 
     identity = Identity.generate()
@@ -177,17 +198,18 @@ async def test_a_batch_the_window_moved_past_while_it_was_generated_is_not_submi
     role.clock.observe(TRAINER, StepNotice(step=3, policy_version=1))
 
     class Maker:
-        async def call(self, *args):
+        async def call(self, call):
+            assert isinstance(call, MakeBatch) and (call.step, call.version) == (3, 1)
             if trainer_moves_on:  # steps 4 and 5 go by while we generate step 3 with v1
                 role.clock.observe(TRAINER, StepNotice(step=5, policy_version=4))
-            return a_batch(identity, step=3).encode()
+            return MadeBatch(a_batch(identity, step=3).encode())
 
     role.maker, role.ledger = Maker(), Ledger()
     await role._work(3, 1, str(tmp_path))
     assert role.done_step == 3  # either way, step 3 is not worked on again
     if trainer_moves_on:
         assert (submitted, announced, role.store.keys()) == ([], [], [])
-        assert role.counts.stale == 1 and role.status()["stale"] == 1
+        assert role.counts.stale == 1 and role.status().as_dict()["stale"] == 1
     else:
         assert len(submitted) == 1 and submitted[0][1] == 1 and len(announced) == 1
         assert role.store.keys() == [submitted[0][0]] and role.counts.stale == 0

@@ -6,13 +6,13 @@ killed with SIGKILL mid-run and restarted."""
 import json
 import os
 import signal
-import time
 
 import pytest
 
-from node.roles.chain import Submission, Verdict
+from node.roles.chain import Ruling, Submission
 from node.roles.clock import StepClock
 from node.roles.trainer import TrainerState, WorkBook, append_line, key_text, recorded_step
+from node.roles.work import Verdict
 from protocol.batches import StepNotice
 from tests.netutil import wait_until
 
@@ -27,18 +27,19 @@ def key(n: int) -> tuple[str, bytes]:
     return (W, bytes([n]) * 32)
 
 
-def verdict(n: int, accepted: bool, final: bool = False) -> Verdict:
-    return Verdict(W, bytes([n]) * 32, accepted, final, 100 + n)
+def ruling(n: int, accepted: bool, final: bool = False) -> Ruling:
+    verdict = Verdict.accept() if accepted else Verdict.reject("invalid", "")
+    return Ruling((W, bytes([n]) * 32), verdict, final, 100 + n)
 
 
 def test_only_accepted_fetched_unused_batches_in_the_window_are_usable():
     book = WorkBook(async_level=2)
     for n, version in ((1, 0), (2, 1), (3, 3), (4, 3)):
         book.on_submission(sub(n, version))
-    book.on_verdict(verdict(1, True))
-    book.on_verdict(verdict(2, True))
-    book.on_verdict(verdict(3, True))
-    book.on_verdict(verdict(4, False))  # rejected: never usable
+    book.on_ruling(ruling(1, True))
+    book.on_ruling(ruling(2, True))
+    book.on_ruling(ruling(3, True))
+    book.on_ruling(ruling(4, False))  # rejected: never usable
     assert set(book.wanted(3)) == {key(2), key(3)}  # version 0 is out of step 3's window
     for n in (1, 2, 3, 4):
         book.fetched[key(n)] = book.submitted[key(n)].policy_version
@@ -54,11 +55,11 @@ def test_an_overturned_acceptance_is_no_longer_usable_and_a_final_accept_is():
     book.on_submission(sub(1, 0))
     book.on_submission(sub(2, 0))
     book.fetched[key(1)] = book.fetched[key(2)] = 0
-    book.on_verdict(verdict(1, True))
-    book.on_verdict(verdict(2, False))
+    book.on_ruling(ruling(1, True))
+    book.on_ruling(ruling(2, False))
     assert book.usable(0) == [key(1)]
-    book.on_verdict(verdict(1, False, final=True))  # a quorum rejected it after all
-    book.on_verdict(verdict(2, True, final=True))  # and overturned the other reject
+    book.on_ruling(ruling(1, False, final=True))  # a quorum rejected it after all
+    book.on_ruling(ruling(2, True, final=True))  # and overturned the other reject
     assert book.usable(0) == [key(2)]
 
 
@@ -140,6 +141,8 @@ def metrics_lines(base):
 def test_a_devnet_learns_for_a_few_steps_and_a_killed_trainer_resumes_exactly(
     tmp_path, tiny_model_dir
 ):
+    from safetensors.torch import load_file
+
     from tests.test_loop import Loop, submissions
 
     loop = Loop(tmp_path, tiny_model_dir, step_wait=60)
@@ -171,7 +174,8 @@ def test_a_devnet_learns_for_a_few_steps_and_a_killed_trainer_resumes_exactly(
         killed_at = json.loads((tmp_path / "trainer" / "trainer-state.json").read_text())["step"]
         # its ranks notice that the role's process is gone and exit by themselves
         wait_until(lambda: not ranks_of(tmp_path), 60, "the killed trainer's ranks to exit")
-        time.sleep(1)
+        killed = loop.nodes["trainer"].proc
+        wait_until(lambda: killed.poll() is not None, 30, "the killed trainer to be gone")
         loop.spawn("trainer", "trainer", env=trainer_env)
 
         def done():
@@ -208,8 +212,14 @@ def test_a_devnet_learns_for_a_few_steps_and_a_killed_trainer_resumes_exactly(
     # the steps before the kill ran on two ranks, the steps after it in one process
     ranks = [m["train_ranks"] for m in lines[1:]]
     assert ranks == [2] * killed_at + [1] * (STEPS - killed_at), (killed_at, ranks)
-    # the trainer trained: weights changed, tokens trained at every step that had samples
+    # the trainer trained: tokens trained, and the weights it published last (the version
+    # every node holds) are not the base model's
     assert sum(m["tokens_trained"] for m in lines) > 0
+    base = load_file(tiny_model_dir / "model.safetensors")
+    last = load_file(tmp_path / "trainer" / "checkpoints" / f"v{STEPS}" / "model.safetensors")
+    assert set(base) <= set(last)  # (a checkpoint may also write the tied lm_head)
+    moved = max((last[k].float() - base[k].float()).abs().max().item() for k in base)
+    assert moved > 1e-4, f"the weights of version {STEPS} are the base model's"
     # what the trainer used: accepted batches, each once, each inside the async window
     subs = submissions_seen
     steps_of = batch_steps(tmp_path)

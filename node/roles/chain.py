@@ -9,8 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ledger.client import STATUS
+from ledger.client import REASONS, STATUS
 from node.config import NodeConfig
+from node.roles.work import ACCEPTED, Key, Verdict
 
 WEI = 10**18
 
@@ -78,19 +79,39 @@ class SubmissionWatcher:
 
 
 @dataclass(frozen=True)
-class Verdict:
-    worker: str  # lower-case 0x address
-    key: bytes
-    accepted: bool  # the submission's status after this vote is "accepted"
+class Ruling:
+    """A validator's vote as the chain recorded it: the verdict that stands on the
+    submission ``key`` after it (accepted: its status is "accepted"; the reject reason is
+    the vote's, "rejected" when an accept vote left it rejected)."""
+
+    key: Key
+    verdict: Verdict
     final: bool  # a quorum overturned the first verdict
     block: int
+
+
+_REASON_NAMES = {code: name for name, code in REASONS.items()}
+
+
+def _ruling(ev: Any) -> Ruling:
+    args = ev["args"]
+    if STATUS.get(int(args["status"])) == ACCEPTED:
+        verdict = Verdict.accept("")
+    else:
+        verdict = Verdict.reject(_REASON_NAMES.get(int(args.get("reason", -1)), "rejected"), "")
+    return Ruling(
+        key=(str(args["worker"]).lower(), bytes(args["key"])),
+        verdict=verdict,
+        final=bool(args["final"]),
+        block=int(ev["blockNumber"]),
+    )
 
 
 class WorkWatcher(SubmissionWatcher):
     """Submissions and verdicts since the last poll, in chain order (the trainer's view of
     accepted work: the chain, never gossip)."""
 
-    def poll_work(self) -> tuple[list[Submission], list[Verdict]]:
+    def poll_work(self) -> tuple[list[Submission], list[Ruling]]:
         span = self._span()
         if span is None:
             return [], []
@@ -101,16 +122,7 @@ class WorkWatcher(SubmissionWatcher):
         )
         self.next_block = span["to_block"] + 1
         votes.sort(key=lambda ev: (int(ev["blockNumber"]), int(ev["logIndex"])))
-        return [_submission(ev) for ev in subs], [
-            Verdict(
-                worker=str(ev["args"]["worker"]).lower(),
-                key=bytes(ev["args"]["key"]),
-                accepted=STATUS.get(int(ev["args"]["status"])) == "accepted",
-                final=bool(ev["args"]["final"]),
-                block=int(ev["blockNumber"]),
-            )
-            for ev in votes
-        ]
+        return [_submission(ev) for ev in subs], [_ruling(ev) for ev in votes]
 
 
 def _submission(ev: Any) -> Submission:

@@ -2,9 +2,10 @@
 
 This is where a rollout starts. For every step the run's trainer announces
 (``node/roles/clock.py``), the worker draws its tasks from (its address, the step, the
-index) (SPEC §13), generates ``group_size`` samples per task with the engine
-(``node/engine/``: seeded sampling, TOPLOC proofs), scores them, and seals one
-``RolloutBatch`` (``protocol/rollouts.py``). A batch the async window has moved past
+index) (SPEC §13); its batch maker (``node/rollouts/maker.py``, in a child process)
+generates ``group_size`` samples per task with the engine (``node/engine/``: seeded
+sampling, TOPLOC proofs) and scores them, and the role seals one ``RolloutBatch``
+(``protocol/rollouts.py``, where the rollout goes next). A batch the async window has moved past
 while it was generated is dropped (a validator would reject it). Otherwise it then, in
 this order: stores the envelope
 durably (``node/rollouts/store.py``: nothing announced can be lost), announces a
@@ -12,21 +13,22 @@ durably (``node/rollouts/store.py``: nothing announced can be lost), announces a
 generated tokens) on-chain. Validators fetch the batch from here
 (``node/roles/exchange.py``) and judge it (``node/roles/validator.py``).
 
-The policy: for step n the worker generates with the newest version it holds in the async
-window (version ≥ n − ``async_level``, and not newer than the trainer announced): version 0
+The policy (``VersionChoice``, ``node/roles/working.py``): for step n the worker generates
+with the newest version it holds in the async window (version ≥ n − ``async_level``, and not newer than the trainer announced): version 0
 is the run's base model (``--model``), later ones arrive over SHARDCAST
 (``node/shardcast/service.py``, which follows new versions by itself). It switches at batch
 boundaries and keeps generating with an older version while the next one downloads; with
 none in the window it waits.
 
-Generation runs in a child process (``Offload``), so the node keeps answering while the CPU
-or GPU is busy. Back-pressure: with ``max_unjudged`` submitted batches still without a verdict, the
-worker waits (validators lag; more work would only risk the stake). One batch per step.
+Generation runs in a child process (``Offload(BatchMaker, MakerSpec.of(cfg))``, one
+``MakeBatch`` call per batch), so the node keeps answering while the CPU or GPU is busy.
+Back-pressure: with ``max_unjudged`` submitted batches still without a verdict
+(``PendingVerdicts``), the worker waits (validators lag; more work would only risk the
+stake). One batch per step.
 
 ``cheat`` (tests and the devnet's ``--cheaters`` only, refused without ``dev_cheats``):
-``other_weights`` generates with perturbed weights, ``edit_token`` changes one output
-token after proving, ``inflate_reward`` claims reward 1 for every sample, ``withhold``
-announces and submits its batches but never serves them.
+``withhold`` announces and submits its batches but never serves them; the others are the
+batch maker's (``node/rollouts/maker.py``).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import trio
@@ -43,10 +45,14 @@ from ledger.client import LedgerError
 from node.config import NodeConfig
 from node.files import write_atomic
 from node.net.runtime import Node
+from node.roles.busy import BusyTime
 from node.roles.chain import WEI, ChainSetupError, open_ledger
 from node.roles.clock import StepClock, follow_steps
 from node.roles.exchange import serve_batches
 from node.roles.offload import Offload, OffloadError
+from node.roles.status import InferenceStatus, Stake
+from node.roles.working import PendingVerdicts, VersionChoice
+from node.rollouts.maker import BatchMaker, MadeBatch, MakeBatch, MakerSpec
 from node.rollouts.store import BatchStore
 from protocol.batches import BATCH_TOPIC, BatchNotice
 from protocol.rollouts import RolloutBatch
@@ -60,26 +66,10 @@ POLL_S = 1.0
 class WorkerCounts:
     generated: int = 0
     submitted: int = 0
-    accepted: int = 0
-    rejected: int = 0
     tokens: int = 0
     seconds: float = 0.0
     errors: int = 0
     stale: int = 0  # generated, then left unsubmitted: the window had moved past it
-    pending: dict[bytes, int] = field(default_factory=dict)  # submitted, no verdict: key -> step
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "generated": self.generated,
-            "submitted": self.submitted,
-            "accepted": self.accepted,
-            "rejected": self.rejected,
-            "unjudged": len(self.pending),
-            "tokens": self.tokens,
-            "errors": self.errors,
-            "stale": self.stale,
-            "tokens_per_s": round(self.tokens / self.seconds, 1) if self.seconds else 0.0,
-        }
 
 
 class InferenceRole:
@@ -93,14 +83,14 @@ class InferenceRole:
         self.state_path = cfg.resolved_data_dir / "inference-state.json"
         self.clock = StepClock(cfg.trainer_peer_id, cfg.async_level)
         self.counts = WorkerCounts()
+        self.pending = PendingVerdicts()  # submitted, no verdict yet
+        self.versions = VersionChoice(cfg.async_level)
         self.ledger: Any = None
         self.address = ""
         self.maker: Any = None
         self.done_step: int | None = None
-        self.version_used: int | None = None
-        self.serving_since: float | None = None
-        self.busy_s = 0.0  # generating, signing, storing, submitting
-        self.stake_info: dict[str, Any] = {}
+        self.busy = BusyTime()  # generating, signing, storing, submitting
+        self.stake: Stake | None = None
 
     # ---- setup -------------------------------------------------------------------------
 
@@ -117,19 +107,28 @@ class InferenceRole:
                 f"{self.address} is registered for another peer key; this node cannot work for it"
             )
 
-    def status(self) -> dict[str, Any]:
-        return {
-            "address": self.address,
-            "step": self.clock.step,
-            "policy_version": self.clock.policy_version,
-            "version_used": self.version_used,
-            "weights_held": self.held_versions(),
-            "last_batch_step": self.done_step,
-            "cheat": self.cfg.cheat,
-            "idle_share": idle_share(self.busy_s, self.serving_since),
-            **self.counts.as_dict(),
-            **self.stake_info,
-        }
+    def status(self) -> InferenceStatus:
+        c = self.counts
+        return InferenceStatus(
+            address=self.address,
+            step=self.clock.step,
+            policy_version=self.clock.policy_version,
+            version_used=self.versions.used,
+            weights_held=self.held_versions(),
+            last_batch_step=self.done_step,
+            cheat=self.cfg.cheat,
+            idle_share=self.busy.idle_share(time.monotonic()),
+            generated=c.generated,
+            submitted=c.submitted,
+            accepted=self.pending.accepted,
+            rejected=self.pending.rejected,
+            unjudged=len(self.pending),
+            tokens=c.tokens,
+            errors=c.errors,
+            stale=c.stale,
+            tokens_per_s=round(c.tokens / c.seconds, 1) if c.seconds else 0.0,
+            stake=self.stake,
+        )
 
     # ---- the loop ----------------------------------------------------------------------
 
@@ -137,28 +136,19 @@ class InferenceRole:
         self, *, task_status: trio.TaskStatus[InferenceRole] = trio.TASK_STATUS_IGNORED
     ) -> None:
         await trio.to_thread.run_sync(self._setup)
-        async with Offload(
-            "node.roles.inference:BatchMaker",
-            self.cfg.taskset,
-            self.cfg.tasks_per_batch,
-            self.cfg.group_size,
-            self.cfg.max_new_tokens,
-            self.cfg.temperature,
-            self.cfg.engine_batch,
-            self.cfg.cheat,
-        ) as self.maker:
+        async with Offload(BatchMaker, MakerSpec.of(self.cfg)) as self.maker:
             await self._serve(task_status)
 
     async def _serve(self, task_status: trio.TaskStatus[InferenceRole]) -> None:
         if self.cfg.cheat != "withhold":  # a test cheat: submit and announce, never serve
             serve_batches(self.node, self.store)
         follow_steps(self.node, self.clock)
-        self.node.add_status("inference", self.status)
+        self.node.add_status("inference", lambda: self.status().as_dict())
         self._resume_pending()
-        self.serving_since = time.monotonic()
+        self.busy.since = time.monotonic()
         task_status.started(self)
         await self._refresh_verdicts()  # resubmits what a crash left unsubmitted
-        for key in list(self.counts.pending):  # and tells validators where to fetch it again
+        for key in self.pending.keys():  # and tells validators where to fetch it again
             if stored := self._stored(key):
                 self.node.announce(BATCH_TOPIC, BatchNotice.of(*stored).encode())
         while True:
@@ -168,7 +158,7 @@ class InferenceRole:
                 if (
                     step is None
                     or step == self.done_step
-                    or len(self.counts.pending) >= self.cfg.max_unjudged
+                    or len(self.pending) >= self.cfg.max_unjudged
                 ):
                     await trio.sleep(POLL_S)
                     continue
@@ -180,7 +170,7 @@ class InferenceRole:
                 try:
                     await self._work(step, *picked)
                 finally:
-                    self.busy_s += time.monotonic() - began
+                    self.busy.add(time.monotonic() - began)
             except (LedgerError, OffloadError, OSError) as exc:  # the chain said no, or a failure
                 self.counts.errors += 1
                 log.error("work failed: %s", exc)
@@ -189,8 +179,7 @@ class InferenceRole:
     def _resume_pending(self) -> None:
         """After a restart: the stored batches still without a verdict are pending, and the
         last step worked on is not worked on again (same tasks, same work key)."""
-        for key in self.store.keys():
-            self.counts.pending.setdefault(key, -1)
+        self.pending.restored(self.store.keys())
         try:
             self.done_step = int(json.loads(self.state_path.read_text())["done_step"])
         except (FileNotFoundError, ValueError, KeyError, TypeError):
@@ -200,41 +189,34 @@ class InferenceRole:
         write_atomic(self.state_path, json.dumps({"done_step": self.done_step}).encode())
 
     async def _refresh_verdicts(self) -> None:
-        if not self.counts.pending:
-            if not self.stake_info:
-                self.stake_info = await trio.to_thread.run_sync(self._money)
+        if not self.pending:
+            if self.stake is None:
+                self.stake = await trio.to_thread.run_sync(self._money)
             return
-        keys = list(self.counts.pending)
+        keys = self.pending.keys()
         infos = await trio.to_thread.run_sync(
             lambda: [self.ledger.submission(self.address, k) for k in keys]
         )
         for key, info in zip(keys, infos, strict=True):
-            if info.status == "none" and self.counts.pending[key] == -1:
+            if self.pending.settle(key, info.status):
                 await self._resubmit(key)  # stored, but a crash came before the submission
-            elif info.status == "accepted":
-                self.counts.accepted += 1
-                del self.counts.pending[key]
-            elif info.status == "rejected":
-                self.counts.rejected += 1
-                del self.counts.pending[key]
-        self.stake_info = await trio.to_thread.run_sync(self._money)
+        self.stake = await trio.to_thread.run_sync(self._money)
 
-    def _money(self) -> dict[str, int]:
+    def _money(self) -> Stake:
         w = self.ledger.worker(self.address)
-        return {
-            "stake_wei": w.stake,
-            "locked_wei": w.locked,
-            "slashed": w.slashed,
-            "pending_wei": self.ledger.pending(self.address),
-            "claimable_wei": self.ledger.claimable(self.address),
-        }
+        return Stake(
+            stake_wei=w.stake,
+            locked_wei=w.locked,
+            slashed=w.slashed,
+            pending_wei=self.ledger.pending(self.address),
+            claimable_wei=self.ledger.claimable(self.address),
+        )
 
     def _stored(self, key: bytes) -> tuple[RolloutBatch, bytes] | None:
         envelope = self.store.get(key)
         return None if envelope is None else (open_message(envelope, RolloutBatch), envelope)
 
     async def _resubmit(self, key: bytes) -> None:
-        del self.counts.pending[key]
         stored = self._stored(key)
         if stored is None:
             return
@@ -247,7 +229,7 @@ class InferenceRole:
             log.warning("stored batch %s not submitted: %s", key.hex()[:16], exc)
             return
         self.counts.submitted += 1
-        self.counts.pending[key] = batch.step
+        self.pending.submitted(key, batch.step)
 
     def held_versions(self) -> list[int]:
         held = set(self.weights.store.complete) if self.weights is not None else set()
@@ -256,21 +238,20 @@ class InferenceRole:
     def pick_version(self, step: int) -> tuple[int, str] | None:
         """The newest version held that the async window admits for ``step``, with its
         model directory; None when none is held yet."""
-        lo = max(0, step - self.cfg.async_level)
-        usable = [v for v in self.held_versions() if lo <= v <= self.clock.policy_version]
-        if not usable:
+        v = self.versions.pick(step, self.held_versions(), self.clock.policy_version)
+        if v is None:
             return None
-        v = max(usable)
         path = self.cfg.model if v == 0 else self.weights.model_dir(v)
         return None if path is None else (v, str(path))
 
     async def _work(self, step: int, version: int, model_dir: str) -> None:
         started = time.perf_counter()
-        encoded = await self.maker.call(model_dir, self.address, step, version, self.node.header())
-        if version != self.version_used:
+        made: MadeBatch = await self.maker.call(
+            MakeBatch(model_dir, self.address, step, version, self.node.header())
+        )
+        if self.versions.use(version):
             log.info("generating with policy version %d (%s)", version, model_dir)
-            self.version_used = version
-        batch = RolloutBatch.decode(encoded)
+        batch = RolloutBatch.decode(made.encoded)
         if why := self.clock.window(step, version):
             # the trainer moved on while we generated: a validator would reject it as
             # invalid (and slash the stake for it), so it is neither stored nor submitted
@@ -290,7 +271,7 @@ class InferenceRole:
         self.node.announce(BATCH_TOPIC, notice.encode())
         await trio.to_thread.run_sync(self.ledger.submit_work, key, notice.units, version)
         self.counts.submitted += 1
-        self.counts.pending[key] = step
+        self.pending.submitted(key, step)
         self.node.metrics.inc("batches_submitted")
         self.node.metrics.inc("tokens_generated", notice.units)
         c = self.counts
@@ -299,12 +280,12 @@ class InferenceRole:
             "slashed %d, pending %.6f ETH, claimable %.6f ETH",
             c.generated,
             c.tokens / c.seconds if c.seconds else 0.0,
-            c.accepted,
-            c.rejected,
-            len(c.pending),
-            self.stake_info.get("slashed", 0),
-            self.stake_info.get("pending_wei", 0) / WEI,
-            self.stake_info.get("claimable_wei", 0) / WEI,
+            self.pending.accepted,
+            self.pending.rejected,
+            len(self.pending),
+            self.stake.slashed if self.stake else 0,
+            (self.stake.pending_wei if self.stake else 0) / WEI,
+            (self.stake.claimable_wei if self.stake else 0) / WEI,
         )
         log.info(
             "batch step %d v%d: %d tokens, key %s submitted",
@@ -313,101 +294,6 @@ class InferenceRole:
             notice.units,
             key.hex()[:16],
         )
-
-
-class BatchMaker:
-    """In the role's child process (``Offload``): the engine, the task set, generation,
-    scoring; returns the encoded, unsigned batch (the node signs it)."""
-
-    def __init__(
-        self,
-        taskset: str,
-        tasks_per_batch: int,
-        group_size: int,
-        max_new_tokens: int,
-        temperature: float,
-        engine_batch: int,
-        cheat: str,
-    ) -> None:
-        from node.engine.base import SamplingParams
-        from node.tasks import load_taskset
-
-        self.taskset = load_taskset(taskset)
-        self.params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature)
-        self.count, self.group_size, self.cheat = tasks_per_batch, group_size, cheat
-        self.engine_batch = engine_batch
-        self.engine: Any = None
-        self.tokenizer: Any = None
-        self.model_dir = ""
-
-    def _load(self, model_dir: str) -> None:
-        """Switch to the policy in ``model_dir`` (between batches)."""
-        from node.engine import open_engine
-
-        self.engine, self.tokenizer = open_engine(
-            model_dir, backend="torch", max_batch=self.engine_batch
-        )
-        self.model_dir = model_dir
-        if self.cheat == "other_weights":
-            _perturb(self.engine.model)
-
-    def __call__(
-        self, model_dir: str, worker: str, step: int, version: int, header: dict[str, Any]
-    ) -> bytes:
-        from node.rollouts.generate import generate_groups, to_batch
-
-        if model_dir != self.model_dir:
-            self._load(model_dir)
-
-        groups = generate_groups(
-            self.engine,
-            self.tokenizer,
-            self.taskset,
-            worker=worker,
-            step=step,
-            count=self.count,
-            group_size=self.group_size,
-            params=self.params,
-        )
-        if self.cheat == "inflate_reward":
-            for g in groups:
-                g.rewards = [1.0] * len(g.rewards)
-        if self.cheat == "edit_token":  # after proving; the reward claimed is the edited text's
-            g, r = groups[0], groups[0].results[0]
-            i = len(r.tokens) // 2
-            r.tokens[i] = 3 + (r.tokens[i] - 3 + 1) % (self.engine.vocab_size - 3)
-            g.completions[0] = self.tokenizer.decode(r.tokens, skip_special_tokens=True)
-            g.rewards[0] = g.task.reward(g.completions[0])
-        batch = to_batch(
-            groups,
-            **header,
-            worker=worker,
-            step=step,
-            policy_version=version,
-            taskset=self.taskset.name,
-            params=self.params,
-        )
-        encoded: bytes = batch.encode()
-        return encoded
-
-
-def idle_share(busy_s: float, since: float | None) -> float:
-    """The share of the time since ``since`` (monotonic) not spent busy."""
-    if since is None or time.monotonic() <= since:
-        return 0.0
-    return round(max(0.0, 1.0 - busy_s / (time.monotonic() - since)), 3)
-
-
-def _perturb(model: Any) -> None:
-    """Other weights: every parameter redrawn with the same spread (a test cheat: the same
-    architecture, another model)."""
-    import torch
-
-    g = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for p in model.parameters():
-            spread = p.float().std().clamp_min(1e-3) if p.numel() > 1 else torch.tensor(1.0)
-            p.copy_((torch.randn(p.shape, generator=g) * spread).to(p.device, p.dtype))
 
 
 async def run(

@@ -1,4 +1,5 @@
-"""The validator's schedule: which batch to fetch next, when to retry, when to give up.
+"""The validator's schedule: which batch to fetch next, when to retry, when to give up;
+and which verdicts to post again (``VerdictPosts``).
 
 A batch is judged when its key was submitted on-chain (the chain is the record of work
 claimed) and a peer announced that it holds it (where to fetch it). Fetches that fail are
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-Key = tuple[str, bytes]  # (worker address, work key): how the ledger keys a submission
+from node.roles.work import Key, Verdict
 
 
 @dataclass
@@ -151,3 +152,43 @@ class JudgingQueue:
             if e.peers:
                 times.append(max(now, e.next_try))
         return min(times) if times else None
+
+
+@dataclass
+class _Unposted:
+    verdict: Verdict
+    due: float  # when to post it again
+    attempts: int  # posts the chain refused so far
+
+
+@dataclass
+class VerdictPosts:
+    """Verdicts the chain refused to take (e.g. its clock lags ours): each is posted again
+    ``retry_s`` after a refusal, and given up after ``attempts`` refusals in all. Pure: the
+    role posts, and passes ``now`` in."""
+
+    attempts: int = 30
+    retry_s: float = 2.0
+    waiting: dict[Key, _Unposted] = field(default_factory=dict)
+    given_up: int = 0
+
+    def __len__(self) -> int:
+        return len(self.waiting)
+
+    def due(self, now: float) -> list[tuple[Key, Verdict]]:
+        """The verdicts to post again now."""
+        return [(k, u.verdict) for k, u in self.waiting.items() if u.due <= now]
+
+    def refused(self, key: Key, verdict: Verdict, now: float) -> int:
+        """The chain refused the post of ``verdict`` on ``key``; returns how many times it
+        has now (at ``attempts`` the verdict is given up)."""
+        tries = self.waiting[key].attempts + 1 if key in self.waiting else 1
+        if tries < self.attempts:
+            self.waiting[key] = _Unposted(verdict, now + self.retry_s, tries)
+        else:
+            self.waiting.pop(key, None)
+            self.given_up += 1
+        return tries
+
+    def posted(self, key: Key) -> None:
+        self.waiting.pop(key, None)

@@ -3,13 +3,16 @@
 Generation and recomputation are long stretches of Python and torch; in a thread of the
 node's own process they hold the GIL often enough that heartbeats go out late, peers
 expire the node and requests to it time out (measured on this 2-core machine). A role
-therefore keeps its model in an ``Offload``: a child process (``spawn``) built by a
-factory ``module:function`` that returns the handler, answering one call at a time over a
-pipe (``async with Offload(...) as child:`` waits until it is ready and closes it on
-exit). The role awaits ``call`` from trio (the waiting thread blocks in the pipe, not on the
-GIL). The pipe carries only our own local values (ints, strings, bytes) between this
-process and its child, never anything from the network. The child exits when the pipe
-closes, also when the node is killed.
+therefore keeps its model in an ``Offload``: a child process (``spawn``) that builds
+``handler(spec)`` (a class and its frozen spec dataclass, built from the node's config)
+and answers one call at a time over a pipe: ``handler(call)`` with a typed call (one
+dataclass per kind of call) returns a typed result. ``async with Offload(BatchMaker,
+MakerSpec.of(cfg)) as child:`` waits until it is ready and closes it on exit; the role
+awaits ``child.call(MakeBatch(...))`` from trio (the waiting thread blocks in the pipe,
+not on the GIL). The child imports the class by its module and qualified name (it must
+be defined at the top level of a module). The pipe carries only our own local values
+(specs, calls, results) between this process and its child, never anything from the
+network. The child exits when the pipe closes, also when the node is killed.
 """
 
 from __future__ import annotations
@@ -26,10 +29,18 @@ class OffloadError(RuntimeError):
     """The child process failed a call (its error, in one line) or died."""
 
 
-def _serve(conn: multiprocessing.connection.Connection, target: str, args: tuple[Any, ...]) -> None:
-    module, name = target.split(":")
+def _resolve(module: str, qualname: str) -> Any:
+    target: Any = importlib.import_module(module)
+    for part in qualname.split("."):
+        target = getattr(target, part)
+    return target
+
+
+def _serve(
+    conn: multiprocessing.connection.Connection, module: str, qualname: str, spec: Any
+) -> None:
     try:
-        handler = getattr(importlib.import_module(module), name)(*args)
+        handler = _resolve(module, qualname)(spec)
     except Exception as exc:
         conn.send((False, f"{type(exc).__name__}: {exc}"))
         return
@@ -42,16 +53,24 @@ def _serve(conn: multiprocessing.connection.Connection, target: str, args: tuple
                 close()  # a handler with processes of its own stops them
             return  # the node is gone
         try:
-            conn.send((True, handler(*call)))
+            conn.send((True, handler(call)))
         except Exception as exc:
             conn.send((False, f"{type(exc).__name__}: {exc}"))
 
 
 class Offload:
-    def __init__(self, target: str, *args: Any) -> None:
+    """``handler(spec)`` in a child process; ``await call(c)`` is ``handler(c)`` there."""
+
+    def __init__(self, handler: type, spec: Any) -> None:
+        if "<locals>" in handler.__qualname__:
+            raise TypeError(f"{handler.__qualname__} is not importable by the child process")
         ctx = multiprocessing.get_context("spawn")
         self._conn, child = ctx.Pipe()
-        self._proc = ctx.Process(target=_serve, args=(child, target, args), daemon=True)
+        self._proc = ctx.Process(
+            target=_serve,
+            args=(child, handler.__module__, handler.__qualname__, spec),
+            daemon=True,
+        )
         self._proc.start()
         child.close()
         self._lock = trio.Lock()
@@ -72,9 +91,11 @@ class Offload:
         async with self._lock:
             await trio.to_thread.run_sync(self._recv, abandon_on_cancel=True)
 
-    async def call(self, *args: Any) -> Any:
+    async def call(self, call: Any) -> Any:
+        """The handler's result for ``call`` (a call dataclass of the handler's)."""
+
         def roundtrip() -> Any:
-            self._conn.send(args)
+            self._conn.send(call)
             return self._recv()
 
         async with self._lock:

@@ -5,9 +5,10 @@ validator judged it and posted ``accept`` on-chain (``node/roles/validator.py``)
 trainer reads verdicts from the chain, never from gossip (``WorkWatcher``), fetches each
 accepted batch from its worker over ``/intellect/batch/1.0.0`` (it must hash to the work
 key the chain accepted), keeps it in its inbox, and trains on it: ``PolicyWorker`` (a
-child process) turns the batches into GRPO samples (``node/training/grpo.py``) and takes
-one optimizer step (``node/training/policy.py``); with ``train_procs`` > 1 the child drives
-that many torchrun ranks that shard the step with FSDP2 (``node/training/ranks.py``).
+child process, ``node/training/worker.py``) turns the batches into GRPO samples
+(``node/training/grpo.py``) and takes one optimizer step (``node/training/policy.py``);
+with ``train_procs`` > 1 the child drives that many torchrun ranks that shard the step
+with FSDP2 (``node/training/ranks.py``).
 
 One training step n (the policy is version n; version 0 is the base ``--model``):
 
@@ -46,10 +47,14 @@ import trio
 from node.config import NodeConfig
 from node.files import write_atomic
 from node.net.runtime import Node
-from node.roles.chain import ChainSetupError, Submission, Verdict, WorkWatcher, open_ledger
+from node.roles.chain import ChainSetupError, Ruling, Submission, WorkWatcher, open_ledger
 from node.roles.exchange import fetch_batch, follow_notices
 from node.roles.offload import Offload, OffloadError
+from node.roles.status import TrainerStatus
+from node.roles.work import Key
 from node.rollouts.store import BatchStore, BatchStoreError
+from node.training.ranks import RankedPolicyWorker, RanksSpec
+from node.training.worker import Evaluate, PolicySpec, PolicyWorker, StepStats, TrainStep
 from protocol.batches import STEP_TOPIC, BatchNotice, StepNotice
 from protocol.errors import WireError
 from protocol.rollouts import RolloutBatch
@@ -61,8 +66,6 @@ METRICS_FILE = "metrics.jsonl"
 POLL_S = 0.5
 ANNOUNCE_EVERY = 5.0  # the step notice is repeated (gossip can miss, nodes join late)
 KEEP_CHECKPOINTS = 2
-
-Key = tuple[str, bytes]  # (worker, work key)
 
 
 def append_line(path: Path, line: dict[str, Any]) -> None:
@@ -116,10 +119,10 @@ class WorkBook:
     def on_submission(self, sub: Submission) -> None:
         self.submitted[(sub.worker, sub.key)] = sub
 
-    def on_verdict(self, v: Verdict) -> None:
-        key = (v.worker, v.key)
-        (self.accepted if v.accepted else self.rejected).add(key)
-        (self.rejected if v.accepted else self.accepted).discard(key)
+    def on_ruling(self, r: Ruling) -> None:
+        accepted = r.verdict.accepted
+        (self.accepted if accepted else self.rejected).add(r.key)
+        (self.rejected if accepted else self.accepted).discard(r.key)
 
     def wanted(self, step: int) -> list[Key]:
         """Accepted batches to fetch: not fetched, not consumed, still in the window."""
@@ -160,6 +163,26 @@ class WorkBook:
             self.consumed[key_text(k)] = self.submitted[k].policy_version
         floor = step - self.async_level
         self.consumed = {k: v for k, v in self.consumed.items() if v >= floor}
+
+
+@dataclass
+class FetchRetry:
+    """When to ask again for an accepted batch that no holder could serve: ``retry_s``
+    after the failure (the trainer retries until the batch leaves the window). Pure: the
+    role passes ``now`` in."""
+
+    retry_s: float = 2.0
+    retry_at: dict[Key, float] = field(default_factory=dict)
+
+    def due(self, keys: list[Key], now: float) -> list[Key]:
+        """Those of ``keys`` to fetch now, in their order."""
+        return [k for k in keys if now >= self.retry_at.get(k, 0.0)]
+
+    def fetched(self, key: Key) -> None:
+        self.retry_at.pop(key, None)
+
+    def failed(self, key: Key, now: float) -> None:
+        self.retry_at[key] = now + self.retry_s
 
 
 @dataclass
@@ -243,22 +266,22 @@ class TrainerRole:
             Path(str(self.cfg.model)) if version == 0 else self.dir / "checkpoints" / f"v{version}"
         )
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> TrainerStatus:
         total = self.idle_s + self.busy_s
-        return {
-            "step": self.step,
-            "policy_version": self.step,
-            "train_steps": self.cfg.train_steps,
-            "done": self.done,
-            "accepted": len(self.book.accepted),
-            "rejected": len(self.book.rejected),
-            "slashed": self.slashed,
-            "usable": len(self.book.usable(self.step)),
-            "batches_used": self.state.batches_used,
-            "tokens_trained": self.state.tokens_trained,
-            "idle_share": round(self.idle_s / total, 3) if total else 0.0,
-            "last": self.last,
-        }
+        return TrainerStatus(
+            step=self.step,
+            policy_version=self.step,
+            train_steps=self.cfg.train_steps,
+            done=self.done,
+            accepted=len(self.book.accepted),
+            rejected=len(self.book.rejected),
+            slashed=self.slashed,
+            usable=len(self.book.usable(self.step)),
+            batches_used=self.state.batches_used,
+            tokens_trained=self.state.tokens_trained,
+            idle_share=round(self.idle_s / total, 3) if total else 0.0,
+            last=self.last,
+        )
 
     # ---- the loop ----------------------------------------------------------------------
 
@@ -266,32 +289,19 @@ class TrainerRole:
         self, *, task_status: trio.TaskStatus[TrainerRole] = trio.TASK_STATUS_IGNORED
     ) -> None:
         await trio.to_thread.run_sync(self._setup)
+        spec = PolicySpec.of(self.cfg, self.dir / "checkpoints", self.step)
         # one process, or torchrun ranks with FSDP2 (node/training/ranks.py)
-        procs, device = self.cfg.train_procs, self.cfg.train_device
-        where = (
-            ("node.training.ranks:RankedPolicyWorker", procs, device)
-            if procs > 1
-            else ("node.roles.trainer:PolicyWorker",)
+        child = (
+            Offload(RankedPolicyWorker, RanksSpec(self.cfg.train_procs, spec))
+            if self.cfg.train_procs > 1
+            else Offload(PolicyWorker, spec)
         )
-        async with Offload(
-            *where,
-            str(self.cfg.model),
-            str(self.dir / "checkpoints"),
-            self.step,
-            self.cfg.learning_rate,
-            self.cfg.seed,
-            self.cfg.taskset,
-            self.cfg.heldout_per_level,
-            self.cfg.heldout_seed,
-            self.cfg.max_new_tokens,
-            self.cfg.temperature,
-            *((device,) if procs == 1 else ()),
-        ) as self.policy:
+        async with child as self.policy:
             await self._serve(task_status)
 
     async def _serve(self, task_status: trio.TaskStatus[TrainerRole]) -> None:
         follow_notices(self.node, self._on_notice)
-        self.node.add_status("trainer", self.status)
+        self.node.add_status("trainer", lambda: self.status().as_dict())
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._watch_chain)
             nursery.start_soon(self._fetch_loop)
@@ -299,7 +309,7 @@ class TrainerRole:
             await self._publish(self.step)  # after a restart: what a crash left unpublished
             task_status.started(self)
             if recorded_step(self.dir / METRICS_FILE) < self.step:  # the base policy's line,
-                await self._record(self.state.line or self._line({}, [], time.monotonic()))
+                await self._record(self.state.line or self._line(StepStats(), [], time.monotonic()))
                 # or the line a crash cut off between the checkpoint and the record
             while self.cfg.train_steps == 0 or self.step < self.cfg.train_steps:
                 await self._train_one()
@@ -317,7 +327,7 @@ class TrainerRole:
         envelopes = [e for k in keys if (e := self.inbox.get(k[1])) is not None]
         busy = time.monotonic()
         try:
-            stats = await self.policy.call("train", n, envelopes)
+            stats: StepStats = await self.policy.call(TrainStep(n, envelopes))
         except OffloadError as exc:
             log.error("training step %d failed: %s", n, exc)
             raise
@@ -325,7 +335,7 @@ class TrainerRole:
         self.state.step = n + 1
         self.state.consumed = dict(self.book.consumed)
         self.state.batches_used += len(keys)
-        self.state.tokens_trained += int(stats.get("tokens", 0))
+        self.state.tokens_trained += stats.tokens
         self.state.line = self._line(stats, keys, began)
         await trio.to_thread.run_sync(self.state.save, self.state_path)
         for k in keys:
@@ -382,12 +392,12 @@ class TrainerRole:
             if self.announced[0] >= 0:
                 self._send_step()
 
-    def _line(self, stats: dict[str, Any], keys: list[Key], began: float) -> dict[str, Any]:
+    def _line(self, stats: StepStats, keys: list[Key], began: float) -> dict[str, Any]:
         """The step's line of ``metrics.jsonl`` before the held-out evaluation."""
         return {
             "step": self.step,
             "policy_version": self.step,
-            "reward_mean": stats.get("reward_mean"),
+            "reward_mean": stats.reward_mean,
             "heldout_accuracy": None,
             "heldout_by_level": {},
             "accepted": len(self.book.accepted),
@@ -395,18 +405,18 @@ class TrainerRole:
             "slashed": self.slashed,
             "batches_used": len(keys),
             "batches_used_total": self.state.batches_used,
-            "tokens_trained": int(stats.get("tokens", 0)),
+            "tokens_trained": stats.tokens,
             "tokens_trained_total": self.state.tokens_trained,
-            "samples": int(stats.get("samples", 0)),
+            "samples": stats.samples,
             "stale_unused": len(self.book.stale(self.step)),
-            "loss": stats.get("loss"),
-            "grad_norm": stats.get("grad_norm"),
-            "clip_frac": stats.get("clip_frac"),
-            "train_ranks": stats.get("ranks", self.cfg.train_procs),
+            "loss": stats.loss,
+            "grad_norm": stats.grad_norm,
+            "clip_frac": stats.clip_frac,
+            "train_ranks": self.cfg.train_procs if stats.ranks is None else stats.ranks,
             "versions_used": sorted({self.book.submitted[k].policy_version for k in keys}),
             "used": [key_text(k) for k in keys],
             "seconds": round(time.monotonic() - began, 3),
-            "idle_share": self.status()["idle_share"],
+            "idle_share": self.status().idle_share,
             "time": time.time(),
         }
 
@@ -414,9 +424,9 @@ class TrainerRole:
         """Evaluate (when due) and append the step's line to ``metrics.jsonl``."""
         line = dict(line)
         if self.cfg.eval_every and self.step % self.cfg.eval_every == 0:
-            evaluated = await self.policy.call("eval", str(self.checkpoint_dir(self.step)))
-            line["heldout_accuracy"] = evaluated.get("all")
-            line["heldout_by_level"] = {k: v for k, v in evaluated.items() if k != "all"}
+            scores = await self.policy.call(Evaluate(str(self.checkpoint_dir(self.step))))
+            line["heldout_accuracy"] = scores.accuracy
+            line["heldout_by_level"] = scores.by_level
         self.last = {k: line[k] for k in ("step", "reward_mean", "heldout_accuracy")}
         await trio.to_thread.run_sync(append_line, self.dir / METRICS_FILE, line)
         log.info(
@@ -447,11 +457,11 @@ class TrainerRole:
         assert self.watcher is not None
         while True:
             try:
-                subs, verdicts = await trio.to_thread.run_sync(self.watcher.poll_work)
+                subs, rulings = await trio.to_thread.run_sync(self.watcher.poll_work)
                 for sub in subs:
                     self.book.on_submission(sub)
-                for v in verdicts:
-                    self.book.on_verdict(v)
+                for ruling in rulings:
+                    self.book.on_ruling(ruling)
                 self.slashed = await trio.to_thread.run_sync(self._count_slashed)
             except Exception as exc:  # the chain may be briefly unreachable
                 log.warning("reading the chain failed: %s", exc)
@@ -470,15 +480,13 @@ class TrainerRole:
         """Fetch every accepted batch the trainer may still use into the inbox."""
         for key in self.inbox.keys():  # after a restart: what was fetched before
             self._file(key)
-        retry_at: dict[Key, float] = {}
+        retry = FetchRetry()
         while True:
-            for key in self.book.wanted(self.step):
-                if time.monotonic() < retry_at.get(key, 0.0):
-                    continue
+            for key in retry.due(self.book.wanted(self.step), time.monotonic()):
                 if await self._fetch(key):
-                    retry_at.pop(key, None)
+                    retry.fetched(key)
                 else:
-                    retry_at[key] = time.monotonic() + 2.0
+                    retry.failed(key, time.monotonic())
             await trio.sleep(POLL_S)
 
     def _file(self, work_key: bytes) -> None:
@@ -521,86 +529,6 @@ class TrainerRole:
         except Exception:
             return None
         return peer_id_of(peer_key) if any(peer_key) else None
-
-
-class PolicyWorker:
-    """In the role's child process (``Offload``): the policy, its optimizer, the held-out
-    set; ``("train", step, envelopes)`` and ``("eval", model_dir)``."""
-
-    def __init__(
-        self,
-        base: str,
-        checkpoints: str,
-        step: int,
-        lr: float | None,
-        seed: int,
-        taskset: str,
-        heldout_per_level: int,
-        heldout_seed: int,
-        max_new_tokens: int,
-        temperature: float,
-        device: str = "cpu",
-        distributed: bool = False,
-    ) -> None:
-        import torch
-
-        from node.tasks import load_taskset
-        from node.training.grpo import GRPOConfig
-        from node.training.heldout import HeldOut
-        from node.training.policy import Policy
-
-        torch.manual_seed(seed)
-        self.cfg = GRPOConfig() if lr is None else GRPOConfig(lr=lr)
-        self.root = Path(checkpoints)
-        self.taskset = load_taskset(taskset)
-        self.heldout = HeldOut(taskset, per_level=heldout_per_level, seed=heldout_seed)
-        self.max_new_tokens, self.temperature = max_new_tokens, temperature
-        where = {"device": device, "distributed": distributed}
-        if step == 0:
-            self.policy = Policy(base, self.cfg, seed=seed, **where)
-        else:
-            self.policy = Policy.from_checkpoint(
-                self.root / f"v{step}", self.root / f"v{step}.state", self.cfg, seed=seed, **where
-            )
-            self.policy.base_dir = Path(base)  # tokenizer and recipe files come from the base
-        self.dropped_heldout = 0
-
-    def __call__(self, op: str, *args: Any) -> Any:
-        if op == "train":
-            return self.train(*args)
-        if op == "eval":
-            return self.heldout.evaluate_dir(args[0], max_new_tokens=self.max_new_tokens)
-        raise ValueError(f"unknown operation {op!r}")
-
-    def train(self, step: int, envelopes: list[bytes]) -> dict[str, Any]:
-        """One GRPO step on the batches; checkpoint ``step + 1`` (weights, then state)."""
-        import dataclasses
-
-        from node.training.grpo import samples_from_batch
-
-        samples = []
-        rewards: list[float] = []
-        skipped = 0
-        for envelope in envelopes:
-            batch = open_message(envelope, RolloutBatch)
-            if abs(batch.temperature - self.temperature) > 1e-9:
-                skipped += 1  # another temperature: its log-probs are not comparable
-                continue
-            held_out = self.heldout.batch_filter(batch, self.taskset)
-            kept = [g for g in batch.groups if not held_out(g)]
-            self.dropped_heldout += len(batch.groups) - len(kept)
-            rewards += [s.reward for g in kept for s in g.samples]
-            samples += samples_from_batch(dataclasses.replace(batch, groups=kept))
-        stats: dict[str, Any] = {"samples": 0, "tokens": 0}
-        if samples:
-            stats = dict(self.policy.train_step(samples, self.temperature))
-        self.policy.save(self.root / f"v{step + 1}")
-        self.policy.save_state(self.root / f"v{step + 1}.state")
-        stats["reward_mean"] = sum(rewards) / len(rewards) if rewards else None
-        stats["skipped_batches"] = skipped
-        stats["ranks"] = self.policy.ranks.world  # processes the step was sharded across
-        stats["dropped_heldout_groups"] = self.dropped_heldout
-        return stats
 
 
 async def run(

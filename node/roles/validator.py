@@ -4,8 +4,9 @@ Where the rollout comes from: a worker (``node/roles/inference.py``) submitted a
 on-chain and announced the batch on the ``batches`` topic. The validator learns of
 submissions from the chain (``WorkSubmitted``) and of holders from the announcements, and
 ``JudgingQueue`` (``node/roles/judging.py``) decides what to fetch next, when to retry and
-when a batch is unavailable. A fetched batch (``node/roles/exchange.py``) is judged in a
-worker thread, cheapest checks first:
+when a batch is unavailable. A fetched batch (``node/roles/exchange.py``) is judged
+cheapest checks first: 1-3 here in a worker thread (``judge``), 4-5 in the batch checker,
+a child process (``Offload(BatchChecker, CheckerSpec.of(cfg))``, ``node/roles/checking.py``):
 
 1. the batch is the worker's: signed by the peer key the worker registered on-chain, with a
    valid registration signature (SPEC §12; the EVM cannot check Ed25519);
@@ -14,52 +15,44 @@ worker thread, cheapest checks first:
 3. the on-chain ``units`` are the batch's generated tokens;
 4. the tasks are the worker's assigned ones (SPEC §13) and every reward is what the task's
    verifier gives the completion;
-5. the proofs: one prefill per rollout (``recompute_batch``) and the per-batch verdict of
-   ``crypto.verdict.check_batch`` under the run's verification profile (``spot_check`` < 1
-   recomputes a random share of the rollouts).
+5. the proofs: one prefill per rollout (``recompute_batch``) and the proof check of
+   ``crypto.verdict.check_batch`` (``crypto/verdict.py``, the next hop) under the run's
+   verification profile (``spot_check`` < 1 recomputes a random share of the rollouts).
 
-Where it goes next: ``accept`` or ``reject`` (reason ``invalid``, ``mismatch`` or, for a
-batch nobody served by the fetch deadline, ``unavailable``) on-chain
-(``ledger/client.py``), once per key; the trainer takes accepted batches from there.
+Every check ends in one ``Verdict`` (``node/roles/work.py``). Where it goes next: ``accept``
+or ``reject`` (reason ``invalid``, ``mismatch`` or, for a batch nobody served by the fetch
+deadline, ``unavailable``) on-chain (``ledger/client.py``), once per key; a post the chain
+refuses is tried again (``VerdictPosts``, ``node/roles/judging.py``). The trainer takes
+accepted batches from there.
 """
 
 from __future__ import annotations
 
 import logging
-import random
 import time
 from collections import Counter, deque
-from dataclasses import dataclass
 from typing import Any
 
 import trio
 
 from node.config import NodeConfig
 from node.net.runtime import Node, RemoteRefusal
+from node.roles.busy import BusyTime
 from node.roles.chain import ChainSetupError, Submission, SubmissionWatcher, open_ledger
+from node.roles.checking import BatchChecker, CheckBatch, CheckerSpec
 from node.roles.clock import StepClock, follow_steps
 from node.roles.exchange import fetch_batch, follow_notices
-from node.roles.inference import idle_share
-from node.roles.judging import JudgingQueue, Key
+from node.roles.judging import JudgingQueue, VerdictPosts
 from node.roles.offload import Offload, OffloadError
+from node.roles.status import ValidatorStatus
+from node.roles.work import ACCEPTED, Key, Verdict
 from protocol.batches import BatchNotice
 from protocol.errors import Reason, WireError
-from protocol.rollouts import RolloutBatch, unpack_tokens
+from protocol.rollouts import RolloutBatch
 
 log = logging.getLogger("intellect.validator")
 POLL_S = 1.0
-WEIGHTS_WAIT_S = 300.0
-POST_ATTEMPTS = 30  # a verdict the chain refused is posted again, this many times at most
-POST_RETRY_S = 2.0  # a batch's policy version is waited for this long
-
-
-@dataclass(frozen=True)
-class Judgement:
-    passed: bool
-    reason: str  # ledger reason on reject: invalid, mismatch
-    detail: str
-    rollouts: int = 0  # recomputed
-    seconds: float = 0.0
+WEIGHTS_WAIT_S = 300.0  # a batch's policy version is waited for this long
 
 
 class ValidatorRole:
@@ -78,9 +71,8 @@ class ValidatorRole:
         self.recent: deque[dict[str, Any]] = deque(maxlen=20)
         self.fetch_failures = 0
         self.judge_seconds = 0.0
-        self.serving_since: float | None = None
-        self.busy_s = 0.0  # fetching, judging, posting
-        self.unposted: dict[Key, tuple[Judgement, float, int]] = {}  # verdict, retry at, tries
+        self.busy = BusyTime()  # fetching, judging, posting
+        self.unposted = VerdictPosts()
         self.until = 0  # when this validator was removed on-chain (0: it was not)
         self.not_ours = 0  # submissions after the removal, left to the other validators
         self.ledger: Any = None
@@ -104,24 +96,24 @@ class ValidatorRole:
         self.queue.fetch_deadline_s = float(self.ledger.params().fetch_deadline)
         self.watcher = SubmissionWatcher(self.ledger, self.cfg.contract_block)
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> ValidatorStatus:
         judged = sum(self.verdicts.values())
-        return {
-            "address": self.address,
-            "step": self.clock.step,
-            "judged": judged,
-            "accepted": self.verdicts["accepted"],
-            "rejected": judged - self.verdicts["accepted"],
-            "rejected_by_reason": {k: v for k, v in self.verdicts.items() if k != "accepted"},
-            "fetch_failures": self.fetch_failures,
-            "unposted": len(self.unposted),
-            "removed_at": self.until or None,
-            "not_ours": self.not_ours,
-            "judge_seconds": round(self.judge_seconds, 3),
-            "idle_share": idle_share(self.busy_s, self.serving_since),
-            "waiting": sum(1 for e in self.queue.entries.values() if not e.done),
-            "recent": list(self.recent),
-        }
+        return ValidatorStatus(
+            address=self.address,
+            step=self.clock.step,
+            judged=judged,
+            accepted=self.verdicts[ACCEPTED],
+            rejected=judged - self.verdicts[ACCEPTED],
+            rejected_by_reason={k: v for k, v in self.verdicts.items() if k != ACCEPTED},
+            fetch_failures=self.fetch_failures,
+            unposted=len(self.unposted),
+            removed_at=self.until or None,
+            not_ours=self.not_ours,
+            judge_seconds=round(self.judge_seconds, 3),
+            idle_share=self.busy.idle_share(time.monotonic()),
+            waiting=sum(1 for e in self.queue.entries.values() if not e.done),
+            recent=list(self.recent),
+        )
 
     # ---- inputs ------------------------------------------------------------------------
 
@@ -157,32 +149,23 @@ class ValidatorRole:
         self, *, task_status: trio.TaskStatus[ValidatorRole] = trio.TASK_STATUS_IGNORED
     ) -> None:
         await trio.to_thread.run_sync(self._setup)
-        async with Offload(
-            "node.roles.validator:BatchChecker",
-            self.cfg.async_level + 2,
-            self.cfg.taskset,
-            self.cfg.verify_profile,
-            self.cfg.spot_check,
-        ) as self.checker:
+        async with Offload(BatchChecker, CheckerSpec.of(self.cfg)) as self.checker:
             await self._serve(task_status)
 
     async def _serve(self, task_status: trio.TaskStatus[ValidatorRole]) -> None:
         follow_steps(self.node, self.clock)
         follow_notices(self.node, self.on_notice)
-        self.node.add_status("validator", self.status)
+        self.node.add_status("validator", lambda: self.status().as_dict())
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._watch_chain)
-            self.serving_since = time.monotonic()
+            self.busy.since = time.monotonic()
             task_status.started(self)
             while True:
                 now = trio.current_time()
                 for key in self.queue.unavailable(now):
-                    await self._post(
-                        key, Judgement(False, "unavailable", "nobody served the batch")
-                    )
-                for key, (judgement, due, _) in list(self.unposted.items()):
-                    if due <= now:
-                        await self._post(key, judgement)
+                    await self._post(key, Verdict.reject("unavailable", "nobody served the batch"))
+                for key, verdict in self.unposted.due(now):
+                    await self._post(key, verdict)
                 got = self.queue.next_fetch(now)
                 if got is None:
                     wake = self.queue.wake_at(now)
@@ -190,7 +173,7 @@ class ValidatorRole:
                     continue
                 began = time.monotonic()
                 await self._fetch_and_judge(*got)
-                self.busy_s += time.monotonic() - began
+                self.busy.add(time.monotonic() - began)
 
     async def _fetch_and_judge(self, key: Key, peer: str) -> None:
         notice = self.notices.get(key)
@@ -207,8 +190,8 @@ class ValidatorRole:
                 await self.node.disconnect(peer)  # a stuck connection: dial afresh next time
             return
         self.queue.fetched(key)
-        judgement = await trio.to_thread.run_sync(self.judge, batch, self.submissions[key])
-        if judgement is None:  # the cheap checks passed: tasks, rewards and proofs
+        verdict = await trio.to_thread.run_sync(self.judge, batch, self.submissions[key])
+        if verdict is None:  # the cheap checks passed: tasks, rewards and proofs
             model_dir = await self._model_dir(batch.policy_version)
             if model_dir is None:
                 log.error(
@@ -218,13 +201,13 @@ class ValidatorRole:
                 )
                 return
             try:
-                judgement = Judgement(
-                    *await self.checker.call(model_dir, batch.policy_version, envelope)
+                verdict = await self.checker.call(
+                    CheckBatch(model_dir, batch.policy_version, envelope)
                 )
             except OffloadError as exc:
                 log.error("checking %s failed: %s", key[1].hex()[:16], exc)
                 return
-        await self._post(key, judgement)
+        await self._post(key, verdict)
 
     async def _model_dir(self, version: int) -> str | None:
         """The weights a batch was generated with: the base model for version 0, else the
@@ -247,157 +230,58 @@ class ValidatorRole:
             return str(path)
         return None
 
-    async def _post(self, key: Key, j: Judgement) -> None:
+    async def _post(self, key: Key, v: Verdict) -> None:
         worker, work_key = key
         try:
-            if j.passed:
+            if v.accepted:
                 await trio.to_thread.run_sync(self.ledger.accept, worker, work_key)
             else:
-                await trio.to_thread.run_sync(self.ledger.reject, worker, work_key, j.reason)
-        except Exception as exc:
-            attempts = self.unposted.get(key, (j, 0.0, 0))[2] + 1
-            if attempts < POST_ATTEMPTS:  # e.g. the chain's clock lags ours: try again
-                self.unposted[key] = (j, trio.current_time() + POST_RETRY_S, attempts)
-            else:
-                self.unposted.pop(key, None)
+                await trio.to_thread.run_sync(self.ledger.reject, worker, work_key, v.reason)
+        except Exception as exc:  # e.g. the chain's clock lags ours: posted again later
+            tries = self.unposted.refused(key, v, trio.current_time())
             log.error(
                 "posting the verdict on %s failed (attempt %d of %d): %s",
                 work_key.hex()[:16],
-                attempts,
-                POST_ATTEMPTS,
+                tries,
+                self.unposted.attempts,
                 exc,
             )
             return
-        self.unposted.pop(key, None)
-        verdict = "accepted" if j.passed else j.reason
-        self.verdicts[verdict] += 1
-        self.node.metrics.inc("verdicts", verdict=verdict)
-        self.judge_seconds += j.seconds
+        self.unposted.posted(key)
+        self.verdicts[v.reason] += 1
+        self.node.metrics.inc("verdicts", verdict=v.reason)
+        self.judge_seconds += v.seconds
         entry = {
             "worker": worker,
             "key": work_key.hex()[:16],
-            "verdict": verdict,
-            "detail": j.detail[:200],
+            "verdict": v.reason,
+            "detail": v.detail[:200],
         }
         self.recent.append(entry)
-        (log.info if j.passed else log.warning)("verdict %s", entry)
+        (log.info if v.accepted else log.warning)("verdict %s", entry)
 
-    def judge(self, batch: RolloutBatch, sub: Submission) -> Judgement | None:
+    def judge(self, batch: RolloutBatch, sub: Submission) -> Verdict | None:
         """Checks 1-3 of the module docstring (blocking: ledger reads); None when they pass
         and the batch goes on to ``BatchChecker``."""
         from crypto.identity import public_key_of_peer_id
 
         if batch.worker != sub.worker:
-            return Judgement(False, "mismatch", "the batch names another worker")
+            return Verdict.reject("mismatch", "the batch names another worker")
         peer_key, _ = self.ledger.registration(sub.worker)
         if peer_key != public_key_of_peer_id(batch.sender) or not self.ledger.registration_valid(
             sub.worker
         ):
-            return Judgement(False, "invalid", "not signed by the worker's registered peer key")
+            return Verdict.reject("invalid", "not signed by the worker's registered peer key")
         at = self.clock_at.get((sub.worker, sub.key))
         if why := self.clock.window(batch.step, batch.policy_version, at):
-            return Judgement(False, "invalid", why)
+            return Verdict.reject("invalid", why)
         if batch.policy_version != sub.policy_version:
-            return Judgement(False, "mismatch", "policy version differs from the submission")
+            return Verdict.reject("mismatch", "policy version differs from the submission")
         if batch.num_tokens != sub.units:
-            return Judgement(
-                False, "mismatch", f"units {sub.units} on-chain, {batch.num_tokens} tokens"
+            return Verdict.reject(
+                "mismatch", f"units {sub.units} on-chain, {batch.num_tokens} tokens"
             )
         return None
-
-
-class BatchChecker:
-    """In the role's child process (``Offload``): the model, tokenizer and task set; checks
-    4 and 5 of the module docstring on a batch envelope (already verified by the node)."""
-
-    def __init__(self, keep: int, taskset: str, verify_profile: str, spot_check: float) -> None:
-        from node.tasks import load_taskset
-
-        self.models: dict[int, tuple[str, Any, Any, Any]] = {}  # version -> (dir, model, tok, cfg)
-        self.keep = keep
-        self.taskset = load_taskset(taskset)
-        self.profile = verify_profile
-        self.spot_check = spot_check
-
-    def _use(self, model_dir: str, version: int) -> None:
-        """The model of ``version`` (loaded once; the newest ``keep`` versions stay loaded)."""
-        from crypto.verdict import profile
-        from node.engine.calibration import model_layers
-        from node.engine.models import load_model
-
-        if version not in self.models or self.models[version][0] != model_dir:
-            loaded = load_model(model_dir)
-            config = profile(self.profile).for_layers(model_layers(loaded.model))
-            self.models[version] = (model_dir, loaded.model, loaded.tokenizer, config)
-            for old in sorted(self.models)[: -self.keep]:
-                del self.models[old]
-        _, self.model, self.tokenizer, self.config = self.models[version]
-
-    def __call__(
-        self, model_dir: str, version: int, envelope: bytes
-    ) -> tuple[bool, str, str, int, float]:
-        from protocol.wire import open_message
-
-        self._use(model_dir, version)
-        batch = open_message(envelope, RolloutBatch)
-        if why := self._check_tasks(batch):
-            return False, "invalid", why, 0, 0.0
-        j = self._check_proofs(batch)
-        return j.passed, j.reason, j.detail, j.rollouts, j.seconds
-
-    def _check_tasks(self, batch: RolloutBatch) -> str | None:
-        from node.engine.models import prompt_ids
-        from node.tasks import assign
-
-        if batch.taskset != self.taskset.name:
-            return f"task set {batch.taskset!r} is not the run's"
-        tasks = assign(self.taskset, batch.worker, batch.step, len(batch.groups))
-        for n, (group, task) in enumerate(zip(batch.groups, tasks, strict=True)):
-            if group.index != n or group.task_id != task.task_id:
-                return f"group {n} is not the assigned task"
-            if unpack_tokens(group.prompt) != prompt_ids(self.tokenizer, task.prompt):
-                return f"group {n}: prompt differs from the task's"
-            for s in group.samples:
-                text = self.tokenizer.decode(unpack_tokens(s.tokens), skip_special_tokens=True)
-                if task.reward(text) != s.reward:
-                    due = task.reward(text)
-                    return f"group {n} sample {s.sample}: reward {s.reward} claimed, {due} due"
-        return None
-
-    def _check_proofs(self, batch: RolloutBatch) -> Judgement:
-        from crypto.verdict import RolloutClaim, check_batch
-        from node.engine.torch_engine import recompute_batch
-
-        started = time.perf_counter()
-        samples = [(g, s) for g in batch.groups for s in g.samples]
-        if self.spot_check < 1:
-            count = max(1, round(self.spot_check * len(samples)))
-            samples = random.SystemRandom().sample(samples, count)  # unpredictable to workers
-        claims = [
-            RolloutClaim(
-                tokens=unpack_tokens(s.tokens),
-                proofs=list(s.proofs),
-                seed=s.seed,
-                finish_reason=s.finish_reason,
-                max_new_tokens=batch.max_new_tokens,
-                temperature=batch.temperature,
-                top_p=batch.top_p,
-            )
-            for _, s in samples
-        ]
-        recomputed = recompute_batch(
-            self.model, [unpack_tokens(g.prompt) for g, _ in samples], [c.tokens for c in claims]
-        )
-        verdict = check_batch(
-            claims, recomputed, eos_token_id=int(self.tokenizer.eos_token_id), config=self.config
-        )
-        return Judgement(
-            verdict.passed,
-            "invalid",
-            verdict.reason,
-            rollouts=len(claims),
-            seconds=time.perf_counter() - started,
-        )
 
 
 async def run(

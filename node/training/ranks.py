@@ -1,16 +1,17 @@
 """The trainer's policy across several processes: ``torchrun`` ranks driven by the role.
 
 With ``train_procs`` > 1 the trainer role's child process (``node/roles/offload.py``) holds
-a ``RankedPolicyWorker`` instead of a ``PolicyWorker``. It launches
+a ``RankedPolicyWorker`` (built from a ``RanksSpec``) instead of a ``PolicyWorker``
+(``node/training/worker.py``). It launches
 
-    torchrun --standalone --nproc-per-node N -m node.training.ranks ARGS
+    torchrun --standalone --nproc-per-node N -m node.training.ranks POLICY_SPEC_JSON
 
 and forwards each call of the role to rank 0 over a local connection (127.0.0.1, a random
 port, authenticated with a one-time key passed in the environment). Rank 0 broadcasts the
 call to every rank (``torch.distributed.broadcast_object_list``) and every rank runs the
 same ``PolicyWorker`` on its FSDP2 shard of the policy (``node/training/policy.py``):
-``train`` is collective (each rank trains on every N-th sample, gradients are averaged,
-rank 0 writes the checkpoint and the optimizer state), ``eval`` (the held-out set, on the
+``TrainStep`` is collective (each rank trains on every N-th sample, gradients are averaged,
+rank 0 writes the checkpoint and the optimizer state), ``Evaluate`` (the held-out set, on the
 checkpoint directory rank 0 wrote) runs on rank 0 alone. Rank 0 sends the result back.
 
 The process group is gloo on the CPU and NCCL with ``train_device`` cuda (rank r on GPU r
@@ -37,18 +38,21 @@ import struct
 import subprocess
 import sys
 import time
+from dataclasses import asdict, dataclass
 from datetime import timedelta
 from multiprocessing.connection import Connection, answer_challenge, deliver_challenge
 from pathlib import Path
 from typing import Any, NoReturn
+
+from node.training.worker import Evaluate, HeldOutScores, PolicySpec, StepStats, TrainStep
 
 ADDR_ENV = "INTELLECT_RANKS_ADDR"
 KEY_ENV = "INTELLECT_RANKS_KEY"
 START_TIMEOUT = 600.0  # seconds for torchrun to start, rank 0 to connect, every rank to build
 CHALLENGE_TIMEOUT = 10.0  # seconds a connecting process has to answer our key challenge
 GROUP_TIMEOUT = timedelta(days=7)  # ranks wait in a broadcast while the role waits for batches
-STOP = ("stop",)
-COLLECTIVE = {"train"}  # calls every rank runs; any other runs on rank 0 alone
+STOP = None  # rank 0 broadcasts it when the role's process is gone
+COLLECTIVE = (TrainStep,)  # calls every rank runs; any other runs on rank 0 alone
 
 
 def _parent_death_signal() -> Any:
@@ -77,11 +81,20 @@ def torchrun_command(procs: int) -> list[str]:
     return [*launcher, "--standalone", "--nproc-per-node", str(procs)]
 
 
-class RankedPolicyWorker:
-    """``PolicyWorker``'s interface (``("train", step, envelopes)``, ``("eval", dir)``)
-    over ``procs`` torchrun ranks. ``worker_args`` are ``PolicyWorker``'s arguments."""
+@dataclass(frozen=True)
+class RanksSpec:
+    """``procs`` torchrun ranks, each with a ``PolicyWorker`` built from ``policy``
+    (``policy.device``: cpu, or cuda with rank r on GPU r)."""
 
-    def __init__(self, procs: int, device: str, *worker_args: Any) -> None:
+    procs: int
+    policy: PolicySpec
+
+
+class RankedPolicyWorker:
+    """``PolicyWorker``'s interface (``TrainStep``, ``Evaluate``) over torchrun ranks."""
+
+    def __init__(self, spec: RanksSpec) -> None:
+        procs, device = spec.procs, spec.policy.device
         if procs < 2:
             raise ValueError("RankedPolicyWorker is for 2 or more processes")
         key = secrets.token_bytes(32)
@@ -104,7 +117,7 @@ class RankedPolicyWorker:
                 *torchrun_command(procs),
                 "-m",
                 "node.training.ranks",
-                json.dumps([device, *worker_args]),
+                json.dumps(asdict(spec.policy)),
             ],
             env=env,  # the node's working directory: relative paths mean the same there
             start_new_session=True,  # close() stops torchrun and every rank as one group
@@ -150,11 +163,13 @@ class RankedPolicyWorker:
         if time.monotonic() > deadline:
             raise RuntimeError(f"{late} within {START_TIMEOUT:.0f} s")
 
-    def __call__(self, op: str, *args: Any) -> Any:
+    def __call__(self, call: TrainStep | Evaluate) -> StepStats | HeldOutScores:
         if self.conn is None:
             raise RuntimeError("the ranks are closed")
+        if not isinstance(call, TrainStep | Evaluate):
+            raise TypeError(f"RankedPolicyWorker does not take {type(call).__name__}")
         try:
-            self.conn.send((op, *args))
+            self.conn.send(call)
             ok, value = self.conn.recv()
         except (EOFError, OSError) as exc:
             status = self.proc.poll()
@@ -204,9 +219,10 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     import torch.distributed as dist
 
-    from node.roles.trainer import PolicyWorker
+    from node.training.worker import PolicyWorker
 
-    device, *worker_args = json.loads((argv or sys.argv[1:])[0])
+    spec = PolicySpec(**json.loads((argv or sys.argv[1:])[0]))
+    device = spec.device
     if device.startswith("cuda"):
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     dist.init_process_group(
@@ -226,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
         os._exit(1)
 
     try:
-        worker = PolicyWorker(*worker_args, device=device, distributed=True)
+        worker = PolicyWorker(spec, distributed=True)
     except Exception as exc:
         fail(f"rank {rank}: {type(exc).__name__}: {exc}")
     dist.barrier()  # every rank built its worker
@@ -241,16 +257,17 @@ def main(argv: list[str] | None = None) -> int:
                 except (EOFError, OSError):
                     box[0] = STOP  # the role's process is gone
             dist.broadcast_object_list(box, src=0)
-            call = tuple(box[0])
-            if call == STOP:
+            call = box[0]
+            if call is STOP:
                 break
-            if call[0] not in COLLECTIVE and rank != 0:
+            collective = isinstance(call, COLLECTIVE)
+            if not collective and rank != 0:
                 continue
             try:
-                result: tuple[bool, Any] = (True, worker(*call))
+                result: tuple[bool, Any] = (True, worker(call))
             except Exception as exc:
                 detail = f"rank {rank}: {type(exc).__name__}: {exc}"
-                if call[0] in COLLECTIVE:
+                if collective:
                     fail(detail)
                 result = (False, detail)
             if conn is not None:

@@ -1,0 +1,145 @@
+"""The validator's batch checker: the validator role's child process (``node/roles/offload.py``).
+
+Where the rollout comes from: the validator (``node/roles/validator.py``) fetched the
+signed batch, checked who signed it and that it matches its on-chain submission, and
+calls ``CheckBatch`` with the model directory of the batch's policy version. Here, the
+expensive checks (4 and 5 of the validator's docstring):
+
+4. the tasks are the worker's assigned ones (SPEC §13) and every reward is what the task's
+   verifier gives the completion;
+5. the proofs: one prefill per rollout (``recompute_batch``) and the proof check of
+   ``crypto.verdict.check_batch`` under the run's verification profile (``spot_check`` < 1
+   recomputes a random share of the rollouts).
+
+Where it goes next: the ``Verdict`` (``node/roles/work.py``) goes back to the validator,
+which posts it on-chain (``ledger/client.py``).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from node.roles.work import Verdict
+from protocol.rollouts import RolloutBatch, unpack_tokens
+
+if TYPE_CHECKING:
+    from node.config import NodeConfig
+
+
+@dataclass(frozen=True)
+class CheckerSpec:
+    """What the child builds its ``BatchChecker`` from."""
+
+    keep: int  # policy versions kept loaded at once
+    taskset: str
+    verify_profile: str
+    spot_check: float  # the share of rollouts recomputed (1: all)
+
+    @classmethod
+    def of(cls, cfg: NodeConfig) -> CheckerSpec:
+        return cls(
+            keep=cfg.async_level + 2,
+            taskset=cfg.taskset,
+            verify_profile=cfg.verify_profile,
+            spot_check=cfg.spot_check,
+        )
+
+
+@dataclass(frozen=True)
+class CheckBatch:
+    """Check the batch in ``envelope`` (already verified by the node) against the weights
+    of ``version`` in ``model_dir``."""
+
+    model_dir: str
+    version: int
+    envelope: bytes
+
+
+class BatchChecker:
+    """In the validator's child process: the models, tokenizers and the task set."""
+
+    def __init__(self, spec: CheckerSpec) -> None:
+        from node.tasks import load_taskset
+
+        self.spec = spec
+        self.models: dict[int, tuple[str, Any, Any, Any]] = {}  # version -> (dir, model, tok, cfg)
+        self.taskset = load_taskset(spec.taskset)
+
+    def _use(self, model_dir: str, version: int) -> None:
+        """The model of ``version`` (loaded once; the newest ``keep`` versions stay loaded)."""
+        from crypto.verdict import profile
+        from node.engine.calibration import model_layers
+        from node.engine.models import load_model
+
+        if version not in self.models or self.models[version][0] != model_dir:
+            loaded = load_model(model_dir)
+            config = profile(self.spec.verify_profile).for_layers(model_layers(loaded.model))
+            self.models[version] = (model_dir, loaded.model, loaded.tokenizer, config)
+            for old in sorted(self.models)[: -self.spec.keep]:
+                del self.models[old]
+        _, self.model, self.tokenizer, self.config = self.models[version]
+
+    def __call__(self, call: CheckBatch) -> Verdict:
+        from protocol.wire import open_message
+
+        if not isinstance(call, CheckBatch):
+            raise TypeError(f"BatchChecker does not take {type(call).__name__}")
+        self._use(call.model_dir, call.version)
+        batch = open_message(call.envelope, RolloutBatch)
+        if why := self._check_tasks(batch):
+            return Verdict.reject("invalid", why)
+        return self._check_proofs(batch)
+
+    def _check_tasks(self, batch: RolloutBatch) -> str | None:
+        from node.engine.models import prompt_ids
+        from node.tasks import assign
+
+        if batch.taskset != self.taskset.name:
+            return f"task set {batch.taskset!r} is not the run's"
+        tasks = assign(self.taskset, batch.worker, batch.step, len(batch.groups))
+        for n, (group, task) in enumerate(zip(batch.groups, tasks, strict=True)):
+            if group.index != n or group.task_id != task.task_id:
+                return f"group {n} is not the assigned task"
+            if unpack_tokens(group.prompt) != prompt_ids(self.tokenizer, task.prompt):
+                return f"group {n}: prompt differs from the task's"
+            for s in group.samples:
+                text = self.tokenizer.decode(unpack_tokens(s.tokens), skip_special_tokens=True)
+                if task.reward(text) != s.reward:
+                    due = task.reward(text)
+                    return f"group {n} sample {s.sample}: reward {s.reward} claimed, {due} due"
+        return None
+
+    def _check_proofs(self, batch: RolloutBatch) -> Verdict:
+        from crypto.verdict import RolloutClaim, check_batch
+        from node.engine.torch_engine import recompute_batch
+
+        started = time.perf_counter()
+        samples = [(g, s) for g in batch.groups for s in g.samples]
+        if self.spec.spot_check < 1:
+            count = max(1, round(self.spec.spot_check * len(samples)))
+            samples = random.SystemRandom().sample(samples, count)  # unpredictable to workers
+        claims = [
+            RolloutClaim(
+                tokens=unpack_tokens(s.tokens),
+                proofs=list(s.proofs),
+                seed=s.seed,
+                finish_reason=s.finish_reason,
+                max_new_tokens=batch.max_new_tokens,
+                temperature=batch.temperature,
+                top_p=batch.top_p,
+            )
+            for _, s in samples
+        ]
+        recomputed = recompute_batch(
+            self.model, [unpack_tokens(g.prompt) for g, _ in samples], [c.tokens for c in claims]
+        )
+        evidence = check_batch(
+            claims, recomputed, eos_token_id=int(self.tokenizer.eos_token_id), config=self.config
+        )
+        spent = {"rollouts": len(claims), "seconds": time.perf_counter() - started}
+        if evidence.passed:
+            return Verdict.accept(evidence.reason, **spent)
+        return Verdict.reject("invalid", evidence.reason, **spent)

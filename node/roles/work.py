@@ -1,0 +1,38 @@
+"""The roles' shared words for work on the ledger: a submission's ``Key`` and the
+``Verdict`` on it.
+
+A ``Verdict`` is what a validator decides about one submitted batch and posts on-chain
+(``accept``, or ``reject`` with the ledger's reason), and what the chain then says about
+the submission (``node/roles/chain.py`` reads it back for the trainer). The batch checker
+(``node/roles/checking.py``) returns one too. It is not ``crypto.verdict.BatchVerdict``:
+that is the evidence of the proof check on the batch's rollouts (TOPLOC, sampling,
+termination), one of the inputs a ``Verdict`` is made from.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+Key = tuple[str, bytes]  # (worker address, work key): how the ledger keys a submission
+
+ACCEPTED = "accepted"
+REJECT_REASONS = ("invalid", "mismatch", "unavailable")  # the ledger's reasons to reject
+
+
+@dataclass(frozen=True)
+class Verdict:
+    accepted: bool
+    reason: str  # "accepted", or why rejected: one of REJECT_REASONS ("rejected": unknown)
+    detail: str = ""  # in words, for the log and /status
+    rollouts: int = 0  # rollouts recomputed to reach it
+    seconds: float = 0.0  # spent recomputing
+
+    @classmethod
+    def accept(cls, detail: str = "ok", *, rollouts: int = 0, seconds: float = 0.0) -> Verdict:
+        return cls(True, ACCEPTED, detail, rollouts, seconds)
+
+    @classmethod
+    def reject(
+        cls, reason: str, detail: str, *, rollouts: int = 0, seconds: float = 0.0
+    ) -> Verdict:
+        return cls(False, reason, detail, rollouts, seconds)

@@ -1,0 +1,181 @@
+"""The trainer's policy worker: the trainer role's child process (``node/roles/offload.py``).
+
+Where the rollouts come from: the trainer role (``node/roles/trainer.py``) fetched the
+batches the chain accepted and calls ``TrainStep`` with their envelopes. Here they become
+GRPO samples (``node/training/grpo.py``; held-out tasks and batches sampled at another
+temperature are left out) and one optimizer step of the policy (``node/training/policy.py``),
+then checkpoint ``step + 1`` is written (weights, then optimizer state). Where they go
+next: the role publishes the checkpoint as policy version ``step + 1`` over SHARDCAST.
+``Evaluate`` scores a checkpoint on the held-out set (``node/training/heldout.py``).
+
+With ``train_procs`` > 1 the same worker runs on every torchrun rank, driven by
+``RankedPolicyWorker`` (``node/training/ranks.py``), which takes the same calls.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from protocol.rollouts import RolloutBatch
+from protocol.wire import open_message
+
+if TYPE_CHECKING:
+    from node.config import NodeConfig
+
+
+@dataclass(frozen=True)
+class PolicySpec:
+    """What the child builds its ``PolicyWorker`` from (JSON-able: torchrun's ranks get it
+    on their command line)."""
+
+    base: str  # the base model directory (version 0; tokenizer and recipe files)
+    checkpoints: str  # where checkpoint ``v{n}`` and its state ``v{n}.state`` are written
+    step: int  # the policy version to start from (0: the base model)
+    lr: float | None
+    seed: int
+    taskset: str
+    heldout_per_level: int
+    heldout_seed: int
+    max_new_tokens: int
+    temperature: float
+    device: str = "cpu"
+
+    @classmethod
+    def of(cls, cfg: NodeConfig, checkpoints: Path, step: int) -> PolicySpec:
+        return cls(
+            base=str(cfg.model),
+            checkpoints=str(checkpoints),
+            step=step,
+            lr=cfg.learning_rate,
+            seed=cfg.seed,
+            taskset=cfg.taskset,
+            heldout_per_level=cfg.heldout_per_level,
+            heldout_seed=cfg.heldout_seed,
+            max_new_tokens=cfg.max_new_tokens,
+            temperature=cfg.temperature,
+            device=cfg.train_device,
+        )
+
+
+@dataclass(frozen=True)
+class TrainStep:
+    """One GRPO step of policy version ``step`` on these batches; writes ``step + 1``."""
+
+    step: int
+    envelopes: list[bytes]
+
+
+@dataclass(frozen=True)
+class StepStats:
+    """What one step did (None: no samples, no optimizer step)."""
+
+    samples: int = 0
+    tokens: int = 0
+    loss: float | None = None
+    grad_norm: float | None = None
+    clip_frac: float | None = None
+    ratio_mean: float | None = None
+    kl: float | None = None
+    seconds: float | None = None
+    reward_mean: float | None = None
+    skipped_batches: int = 0  # sampled at another temperature
+    ranks: int | None = None  # processes the step was sharded across
+    dropped_heldout_groups: int = 0  # so far: groups of held-out tasks left out
+
+
+@dataclass(frozen=True)
+class Evaluate:
+    """The held-out evaluation of the checkpoint in ``model_dir``."""
+
+    model_dir: str
+
+
+@dataclass(frozen=True)
+class HeldOutScores:
+    accuracy: float | None  # every level together
+    by_level: dict[str, float]
+
+
+class PolicyWorker:
+    """In the trainer role's child process (or on each torchrun rank): the policy, its
+    optimizer, the held-out set."""
+
+    def __init__(self, spec: PolicySpec, *, distributed: bool = False) -> None:
+        import torch
+
+        from node.tasks import load_taskset
+        from node.training.grpo import GRPOConfig
+        from node.training.heldout import HeldOut
+        from node.training.policy import Policy
+
+        torch.manual_seed(spec.seed)
+        self.spec = spec
+        self.cfg = GRPOConfig() if spec.lr is None else GRPOConfig(lr=spec.lr)
+        self.root = Path(spec.checkpoints)
+        self.taskset = load_taskset(spec.taskset)
+        self.heldout = HeldOut(
+            spec.taskset, per_level=spec.heldout_per_level, seed=spec.heldout_seed
+        )
+        where = {"device": spec.device, "distributed": distributed}
+        step = spec.step
+        if step == 0:
+            self.policy = Policy(spec.base, self.cfg, seed=spec.seed, **where)
+        else:
+            self.policy = Policy.from_checkpoint(
+                self.root / f"v{step}",
+                self.root / f"v{step}.state",
+                self.cfg,
+                seed=spec.seed,
+                **where,
+            )
+            self.policy.base_dir = Path(spec.base)  # tokenizer and recipe files come from the base
+        self.dropped_heldout = 0
+
+    def __call__(self, call: TrainStep | Evaluate) -> StepStats | HeldOutScores:
+        if isinstance(call, TrainStep):
+            return self.train(call)
+        if isinstance(call, Evaluate):
+            return self.evaluate(call)
+        raise TypeError(f"PolicyWorker does not take {type(call).__name__}")
+
+    def train(self, call: TrainStep) -> StepStats:
+        """One GRPO step on the batches; checkpoint ``step + 1`` (weights, then state)."""
+        from node.training.grpo import samples_from_batch
+
+        samples = []
+        rewards: list[float] = []
+        skipped = 0
+        temperature = self.spec.temperature
+        for envelope in call.envelopes:
+            batch = open_message(envelope, RolloutBatch)
+            if abs(batch.temperature - temperature) > 1e-9:
+                skipped += 1  # another temperature: its log-probs are not comparable
+                continue
+            held_out = self.heldout.batch_filter(batch, self.taskset)
+            kept = [g for g in batch.groups if not held_out(g)]
+            self.dropped_heldout += len(batch.groups) - len(kept)
+            rewards += [s.reward for g in kept for s in g.samples]
+            samples += samples_from_batch(dataclasses.replace(batch, groups=kept))
+        stepped: dict[str, Any] = {}
+        if samples:
+            stepped = dict(self.policy.train_step(samples, temperature))
+            stepped["samples"] = int(stepped["samples"])
+            stepped["tokens"] = int(stepped["tokens"])
+        self.policy.save(self.root / f"v{call.step + 1}")
+        self.policy.save_state(self.root / f"v{call.step + 1}.state")
+        return StepStats(
+            **stepped,
+            reward_mean=sum(rewards) / len(rewards) if rewards else None,
+            skipped_batches=skipped,
+            ranks=self.policy.ranks.world,
+            dropped_heldout_groups=self.dropped_heldout,
+        )
+
+    def evaluate(self, call: Evaluate) -> HeldOutScores:
+        scores = self.heldout.evaluate_dir(call.model_dir, max_new_tokens=self.spec.max_new_tokens)
+        return HeldOutScores(
+            accuracy=scores.get("all"), by_level={k: v for k, v in scores.items() if k != "all"}
+        )

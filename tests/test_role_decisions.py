@@ -1,0 +1,140 @@
+"""The roles' decisions, each on its own with given times: which policy version a worker
+generates with and which of its batches still wait for a verdict, when the validator posts
+a refused verdict again, when the trainer asks again for a batch; how busy a role is; and
+the keys of each role's /status section."""
+
+import pytest
+
+from node.roles.busy import BusyTime
+from node.roles.judging import VerdictPosts
+from node.roles.status import InferenceStatus, Stake, TrainerStatus, ValidatorStatus
+from node.roles.trainer import FetchRetry
+from node.roles.work import Verdict
+from node.roles.working import PendingVerdicts, VersionChoice
+
+W = "0x" + "22" * 20
+
+
+def k(n: int) -> tuple[str, bytes]:
+    return (W, bytes([n]) * 32)
+
+
+@pytest.mark.parametrize(
+    ("step", "held", "announced", "want"),
+    [
+        (5, [0, 3, 4, 5], 5, 5),  # the newest held
+        (5, [0, 3, 4, 5], 4, 4),  # not newer than the trainer announced
+        (5, [0, 3], 5, 3),  # an older one while 4 and 5 download
+        (5, [0, 2], 5, None),  # 2 < 5 - 2: nothing in the window, wait
+        (1, [0], 1, 0),  # the base model
+    ],
+)
+def test_the_worker_generates_with_the_newest_version_the_window_admits(
+    step, held, announced, want
+):
+    assert VersionChoice(async_level=2).pick(step, held, announced) == want
+
+
+def test_a_version_switch_is_reported_once():
+    choice = VersionChoice(async_level=2)
+    assert choice.use(0) and not choice.use(0) and choice.use(1) and choice.used == 1
+
+
+def test_pending_verdicts_settle_by_the_ledger_and_restored_batches_are_resubmitted():
+    p = PendingVerdicts()
+    p.submitted(b"a", 3)
+    p.submitted(b"b", 3)
+    p.restored([b"a", b"c"])  # after a restart: c was stored, maybe never submitted
+    assert (len(p), p.steps[b"a"], p.steps[b"c"]) == (3, 3, -1)
+    assert not p.settle(b"a", "pending") and not p.settle(b"a", "none")  # submitted: wait
+    assert not p.settle(b"a", "accepted") and not p.settle(b"b", "rejected")
+    assert p.settle(b"c", "none")  # the ledger never heard of it: submit it
+    assert (len(p), p.accepted, p.rejected) == (0, 1, 1)
+    p.submitted(b"c", 4)
+    assert not p.settle(b"c", "none") and p.keys() == [b"c"]
+
+
+def test_a_refused_verdict_is_posted_again_after_the_retry_time_and_given_up_at_last():
+    posts = VerdictPosts(attempts=3, retry_s=2.0)
+    v = Verdict.reject("invalid", "toploc")
+    assert posts.refused(k(1), v, now=10.0) == 1
+    assert posts.due(11.9) == [] and posts.due(12.0) == [(k(1), v)]
+    assert posts.refused(k(1), v, now=12.0) == 2 and posts.due(13.0) == []
+    assert posts.refused(k(1), v, now=14.0) == 3  # the third refusal: given up
+    assert (len(posts), posts.given_up, posts.due(100.0)) == (0, 1, [])
+    posts.refused(k(2), Verdict.accept(), now=0.0)
+    posts.posted(k(2))
+    assert len(posts) == 0
+
+
+def test_the_trainer_asks_again_for_a_batch_after_the_retry_time():
+    retry = FetchRetry(retry_s=2.0)
+    assert retry.due([k(1), k(2)], now=0.0) == [k(1), k(2)]
+    retry.failed(k(1), now=5.0)
+    assert retry.due([k(1), k(2)], now=6.9) == [k(2)]
+    assert retry.due([k(1), k(2)], now=7.0) == [k(1), k(2)]
+    retry.failed(k(2), now=7.0)
+    retry.fetched(k(2))
+    assert retry.due([k(2)], now=7.0) == [k(2)]
+
+
+def test_idle_share_with_given_times():
+    busy = BusyTime()
+    assert busy.idle_share(100.0) == 0.0  # not serving yet
+    busy.since = 100.0
+    assert busy.idle_share(100.0) == 0.0
+    busy.add(2.5)
+    busy.add(0.5)
+    assert busy.idle_share(110.0) == 0.7
+    busy.add(20.0)
+    assert busy.idle_share(110.0) == 0.0  # never below 0
+
+
+def test_the_status_sections_keep_their_keys():
+    """The devnet, the CLI, the bench and the tests read these keys from /status."""
+    counts = dict(generated=1, submitted=1, accepted=0, rejected=0, unjudged=1, tokens=8)
+    inference = InferenceStatus(
+        address=W,
+        step=3,
+        policy_version=2,
+        version_used=2,
+        weights_held=[0, 2],
+        last_batch_step=3,
+        cheat="none",
+        idle_share=0.5,
+        **counts,
+        errors=0,
+        stale=0,
+        tokens_per_s=4.0,
+    )
+    keys = [
+        "address", "step", "policy_version", "version_used", "weights_held",
+        "last_batch_step", "cheat", "idle_share", "generated", "submitted", "accepted",
+        "rejected", "unjudged", "tokens", "errors", "stale", "tokens_per_s",
+    ]  # fmt: skip
+    assert list(inference.as_dict()) == keys
+    money = Stake(stake_wei=5, locked_wei=1, slashed=0, pending_wei=2, claimable_wei=3)
+    with_stake = InferenceStatus(**{**inference.__dict__, "stake": money}).as_dict()
+    assert list(with_stake) == [
+        *keys, "stake_wei", "locked_wei", "slashed", "pending_wei", "claimable_wei"
+    ]  # fmt: skip
+    assert with_stake["claimable_wei"] == 3
+    validator = ValidatorStatus(
+        address=W, step=1, judged=2, accepted=1, rejected=1,
+        rejected_by_reason={"invalid": 1}, fetch_failures=0, unposted=0, removed_at=None,
+        not_ours=0, judge_seconds=0.1, idle_share=0.9, waiting=0, recent=[],
+    )  # fmt: skip
+    assert list(validator.as_dict()) == [
+        "address", "step", "judged", "accepted", "rejected", "rejected_by_reason",
+        "fetch_failures", "unposted", "removed_at", "not_ours", "judge_seconds",
+        "idle_share", "waiting", "recent",
+    ]  # fmt: skip
+    trainer = TrainerStatus(
+        step=1, policy_version=1, train_steps=3, done=False, accepted=2, rejected=0,
+        slashed=0, usable=1, batches_used=2, tokens_trained=50, idle_share=0.2,
+        last={"step": 1},
+    )  # fmt: skip
+    assert list(trainer.as_dict()) == [
+        "step", "policy_version", "train_steps", "done", "accepted", "rejected", "slashed",
+        "usable", "batches_used", "tokens_trained", "idle_share", "last",
+    ]  # fmt: skip
