@@ -74,7 +74,7 @@ FAST_TESTS = (
     "tests/test_rollouts.py",
     "tests/test_vectors*.py",
     "tests/test_shardcast.py",  # not test_shardcast_network.py: real processes
-    "tests/test_batches.py",  # not test_batch_exchange.py: libp2p
+    "tests/test_batch_messages_and_store.py",  # not test_batch_exchange.py: libp2p
     "tests/test_mutation_kills_*.py",
 )
 PER_FILE = 60  # the deterministic sample: at most this many mutants of each file

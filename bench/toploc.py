@@ -36,7 +36,7 @@ from crypto.toploc import PAPER, STRICT_FP32, build_proofs, verify_proofs  # noq
 from crypto.verdict import RolloutClaim, VerifyConfig, check_rollout  # noqa: E402
 from node.engine.base import GenRequest, SamplingParams  # noqa: E402
 from node.engine.torch_engine import TorchEngine  # noqa: E402
-from tests.tiny_lm import ATTACKS, EOS, attack, generate, recompute, tiny_llama  # noqa: E402
+from tests.helpers.tiny_lm import ATTACKS, EOS, attack, generate, recompute, tiny_llama  # noqa: E402
 
 GEN_TOKENS = 256
 

@@ -10,7 +10,7 @@ One run, on this machine:
    every other variant 1) and judged with ``crypto.verdict.check_batch`` under the
    ``gpu-bf16`` profile, with the validator recomputing in bf16 and in fp32 on the CPU:
    batches accepted / total and rollouts flagged / total per variant.
-2. The project's CPU cases (``tests/tiny_lm.py``: a 2-layer fp32 Llama; honest, other
+2. The project's CPU cases (``tests/helpers/tiny_lm.py``: a 2-layer fp32 Llama; honest, other
    weights, other prompt, an edited token, a forced token, one AdamW step, bf16 compute
    claimed as fp32), batches of 8 rollouts, under ``strict-fp32`` (the profile of an fp32
    run) and ``gpu-bf16``.
@@ -97,7 +97,7 @@ def summary(verdicts, seconds: float) -> dict:
 
 def cpu_cases(trials: int) -> dict:
     """The tiny fp32 model's honest work and attacks, in batches of 8 rollouts."""
-    from tests.tiny_lm import EOS, attack, generate, recompute, tiny_llama
+    from tests.helpers.tiny_lm import EOS, attack, generate, recompute, tiny_llama
 
     model = tiny_llama(0)
     prompts = [[(7 * i + j) % 250 + 3 for j in range(4 + i % 9)] for i in range(16)]

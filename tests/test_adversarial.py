@@ -24,7 +24,7 @@ from protocol import ids
 from protocol.framing import HEADER, read_frame
 from protocol.messages import Announcement, NodeInfo, Refusal, SyncReply, SyncRequest
 from protocol.wire import open_message, seal
-from tests.netutil import Cluster, addr_of, counter, metrics, peer_roles, status, wait_until
+from tests.helpers.net import Cluster, addr_of, counter, metrics, peer_roles, status, wait_until
 
 RUN = "test-run"
 
@@ -330,7 +330,7 @@ async def test_a_request_in_flight_when_the_peer_freezes_times_out_and_others_ar
     """The node asks a peer that took the request and then froze (no dial involved: the
     connection is up). The node's read deadline ends the request; while it is pending,
     the node answers others."""
-    from tests.netutil import post
+    from tests.helpers.net import post
 
     node, st = target  # read_timeout 1.5 s
     async with connected_client(st) as frozen, connected_client(st) as other:

@@ -19,7 +19,7 @@ from protocol import ids
 from protocol.batches import BatchReply, BatchRequest
 from protocol.errors import Reason, WireError
 from protocol.wire import seal
-from tests.test_batches import a_batch
+from tests.helpers.batches import a_batch
 
 RUN = "test-run"
 

@@ -9,8 +9,7 @@ import pytest
 
 from node.config import ConfigError, load_config
 from node.keystore import KeystoreError, create_identity, load_identity, load_or_create_identity
-
-CLI = [sys.executable, "-m", "node.cli"]
+from tests.helpers.net import CLI
 
 
 def run(*args, env=None, check=True):
@@ -143,7 +142,7 @@ def test_start_status_and_sigint(tmp_path):
     import time
 
     from node.cli.devnet import spawn_node, wait_ready
-    from tests.netutil import metrics
+    from tests.helpers.net import metrics
 
     node = spawn_node(
         "solo",

@@ -13,7 +13,7 @@ from node.engine.base import GenRequest, SamplingParams
 from node.engine.models import ModelError, load_model, pick_dtype
 from node.engine.torch_engine import TorchEngine, recompute
 from node.engine.vllm_engine import _Picker, vllm_available
-from tests.tiny_lm import EOS, tiny_llama
+from tests.helpers.tiny_lm import EOS, tiny_llama
 
 
 def requests(lengths, seed=0, vocab=256):

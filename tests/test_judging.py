@@ -1,103 +1,105 @@
-"""The worker's batch maker and the validator's batch checker, in this process (what the
-roles run in their child processes): honest batches pass; each cheat is caught, and why."""
+"""The validator's judging queue (``node/roles/judging.py``): which submitted batch to fetch
+next and from whom, back-off and rotation on failure, when a batch is unavailable, and the
+bounds that keep a flood of announcements from crowding out real work."""
 
-import dataclasses
+from node.roles.judging import JudgingQueue
 
-import pytest
-
-from crypto.identity import Identity
-from node.roles.checking import BatchChecker, CheckBatch, CheckerSpec
-from node.rollouts.maker import BatchMaker, MakeBatch, MakerSpec
-from protocol.rollouts import RolloutBatch
-from protocol.wire import seal
-
-WORKER = "0x" + "5a" * 20
-MAKER = MakerSpec(
-    taskset="arithmetic",
-    tasks_per_batch=2,
-    group_size=2,
-    max_new_tokens=24,
-    temperature=1.0,
-    engine_batch=8,
-)
-CHECKER = CheckerSpec(keep=2, taskset="arithmetic", verify_profile="strict-fp32", spot_check=1.0)
+WORKER = "0x" + "12" * 20
+K1, K2 = (WORKER, b"\x01" * 32), (WORKER, b"\x02" * 32)
 
 
-@pytest.fixture(scope="module")
-def checker(tiny_model_dir):
-    return Checker(tiny_model_dir, 1.0)
+def test_a_batch_is_fetched_only_once_submitted_and_announced():
+    q = JudgingQueue()
+    q.noticed(K1, "peerA", now=0)
+    assert q.next_fetch(0) is None  # not on-chain: nothing to judge yet
+    q.submitted(K1, units=96, policy_version=0, now=1)
+    assert q.next_fetch(1) == (K1, "peerA")
+    assert q.next_fetch(1) is None  # in flight
+    q.fetched(K1)
+    assert q.next_fetch(100) is None and q.unavailable(1000) == []  # judged once, never again
+    q.noticed(K1, "peerB", now=2)
+    q.submitted(K1, units=96, policy_version=0, now=2)
+    assert q.next_fetch(3) is None
 
 
-class Checker:
-    """The validator's checker on version 0 (the model directory given)."""
-
-    def __init__(self, model_dir, spot_check):
-        self.model_dir = str(model_dir)
-        self.inner = BatchChecker(dataclasses.replace(CHECKER, spot_check=spot_check))
-
-    def __call__(self, envelope):
-        return self.inner(CheckBatch(self.model_dir, 0, envelope))
+def test_oldest_submission_first():
+    q = JudgingQueue()
+    for key, t in ((K2, 5.0), (K1, 1.0)):
+        q.noticed(key, "p", now=t)
+        q.submitted(key, units=1, policy_version=0, now=t)
+    assert q.next_fetch(10)[0] == K1
+    assert q.next_fetch(10)[0] == K2
 
 
-def make(model_dir, cheat, step=3):
-    identity = Identity.generate()
-    maker = BatchMaker(dataclasses.replace(MAKER, cheat=cheat))
-    header = dict(run_id="test-run", sender=identity.peer_id, seq=1, ts_ms=1_700_000_000_000)
-    batch = RolloutBatch.decode(maker(MakeBatch(str(model_dir), WORKER, step, 0, header)).encoded)
-    assert batch.worker == WORKER and batch.step == step and len(batch.groups) == 2
-    return seal(identity, batch)
+def test_retries_back_off_rotate_peers_and_end_in_unavailable():
+    q = JudgingQueue(fetch_deadline_s=60, retry_s=1, retry_max_s=8)
+    q.submitted(K1, units=1, policy_version=0, now=0)
+    q.noticed(K1, "A", now=0)
+    q.noticed(K1, "B", now=0)
+    tries = []
+    now = 0.0
+    while (got := q.next_fetch(now)) is not None or q.wake_at(now) is not None:
+        if got is None:
+            now = q.wake_at(now)
+            if now >= 60:
+                break
+            continue
+        tries.append((now, got[1]))
+        q.fetch_failed(K1, now)
+    times = [t for t, _ in tries]
+    assert times[:6] == [0, 1, 3, 7, 15, 23]  # 1, 2, 4, 8, then capped at 8
+    assert [p for _, p in tries[:4]] == ["A", "B", "A", "B"]
+    assert q.unavailable(59.9) == []
+    assert q.unavailable(60) == [K1]
+    assert q.unavailable(61) == []  # reported once
+    assert q.next_fetch(61) is None
 
 
-@pytest.mark.parametrize(
-    ("cheat", "evidence"),
-    [
-        ("none", "ok"),
-        ("other_weights", "toploc"),
-        ("edit_token", "not drawn by the seeded sampler"),
-        ("inflate_reward", "reward"),
-    ],
-)
-def test_honest_batches_pass_and_each_cheat_is_caught(tiny_model_dir, checker, cheat, evidence):
-    verdict = checker(make(tiny_model_dir, cheat))
-    assert verdict.accepted is (cheat == "none"), verdict.detail
-    assert verdict.reason == ("accepted" if cheat == "none" else "invalid")
-    assert evidence in verdict.detail, verdict.detail
-    if cheat != "inflate_reward":  # the reward check comes before any recomputation
-        assert verdict.rollouts == 4
+def test_a_batch_nobody_announced_is_unavailable_at_the_deadline():
+    q = JudgingQueue(fetch_deadline_s=30)
+    q.submitted(K1, units=1, policy_version=0, now=10)
+    assert q.wake_at(10) == 40
+    assert q.unavailable(39) == [] and q.unavailable(40) == [K1]
 
 
-def test_spot_checks_recompute_a_share(tiny_model_dir):
-    half = Checker(tiny_model_dir, 0.5)
-    verdict = half(make(tiny_model_dir, "none"))
-    assert verdict.accepted and verdict.rollouts == 2
+def test_a_fetch_in_flight_is_not_declared_unavailable():
+    q = JudgingQueue(fetch_deadline_s=30)
+    q.submitted(K1, units=1, policy_version=0, now=0)
+    q.noticed(K1, "A", now=0)
+    assert q.next_fetch(29)
+    assert q.unavailable(31) == []  # the fetch decides
+    q.fetch_failed(K1, 31)
+    assert q.next_fetch(40) is None  # past the deadline: no new try
+    assert q.unavailable(40) == [K1]
 
 
-def test_a_batch_is_judged_with_the_weights_of_its_own_policy_version(tiny_model_dir, tmp_path):
-    """A worker on version 1 and a validator that loads version 1 agree; judged with the
-    base weights instead, the same honest batch fails: the version's weights matter."""
-    import shutil
+def test_an_announcement_flood_is_bounded():
+    q = JudgingQueue(max_pending=3)
+    for i in range(10):
+        q.noticed((WORKER, bytes([i]) * 32), "flooder", now=0)
+    assert len(q.entries) == 3 and q.dropped == 7
 
-    import torch
 
-    from node.engine.models import load_model
+def test_one_peers_flood_of_unsubmitted_keys_cannot_crowd_out_the_others():
+    q = JudgingQueue(fetch_deadline_s=30, per_peer_unsubmitted=4)
+    for i in range(50):
+        q.noticed((WORKER, bytes([i]) * 32), "flooder", now=0)
+    assert len(q.entries) == 4 and q.dropped == 46
+    mine = (WORKER, b"\xc8" * 32)
+    q.noticed(mine, "honest", now=1)  # another peer's announcement still gets in
+    q.submitted(mine, 10, 0, now=1)
+    assert q.next_fetch(1) == (mine, "honest")
+    # a flooder's key that is submitted after all is work like any other: no longer counted
+    q.submitted((WORKER, bytes([0]) * 32), 10, 0, now=2)
+    q.noticed((WORKER, bytes([60]) * 32), "flooder", now=2)
+    assert (WORKER, bytes([60]) * 32) in q.entries
 
-    v1 = tmp_path / "v1"
-    shutil.copytree(tiny_model_dir, v1)
-    loaded = load_model(str(tiny_model_dir), dtype="float32", device="cpu")
-    g = torch.Generator().manual_seed(7)
-    with torch.no_grad():
-        for p in loaded.model.parameters():  # one "training step": a small change everywhere
-            p.add_(torch.randn(p.shape, generator=g) * 0.05 * p.float().std().clamp_min(1e-3))
-    loaded.model.save_pretrained(v1, safe_serialization=True)
 
-    identity = Identity.generate()
-    maker = BatchMaker(MAKER)
-    header = dict(run_id="test-run", sender=identity.peer_id, seq=1, ts_ms=1_700_000_000_000)
-    made = maker(MakeBatch(str(v1), WORKER, 3, 1, header))
-    envelope = seal(identity, RolloutBatch.decode(made.encoded))
-    checker = BatchChecker(CHECKER)
-    verdict = checker(CheckBatch(str(v1), 1, envelope))
-    assert verdict.accepted, verdict.detail
-    verdict = checker(CheckBatch(str(tiny_model_dir), 0, envelope))
-    assert not verdict.accepted and "toploc" in verdict.detail, verdict.detail
-    assert sorted(checker.models) == [0, 1]  # both versions stay loaded (keep = 2)
+def test_announced_keys_never_submitted_are_forgotten_after_the_fetch_deadline():
+    q = JudgingQueue(fetch_deadline_s=30, per_peer_unsubmitted=2)
+    q.noticed((WORKER, b"\x01" * 32), "flooder", now=0)
+    q.noticed((WORKER, b"\x02" * 32), "flooder", now=0)
+    q.noticed((WORKER, b"\x03" * 32), "flooder", now=10)  # over its share
+    assert q.dropped == 1 and len(q.entries) == 2
+    q.noticed((WORKER, b"\x03" * 32), "flooder", now=31)  # the first two expired
+    assert q.expired == 2 and list(q.entries) == [(WORKER, b"\x03" * 32)]

@@ -11,7 +11,7 @@ from ledger.build import compile_contract, load_artifact
 from ledger.chain import decode_revert_data
 from ledger.client import LedgerClient, LedgerError, LedgerRevert
 from ledger.registration import registration_message, verify_registration
-from tests.ledger_fixtures import ETH, PARAMS, key, ledger_fixture, paid  # noqa: F401
+from tests.helpers.ledger import ETH, PARAMS, key, ledger_fixture, paid  # noqa: F401
 
 RATE = PARAMS.reward_per_unit
 

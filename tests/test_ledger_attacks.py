@@ -17,7 +17,7 @@ import pytest
 from crypto.identity import Identity
 from ledger.client import LedgerRevert, Params
 from ledger.registration import registration_message
-from tests.ledger_fixtures import (  # noqa: F401
+from tests.helpers.ledger import (  # noqa: F401
     ETH,
     PARAMS,
     VALIDATOR_BOND,

@@ -6,7 +6,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -17,8 +16,8 @@ from ledger.accounts import load_account
 from ledger.chain import connect
 from ledger.client import LedgerClient
 from node.cli.devnet import free_port
+from tests.helpers.net import CLI
 
-CLI = [sys.executable, "-m", "node.cli"]
 ENV = {**os.environ, "INTELLECT_NODE_PASSWORD": "correct horse"}
 ETH = 10**18
 RATE = 10**12  # the development chain's reward per unit

@@ -17,7 +17,7 @@ from ledger.client import LedgerOutOfGas, LedgerPending, LedgerRevert
 from ledger.devchain import DevChain, serve
 from ledger.history import EventIndex
 from node.cli.devnet import free_port
-from tests.ledger_fixtures import ETH, PARAMS, Ledger, key, ledger_fixture, paid  # noqa: F401
+from tests.helpers.ledger import ETH, PARAMS, Ledger, key, ledger_fixture, paid  # noqa: F401
 
 
 def test_a_transaction_that_passes_simulation_and_fails_on_chain_reports_the_reason(ledger):

@@ -3,15 +3,14 @@
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from protocol.rollouts import RolloutBatch
 from protocol.wire import open_message
+from tests.helpers.net import CLI
 
-CLI = [sys.executable, "-m", "node.cli"]
 REPO = Path(__file__).resolve().parent.parent
 WORKER = "0x" + "3c" * 20
 

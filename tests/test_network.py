@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from tests.netutil import (
+from tests.helpers.net import (
     Cluster,
     addr_of,
     counter,

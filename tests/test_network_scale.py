@@ -6,7 +6,7 @@ import signal
 import time
 
 from node.net.convergence import problems
-from tests.netutil import Cluster, addr_of, dump_logs, status, wait_until
+from tests.helpers.net import Cluster, addr_of, dump_logs, status, wait_until
 
 NODES = 12
 BOUNDED = {

@@ -8,8 +8,8 @@ import pytest
 from node.roles.busy import BusyTime
 from node.roles.judging import VerdictPosts
 from node.roles.status import InferenceStatus, Stake, TrainerStatus, ValidatorStatus
-from node.roles.trainer import FetchRetry
 from node.roles.work import Verdict
+from node.roles.workbook import FetchRetry, prune_checkpoints, step_batches
 from node.roles.working import PendingVerdicts, VersionChoice
 
 W = "0x" + "22" * 20
@@ -76,6 +76,31 @@ def test_the_trainer_asks_again_for_a_batch_after_the_retry_time():
     retry.failed(k(2), now=7.0)
     retry.fetched(k(2))
     assert retry.due([k(2)], now=7.0) == [k(2)]
+
+
+@pytest.mark.parametrize(
+    ("usable", "waited", "want"),
+    [
+        ([], 99.0, None),  # nothing usable: wait however long it has been
+        ([1], 9.9, None),  # one of two, before step_wait: wait for more
+        ([1], 10.0, [1]),  # one of two at step_wait: train on what there is
+        ([1, 2], 0.0, [1, 2]),  # enough at once
+        ([1, 2, 3], 0.0, [1, 2, 3]),  # more than enough: all of them
+    ],
+)
+def test_a_step_trains_once_it_has_its_batches_or_waited_step_wait(usable, waited, want):
+    keys = [k(n) for n in usable]
+    got = step_batches(keys, waited, per_step=2, step_wait=10.0)
+    assert got == (None if want is None else [k(n) for n in want])
+
+
+def test_only_the_newest_checkpoints_are_kept(tmp_path):
+    for v in (1, 2, 3, 4):
+        (tmp_path / f"v{v}").mkdir()
+    (tmp_path / "v2.partial").write_text("x")
+    (tmp_path / "vx").mkdir()  # not a checkpoint: left alone
+    prune_checkpoints(tmp_path, step=4, keep=2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["v3", "v4", "vx"]
 
 
 def test_idle_share_with_given_times():

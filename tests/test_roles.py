@@ -171,7 +171,7 @@ async def test_a_batch_the_window_moved_past_while_it_was_generated_is_not_submi
     from crypto.identity import Identity
     from node.roles.inference import InferenceRole
     from node.rollouts.maker import MadeBatch, MakeBatch
-    from tests.test_batches import a_batch
+    from tests.helpers.batches import a_batch
 
     identity = Identity.generate()
     cfg = load_config(

@@ -10,15 +10,23 @@ import filecmp
 import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from node.cli.adminclient import admin_get as _admin_get
-from tests.netutil import Cluster, addr_of, counter, dump_logs, metrics, post, status, wait_until
+from tests.helpers.net import (
+    CLI,
+    Cluster,
+    addr_of,
+    counter,
+    dump_logs,
+    metrics,
+    post,
+    status,
+    wait_until,
+)
 
-CLI = [sys.executable, "-m", "node.cli"]
 KiB, MiB = 1024, 1024 * 1024
 SHARDCAST, WEIGHTS = "/intellect/shardcast/1.0.0", "/intellect/weights/1.0.0"
 
@@ -141,7 +149,7 @@ def test_publish_follow_bit_exact_cli_progress_and_retention(cluster, tmp_path):
 def test_malicious_peer_serving_corrupt_shards_is_banned(cluster, tmp_path):
     t, st = cluster.start("trainer", upload_rate="2", shard_size=str(256 * KiB))
     tid = st["peer_id"]
-    evil, se = follower(cluster, st, module="tests.evil_node", env={"EVIL": "corrupt"})
+    evil, se = follower(cluster, st, module="tests.helpers.evil_node", env={"EVIL": "corrupt"})
     src = checkpoint(tmp_path / "ckpt", {"w.safetensors": 3 * MiB + 5, "config.json": 100})
     post(t, "/weights/publish", {"dir": str(src)})
     wait_until(lambda: has(evil, 1), 30, "the evil node to hold version 1 (honestly)")
@@ -163,7 +171,7 @@ def test_forged_oversized_inconsistent_and_replayed_manifests_are_refused(cluste
     t, st = cluster.start("trainer")
     tid = st["peer_id"]
     victim, _ = follower(cluster, st)
-    evil, _ = follower(cluster, st, module="tests.evil_node", env={"EVIL": "manifests"})
+    evil, _ = follower(cluster, st, module="tests.helpers.evil_node", env={"EVIL": "manifests"})
     wait_known([t, victim, evil], 2)
     src = checkpoint(tmp_path / "ckpt", {"w.safetensors": 100 * KiB})
     post(t, "/weights/publish", {"dir": str(src)})

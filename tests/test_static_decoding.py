@@ -13,8 +13,8 @@ from crypto.toploc import build_proofs_batch
 from node.engine.base import SamplingParams
 from node.engine.graphs import Graphs, ProofPipeline, bucket, proof_workers
 from node.engine.torch_engine import TorchEngine
+from tests.helpers.tiny_lm import EOS, tiny_llama
 from tests.test_engine import midway_token, requests, verify_all
-from tests.tiny_lm import EOS, tiny_llama
 
 
 @pytest.fixture(scope="module")

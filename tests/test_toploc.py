@@ -18,7 +18,7 @@ from crypto.toploc import (
     verify_proofs,
 )
 from crypto.verdict import RolloutClaim, VerifyConfig, check_rollout
-from tests.tiny_lm import EOS, attack, generate, recompute, tiny_llama
+from tests.helpers.tiny_lm import EOS, attack, generate, recompute, tiny_llama
 
 
 def random_acts(prompt_len=20, steps=100, hidden=512, seed=0):

@@ -11,10 +11,10 @@ import pytest
 
 from node.roles.chain import Ruling, Submission
 from node.roles.clock import StepClock
-from node.roles.trainer import TrainerState, WorkBook, append_line, key_text, recorded_step
 from node.roles.work import Verdict
+from node.roles.workbook import TrainerState, WorkBook, append_line, key_text, recorded_step
 from protocol.batches import StepNotice
-from tests.netutil import wait_until
+from tests.helpers.net import wait_until
 
 W = "0x" + "11" * 20
 

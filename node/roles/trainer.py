@@ -34,24 +34,30 @@ Where it goes next: workers pull the new version and switch at their next batch.
 
 from __future__ import annotations
 
-import json
 import logging
-import shutil
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import trio
 
 from node.config import NodeConfig
-from node.files import write_atomic
 from node.net.runtime import Node
-from node.roles.chain import ChainSetupError, Ruling, Submission, WorkWatcher, open_ledger
+from node.roles.chain import ChainSetupError, WorkWatcher, open_ledger
 from node.roles.exchange import fetch_batch, follow_notices
 from node.roles.offload import Offload, OffloadError
 from node.roles.status import TrainerStatus
 from node.roles.work import Key
+from node.roles.workbook import (
+    FetchRetry,
+    TrainerState,
+    WorkBook,
+    append_line,
+    key_text,
+    prune_checkpoints,
+    recorded_step,
+    step_batches,
+)
 from node.rollouts.store import BatchStore, BatchStoreError
 from node.training.ranks import RankedPolicyWorker, RanksSpec
 from node.training.worker import Evaluate, PolicySpec, PolicyWorker, StepStats, TrainStep
@@ -66,158 +72,6 @@ METRICS_FILE = "metrics.jsonl"
 POLL_S = 0.5
 ANNOUNCE_EVERY = 5.0  # the step notice is repeated (gossip can miss, nodes join late)
 KEEP_CHECKPOINTS = 2
-
-
-def append_line(path: Path, line: dict[str, Any]) -> None:
-    """Append one JSON line (after a line a crash cut short, on a line of its own)."""
-    with open(path, "a+b") as f:
-        cut = False
-        if f.seek(0, 2) > 0:
-            f.seek(-1, 2)
-            cut = f.read(1) != b"\n"
-        f.write((b"\n" if cut else b"") + json.dumps(line).encode() + b"\n")
-        f.flush()
-
-
-def recorded_step(path: Path) -> int:
-    """The step of the last line of ``metrics.jsonl`` (-1: none)."""
-    try:
-        lines = path.read_text().splitlines()
-    except FileNotFoundError:
-        return -1
-    for raw in reversed(lines):
-        try:
-            return int(json.loads(raw)["step"])
-        except (ValueError, KeyError, TypeError):
-            continue  # a line a crash cut short
-    return -1
-
-
-def key_text(key: Key) -> str:
-    return f"{key[0]}:{key[1].hex()}"
-
-
-@dataclass
-class WorkBook:
-    """What the chain says about work, and what the trainer did with it. Pure: the role
-    feeds it chain events and fetched batches.
-
-    ``consumed`` maps every batch trained on to its policy version; entries older than the
-    async window are forgotten (they can never be usable again)."""
-
-    async_level: int
-    submitted: dict[Key, Submission] = field(default_factory=dict)
-    accepted: set[Key] = field(default_factory=set)
-    rejected: set[Key] = field(default_factory=set)
-    fetched: dict[Key, int] = field(default_factory=dict)  # in the inbox -> policy version
-    consumed: dict[str, int] = field(default_factory=dict)  # key_text -> policy version
-
-    def in_window(self, version: int, step: int) -> bool:
-        """Step ``step`` may train on work made with ``version``."""
-        return version + self.async_level >= step
-
-    def on_submission(self, sub: Submission) -> None:
-        self.submitted[(sub.worker, sub.key)] = sub
-
-    def on_ruling(self, r: Ruling) -> None:
-        accepted = r.verdict.accepted
-        (self.accepted if accepted else self.rejected).add(r.key)
-        (self.rejected if accepted else self.accepted).discard(r.key)
-
-    def wanted(self, step: int) -> list[Key]:
-        """Accepted batches to fetch: not fetched, not consumed, still in the window."""
-        return [
-            k
-            for k in self.accepted
-            if k not in self.fetched
-            and key_text(k) not in self.consumed
-            and k in self.submitted
-            and self.in_window(self.submitted[k].policy_version, step)
-        ]
-
-    def usable(self, step: int) -> list[Key]:
-        """Fetched, accepted, unused batches that step ``step`` may train on (oldest
-        submission first)."""
-        keys = [
-            k
-            for k, version in self.fetched.items()
-            if k in self.accepted
-            and k in self.submitted
-            and key_text(k) not in self.consumed
-            and self.in_window(version, step)
-        ]
-        return sorted(keys, key=lambda k: (self.submitted[k].block, k[1]))
-
-    def stale(self, step: int) -> list[Key]:
-        """Accepted batches that fell out of the window unused (not trained on)."""
-        return [
-            k
-            for k in self.accepted
-            if key_text(k) not in self.consumed
-            and k in self.submitted
-            and not self.in_window(self.submitted[k].policy_version, step)
-        ]
-
-    def consume(self, keys: list[Key], step: int) -> None:
-        for k in keys:
-            self.consumed[key_text(k)] = self.submitted[k].policy_version
-        floor = step - self.async_level
-        self.consumed = {k: v for k, v in self.consumed.items() if v >= floor}
-
-
-@dataclass
-class FetchRetry:
-    """When to ask again for an accepted batch that no holder could serve: ``retry_s``
-    after the failure (the trainer retries until the batch leaves the window). Pure: the
-    role passes ``now`` in."""
-
-    retry_s: float = 2.0
-    retry_at: dict[Key, float] = field(default_factory=dict)
-
-    def due(self, keys: list[Key], now: float) -> list[Key]:
-        """Those of ``keys`` to fetch now, in their order."""
-        return [k for k in keys if now >= self.retry_at.get(k, 0.0)]
-
-    def fetched(self, key: Key) -> None:
-        self.retry_at.pop(key, None)
-
-    def failed(self, key: Key, now: float) -> None:
-        self.retry_at[key] = now + self.retry_s
-
-
-@dataclass
-class TrainerState:
-    """What survives a restart (``trainer-state.json``), written after each checkpoint."""
-
-    step: int = 0
-    consumed: dict[str, int] = field(default_factory=dict)
-    batches_used: int = 0
-    tokens_trained: int = 0
-    line: dict[str, Any] = field(default_factory=dict)  # the last step's metrics, before eval
-
-    @classmethod
-    def load(cls, path: Path) -> TrainerState:
-        try:
-            raw = json.loads(path.read_text())
-        except FileNotFoundError:
-            return cls()
-        return cls(
-            step=int(raw["step"]),
-            consumed={str(k): int(v) for k, v in raw["consumed"].items()},
-            batches_used=int(raw.get("batches_used", 0)),
-            tokens_trained=int(raw.get("tokens_trained", 0)),
-            line=dict(raw.get("line", {})),
-        )
-
-    def save(self, path: Path) -> None:
-        body = {
-            "step": self.step,
-            "consumed": self.consumed,
-            "batches_used": self.batches_used,
-            "tokens_trained": self.tokens_trained,
-            "line": self.line,
-        }
-        write_atomic(path, json.dumps(body, sort_keys=True).encode())
 
 
 class TrainerRole:
@@ -344,19 +198,19 @@ class TrainerRole:
         self._announce(n + 1, n + 1)
         self.busy_s += time.monotonic() - busy
         await self._record(self.state.line)
-        self._prune_checkpoints()
+        prune_checkpoints(self.dir / "checkpoints", self.step, KEEP_CHECKPOINTS)
 
     async def _wait_for_batches(self, n: int) -> list[Key]:
         """The accepted batches step ``n`` trains on (see the module docstring, 2.)."""
         started = time.monotonic()
         while True:
-            usable = self.book.usable(n)
             waited = time.monotonic() - started
-            if len(usable) >= self.cfg.batches_per_step or (
-                usable and waited >= self.cfg.step_wait
-            ):
+            keys = step_batches(
+                self.book.usable(n), waited, self.cfg.batches_per_step, self.cfg.step_wait
+            )
+            if keys is not None:
                 self.idle_s += waited
-                return usable[: max(self.cfg.batches_per_step, len(usable))]
+                return keys
             await trio.sleep(POLL_S)
 
     async def _publish(self, version: int) -> None:
@@ -437,19 +291,6 @@ class TrainerRole:
             line["batches_used"],
             line["tokens_trained"],
         )
-
-    def _prune_checkpoints(self) -> None:
-        root = self.dir / "checkpoints"
-        for p in root.glob("v*"):
-            try:
-                v = int(p.name[1:].split(".")[0])
-            except ValueError:
-                continue
-            if v <= self.step - KEEP_CHECKPOINTS:
-                if p.is_dir():
-                    shutil.rmtree(p, ignore_errors=True)
-                else:
-                    p.unlink(missing_ok=True)
 
     # ---- the chain and the batches ------------------------------------------------------
 

@@ -155,7 +155,7 @@ class WeightService:
         """Start (or join) the download of ``version`` (default: the newest known)."""
         return await self.follower.pull(version)
 
-    # ---- the seams a test's malicious node overrides (tests/evil_node.py) --------------
+    # ---- the seams a test's malicious node overrides (tests/helpers/evil_node.py) --------------
 
     async def _on_query(self, req: WeightsQuery, r: Responder) -> None:
         await self.server.on_query(req, r)

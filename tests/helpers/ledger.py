@@ -3,7 +3,7 @@
 ``ledger`` is parametrized over the in-process py-evm chain, the same chain served over
 JSON-RPC (what ``intellect-node chain`` runs) and anvil (a real dev node), so every test
 that takes it runs on all three. Import it into a test module with
-``from tests.ledger_fixtures import ledger_fixture  # noqa: F401``.
+``from tests.helpers.ledger import ledger_fixture  # noqa: F401``.
 """
 
 from __future__ import annotations

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import sys
 import time
 import urllib.request
 from collections.abc import Callable
@@ -12,6 +13,7 @@ from typing import Any
 from node.cli.devnet import NodeProcess, p2p_addr, spawn_node, wait_ready
 from node.net.adminfile import read_admin_file
 
+CLI = [sys.executable, "-m", "node.cli"]  # the binary, as a test runs it
 FAST = {
     "--heartbeat-interval": "0.5",
     "--peer-ttl": "6",

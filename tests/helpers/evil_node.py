@@ -1,6 +1,6 @@
 """A malicious node for tests: the real binary with its SHARDCAST service subverted.
 
-    python -m tests.evil_node start ...   (the same flags as ``intellect-node start``)
+    python -m tests.helpers.evil_node start ...   (the same flags as ``intellect-node start``)
 
 It joins, follows and downloads like an honest node (so it holds real shards and the
 trainer's real manifests), then, in the modes named by ``EVIL`` (comma-separated):

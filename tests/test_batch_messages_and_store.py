@@ -1,0 +1,103 @@
+"""Batch exchange messages (their limits, and SPEC documenting them) and the worker's batch
+store (restarts, damage, interrupted writes, pruning)."""
+
+import os
+
+import pytest
+
+from crypto.identity import Identity
+from node.rollouts.store import BatchStore, BatchStoreError
+from protocol.batches import (
+    MAX_BATCH_ENVELOPE,
+    BatchNotice,
+    BatchReply,
+    BatchRequest,
+    StepNotice,
+)
+from protocol.errors import Reason, WireError
+from protocol.wire import open_message, seal
+from tests.helpers.batches import KEY, WORKER, a_batch, header
+
+
+def test_messages_round_trip_and_limits():
+    identity = Identity.generate()
+    notice = BatchNotice(work_key=KEY, worker=WORKER, step=4, policy_version=2, units=96, size=900)
+    assert BatchNotice.decode(notice.encode()) == notice
+    batch = a_batch(identity)
+    envelope = seal(identity, batch)
+    assert BatchNotice.of(batch, envelope) == BatchNotice(
+        work_key=batch.work_key(),
+        worker=WORKER,
+        step=3,
+        policy_version=0,
+        units=6,
+        size=len(envelope),
+    )
+    step = StepNotice(step=7, policy_version=5)
+    assert StepNotice.decode(step.encode()) == step
+    for msg in (
+        BatchRequest(**header(identity), work_key=KEY),
+        BatchReply(**header(identity), work_key=KEY, size=MAX_BATCH_ENVELOPE),
+    ):
+        assert open_message(seal(identity, msg), type(msg)) == msg
+    for bad in (
+        dict(work_key=KEY[:31]),
+        dict(worker="0xABC"),
+        dict(size=0),
+        dict(size=MAX_BATCH_ENVELOPE + 1),
+    ):
+        fields = dict(work_key=KEY, worker=WORKER, step=4, policy_version=2, units=1, size=9)
+        with pytest.raises(WireError) as exc:
+            BatchNotice(**{**fields, **bad}).encode()
+        assert exc.value.reason is Reason.MALFORMED
+    with pytest.raises(WireError) as exc:  # another message is not a notice
+        BatchNotice.decode(step.encode())
+    assert exc.value.reason is Reason.WRONG_TYPE
+
+
+def test_store_survives_a_restart_and_refuses_damage(tmp_path):
+    identity = Identity.generate()
+    store = BatchStore(tmp_path)
+    envelope = seal(identity, a_batch(identity))
+    key = store.put(envelope)
+    assert key == a_batch(identity).work_key()
+    assert BatchStore(tmp_path).get(key) == envelope  # a new process sees it
+    assert store.keys() == [key]
+    assert store.get(bytes(32)) is None
+    path = tmp_path / f"{key.hex()}.batch"
+    path.write_bytes(envelope[:-5] + b"xxxxx")  # damaged on disk
+    with pytest.raises(BatchStoreError, match="damaged"):
+        store.get(key)
+    other = seal(identity, a_batch(identity, reward=0.0))  # another batch under this name
+    path.write_bytes(other)
+    with pytest.raises(BatchStoreError, match="another batch"):
+        store.get(key)
+    with pytest.raises(WireError):  # only signed rollout batches go in
+        store.put(b"garbage")
+
+
+def test_store_cleans_interrupted_writes_and_prunes(tmp_path):
+    identity = Identity.generate()
+    (tmp_path / "ab.tmp").write_bytes(b"half")
+    store = BatchStore(tmp_path)
+    assert not list(tmp_path.glob("*.tmp"))
+    old = store.put(seal(identity, a_batch(identity, step=1)))
+    new = store.put(seal(identity, a_batch(identity, step=2)))
+    past = os.stat(tmp_path / f"{old.hex()}.batch").st_mtime - 1000
+    os.utime(tmp_path / f"{old.hex()}.batch", (past, past))
+    assert store.prune(older_than_s=500) == 1
+    assert store.keys() == [new]
+
+
+def test_spec_documents_the_batch_messages():
+    import re
+    from pathlib import Path
+
+    spec = (Path(__file__).resolve().parent.parent / "SPEC.md").read_text()
+    header = {"run_id", "sender", "seq", "ts_ms"}
+    for cls in (BatchNotice, StepNotice, BatchRequest, BatchReply):
+        section = spec.split(f"### `{cls.TYPE}`", 1)[1].split("\n#", 1)[0]
+        documented = set(re.findall(r"^\| `([a-z_]+)` \|", section, flags=re.MULTILINE))
+        assert documented == set(cls.specs()) - header, cls.TYPE
+        assert f"max {cls.MAX_SIZE} bytes" in section.splitlines()[0]
+    assert f"{MAX_BATCH_ENVELOPE:,}" in spec
