@@ -12,7 +12,8 @@ from libp2p.peer.peerinfo import PeerInfo
 from crypto.identity import Identity
 from node.config import load_config
 from node.net.host import parse_addrs
-from node.net.runtime import Node, RemoteRefusal
+from node.net.requests import RemoteRefusal
+from node.net.runtime import Node
 from node.roles.exchange import fetch_batch, serve_batches
 from node.rollouts.store import BatchStore
 from protocol import ids

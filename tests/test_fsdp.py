@@ -125,7 +125,19 @@ def test_the_trainer_step_on_two_torchrun_ranks_equals_the_step_in_one_process(
     base = load_file(tiny_model_dir / "model.safetensors")
     a = load_file(tmp_path / "one" / "v1" / "model.safetensors")
     b = load_file(tmp_path / "two" / "v1" / "model.safetensors")
-    assert max((a[k] - b[k]).abs().max().item() for k in a) <= 1e-5
+    # Adam's first step is about lr * sign(gradient): where a gradient is near zero, the
+    # order in which two ranks' halves are summed can move a weight differently (3.2e-5 of
+    # lr 1e-3 seen here), so the bound is on the worst weight (a tenth of a step) and on the
+    # mean (a hundredth of the mean move): ranks that dropped or double-counted a half of
+    # the batch would be off by about a step on most weights
+    diff = max((a[k] - b[k]).abs().max().item() for k in a)
+    mean_diff = sum((a[k] - b[k]).abs().sum().item() for k in a)
+    mean_move = sum((a[k] - base[k]).abs().sum().item() for k in base)
+    print(
+        f"one vs two ranks: max {diff:.3g}, summed {mean_diff:.3g}; the step moved {mean_move:.3g}"
+    )
+    assert diff <= 1e-4
+    assert mean_diff <= 0.01 * mean_move
     assert max((a[k] - base[k]).abs().max().item() for k in base) > 1e-4  # the step moved them
     assert (tmp_path / "two" / "v1.state").is_file()
     assert evaluated == one(Evaluate(str(tmp_path / "two" / "v1")))

@@ -193,11 +193,12 @@ async def test_gap_repair_gives_gossip_time_when_the_heartbeat_came_on_gossip(
     autojump_clock, tmp_path
 ):
     """A heartbeat on gossip can overtake the announcements it counts: the receiver asks the
-    publisher for the missing ones only SYNC_GRACE s later, and only for those still missing
+    publisher for the missing ones only SYNC_GRACE s later (more while gossip still brings
+    that publisher's announcements, SYNC_PATIENCE at most), and only for those still missing
     then; a heartbeat from a presence exchange (a new contact) is acted on at once."""
     from crypto.identity import Identity
     from node.config import NodeConfig
-    from node.net.announcements import SYNC_GRACE
+    from node.net.announcements import SYNC_GRACE, SYNC_PATIENCE
     from node.net.runtime import Node
     from protocol.messages import SyncReply
 
@@ -226,13 +227,27 @@ async def test_gap_repair_gives_gossip_time_when_the_heartbeat_came_on_gossip(
             publisher.announcements.outbox.add(i, b"signed announcement %d" % i)
         receiver.presence.heard(publisher.node_info(), via="gossip")
         await trio.sleep(SYNC_GRACE)
-        assert asked == [(start + SYNC_GRACE, [2, 4, 5, 6])]
+        assert asked == []  # gossip made progress in the grace period: it gets another
+        await trio.sleep(SYNC_GRACE)
+        assert asked == [(start + 2 * SYNC_GRACE, [2, 4, 5, 6])]  # none in that one: ask
 
         asked.clear()
         start = trio.current_time()
         receiver.presence.heard(publisher.node_info(), via="direct")
         await trio.sleep(SYNC_GRACE * 2)
         assert asked == [(start, [2, 4, 5, 6])]
+
+        # gossip that keeps bringing them (one a second) is waited for, SYNC_PATIENCE at most
+        asked.clear()
+        for i in range(7, 20):
+            publisher.announcements.outbox.add(i, b"signed announcement %d" % i)
+        start = trio.current_time()
+        receiver.presence.heard(publisher.node_info(), via="gossip")
+        for i in (2, 4, 5, 6, 7, 8, 9, 10, 11):
+            await trio.sleep(1.0)
+            assert receiver.announcements.inbox.add(publisher.peer_id, session, i)
+        await trio.sleep(SYNC_PATIENCE)
+        assert asked == [(start + SYNC_PATIENCE, list(range(12, 20)))]
 
 
 async def test_providers_nearby_asks_the_closest_connected_peers_once_each(autojump_clock):

@@ -31,6 +31,8 @@ from typing import Any
 
 from node.net.adminfile import ADMIN_FILE
 
+REPO_ROOT = Path(__file__).resolve().parents[2]  # node processes run from the checkout
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -118,7 +120,7 @@ def spawn_node(
             stdout=log,
             stderr=subprocess.STDOUT,
             env=env,
-            cwd=Path(__file__).resolve().parent.parent,
+            cwd=REPO_ROOT,
         )
     return NodeProcess(name, role, data_dir, proc, log_path)
 
@@ -160,9 +162,7 @@ def start_chain(
         str(data_dir),
         *(extra or []),
     ]
-    proc = subprocess.Popen(
-        cmd, stdout=log, stderr=subprocess.STDOUT, cwd=Path(__file__).resolve().parent.parent
-    )
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO_ROOT)
     log.close()
     deadline = time.monotonic() + timeout
     while not info_path.exists():
@@ -228,7 +228,7 @@ def fund(chain_dir: Path, address: str, amount: str) -> None:
         ],
         check=True,
         capture_output=True,
-        cwd=Path(__file__).resolve().parent.parent,
+        cwd=REPO_ROOT,
     )
 
 

@@ -6,7 +6,8 @@ Receiving: every announcement is verified and admitted in gossip's topic validat
 delivered to the topic's subscribers once (``Inbox``), and anything gossip did not bring
 is fetched by request (``/intellect/sync``): a publisher's heartbeat counts what it has
 announced (``heard``), and what we lack of it is asked for, after a grace period when the
-heartbeat came by gossip (which may overtake the announcements it counts).
+heartbeat came by gossip (which may overtake the announcements it counts), and after more
+of them, up to ``SYNC_PATIENCE``, while gossip keeps bringing that publisher's messages.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from protocol.wire import open_message, seal
 
 log = logging.getLogger("intellect.node")
 SYNC_GRACE = 2.0  # seconds gossip gets to deliver what a gossiped heartbeat counts
+SYNC_PATIENCE = 10.0  # seconds a sync waits at most while gossip still makes progress
 SYNC_BATCH = 64  # announcements asked for in one sync request at most
 AnnouncementHandler = Callable[[Announcement], None]
 
@@ -182,7 +184,16 @@ class Announcements:
         those still missing by then of all it is known to have announced."""
         try:
             if grace > 0:
-                await trio.sleep(grace)
+                # gossip still bringing this publisher's announcements is only behind (a
+                # busy mesh, or a busy machine, can lag more than one grace period): wait
+                # while it makes progress, up to SYNC_PATIENCE, then ask for what is missing
+                waited = 0.0
+                while True:
+                    before = self.inbox.held(sender, session)
+                    await trio.sleep(grace)
+                    waited += grace
+                    if waited >= SYNC_PATIENCE or self.inbox.held(sender, session) == before:
+                        break
                 announced = self._syncing[sender]
                 indices = self.inbox.missing(sender, session, announced, limit=SYNC_BATCH)
                 if not indices:

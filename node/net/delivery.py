@@ -66,6 +66,13 @@ class Inbox:
             s.below += 1
         return True
 
+    def held(self, sender: str, session: int) -> int:
+        """How many announcements of ``sender``'s ``session`` we hold."""
+        s = self._streams.get(sender)
+        if s is None or s.session != session:
+            return 0
+        return s.below + len(s.above)
+
     def missing(self, sender: str, session: int, published: int, limit: int) -> list[int]:
         """Up to ``limit`` indices < ``published`` not yet held, oldest first."""
         s = self._streams.get(sender)

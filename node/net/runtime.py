@@ -15,7 +15,7 @@ Roles and services build on this API only, never on a service's internals:
   protocol carries any). ``request`` / ``open_request`` are the dialing side.
 - ``subscribe(topic, handler)``: every announcement on ``topic``, delivered once;
   ``announce(topic, body)`` publishes one.
-- ``known_peers``, ``connected_peers``, ``reachable_peers``, ``connect``, ``disconnect``,
+- ``known_peers``, ``connected_peers``, ``connect``, ``disconnect``,
   ``provide``, ``find_providers``: the peers of this run and the DHT.
 - ``add_status(name, section)``: a role's own figures in ``/status``.
 """
@@ -39,14 +39,7 @@ from node.net.metrics import Metrics
 from node.net.network import Network
 from node.net.peers import PeerTable
 from node.net.presence import Presence
-from node.net.requests import (  # noqa: F401  (RemoteRefusal, Responder: re-exported)
-    Exchange,
-    RemoteRefusal,
-    RequestHandler,
-    Requests,
-    Responder,
-    now_ms,
-)
+from node.net.requests import Exchange, RequestHandler, Requests, now_ms
 from node.net.status import StatusView, node_status, prometheus
 from protocol.errors import WireError
 from protocol.messages import Header, NodeInfo
@@ -193,11 +186,6 @@ class Node:
     def connected_peers(self) -> set[str]:
         """Peer ids we hold a connection to now."""
         return self.network.connected_peers()
-
-    def reachable_peers(self) -> list[str]:
-        """Known peers of this run we hold a connection to (asking them costs no dial)."""
-        connected = self.connected_peers()
-        return [p for p in self.peers.peers if p in connected]
 
     async def connect(self, info: PeerInfo) -> None:
         await self.network.connect(info)

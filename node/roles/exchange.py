@@ -15,7 +15,8 @@ from typing import Any
 
 import trio
 
-from node.net.runtime import Node, Responder
+from node.net.requests import Responder
+from node.net.runtime import Node
 from node.rollouts.store import BatchStore, BatchStoreError
 from protocol import ids
 from protocol.batches import (

@@ -36,7 +36,8 @@ from typing import Any
 import trio
 
 from node.config import NodeConfig
-from node.net.runtime import Node, RemoteRefusal
+from node.net.requests import RemoteRefusal
+from node.net.runtime import Node
 from node.roles.busy import BusyTime
 from node.roles.chain import ChainSetupError, Submission, SubmissionWatcher, open_ledger
 from node.roles.checking import BatchChecker, CheckBatch, CheckerSpec

@@ -21,7 +21,8 @@ from typing import Any
 import trio
 
 from node.config import NodeConfig
-from node.net.runtime import Node, RemoteRefusal
+from node.net.requests import RemoteRefusal
+from node.net.runtime import Node
 from node.shardcast.providers import find_providers, provide
 from node.shardcast.schedule import DownloadPlan, PeerState
 from node.shardcast.store import Partial, StoreError

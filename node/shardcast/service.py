@@ -29,7 +29,8 @@ from typing import Any
 import trio
 
 from node.config import NodeConfig
-from node.net.runtime import Node, Responder
+from node.net.requests import Responder
+from node.net.runtime import Node
 from node.shardcast.following import Follower
 from node.shardcast.publishing import Publisher
 from node.shardcast.pulling import Downloads, Holders

@@ -18,7 +18,8 @@ from libp2p.stream_muxer.yamux.yamux import HEADER_SIZE as YAMUX_HEADER
 
 from node.config import NodeConfig
 from node.net.host import YAMUX_FRAME
-from node.net.runtime import Node, Responder
+from node.net.requests import Responder
+from node.net.runtime import Node
 from node.shardcast.store import ShardSource
 from node.shardcast.transfer import ByteBucket
 from node.shardcast.versions import VersionBook
