@@ -1,6 +1,7 @@
-"""SHARDCAST's parts (node/shardcast/*.py) keep to their interfaces: none reads another
-object's private attributes (``obj._name`` where ``obj`` is not ``self``), none asks the
-node for more than its public API, and no class grows past ``MAX_CLASS_LINES``."""
+"""SHARDCAST's parts (node/shardcast/*.py) ask the node for nothing beyond its public API,
+and the ``/weights`` and ``/status`` views they build keep their exact shape. That no part
+reads another's private attributes and no class passes 300 lines is checked for all of
+``node/`` in tests/test_quality.py."""
 
 import ast
 from pathlib import Path
@@ -8,7 +9,6 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "node" / "shardcast"
-MAX_CLASS_LINES = 300
 # the runtime's public API for services (node/net/runtime.py)
 NODE_API = {
     "serve_requests",
@@ -40,19 +40,6 @@ def _is_self(node: ast.expr) -> bool:
     )
 
 
-def private_reads(source: str) -> list[str]:
-    """Every ``<obj>._name`` in ``source`` where ``<obj>`` is not ``self``/``cls``/``super()``
-    (dunders aside), as ``line: expression``."""
-    out = []
-    for node in ast.walk(ast.parse(source)):
-        if not isinstance(node, ast.Attribute):
-            continue
-        name = node.attr
-        if name.startswith("_") and not name.startswith("__") and not _is_self(node.value):
-            out.append(f"{node.lineno}: {ast.unparse(node)}")
-    return out
-
-
 def node_calls(source: str) -> list[str]:
     """Every attribute asked of the node (``self.node.X`` or ``node.X``) outside its API."""
     out = []
@@ -81,27 +68,12 @@ def test_the_checks_catch_what_they_look_for():
         "        self._mine = super()._base + self.__class__.__name__.__len__()\n"
         "        return self.book._manifests, other._jobs, self.node.dht, node.peers\n"
     )
-    assert private_reads(src) == ["4: self.book._manifests", "4: other._jobs"]
     assert node_calls(src) == ["4: self.node.dht", "4: node.peers"]
-
-
-@pytest.mark.parametrize("path", parts(), ids=lambda p: p.name)
-def test_no_part_reads_another_objects_private_attributes(path):
-    assert private_reads(path.read_text()) == [], path
 
 
 @pytest.mark.parametrize("path", parts(), ids=lambda p: p.name)
 def test_parts_use_only_the_nodes_public_api(path):
     assert node_calls(path.read_text()) == [], path
-
-
-@pytest.mark.parametrize("path", parts(), ids=lambda p: p.name)
-def test_every_class_fits_on_a_few_screens(path):
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ClassDef):
-            assert node.end_lineno is not None
-            lines = node.end_lineno - node.lineno + 1
-            assert lines <= MAX_CLASS_LINES, f"{path.name}: {node.name} is {lines} lines"
 
 
 def test_weights_status_and_summary_keep_their_exact_shape(tmp_path):

@@ -116,9 +116,10 @@ class Discovery:
         """The peers our links protect (a few of each role we work with)."""
         return self.links.protected()
 
-    def connection_status(self, now: float) -> ConnectionStatus:
+    def connection_status(self, now: float, connected: set[str]) -> ConnectionStatus:
+        """The watermarks and what upkeep did, with ``connected``: the peers linked now."""
         return ConnectionStatus(
-            count=len(self.network.connected_peers()),
+            count=len(connected),
             settled=self.links.settled(now),
             low=self.cfg.conn_low,
             high=self.cfg.conn_high,

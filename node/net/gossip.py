@@ -13,6 +13,7 @@ from typing import Any
 
 from libp2p.peer.id import ID
 
+from node.net.network import Network
 from node.net.requests import Requests
 from protocol.errors import Reason, WireError
 
@@ -47,7 +48,7 @@ def topic_validator(
     return validate
 
 
-async def subscribe(network: Any, topic: str, validator: Callable[[ID, Any], bool]) -> Any:
+async def subscribe(network: Network, topic: str, validator: Callable[[ID, Any], bool]) -> Any:
     """Validate ``topic`` with ``validator`` (synchronously) and subscribe to it."""
     network.pubsub.set_topic_validator(topic, validator, False)
     return await network.pubsub.subscribe(topic)

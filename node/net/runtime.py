@@ -202,10 +202,6 @@ class Node:
         """Peers that provide ``key`` in the DHT, dialed where needed (see ``Network``)."""
         return await self.network.find_providers(key)
 
-    async def greet(self, peer: str) -> NodeInfo:
-        """Presence exchange with a connected (or dialable) peer; records it."""
-        return await self.presence.greet(peer)
-
     async def ping(self, peer: str) -> dict[str, Any]:
         """A presence round trip to ``peer``: its role and the time taken, or the error."""
         return await self.presence.ping(peer)

@@ -55,7 +55,7 @@ def node_status(v: StatusView) -> dict[str, Any]:
         "peer_count": count,
         "peers_listed": "all" if count <= STATUS_FULL_LIST else "in use",
         "peers_by_role": v.peers.by_role(),
-        "connections": asdict(v.discovery.connection_status(now)),
+        "connections": asdict(v.discovery.connection_status(now, connected)),
         "presence": asdict(v.presence.status()),
         "traffic": {
             "messages": metrics.by_label("messages", "direction"),
