@@ -124,9 +124,17 @@ def add_ledger_parsers(sub: Any) -> None:
         "rewards",
         help="show stake, rewards and verdicts for an account; 'rewards claim' pays them out",
     )
-    rewards.add_argument("action", nargs="?", choices=["claim"], help="claim matured rewards")
+    rewards.add_argument(
+        "action",
+        nargs="?",
+        choices=["claim", "history"],
+        help="claim: pay out matured rewards; history ADDRESS: every submission, verdict, "
+        "slash, claim and stake change of ADDRESS with totals per day (read-only, no keystore)",
+    )
+    rewards.add_argument("target", nargs="?", metavar="ADDRESS", help="the account for 'history'")
     rewards.add_argument("--address", help="account to inspect (default: this node's account)")
     rewards.add_argument("--json", action="store_true")
+    rewards.add_argument("--csv", action="store_true", help="'history' as CSV: rows, then days")
     common(rewards)
 
     stake = sub.add_parser("stake", help="register/add stake, unbond, or withdraw unbonded stake")
@@ -192,6 +200,10 @@ def cmd_rewards(args: argparse.Namespace) -> int:
     from ledger.accounts import account_address
     from ledger.history import EventIndex
 
+    if args.action == "history":
+        from node.cli.history import cmd_history
+
+        return cmd_history(args, _client(args, signing=False))
     if args.action == "claim":
         client, _, _ = _client(args, signing=True)
         receipts = client.claim_all()

@@ -1,0 +1,96 @@
+"""``intellect-node rewards history ADDRESS``: an account's history on the ledger.
+
+Every submission, verdict, slash, settlement, claim and stake change of ADDRESS from the
+contract's events (``ledger/accounthistory.py``), then totals per UTC day. Read-only: no
+keystore is opened, any address may be audited. ``--json`` prints one object (``rows`` and
+``days``), ``--csv`` the rows then a blank line then the days.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+from typing import Any
+
+from node.config import NodeConfig
+
+
+def cmd_history(args: argparse.Namespace, located: tuple[Any, NodeConfig, int]) -> int:
+    from ledger.accounthistory import account_history
+    from ledger.history import EventIndex
+
+    client, cfg, start_block = located
+    target = args.target or args.address
+    if not target:
+        raise ValueError("rewards history needs an ADDRESS (0x followed by 40 hex digits)")
+    if not client.w3.is_address(target):
+        raise ValueError(f"not an address: {target!r} (0x followed by 40 hex digits)")
+    address = client.w3.to_checksum_address(target)
+    index = EventIndex(
+        client.w3,
+        client.contract.address,
+        start_block,
+        cfg.resolved_data_dir / "ledger-events.json",
+        confirmations=cfg.chain_confirmations,
+    )
+    report = account_history(index, address)
+    if args.json:
+        print(json.dumps(report))
+    elif args.csv:
+        print(to_csv(report), end="")
+    else:
+        print(to_text(report))
+    return 0
+
+
+def to_csv(report: dict[str, Any]) -> str:
+    from ledger.accounthistory import ROW_FIELDS, TOTALS
+
+    out = io.StringIO()
+    w = csv.writer(out, lineterminator="\n")
+    w.writerow(ROW_FIELDS)
+    for r in report["rows"]:
+        w.writerow([r[k] for k in ROW_FIELDS])
+    w.writerow([])
+    w.writerow(("day", *TOTALS))
+    for d in report["days"]:
+        w.writerow([d["day"], *(d[k] for k in TOTALS)])
+    return out.getvalue()
+
+
+def _eth(wei: int) -> str:
+    from node.cli.ledger import fmt_eth
+
+    return fmt_eth(wei)
+
+
+def to_text(report: dict[str, Any]) -> str:
+    from datetime import UTC, datetime
+
+    lines = [f"account    {report['address']}", f"contract   {report['contract']}"]
+    if not report["rows"]:
+        lines.append("no events for this account")
+        return "\n".join(lines)
+    lines.append(f"{'time (UTC)':<19}  {'block':>6}  {'kind':<10} {'amount':>24}  detail")
+    for r in report["rows"]:
+        when = datetime.fromtimestamp(r["time"], UTC).strftime("%Y-%m-%d %H:%M:%S")
+        amount = _eth(r["amount_wei"]) if r["amount_wei"] else ""
+        key = f" key {r['key'][:18]}" if r["key"] else ""
+        mark = "  (unconfirmed)" if not r["confirmed"] else ""
+        lines.append(
+            f"{when}  {r['block']:>6}  {r['kind']:<10} {amount:>24}  {r['detail']}{key}{mark}"
+        )
+    lines.append("")
+    lines.append(
+        f"{'day':<10}  {'subm':>5} {'acc':>4} {'rej':>4} {'judged':>6}  "
+        f"{'slashed':>14} {'settled':>14} {'claimed':>14} {'staked':>14}"
+    )
+    for d in report["days"]:
+        lines.append(
+            f"{d['day']:<10}  {d['submitted']:>5} {d['accepted']:>4} {d['rejected']:>4} "
+            f"{d['judged']:>6}  {_eth(d['slashed_wei']):>14} {_eth(d['settled_reward_wei']):>14} "
+            f"{_eth(d['claimed_wei']):>14} {_eth(d['staked_wei']):>14}"
+        )
+    return "\n".join(lines)
