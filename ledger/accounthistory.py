@@ -14,9 +14,8 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from ledger.client import REASONS
+from ledger.client import REASON_NAMES
 
-REASON_NAMES = {v: k for k, v in REASONS.items()}
 # per-day totals, in this order (the CSV's columns): counts, then amounts in wei
 TOTALS = (
     "submitted",

@@ -66,6 +66,7 @@ GAS_EXTRA = 30_000
 MAX_TX_GAS = 12_000_000  # a claim whose estimate exceeds this is split
 FEE_BUMP = 1.25  # replacements need at least +10 % on both fees (geth, anvil)
 REASONS = {"invalid": 1, "unavailable": 2, "mismatch": 3}
+REASON_NAMES = {v: k for k, v in REASONS.items()}  # a rejection's reason code, in words
 STATUS = {0: "none", 1: "pending", 2: "accepted", 3: "rejected"}
 WEI = 10**18
 

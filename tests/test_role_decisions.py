@@ -3,13 +3,21 @@ generates with and which of its batches still wait for a verdict, when the valid
 a refused verdict again, when the trainer asks again for a batch; how busy a role is; and
 the keys of each role's /status section."""
 
+import json
+
 import pytest
 
 from node.roles.busy import BusyTime
 from node.roles.judging import VerdictPosts
-from node.roles.status import InferenceStatus, Stake, TrainerStatus, ValidatorStatus
+from node.roles.status import (
+    InferenceStatus,
+    Stake,
+    TrainerStatus,
+    ValidatorStatus,
+    VerdictLatency,
+)
 from node.roles.work import Verdict
-from node.roles.workbook import FetchRetry, prune_checkpoints, step_batches
+from node.roles.workbook import FetchRetry, prune_checkpoints, recorded_curve, step_batches
 from node.roles.working import PendingVerdicts, VersionChoice
 
 W = "0x" + "22" * 20
@@ -52,6 +60,43 @@ def test_pending_verdicts_settle_by_the_ledger_and_restored_batches_are_resubmit
     assert (len(p), p.accepted, p.rejected) == (0, 1, 1)
     p.submitted(b"c", 4)
     assert not p.settle(b"c", "none") and p.keys() == [b"c"]
+
+
+def test_pending_verdicts_count_rejections_by_the_ledgers_reason():
+    p = PendingVerdicts()
+    for n in range(4):
+        p.submitted(bytes([n]), 1)
+    p.settle(b"\x00", "rejected", "invalid")
+    p.settle(b"\x01", "rejected", "unavailable")
+    p.settle(b"\x02", "rejected", "invalid")
+    p.settle(b"\x03", "accepted", "invalid")  # an acceptance has no reason
+    assert dict(p.rejected_by_reason) == {"invalid": 2, "unavailable": 1}
+    assert (p.accepted, p.rejected) == (1, 3)
+
+
+def test_verdict_latency_over_a_window_of_the_last_verdicts():
+    lat = VerdictLatency(window=4)
+    assert lat.summary() == {"count": 0, "last": None, "mean": None, "p95": None, "max": None}
+    for seen, posted in ((0.0, 2.0), (1.0, 5.0), (3.0, 4.0), (10.0, 16.0), (20.0, 23.0)):
+        lat.add(seen, posted)
+    # the first (2 s) left the window of 4: 4, 1, 6, 3
+    assert lat.summary() == {"count": 5, "last": 3.0, "mean": 3.5, "p95": 6.0, "max": 6.0}
+    assert lat.add(5.0, 4.0) == 0.0  # a clock that went back counts as no time
+
+
+def test_the_learning_curve_is_read_back_from_metrics_jsonl(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    assert recorded_curve(path) == []
+    lines = [
+        {"step": 0, "reward_mean": None, "heldout_accuracy": 0.25, "batches_used": 0, "x": 1},
+        {"step": 1, "reward_mean": 0.5, "heldout_accuracy": None, "batches_used": 2},
+        {"step": 1, "reward_mean": 0.75, "heldout_accuracy": 0.5, "batches_used": 2},
+    ]  # step 1 recorded twice (a crash between checkpoint and record): the last wins
+    path.write_text("\n".join(json.dumps(x) for x in lines) + '\n{"step": 2, "rew')
+    assert recorded_curve(path) == [
+        {"step": 0, "reward_mean": None, "heldout_accuracy": 0.25, "batches_used": 0},
+        {"step": 1, "reward_mean": 0.75, "heldout_accuracy": 0.5, "batches_used": 2},
+    ]
 
 
 def test_a_refused_verdict_is_posted_again_after_the_retry_time_and_given_up_at_last():
@@ -137,11 +182,11 @@ def test_the_status_sections_keep_their_keys():
         "last_batch_step", "cheat", "idle_share", "generated", "submitted", "accepted",
         "rejected", "unjudged", "tokens", "errors", "stale", "tokens_per_s",
     ]  # fmt: skip
-    assert list(inference.as_dict()) == keys
+    assert list(inference.as_dict()) == [*keys, "rejected_by_reason"]
     money = Stake(stake_wei=5, locked_wei=1, slashed=0, pending_wei=2, claimable_wei=3)
     with_stake = InferenceStatus(**{**inference.__dict__, "stake": money}).as_dict()
     assert list(with_stake) == [
-        *keys, "stake_wei", "locked_wei", "slashed", "pending_wei", "claimable_wei"
+        *keys, "rejected_by_reason", "stake_wei", "locked_wei", "slashed", "pending_wei", "claimable_wei"
     ]  # fmt: skip
     assert with_stake["claimable_wei"] == 3
     validator = ValidatorStatus(
@@ -152,7 +197,7 @@ def test_the_status_sections_keep_their_keys():
     assert list(validator.as_dict()) == [
         "address", "step", "judged", "accepted", "rejected", "rejected_by_reason",
         "fetch_failures", "unposted", "removed_at", "not_ours", "judge_seconds",
-        "idle_share", "waiting", "recent",
+        "idle_share", "waiting", "recent", "latency_s",
     ]  # fmt: skip
     trainer = TrainerStatus(
         step=1, policy_version=1, train_steps=3, done=False, accepted=2, rejected=0,
@@ -161,5 +206,5 @@ def test_the_status_sections_keep_their_keys():
     )  # fmt: skip
     assert list(trainer.as_dict()) == [
         "step", "policy_version", "train_steps", "done", "accepted", "rejected", "slashed",
-        "usable", "batches_used", "tokens_trained", "idle_share", "last",
+        "usable", "batches_used", "tokens_trained", "idle_share", "last", "curve",
     ]  # fmt: skip

@@ -41,7 +41,7 @@ from typing import Any
 
 import trio
 
-from ledger.client import LedgerError
+from ledger.client import REASON_NAMES, LedgerError
 from node.config import NodeConfig
 from node.files import write_atomic
 from node.net.runtime import Node
@@ -128,6 +128,7 @@ class InferenceRole:
             stale=c.stale,
             tokens_per_s=round(c.tokens / c.seconds, 1) if c.seconds else 0.0,
             stake=self.stake,
+            rejected_by_reason=dict(self.pending.rejected_by_reason),
         )
 
     # ---- the loop ----------------------------------------------------------------------
@@ -198,7 +199,8 @@ class InferenceRole:
             lambda: [self.ledger.submission(self.address, k) for k in keys]
         )
         for key, info in zip(keys, infos, strict=True):
-            if self.pending.settle(key, info.status):
+            reason = REASON_NAMES.get(info.reason, "rejected")
+            if self.pending.settle(key, info.status, reason):
                 await self._resubmit(key)  # stored, but a crash came before the submission
         self.stake = await trio.to_thread.run_sync(self._money)
 

@@ -6,8 +6,12 @@ are part of the node's interface, so they are written out here, once.
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+LATENCY_WINDOW = 200  # verdicts the latency figures are over
+CURVE_POINTS = 500  # trainer steps the learning curve in /status keeps
 
 
 @dataclass(frozen=True)
@@ -41,6 +45,7 @@ class InferenceStatus:
     stale: int  # generated, then left unsubmitted: the window had moved past it
     tokens_per_s: float
     stake: Stake | None = None  # None until first read from the ledger
+    rejected_by_reason: dict[str, int] = field(default_factory=dict)  # the ledger's reasons
 
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -64,6 +69,8 @@ class ValidatorStatus:
     idle_share: float
     waiting: int  # keys tracked, not judged yet
     recent: list[dict[str, Any]] = field(default_factory=list)  # the last verdicts posted
+    # seconds from seeing a submission on-chain to posting its verdict (VerdictLatency)
+    latency_s: dict[str, float | int | None] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -83,6 +90,43 @@ class TrainerStatus:
     tokens_trained: int
     idle_share: float
     last: dict[str, Any] = field(default_factory=dict)  # step, reward_mean, heldout_accuracy
+    # per step, oldest first (the last CURVE_POINTS): step, reward_mean, heldout_accuracy,
+    # batches_used: the learning curve the dashboard draws
+    curve: list[dict[str, Any]] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+class VerdictLatency:
+    """How long verdicts take: seconds from a submission seen on-chain to its verdict
+    posted, over the last ``window`` verdicts. Pure: the validator feeds it times."""
+
+    def __init__(self, window: int = LATENCY_WINDOW) -> None:
+        self.seconds: deque[float] = deque(maxlen=window)
+        self.count = 0
+
+    def add(self, seen_at: float, posted_at: float) -> float:
+        s = max(0.0, posted_at - seen_at)
+        self.seconds.append(s)
+        self.count += 1
+        return s
+
+    def summary(self) -> dict[str, float | int | None]:
+        """count (all verdicts), then last, mean, p95 and max over the window (None: none)."""
+        if not self.seconds:
+            return {"count": 0, "last": None, "mean": None, "p95": None, "max": None}
+        ordered = sorted(self.seconds)
+        p95 = ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))]
+        return {
+            "count": self.count,
+            "last": round(self.seconds[-1], 3),
+            "mean": round(sum(ordered) / len(ordered), 3),
+            "p95": round(p95, 3),
+            "max": round(ordered[-1], 3),
+        }
+
+
+def curve_point(line: dict[str, Any]) -> dict[str, Any]:
+    """A step's point of the learning curve, from its ``metrics.jsonl`` line."""
+    return {k: line.get(k) for k in ("step", "reward_mean", "heldout_accuracy", "batches_used")}

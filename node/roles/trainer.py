@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +47,7 @@ from node.net.runtime import Node
 from node.roles.chain import ChainSetupError, WorkWatcher, open_ledger
 from node.roles.exchange import fetch_batch, follow_notices
 from node.roles.offload import Offload, OffloadError
-from node.roles.status import TrainerStatus
+from node.roles.status import CURVE_POINTS, TrainerStatus, curve_point
 from node.roles.work import Key
 from node.roles.workbook import (
     FetchRetry,
@@ -55,6 +56,7 @@ from node.roles.workbook import (
     append_line,
     key_text,
     prune_checkpoints,
+    recorded_curve,
     recorded_step,
     step_batches,
 )
@@ -94,7 +96,7 @@ class TrainerRole:
         self.slashed = 0
         self.idle_s = 0.0
         self.busy_s = 0.0
-        self.last: dict[str, Any] = {}
+        self.curve = deque(recorded_curve(self.dir / METRICS_FILE), maxlen=CURVE_POINTS)
         self.done = False
 
     @property
@@ -134,7 +136,8 @@ class TrainerRole:
             batches_used=self.state.batches_used,
             tokens_trained=self.state.tokens_trained,
             idle_share=round(self.idle_s / total, 3) if total else 0.0,
-            last=self.last,
+            last={k: v for k, v in (self.curve or [{}])[-1].items() if k != "batches_used"},
+            curve=list(self.curve),
         )
 
     # ---- the loop ----------------------------------------------------------------------
@@ -281,7 +284,7 @@ class TrainerRole:
             scores = await self.policy.call(Evaluate(str(self.checkpoint_dir(self.step))))
             line["heldout_accuracy"] = scores.accuracy
             line["heldout_by_level"] = scores.by_level
-        self.last = {k: line[k] for k in ("step", "reward_mean", "heldout_accuracy")}
+        self.curve.append(curve_point(line))
         await trio.to_thread.run_sync(append_line, self.dir / METRICS_FILE, line)
         log.info(
             "step %d: reward %s, held-out %s, %d batches, %d tokens",

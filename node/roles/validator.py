@@ -45,7 +45,7 @@ from node.roles.clock import StepClock, follow_steps
 from node.roles.exchange import fetch_batch, follow_notices
 from node.roles.judging import JudgingQueue, VerdictPosts
 from node.roles.offload import Offload, OffloadError
-from node.roles.status import ValidatorStatus
+from node.roles.status import ValidatorStatus, VerdictLatency
 from node.roles.work import ACCEPTED, Key, Verdict
 from protocol.batches import BatchNotice
 from protocol.errors import Reason, WireError
@@ -68,6 +68,8 @@ class ValidatorRole:
         self.notices: dict[Key, BatchNotice] = {}
         self.submissions: dict[Key, Submission] = {}
         self.clock_at: dict[Key, tuple[int | None, int]] = {}  # the clock when submitted
+        self.seen_at: dict[Key, float] = {}  # when the submission was read from the chain
+        self.latency = VerdictLatency()
         self.verdicts: Counter[str] = Counter()  # accepted, invalid, mismatch, unavailable
         self.recent: deque[dict[str, Any]] = deque(maxlen=20)
         self.fetch_failures = 0
@@ -114,6 +116,7 @@ class ValidatorRole:
             idle_share=self.busy.idle_share(time.monotonic()),
             waiting=sum(1 for e in self.queue.entries.values() if not e.done),
             recent=list(self.recent),
+            latency_s=self.latency.summary(),
         )
 
     # ---- inputs ------------------------------------------------------------------------
@@ -135,6 +138,7 @@ class ValidatorRole:
                     key = (sub.worker, sub.key)
                     self.submissions[key] = sub
                     self.clock_at[key] = (self.clock.step, self.clock.policy_version)
+                    self.seen_at[key] = trio.current_time()
                     self.queue.submitted(key, sub.units, sub.policy_version, trio.current_time())
             except Exception as exc:  # the chain may be briefly unreachable: try again
                 log.warning("reading submissions failed: %s", exc)
@@ -252,11 +256,14 @@ class ValidatorRole:
         self.verdicts[v.reason] += 1
         self.node.metrics.inc("verdicts", verdict=v.reason)
         self.judge_seconds += v.seconds
+        now = trio.current_time()
+        latency = self.latency.add(self.seen_at.pop(key, now), now)
         entry = {
             "worker": worker,
             "key": work_key.hex()[:16],
             "verdict": v.reason,
             "detail": v.detail[:200],
+            "latency_s": round(latency, 3),
         }
         self.recent.append(entry)
         (log.info if v.accepted else log.warning)("verdict %s", entry)

@@ -14,6 +14,7 @@ from typing import Any
 
 from node.files import write_atomic
 from node.roles.chain import Ruling, Submission
+from node.roles.status import curve_point
 from node.roles.work import Key
 
 
@@ -64,6 +65,23 @@ def recorded_step(path: Path) -> int:
         except (ValueError, KeyError, TypeError):
             continue  # a line a crash cut short
     return -1
+
+
+def recorded_curve(path: Path) -> list[dict[str, Any]]:
+    """The learning curve so far, from ``metrics.jsonl`` (a restarted trainer shows it all):
+    one ``curve_point`` per step, the last line of a step that was recorded twice winning."""
+    by_step: dict[int, dict[str, Any]] = {}
+    try:
+        lines = path.read_text().splitlines()
+    except FileNotFoundError:
+        return []
+    for raw in lines:
+        try:
+            point = curve_point(json.loads(raw))
+            by_step[int(point["step"])] = point
+        except (ValueError, TypeError, AttributeError):
+            continue  # a line a crash cut short
+    return [by_step[s] for s in sorted(by_step)]
 
 
 def key_text(key: Key) -> str:

@@ -10,6 +10,7 @@ weights held and the ledger, and feeds them in.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 
 RESTORED = -1  # the step of a batch found in the store after a restart (maybe unsubmitted)
@@ -39,6 +40,7 @@ class PendingVerdicts:
     steps: dict[bytes, int] = field(default_factory=dict)  # work key -> step (RESTORED)
     accepted: int = 0
     rejected: int = 0
+    rejected_by_reason: Counter[str] = field(default_factory=Counter)
 
     def __len__(self) -> int:
         return len(self.steps)
@@ -54,11 +56,11 @@ class PendingVerdicts:
     def submitted(self, key: bytes, step: int) -> None:
         self.steps[key] = step
 
-    def settle(self, key: bytes, status: str) -> bool:
+    def settle(self, key: bytes, status: str, reason: str = "rejected") -> bool:
         """The ledger's status of ``key``: accepted or rejected settle it; True when it must
         be submitted (again): a restored batch the ledger never heard of, a crash came
         between storing it and submitting it. It is no longer pending then, until
-        ``submitted``."""
+        ``submitted``. ``reason``: why the ledger rejected it (``invalid``, ...)."""
         if status == "none" and self.steps.get(key) == RESTORED:
             del self.steps[key]
             return True
@@ -67,5 +69,6 @@ class PendingVerdicts:
             del self.steps[key]
         elif status == "rejected":
             self.rejected += 1
+            self.rejected_by_reason[reason] += 1
             del self.steps[key]
         return False
