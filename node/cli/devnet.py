@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from node.cli.devnetpage import DevnetPage
 from node.net.adminfile import ADMIN_FILE
 
 REPO_ROOT = Path(__file__).resolve().parents[2]  # node processes run from the checkout
@@ -404,6 +405,7 @@ def run_devnet(
 
     old = signal.signal(signal.SIGINT, on_signal), signal.signal(signal.SIGTERM, on_signal)
     chain: subprocess.Popen[bytes] | None = None
+    page: DevnetPage | None = None
     try:
         chain, ledger_env = start_chain(
             base_dir / "chain", extra=["--max-staleness", str(async_level)]
@@ -486,6 +488,8 @@ def run_devnet(
             f"devnet: {len(nodes)} nodes up; logs and keys under {base_dir}; Ctrl-C stops every node",
             flush=True,
         )
+        page = DevnetPage({n.name: n.data_dir for n in nodes}, title=run_id).start()
+        say(f"devnet: dashboard of every node at {page.url}", flush=True)
         trainer = next(n for n in nodes if n.role == "trainer")
         last = 0.0
         finished = False
@@ -518,6 +522,8 @@ def run_devnet(
             say(f"devnet: stopped after {duration:.0f} s before step {steps}", flush=True)
             return 1
     finally:
+        if page is not None:
+            page.close()
         for n in reversed(nodes):
             n.stop()
         if chain is not None and chain.poll() is None:

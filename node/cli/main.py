@@ -189,6 +189,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_weights_parsers(sub)
 
+    from node.cli.dashboard import add_dashboard_parser
+
+    add_dashboard_parser(sub)
+
     devnet = sub.add_parser(
         "devnet", help="run a local network (bootstrap, trainer, validator, inference) on 127.0.0.1"
     )
@@ -402,6 +406,12 @@ def cmd_weights(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def cmd_dashboard(args: argparse.Namespace) -> int:
+    from node.cli.dashboard import cmd_dashboard as run
+
+    return run(args)
+
+
 def cmd_ledger(args: argparse.Namespace) -> int:
     from node.cli.ledger import cmd_chain, cmd_rewards, cmd_stake
 
@@ -424,6 +434,7 @@ COMMANDS = {
     "stake": cmd_ledger,
     "model": cmd_model,
     "weights": cmd_weights,
+    "dashboard": cmd_dashboard,
 }
 
 
