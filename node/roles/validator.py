@@ -68,6 +68,7 @@ class ValidatorRole:
         self.notices: dict[Key, BatchNotice] = {}
         self.submissions: dict[Key, Submission] = {}
         self.clock_at: dict[Key, tuple[int | None, int]] = {}  # the clock when submitted
+        self.seen_at: dict[Key, float] = {}  # when we learned of it: verdict latency
         self.verdicts: Counter[str] = Counter()  # accepted, invalid, mismatch, unavailable
         self.recent: deque[dict[str, Any]] = deque(maxlen=20)
         self.fetch_failures = 0
@@ -135,6 +136,7 @@ class ValidatorRole:
                     key = (sub.worker, sub.key)
                     self.submissions[key] = sub
                     self.clock_at[key] = (self.clock.step, self.clock.policy_version)
+                    self.seen_at[key] = trio.current_time()
                     self.queue.submitted(key, sub.units, sub.policy_version, trio.current_time())
             except Exception as exc:  # the chain may be briefly unreachable: try again
                 log.warning("reading submissions failed: %s", exc)
@@ -251,6 +253,9 @@ class ValidatorRole:
         self.unposted.posted(key)
         self.verdicts[v.reason] += 1
         self.node.metrics.inc("verdicts", verdict=v.reason)
+        if (seen := self.seen_at.pop(key, None)) is not None:
+            latency = trio.current_time() - seen
+            self.node.metrics.observe("verdict_latency_seconds", latency, verdict=v.reason)
         self.judge_seconds += v.seconds
         entry = {
             "worker": worker,
