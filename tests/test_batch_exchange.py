@@ -70,6 +70,10 @@ async def test_an_honest_batch_is_fetched_and_an_unknown_key_refused(tmp_path):
             await fetch_batch(fetcher, holder.peer_id, bytes(32))
         assert exc.value.reason == Reason.NOT_FOUND.value
         assert holder.metrics.get("batches_served") == 1
+        # the fetch time of the whole batch, once (the refused fetch is not timed)
+        timed = fetcher.metrics.registry.get_sample_value
+        assert timed("intellect_batch_fetch_seconds_count") == 1
+        assert 0 < timed("intellect_batch_fetch_seconds_sum") < 120
 
 
 def serve_this(holder, body_for, size_for=len, send=None):

@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from node.config import ConfigError, load_config
 from node.keystore import KeystoreError, create_identity, load_identity, load_or_create_identity
@@ -162,8 +163,13 @@ def test_start_status_and_sigint(tmp_path):
         )
         table = run("status", "--data-dir", str(node.data_dir)).stdout
         assert st["peer_id"] in table and "peers     0" in table
-        text = metrics(node)
-        assert 'intellect_peers{role="inference"} 0' in text
+        peers = {
+            s.labels["role"]: s.value
+            for f in text_string_to_metric_families(metrics(node))
+            if f.name == "intellect_peers"
+            for s in f.samples
+        }
+        assert peers == dict.fromkeys(("bootstrap", "inference", "validator", "trainer"), 0)
         node.proc.send_signal(signal.SIGINT)
         assert node.proc.wait(15) == 0
         time.sleep(0.1)

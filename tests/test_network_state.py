@@ -6,6 +6,7 @@ import random
 
 import pytest
 import trio
+from prometheus_client.parser import text_string_to_metric_families
 
 from node.net.connections import ConnectionPlan
 from node.net.convergence import problems
@@ -385,13 +386,28 @@ def test_inbox_never_asks_beyond_the_horizon():
     assert ib.missing("q", 1, published=1000, limit=100) == list(range(990, 1000))
 
 
-def test_metrics_render():
+def test_metrics_counts_and_exposes_through_prometheus_client():
     m = Metrics()
     m.inc("rejected", reason="replay", protocol="/x")
     m.inc("rejected", 2, reason="oversized", protocol="/x")
-    m.inc("bytes", 10, direction="in")
+    m.inc("bytes", 10, direction="in", protocol="/x")
     assert m.by_label("rejected", "reason") == {"replay": 1, "oversized": 2}
-    text = m.render({"peers": {(("role", "trainer"),): 3.0}})
-    assert 'intellect_rejected_total{protocol="/x",reason="oversized"} 2' in text
-    assert 'intellect_peers{role="trainer"} 3' in text
-    assert "# TYPE intellect_bytes_total counter" in text
+    assert m.get("rejected", protocol="/x") == 3
+    assert m.get("rejected", reason="oversized") == 2
+    with pytest.raises(KeyError):
+        m.inc("no_such_counter")
+    with pytest.raises(ValueError, match="label"):
+        m.inc("rejected", reason="replay")  # a declared counter's labels are fixed
+    families = {f.name: f for f in text_string_to_metric_families(m.exposition().decode())}
+    assert families["intellect_rejected"].type == "counter"
+    series = {
+        tuple(sorted(s.labels.items())): s.value
+        for s in families["intellect_rejected"].samples
+        if s.name == "intellect_rejected_total"
+    }
+    assert series == {
+        (("protocol", "/x"), ("reason", "oversized")): 2,
+        (("protocol", "/x"), ("reason", "replay")): 1,
+    }
+    assert "process_cpu_seconds" in families  # the process collector, on this node's registry
+    assert Metrics().get("rejected") == 0  # each node has a registry of its own

@@ -7,7 +7,8 @@ work is done by services, each in its own file under ``node/net/``:
 - ``presence.py``: heartbeats, greetings, liveness probes, leaving;
 - ``discovery.py``: DHT lookups and provides of our role, connection watermarks;
 - ``announcements.py``: paced gossip announcements, delivered once, gaps fetched by request;
-- ``status.py``: the ``/status`` view assembled from each service's typed status.
+- ``status.py``: the ``/status`` view assembled from each service's typed status, and
+  the gauges of ``/metrics`` (``metrics.py``: ``prometheus_client`` on the node's registry).
 Roles and services build on this API only, never on a service's internals:
 - ``serve_requests(protocol, request_type, handler)``: a request/response protocol whose
   request envelope the runtime reads, verifies, admits and counts before the handler sees
@@ -40,7 +41,7 @@ from node.net.network import Network
 from node.net.peers import PeerTable
 from node.net.presence import Presence
 from node.net.requests import Exchange, RequestHandler, Requests, now_ms
-from node.net.status import StatusView, node_status, prometheus
+from node.net.status import StatusGauges, StatusView, node_status
 from protocol.errors import WireError
 from protocol.messages import Header, NodeInfo
 
@@ -84,6 +85,7 @@ class Node:
             self.metrics,
             self._status_sections,
         )
+        self.metrics.add_collector(StatusGauges(self._view))
 
     @property
     def addrs(self) -> list[str]:
@@ -215,8 +217,9 @@ class Node:
     def status(self) -> dict[str, Any]:
         return node_status(self._view)
 
-    def prometheus(self) -> str:
-        return prometheus(self._view)
+    def prometheus(self) -> bytes:
+        """``/metrics``: every metric of this node in the Prometheus text format."""
+        return self.metrics.exposition()
 
 
 def _only_errors(exc: BaseException) -> bool:

@@ -1,4 +1,4 @@
-"""The node's ``/status`` (JSON) and ``/metrics`` (Prometheus) views.
+"""The node's ``/status`` (JSON) view and the gauges of its ``/metrics``.
 
 Assembled from each service's typed status: the keys here are what ``intellect-node
 status``, the devnet's table and the tests read (SPEC §10), so they change only with them.
@@ -6,11 +6,13 @@ status``, the devnet's table and the tests read (SPEC §10), so they change only
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import trio
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
 
 from node.config import NodeConfig
 from node.net.announcements import Announcements
@@ -69,14 +71,32 @@ def node_status(v: StatusView) -> dict[str, Any]:
     }
 
 
-def prometheus(v: StatusView) -> str:
-    by_role = v.peers.by_role()
-    gauges = {
-        "peers": {(("role", r),): float(by_role.get(r, 0)) for r in ids.ROLES},
-        "connections": {(): float(len(v.network.connected_peers()))},
-        "announcements_published": {(): float(v.announcements.count)},
-    }
-    return v.metrics.render(gauges)
+class StatusGauges:
+    """A ``prometheus_client`` collector of the gauges read from the services at scrape
+    time: peers by role, open connections, announcements published."""
+
+    def __init__(self, view: StatusView) -> None:
+        self.view = view
+
+    def collect(self) -> Iterator[Metric]:
+        v = self.view
+        by_role = v.peers.by_role()
+        peers = GaugeMetricFamily(
+            "intellect_peers", "Known peers of this run, by role.", None, ["role"]
+        )
+        for r in ids.ROLES:
+            peers.add_metric([r], float(by_role.get(r, 0)))
+        yield peers
+        yield GaugeMetricFamily(
+            "intellect_connections",
+            "Connections held now.",
+            float(len(v.network.connected_peers())),
+        )
+        yield GaugeMetricFamily(
+            "intellect_announcements_published",
+            "Announcements this node published.",
+            float(v.announcements.count),
+        )
 
 
 def _trio_now() -> float:

@@ -4,7 +4,8 @@ Where a rollout is on this hop: the worker (``node/roles/inference.py``) stored 
 batch in its ``BatchStore`` and serves it from there; a validator
 (``node/roles/validator.py``) fetches it with ``fetch_batch``, which checks the size before
 reading, every frame under the read deadline, and that what arrived is a ``RolloutBatch``
-of this run, signed by the peer that served it, with the work key asked for.
+of this run, signed by the peer that served it, with the work key asked for. Each batch
+fetched whole is timed in ``/metrics`` (``intellect_batch_fetch_seconds``).
 """
 
 from __future__ import annotations
@@ -85,6 +86,7 @@ async def fetch_batch(
     """The batch ``work_key`` from ``peer`` and its envelope; ``WireError`` (counted as a
     rejection under the batch protocol) when what arrives is not that batch."""
     request = BatchRequest(**node.header(), work_key=work_key)
+    started = trio.current_time()
     try:
         with trio.fail_after(TRANSFER_DEADLINE_S):
             async with node.open_request(peer, ids.BATCH, request, BatchReply) as exchange:
@@ -121,4 +123,5 @@ async def fetch_batch(
     except WireError as err:
         node.reject(ids.BATCH, peer, err)
         raise
+    node.metrics.observe("batch_fetch_seconds", trio.current_time() - started)
     return batch, envelope

@@ -264,8 +264,11 @@ class InferenceRole:
             return
         envelope = seal(self.node.identity, batch)
         notice = BatchNotice.of(batch, envelope)
-        self.counts.seconds += time.perf_counter() - started
+        seconds = time.perf_counter() - started
+        self.counts.seconds += seconds
         self.counts.generated += 1
+        if seconds > 0:
+            self.node.metrics.observe("generation_tokens_per_second", notice.units / seconds)
         self.counts.tokens += notice.units
         key = self.store.put(envelope)  # durable before anyone hears of it
         self.done_step = step

@@ -68,8 +68,8 @@ class ValidatorRole:
         self.notices: dict[Key, BatchNotice] = {}
         self.submissions: dict[Key, Submission] = {}
         self.clock_at: dict[Key, tuple[int | None, int]] = {}  # the clock when submitted
-        self.seen_at: dict[Key, float] = {}  # when the submission was read from the chain
-        self.latency = VerdictLatency()
+        self.seen_at: dict[Key, float] = {}  # when we learned of it: verdict latency
+        self.latency = VerdictLatency()  # over the last verdicts, for /status
         self.verdicts: Counter[str] = Counter()  # accepted, invalid, mismatch, unavailable
         self.recent: deque[dict[str, Any]] = deque(maxlen=20)
         self.fetch_failures = 0
@@ -255,15 +255,17 @@ class ValidatorRole:
         self.unposted.posted(key)
         self.verdicts[v.reason] += 1
         self.node.metrics.inc("verdicts", verdict=v.reason)
+        latency = None
+        if (seen := self.seen_at.pop(key, None)) is not None:
+            latency = self.latency.add(seen, trio.current_time())
+            self.node.metrics.observe("verdict_latency_seconds", latency, verdict=v.reason)
         self.judge_seconds += v.seconds
-        now = trio.current_time()
-        latency = self.latency.add(self.seen_at.pop(key, now), now)
         entry = {
             "worker": worker,
             "key": work_key.hex()[:16],
             "verdict": v.reason,
             "detail": v.detail[:200],
-            "latency_s": round(latency, 3),
+            "latency_s": None if latency is None else round(latency, 3),
         }
         self.recent.append(entry)
         (log.info if v.accepted else log.warning)("verdict %s", entry)

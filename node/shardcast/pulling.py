@@ -279,6 +279,7 @@ class Downloads:
     async def _fetch(self, partial: Partial, job: DownloadJob, shard: int, peer: str) -> int:
         m = partial.manifest
         length = m.shard_length(shard)
+        started = trio.current_time()
         req = ShardRequest(**self.node.header(), version=m.version, index=shard)
         buf = bytearray(length)
         view = memoryview(buf)
@@ -307,6 +308,7 @@ class Downloads:
         if not await trio.to_thread.run_sync(store):
             raise BadShard(f"shard {shard} from {peer} does not match its hash")
         job.done_bytes += length
+        self.node.metrics.observe("shardcast_shard_seconds", trio.current_time() - started)
         return length
 
     async def _refresh_loop(self, m: WeightManifest, plan: DownloadPlan, wakeup: Wakeup) -> None:
