@@ -10,6 +10,9 @@ command -v cc >/dev/null 2>&1 || need_apt+=(gcc)
 [ -f /usr/include/gmp.h ] || [ -f /usr/include/x86_64-linux-gnu/gmp.h ] || [ -f /usr/include/aarch64-linux-gnu/gmp.h ] || need_apt+=(libgmp-dev)
 python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || need_apt+=(python3-venv)
 command -v npm >/dev/null 2>&1 || need_apt+=(nodejs npm)  # anvil, a development EVM node, comes from npm
+# a real browser for the dashboard's test (tests/test_dashboard_browser.py), driven by Selenium
+[ -x /usr/bin/chromium ] || need_apt+=(chromium)
+[ -x /usr/bin/chromedriver ] || need_apt+=(chromium-driver)
 if [ ${#need_apt[@]} -gt 0 ]; then
     echo "setup: installing system packages: ${need_apt[*]}"
     SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"

@@ -267,6 +267,7 @@ def cmd_start(args: argparse.Namespace) -> int:
 
     from node.engine.modeldir import ModelError
     from node.net.admin import AdminServer
+    from node.net.dashboard import dashboard_routes
     from node.net.runtime import Node
     from node.roles import role_service
     from node.roles.chain import ChainSetupError
@@ -287,7 +288,13 @@ def cmd_start(args: argparse.Namespace) -> int:
             async with trio.open_nursery() as nursery:
                 await nursery.start(run_node)
                 weights = await nursery.start(WeightService(node, cfg).serve)
-                admin = AdminServer(node, data_dir, cfg.admin_port, routes=weights.admin_routes())
+                admin = AdminServer(
+                    node,
+                    data_dir,
+                    cfg.admin_port,
+                    routes=weights.admin_routes(),
+                    pages=dashboard_routes(cfg, node.status),  # the page at /
+                )
                 port = await nursery.start(admin.serve)
                 role = None if cfg.network_only else role_service(cfg.role)
                 if role is not None:

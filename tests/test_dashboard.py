@@ -1,0 +1,157 @@
+"""The dashboard's parts without a browser: its routes on the admin endpoint's app, the
+devnet's page that relays each node's GETs, and `intellect-node dashboard`. (The page in a
+real browser against real nodes: tests/test_dashboard_browser.py.)"""
+
+import json
+import subprocess
+import threading
+import urllib.error
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+from starlette.applications import Starlette
+from starlette.testclient import TestClient
+
+from node.cli.dashboard import can_open_browser
+from node.cli.devnetpage import DevnetPage
+from node.config import NodeConfig
+from node.net.dashboard import STATIC_DIR, account_of, dashboard_routes
+from tests.helpers.net import CLI
+
+WORKER = {"role": "inference", "peer_id": "12D3KooWabcdefghijkl", "run_id": "r"}
+WORKER["inference"] = {"address": "0x" + "ab" * 20}
+
+
+def client(status, **cfg):
+    app = Starlette(routes=dashboard_routes(NodeConfig(**cfg), lambda: status))
+    return TestClient(app)
+
+
+def test_the_page_and_its_files_are_served_and_hold_no_token():
+    c = client(WORKER)
+    page = c.get("/")
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    for src in ("dashboard/app.js", "dashboard/chart.js", "dashboard/style.css"):
+        assert src in page.text
+        assert c.get("/" + src).status_code == 200
+    # nothing from another origin, nothing that could carry the admin token
+    for f in STATIC_DIR.iterdir():
+        text = f.read_text().lower()
+        assert "http://" not in text.replace('"http://www.w3.org/2000/svg"', "")
+        assert "https://" not in text and "authorization" not in text and "bearer" not in text
+        assert "admin.json" not in text and "method:" not in text  # fetch() GETs only
+    assert c.get("/dashboard/../admin.py").status_code == 404
+    spec = c.get("/nodes.json").json()
+    assert spec == {
+        "title": "inference 12D3KooWabcd… (r)",
+        "nodes": [{"name": "", "base": ""}],
+        "live": "events",
+    }
+
+
+def test_history_says_why_it_is_unavailable():
+    assert client(WORKER).get("/history").json() == {
+        "available": False,
+        "reason": "no ledger contract configured",
+    }
+    trainer = {"role": "trainer", "peer_id": "x", "run_id": "r", "trainer": {"step": 1}}
+    assert client(trainer, contract="0x" + "11" * 20).get("/history").json() == {
+        "available": False,
+        "reason": "this role has no ledger account",
+    }
+    assert account_of(WORKER) == "0x" + "ab" * 20
+    unreachable = client(WORKER, contract="0x" + "11" * 20, chain="http://127.0.0.1:9")
+    reply = unreachable.get("/history").json()
+    assert reply["available"] is False and reply["reason"].startswith("cannot read the chain")
+
+
+class FakeAdmin(BaseHTTPRequestHandler):
+    """A stand-in for a node's admin endpoint: /status and /history answer, else 404."""
+
+    def do_GET(self):  # noqa: N802
+        body = {"/status": b'{"role": "validator"}', "/history": b'{"available": false}'}
+        if self.path not in body:
+            self.send_error(404)
+            return
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body[self.path])))
+        self.end_headers()
+        self.wfile.write(body[self.path])
+
+    def log_message(self, *_):
+        pass
+
+
+@pytest.fixture
+def devnet_page(tmp_path):
+    node = ThreadingHTTPServer(("127.0.0.1", 0), FakeAdmin)
+    threading.Thread(target=node.serve_forever, daemon=True).start()
+    (tmp_path / "v").mkdir()
+    (tmp_path / "v" / "admin.json").write_text(json.dumps({"port": node.server_address[1]}))
+    (tmp_path / "gone").mkdir()
+    page = DevnetPage({"v": tmp_path / "v", "gone": tmp_path / "gone"}, title="t").start()
+    yield page
+    page.close()
+    node.shutdown()
+    node.server_close()
+
+
+def get(url):
+    try:
+        with urllib.request.urlopen(url, timeout=10) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def test_the_devnet_page_lists_every_node_and_relays_only_their_gets(devnet_page):
+    url = devnet_page.url
+    assert url.startswith("http://127.0.0.1:")
+    status, body = get(url)
+    assert status == 200 and b"dashboard/app.js" in body
+    assert get(url + "dashboard/chart.js")[0] == 200
+    assert json.loads(get(url + "nodes.json")[1]) == {
+        "title": "t: 2 nodes",
+        "nodes": [{"name": "v", "base": "node/v"}, {"name": "gone", "base": "node/gone"}],
+        "live": "poll",
+    }
+    assert get(url + "node/v/status") == (200, b'{"role": "validator"}')
+    assert get(url + "node/v/history") == (200, b'{"available": false}')
+    assert get(url + "node/v/metrics")[0] == 404  # only what the page reads
+    assert get(url + "node/nobody/status")[0] == 404
+    assert get(url + "dashboard/..%2f..%2fconfig.py")[0] == 404
+    status, body = get(url + "node/gone/status")  # no admin.json: not running
+    assert status == 502 and b"node unreachable" in body
+
+
+def test_the_dashboard_command_prints_the_url_and_opens_nothing_without_a_display(tmp_path):
+    (tmp_path / "admin.json").write_text(json.dumps({"port": 4321, "token": "t"}))
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}  # no DISPLAY: no browser opened
+    res = subprocess.run(
+        [*CLI, "dashboard", "--data-dir", str(tmp_path)],
+        capture_output=True, text=True, env=env, timeout=60,
+    )  # fmt: skip
+    assert res.returncode == 0 and res.stdout == "http://127.0.0.1:4321/\n", res.stderr
+    assert res.stderr == ""
+    res = subprocess.run(
+        [*CLI, "dashboard", "--data-dir", str(tmp_path / "none")],
+        capture_output=True, text=True, env=env, timeout=60,
+    )  # fmt: skip
+    assert res.returncode == 1 and "no running node found" in res.stderr
+    assert "Traceback" not in res.stderr
+
+
+def test_a_browser_is_opened_only_where_a_display_exists(monkeypatch):
+    monkeypatch.delenv("DISPLAY", raising=False)
+    monkeypatch.delenv("WAYLAND_DISPLAY", raising=False)
+    monkeypatch.setattr("sys.platform", "linux")
+    assert not can_open_browser()
+    monkeypatch.setenv("DISPLAY", ":0")
+    assert can_open_browser()
+
+
+def test_static_files_are_package_data():
+    text = (Path(__file__).resolve().parent.parent / "pyproject.toml").read_text()
+    assert 'node = ["net/static/*"]' in text
