@@ -61,7 +61,7 @@ def to_csv(report: dict[str, Any]) -> str:
 
 
 def _eth(wei: int) -> str:
-    from node.cli.ledger import fmt_eth
+    from ledger.client import fmt_eth
 
     return fmt_eth(wei)
 
