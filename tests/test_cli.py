@@ -196,6 +196,7 @@ def test_devnet_main_job(tmp_path):
     out = res.stdout
     assert "devnet: chain at http://127.0.0.1:" in out and "contract 0x" in out
     assert "devnet: 5 nodes up" in out
+    assert "devnet: dashboard of every node at http://127.0.0.1:" in out  # one URL
     assert f"devnet: base model {tmp_path / 'model'}" in out
     assert "devnet: 1 steps done, every node holds version 1" in out
     assert (tmp_path / "model" / "config.json").is_file()

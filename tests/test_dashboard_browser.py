@@ -1,0 +1,211 @@
+"""The dashboard in a real browser (Debian's chromium, driven by Selenium): real node
+processes (bootstrap, trainer, validator, one worker) on 127.0.0.1 with the served
+development chain and the tiny model, the smallest set that produces verdicts.
+
+The validator's own page (``intellect-node dashboard``'s URL, live through ``/events``) and
+the devnet's page of every node side by side load with no console error and nothing from
+another origin; every figure on them equals ``intellect-node status --json`` of its node,
+and the rewards panel's counts equal the chain's events of the node's account; the page
+follows a new verdict without a reload; it never holds the admin token. Screenshots are
+kept under ``$TEST_ARTIFACTS`` (default ``.pytest_artifacts/``). Without a browser the test
+skips, saying why (CI installs one: scripts/setup.sh)."""
+
+import json
+import subprocess
+import time
+
+import pytest
+
+from node.cli.devnet import wait_ready
+from node.cli.devnetpage import DevnetPage
+from tests.helpers.browser import Browser, artifacts_dir, browser_missing
+from tests.helpers.net import CLI, wait_until
+from tests.test_loop import Loop
+
+MISSING = browser_missing()
+pytestmark = pytest.mark.skipif(MISSING is not None, reason=MISSING or "")
+
+FIGURES = """
+return [...document.querySelectorAll('[data-node]')].map((n) => ({
+  node: n.dataset.node,
+  role: (n.querySelector('.role') || {}).textContent || null,
+  peer_id: (n.querySelector('[data-k=peer_id]') || {}).title || null,
+  figs: [...n.querySelectorAll('[data-k][data-value]')].map(
+    (e) => [e.dataset.k, JSON.parse(e.dataset.value), e.classList.contains('v') ? e.textContent : null]),
+}));
+"""
+ORIGINS = "return performance.getEntriesByType('resource').map((e) => e.name)"
+HISTORY_KINDS = {  # what the rewards panel counts, by the chain's event names
+    "submission": ("WorkSubmitted",),
+    "verdict": ("WorkAccepted", "WorkRejected", "RejectOverturned"),
+    "slash": ("Slashed",),
+    "claim": ("Claimed",),
+    "stake": ("Registered", "StakeAdded", "Unbonded", "Withdrawn"),
+}
+ACCOUNT_ARGS = ("worker", "validator", "account")
+
+
+def status_json(node):
+    """What ``intellect-node status --json`` says of the node, as a user runs it."""
+    res = subprocess.run(
+        [*CLI, "status", "--json", "--data-dir", str(node.data_dir)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    return json.loads(res.stdout)
+
+
+def lookup(data, path):
+    for part in path.split("."):
+        if not isinstance(data, dict) or part not in data:
+            return None
+        data = data[part]
+    return data
+
+
+def shown(key, value):
+    """The text the page shows for ``value`` (how the user reads it)."""
+    if value is None:
+        return "–"
+    if key.endswith("_wei"):
+        return f"{value / 1e18:.6f} ETH"
+    if key.endswith("_bytes") or ".latency_s." in key or key == "inference.tokens_per_s":
+        return None  # rounded for reading: the raw value is compared
+    if key == "trainer.train_steps" and value == 0:
+        return "no limit"
+    return f"{value:,}" if isinstance(value, int) else None
+
+
+def chain_counts(client, address):
+    """The rewards panel's counts, from the chain's own logs of ``address``'s events."""
+    a = address.lower()
+    counts = {}
+    for kind, names in HISTORY_KINDS.items():
+        counts[kind] = sum(
+            1
+            for name in names
+            for e in getattr(client.contract.events, name).get_logs(from_block=0)
+            if any(str(e["args"].get(k, "")).lower() == a for k in ACCOUNT_ARGS)
+        )
+    return counts
+
+
+def disagreements(browser, nodes, client):
+    """Every figure on the page that differs from its node's ``status --json`` or the chain."""
+    panels = browser.js(FIGURES)
+    if sorted(p["node"] for p in panels) != sorted(nodes):
+        return [("panels", sorted(p["node"] for p in panels), sorted(nodes))]
+    wrong = []
+    for panel in panels:
+        st = status_json(nodes[panel["node"]])
+        if panel["role"] != st["role"] or panel["peer_id"] != st["peer_id"]:
+            wrong.append((panel["node"], "identity", panel["role"], st["role"]))
+        account = (st.get("inference") or st.get("validator") or {}).get("address")
+        counts = chain_counts(client, account) if account else {}
+        keys = {k for k, _, _ in panel["figs"]}
+        if len(keys) < 8:  # the page has not drawn its figures (yet)
+            wrong.append((panel["node"], "figures", sorted(keys)))
+        for key, value, text in panel["figs"]:
+            want = counts.get(key.split(".")[-1]) if key.startswith("history.") else lookup(st, key)
+            if value != want and not (isinstance(want, float) and abs(value - want) < 1e-9):
+                wrong.append((panel["node"], key, value, want))
+            elif text is not None and shown(key, want) not in (None, text):
+                wrong.append((panel["node"], key, text, shown(key, want)))
+        if account and not keys >= {f"history.count.{k}" for k in HISTORY_KINDS}:
+            wrong.append((panel["node"], "history", "missing", sorted(keys)))
+    return wrong
+
+
+def agree(browser, nodes, client, what):
+    """The page's figures agree with the nodes and the chain (live figures move: asked
+    again until one reading agrees)."""
+    last = []
+
+    def ok():
+        nonlocal last
+        last = disagreements(browser, nodes, client)
+        return not last
+
+    try:
+        wait_until(ok, 120, what, interval=1)
+    except AssertionError:
+        raise AssertionError(f"{what}: the page disagrees: {last}") from None
+
+
+def figure(browser, node, key):
+    for panel in browser.js(FIGURES):
+        if panel["node"] == node:
+            return next((v for k, v, _ in panel["figs"] if k == key), None)
+    return None
+
+
+def verdicts_on_chain(client):
+    return sum(
+        len(getattr(client.contract.events, n).get_logs(from_block=0))
+        for n in ("WorkAccepted", "WorkRejected")
+    )
+
+
+def same_origin_only(browser, url):
+    loaded = browser.js(ORIGINS)
+    assert loaded and all(u.startswith(url) for u in loaded), loaded
+
+
+@pytest.mark.timeout(900)
+def test_the_dashboard_shows_the_nodes_figures_live_in_a_real_browser(tmp_path, tiny_model_dir):
+    loop = Loop(tmp_path, tiny_model_dir)
+    browser = page = None
+    try:
+        loop.spawn("trainer", "trainer")
+        loop.validator()
+        loop.worker("w")
+        for node in loop.nodes.values():
+            wait_ready(node, timeout=120)
+        client = loop.client()
+        wait_until(lambda: verdicts_on_chain(client) >= 1, 600, "a first verdict", interval=2)
+        browser = Browser()
+        shots = artifacts_dir()
+
+        # the validator's own page, as `intellect-node dashboard` gives it
+        validator = loop.nodes["validator"]
+        res = subprocess.run(
+            [*CLI, "dashboard", "--no-open", "--data-dir", str(validator.data_dir)],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert res.returncode == 0, res.stderr
+        url = res.stdout.strip()
+        assert url == f"http://127.0.0.1:{validator.admin()['port']}/"
+        browser.open(url)
+        agree(browser, {"": validator}, client, "the validator's page")
+        assert browser.console_errors() == []
+        same_origin_only(browser, url)
+        assert validator.admin()["token"] not in browser.driver.page_source
+
+        # a new verdict lands: the page follows (no reload)
+        before = figure(browser, "", "validator.judged")
+        wait_until(lambda: verdicts_on_chain(client) > before, 300, "a new verdict", interval=2)
+        wait_until(
+            lambda: figure(browser, "", "validator.judged") > before,
+            60,
+            "the page to show the new verdict",
+            interval=0.5,
+        )
+        agree(browser, {"": validator}, client, "the validator's page after a new verdict")
+        assert browser.console_errors() == []
+        browser.screenshot(shots / "dashboard-validator.png")
+
+        # the devnet's page: every node side by side
+        page = DevnetPage({n.name: n.data_dir for n in loop.nodes.values()}).start()
+        browser.open(page.url)
+        agree(browser, dict(loop.nodes), client, "the devnet's page")
+        time.sleep(2)  # a few more polls of every node
+        assert browser.console_errors() == []
+        same_origin_only(browser, page.url)
+        path = browser.screenshot(shots / "dashboard-devnet.png")
+        assert path.stat().st_size > 10_000
+    finally:
+        if browser is not None:
+            browser.close()
+        if page is not None:
+            page.close()
+        loop.close()
