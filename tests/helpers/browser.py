@@ -86,10 +86,13 @@ class Browser:
         return [e for e in self.driver.get_log("browser") if e["level"] == "SEVERE"]
 
     def screenshot(self, path: Path) -> Path:
-        """The whole page, as tall as it is."""
-        height = int(self.js("return document.documentElement.scrollHeight"))
-        self.driver.set_window_size(1400, min(max(height + 20, 600), 6000))
-        self.driver.save_screenshot(str(path))
+        """The whole page, beyond the window's height (Chrome DevTools' full-page capture)."""
+        import base64
+
+        shot = self.driver.execute_cdp_cmd(
+            "Page.captureScreenshot", {"format": "png", "captureBeyondViewport": True}
+        )
+        path.write_bytes(base64.b64decode(shot["data"]))
         return path
 
     def close(self) -> None:

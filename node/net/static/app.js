@@ -216,7 +216,7 @@
       Charts.line(this.curve, [
         { name: "reward", color: "#4f7cff", points: c.map((p) => [p.step, p.reward_mean]) },
         { name: "held-out", color: "#2e9e5b", points: c.map((p) => [p.step, p.heldout_accuracy]) }],
-        { yMin: 0, yMax: 1, xLabel: "step", empty: "no step trained yet" });
+        { yMin: 0, yMax: 1, xPrefix: "step ", empty: "no step trained yet" });
       Charts.bars(this.batchChart, c.filter((p) => p.step > 0).slice(-60).map((p) => ({ label: String(p.step), value: p.batches_used || 0 })), { empty: "no step trained yet" });
     }
 
@@ -249,7 +249,7 @@
       Charts.line(this.histChart, [
         { name: "submissions", color: "#4f7cff", points: cum("submission") },
         { name: "verdicts", color: "#2e9e5b", points: cum("verdict") }],
-        { yMin: 0, xLabel: "min", empty: "no events yet", height: 110 });
+        { yMin: 0, xLabel: "min", empty: "no events yet" });
       this.histRows.replaceChildren(...hist.rows.slice(-8).reverse().map((r) =>
         h("tr", {}, h("td", {}, String(r.block)), h("td", {}, r.event), h("td", {}, r.amount_wei ? eth(r.amount_wei) : ""), h("td", {}, r.detail))));
     }

@@ -57,9 +57,9 @@
     const xMin = Math.min(...xs), xMax = Math.max(...xs);
     const y = frame(svg, yMin, yMax);
     const x = (v) => L + (W - L - R) * (xMax === xMin ? 0.5 : (v - xMin) / (xMax - xMin));
-    const unit = opts.xLabel ? " " + opts.xLabel : "";
-    svg.append(el("text", { x: L, y: H - 6, class: "tick" }, fmtTick(xMin) + unit));
-    svg.append(el("text", { x: W - R, y: H - 6, class: "tick", "text-anchor": "end" }, fmtTick(xMax) + unit));
+    const unit = opts.xLabel ? " " + opts.xLabel : "", pre = opts.xPrefix || "";
+    svg.append(el("text", { x: L, y: H - 6, class: "tick" }, pre + fmtTick(xMin) + unit));
+    svg.append(el("text", { x: W - R, y: H - 6, class: "tick", "text-anchor": "end" }, pre + fmtTick(xMax) + unit));
     for (const s of series) {
       const p = s.points.filter((q) => q[1] !== null && q[1] !== undefined);
       if (p.length === 0) continue;
