@@ -68,10 +68,14 @@ def test_history_says_why_it_is_unavailable():
 
 
 class FakeAdmin(BaseHTTPRequestHandler):
-    """A stand-in for a node's admin endpoint: /status and /history answer, else 404."""
+    """A stand-in for a node's admin endpoint: /status, /history and /metrics answer."""
 
     def do_GET(self):  # noqa: N802
-        body = {"/status": b'{"role": "validator"}', "/history": b'{"available": false}'}
+        body = {
+            "/status": b'{"role": "validator"}',
+            "/history": b'{"available": false}',
+            "/metrics": b"# metrics",
+        }
         if self.path not in body:
             self.send_error(404)
             return
@@ -119,7 +123,7 @@ def test_the_devnet_page_lists_every_node_and_relays_only_their_gets(devnet_page
     }
     assert get(url + "node/v/status") == (200, b'{"role": "validator"}')
     assert get(url + "node/v/history") == (200, b'{"available": false}')
-    assert get(url + "node/v/metrics")[0] == 404  # only what the page reads
+    assert get(url + "node/v/metrics")[0] == 404  # only what the page reads is relayed
     assert get(url + "node/nobody/status")[0] == 404
     assert get(url + "dashboard/..%2f..%2fconfig.py")[0] == 404
     status, body = get(url + "node/gone/status")  # no admin.json: not running
