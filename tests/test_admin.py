@@ -44,7 +44,7 @@ class Endpoint:
 
 @asynccontextmanager
 async def endpoint(tmp_path: Path, **server_args: Any) -> AsyncIterator[Endpoint]:
-    tmp_path.mkdir(parents=True, exist_ok=True)
+    await trio.Path(tmp_path).mkdir(parents=True, exist_ok=True)
     cfg = load_config(
         environ={},
         flags={
@@ -88,7 +88,7 @@ async def http(
 ) -> tuple[int, dict[str, str], bytes]:
     """One request on a fresh connection (``Connection: close``): status, headers, body."""
     head = {"Host": "127.0.0.1", "Connection": "close", **(headers or {})}
-    if body or method not in ("GET", "HEAD"):
+    if (body or method not in ("GET", "HEAD")) and "Transfer-Encoding" not in head:
         head.setdefault("Content-Length", str(len(body)))
     with trio.fail_after(HANG):
         stream = await trio.open_tcp_stream("127.0.0.1", port)

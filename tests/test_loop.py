@@ -21,7 +21,7 @@ from node.cli.devnet import (
     start_chain,
     wait_ready,
 )
-from tests.helpers.net import wait_until
+from tests.helpers.net import counter, metrics, wait_until
 
 RUN = "loop-run"
 FAST = ["--heartbeat-interval", "1", "--peer-ttl", "8", "--discovery-interval", "1"]
@@ -187,6 +187,16 @@ def test_honest_work_is_accepted_and_cheating_work_rejected_and_slashed(loop):
             assert subs[(address, k)] > 0
     v = loop.section("validator", "validator")
     assert v["judged"] == len(subs)
+    # /metrics times each verdict (from the submission seen to the verdict posted) and each
+    # generated batch's tokens/s: one observation per verdict, per batch generated
+    for name, section, figure, histogram in (
+        ("validator", "validator", "judged", "intellect_verdict_latency_seconds_count"),
+        ("honest-0", "inference", "generated", "intellect_generation_tokens_per_second_count"),
+    ):
+        before = loop.section(name, section)[figure]
+        observed = counter(metrics(loop.nodes[name]), histogram)
+        assert before <= observed <= loop.section(name, section)[figure], (name, observed)
+        assert observed >= 1
     assert v["accepted"] == sum(1 for s in verdicts.values() if s == ["WorkAccepted"])
     assert (
         v["rejected"]

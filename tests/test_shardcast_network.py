@@ -116,6 +116,8 @@ def test_publish_follow_bit_exact_cli_progress_and_retention(cluster, tmp_path):
     assert "published version 1" in r.stdout and "13 shards" in r.stdout, r.stdout
     wait_until(lambda: has(a, 1) and has(b, 1), 30, "both followers to hold version 1")
     assert status(a)["weights"]["current"] == 1 and status(a)["weights"]["held"] == [1]
+    for n in (a, b):  # each shard fetched is timed in /metrics, once
+        assert counter(metrics(n), "intellect_shardcast_shard_seconds_count") == 13, n.name
     for n in (t, a, b):
         assert_same_files(src, Path(path_of(n, 1)))
     # a bootstrap node does not follow; a hand pull prints progress as plain log lines

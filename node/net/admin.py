@@ -63,6 +63,8 @@ if TYPE_CHECKING:
     from node.net.runtime import Node
 
 log = logging.getLogger("intellect.admin")
+SERVER_LOG = logging.getLogger("intellect.admin.server")
+SERVER_LOG.setLevel(logging.WARNING)
 MAX_REQUEST = 64 * 1024
 READ_TIMEOUT = 5.0
 MAX_EVENT_STREAMS = 64
@@ -318,7 +320,7 @@ class AdminServer:
         config.include_server_header = False
         config.graceful_timeout = 1.0
         config.accesslog = None
-        config.errorlog = log
+        config.errorlog = SERVER_LOG  # hypercorn's own lines: its errors, not its banner
         return config
 
     async def serve(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
