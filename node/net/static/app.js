@@ -138,12 +138,17 @@
         fig("slashes", "history.count.slash"), fig("claims", "history.count.claim"), fig("stake changes", "history.count.stake"));
       this.histChart = svg("wide");
       this.histRows = h("tbody");
+      this.histDays = h("tbody");
       this.histNote = h("p", { class: "muted" }, "reading the chain…");
       grid.append(wide(card("Account history (from the chain's events)", this.histNote, this.histFigs,
         legend(["#4f7cff", "submissions"], ["#2e9e5b", "verdicts"]), this.histChart,
         h("table", { class: "rows" },
           h("colgroup", {}, h("col", { style: "width:12%" }), h("col", { style: "width:24%" }), h("col", { style: "width:24%" }), h("col", {})),
-          h("thead", {}, h("tr", {}, h("th", {}, "block"), h("th", {}, "event"), h("th", {}, "amount"), h("th", {}, "detail"))), this.histRows))));
+          h("thead", {}, h("tr", {}, h("th", {}, "block"), h("th", {}, "event"), h("th", {}, "amount"), h("th", {}, "detail"))), this.histRows),
+        h("h4", {}, "Per day (UTC)"),
+        h("table", { class: "rows days" },
+          h("thead", {}, h("tr", {}, ...["day", "submitted", "accepted", "rejected", "judged", "slashed", "settled", "claimed", "staked"].map((t) => h("th", {}, t)))),
+          this.histDays))));
     }
 
     setFigures(data, prefix) {
@@ -250,6 +255,10 @@
         { name: "submissions", color: "#4f7cff", points: cum("submission") },
         { name: "verdicts", color: "#2e9e5b", points: cum("verdict") }],
         { yMin: 0, xLabel: "min", empty: "no events yet" });
+      const short6 = (w) => (w ? (Number(w) / 1e18).toFixed(6) : "0");
+      this.histDays.replaceChildren(...hist.days.slice(-7).reverse().map((d) =>
+        h("tr", {}, h("td", {}, d.day), ...["submitted", "accepted", "rejected", "judged"].map((k) => h("td", {}, int(d[k]))),
+          ...["slashed_wei", "settled_reward_wei", "claimed_wei", "staked_wei"].map((k) => h("td", { title: "ETH" }, short6(d[k]))))));
       this.histRows.replaceChildren(...hist.rows.slice(-8).reverse().map((r) =>
         h("tr", {}, h("td", {}, String(r.block)), h("td", {}, r.event), h("td", {}, r.amount_wei ? eth(r.amount_wei) : ""), h("td", {}, r.detail))));
     }
