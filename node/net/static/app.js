@@ -145,9 +145,9 @@
         h("table", { class: "rows" },
           h("colgroup", {}, h("col", { style: "width:12%" }), h("col", { style: "width:24%" }), h("col", { style: "width:24%" }), h("col", {})),
           h("thead", {}, h("tr", {}, h("th", {}, "block"), h("th", {}, "event"), h("th", {}, "amount"), h("th", {}, "detail"))), this.histRows),
-        h("h4", {}, "Per day (UTC)"),
+        h("h4", {}, "Per day (UTC; amounts in ETH)"),
         h("table", { class: "rows days" },
-          h("thead", {}, h("tr", {}, ...["day", "submitted", "accepted", "rejected", "judged", "slashed", "settled", "claimed", "staked"].map((t) => h("th", {}, t)))),
+          h("thead", {}, h("tr", {}, ...["day", "subm.", "acc.", "rej.", "judged", "slashed", "settled", "claimed", "staked"].map((t) => h("th", {}, t)))),
           this.histDays))));
     }
 
@@ -255,7 +255,7 @@
         { name: "submissions", color: "#4f7cff", points: cum("submission") },
         { name: "verdicts", color: "#2e9e5b", points: cum("verdict") }],
         { yMin: 0, xLabel: "min", empty: "no events yet" });
-      const short6 = (w) => (w ? (Number(w) / 1e18).toFixed(6) : "0");
+      const short6 = (w) => (w ? String(Number((Number(w) / 1e18).toFixed(6))) : "0");
       this.histDays.replaceChildren(...hist.days.slice(-7).reverse().map((d) =>
         h("tr", {}, h("td", {}, d.day), ...["submitted", "accepted", "rejected", "judged"].map((k) => h("td", {}, int(d[k]))),
           ...["slashed_wei", "settled_reward_wei", "claimed_wei", "staked_wei"].map((k) => h("td", { title: "ETH" }, short6(d[k]))))));
