@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from node.cli.adminclient import admin_get, admin_post, data_dir
+from node.cli.flags import add_config_flags, flags_given
 from node.config import ConfigError, NodeConfig, config_toml, load_config
 
 ROLE_NOTES = {
@@ -41,102 +42,28 @@ examples:
   intellect-node weights publish ./ckpt --name trainer  # sign and serve a checkpoint version
   intellect-node weights pull --name inference          # fetch the newest version from peers
 
-configuration: defaults < --config FILE (TOML) < INTELLECT_NODE_<FIELD> env vars < flags
+configuration (intellect-node start --help lists every setting):
+  flag > INTELLECT_NODE_<SETTING> environment variable > --config FILE (TOML) > default
+"""
+
+
+START_DESCRIPTION = """\
+Run a node in one role until Ctrl-C / SIGTERM.
+
+Every setting has a flag below; the same setting can come from a TOML file (--config FILE,
+keys are the setting names) or the environment (INTELLECT_NODE_<SETTING>, lists
+comma-separated). Precedence: flag > environment > TOML file > default.
 """
 
 
 def _add_node_flags(p: argparse.ArgumentParser) -> None:
-    fields = NodeConfig.model_fields
-    p.add_argument("--config", type=Path, help="TOML file with any of the settings below")
+    p.add_argument(
+        "--config", type=Path, metavar="FILE", help="TOML file with any of the settings below"
+    )
     p.add_argument(
         "--print-config", action="store_true", help="print the resolved configuration and exit"
     )
-    p.add_argument(
-        "--role",
-        choices=["bootstrap", "inference", "validator", "trainer"],
-        help=fields["role"].description,
-    )
-    p.add_argument("--name", help=fields["name"].description)
-    p.add_argument("--data-dir", type=Path, help=fields["data_dir"].description)
-    p.add_argument("--run-id", help=fields["run_id"].description)
-    p.add_argument(
-        "--listen",
-        action="append",
-        metavar="MULTIADDR",
-        help=fields["listen"].description + " Repeatable.",
-    )
-    p.add_argument(
-        "--bootstrap",
-        action="append",
-        metavar="MULTIADDR",
-        help=fields["bootstrap"].description + " Repeatable.",
-    )
-    for name in (
-        "admin_port",
-        "heartbeat_interval",
-        "peer_ttl",
-        "discovery_interval",
-        "read_timeout",
-        "connect_timeout",
-        "max_clock_skew",
-        "gossip_rate",
-        "gossip_queue",
-        "announce_buffer",
-        "async_level",
-        "shard_size",
-        "download_slots",
-        "upload_slots",
-        "upload_rate",
-        "tasks_per_batch",
-        "group_size",
-        "max_new_tokens",
-        "temperature",
-        "max_unjudged",
-        "train_steps",
-        "batches_per_step",
-        "step_wait",
-        "train_procs",
-        "eval_every",
-        "heldout_per_level",
-        "seed",
-        "heldout_seed",
-    ):
-        f = fields[name]
-        p.add_argument(
-            "--" + name.replace("_", "-"),
-            type=type(f.default),
-            help=f"{f.description} (default {f.default})",
-        )
-    p.add_argument(
-        "--log-level",
-        choices=["debug", "info", "warning", "error"],
-        help=fields["log_level"].description,
-    )
-    p.add_argument("--learning-rate", type=float, help=fields["learning_rate"].description)
-    p.add_argument(
-        "--train-device",
-        choices=["cpu", "cuda"],
-        help=f"{fields['train_device'].description} (default cpu)",
-    )
-    p.add_argument("--taskset", help=f"{fields['taskset'].description} (default arithmetic)")
-    p.add_argument("--model", type=Path, metavar="DIR", help=fields["model"].description)
-    p.add_argument(
-        "--trainer-peer-id", metavar="PEER_ID", help=fields["trainer_peer_id"].description
-    )
-    p.add_argument(
-        "--follow-weights", choices=["true", "false"], help=fields["follow_weights"].description
-    )
-    p.add_argument(
-        "--network-only",
-        action="store_true",
-        default=None,
-        help=fields["network_only"].description,
-    )
-    p.add_argument(
-        "--verify-profile",
-        choices=["gpu-bf16", "paper", "strict-fp32"],
-        help=f"{fields['verify_profile'].description} (default gpu-bf16)",
-    )
+    add_config_flags(p)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -148,7 +75,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    start = sub.add_parser("start", help="run a node in one role until Ctrl-C / SIGTERM")
+    start = sub.add_parser(
+        "start",
+        help="run a node in one role until Ctrl-C / SIGTERM",
+        description=START_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     _add_node_flags(start)
 
     status = sub.add_parser(
@@ -238,8 +170,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _config_from_args(args: argparse.Namespace) -> NodeConfig:
-    flags = {k: v for k, v in vars(args).items() if k in NodeConfig.model_fields}
-    return load_config(file=args.config, flags=flags)
+    return load_config(file=args.config, flags=flags_given(args))
 
 
 def cmd_start(args: argparse.Namespace) -> int:

@@ -21,7 +21,7 @@ FAST = {
     "--read-timeout": "2",
     "--connect-timeout": "2",
 }
-# settings without a command-line flag, as environment variables: heartbeats every 0.5 s
+# as environment variables (inherited by every node of a test): heartbeats every 0.5 s
 # whatever the network's size (the tests' networks are small)
 FAST_ENV = {"INTELLECT_NODE_PRESENCE_RATE": "1000"}
 
