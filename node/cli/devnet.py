@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from node.cli.progress import progress
 from node.net.adminfile import ADMIN_FILE
 
 REPO_ROOT = Path(__file__).resolve().parents[2]  # node processes run from the checkout
@@ -188,12 +189,22 @@ def start_chain(
 
 
 def prepare_model(out: Path) -> Path:
-    """The tiny base policy for the run (``model init``): built once per machine, cached."""
+    """The tiny base policy for the run (``model init``): built once per machine, cached;
+    the build's SFT steps show progress."""
     from node.engine.tinymodel import Recipe, build_tiny_model, default_cache_dir
 
     started = time.monotonic()
     print("devnet: preparing the base model (built once per machine, then cached)", flush=True)
-    path, built = build_tiny_model(out, Recipe(), cache_dir=default_cache_dir())
+    recipe = Recipe()
+    with progress("devnet: base model SFT", recipe.steps, unit="steps") as bar:
+        path, built = build_tiny_model(
+            out,
+            recipe,
+            cache_dir=default_cache_dir(),
+            progress=lambda done, total, loss: bar.update(
+                done, total=total, info=f"loss {loss:.3f}"
+            ),
+        )
     how = "built" if built else "reused from the cache"
     print(f"devnet: base model {path} ({how}, {time.monotonic() - started:.1f} s)", flush=True)
     return path
@@ -479,8 +490,10 @@ def run_devnet(
                     env_extra={**ledger_env, **model_env, **extra_env},
                 )
             )
-        for n in nodes[1:]:
-            wait_ready(n, timeout=180)
+        with progress("devnet: nodes up", len(nodes), unit="nodes", enabled=not quiet) as bar:
+            for i, n in enumerate(nodes):  # the bootstrap answers already
+                wait_ready(n, timeout=180)
+                bar.update(i + 1, info=n.name)
         started = time.monotonic()
         say(
             f"devnet: {len(nodes)} nodes up; logs and keys under {base_dir}; Ctrl-C stops every node",

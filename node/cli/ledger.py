@@ -11,11 +11,13 @@ from __future__ import annotations
 import argparse
 import json
 import signal
+import sys
 import threading
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any
 
+from node.cli.progress import progress
 from node.config import NodeConfig, load_config
 
 WEI = 10**18
@@ -194,7 +196,8 @@ def cmd_rewards(args: argparse.Namespace) -> int:
 
     if args.action == "claim":
         client, _, _ = _client(args, signing=True)
-        receipts = client.claim_all()
+        with progress("claim", unit="entries", out=sys.stderr if args.json else None) as bar:
+            receipts = client.claim_all(progress=lambda done, total: bar.update(done, total=total))
         paid = sum(int(ev["args"]["total"]) for r in receipts for ev in client.events("Claimed", r))
         gas = sum(r.gasUsed for r in receipts)
         print(
