@@ -110,7 +110,7 @@ def test_the_readme_walk_through_works_for_a_new_user(tmp_path):
     for cmd in ("keys new", "chain fund", "stake add", "rewards --name", "stake unbond"):
         assert by_cmd[cmd].returncode == 0, (cmd, by_cmd[cmd].stderr)
     assert "registered" in by_cmd["stake add"].stdout
-    assert "stake      2 ETH" in by_cmd["rewards --name"].stdout
+    assert re.search(r"^stake\s+2 ETH ", by_cmd["rewards --name"].stdout, re.M)
     # nothing matured yet, and the unbonding delay is not over: one clear line each
     one_clear_line(by_cmd["rewards claim"], "nothing to claim")
     one_clear_line(by_cmd["stake withdraw"], "unbonding delay not over")

@@ -639,8 +639,9 @@ def test_weights_cli_help_and_offline_ls_import_no_network_stack(tmp_path):
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     assert lines[0] == "(node not running: listing the data dir)"
-    assert lines[2].split()[:5] == ["4", "40", "0.0", "1", "1"]
-    assert str(tmp_path / "weights" / "v00000004" / "files") in lines[2]
+    assert lines[1].split() == ["version", "step", "MiB", "shards", "held", "path"]
+    assert lines[3].split()[:5] == ["4", "40", "0.0", "1", "1"]
+    assert str(tmp_path / "weights" / "v00000004" / "files") in lines[3]
     assert lines[-1] == "[]"
     help_out = subprocess.run(
         [sys.executable, "-m", "node.cli", "weights", "pull", "--help"],

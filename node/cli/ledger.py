@@ -240,31 +240,9 @@ def cmd_rewards(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(report))
         return 0
-    print(f"account    {address}{'  (validator)' if report['is_validator'] else ''}")
-    print(f"contract   {report['contract']} on chain {report['chain_id']}")
-    if not w.registered:
-        print("stake      not registered (intellect-node stake add AMOUNT registers this node)")
-    else:
-        print(
-            f"stake      {fmt_eth(w.stake)} ({fmt_eth(w.locked)} locked as collateral)   "
-            f"unbonding {fmt_eth(w.unbonding)}"
-        )
-        if not report["registration_valid"]:
-            print("           the registration signature is NOT valid: nodes will ignore it")
-    print(
-        f"rewards    pending {fmt_eth(report['pending'])}   claimable {fmt_eth(report['claimable'])}"
-    )
-    print(
-        f"work       accepted {w.accepted}   rejected {w.rejected}   slashed {fmt_eth(w.slashed)}"
-    )
-    if recent:
-        print("recent")
-        for e in recent:
-            detail = ", ".join(
-                f"{k}={v}" for k, v in e["args"].items() if k not in ("worker", "account")
-            )
-            mark = "" if e["confirmed"] else "  (unconfirmed)"
-            print(f"  block {e['block']:>6}  {e['event']:<14} {detail}{mark}")
+    from node.cli.tables import rewards_view, show
+
+    show(*rewards_view(report))
     return 0
 
 

@@ -10,7 +10,6 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
 
 from node.cli.adminclient import admin_get, admin_post, data_dir
 from node.cli.flags import add_config_flags, flags_given
@@ -244,29 +243,14 @@ def cmd_start(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
-def format_status(st: dict[str, Any]) -> str:
-    lines = [
-        f"peer id   {st['peer_id']}",
-        f"role      {st['role']}    run {st['run_id']}",
-    ]
-    lines += [f"address   {a}" for a in st["addrs"]]
-    by_role = ", ".join(f"{r}={n}" for r, n in sorted(st["peers_by_role"].items())) or "none"
-    lines.append(f"peers     {len(st['peers'])} ({by_role})")
-    for p in st["peers"]:
-        lines.append(f"  {p['role']:<10} {p['peer_id']}  seen {p['last_seen_s']:.1f}s ago")
-    t = st["traffic"]
-    lines.append(
-        f"traffic   in {t['messages'].get('in', 0)} msgs / {t['bytes'].get('in', 0)} B, "
-        f"out {t['messages'].get('out', 0)} msgs / {t['bytes'].get('out', 0)} B"
-    )
-    rejected = ", ".join(f"{r}={n}" for r, n in sorted(st["rejected"].items())) or "none"
-    lines.append(f"rejected  {rejected}")
-    return "\n".join(lines)
-
-
 def cmd_status(args: argparse.Namespace) -> int:
     st = admin_get(data_dir(args), "/status")
-    print(json.dumps(st, indent=2) if args.json else format_status(st))
+    if args.json:
+        print(json.dumps(st, indent=2))
+        return 0
+    from node.cli.tables import show, status_view
+
+    show(*status_view(st))
     return 0
 
 

@@ -19,8 +19,6 @@ from typing import Any
 from node.cli.adminclient import admin_get, admin_post, data_dir
 from node.cli.progress import BYTES, progress
 
-MiB = 1024 * 1024
-
 
 def add_weights_parsers(sub: Any) -> None:
     weights = sub.add_parser(
@@ -121,14 +119,9 @@ def _ls(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(versions, indent=2))
         return 0
-    print(header)
-    print(f"{'version':>8} {'step':>8} {'MiB':>10} {'shards':>7} {'held':>7}  path")
-    for v in versions:
-        state = v["path"] if v["complete"] else "(partial)"
-        print(
-            f"{v['version']:>8} {v['step']:>8} {v['bytes'] / MiB:>10.1f} {v['shards']:>7} "
-            f"{v['held']:>7}  {state}"
-        )
+    from node.cli.tables import show, weights_view
+
+    show(*weights_view(header, versions))
     return 0
 
 
