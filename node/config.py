@@ -336,7 +336,13 @@ class NodeConfig(BaseSettings):
     def resolved_data_dir(self) -> Path:
         if self.data_dir is not None:
             return self.data_dir.expanduser()
-        return Path.home() / ".intellect-node" / (self.name or self.role)
+        return default_data_dir(self.name or self.role)
+
+
+def default_data_dir(name: str) -> Path:
+    """Where a node named ``name`` keeps its files unless ``data_dir`` says otherwise (what
+    ``--name`` means to the commands that talk to a running node)."""
+    return Path.home() / ".intellect-node" / name
 
 
 def load_config(

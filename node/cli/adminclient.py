@@ -15,7 +15,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from node.config import NodeConfig
+from node.config import NodeConfig, default_data_dir
 from node.net.adminfile import read_admin_file
 
 
@@ -23,7 +23,7 @@ def data_dir(args: argparse.Namespace) -> Path:
     """The data directory a command names: ``--data-dir``, else the one of ``--name``."""
     if getattr(args, "data_dir", None) is not None:
         return Path(args.data_dir).expanduser()
-    return NodeConfig(name=args.name).resolved_data_dir
+    return default_data_dir(args.name or NodeConfig.model_fields["role"].default)
 
 
 def admin_request(data_dir: Path, path: str, body: dict[str, Any] | None, timeout: float) -> bytes:

@@ -268,12 +268,11 @@ def cmd_rollouts(args: argparse.Namespace) -> int:
         "mean_reward": round(sum(rewards) / len(rewards), 4),
     }
     if args.out is not None:
-        from node.config import NodeConfig
+        from node.cli.adminclient import data_dir as named_data_dir
         from node.keystore import ensure_data_dir, load_or_create_identity
         from protocol.wire import seal
 
-        data_dir = args.data_dir or NodeConfig(name=args.name).resolved_data_dir
-        identity = load_or_create_identity(ensure_data_dir(Path(data_dir).expanduser()))
+        identity = load_or_create_identity(ensure_data_dir(named_data_dir(args)))
         batch = to_batch(
             groups,
             run_id=args.run_id,
