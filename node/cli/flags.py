@@ -72,7 +72,7 @@ def flag_help(setting: str, field: FieldInfo) -> str:
     """The field's description, its default and its environment variable (``%`` escaped
     for argparse)."""
     text = (field.description or "").rstrip()
-    if typing.get_origin(field.annotation) is list or "list[" in str(field.annotation):
+    if typing.get_origin(field.annotation) is list:
         text += " Repeatable."
     text += f" Default: {_default_text(field)}. Env: {ENV_PREFIX}{setting.upper()}."
     return text.replace("%", "%%")
