@@ -227,6 +227,8 @@ def test_devnet_table_has_a_row_per_role_and_the_trainer_line() -> None:
     assert "judged 6; rejected: invalid 2" in rows["validator"]
     assert rows["inference-0"].split()[2:7] == ["2", "7", "5", "1", "2"]
     assert rows["inference-1"].endswith("cheats") and not rows["inference-0"].endswith("cheats")
+    # before any node answers, the live table prints nothing, not an empty line
+    assert rendered(*work_view([("trainer", {}), ("validator", {})])) == ""
     # on a terminal the same table is drawn (colour, the terminal's width) without error
     buf = io.StringIO()
     show(*work_view(named), con=terminal(buf))

@@ -34,7 +34,10 @@ def console(out: TextIO | None = None) -> Console:
 def show(
     *renderables: RenderableType, out: TextIO | None = None, con: Console | None = None
 ) -> None:
-    """Print on a terminal as rich draws it; elsewhere plain text, lines right-stripped."""
+    """Print on a terminal as rich draws it; elsewhere plain text, lines right-stripped.
+    Nothing at all for nothing (a devnet table before any node answers)."""
+    if not renderables:
+        return
     con = con or console(out)
     if con.is_terminal:
         for r in renderables:
