@@ -5,7 +5,7 @@ own sources (``TomlConfigSettingsSource`` for ``--config FILE``, ``EnvSettingsSo
 ``INTELLECT_NODE_<FIELD>``, upper case; lists comma-separated) and keyword arguments for
 flags, which ``node/cli/flags.py`` generates from the fields below (name, type, bounds,
 description), so a setting is declared once. ``load_config`` merges them in that order.
-This module imports only pydantic so that ``--help`` and ``--print-config`` stay instant.
+This module imports only pydantic(-settings), so ``--help`` and ``--print-config`` stay instant.
 """
 
 from __future__ import annotations
