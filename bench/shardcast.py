@@ -44,13 +44,12 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from node.cli.adminclient import admin_get as _admin_get  # noqa: E402
-from node.cli.adminclient import admin_post
+from node.cli.adminclient import admin_post, admin_text
 from node.cli.devnet import NodeProcess, p2p_addr, spawn_node, wait_ready  # noqa: E402
 from node.config import NodeConfig  # noqa: E402
 
@@ -84,9 +83,7 @@ def make_checkpoint(path: Path, mib: int) -> int:
 
 
 def counter(node: NodeProcess, name: str, label: str) -> int:
-    info = json.loads((node.data_dir / "admin.json").read_text())
-    with urllib.request.urlopen(f"http://127.0.0.1:{info['port']}/metrics", timeout=10) as r:
-        text = r.read().decode()
+    text = admin_text(node.data_dir, "/metrics")
     return sum(
         int(float(line.split()[-1]))
         for line in text.splitlines()

@@ -640,12 +640,21 @@ class LedgerClient:
             gas = self._gas_for("claim", max_entries)
         return self._transact("claim", max_entries, gas=gas)
 
-    def claim_all(self) -> list[Any]:
-        """Claim until nothing matured is left (one transaction per 256 submissions)."""
-        receipts = [self.claim()]
-        while self.matured(self.address) > 0:
+    def claim_all(self, progress: Callable[[int, int], None] | None = None) -> list[Any]:
+        """Claim until nothing matured is left (one transaction per 256 submissions);
+        ``progress(settled, total)`` after each transaction. ``matured`` counts at most
+        4096 ahead, so on a longer backlog ``total`` grows as the claims go."""
+        before = self.matured(self.address)
+        settled, receipts = 0, []
+        while True:
             receipts.append(self.claim())
-        return receipts
+            after = self.matured(self.address)
+            settled += max(before - after, 0)
+            if progress is not None:
+                progress(settled, settled + after)
+            if after == 0:
+                return receipts
+            before = after
 
     def unbond(self, amount: int) -> Any:
         return self._transact("unbond", amount)

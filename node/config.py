@@ -1,17 +1,30 @@
 """Node configuration: defaults < TOML file < environment < command-line flags.
 
-Environment variables are ``INTELLECT_NODE_<FIELD>`` (upper case; lists comma-separated).
-This module imports only pydantic so that ``--help`` and ``--print-config`` stay instant.
+``NodeConfig`` is a pydantic-settings ``BaseSettings``: its layers are pydantic-settings'
+own sources (``TomlConfigSettingsSource`` for ``--config FILE``, ``EnvSettingsSource`` for
+``INTELLECT_NODE_<FIELD>``, upper case; lists comma-separated) and keyword arguments for
+flags, which ``node/cli/flags.py`` generates from the fields below (name, type, bounds,
+description), so a setting is declared once. ``load_config`` merges them in that order.
+This module imports only pydantic(-settings), so ``--help`` and ``--print-config`` stay instant.
 """
 
 from __future__ import annotations
 
-import os
 import tomllib
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal, Self
+from typing import Annotated, Any, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic_settings import (
+    BaseSettings,
+    EnvSettingsSource,
+    NoDecode,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    SettingsError,
+    TomlConfigSettingsSource,
+)
 
 from protocol.ids import ROLES, check_run_id
 
@@ -25,25 +38,39 @@ class ConfigError(ValueError):
     """A configuration that cannot be used, with a message for the user."""
 
 
-class NodeConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+# a list from the environment is comma-separated text, not JSON (``_split_commas``)
+Multiaddrs = Annotated[list[str], NoDecode]
+
+
+class NodeConfig(BaseSettings):
+    """Every setting of a node. Constructed directly it reads the environment too (keyword
+    arguments win); ``load_config`` adds the TOML file and reports errors for a user."""
+
+    model_config = SettingsConfigDict(
+        extra="forbid", validate_assignment=True, env_prefix=ENV_PREFIX, case_sensitive=False
+    )
 
     role: Role = Field("inference", description="What this node does in the run.")
     name: str | None = Field(
         None, description="Node name; picks the default data dir. Default: the role."
     )
     data_dir: Path | None = Field(
-        None, description="Identity, admin port file and state. Default ~/.intellect-node/<name>."
+        None,
+        description="Identity, admin port file and state. Default ~/.intellect-node/<name>.",
+        json_schema_extra={"metavar": "DIR"},
     )
     run_id: str = Field(
         "devnet", description="The training run this node belongs to; other runs are rejected."
     )
-    listen: list[str] = Field(
+    listen: Multiaddrs = Field(
         default_factory=lambda: ["/ip4/0.0.0.0/tcp/0"],
         description="libp2p listen multiaddrs (TCP). Use a fixed port to be a stable bootstrap.",
+        json_schema_extra={"metavar": "MULTIADDR"},
     )
-    bootstrap: list[str] = Field(
-        default_factory=list, description="Multiaddrs (with /p2p/<id>) of peers to join through."
+    bootstrap: Multiaddrs = Field(
+        default_factory=list,
+        description="Multiaddrs (with /p2p/<id>) of peers to join through.",
+        json_schema_extra={"metavar": "MULTIADDR"},
     )
     admin_port: int = Field(
         0,
@@ -114,9 +141,13 @@ class NodeConfig(BaseModel):
     chain: str = Field(
         "http://127.0.0.1:8545",
         description="The ledger's JSON-RPC URL (intellect-node chain serves one there).",
+        json_schema_extra={"metavar": "URL"},
     )
     contract: str | None = Field(
-        None, pattern=r"^0x[0-9a-fA-F]{40}$", description="The ledger contract's address."
+        None,
+        pattern=r"^0x[0-9a-fA-F]{40}$",
+        description="The ledger contract's address.",
+        json_schema_extra={"metavar": "ADDRESS"},
     )
     contract_block: int = Field(
         0, ge=0, description="The contract's deployment block (events are indexed from it)."
@@ -134,6 +165,7 @@ class NodeConfig(BaseModel):
         None,
         description="Local Hugging Face model directory for the inference, validator and "
         "trainer roles (the devnet passes the tiny base model).",
+        json_schema_extra={"metavar": "DIR"},
     )
     verify_profile: VerifyProfile = Field(
         "gpu-bf16",
@@ -146,6 +178,7 @@ class NodeConfig(BaseModel):
         None,
         pattern=r"^[1-9A-HJ-NP-Za-km-z]{40,64}$",
         description="The run's trainer: weight manifests are accepted only under this key.",
+        json_schema_extra={"metavar": "PEER_ID"},
     )
     async_level: int = Field(
         2,
@@ -257,10 +290,29 @@ class NodeConfig(BaseModel):
         "relaying only): for tests and measurements.",
     )
 
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """Keyword arguments (flags) over the environment; no .env or secrets files."""
+        return (init_settings, env_settings)
+
     @field_validator("run_id")
     @classmethod
     def _run_id(cls, v: str) -> str:
         return check_run_id(v)
+
+    @field_validator("listen", "bootstrap", mode="before")
+    @classmethod
+    def _split_commas(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            return [p.strip() for p in v.split(",") if p.strip()]
+        return v
 
     @model_validator(mode="after")
     def _ttl_above_heartbeat(self) -> Self:
@@ -284,39 +336,44 @@ class NodeConfig(BaseModel):
     def resolved_data_dir(self) -> Path:
         if self.data_dir is not None:
             return self.data_dir.expanduser()
-        return Path.home() / ".intellect-node" / (self.name or self.role)
+        return default_data_dir(self.name or self.role)
 
 
-def _from_env(environ: dict[str, str]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for name, field in NodeConfig.model_fields.items():
-        raw = environ.get(ENV_PREFIX + name.upper())
-        if raw is None:
-            continue
-        is_list = "list" in str(field.annotation)
-        out[name] = [p.strip() for p in raw.split(",") if p.strip()] if is_list else raw
-    return out
+def default_data_dir(name: str) -> Path:
+    """Where a node named ``name`` keeps its files unless ``data_dir`` says otherwise (what
+    ``--name`` means to the commands that talk to a running node)."""
+    return Path.home() / ".intellect-node" / name
 
 
 def load_config(
     *,
     file: Path | None = None,
-    flags: dict[str, Any] | None = None,
-    environ: dict[str, str] | None = None,
+    flags: Mapping[str, Any] | None = None,
+    environ: Mapping[str, str] | None = None,
 ) -> NodeConfig:
-    """Merge defaults, the TOML ``file``, the environment and ``flags`` (None = not given)."""
-    merged: dict[str, Any] = {}
+    """Merge defaults < the TOML ``file`` < the environment (``environ``, default
+    ``os.environ``) < ``flags`` (a None value = not given); a ``ConfigError`` names every
+    setting that is wrong."""
+    layers: list[dict[str, Any]] = []
     if file is not None:
+        if not Path(file).is_file():
+            raise ConfigError(f"config file not found: {file}")
         try:
-            merged.update(tomllib.loads(Path(file).read_text()))
-        except FileNotFoundError as exc:
-            raise ConfigError(f"config file not found: {file}") from exc
+            layers.append(TomlConfigSettingsSource(NodeConfig, toml_file=Path(file))())
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"config file {file} is not valid TOML: {exc}") from exc
-    merged.update(_from_env(dict(os.environ) if environ is None else environ))
-    merged.update({k: v for k, v in (flags or {}).items() if v is not None})
+    env = EnvSettingsSource(NodeConfig)
+    if environ is not None:
+        env.env_vars = {k.lower(): v for k, v in environ.items()}  # case-insensitive, as os's
     try:
-        return NodeConfig(**merged)
+        layers.append(env())
+    except SettingsError as exc:  # a value pydantic-settings cannot parse
+        raise ConfigError(f"invalid configuration in the environment: {exc}") from exc
+    layers.append({k: v for k, v in (flags or {}).items() if v is not None})
+    merged = {k: v for layer in layers for k, v in layer.items()}
+    try:
+        # model_validate: exactly these layers (the constructor would read os.environ again)
+        return NodeConfig.model_validate(merged)
     except ValidationError as exc:
         lines = [f"  {'.'.join(map(str, e['loc'])) or 'config'}: {e['msg']}" for e in exc.errors()]
         raise ConfigError("invalid configuration:\n" + "\n".join(lines)) from exc

@@ -1,8 +1,8 @@
 """The configuration reference (docs/CONFIG.md), generated from ``node.config.NodeConfig``.
 
 Every field with its type, default, bounds, environment variable, ``intellect-node start``
-flag (read from the CLI's own parser, so a flag that does not exist is never documented)
-and description, grouped by what it is about. A field no group names lands under "Other"
+flag (named by ``node.cli.flags``, which generates the start command's flags from the same
+model, so the two cannot drift) and description, grouped by what it is about. A field no group names lands under "Other"
 so it is never missing.
 
     .venv/bin/python scripts/config_reference.py > docs/CONFIG.md   # regenerate
@@ -24,6 +24,7 @@ if str(ROOT) not in sys.path:
 
 from pydantic.fields import FieldInfo  # noqa: E402
 
+from node.cli.flags import flag_name  # noqa: E402
 from node.config import ENV_PREFIX, NodeConfig  # noqa: E402
 
 # (title, one line on who needs it, fields in reading order)
@@ -126,9 +127,9 @@ a test fails when it is out of date).
 A node's settings come from, in increasing precedence: the defaults below, a TOML file
 (`intellect-node start --config FILE`, keys are the setting names), the environment
 (`INTELLECT_NODE_<SETTING>` in upper case; lists comma-separated; booleans `true` /
-`false`) and the flags of `intellect-node start`. A setting without a flag is set in the
-file or the environment. `intellect-node start --print-config` prints the resolved
-configuration and exits.
+`false`) and the flags of `intellect-node start`, one per setting (a list flag is
+repeated; a boolean flag alone means `true`): flag > environment > TOML file > default.
+`intellect-node start --print-config` prints the resolved configuration and exits.
 
 ```toml
 # node.toml: intellect-node start --config node.toml
@@ -196,17 +197,8 @@ def bounds_text(field: FieldInfo) -> str:
 
 
 def start_flags() -> dict[str, str]:
-    """Setting name -> its ``intellect-node start`` flag, read from the CLI's parser."""
-    from node.cli.main import build_parser
-
-    parser = build_parser()
-    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    start = sub.choices["start"]
-    return {
-        a.dest: a.option_strings[0]
-        for a in start._actions
-        if a.option_strings and a.dest in NodeConfig.model_fields
-    }
+    """Setting name -> its ``intellect-node start`` flag (every setting has one)."""
+    return {name: flag_name(name) for name in NodeConfig.model_fields}
 
 
 def cell(text: str) -> str:
@@ -219,7 +211,7 @@ def field_row(name: str, field: FieldInfo, flags: dict[str, str]) -> str:
     bounds = bounds_text(field)
     if bounds:
         kind += f"; {bounds}"
-    flag = f"`{flags[name]}`" if name in flags else "–"
+    flag = f"`{flags[name]}`"
     env = f"`{ENV_PREFIX}{name.upper()}`"
     return (
         f"| `{name}` | {cell(kind)} | {default_text(field)} | {env} | {flag} "

@@ -48,10 +48,19 @@ def test_groups_name_each_setting_once(reference: ModuleType) -> None:
 
 
 def test_flags_are_the_start_commands_own(reference: ModuleType) -> None:
-    flags = reference.start_flags()
-    assert flags["model"] == "--model"
-    assert flags["trainer_peer_id"] == "--trainer-peer-id"
-    assert "cheat" not in flags  # set only by file or environment
+    """The reference names exactly the flags the start command's parser has."""
+    import argparse
+
+    from node.cli.main import build_parser
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    parsed = {
+        a.dest: a.option_strings[0]
+        for a in sub.choices["start"]._actions
+        if a.dest in NodeConfig.model_fields
+    }
+    assert reference.start_flags() == parsed
+    assert parsed["trainer_peer_id"] == "--trainer-peer-id" and parsed["cheat"] == "--cheat"
 
 
 def test_check_mode(reference: ModuleType, tmp_path: Path) -> None:

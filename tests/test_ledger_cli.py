@@ -110,7 +110,7 @@ def test_the_readme_walk_through_works_for_a_new_user(tmp_path):
     for cmd in ("keys new", "chain fund", "stake add", "rewards --name", "stake unbond"):
         assert by_cmd[cmd].returncode == 0, (cmd, by_cmd[cmd].stderr)
     assert "registered" in by_cmd["stake add"].stdout
-    assert "stake      2 ETH" in by_cmd["rewards --name"].stdout
+    assert re.search(r"^stake\s+2 ETH ", by_cmd["rewards --name"].stdout, re.M)
     # nothing matured yet, and the unbonding delay is not over: one clear line each
     one_clear_line(by_cmd["rewards claim"], "nothing to claim")
     one_clear_line(by_cmd["stake withdraw"], "unbonding delay not over")
@@ -234,6 +234,8 @@ def test_a_256_entry_claim_through_the_cli(anvil_chain, tmp_path):
     out = run("rewards", "claim", "--data-dir", str(node_dir), *loc).stdout
     m = re.search(r"claimed ([0-9.]+) ETH in 1 transaction\(s\), ([0-9,]+) gas", out)
     assert m, out
+    # progress over the entries, as a log line: stdout is a pipe here, not a terminal
+    assert "claim: 256/256 entries (100%)\n" in out and "\x1b" not in out, out
     assert int(float(m[1]) * 10**6) == 256 * 10  # 2560 units at 1e-6 ETH
     gas = int(m[2].replace(",", ""))
     assert gas > 400_000  # what the old fixed limit allowed

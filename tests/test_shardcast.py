@@ -12,7 +12,7 @@ import trio
 
 from crypto.hashing import digest
 from crypto.identity import Identity
-from node.cli.weights import format_progress
+from node.cli.weights import pull_info
 from node.shardcast.schedule import DownloadPlan
 from node.shardcast.store import StoreError, WeightStore, publish, version_dir_name
 from node.shardcast.transfer import BadShard, ByteBucket, Wakeup, run_download
@@ -604,7 +604,7 @@ async def test_upload_rate_cap_is_exact_on_a_mock_clock(autojump_clock):
         ByteBucket(rate=0, burst=1)
 
 
-def test_progress_line_on_a_terminal_and_in_logs():
+def test_pull_progress_names_rate_peers_bans_and_resumed_shards():
     job = {
         "version": 4,
         "state": "downloading",
@@ -615,13 +615,9 @@ def test_progress_line_on_a_terminal_and_in_logs():
         "banned": ["z"],
         "resumed_shards": 3,
     }
-    tty = format_progress(job, tty=True, width=20)
-    assert tty.startswith("v4 [#####...............]  25.0% 50.0/200.0 MiB")
-    assert "93.5 MB/s" in tty and "peers 2" in tty and "banned 1" in tty
-    line = format_progress(job, tty=False)
-    assert "\r" not in line and "[" not in line
-    assert "version=4" in line and "done=25.0%" in line and "peers=2" in line
-    assert "resumed_shards=3" in line and "rate_MBps=93.5" in line
+    assert pull_info(job) == "93.5 MB/s, 2 peers, 1 banned, 3 shards resumed"
+    quiet = {**job, "banned": [], "resumed_shards": 0}
+    assert pull_info(quiet) == "93.5 MB/s, 2 peers"
 
 
 def test_weights_cli_help_and_offline_ls_import_no_network_stack(tmp_path):
@@ -643,8 +639,9 @@ def test_weights_cli_help_and_offline_ls_import_no_network_stack(tmp_path):
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     assert lines[0] == "(node not running: listing the data dir)"
-    assert lines[2].split()[:5] == ["4", "40", "0.0", "1", "1"]
-    assert str(tmp_path / "weights" / "v00000004" / "files") in lines[2]
+    assert lines[1].split() == ["version", "step", "MiB", "shards", "held", "path"]
+    assert lines[3].split()[:5] == ["4", "40", "0.0", "1", "1"]
+    assert str(tmp_path / "weights" / "v00000004" / "files") in lines[3]
     assert lines[-1] == "[]"
     help_out = subprocess.run(
         [sys.executable, "-m", "node.cli", "weights", "pull", "--help"],

@@ -125,8 +125,8 @@ def test_publish_follow_bit_exact_cli_progress_and_retention(cluster, tmp_path):
     r = cli("weights", "pull", "--data-dir", str(boot.data_dir), "--timeout", "60")
     assert r.returncode == 0, r.stdout + r.stderr
     lines = r.stdout.splitlines()
-    assert any(line.startswith("pull version=1 state=") for line in lines), r.stdout
-    assert "\r" not in r.stdout and "[" not in r.stdout  # no bar when not on a terminal
+    assert any(line.startswith("pull v1: ") and " MiB (" in line for line in lines), r.stdout
+    assert "\r" not in r.stdout and "\x1b" not in r.stdout  # no bar when not on a terminal
     assert lines[-1].startswith("version 1 complete: ")
     assert_same_files(src, Path(path_of(boot, 1)))
     r = cli("weights", "ls", "--data-dir", str(boot.data_dir))

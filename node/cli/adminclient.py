@@ -1,8 +1,9 @@
-"""Talking to a running node's local admin endpoint (``node/net/admin.py``) from a command.
+"""Talking to a running node's local admin endpoint (``node/net/admin.py``): the one
+client every command, the devnet, the tests' helpers and the benches use.
 
 The endpoint's port and bearer token are in ``<data_dir>/admin.json``
 (``node/net/adminfile.py``, which imports neither trio nor py-libp2p, so ``--help`` and
-offline commands stay instant).
+offline commands stay instant). Every request carries the token.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from node.config import NodeConfig
+from node.config import NodeConfig, default_data_dir
 from node.net.adminfile import read_admin_file
 
 
@@ -22,11 +23,11 @@ def data_dir(args: argparse.Namespace) -> Path:
     """The data directory a command names: ``--data-dir``, else the one of ``--name``."""
     if getattr(args, "data_dir", None) is not None:
         return Path(args.data_dir).expanduser()
-    return NodeConfig(name=args.name).resolved_data_dir
+    return default_data_dir(args.name or NodeConfig.model_fields["role"].default)
 
 
-def admin_call(data_dir: Path, path: str, body: dict[str, Any] | None, timeout: float) -> Any:
-    """GET ``path`` (``body`` None) or POST ``body`` to it, with the token; the JSON reply."""
+def admin_request(data_dir: Path, path: str, body: dict[str, Any] | None, timeout: float) -> bytes:
+    """GET ``path`` (``body`` None) or POST ``body`` to it, with the token; the reply."""
     info = read_admin_file(data_dir)
     req = urllib.request.Request(
         f"http://127.0.0.1:{info['port']}{path}",
@@ -35,11 +36,32 @@ def admin_call(data_dir: Path, path: str, body: dict[str, Any] | None, timeout: 
         method="GET" if body is None else "POST",
     )
     with urllib.request.urlopen(req, timeout=timeout) as resp:
-        return json.loads(resp.read())
+        reply: bytes = resp.read()
+        return reply
+
+
+def admin_call(data_dir: Path, path: str, body: dict[str, Any] | None, timeout: float) -> Any:
+    """``admin_request`` with a JSON reply."""
+    return json.loads(admin_request(data_dir, path, body, timeout))
 
 
 def admin_get(data_dir: Path, path: str, timeout: float = 10) -> Any:
     return admin_call(data_dir, path, None, timeout)
+
+
+def admin_text(data_dir: Path, path: str, timeout: float = 10) -> str:
+    """A text page, such as ``/metrics`` (Prometheus text)."""
+    return admin_request(data_dir, path, None, timeout).decode()
+
+
+def admin_status(data_dir: Path, timeout: float = 5) -> dict[str, Any] | None:
+    """The node's ``/status``, or None while it does not answer (not started yet, still
+    writing its admin file, stopped)."""
+    try:
+        st: dict[str, Any] = admin_get(data_dir, "/status", timeout)
+    except (RuntimeError, OSError, ValueError):  # no admin file, no answer, half a reply
+        return None
+    return st
 
 
 def admin_post(data_dir: Path, path: str, body: dict[str, Any], timeout: float = 30) -> Any:

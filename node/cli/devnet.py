@@ -24,12 +24,15 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.request
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from node.cli.adminclient import admin_status
 from node.cli.devnetpage import DevnetPage
+from node.cli.progress import progress
 from node.net.adminfile import ADMIN_FILE
 
 REPO_ROOT = Path(__file__).resolve().parents[2]  # node processes run from the checkout
@@ -50,25 +53,9 @@ class NodeProcess:
     proc: subprocess.Popen[bytes]
     log_path: Path
 
-    def admin(self) -> dict[str, Any] | None:
-        try:
-            info: dict[str, Any] = json.loads((self.data_dir / ADMIN_FILE).read_text())
-            return info
-        except (FileNotFoundError, ValueError):
-            return None
-
     def status(self, timeout: float = 5) -> dict[str, Any] | None:
-        info = self.admin()
-        if info is None:
-            return None
-        try:
-            with urllib.request.urlopen(
-                f"http://127.0.0.1:{info['port']}/status", timeout=timeout
-            ) as r:
-                st: dict[str, Any] = json.loads(r.read())
-                return st
-        except OSError:
-            return None
+        """Its ``/status``, or None while it does not answer."""
+        return admin_status(self.data_dir, timeout)
 
     def stop(self, sig: int = signal.SIGTERM, grace: float = 10) -> int:
         if self.proc.poll() is None:
@@ -189,12 +176,22 @@ def start_chain(
 
 
 def prepare_model(out: Path) -> Path:
-    """The tiny base policy for the run (``model init``): built once per machine, cached."""
+    """The tiny base policy for the run (``model init``): built once per machine, cached;
+    the build's SFT steps show progress."""
     from node.engine.tinymodel import Recipe, build_tiny_model, default_cache_dir
 
     started = time.monotonic()
     print("devnet: preparing the base model (built once per machine, then cached)", flush=True)
-    path, built = build_tiny_model(out, Recipe(), cache_dir=default_cache_dir())
+    recipe = Recipe()
+    with progress("devnet: base model SFT", recipe.steps, unit="steps") as bar:
+        path, built = build_tiny_model(
+            out,
+            recipe,
+            cache_dir=default_cache_dir(),
+            progress=lambda done, total, loss: bar.update(
+                done, total=total, info=f"loss {loss:.3f}"
+            ),
+        )
     how = "built" if built else "reused from the cache"
     print(f"devnet: base model {path} ({how}, {time.monotonic() - started:.1f} s)", flush=True)
     return path
@@ -245,56 +242,30 @@ DEVNET_WORK = {
 }
 
 
-def work_table(nodes: list[NodeProcess]) -> str:
-    """The trainer's step and metrics; per worker batches and money; per validator
-    verdicts; per node the policy version held and weight bytes moved."""
-    rows = []
-    for n in nodes:
-        st = n.status() or {}
-        t = st.get("trainer")
-        if t is not None:
-            last = t.get("last") or {}
-            acc = last.get("heldout_accuracy")
-            reward = last.get("reward_mean")
-            rows.append(
-                f"trainer: step {t['step']}"
-                + (f"/{t['train_steps']}" if t.get("train_steps") else "")
-                + f", reward {'-' if reward is None else f'{reward:.3f}'}"
-                + f", held-out accuracy {'-' if acc is None else f'{acc:.3f}'}"
-                + f", accepted {t['accepted']}, rejected {t['rejected']}, slashed {t['slashed']}"
-                + f", batches used {t['batches_used']}, tokens trained {t['tokens_trained']}"
-            )
-    rows.append(
-        f"{'node':<14} {'holds':>5} {'gen':>4} {'acc':>4} {'rej':>4} {'wait':>4} "
-        f"{'tok/s':>7} {'stake ETH':>10} {'pending':>9} {'claimable':>9} {'MB up':>6} {'MB dn':>6}"
-    )
-    for n in nodes:
-        st = n.status() or {}
-        w, v = st.get("inference"), st.get("validator")
-        weights = st.get("weights") or {}
-        moved = (
-            f" {weights.get('uploaded_bytes', 0) / 1e6:>6.1f}"
-            f" {weights.get('downloaded_bytes', 0) / 1e6:>6.1f}"
-        )
-        held = str(weights.get("current", "-"))
-        if w is not None:
-            rows.append(
-                f"{n.name:<14} {held:>5} {w['generated']:>4} {w['accepted']:>4} "
-                f"{w['rejected']:>4} {w['unjudged']:>4} {w['tokens_per_s']:>7} "
-                f"{w.get('stake_wei', 0) / 1e18:>10.4f} {w.get('pending_wei', 0) / 1e18:>9.6f} "
-                f"{w.get('claimable_wei', 0) / 1e18:>9.6f}"
-                + moved
-                + ("  (cheats)" if w["cheat"] != "none" else "")
-            )
-        elif v is not None:
-            reasons = ", ".join(f"{k} {c}" for k, c in v["rejected_by_reason"].items()) or "-"
-            rows.append(
-                f"{n.name:<14} {held:>5} judged {v['judged']}: accepted {v['accepted']}, "
-                f"rejected {v['rejected']} ({reasons}), waiting {v['waiting']}" + moved
-            )
-        elif st.get("trainer") is not None:
-            rows.append(f"{n.name:<14} {held:>5}" + " " * 66 + moved)
-    return "\n".join(rows)
+@contextmanager
+def live_work_table(
+    quiet: bool = False,
+) -> Iterator[tuple[float, Callable[[list[NodeProcess]], None]]]:
+    """The live table (``node/cli/tables.py``): the trainer's step and metrics; per worker
+    batches and money; per validator verdicts; per node the policy version held and weight
+    bytes moved. On a terminal one table redrawn in place (every 2 s); elsewhere the
+    table printed every 10 s, as plain text. Yields (seconds between refreshes, refresh)."""
+    from node.cli.tables import console, show, work_view
+
+    def view(nodes: list[NodeProcess]) -> list[Any]:
+        return work_view([(n.name, n.status() or {}) for n in nodes])
+
+    con = console()
+    if quiet:
+        yield 10.0, lambda nodes: None
+    elif not con.is_terminal:
+        yield 10.0, lambda nodes: show(*view(nodes), con=con)
+    else:
+        from rich.console import Group
+        from rich.live import Live
+
+        with Live(console=con, auto_refresh=False) as live:
+            yield 2.0, lambda nodes: live.update(Group(*view(nodes)), refresh=True)
 
 
 def final_versions(nodes: list[NodeProcess]) -> dict[str, int | None]:
@@ -481,8 +452,10 @@ def run_devnet(
                     env_extra={**ledger_env, **model_env, **extra_env},
                 )
             )
-        for n in nodes[1:]:
-            wait_ready(n, timeout=180)
+        with progress("devnet: nodes up", len(nodes), unit="nodes", enabled=not quiet) as bar:
+            for i, n in enumerate(nodes):  # the bootstrap answers already
+                wait_ready(n, timeout=180)
+                bar.update(i + 1, info=n.name)
         started = time.monotonic()
         say(
             f"devnet: {len(nodes)} nodes up; logs and keys under {base_dir}; Ctrl-C stops every node",
@@ -491,29 +464,31 @@ def run_devnet(
         page = DevnetPage({n.name: n.data_dir for n in nodes}, title=run_id).start()
         say(f"devnet: dashboard of every node at {page.url}", flush=True)
         trainer = next(n for n in nodes if n.role == "trainer")
-        last = 0.0
         finished = False
-        while not stopping and (duration <= 0 or time.monotonic() - started < duration):
-            time.sleep(0.5)
-            for n in nodes:
-                if n.proc.poll() is not None:
-                    raise RuntimeError(
-                        f"{n.name} exited with {n.proc.returncode}; its log: {n.log_path}"
-                    )
-            if time.monotonic() - last > 10:
-                say(work_table(nodes), flush=True)
-                last = time.monotonic()
-            if steps and ((trainer.status() or {}).get("trainer") or {}).get("done"):
-                held = final_versions(nodes)
-                if all(v is not None and v >= steps for v in held.values()):
-                    finished = True
-                    say(work_table(nodes), flush=True)
-                    say(
-                        f"devnet: {steps} steps done, every node holds version {steps} "
-                        f"({time.monotonic() - started:.0f} s)",
-                        flush=True,
-                    )
-                    break
+        with live_work_table(quiet) as (every, refresh):
+            last = 0.0
+            while not stopping and (duration <= 0 or time.monotonic() - started < duration):
+                time.sleep(0.5)
+                for n in nodes:
+                    if n.proc.poll() is not None:
+                        raise RuntimeError(
+                            f"{n.name} exited with {n.proc.returncode}; its log: {n.log_path}"
+                        )
+                if time.monotonic() - last > every:
+                    refresh(nodes)
+                    last = time.monotonic()
+                if steps and ((trainer.status() or {}).get("trainer") or {}).get("done"):
+                    held = final_versions(nodes)
+                    if all(v is not None and v >= steps for v in held.values()):
+                        finished = True
+                        refresh(nodes)
+                        break
+        if finished:
+            say(
+                f"devnet: {steps} steps done, every node holds version {steps} "
+                f"({time.monotonic() - started:.0f} s)",
+                flush=True,
+            )
         if report is not None:
             statuses = {n.name: n.status() for n in nodes}
             png = write_report(report, base_dir / "trainer" / "metrics.jsonl", statuses)

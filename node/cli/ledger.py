@@ -11,11 +11,13 @@ from __future__ import annotations
 import argparse
 import json
 import signal
+import sys
 import threading
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any
 
+from node.cli.progress import progress
 from node.config import NodeConfig, load_config
 
 WEI = 10**18
@@ -206,7 +208,8 @@ def cmd_rewards(args: argparse.Namespace) -> int:
         return cmd_history(args, _client(args, signing=False))
     if args.action == "claim":
         client, _, _ = _client(args, signing=True)
-        receipts = client.claim_all()
+        with progress("claim", unit="entries", out=sys.stderr if args.json else None) as bar:
+            receipts = client.claim_all(progress=lambda done, total: bar.update(done, total=total))
         paid = sum(int(ev["args"]["total"]) for r in receipts for ev in client.events("Claimed", r))
         gas = sum(r.gasUsed for r in receipts)
         print(
@@ -249,31 +252,9 @@ def cmd_rewards(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(report))
         return 0
-    print(f"account    {address}{'  (validator)' if report['is_validator'] else ''}")
-    print(f"contract   {report['contract']} on chain {report['chain_id']}")
-    if not w.registered:
-        print("stake      not registered (intellect-node stake add AMOUNT registers this node)")
-    else:
-        print(
-            f"stake      {fmt_eth(w.stake)} ({fmt_eth(w.locked)} locked as collateral)   "
-            f"unbonding {fmt_eth(w.unbonding)}"
-        )
-        if not report["registration_valid"]:
-            print("           the registration signature is NOT valid: nodes will ignore it")
-    print(
-        f"rewards    pending {fmt_eth(report['pending'])}   claimable {fmt_eth(report['claimable'])}"
-    )
-    print(
-        f"work       accepted {w.accepted}   rejected {w.rejected}   slashed {fmt_eth(w.slashed)}"
-    )
-    if recent:
-        print("recent")
-        for e in recent:
-            detail = ", ".join(
-                f"{k}={v}" for k, v in e["args"].items() if k not in ("worker", "account")
-            )
-            mark = "" if e["confirmed"] else "  (unconfirmed)"
-            print(f"  block {e['block']:>6}  {e['event']:<14} {detail}{mark}")
+    from node.cli.tables import rewards_view, show
+
+    show(*rewards_view(report))
     return 0
 
 

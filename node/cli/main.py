@@ -10,9 +10,9 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
 
 from node.cli.adminclient import admin_get, admin_post, data_dir
+from node.cli.flags import add_config_flags, flags_given
 from node.config import ConfigError, NodeConfig, config_toml, load_config
 
 ROLE_NOTES = {
@@ -41,102 +41,28 @@ examples:
   intellect-node weights publish ./ckpt --name trainer  # sign and serve a checkpoint version
   intellect-node weights pull --name inference          # fetch the newest version from peers
 
-configuration: defaults < --config FILE (TOML) < INTELLECT_NODE_<FIELD> env vars < flags
+configuration (intellect-node start --help lists every setting):
+  flag > INTELLECT_NODE_<SETTING> environment variable > --config FILE (TOML) > default
+"""
+
+
+START_DESCRIPTION = """\
+Run a node in one role until Ctrl-C / SIGTERM.
+
+Every setting has a flag below; the same setting can come from a TOML file (--config FILE,
+keys are the setting names) or the environment (INTELLECT_NODE_<SETTING>, lists
+comma-separated). Precedence: flag > environment > TOML file > default.
 """
 
 
 def _add_node_flags(p: argparse.ArgumentParser) -> None:
-    fields = NodeConfig.model_fields
-    p.add_argument("--config", type=Path, help="TOML file with any of the settings below")
+    p.add_argument(
+        "--config", type=Path, metavar="FILE", help="TOML file with any of the settings below"
+    )
     p.add_argument(
         "--print-config", action="store_true", help="print the resolved configuration and exit"
     )
-    p.add_argument(
-        "--role",
-        choices=["bootstrap", "inference", "validator", "trainer"],
-        help=fields["role"].description,
-    )
-    p.add_argument("--name", help=fields["name"].description)
-    p.add_argument("--data-dir", type=Path, help=fields["data_dir"].description)
-    p.add_argument("--run-id", help=fields["run_id"].description)
-    p.add_argument(
-        "--listen",
-        action="append",
-        metavar="MULTIADDR",
-        help=fields["listen"].description + " Repeatable.",
-    )
-    p.add_argument(
-        "--bootstrap",
-        action="append",
-        metavar="MULTIADDR",
-        help=fields["bootstrap"].description + " Repeatable.",
-    )
-    for name in (
-        "admin_port",
-        "heartbeat_interval",
-        "peer_ttl",
-        "discovery_interval",
-        "read_timeout",
-        "connect_timeout",
-        "max_clock_skew",
-        "gossip_rate",
-        "gossip_queue",
-        "announce_buffer",
-        "async_level",
-        "shard_size",
-        "download_slots",
-        "upload_slots",
-        "upload_rate",
-        "tasks_per_batch",
-        "group_size",
-        "max_new_tokens",
-        "temperature",
-        "max_unjudged",
-        "train_steps",
-        "batches_per_step",
-        "step_wait",
-        "train_procs",
-        "eval_every",
-        "heldout_per_level",
-        "seed",
-        "heldout_seed",
-    ):
-        f = fields[name]
-        p.add_argument(
-            "--" + name.replace("_", "-"),
-            type=type(f.default),
-            help=f"{f.description} (default {f.default})",
-        )
-    p.add_argument(
-        "--log-level",
-        choices=["debug", "info", "warning", "error"],
-        help=fields["log_level"].description,
-    )
-    p.add_argument("--learning-rate", type=float, help=fields["learning_rate"].description)
-    p.add_argument(
-        "--train-device",
-        choices=["cpu", "cuda"],
-        help=f"{fields['train_device'].description} (default cpu)",
-    )
-    p.add_argument("--taskset", help=f"{fields['taskset'].description} (default arithmetic)")
-    p.add_argument("--model", type=Path, metavar="DIR", help=fields["model"].description)
-    p.add_argument(
-        "--trainer-peer-id", metavar="PEER_ID", help=fields["trainer_peer_id"].description
-    )
-    p.add_argument(
-        "--follow-weights", choices=["true", "false"], help=fields["follow_weights"].description
-    )
-    p.add_argument(
-        "--network-only",
-        action="store_true",
-        default=None,
-        help=fields["network_only"].description,
-    )
-    p.add_argument(
-        "--verify-profile",
-        choices=["gpu-bf16", "paper", "strict-fp32"],
-        help=f"{fields['verify_profile'].description} (default gpu-bf16)",
-    )
+    add_config_flags(p)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -148,7 +74,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    start = sub.add_parser("start", help="run a node in one role until Ctrl-C / SIGTERM")
+    start = sub.add_parser(
+        "start",
+        help="run a node in one role until Ctrl-C / SIGTERM",
+        description=START_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     _add_node_flags(start)
 
     status = sub.add_parser(
@@ -242,8 +173,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _config_from_args(args: argparse.Namespace) -> NodeConfig:
-    flags = {k: v for k, v in vars(args).items() if k in NodeConfig.model_fields}
-    return load_config(file=args.config, flags=flags)
+    return load_config(file=args.config, flags=flags_given(args))
 
 
 def cmd_start(args: argparse.Namespace) -> int:
@@ -324,29 +254,14 @@ def cmd_start(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
-def format_status(st: dict[str, Any]) -> str:
-    lines = [
-        f"peer id   {st['peer_id']}",
-        f"role      {st['role']}    run {st['run_id']}",
-    ]
-    lines += [f"address   {a}" for a in st["addrs"]]
-    by_role = ", ".join(f"{r}={n}" for r, n in sorted(st["peers_by_role"].items())) or "none"
-    lines.append(f"peers     {len(st['peers'])} ({by_role})")
-    for p in st["peers"]:
-        lines.append(f"  {p['role']:<10} {p['peer_id']}  seen {p['last_seen_s']:.1f}s ago")
-    t = st["traffic"]
-    lines.append(
-        f"traffic   in {t['messages'].get('in', 0)} msgs / {t['bytes'].get('in', 0)} B, "
-        f"out {t['messages'].get('out', 0)} msgs / {t['bytes'].get('out', 0)} B"
-    )
-    rejected = ", ".join(f"{r}={n}" for r, n in sorted(st["rejected"].items())) or "none"
-    lines.append(f"rejected  {rejected}")
-    return "\n".join(lines)
-
-
 def cmd_status(args: argparse.Namespace) -> int:
     st = admin_get(data_dir(args), "/status")
-    print(json.dumps(st, indent=2) if args.json else format_status(st))
+    if args.json:
+        print(json.dumps(st, indent=2))
+        return 0
+    from node.cli.tables import show, status_view
+
+    show(*status_view(st))
     return 0
 
 

@@ -14,6 +14,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from node.cli.progress import progress
+
 TASK_HELP = (
     "task set: 'arithmetic' (levels 1-3), 'arithmetic:LO-HI' (levels 1..5), "
     "or a .jsonl/.parquet math file (fields problem + answer or solution with \\boxed{})"
@@ -156,17 +158,19 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
             f"x {args.new_tokens} tokens, {args.batch} in flight",
             file=sys.stderr,
         )
-    report = calibrate(
-        worker.model,
-        validator.model,
-        eos_token_ids=worker.eos_token_ids,
-        config=config.for_layers(model_layers(worker.model)),
-        batch=args.batch,
-        new_tokens=args.new_tokens,
-        temperature=args.temperature,
-        top_p=args.top_p,
-        prompts=prompts,
-    )
+    with progress("calibrate", 3, unit="stages", out=sys.stderr) as bar:
+        report = calibrate(
+            worker.model,
+            validator.model,
+            eos_token_ids=worker.eos_token_ids,
+            config=config.for_layers(model_layers(worker.model)),
+            batch=args.batch,
+            new_tokens=args.new_tokens,
+            temperature=args.temperature,
+            top_p=args.top_p,
+            prompts=prompts,
+            progress=lambda done, total, stage: bar.update(done, total=total, info=stage),
+        )
     summary = {
         **report.as_dict(),
         "worker": f"{worker.device}/{str(worker.dtype)[6:]}",
@@ -183,18 +187,6 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     return 0 if report.fits else 1
 
 
-def _bar(done: int, total: int, loss: float, started: float) -> None:
-    width = 30
-    fill = width * done // total
-    sys.stderr.write(
-        f"\rSFT [{'#' * fill}{'.' * (width - fill)}] {done}/{total} loss {loss:.3f} "
-        f"{time.monotonic() - started:.0f}s"
-    )
-    if done == total:
-        sys.stderr.write("\n")
-    sys.stderr.flush()
-
-
 def cmd_init(args: argparse.Namespace) -> int:
     from node.engine.tinymodel import Recipe, build_tiny_model, default_cache_dir, evaluate
 
@@ -204,13 +196,17 @@ def cmd_init(args: argparse.Namespace) -> int:
     )
     cache = None if args.no_cache else (args.cache_dir or default_cache_dir())
     started = time.monotonic()
-    interactive = sys.stderr.isatty() and not args.json
-    out, built = build_tiny_model(
-        args.out_dir,
-        recipe,
-        cache_dir=cache,
-        progress=(lambda d, t, loss: _bar(d, t, loss, started)) if interactive else None,
-    )
+    # the SFT steps: a bar on a terminal, else a log line every few seconds (on stderr
+    # with --json, so stdout stays one JSON object)
+    with progress("SFT", args.steps, unit="steps", out=sys.stderr if args.json else None) as bar:
+        out, built = build_tiny_model(
+            args.out_dir,
+            recipe,
+            cache_dir=cache,
+            progress=lambda done, total, loss: bar.update(
+                done, total=total, info=f"loss {loss:.3f}"
+            ),
+        )
     accuracy = evaluate(out, task)
     summary = {
         "model_dir": str(out),
@@ -272,12 +268,11 @@ def cmd_rollouts(args: argparse.Namespace) -> int:
         "mean_reward": round(sum(rewards) / len(rewards), 4),
     }
     if args.out is not None:
-        from node.config import NodeConfig
+        from node.cli.adminclient import data_dir as named_data_dir
         from node.keystore import ensure_data_dir, load_or_create_identity
         from protocol.wire import seal
 
-        data_dir = args.data_dir or NodeConfig(name=args.name).resolved_data_dir
-        identity = load_or_create_identity(ensure_data_dir(Path(data_dir).expanduser()))
+        identity = load_or_create_identity(ensure_data_dir(named_data_dir(args)))
         batch = to_batch(
             groups,
             run_id=args.run_id,

@@ -3,9 +3,9 @@
 The node (``intellect-node start``) does the work: ``publish`` asks the trainer's node to
 sign and serve a checkpoint directory as the next version; ``pull`` asks a node to fetch a
 version (default: the newest any peer holds) and follows it with a progress bar (bytes,
-rate, peers) on a terminal, or one log line every couple of seconds otherwise; ``ls`` lists
-the versions a node holds (read from its data dir when it is not running). Only argparse is
-imported at start, so ``--help`` is instant.
+rate, peers; ``node/cli/progress.py``) on a terminal, or one log line every couple of
+seconds otherwise; ``ls`` lists the versions a node holds (read from its data dir when it is
+not running) as a table. Only argparse is imported at start, so ``--help`` is instant.
 """
 
 from __future__ import annotations
@@ -17,8 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from node.cli.adminclient import admin_get, admin_post, data_dir
-
-MiB = 1024 * 1024
+from node.cli.progress import BYTES, progress
 
 
 def add_weights_parsers(sub: Any) -> None:
@@ -63,26 +62,16 @@ def _get(directory: Path) -> dict[str, Any]:
     return st
 
 
-def format_progress(job: dict[str, Any], *, tty: bool, width: int = 30) -> str:
-    """One progress line: a bar on a terminal, key=value text otherwise."""
-    total = max(job["total_bytes"], 1)
-    frac = job["done_bytes"] / total
+def pull_info(job: dict[str, Any]) -> str:
+    """What a pull's progress shows besides bytes: the rate the node measures, the peers
+    that sent bytes, the peers banned, the shards resumed from an earlier run."""
     peers = sum(1 for p in job["peers"].values() if p["bytes"] > 0)
-    rate = job["rate_Bps"] / 1e6
-    done_mib, total_mib = job["done_bytes"] / MiB, job["total_bytes"] / MiB
-    banned = len(job["banned"])
-    if tty:
-        filled = int(frac * width)
-        bar = "#" * filled + "." * (width - filled)
-        return (
-            f"v{job['version']} [{bar}] {frac * 100:5.1f}% {done_mib:.1f}/{total_mib:.1f} MiB "
-            f"{rate:6.1f} MB/s peers {peers}" + (f" banned {banned}" if banned else "")
-        )
-    return (
-        f"pull version={job['version']} state={job['state']} done={frac * 100:.1f}% "
-        f"bytes={job['done_bytes']}/{job['total_bytes']} rate_MBps={rate:.1f} peers={peers} "
-        f"banned={banned} resumed_shards={job['resumed_shards']}"
-    )
+    text = f"{job['rate_Bps'] / 1e6:.1f} MB/s, {peers} peers"
+    if job["banned"]:
+        text += f", {len(job['banned'])} banned"
+    if job["resumed_shards"]:
+        text += f", {job['resumed_shards']} shards resumed"
+    return text
 
 
 def _pull(args: argparse.Namespace) -> int:
@@ -90,33 +79,30 @@ def _pull(args: argparse.Namespace) -> int:
     version = admin_post(directory, "/weights/pull", {"version": args.version}, timeout=120)[
         "version"
     ]
-    tty = sys.stdout.isatty()
-    started, last_line = time.monotonic(), 0.0
-    while True:
-        st = _get(directory)
-        job = st["downloads"].get(str(version))
-        held = next((v for v in st["versions"] if v["version"] == version), None)
-        if job is None and held and held["complete"]:
-            print(f"version {version} already held: {held['path']}")
-            return 0
-        if job is not None:
-            now = time.monotonic()
-            if tty:
-                print("\r" + format_progress(job, tty=True), end="", flush=True)
-            elif now - last_line >= 2 or job["state"] != "downloading":
-                print(format_progress(job, tty=False), flush=True)
-                last_line = now
-            if job["state"] == "complete":
-                path = held["path"] if held else ""
-                print(("\n" if tty else "") + f"version {version} complete: {path}")
-                return 0
-            if job["state"] == "failed":
-                print(("\n" if tty else "") + f"version {version} failed: {job['error']}")
-                return 1
-        if args.timeout and time.monotonic() - started > args.timeout:
-            print(f"\ngave up on version {version} after {args.timeout:.0f} s", file=sys.stderr)
-            return 1
-        time.sleep(0.2 if tty else 0.5)
+    started = time.monotonic()
+    with progress(f"pull v{version}", unit=BYTES) as bar:
+        while True:
+            st = _get(directory)
+            job = st["downloads"].get(str(version))
+            held = next((v for v in st["versions"] if v["version"] == version), None)
+            if job is None and held and held["complete"]:
+                outcome = (0, f"version {version} already held: {held['path']}")
+                break
+            if job is not None:
+                bar.update(job["done_bytes"], total=job["total_bytes"], info=pull_info(job))
+                if job["state"] == "complete":
+                    outcome = (0, f"version {version} complete: {held['path'] if held else ''}")
+                    break
+                if job["state"] == "failed":
+                    outcome = (1, f"version {version} failed: {job['error']}")
+                    break
+            if args.timeout and time.monotonic() - started > args.timeout:
+                outcome = (1, f"gave up on version {version} after {args.timeout:.0f} s")
+                break
+            time.sleep(0.2)
+    code, message = outcome
+    print(message, file=sys.stderr if code else sys.stdout)
+    return code
 
 
 def _ls(args: argparse.Namespace) -> int:
@@ -133,14 +119,9 @@ def _ls(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(versions, indent=2))
         return 0
-    print(header)
-    print(f"{'version':>8} {'step':>8} {'MiB':>10} {'shards':>7} {'held':>7}  path")
-    for v in versions:
-        state = v["path"] if v["complete"] else "(partial)"
-        print(
-            f"{v['version']:>8} {v['step']:>8} {v['bytes'] / MiB:>10.1f} {v['shards']:>7} "
-            f"{v['held']:>7}  {state}"
-        )
+    from node.cli.tables import show, weights_view
+
+    show(*weights_view(header, versions))
     return 0
 
 

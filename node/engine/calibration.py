@@ -20,6 +20,7 @@ import hashlib
 import math
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -320,21 +321,27 @@ def calibrate(
     temperature: float = 1.0,
     top_p: float = 1.0,
     prompts: list[list[int]] | None = None,
+    progress: Callable[[int, int, str], None] | None = None,
 ) -> NoiseReport:
     """Generate honest rollouts with ``worker_model`` (``batch`` in flight, stopping at
-    EOS), recompute them with ``validator_model``, and measure."""
+    EOS), recompute them with ``validator_model``, and measure. ``progress(stages done,
+    stages, next stage)`` is told as each of the three stages starts and at the end."""
+    report_stage = progress or (lambda done, total, stage: None)
     from node.engine.torch_engine import TorchEngine
 
     vocab = int(worker_model.get_output_embeddings().weight.shape[0])
     prompts = prompts or random_prompts(rollouts, vocab)
     engine = TorchEngine(worker_model, eos_token_ids=eos_token_ids, max_batch=batch)
     params = SamplingParams(max_new_tokens=new_tokens, temperature=temperature, top_p=top_p)
+    report_stage(0, 3, "generating")
     started = time.perf_counter()
     results = engine.generate([GenRequest(p, 70000 + i) for i, p in enumerate(prompts)], params)
     generated = time.perf_counter()
+    report_stage(1, 3, "validating")
     recomputed = recompute_all(
         validator_model, [r.prompt for r in results], [r.tokens for r in results]
     )
+    report_stage(2, 3, "measuring")
     claims = [claim_of(r, asdict(params)) for r in results]
     report, _ = measure(
         claims,
@@ -345,4 +352,5 @@ def calibrate(
     )
     report.generate_s = generated - started
     report.validate_s = time.perf_counter() - generated
+    report_stage(3, 3, "done")
     return report

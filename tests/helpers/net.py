@@ -5,13 +5,12 @@ from __future__ import annotations
 import re
 import sys
 import time
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from node.cli.adminclient import admin_post, admin_text
 from node.cli.devnet import NodeProcess, p2p_addr, spawn_node, wait_ready
-from node.net.adminfile import read_admin_file
 
 CLI = [sys.executable, "-m", "node.cli"]  # the binary, as a test runs it
 FAST = {
@@ -21,7 +20,7 @@ FAST = {
     "--read-timeout": "2",
     "--connect-timeout": "2",
 }
-# settings without a command-line flag, as environment variables: heartbeats every 0.5 s
+# as environment variables (inherited by every node of a test): heartbeats every 0.5 s
 # whatever the network's size (the tests' networks are small)
 FAST_ENV = {"INTELLECT_NODE_PRESENCE_RATE": "1000"}
 
@@ -121,9 +120,7 @@ def status(node: NodeProcess) -> dict[str, Any]:
 
 
 def metrics(node: NodeProcess) -> str:
-    port = read_admin_file(node.data_dir)["port"]
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
-        return r.read().decode()
+    return admin_text(node.data_dir, "/metrics")
 
 
 def counter(text: str, name: str, **labels: str) -> int:
@@ -140,8 +137,6 @@ def counter(text: str, name: str, **labels: str) -> int:
 
 
 def post(node: NodeProcess, path: str, body: dict[str, Any], timeout: float = 30) -> Any:
-    from node.cli.adminclient import admin_post
-
     return admin_post(node.data_dir, path, body, timeout=timeout)
 
 
