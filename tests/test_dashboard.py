@@ -93,7 +93,9 @@ def devnet_page(tmp_path):
     node = ThreadingHTTPServer(("127.0.0.1", 0), FakeAdmin)
     threading.Thread(target=node.serve_forever, daemon=True).start()
     (tmp_path / "v").mkdir()
-    (tmp_path / "v" / "admin.json").write_text(json.dumps({"port": node.server_address[1]}))
+    (tmp_path / "v" / "admin.json").write_text(
+        json.dumps({"port": node.server_address[1], "token": "t"})
+    )
     (tmp_path / "gone").mkdir()
     page = DevnetPage({"v": tmp_path / "v", "gone": tmp_path / "gone"}, title="t").start()
     yield page

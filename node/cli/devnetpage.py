@@ -16,12 +16,11 @@ from __future__ import annotations
 import json
 import threading
 import urllib.error
-import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from node.net.adminfile import read_admin_file
+from node.cli.adminclient import admin_request
 from node.net.dashboard import STATIC_DIR
 
 RELAYED = ("status", "history")  # the node endpoints the page reads
@@ -96,11 +95,7 @@ class DevnetPage:
     def relay(self, data_dir: Path, what: str) -> tuple[int, str, bytes]:
         """GET ``/<what>`` of the node (its port read afresh: a restarted node moves)."""
         try:
-            port = int(read_admin_file(data_dir)["port"])
-            with urllib.request.urlopen(
-                f"http://127.0.0.1:{port}/{what}", timeout=RELAY_TIMEOUT
-            ) as resp:
-                return resp.status, "application/json", resp.read()
+            return 200, "application/json", admin_request(data_dir, f"/{what}", None, RELAY_TIMEOUT)
         except urllib.error.HTTPError as exc:
             return exc.code, "application/json", exc.read()
         except (OSError, RuntimeError, ValueError) as exc:
