@@ -44,6 +44,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
+import os
 import signal
 import statistics
 import subprocess
@@ -303,11 +304,21 @@ def generator(conn: Any, model_dir: str) -> None:
         conn.send(tokens / elapsed)
 
 
-def measure_work(base: Path, args: argparse.Namespace) -> dict[str, Any]:
+def tiny_model(out: Path) -> Path:
+    """The ``model init`` base policy, from the cache the tests and the devnet share
+    (``.cache/`` of the checkout, else ``$INTELLECT_NODE_CACHE`` or the XDG cache; built
+    there once, about a minute, if it is in none)."""
     from node.engine.tinymodel import Recipe, build_tiny_model, default_cache_dir
 
-    cache = default_cache_dir()
-    model_dir, _ = build_tiny_model(cache / "bench-base", Recipe(), cache_dir=cache)
+    local = ROOT / ".cache" / "models"
+    cache = local if local.is_dir() and "INTELLECT_NODE_CACHE" not in os.environ else None
+    cache = cache or default_cache_dir()
+    model_dir, _ = build_tiny_model(out, Recipe(), cache_dir=cache)
+    return model_dir
+
+
+def measure_work(base: Path, args: argparse.Namespace) -> dict[str, Any]:
+    model_dir = args.model or tiny_model(base / "model")
     server = Server("work", base)
     ctx = multiprocessing.get_context("spawn")
     ours, theirs = ctx.Pipe()
@@ -400,6 +411,7 @@ def main() -> int:
     p.add_argument("--seconds", type=float, default=8.0, help="seconds per endpoint at most")
     p.add_argument("--phase-s", type=float, default=6.0, help="seconds of work per phase")
     p.add_argument("--pairs", type=int, default=3, help="work phases without/with a page")
+    p.add_argument("--model", type=Path, help="the model to generate with (default: tiny)")
     p.add_argument("--json", action="store_true", help="last line: one JSON object")
     p.add_argument("--serve", choices=("new", "legacy", "work"), help=argparse.SUPPRESS)
     p.add_argument("--data-dir", type=Path, help=argparse.SUPPRESS)
