@@ -7,13 +7,16 @@ work while a dashboard page is open.
                                     [--phase-s 6] [--pairs 3] [--json]
 
 Each server runs in its own process over a real node (a py-libp2p host on 127.0.0.1, no
-peers); the clients are trio tasks in this process, on loopback, one fresh connection per
-request (what ``intellect-node status`` and the old server do). Per server:
+peers), both at once; the clients are trio tasks in this process, on loopback, one fresh
+connection per request (what ``intellect-node status`` and the old server do). Every
+measurement runs in two rounds per server, alternating old, new, old, new (half the count
+and time each), so that a change in the machine's load hits both: rates are the rounds'
+mean, percentiles the slower round's. Per server:
 
 - ``/status`` and ``/metrics``: ``--clients`` concurrent clients until ``--requests``
   answers or ``--seconds``, whichever comes first: requests per second, p50 / p95 latency.
-- the event stream: ``--clients`` clients hold ``GET /events?interval=0.1`` open for
-  ``--seconds``: time to the first event (p95) and events per second in all. The old
+- the event stream: ``--clients`` clients hold ``GET /events?interval=0.1`` open (3 s a
+  round): time to the first event (p95) and events per second in all. The old
   server has no stream; its figures are those of the page's fallback, the same clients
   polling ``GET /status`` every 0.1 s (time to the first answer, answers per second).
 
@@ -251,27 +254,49 @@ async def page(port: int) -> None:
             await trio.sleep(1.0)
 
 
-def measure_server(kind: str, base: Path, args: argparse.Namespace) -> dict[str, Any]:
-    server = Server(kind, base)
+ROUNDS = 2  # each measurement alternates old, new, old, new: drift hits both alike
+
+
+def merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """The rounds of one measurement as one: rates summed over the rounds' time, the
+    latency figures from the slower round (percentiles cannot be averaged)."""
+    out: dict[str, Any] = {k: max(p[k] for p in parts) for k in parts[0] if k.endswith("_ms")}
+    for key in ("rps", "per_s"):
+        if key in parts[0]:
+            out[key] = statistics.mean(p[key] for p in parts)
+    return out
+
+
+def measure_servers(base: Path, args: argparse.Namespace) -> tuple[dict, dict]:
+    """The old and the new server side by side, every measurement in alternating rounds."""
+    servers = {kind: Server(kind, base) for kind in ("legacy", "new")}
     try:
 
-        async def run() -> dict[str, Any]:
-            with trio.fail_after(20):
-                for _ in range(20):  # warm-up
-                    await get(server.port, "/status")
-                    await get(server.port, "/metrics")
-            out: dict[str, Any] = {}
-            for path in ("/status", "/metrics"):
-                out[path.strip("/")] = await load(
-                    server.port, path, args.clients, args.requests, args.seconds
-                )
-            stream = events if kind == "new" else polls
-            out["events"] = await stream(server.port, args.clients, min(args.seconds, 5.0))
-            return out
+        async def run() -> dict[str, dict[str, Any]]:
+            with trio.fail_after(60):
+                for server in servers.values():
+                    for _ in range(20):  # warm-up
+                        await get(server.port, "/status")
+                        await get(server.port, "/metrics")
+            rounds: dict[str, dict[str, list]] = {k: {} for k in servers}
+            seconds = args.seconds / ROUNDS
+            for part in ("status", "metrics", "events"):
+                for _ in range(ROUNDS):
+                    for kind, server in servers.items():
+                        if part == "events":
+                            stream = events if kind == "new" else polls
+                            got = await stream(server.port, args.clients, min(seconds, 3.0))
+                        else:
+                            n = args.requests // ROUNDS
+                            got = await load(server.port, f"/{part}", args.clients, n, seconds)
+                        rounds[kind].setdefault(part, []).append(got)
+            return {k: {p: merge(v) for p, v in r.items()} for k, r in rounds.items()}
 
-        return trio.run(run)
+        out = trio.run(run)
     finally:
-        server.stop()
+        for server in servers.values():
+            server.stop()
+    return out["legacy"], out["new"]
 
 
 # ---- the node's work --------------------------------------------------------------------------
@@ -424,8 +449,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="bench-admin-") as tmp:
         base = Path(tmp)
         print(f"{args.clients} clients, at most {args.requests} requests or {args.seconds} s each")
-        old = measure_server("legacy", base, args)
-        new = measure_server("new", base, args)
+        old, new = measure_servers(base, args)
         work = measure_work(base, args)
     out = report(old, new, work)
     if args.json:
