@@ -38,8 +38,26 @@ The old server's ``/metrics`` now answers ``prometheus_client``'s exposition too
 hand-written renderer is gone with the counters it read), so its ``/metrics`` figures
 compare the servers, not the renderers.
 
-Measured here (2026-12-01, 2 shared cores, other engineers' tests running; default run):
-OLD_FIGURES_PLACEHOLDER
+Measured here (2026-12-01, default run, 4.7 minutes: 2 cores shared with three other
+engineers' tests, load average 16-18, so every figure is squeezed and noisy):
+
+                                  old server    new server   new/old
+    /status requests/s                   445           221     0.50x
+    /status p50 / p95 ms        44.6 / 107.1   95.6 / 225.7     2.1x
+    /metrics requests/s                  192           130     0.68x
+    /metrics p50 / p95 ms      106.1 / 183.9  164.3 / 321.2   1.6-1.8x
+    live: first update p95 ms           85.8         181.1     2.11x
+    live: updates/s in all               169           157     0.93x
+
+The old server's figures (its own, the baseline): /status 445 requests/s, p95 107 ms;
+/metrics 192 requests/s, p95 184 ms; polling /status every 0.1 s from 20 clients, first
+answer p95 86 ms, 169 answers/s. hypercorn + starlette cost about twice the CPU per
+request of the hand-written server (a task group, an idle timer and the ASGI layers per
+connection); at a page's rate (one event and one /status a second) that is a few
+milliseconds of CPU a second. The node's work: 46 tokens/s alone, 44 with a page open
+(+6.3%), with phases alone at 46, 54, 27 and with the page at 48, 44, 14 tokens/s: the
+machine's load swung more than the page could cost, so this run does not show whether the
+page stays within 2%; run it on a quiet machine for that.
 """
 
 from __future__ import annotations
