@@ -7,13 +7,16 @@ work while a dashboard page is open.
                                     [--phase-s 6] [--pairs 3] [--json]
 
 Each server runs in its own process over a real node (a py-libp2p host on 127.0.0.1, no
-peers); the clients are trio tasks in this process, on loopback, one fresh connection per
-request (what ``intellect-node status`` and the old server do). Per server:
+peers), both at once; the clients are trio tasks in this process, on loopback, one fresh
+connection per request (what ``intellect-node status`` and the old server do). Every
+measurement runs in two rounds per server, alternating old, new, old, new (half the count
+and time each), so that a change in the machine's load hits both: rates are the rounds'
+mean, percentiles the slower round's. Per server:
 
 - ``/status`` and ``/metrics``: ``--clients`` concurrent clients until ``--requests``
   answers or ``--seconds``, whichever comes first: requests per second, p50 / p95 latency.
-- the event stream: ``--clients`` clients hold ``GET /events?interval=0.1`` open for
-  ``--seconds``: time to the first event (p95) and events per second in all. The old
+- the event stream: ``--clients`` clients hold ``GET /events?interval=0.1`` open (3 s a
+  round): time to the first event (p95) and events per second in all. The old
   server has no stream; its figures are those of the page's fallback, the same clients
   polling ``GET /status`` every 0.1 s (time to the first answer, answers per second).
 
@@ -35,8 +38,26 @@ The old server's ``/metrics`` now answers ``prometheus_client``'s exposition too
 hand-written renderer is gone with the counters it read), so its ``/metrics`` figures
 compare the servers, not the renderers.
 
-Measured here (2026-12-01, 2 shared cores, other engineers' tests running; default run):
-OLD_FIGURES_PLACEHOLDER
+Measured here (2026-12-01, default run, 4.7 minutes: 2 cores shared with three other
+engineers' tests, load average 16-18, so every figure is squeezed and noisy):
+
+                                  old server    new server   new/old
+    /status requests/s                   445           221     0.50x
+    /status p50 / p95 ms        44.6 / 107.1   95.6 / 225.7     2.1x
+    /metrics requests/s                  192           130     0.68x
+    /metrics p50 / p95 ms      106.1 / 183.9  164.3 / 321.2   1.6-1.8x
+    live: first update p95 ms           85.8         181.1     2.11x
+    live: updates/s in all               169           157     0.93x
+
+The old server's figures (its own, the baseline): /status 445 requests/s, p95 107 ms;
+/metrics 192 requests/s, p95 184 ms; polling /status every 0.1 s from 20 clients, first
+answer p95 86 ms, 169 answers/s. hypercorn + starlette cost about twice the CPU per
+request of the hand-written server (a task group, an idle timer and the ASGI layers per
+connection); at a page's rate (one event and one /status a second) that is a few
+milliseconds of CPU a second. The node's work: 46 tokens/s alone, 44 with a page open
+(+6.3%), with phases alone at 46, 54, 27 and with the page at 48, 44, 14 tokens/s: the
+machine's load swung more than the page could cost, so this run does not show whether the
+page stays within 2%; run it on a quiet machine for that.
 """
 
 from __future__ import annotations
@@ -44,6 +65,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
+import os
 import signal
 import statistics
 import subprocess
@@ -250,27 +272,49 @@ async def page(port: int) -> None:
             await trio.sleep(1.0)
 
 
-def measure_server(kind: str, base: Path, args: argparse.Namespace) -> dict[str, Any]:
-    server = Server(kind, base)
+ROUNDS = 2  # each measurement alternates old, new, old, new: drift hits both alike
+
+
+def merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """The rounds of one measurement as one: rates summed over the rounds' time, the
+    latency figures from the slower round (percentiles cannot be averaged)."""
+    out: dict[str, Any] = {k: max(p[k] for p in parts) for k in parts[0] if k.endswith("_ms")}
+    for key in ("rps", "per_s"):
+        if key in parts[0]:
+            out[key] = statistics.mean(p[key] for p in parts)
+    return out
+
+
+def measure_servers(base: Path, args: argparse.Namespace) -> tuple[dict, dict]:
+    """The old and the new server side by side, every measurement in alternating rounds."""
+    servers = {kind: Server(kind, base) for kind in ("legacy", "new")}
     try:
 
-        async def run() -> dict[str, Any]:
-            with trio.fail_after(20):
-                for _ in range(20):  # warm-up
-                    await get(server.port, "/status")
-                    await get(server.port, "/metrics")
-            out: dict[str, Any] = {}
-            for path in ("/status", "/metrics"):
-                out[path.strip("/")] = await load(
-                    server.port, path, args.clients, args.requests, args.seconds
-                )
-            stream = events if kind == "new" else polls
-            out["events"] = await stream(server.port, args.clients, min(args.seconds, 5.0))
-            return out
+        async def run() -> dict[str, dict[str, Any]]:
+            with trio.fail_after(60):
+                for server in servers.values():
+                    for _ in range(20):  # warm-up
+                        await get(server.port, "/status")
+                        await get(server.port, "/metrics")
+            rounds: dict[str, dict[str, list]] = {k: {} for k in servers}
+            seconds = args.seconds / ROUNDS
+            for part in ("status", "metrics", "events"):
+                for _ in range(ROUNDS):
+                    for kind, server in servers.items():
+                        if part == "events":
+                            stream = events if kind == "new" else polls
+                            got = await stream(server.port, args.clients, min(seconds, 3.0))
+                        else:
+                            n = args.requests // ROUNDS
+                            got = await load(server.port, f"/{part}", args.clients, n, seconds)
+                        rounds[kind].setdefault(part, []).append(got)
+            return {k: {p: merge(v) for p, v in r.items()} for k, r in rounds.items()}
 
-        return trio.run(run)
+        out = trio.run(run)
     finally:
-        server.stop()
+        for server in servers.values():
+            server.stop()
+    return out["legacy"], out["new"]
 
 
 # ---- the node's work --------------------------------------------------------------------------
@@ -303,11 +347,21 @@ def generator(conn: Any, model_dir: str) -> None:
         conn.send(tokens / elapsed)
 
 
-def measure_work(base: Path, args: argparse.Namespace) -> dict[str, Any]:
+def tiny_model(out: Path) -> Path:
+    """The ``model init`` base policy, from the cache the tests and the devnet share
+    (``.cache/`` of the checkout, else ``$INTELLECT_NODE_CACHE`` or the XDG cache; built
+    there once, about a minute, if it is in none)."""
     from node.engine.tinymodel import Recipe, build_tiny_model, default_cache_dir
 
-    cache = default_cache_dir()
-    model_dir, _ = build_tiny_model(cache / "bench-base", Recipe(), cache_dir=cache)
+    local = ROOT / ".cache" / "models"
+    cache = local if local.is_dir() and "INTELLECT_NODE_CACHE" not in os.environ else None
+    cache = cache or default_cache_dir()
+    model_dir, _ = build_tiny_model(out, Recipe(), cache_dir=cache)
+    return model_dir
+
+
+def measure_work(base: Path, args: argparse.Namespace) -> dict[str, Any]:
+    model_dir = args.model or tiny_model(base / "model")
     server = Server("work", base)
     ctx = multiprocessing.get_context("spawn")
     ours, theirs = ctx.Pipe()
@@ -400,6 +454,7 @@ def main() -> int:
     p.add_argument("--seconds", type=float, default=8.0, help="seconds per endpoint at most")
     p.add_argument("--phase-s", type=float, default=6.0, help="seconds of work per phase")
     p.add_argument("--pairs", type=int, default=3, help="work phases without/with a page")
+    p.add_argument("--model", type=Path, help="the model to generate with (default: tiny)")
     p.add_argument("--json", action="store_true", help="last line: one JSON object")
     p.add_argument("--serve", choices=("new", "legacy", "work"), help=argparse.SUPPRESS)
     p.add_argument("--data-dir", type=Path, help=argparse.SUPPRESS)
@@ -412,8 +467,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="bench-admin-") as tmp:
         base = Path(tmp)
         print(f"{args.clients} clients, at most {args.requests} requests or {args.seconds} s each")
-        old = measure_server("legacy", base, args)
-        new = measure_server("new", base, args)
+        old, new = measure_servers(base, args)
         work = measure_work(base, args)
     out = report(old, new, work)
     if args.json:

@@ -18,7 +18,7 @@ import pytest
 import trio
 from prometheus_client.parser import text_string_to_metric_families
 from starlette.responses import PlainTextResponse
-from starlette.routing import Route
+from starlette.routing import Route, WebSocketRoute
 
 from crypto.identity import Identity
 from node.config import load_config
@@ -166,6 +166,26 @@ async def test_bad_requests_get_clear_json_errors_and_the_endpoint_keeps_serving
             assert status == want, (path, body, reply)
             assert headers["content-type"] == "application/json"
             assert words in json.loads(reply)["error"]
+        assert (await get_json(e.port, "/status"))["peer_id"] == e.node.peer_id
+
+
+async def test_a_websocket_upgrade_is_refused(tmp_path):
+    """Nothing reaches the app around the guard: a WebSocket handshake is turned away, even
+    to a page that would take it."""
+
+    async def echo(websocket):
+        await websocket.accept()
+        await websocket.close()
+
+    async with endpoint(tmp_path, pages=[WebSocketRoute("/ws", echo)]) as e:
+        headers = {
+            "Connection": "Upgrade",
+            "Upgrade": "websocket",
+            "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ==",
+            "Sec-WebSocket-Version": "13",
+        }
+        status, _, _ = await http(e.port, "GET", "/ws", headers=headers)
+        assert status == 403
         assert (await get_json(e.port, "/status"))["peer_id"] == e.node.peer_id
 
 

@@ -23,7 +23,7 @@ over the same size (a head that is still incomplete at that size is cut off by h
 request head has not arrived whole within ``READ_TIMEOUT`` (hypercorn's
 ``keep_alive_timeout``, which runs until a request's head is complete) is disconnected,
 and one whose body has not arrived whole within ``READ_TIMEOUT`` of its head gets 408.
-Errors are JSON ``{"error": "..."}``. No read timeout applies once a request is whole:
+Errors are JSON ``{"error": "..."}``. WebSocket upgrades are refused. No read timeout applies once a request is whole:
 an event stream and a long ``/weights/publish`` wait on the server, not on the client.
 
 The event stream: ``GET /events[?interval=S]`` (open, no token; S in seconds, 0.1 to 60,
@@ -104,7 +104,10 @@ class AdminGuard:
         self.max_body, self.read_timeout = max_body, read_timeout
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        if scope["type"] == "websocket":  # none served: nothing may bypass the checks below
+            await send({"type": "websocket.close", "code": 1008})
+            return
+        if scope["type"] != "http":  # lifespan
             await self.app(scope, receive, send)
             return
         refusal = self._refusal(scope)
