@@ -1,0 +1,298 @@
+"""A DiLoCo group over libp2p: the outer-step sync with the leader and the ring's chunks.
+
+This is the I/O around two pure parts: ``Membership`` (the leader's rosters) and
+``ring.all_reduce`` (the arithmetic of the ring). One protocol, ``/intellect/diloco/1.0.0``
+(``protocol/diloco.py``), carries three requests: ``sync`` (ask the leader for the roster
+of an outer step and attempt; repeated every ``poll_interval`` until it is formed),
+``leave``, and ``chunk`` (the right neighbour pulls what we offer for a ring round).
+
+An attempt fails on any error of a pull (a dead neighbour resets the stream or lets the
+deadline pass; an abandoned neighbour refuses with ``aborted``; a chunk that does not
+decode): we abandon it (our own offers answer ``aborted`` from then on, so the failure runs
+round the ring at once) and ask the leader for the roster of the next attempt, which holds
+the survivors. ``step_timeout`` bounds the whole outer step. Only the peers of a roster the
+leader signed may pull from us, and only our right neighbour in it: an outsider is refused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import trio
+from libp2p.network.stream.exceptions import StreamError
+
+from node.diloco.membership import Key, Membership, Refused
+from node.diloco.ring import Aborted, Outbox, all_reduce
+from node.net.requests import RemoteRefusal, Responder
+from node.net.runtime import Node
+from protocol.diloco import DILOCO, MAX_CHUNK, DilocoChunk, DilocoRequest, DilocoRoster
+from protocol.errors import Reason, WireError
+
+log = logging.getLogger("intellect.diloco")
+
+# a test hook: awaited before each pull with (step, attempt, phase, round)
+BeforePull = Callable[[int, int, str, int], Awaitable[None]]
+
+
+class GroupError(Exception):
+    """This member cannot take part in the outer step (refused, or out of time)."""
+
+
+@dataclass(frozen=True)
+class GroupConfig:
+    leader: str  # the run's trainer_peer_id
+    encoding: str = "int8"  # of pseudo-gradient chunks on the wire: int8 | fp32
+    min_members: int = 1  # the first roster waits for this many
+    sync_timeout: float = 600.0  # a new step waits this long for members still training
+    resync_timeout: float = 10.0  # a retry waits this long for the survivors
+    round_timeout: float = 30.0  # one ring round, including a slow neighbour
+    step_timeout: float = 900.0  # one outer step, all attempts together
+    poll_interval: float = 0.1
+    admit: frozenset[str] | None = None  # the leader admits only these (None: any)
+
+
+@dataclass
+class Attempt:
+    roster: list[str]
+    outbox: Outbox
+
+
+@dataclass
+class Reduced:
+    """The outcome of one outer step's all-reduce."""
+
+    average: torch.Tensor
+    roster: list[str]
+    attempts: int
+    received: int  # payload bytes we received
+
+
+class DilocoGroup:
+    def __init__(self, node: Node, cfg: GroupConfig, *, before_pull: BeforePull | None = None):
+        self.node, self.cfg, self.before_pull = node, cfg, before_pull
+        self.me = node.peer_id
+        self.leading = self.me == cfg.leader
+        self.membership = Membership(
+            cfg.leader,
+            min_members=cfg.min_members,
+            sync_timeout=cfg.sync_timeout,
+            resync_timeout=cfg.resync_timeout,
+            admit=cfg.admit,
+        )
+        self.attempts: dict[Key, Attempt] = {}
+        self.failures = 0  # attempts we abandoned
+
+    def register(self) -> None:
+        self.node.serve_requests(
+            DILOCO, DilocoRequest, self._handle, deadline=self.node.cfg.read_timeout * 3
+        )
+
+    # ---- one outer step ---------------------------------------------------------------
+
+    async def all_reduce(self, step: int, vec: torch.Tensor, state: str, layout: str) -> Reduced:
+        """The group's average of ``vec`` for outer ``step``; ``state``: the hash of the outer
+        parameters we start from (the leader admits only those that match its own)."""
+        norm = float(vec.norm())
+        attempt = 0
+        with trio.fail_after(self.cfg.step_timeout):
+            while True:
+                roster = await self._sync(step, attempt, state, layout, norm)
+                key = (step, attempt)
+                current = self.attempts[key] = Attempt(roster, Outbox())
+                for old in [k for k in self.attempts if k[0] < step - 1]:
+                    del self.attempts[old]
+                rank, n = roster.index(self.me), len(roster)
+                try:
+                    avg, received = await all_reduce(
+                        vec, rank, n, self.cfg.encoding, current.outbox, self._puller(key, roster)
+                    )
+                    return Reduced(avg, roster, attempt + 1, received)
+                except (Aborted, WireError, RemoteRefusal, StreamError, OSError) as exc:
+                    log.warning("all-reduce step=%d attempt=%d failed: %r", step, attempt, exc)
+                except trio.TooSlowError:
+                    log.warning("all-reduce step=%d attempt=%d timed out", step, attempt)
+                current.outbox.abort()
+                self.failures += 1
+                attempt += 1
+
+    async def leave(self) -> None:
+        """Leave the group now (the leader drops us from the next roster at once)."""
+        if self.leading:
+            return
+        msg = DilocoRequest(
+            **self.node.header(),
+            op="leave",
+            step=0,
+            attempt=0,
+            phase="",
+            round=0,
+            layout="",
+            norm=0.0,
+            state="",
+        )
+        try:
+            await self.node.request(self.cfg.leader, DILOCO, msg, DilocoRoster)
+        except Exception as exc:  # leaving is best effort: the heartbeat TTL evicts us anyway
+            log.info("leave not delivered: %r", exc)
+
+    async def _sync(self, step: int, attempt: int, state: str, layout: str, norm: float) -> list[str]:
+        while True:
+            if self.leading:
+                roster = self._arrive(self.me, (step, attempt), layout, state)
+            else:
+                msg = DilocoRequest(
+                    **self.node.header(),
+                    op="sync",
+                    step=step,
+                    attempt=attempt,
+                    phase="",
+                    round=0,
+                    layout=layout,
+                    norm=norm,
+                    state=state,
+                )
+                try:
+                    reply = await self.node.request(self.cfg.leader, DILOCO, msg, DilocoRoster)
+                except RemoteRefusal as exc:
+                    raise GroupError(f"the leader refused us: {exc}") from exc
+                except (WireError, StreamError, OSError, trio.TooSlowError) as exc:
+                    log.info("sync with the leader failed (retrying): %r", exc)
+                    reply = None
+                roster = self._checked(reply, step, attempt)
+            if roster is not None:
+                return roster
+            await trio.sleep(self.cfg.poll_interval)
+
+    def _checked(self, reply: DilocoRoster | None, step: int, attempt: int) -> list[str] | None:
+        if reply is None or reply.state != "ready":
+            return None
+        if reply.sender != self.cfg.leader or (reply.step, reply.attempt) != (step, attempt):
+            raise GroupError("a roster not from the leader or not for this attempt")
+        if self.me not in reply.members or len(set(reply.members)) != len(reply.members):
+            raise GroupError("a roster without us (or with a peer twice)")
+        if reply.encoding != self.cfg.encoding:
+            raise GroupError(f"the group sends {reply.encoding}, we were set up for another")
+        return list(reply.members)
+
+    def _arrive(self, peer: str, key: Key, layout: str, state: str) -> list[str] | None:
+        alive = set(self.node.known_peers()) | {self.me}
+        try:
+            return self.membership.arrive(peer, key, trio.current_time(), alive, layout, state)
+        except Refused as exc:
+            if peer == self.me:
+                raise GroupError(f"the leader's own roster refused it: {exc}") from exc
+            raise WireError(Reason.NOT_MEMBER, f"refused: {exc}") from exc
+
+    # ---- pulling ----------------------------------------------------------------------
+
+    def _puller(self, key: Key, roster: list[str]) -> Callable[[str, int], Awaitable[bytes]]:
+        left = roster[(roster.index(self.me) - 1) % len(roster)]
+
+        async def pull(phase: str, rnd: int) -> bytes:
+            if self.before_pull is not None:
+                await self.before_pull(key[0], key[1], phase, rnd)
+            with trio.fail_after(self.cfg.round_timeout):
+                while True:
+                    data = await self._pull_once(left, key, phase, rnd)
+                    if data is not None:
+                        return data
+                    await trio.sleep(self.cfg.poll_interval / 2)
+
+        return pull
+
+    async def _pull_once(self, left: str, key: Key, phase: str, rnd: int) -> bytes | None:
+        msg = DilocoRequest(
+            **self.node.header(),
+            op="chunk",
+            step=key[0],
+            attempt=key[1],
+            phase=phase,
+            round=rnd,
+            layout="",
+            norm=0.0,
+            state="",
+        )
+        try:
+            async with self.node.open_request(left, DILOCO, msg, DilocoChunk) as ex:
+                reply: DilocoChunk = ex.reply
+                if (reply.step, reply.attempt, reply.phase, reply.round) != (*key, phase, rnd):
+                    raise WireError(Reason.MALFORMED, "a chunk for another round")
+                data = await ex.reader.read_frame(reply.size, self.node.cfg.read_timeout)
+        except RemoteRefusal as exc:
+            if exc.reason == Reason.BUSY.value:  # not offered yet: ask again
+                return None
+            raise
+        if len(data) != reply.size or hashlib.sha256(data).digest() != reply.digest:
+            raise WireError(Reason.MALFORMED, "chunk bytes do not match their digest")
+        return data
+
+    # ---- serving ----------------------------------------------------------------------
+
+    async def _handle(self, msg: DilocoRequest, responder: Responder) -> None:
+        if msg.op == "chunk":
+            await self._serve_chunk(msg, responder)
+            return
+        if not self.leading:
+            raise WireError(Reason.NOT_FOUND, "not the group's leader")
+        key = (msg.step, msg.attempt)
+        if msg.op == "leave":
+            self.membership.leave(msg.sender)
+            roster: list[str] | None = self.membership.members
+        else:
+            roster = self._arrive(msg.sender, key, msg.layout, msg.state)
+        await responder.send(
+            DilocoRoster(
+                **self.node.header(),
+                step=msg.step,
+                attempt=msg.attempt,
+                state="ready" if roster is not None else "wait",
+                encoding=self.cfg.encoding,
+                members=list(roster or []),
+            )
+        )
+
+    async def _serve_chunk(self, msg: DilocoRequest, responder: Responder) -> None:
+        key = (msg.step, msg.attempt)
+        attempt = self.attempts.get(key)
+        if attempt is None:
+            raise WireError(Reason.BUSY, "attempt not started here yet")
+        roster = attempt.roster
+        right = roster[(roster.index(self.me) + 1) % len(roster)]
+        if msg.sender != right or msg.phase not in ("rs", "ag"):
+            raise WireError(Reason.NOT_MEMBER, "only our right neighbour in the roster may pull")
+        try:
+            data = await attempt.outbox.take(msg.phase, msg.round, self.node.cfg.read_timeout / 2)
+        except trio.TooSlowError:
+            raise WireError(Reason.BUSY, "not offered yet") from None
+        except Aborted:
+            raise WireError(Reason.ABORTED, "attempt abandoned") from None
+        if len(data) > MAX_CHUNK:
+            raise WireError(Reason.INTERNAL, "chunk too large")
+        await responder.send(
+            DilocoChunk(
+                **self.node.header(),
+                step=msg.step,
+                attempt=msg.attempt,
+                phase=msg.phase,
+                round=msg.round,
+                size=len(data),
+                digest=hashlib.sha256(data).digest(),
+            )
+        )
+        await responder.write(data)
+
+    def status(self) -> dict[str, Any]:
+        m = self.membership
+        return {
+            "leader": self.cfg.leader,
+            "leading": self.leading,
+            "members": list(m.members) if self.leading else None,
+            "evicted": dict(m.evicted),
+            "refused": dict(m.refused),
+            "failed_attempts": self.failures,
+        }

@@ -1,0 +1,125 @@
+"""A DiLoCo member as its own process, for tests: a real node, the tiny model, pretraining.
+
+    python -m tests.helpers.diloco_member --dir D --leader PEER [--bootstrap ADDR] ...
+
+It starts a libp2p node (trainer role, network only), writes its address to ``D/addr``,
+runs ``--outer-steps`` outer steps of ``--inner-steps`` AdamW steps each on its own shard of
+a random byte corpus, and appends one JSON line per outer step to ``D/steps.jsonl``
+(outer step, parameter hash, roster, attempts). ``--pause-at STEP`` makes it write
+``D/paused`` and sleep before its first reduce-scatter pull of that step (so a test can kill
+it during the all-reduce); ``--cheat nan|scale`` makes it send a bad pseudo-gradient.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+from pathlib import Path
+
+import torch
+import trio
+
+from node.config import NodeConfig
+from node.diloco.group import DilocoGroup, GroupConfig, GroupError
+from node.diloco.inner import Corpus, InnerConfig, inner_step, make_optimizer
+from node.diloco.member import Member
+from node.diloco.outer import OuterConfig, OuterState
+from node.keystore import load_or_create_identity
+from node.logs import setup_logging
+from node.net.runtime import Node
+from tests.helpers.tiny_lm import tiny_llama
+
+
+def parse() -> argparse.Namespace:
+    p = argparse.ArgumentParser()
+    p.add_argument("--dir", type=Path, required=True)
+    p.add_argument("--leader", required=True)
+    p.add_argument("--bootstrap", action="append", default=[])
+    p.add_argument("--shard", type=int, default=0)
+    p.add_argument("--min-members", type=int, default=1)
+    p.add_argument("--outer-steps", type=int, default=2)
+    p.add_argument("--inner-steps", type=int, default=2)
+    p.add_argument("--encoding", default="int8")
+    p.add_argument("--outer-lr", type=float, default=0.7)
+    p.add_argument("--outer-momentum", type=float, default=0.9)
+    p.add_argument("--pause-at", type=int, default=-1)
+    p.add_argument("--cheat", default="")
+    p.add_argument("--resync-timeout", type=float, default=4.0)
+    return p.parse_args()
+
+
+def node_config(args: argparse.Namespace) -> NodeConfig:
+    return NodeConfig(
+        role="trainer",
+        run_id="test-run",
+        data_dir=args.dir,
+        listen=["/ip4/127.0.0.1/tcp/0"],
+        bootstrap=args.bootstrap,
+        heartbeat_interval=0.5,
+        peer_ttl=6,
+        discovery_interval=0.5,
+        read_timeout=2,
+        connect_timeout=2,
+        presence_rate=1000,
+        trainer_peer_id=args.leader,
+    )
+
+
+async def main(args: argparse.Namespace) -> None:
+    cfg = node_config(args)
+    node = Node(cfg, load_or_create_identity(args.dir))
+    torch.manual_seed(0)
+    model = tiny_llama(0, layers=1, hidden=32)
+    inner_cfg = InnerConfig(batch=4, seq_len=32)
+    opt = make_optimizer(model, inner_cfg)
+    corpus = Corpus(bytes(torch.randint(0, 256, (4096,)).tolist()), seed=1, shard=args.shard)
+
+    async def before_pull(step: int, attempt: int, phase: str, rnd: int) -> None:
+        if step == args.pause_at and attempt == 0 and (phase, rnd) == ("rs", 0):
+            (args.dir / "paused").write_text("1")
+            await trio.sleep_forever()
+
+    group = DilocoGroup(
+        node,
+        GroupConfig(
+            leader=args.leader,
+            encoding=args.encoding,
+            min_members=args.min_members,
+            sync_timeout=60,
+            resync_timeout=args.resync_timeout,
+            round_timeout=10,
+            step_timeout=120,
+        ),
+        before_pull=before_pull,
+    )
+    outer = OuterState.of(model, OuterConfig(args.outer_lr, args.outer_momentum))
+
+    def inner() -> float:
+        return inner_step(model, opt, corpus.batch(inner_cfg.batch, inner_cfg.seq_len), inner_cfg)
+
+    member = Member(model, outer, group, inner, args.inner_steps)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(node.serve)
+        group.register()
+        (args.dir / "addr").write_text(f"{node.addrs[0]}/p2p/{node.peer_id}")
+        with (args.dir / "steps.jsonl").open("a") as out:
+            try:
+                for _ in range(args.outer_steps):
+                    rec = await member.outer_step()
+                    out.write(json.dumps(rec.__dict__) + "\n")
+                    out.flush()
+            except GroupError as exc:
+                (args.dir / "refused").write_text(str(exc))
+            (args.dir / "status.json").write_text(json.dumps(group.status()))
+        # keep serving a little: a slower neighbour may still pull our last offer
+        await trio.sleep(2)
+        node.request_stop()
+
+
+if __name__ == "__main__":
+    a = parse()
+    setup_logging("INFO", "diloco")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    trio.run(main, a)
