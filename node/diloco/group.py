@@ -140,7 +140,9 @@ class DilocoGroup:
         except Exception as exc:  # leaving is best effort: the heartbeat TTL evicts us anyway
             log.info("leave not delivered: %r", exc)
 
-    async def _sync(self, step: int, attempt: int, state: str, layout: str, norm: float) -> list[str]:
+    async def _sync(
+        self, step: int, attempt: int, state: str, layout: str, norm: float
+    ) -> list[str]:
         while True:
             if self.leading:
                 roster = self._arrive(self.me, (step, attempt), layout, state)
@@ -266,7 +268,8 @@ class DilocoGroup:
         if msg.sender != right or msg.phase not in ("rs", "ag"):
             raise WireError(Reason.NOT_MEMBER, "only our right neighbour in the roster may pull")
         try:
-            data = await attempt.outbox.take(msg.phase, msg.round, self.node.cfg.read_timeout / 2)
+            with trio.fail_after(self.node.cfg.read_timeout / 2):
+                data = await attempt.outbox.take(msg.phase, msg.round)
         except trio.TooSlowError:
             raise WireError(Reason.BUSY, "not offered yet") from None
         except Aborted:

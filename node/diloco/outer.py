@@ -85,7 +85,9 @@ class OuterState:
 
     def pseudo_gradient(self, model: torch.nn.Module) -> torch.Tensor:
         """``Δ = θ − θ_after`` as one flat fp32 vector (the model's parameter order)."""
-        return flat(o - p.detach().float() for o, p in zip(self.params, model.parameters()))
+        return flat(
+            o - p.detach().float() for o, p in zip(self.params, model.parameters(), strict=True)
+        )
 
     def apply(self, model: torch.nn.Module, avg_delta: torch.Tensor, *, alone: bool) -> None:
         """One outer step with the group's averaged pseudo-gradient (flat fp32); sets the
@@ -96,7 +98,7 @@ class OuterState:
         lr, mu = self.cfg.lr, self.cfg.momentum
         offset = 0
         with torch.no_grad():
-            for theta, buf, p in zip(self.params, self.momentum, model.parameters()):
+            for theta, buf, p in zip(self.params, self.momentum, model.parameters(), strict=True):
                 g = avg_delta[offset : offset + theta.numel()].view_as(theta)
                 offset += theta.numel()
                 buf.mul_(mu).add_(g)

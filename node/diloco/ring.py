@@ -76,10 +76,9 @@ class Outbox:
     def aborted(self) -> bool:
         return self._aborted.is_set()
 
-    async def take(self, phase: str, rnd: int, timeout: float) -> bytes:
-        """The bytes offered for (phase, round), waiting up to ``timeout`` s for them."""
-        with trio.fail_after(timeout):
-            await self._event((phase, rnd)).wait()
+    async def take(self, phase: str, rnd: int) -> bytes:
+        """The bytes offered for (phase, round), once offered (the caller bounds the wait)."""
+        await self._event((phase, rnd)).wait()
         if self._aborted.is_set():
             raise Aborted("attempt aborted")
         return self._data[(phase, rnd)]
