@@ -39,6 +39,14 @@ log = logging.getLogger("intellect.diloco")
 BeforePull = Callable[[int, int, str, int], Awaitable[None]]
 
 
+PULL_RETRIES = 3  # transient stream failures tolerated per ring round
+
+
+def _transient(exc: Exception) -> bool:
+    """A stream that ended before the reply (a lost simultaneous dial looks like this)."""
+    return isinstance(exc, WireError) and exc.reason == Reason.TRUNCATED
+
+
 class GroupError(Exception):
     """This member cannot take part in the outer step (refused, or out of time)."""
 
@@ -112,10 +120,10 @@ class DilocoGroup:
                         vec, rank, n, self.cfg.encoding, current.outbox, self._puller(key, roster)
                     )
                     return Reduced(avg, roster, attempt + 1, received)
-                except (Aborted, WireError, RemoteRefusal, StreamError, OSError) as exc:
+                except Exception as exc:  # any failure of any pull fails the attempt
+                    # (py-libp2p raises several unrelated types for a dead peer: StreamEOF,
+                    # StreamFailure, MultiselectClientError, ...)
                     log.warning("all-reduce step=%d attempt=%d failed: %r", step, attempt, exc)
-                except trio.TooSlowError:
-                    log.warning("all-reduce step=%d attempt=%d timed out", step, attempt)
                 current.outbox.abort()
                 self.failures += 1
                 attempt += 1
@@ -198,9 +206,16 @@ class DilocoGroup:
         async def pull(phase: str, rnd: int) -> bytes:
             if self.before_pull is not None:
                 await self.before_pull(key[0], key[1], phase, rnd)
+            errors = 0
             with trio.fail_after(self.cfg.round_timeout):
                 while True:
-                    data = await self._pull_once(left, key, phase, rnd)
+                    try:
+                        data = await self._pull_once(left, key, phase, rnd)
+                    except (RemoteRefusal, WireError) as exc:
+                        if not _transient(exc) or errors >= PULL_RETRIES:
+                            raise
+                        errors += 1  # e.g. a stream lost to a simultaneous dial: once more
+                        data = None
                     if data is not None:
                         return data
                     await trio.sleep(self.cfg.poll_interval / 2)

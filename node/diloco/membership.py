@@ -5,9 +5,10 @@ Members ask for it (``arrive``) once their inner phase is done, and again with
 ``attempt + 1`` when an all-reduce attempt failed. A roster is formed when every member of
 the previous roster that is still alive has arrived, or when the wait runs out
 (``sync_timeout`` for a new step: a member that died during its inner steps is evicted;
-``resync_timeout`` for a retry: a member that died during the all-reduce is evicted). Peers
+``resync_timeout`` for a retry: a member that died during the all-reduce is evicted), both
+counted from the leader's own arrival. Peers
 that arrive for a step without being members are *joiners*: admitted at that boundary
-(after the known members, in order of arrival). The first roster waits for ``min_members``.
+(after the known members, in order of arrival). The first roster waits (without a deadline) for ``min_members``.
 No roster is formed without the leader, and each arrival names the hash of the outer
 parameters it starts the step from: only peers whose hash is the leader's are put in the
 roster (the others are refused as ``diverged``). So a member that missed a step's result
@@ -52,13 +53,13 @@ class Membership:
         """``peer`` is ready for ``key``: the roster if it is formed (``None``: ask again)."""
         if self.admit is not None and peer != self.leader and peer not in self.admit:
             self._refuse("not_admitted")
+        if key < self.current:  # the group has moved on to a later step or attempt
+            self._refuse("stale")
         if key in self.rosters:
             roster = self.rosters[key]
             if peer not in roster:
                 self._refuse("diverged" if peer in self.arrived else "late")
             return roster
-        if key < self.current:
-            self._refuse("stale")
         if layout and self.layout and layout != self.layout:
             self._refuse("layout")
         if key > self.current:
@@ -81,15 +82,15 @@ class Membership:
         step, attempt = self.current
         if self.leader not in self.arrived:
             return None
-        waited = now - min(t for t, _ in self.arrived.values())
+        waited = now - self.arrived[self.leader][0]  # from when the leader is ready
         expected = [m for m in self.members if m in alive or m == self.leader]
-        if not self.rosters:  # the very first roster: wait for enough members
-            done = len(self.arrived) >= self.min_members
-        else:
-            done = all(m in self.arrived for m in expected)
-        limit = self.sync_timeout if attempt == 0 else self.resync_timeout
-        if not done and waited < limit:
-            return None
+        if not self.rosters:  # the very first roster: wait (for ever) for enough members
+            if len(self.arrived) < self.min_members:
+                return None
+        elif not all(m in self.arrived for m in expected):
+            limit = self.sync_timeout if attempt == 0 else self.resync_timeout
+            if waited < limit:
+                return None
         state = self.arrived[self.leader][1]
         agree = {p: t for p, (t, s) in self.arrived.items() if s == state}
         known = [m for m in self.members if m in agree]

@@ -77,8 +77,10 @@ class Outbox:
         return self._aborted.is_set()
 
     async def take(self, phase: str, rnd: int) -> bytes:
-        """The bytes offered for (phase, round), once offered (the caller bounds the wait)."""
-        await self._event((phase, rnd)).wait()
+        """The bytes offered for (phase, round), once offered (the caller bounds the wait);
+        ``Aborted`` at once if the attempt is abandoned, before or while waiting."""
+        if not self._aborted.is_set():
+            await self._event((phase, rnd)).wait()
         if self._aborted.is_set():
             raise Aborted("attempt aborted")
         return self._data[(phase, rnd)]

@@ -7,13 +7,16 @@ runs ``--outer-steps`` outer steps of ``--inner-steps`` AdamW steps each on its 
 a random byte corpus, and appends one JSON line per outer step to ``D/steps.jsonl``
 (outer step, parameter hash, roster, attempts). ``--pause-at STEP`` makes it write
 ``D/paused`` and sleep before its first reduce-scatter pull of that step (so a test can kill
-it during the all-reduce); ``--cheat nan|scale`` makes it send a bad pseudo-gradient.
+it during the all-reduce). ``--admit A,B`` (leader): admit only these peers.
+``--outsider``: not a member; it tries to pull the leader's first ring chunk and to sync
+with the leader, and writes the refusal reasons it got to ``D/outsider.json``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import signal
 import sys
 from pathlib import Path
@@ -28,7 +31,9 @@ from node.diloco.member import Member
 from node.diloco.outer import OuterConfig, OuterState
 from node.keystore import load_or_create_identity
 from node.logs import setup_logging
+from node.net.requests import RemoteRefusal
 from node.net.runtime import Node
+from protocol.diloco import DILOCO, DilocoChunk, DilocoRequest, DilocoRoster
 from tests.helpers.tiny_lm import tiny_llama
 
 
@@ -45,7 +50,8 @@ def parse() -> argparse.Namespace:
     p.add_argument("--outer-lr", type=float, default=0.7)
     p.add_argument("--outer-momentum", type=float, default=0.9)
     p.add_argument("--pause-at", type=int, default=-1)
-    p.add_argument("--cheat", default="")
+    p.add_argument("--admit", default="")
+    p.add_argument("--outsider", action="store_true")
     p.add_argument("--resync-timeout", type=float, default=4.0)
     return p.parse_args()
 
@@ -90,7 +96,8 @@ async def main(args: argparse.Namespace) -> None:
             sync_timeout=60,
             resync_timeout=args.resync_timeout,
             round_timeout=10,
-            step_timeout=120,
+            step_timeout=300,
+            admit=frozenset(args.admit.split(",")) if args.admit else None,
         ),
         before_pull=before_pull,
     )
@@ -104,6 +111,10 @@ async def main(args: argparse.Namespace) -> None:
         await nursery.start(node.serve)
         group.register()
         (args.dir / "addr").write_text(f"{node.addrs[0]}/p2p/{node.peer_id}")
+        if args.outsider:
+            await outsider(node, args)
+            node.request_stop()
+            return
         with (args.dir / "steps.jsonl").open("a") as out:
             try:
                 for _ in range(args.outer_steps):
@@ -116,6 +127,38 @@ async def main(args: argparse.Namespace) -> None:
         # keep serving a little: a slower neighbour may still pull our last offer
         await trio.sleep(2)
         node.request_stop()
+
+
+log = logging.getLogger("intellect.diloco")
+
+
+def request(node: Node, op: str, phase: str = "") -> DilocoRequest:
+    fields = dict(step=0, attempt=0, phase=phase, round=0, layout="", norm=0.0, state="")
+    return DilocoRequest(**node.header(), op=op, **fields)
+
+
+async def outsider(node: Node, args: argparse.Namespace) -> None:
+    """Try to take part without being admitted; record how the leader answered."""
+    got: dict[str, str] = {}
+    with trio.move_on_after(90):
+        while "chunk" not in got:
+            try:
+                async with node.open_request(
+                    args.leader, DILOCO, request(node, "chunk", "rs"), DilocoChunk
+                ):
+                    got["chunk"] = "served"
+            except RemoteRefusal as exc:
+                if exc.reason != "busy":  # busy: the leader's first attempt has not begun
+                    got["chunk"] = exc.reason
+            except Exception as exc:  # not connected yet, slow dial: try again
+                log.info("outsider: pull failed: %r", exc)
+            await trio.sleep(0.2)
+        try:
+            await node.request(args.leader, DILOCO, request(node, "sync"), DilocoRoster)
+            got["sync"] = "admitted"
+        except RemoteRefusal as exc:
+            got["sync"] = exc.reason
+    (args.dir / "outsider.json").write_text(json.dumps(got))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,86 @@
+"""DiLoCo groups as real processes on 127.0.0.1 (``tests/helpers/diloco_member.py``).
+
+One cluster, to keep the suite's cost down: a leader and two members train the tiny model;
+after outer steps 1 and 2 all three hold bitwise-identical parameters (hash); during step 3's
+all-reduce one member is killed with SIGKILL and the other two complete the step without it
+(a retry with the survivors), again identical. An outsider that the leader did not admit is
+refused both a ring chunk and a place in the roster.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from node.keystore import load_or_create_identity
+from tests.helpers.net import wait_until
+
+OUTER_STEPS = 3
+KILL_AT = 2  # the outer step (counted from 0) during whose all-reduce a member dies
+
+
+def spawn(d: Path, leader: str, *extra: str) -> subprocess.Popen[bytes]:
+    d.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "tests.helpers.diloco_member", "--dir", str(d)]
+    cmd += ["--leader", leader, *extra]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    with (d / "log").open("wb") as log:  # the child keeps its own descriptor
+        return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+
+
+def steps(d: Path) -> list[dict]:
+    path = d / "steps.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def test_three_members_stay_identical_and_survive_a_kill(tmp_path):
+    dirs = [tmp_path / f"m{i}" for i in range(4)]
+    for d in dirs:
+        d.mkdir()
+    ids = [load_or_create_identity(d).peer_id for d in dirs]
+    leader = ids[0]
+    common = ["--min-members", "3", "--outer-steps", str(OUTER_STEPS), "--inner-steps", "2"]
+    procs = []
+    try:
+        procs.append(spawn(dirs[0], leader, *common, "--admit", f"{ids[1]},{ids[2]}"))
+        addr = wait_until(lambda: (dirs[0] / "addr").exists(), 90, "the leader's address")
+        addr = (dirs[0] / "addr").read_text()
+        boot = ["--bootstrap", addr]
+        procs.append(spawn(dirs[1], leader, *common, *boot, "--shard", "1"))
+        procs.append(
+            spawn(dirs[2], leader, *common, *boot, "--shard", "2", "--pause-at", str(KILL_AT))
+        )
+        procs.append(spawn(dirs[3], leader, *boot, "--outsider"))
+        wait_until(lambda: (dirs[2] / "paused").exists(), 150, "member 2 inside the all-reduce")
+        procs[2].send_signal(signal.SIGKILL)
+        started = time.monotonic()
+        for p in (procs[0], procs[1], procs[3]):
+            p.wait(timeout=120)
+        assert time.monotonic() - started < 110  # no hang: the survivors finished the step
+        logs = {d.name: (d / "log").read_text()[-3000:] for d in dirs}
+        a, b, killed = steps(dirs[0]), steps(dirs[1]), steps(dirs[2])
+        assert len(a) == len(b) == OUTER_STEPS, logs
+        assert len(killed) == KILL_AT
+        for i in range(KILL_AT):  # three members, bitwise identical after every outer step
+            assert a[i]["hash"] == b[i]["hash"] == killed[i]["hash"]
+            assert sorted(a[i]["members"]) == sorted(ids[:3])
+        last_a, last_b = a[KILL_AT], b[KILL_AT]
+        assert last_a["hash"] == last_b["hash"]
+        assert last_a["members"] == last_b["members"] == ids[:2]  # the dead member evicted
+        assert last_a["attempts"] >= 2  # the first attempt failed, a retry completed
+        assert len({r["hash"] for r in a}) == OUTER_STEPS  # training moved the parameters
+        refused = json.loads((dirs[3] / "outsider.json").read_text())
+        assert refused == {"chunk": "not_member", "sync": "not_member"}, logs["m3"]
+        status = json.loads((dirs[0] / "status.json").read_text())
+        assert status["refused"].get("not_admitted", 0) >= 1
+        assert status["evicted"].get(ids[2], 0) >= 1
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
