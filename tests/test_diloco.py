@@ -16,6 +16,7 @@ from node.diloco import quant, ring
 from node.diloco.inner import Corpus, InnerConfig, inner_step, make_optimizer
 from node.diloco.membership import Membership, Refused
 from node.diloco.outer import OuterConfig, OuterState, params_hash
+from node.diloco.state import StateError, load_state, pack_state, save_checkpoint
 from protocol.errors import WireError
 from tests.helpers.tiny_lm import tiny_llama
 
@@ -173,7 +174,7 @@ async def test_ring_refuses_a_bad_chunk():
 
     with pytest.raises(ExceptionGroup) as info:
         await _ring(vecs, "fp32", tamper)
-    assert info.group_contains(WireError, match="must be")
+    assert info.group_contains(ring.BadChunk, match="must be")
 
 
 def test_ring_bounds_cover_everything():
@@ -222,6 +223,8 @@ def test_a_retry_holds_the_survivors_and_joiners_come_in_at_a_boundary():
     assert m.poll(8.5, {L, A, B}) == [L, A]
     with pytest.raises(Refused, match="stale"):
         m.arrive(B, (0, 0), 9.0, {L, A, B})
+    assert m.resolve((0, 0)) == (0, 1)  # a slow asker is answered with the current attempt
+    assert m.resolve((1, 0)) == (1, 0)
     assert m.arrive(C, (1, 0), 20.0, {L, A, C}) is None  # a joiner
     assert m.arrive(A, (1, 0), 21.0, {L, A, C}) is None
     assert m.arrive(L, (1, 0), 22.0, {L, A, C}) == [L, A, C]
@@ -247,3 +250,119 @@ def test_layout_mismatch_is_refused():
     m2 = copy.deepcopy(m)
     with pytest.raises(Refused, match="layout"):
         m2.arrive(A, (1, 0), 1.0, {L, A}, layout="bb")
+
+
+# ---- state: checkpoints and recovery ---------------------------------------------------
+
+
+def _outer_steps(model, opt, corpus, cfg, outer, k, h=2):
+    for _ in range(k):
+        for _ in range(h):
+            inner_step(model, opt, corpus.batch(cfg.batch, cfg.seq_len), cfg)
+        outer.apply(model, outer.pseudo_gradient(model), alone=True)
+
+
+def test_a_checkpoint_resumes_exactly_where_training_stopped(tmp_path):
+    model, opt, corpus, cfg = _trainer()
+    outer = OuterState.of(model)  # lr 0.7, Nesterov 0.9: momentum matters
+    _outer_steps(model, opt, corpus, cfg, outer, 3)
+
+    model2, opt2, corpus2, _ = _trainer()
+    outer2 = OuterState.of(model2)
+    _outer_steps(model2, opt2, corpus2, cfg, outer2, 2)
+    save_checkpoint(
+        tmp_path / "state.safetensors", pack_state(model2, outer2, opt2, corpus2.position)
+    )
+    del model2, opt2, corpus2, outer2  # the whole group stops
+
+    model3, opt3, corpus3, _ = _trainer(seed=5)  # a fresh process: other weights, no state
+    outer3 = OuterState.of(model3)
+    data = (tmp_path / "state.safetensors").read_bytes()
+    corpus3.position = load_state(data, model3, outer3, opt3)
+    assert outer3.step == 2 and corpus3.position == 4
+    assert pack_state(model3, outer3, opt3, corpus3.position) == data  # every part taken over
+    _outer_steps(model3, opt3, corpus3, cfg, outer3, 1)
+    assert params_hash(model3.parameters()) == params_hash(model.parameters())
+    assert pack_state(model3, outer3, opt3, corpus3.position) == pack_state(
+        model, outer, opt, corpus.position
+    )
+
+
+def test_state_that_does_not_fit_is_refused():
+    model, opt, corpus, cfg = _trainer()
+    outer = OuterState.of(model)
+    _outer_steps(model, opt, corpus, cfg, outer, 1)
+    other = tiny_llama(0, layers=1, hidden=48)
+    o_outer = OuterState.of(other)
+    o_opt = make_optimizer(other, cfg)
+    before = params_hash(other.parameters())
+    with pytest.raises(StateError, match="outer.0"):
+        load_state(pack_state(model, outer, opt, 1), other, o_outer, o_opt)
+    with pytest.raises(StateError, match="safetensors"):
+        load_state(b"\x00" * 64, other, o_outer, o_opt)
+    outer.params[0][0] = float("nan")
+    with pytest.raises(StateError, match="non-finite"):
+        load_state(pack_state(model, outer, opt, 1), model, OuterState.of(model), opt)
+    assert params_hash(other.parameters()) == before  # nothing changed on a refusal
+
+
+# ---- pseudo-gradients out of range ------------------------------------------------------
+
+
+async def test_ring_refuses_a_chunk_above_the_declared_norms():
+    gen = torch.Generator().manual_seed(7)
+    vecs = [torch.randn(300, generator=gen) for _ in range(3)]
+    norms = [float(v.norm()) for v in vecs]
+    out = await _ring_limited(vecs, norms)  # honest: every chunk within the bounds
+    assert out[0][0].view(torch.int32).equal(out[2][0].view(torch.int32))
+    vecs[1] = vecs[1] * 1000  # member 1 cheats, declaring its true norm
+    with pytest.raises(ExceptionGroup) as info:
+        await _ring_limited(vecs, norms)
+    assert info.group_contains(ring.BadChunk, match="above the declared")
+
+
+async def _ring_limited(vecs, norms):
+    n = len(vecs)
+    boxes = [ring.Outbox() for _ in range(n)]
+    out = [None] * n
+
+    async def member(i):
+        async def pull(phase, rnd):
+            return await boxes[(i - 1) % n].take(phase, rnd)
+
+        limit = ring.norm_limits(norms, i)
+        out[i] = await ring.all_reduce(vecs[i], i, n, "int8", boxes[i], pull, limit)
+
+    async with trio.open_nursery() as nursery:
+        for i in range(n):
+            nursery.start_soon(member, i)
+    return out
+
+
+def test_a_norm_far_above_the_others_is_refused_for_the_step():
+    m = Membership(L, min_members=4)
+    alive = {L, A, B, C}
+    for p, norm in ((A, 1.0), (B, 1.2), (C, 50.0)):
+        m.arrive(p, (0, 0), 0.0, alive, norm=norm)
+    assert m.arrive(L, (0, 0), 0.0, alive, norm=0.9) == [L, A, B]
+    assert m.norms[(0, 0)] == [0.9, 1.0, 1.2]
+    assert m.rejected["norm"] == 1
+    with pytest.raises(Refused, match="cheated"):
+        m.arrive(C, (0, 1), 1.0, alive, norm=1.0)
+
+
+def test_a_blamed_member_is_refused_for_the_rest_of_the_step():
+    m = Membership(L, min_members=4, resync_timeout=5)
+    alive = {L, A, B, C}
+    for p in (A, B, C, L):
+        m.arrive(p, (0, 0), 0.0, alive, norm=1.0)
+    m.blame(C, B, 0)  # B got a bad chunk from C
+    m.blame(C, A, 0)  # counted once
+    m.blame(L, A, 0)  # the leader is never refused
+    m.blame(B, "outsider", 0)  # only members may blame
+    assert m.rejected["chunk"] == 1
+    assert m.arrive(A, (0, 1), 1.0, alive, norm=1.0) is None
+    assert m.arrive(B, (0, 1), 1.0, alive, norm=1.0) is None
+    assert m.arrive(L, (0, 1), 1.0, alive, norm=1.0) == [L, A, B]  # not waiting for C
+    with pytest.raises(Refused, match="cheated"):
+        m.arrive(C, (0, 1), 2.0, alive, norm=1.0)

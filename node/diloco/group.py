@@ -24,13 +24,19 @@ from typing import Any
 
 import torch
 import trio
-from libp2p.network.stream.exceptions import StreamError
 
+from node.diloco import recovery
 from node.diloco.membership import Key, Membership, Refused
-from node.diloco.ring import Aborted, Outbox, all_reduce
+from node.diloco.ring import Aborted, BadChunk, Outbox, all_reduce, norm_limits
 from node.net.requests import RemoteRefusal, Responder
 from node.net.runtime import Node
-from protocol.diloco import DILOCO, MAX_CHUNK, DilocoChunk, DilocoRequest, DilocoRoster
+from protocol.diloco import (
+    DILOCO,
+    MAX_CHUNK,
+    DilocoChunk,
+    DilocoRequest,
+    DilocoRoster,
+)
 from protocol.errors import Reason, WireError
 
 log = logging.getLogger("intellect.diloco")
@@ -43,8 +49,11 @@ PULL_RETRIES = 3  # transient stream failures tolerated per ring round
 
 
 def _transient(exc: Exception) -> bool:
-    """A stream that ended before the reply (a lost simultaneous dial looks like this)."""
-    return isinstance(exc, WireError) and exc.reason == Reason.TRUNCATED
+    """A stream that failed or ended before the reply (a lost simultaneous dial, a slow
+    peer): worth one more try. A refusal or a bad reply is not."""
+    if isinstance(exc, WireError):
+        return exc.reason in (Reason.TRUNCATED, Reason.TIMEOUT)
+    return not isinstance(exc, (RemoteRefusal, BadChunk))
 
 
 class GroupError(Exception):
@@ -68,6 +77,7 @@ class GroupConfig:
 class Attempt:
     roster: list[str]
     outbox: Outbox
+    norms: list[float]
 
 
 @dataclass
@@ -94,6 +104,7 @@ class DilocoGroup:
         )
         self.attempts: dict[Key, Attempt] = {}
         self.failures = 0  # attempts we abandoned
+        self.snapshot: tuple[int, bytes] | None = None  # (outer step, state) we serve joiners
 
     def register(self) -> None:
         self.node.serve_requests(
@@ -102,24 +113,36 @@ class DilocoGroup:
 
     # ---- one outer step ---------------------------------------------------------------
 
-    async def all_reduce(self, step: int, vec: torch.Tensor, state: str, layout: str) -> Reduced:
+    async def all_reduce(
+        self, step: int, vec: torch.Tensor, state: str, layout: str, norm: float | None = None
+    ) -> Reduced:
         """The group's average of ``vec`` for outer ``step``; ``state``: the hash of the outer
-        parameters we start from (the leader admits only those that match its own)."""
-        norm = float(vec.norm())
-        attempt = 0
+        parameters we start from (the leader admits only those that match its own);
+        ``norm``: the L2 norm we declare (``vec``'s own; tests declare another)."""
+        norm = float(vec.norm()) if norm is None else norm
+        attempt, blame = 0, ""
         with trio.fail_after(self.cfg.step_timeout):
             while True:
-                roster = await self._sync(step, attempt, state, layout, norm)
+                roster, norms, attempt = await self._sync(step, attempt, state, layout, norm, blame)
                 key = (step, attempt)
-                current = self.attempts[key] = Attempt(roster, Outbox())
+                current = self.attempts[key] = Attempt(roster, Outbox(), norms)
                 for old in [k for k in self.attempts if k[0] < step - 1]:
                     del self.attempts[old]
                 rank, n = roster.index(self.me), len(roster)
                 try:
                     avg, received = await all_reduce(
-                        vec, rank, n, self.cfg.encoding, current.outbox, self._puller(key, roster)
+                        vec,
+                        rank,
+                        n,
+                        self.cfg.encoding,
+                        current.outbox,
+                        self._puller(key, roster),
+                        norm_limits(norms, rank),
                     )
                     return Reduced(avg, roster, attempt + 1, received)
+                except BadChunk as exc:
+                    blame = roster[(rank - 1) % n]
+                    log.warning("step=%d: bad chunk from %s: %s", step, blame[-8:], exc)
                 except Exception as exc:  # any failure of any pull fails the attempt
                     # (py-libp2p raises several unrelated types for a dead peer: StreamEOF,
                     # StreamFailure, MultiselectClientError, ...)
@@ -132,28 +155,24 @@ class DilocoGroup:
         """Leave the group now (the leader drops us from the next roster at once)."""
         if self.leading:
             return
-        msg = DilocoRequest(
-            **self.node.header(),
-            op="leave",
-            step=0,
-            attempt=0,
-            phase="",
-            round=0,
-            layout="",
-            norm=0.0,
-            state="",
-        )
+        msg = recovery.request(self.node, "leave")
         try:
             await self.node.request(self.cfg.leader, DILOCO, msg, DilocoRoster)
         except Exception as exc:  # leaving is best effort: the heartbeat TTL evicts us anyway
             log.info("leave not delivered: %r", exc)
 
     async def _sync(
-        self, step: int, attempt: int, state: str, layout: str, norm: float
-    ) -> list[str]:
+        self, step: int, attempt: int, state: str, layout: str, norm: float, blame: str
+    ) -> tuple[list[str], list[float], int]:
+        """The roster, its norms, and the attempt they are for: a later attempt of the step
+        than we asked for if the group abandoned ours before we got its roster."""
         while True:
             if self.leading:
-                roster = self._arrive(self.me, (step, attempt), layout, state)
+                if blame:
+                    self.membership.blame(blame, self.me, step)
+                attempt = self.membership.resolve((step, attempt))[1]
+                roster = self._arrive(self.me, (step, attempt), layout, state, norm)
+                norms = self.membership.norms.get((step, attempt), [])
             else:
                 msg = DilocoRequest(
                     **self.node.header(),
@@ -165,38 +184,58 @@ class DilocoGroup:
                     layout=layout,
                     norm=norm,
                     state=state,
+                    blame=blame,
                 )
                 try:
                     reply = await self.node.request(self.cfg.leader, DILOCO, msg, DilocoRoster)
                 except RemoteRefusal as exc:
                     raise GroupError(f"the leader refused us: {exc}") from exc
-                except (WireError, StreamError, OSError, trio.TooSlowError) as exc:
+                except Exception as exc:  # a slow or lost stream (py-libp2p raises many types)
                     log.info("sync with the leader failed (retrying): %r", exc)
                     reply = None
                 roster = self._checked(reply, step, attempt)
+                norms = list(reply.norms) if reply is not None else []
+                if reply is not None:
+                    attempt = max(attempt, int(reply.attempt))
             if roster is not None:
-                return roster
+                return roster, norms, attempt
             await trio.sleep(self.cfg.poll_interval)
 
     def _checked(self, reply: DilocoRoster | None, step: int, attempt: int) -> list[str] | None:
         if reply is None or reply.state != "ready":
             return None
-        if reply.sender != self.cfg.leader or (reply.step, reply.attempt) != (step, attempt):
+        if reply.sender != self.cfg.leader or reply.step != step or reply.attempt < attempt:
             raise GroupError("a roster not from the leader or not for this attempt")
         if self.me not in reply.members or len(set(reply.members)) != len(reply.members):
             raise GroupError("a roster without us (or with a peer twice)")
+        if len(reply.norms) != len(reply.members):
+            raise GroupError("a roster without a norm for each member")
         if reply.encoding != self.cfg.encoding:
             raise GroupError(f"the group sends {reply.encoding}, we were set up for another")
         return list(reply.members)
 
-    def _arrive(self, peer: str, key: Key, layout: str, state: str) -> list[str] | None:
+    def _arrive(
+        self, peer: str, key: Key, layout: str, state: str, norm: float
+    ) -> list[str] | None:
         alive = set(self.node.known_peers()) | {self.me}
+        now = trio.current_time()
         try:
-            return self.membership.arrive(peer, key, trio.current_time(), alive, layout, state)
+            return self.membership.arrive(peer, key, now, alive, layout, state, norm)
         except Refused as exc:
             if peer == self.me:
                 raise GroupError(f"the leader's own roster refused it: {exc}") from exc
             raise WireError(Reason.NOT_MEMBER, f"refused: {exc}") from exc
+
+    # ---- joining (node.diloco.recovery) ------------------------------------------------
+
+    async def announce_join(self, at_least: int = 0) -> int:
+        """Ask the leader to expect us; the outer step whose state we must recover."""
+        return await recovery.announce_join(self.node, self.cfg.leader, at_least)
+
+    async def fetch_state(self, donor: str, step: int) -> bytes | None:
+        """The state of ``donor`` at the start of ``step`` (``None``: it moved past it)."""
+        with trio.fail_after(self.cfg.step_timeout):
+            return await recovery.fetch_state(self.node, donor, step)
 
     # ---- pulling ----------------------------------------------------------------------
 
@@ -211,7 +250,7 @@ class DilocoGroup:
                 while True:
                     try:
                         data = await self._pull_once(left, key, phase, rnd)
-                    except (RemoteRefusal, WireError) as exc:
+                    except Exception as exc:
                         if not _transient(exc) or errors >= PULL_RETRIES:
                             raise
                         errors += 1  # e.g. a stream lost to a simultaneous dial: once more
@@ -233,6 +272,7 @@ class DilocoGroup:
             layout="",
             norm=0.0,
             state="",
+            blame="",
         )
         try:
             async with self.node.open_request(left, DILOCO, msg, DilocoChunk) as ex:
@@ -254,22 +294,46 @@ class DilocoGroup:
         if msg.op == "chunk":
             await self._serve_chunk(msg, responder)
             return
+        if msg.op == "state":
+            await recovery.serve_state(self.node, self.snapshot, msg, responder)
+            return
         if not self.leading:
             raise WireError(Reason.NOT_FOUND, "not the group's leader")
         key = (msg.step, msg.attempt)
+        if msg.op == "join":
+            try:
+                at = self.membership.expect(msg.sender, msg.step)
+            except Refused as exc:
+                raise WireError(Reason.NOT_MEMBER, f"refused: {exc}") from exc
+            await responder.send(
+                DilocoRoster(
+                    **self.node.header(),
+                    step=msg.step if at is None else at,
+                    attempt=0,
+                    state="wait" if at is None else "ready",
+                    encoding=self.cfg.encoding,
+                    members=list(self.membership.members),
+                    norms=[],
+                )
+            )
+            return
         if msg.op == "leave":
             self.membership.leave(msg.sender)
             roster: list[str] | None = self.membership.members
         else:
-            roster = self._arrive(msg.sender, key, msg.layout, msg.state)
+            if msg.blame:
+                self.membership.blame(msg.blame, msg.sender, msg.step)
+            key = self.membership.resolve(key)
+            roster = self._arrive(msg.sender, key, msg.layout, msg.state, msg.norm)
         await responder.send(
             DilocoRoster(
                 **self.node.header(),
                 step=msg.step,
-                attempt=msg.attempt,
+                attempt=key[1],
                 state="ready" if roster is not None else "wait",
                 encoding=self.cfg.encoding,
                 members=list(roster or []),
+                norms=self.membership.norms.get(key, []) if roster is not None else [],
             )
         )
 
@@ -312,5 +376,6 @@ class DilocoGroup:
             "members": list(m.members) if self.leading else None,
             "evicted": dict(m.evicted),
             "refused": dict(m.refused),
+            "rejected": dict(m.rejected),
             "failed_attempts": self.failures,
         }

@@ -26,6 +26,7 @@ import torch
 import trio
 
 from node.diloco import quant
+from protocol.errors import WireError
 
 # pull(phase, round) -> the bytes the left neighbour offers for that (phase, round)
 Pull = Callable[[str, int], Awaitable[bytes]]
@@ -34,6 +35,31 @@ PHASES = ("rs", "ag")
 
 class Aborted(Exception):
     """This all-reduce attempt was abandoned (by us or by the group)."""
+
+
+class BadChunk(Exception):
+    """The left neighbour sent a chunk that does not decode or breaks the declared norms."""
+
+
+def norm_limits(norms: list[float], rank: int) -> Callable[[str, int], float]:
+    """The largest L2 norm a chunk member ``rank`` receives may have, by (phase, round).
+
+    ``norms``: the declared pseudo-gradient norms of the roster, in ring order. In
+    reduce-scatter round ``r`` the chunk holds the sum of the contributions of members
+    ``rank − 1 … rank − 1 − r`` (a chunk of a vector is no longer than the vector, and
+    the int8 bucket means never lengthen a vector: each is the mean of its values); in the
+    all-gather it is the average of all. A little slack covers rounding.
+    """
+    n = len(norms)
+
+    def limit(phase: str, rnd: int) -> float:
+        if phase == "rs":
+            total = sum(norms[(rank - 1 - k) % n] for k in range(rnd + 1))
+        else:
+            total = sum(norms) / n
+        return total * (1 + 1e-3) + 1e-6
+
+    return limit
 
 
 def bounds(numel: int, n: int) -> list[tuple[int, int]]:
@@ -86,14 +112,32 @@ class Outbox:
         return self._data[(phase, rnd)]
 
 
+def _received(data: bytes, encoding: str, n: int, most: float) -> torch.Tensor:
+    try:
+        out = quant.decode(data, encoding, n)
+    except WireError as exc:
+        raise BadChunk(str(exc)) from exc
+    if float(out.norm()) > most:
+        raise BadChunk(f"chunk norm {float(out.norm()):.4g} above the declared {most:.4g}")
+    return out
+
+
 async def all_reduce(
-    vec: torch.Tensor, rank: int, n: int, encoding: str, outbox: Outbox, pull: Pull
+    vec: torch.Tensor,
+    rank: int,
+    n: int,
+    encoding: str,
+    outbox: Outbox,
+    pull: Pull,
+    limit: Callable[[str, int], float] | None = None,
 ) -> tuple[torch.Tensor, int]:
     """The average over the ring of flat fp32 ``vec``; and the payload bytes we received.
 
     ``pull`` raises on any failure (the caller then abandons the attempt); a chunk that does
-    not decode (wrong size, non-finite) raises ``WireError`` from ``quant.decode``.
+    not decode (wrong size, non-finite) or is longer than ``limit(phase, round)`` raises
+    ``BadChunk``: the left neighbour sent it.
     """
+    most = limit or (lambda _phase, _rnd: float("inf"))
     if n == 1:
         return vec.detach().float().clone(), 0
     spans = bounds(vec.numel(), n)
@@ -105,7 +149,7 @@ async def all_reduce(
         lo, hi = spans[chunk_of("rs", (rank - 1) % n, r, n)]
         data = await pull("rs", r)
         received += len(data)
-        acc[lo:hi] += quant.decode(data, encoding, hi - lo)
+        acc[lo:hi] += _received(data, encoding, hi - lo, most("rs", r))
     out = torch.empty_like(acc)
     own = (rank + 1) % n
     lo, hi = spans[own]
@@ -116,5 +160,5 @@ async def all_reduce(
         lo, hi = spans[chunk_of("ag", (rank - 1) % n, r, n)]
         held = await pull("ag", r)
         received += len(held)
-        out[lo:hi] = quant.decode(held, encoding, hi - lo)
+        out[lo:hi] = _received(held, encoding, hi - lo, most("ag", r))
     return out, received

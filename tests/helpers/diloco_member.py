@@ -8,7 +8,9 @@ a random byte corpus, and appends one JSON line per outer step to ``D/steps.json
 (outer step, parameter hash, roster, attempts). ``--pause-at STEP`` makes it write
 ``D/paused`` and sleep before its first reduce-scatter pull of that step (so a test can kill
 it during the all-reduce). ``--admit A,B`` (leader): admit only these peers.
-``--outsider``: not a member; it tries to pull the leader's first ring chunk and to sync
+``--join-at K``: join the running group at outer step K or later, recovering its state from
+the leader (written to ``D/recovered.json``). ``--cheat-at K``: at outer step K send its pseudo-gradient × 1000 while declaring its true
+norm. ``--outsider``: not a member; it tries to pull the leader's first ring chunk and to sync
 with the leader, and writes the refusal reasons it got to ``D/outsider.json``.
 """
 
@@ -52,7 +54,9 @@ def parse() -> argparse.Namespace:
     p.add_argument("--pause-at", type=int, default=-1)
     p.add_argument("--admit", default="")
     p.add_argument("--outsider", action="store_true")
-    p.add_argument("--resync-timeout", type=float, default=4.0)
+    p.add_argument("--join-at", type=int, default=-1)
+    p.add_argument("--cheat-at", type=int, default=-1)
+    p.add_argument("--resync-timeout", type=float, default=10.0)
     return p.parse_args()
 
 
@@ -66,8 +70,8 @@ def node_config(args: argparse.Namespace) -> NodeConfig:
         heartbeat_interval=0.5,
         peer_ttl=6,
         discovery_interval=0.5,
-        read_timeout=2,
-        connect_timeout=2,
+        read_timeout=5,
+        connect_timeout=5,
         presence_rate=1000,
         trainer_peer_id=args.leader,
     )
@@ -87,7 +91,7 @@ async def main(args: argparse.Namespace) -> None:
             (args.dir / "paused").write_text("1")
             await trio.sleep_forever()
 
-    group = DilocoGroup(
+    group = (Cheater if args.cheat_at >= 0 else DilocoGroup)(
         node,
         GroupConfig(
             leader=args.leader,
@@ -101,12 +105,13 @@ async def main(args: argparse.Namespace) -> None:
         ),
         before_pull=before_pull,
     )
+    group.cheat_at = args.cheat_at  # type: ignore[attr-defined]
     outer = OuterState.of(model, OuterConfig(args.outer_lr, args.outer_momentum))
 
     def inner() -> float:
         return inner_step(model, opt, corpus.batch(inner_cfg.batch, inner_cfg.seq_len), inner_cfg)
 
-    member = Member(model, outer, group, inner, args.inner_steps)
+    member = Member(model, outer, group, inner, opt, corpus, args.inner_steps)
     async with trio.open_nursery() as nursery:
         await nursery.start(node.serve)
         group.register()
@@ -117,7 +122,11 @@ async def main(args: argparse.Namespace) -> None:
             return
         with (args.dir / "steps.jsonl").open("a") as out:
             try:
-                for _ in range(args.outer_steps):
+                if args.join_at >= 0:
+                    step, digest = await member.join(args.join_at)
+                    recovered = {"step": step, "state": digest, "position": corpus.position}
+                    (args.dir / "recovered.json").write_text(json.dumps(recovered))
+                while member.outer.step < args.outer_steps:
                     rec = await member.outer_step()
                     out.write(json.dumps(rec.__dict__) + "\n")
                     out.flush()
@@ -132,8 +141,17 @@ async def main(args: argparse.Namespace) -> None:
 log = logging.getLogger("intellect.diloco")
 
 
+class Cheater(DilocoGroup):
+    cheat_at = -1
+
+    async def all_reduce(self, step, vec, state, layout, norm=None):  # type: ignore[no-untyped-def]
+        if step == self.cheat_at:
+            return await super().all_reduce(step, vec * 1000, state, layout, float(vec.norm()))
+        return await super().all_reduce(step, vec, state, layout, norm)
+
+
 def request(node: Node, op: str, phase: str = "") -> DilocoRequest:
-    fields = dict(step=0, attempt=0, phase=phase, round=0, layout="", norm=0.0, state="")
+    fields = dict(step=0, attempt=0, phase=phase, round=0, layout="", norm=0.0, state="", blame="")
     return DilocoRequest(**node.header(), op=op, **fields)
 
 
