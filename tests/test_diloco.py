@@ -366,3 +366,48 @@ def test_a_blamed_member_is_refused_for_the_rest_of_the_step():
     assert m.arrive(L, (0, 1), 1.0, alive, norm=1.0) == [L, A, B]  # not waiting for C
     with pytest.raises(Refused, match="cheated"):
         m.arrive(C, (0, 1), 2.0, alive, norm=1.0)
+
+
+# ---- wire messages ---------------------------------------------------------------------
+
+
+def _header(seq=1):
+    from crypto.identity import Identity
+
+    ident = Identity.generate()
+    return ident, {"run_id": "test-run", "sender": ident.peer_id, "seq": seq, "ts_ms": 1}
+
+
+def test_the_largest_roster_fits_and_round_trips_signed():
+    from crypto.identity import Identity
+    from protocol.diloco import MAX_MEMBERS, DilocoRoster
+    from protocol.wire import open_message, seal
+
+    ident, header = _header()
+    members = [Identity.generate().peer_id for _ in range(MAX_MEMBERS)]
+    roster = DilocoRoster(
+        **header,
+        step=2**40,
+        attempt=1_000_000,
+        state="ready",
+        encoding="int8",
+        members=members,
+        norms=[1e29] * MAX_MEMBERS,
+    )
+    back = open_message(seal(ident, roster), DilocoRoster)
+    assert back.members == members and back.norms == [1e29] * MAX_MEMBERS
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("op", "steal"), ("phase", "xx"), ("norm", float("nan")), ("blame", "not a peer id")],
+)
+def test_malformed_requests_are_refused(field, value):
+    from protocol.diloco import DilocoRequest
+
+    _, header = _header()
+    fields = dict(op="sync", step=0, attempt=0, phase="", round=0, layout="", norm=0.0)
+    fields.update(state="", blame="")
+    fields[field] = value
+    with pytest.raises(WireError):
+        DilocoRequest.decode(DilocoRequest(**header, **fields).encode())
