@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 
 from protocol.errors import Reason, WireError
@@ -69,6 +70,11 @@ def encode(x: torch.Tensor, encoding: str) -> bytes:
     raise ValueError(f"unknown encoding {encoding!r} (one of {ENCODINGS})")
 
 
+def _le_floats(data: bytes) -> torch.Tensor:
+    """Little-endian float32 bytes as a tensor, whatever this host's byte order."""
+    return torch.from_numpy(np.frombuffer(data, dtype="<f4").astype(np.float32))
+
+
 def decode(data: bytes, encoding: str, n: int) -> torch.Tensor:
     """The flat fp32 tensor of ``n`` values that ``data`` encodes; ``WireError`` if malformed."""
     if encoding not in ENCODINGS:
@@ -78,9 +84,9 @@ def decode(data: bytes, encoding: str, n: int) -> torch.Tensor:
             Reason.MALFORMED, f"{encoding} chunk of {n} values must be {wire_size(encoding, n)} B"
         )
     if encoding == "fp32":
-        out = torch.frombuffer(bytearray(data), dtype=torch.float32)
+        out = _le_floats(data)
     else:
-        table = torch.frombuffer(bytearray(data[:TABLE_BYTES]), dtype=torch.float32)
+        table = _le_floats(data[:TABLE_BYTES])
         codes = torch.frombuffer(bytearray(data[TABLE_BYTES:]), dtype=torch.uint8)
         out = table[codes.to(torch.int64)] if n else torch.zeros(0)
     if not bool(torch.isfinite(out).all()):
