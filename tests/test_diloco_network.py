@@ -5,7 +5,8 @@ after outer steps 1 and 2 all three hold bitwise-identical parameters (hash); du
 all-reduce one member is killed with SIGKILL and the other two complete the step without it
 (a retry with the survivors), again identical. Then a fourth member joins: it recovers the
 leader's whole state at that boundary (its hash equals the donor's) and trains on with the
-group, identical after every step. An outsider that the leader did not admit is refused
+group, identical after every step, until it leaves the group (its node stays up): the next
+step goes on without it at once, not after the sync timeout. An outsider that the leader did not admit is refused
 both a ring chunk and a place in the roster. A fourth starting member cheats in step 2: it
 sends its pseudo-gradient × 1000 while declaring its true norm; its right neighbour finds
 the chunk above the declared norms, the leader refuses the cheater for the step (counted),
@@ -30,6 +31,7 @@ from tests.helpers.net import wait_until
 OUTER_STEPS = 5
 KILL_AT = 2  # the outer step (counted from 0) during whose all-reduce a member dies
 JOIN_AT = 3  # the boundary at which a fourth member joins
+LEAVE_AFTER = 4  # ... and after which it leaves the group (its node stays up)
 CHEAT_AT = 1  # the outer step in which a member cheats
 
 
@@ -70,7 +72,13 @@ def test_three_members_stay_identical_and_survive_a_kill(tmp_path):
         procs.append(spawn(dirs[3], leader, *boot, "--outsider"))
         procs.append(spawn(dirs[5], leader, *common, *boot, "--cheat-at", str(CHEAT_AT)))
         procs.append(
-            spawn(dirs[4], leader, *common, *boot, "--shard", "4", "--join-at", str(JOIN_AT))
+            spawn(
+                dirs[4],
+                leader,
+                *common,
+                *boot,
+                *("--shard", "4", "--join-at", str(JOIN_AT), "--leave-after", str(LEAVE_AFTER)),
+            )
         )
         wait_until(lambda: (dirs[2] / "paused").exists(), 600, "member 2 inside the all-reduce")
         procs[2].send_signal(signal.SIGKILL)
@@ -103,10 +111,14 @@ def test_three_members_stay_identical_and_survive_a_kill(tmp_path):
         assert recovered["step"] == JOIN_AT
         assert recovered["state"] == a[JOIN_AT - 1]["state"]
         joined = steps(dirs[4])
-        assert [r["step"] for r in joined] == list(range(JOIN_AT + 1, OUTER_STEPS + 1))
+        assert [r["step"] for r in joined] == list(range(JOIN_AT + 1, LEAVE_AFTER + 1))
         for r in joined:
             assert r["hash"] == a[r["step"] - 1]["hash"] == b[r["step"] - 1]["hash"]
             assert r["members"] == [*survivors, ids[4]]
+        after = a[LEAVE_AFTER]  # the step after the graceful leave
+        assert after["members"] == b[LEAVE_AFTER]["members"] == survivors
+        assert after["hash"] == b[LEAVE_AFTER]["hash"]
+        assert after["reduce_s"] < 35  # not waiting out the 60 s sync timeout
         refused = json.loads((dirs[3] / "outsider.json").read_text())
         assert refused == {"chunk": "not_member", "sync": "not_member"}, logs["m3"]
         status = json.loads((dirs[0] / "status.json").read_text())

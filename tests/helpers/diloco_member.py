@@ -10,7 +10,8 @@ a random byte corpus, and appends one JSON line per outer step to ``D/steps.json
 it during the all-reduce). ``--admit A,B`` (leader): admit only these peers.
 ``--join-at K``: join the running group at outer step K or later, recovering its state from
 the leader (written to ``D/recovered.json``). ``--cheat-at K``: at outer step K send its pseudo-gradient × 1000 while declaring its true
-norm. ``--outsider``: not a member; it tries to pull the leader's first ring chunk and to sync
+norm. ``--leave-after K``: leave the group after outer step K, staying up 40 s.
+``--outsider``: not a member; it tries to pull the leader's first ring chunk and to sync
 with the leader, and writes the refusal reasons it got to ``D/outsider.json``.
 """
 
@@ -56,6 +57,7 @@ def parse() -> argparse.Namespace:
     p.add_argument("--outsider", action="store_true")
     p.add_argument("--join-at", type=int, default=-1)
     p.add_argument("--cheat-at", type=int, default=-1)
+    p.add_argument("--leave-after", type=int, default=-1)
     p.add_argument("--resync-timeout", type=float, default=10.0)
     return p.parse_args()
 
@@ -130,6 +132,10 @@ async def main(args: argparse.Namespace) -> None:
                     rec = await member.outer_step()
                     out.write(json.dumps(rec.__dict__) + "\n")
                     out.flush()
+                    if member.outer.step == args.leave_after:
+                        await group.leave()  # out of the group, still up in the run
+                        await trio.sleep(40)
+                        break
             except GroupError as exc:
                 (args.dir / "refused").write_text(str(exc))
             (args.dir / "status.json").write_text(json.dumps(group.status()))
