@@ -21,6 +21,8 @@ class Reason(StrEnum):
     BAD_SHARD = "bad_shard"  # shard bytes whose hash is not the manifest's (the peer is banned)
     NOT_FOUND = "not_found"  # a refusal: the listener does not hold what was asked for
     BUSY = "busy"  # a refusal: every upload slot is taken; ask another peer
+    NOT_MEMBER = "not_member"  # a refusal: the sender is not in this DiLoCo roster/attempt
+    ABORTED = "aborted"  # a refusal: this DiLoCo all-reduce attempt was abandoned
 
 
 class WireError(Exception):

@@ -48,6 +48,7 @@ NODE_RANKS = {
     "node.shardcast": 2,
     "node.rollouts": 3,
     "node.training": 4,
+    "node.diloco": 4,
     "node.roles": 5,
     "node.cli": 6,
 }

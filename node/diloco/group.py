@@ -1,0 +1,381 @@
+"""A DiLoCo group over libp2p: the outer-step sync with the leader and the ring's chunks.
+
+This is the I/O around two pure parts: ``Membership`` (the leader's rosters) and
+``ring.all_reduce`` (the arithmetic of the ring). One protocol, ``/intellect/diloco/1.0.0``
+(``protocol/diloco.py``), carries three requests: ``sync`` (ask the leader for the roster
+of an outer step and attempt; repeated every ``poll_interval`` until it is formed),
+``leave``, and ``chunk`` (the right neighbour pulls what we offer for a ring round).
+
+An attempt fails on any error of a pull (a dead neighbour resets the stream or lets the
+deadline pass; an abandoned neighbour refuses with ``aborted``; a chunk that does not
+decode): we abandon it (our own offers answer ``aborted`` from then on, so the failure runs
+round the ring at once) and ask the leader for the roster of the next attempt, which holds
+the survivors. ``step_timeout`` bounds the whole outer step. Only the peers of a roster the
+leader signed may pull from us, and only our right neighbour in it: an outsider is refused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import trio
+
+from node.diloco import recovery
+from node.diloco.membership import Key, Membership, Refused
+from node.diloco.ring import Aborted, BadChunk, Outbox, all_reduce, norm_limits
+from node.net.requests import RemoteRefusal, Responder
+from node.net.runtime import Node
+from protocol.diloco import (
+    DILOCO,
+    MAX_CHUNK,
+    DilocoChunk,
+    DilocoRequest,
+    DilocoRoster,
+)
+from protocol.errors import Reason, WireError
+
+log = logging.getLogger("intellect.diloco")
+
+# a test hook: awaited before each pull with (step, attempt, phase, round)
+BeforePull = Callable[[int, int, str, int], Awaitable[None]]
+
+
+PULL_RETRIES = 3  # transient stream failures tolerated per ring round
+
+
+def _transient(exc: Exception) -> bool:
+    """A stream that failed or ended before the reply (a lost simultaneous dial, a slow
+    peer): worth one more try. A refusal or a bad reply is not."""
+    if isinstance(exc, WireError):
+        return exc.reason in (Reason.TRUNCATED, Reason.TIMEOUT)
+    return not isinstance(exc, (RemoteRefusal, BadChunk))
+
+
+class GroupError(Exception):
+    """This member cannot take part in the outer step (refused, or out of time)."""
+
+
+@dataclass(frozen=True)
+class GroupConfig:
+    leader: str  # the run's trainer_peer_id
+    encoding: str = "int8"  # of pseudo-gradient chunks on the wire: int8 | fp32
+    min_members: int = 1  # the first roster waits for this many
+    sync_timeout: float = 600.0  # a new step waits this long for members still training
+    resync_timeout: float = 10.0  # a retry waits this long for the survivors
+    round_timeout: float = 30.0  # one ring round, including a slow neighbour
+    step_timeout: float = 900.0  # one outer step, all attempts together
+    poll_interval: float = 0.1
+    admit: frozenset[str] | None = None  # the leader admits only these (None: any)
+
+
+@dataclass
+class Attempt:
+    roster: list[str]
+    outbox: Outbox
+    norms: list[float]
+
+
+@dataclass
+class Reduced:
+    """The outcome of one outer step's all-reduce."""
+
+    average: torch.Tensor
+    roster: list[str]
+    attempts: int
+    received: int  # payload bytes we received
+
+
+class DilocoGroup:
+    def __init__(self, node: Node, cfg: GroupConfig, *, before_pull: BeforePull | None = None):
+        self.node, self.cfg, self.before_pull = node, cfg, before_pull
+        self.me = node.peer_id
+        self.leading = self.me == cfg.leader
+        self.membership = Membership(
+            cfg.leader,
+            min_members=cfg.min_members,
+            sync_timeout=cfg.sync_timeout,
+            resync_timeout=cfg.resync_timeout,
+            admit=cfg.admit,
+        )
+        self.attempts: dict[Key, Attempt] = {}
+        self.failures = 0  # attempts we abandoned
+        self.snapshot: tuple[int, bytes] | None = None  # (outer step, state) we serve joiners
+
+    def register(self) -> None:
+        self.node.serve_requests(
+            DILOCO, DilocoRequest, self._handle, deadline=self.node.cfg.read_timeout * 3
+        )
+
+    # ---- one outer step ---------------------------------------------------------------
+
+    async def all_reduce(
+        self, step: int, vec: torch.Tensor, state: str, layout: str, norm: float | None = None
+    ) -> Reduced:
+        """The group's average of ``vec`` for outer ``step``; ``state``: the hash of the outer
+        parameters we start from (the leader admits only those that match its own);
+        ``norm``: the L2 norm we declare (``vec``'s own; tests declare another)."""
+        norm = float(vec.norm()) if norm is None else norm
+        attempt, blame = 0, ""
+        with trio.fail_after(self.cfg.step_timeout):
+            while True:
+                roster, norms, attempt = await self._sync(step, attempt, state, layout, norm, blame)
+                key = (step, attempt)
+                current = self.attempts[key] = Attempt(roster, Outbox(), norms)
+                for old in [k for k in self.attempts if k[0] < step - 1]:
+                    del self.attempts[old]
+                rank, n = roster.index(self.me), len(roster)
+                try:
+                    avg, received = await all_reduce(
+                        vec,
+                        rank,
+                        n,
+                        self.cfg.encoding,
+                        current.outbox,
+                        self._puller(key, roster),
+                        norm_limits(norms, rank),
+                    )
+                    return Reduced(avg, roster, attempt + 1, received)
+                except BadChunk as exc:
+                    blame = roster[(rank - 1) % n]
+                    log.warning("step=%d: bad chunk from %s: %s", step, blame[-8:], exc)
+                except Exception as exc:  # any failure of any pull fails the attempt
+                    # (py-libp2p raises several unrelated types for a dead peer: StreamEOF,
+                    # StreamFailure, MultiselectClientError, ...)
+                    log.warning("all-reduce step=%d attempt=%d failed: %r", step, attempt, exc)
+                current.outbox.abort()
+                self.failures += 1
+                attempt += 1
+
+    async def leave(self) -> None:
+        """Leave the group now (the leader drops us from the next roster at once)."""
+        if self.leading:
+            return
+        msg = recovery.request(self.node, "leave")
+        try:
+            await self.node.request(self.cfg.leader, DILOCO, msg, DilocoRoster)
+        except Exception as exc:  # leaving is best effort: the heartbeat TTL evicts us anyway
+            log.info("leave not delivered: %r", exc)
+
+    async def _sync(
+        self, step: int, attempt: int, state: str, layout: str, norm: float, blame: str
+    ) -> tuple[list[str], list[float], int]:
+        """The roster, its norms, and the attempt they are for: a later attempt of the step
+        than we asked for if the group abandoned ours before we got its roster."""
+        while True:
+            if self.leading:
+                if blame:
+                    self.membership.blame(blame, self.me, step)
+                attempt = self.membership.resolve((step, attempt))[1]
+                roster = self._arrive(self.me, (step, attempt), layout, state, norm)
+                norms = self.membership.norms.get((step, attempt), [])
+            else:
+                msg = DilocoRequest(
+                    **self.node.header(),
+                    op="sync",
+                    step=step,
+                    attempt=attempt,
+                    phase="",
+                    round=0,
+                    layout=layout,
+                    norm=norm,
+                    state=state,
+                    blame=blame,
+                )
+                try:
+                    reply = await self.node.request(self.cfg.leader, DILOCO, msg, DilocoRoster)
+                except RemoteRefusal as exc:
+                    raise GroupError(f"the leader refused us: {exc}") from exc
+                except Exception as exc:  # a slow or lost stream (py-libp2p raises many types)
+                    log.info("sync with the leader failed (retrying): %r", exc)
+                    reply = None
+                roster = self._checked(reply, step, attempt)
+                norms = list(reply.norms) if reply is not None else []
+                if reply is not None:
+                    attempt = max(attempt, int(reply.attempt))
+            if roster is not None:
+                return roster, norms, attempt
+            await trio.sleep(self.cfg.poll_interval)
+
+    def _checked(self, reply: DilocoRoster | None, step: int, attempt: int) -> list[str] | None:
+        if reply is None or reply.state != "ready":
+            return None
+        if reply.sender != self.cfg.leader or reply.step != step or reply.attempt < attempt:
+            raise GroupError("a roster not from the leader or not for this attempt")
+        if self.me not in reply.members or len(set(reply.members)) != len(reply.members):
+            raise GroupError("a roster without us (or with a peer twice)")
+        if len(reply.norms) != len(reply.members):
+            raise GroupError("a roster without a norm for each member")
+        if reply.encoding != self.cfg.encoding:
+            raise GroupError(f"the group sends {reply.encoding}, we were set up for another")
+        return list(reply.members)
+
+    def _arrive(
+        self, peer: str, key: Key, layout: str, state: str, norm: float
+    ) -> list[str] | None:
+        alive = set(self.node.known_peers()) | {self.me}
+        now = trio.current_time()
+        try:
+            return self.membership.arrive(peer, key, now, alive, layout, state, norm)
+        except Refused as exc:
+            if peer == self.me:
+                raise GroupError(f"the leader's own roster refused it: {exc}") from exc
+            raise WireError(Reason.NOT_MEMBER, f"refused: {exc}") from exc
+
+    # ---- joining (node.diloco.recovery) ------------------------------------------------
+
+    async def announce_join(self, at_least: int = 0) -> int:
+        """Ask the leader to expect us; the outer step whose state we must recover."""
+        return await recovery.announce_join(self.node, self.cfg.leader, at_least)
+
+    async def fetch_state(self, donor: str, step: int) -> bytes | None:
+        """The state of ``donor`` at the start of ``step`` (``None``: it moved past it)."""
+        with trio.fail_after(self.cfg.step_timeout):
+            return await recovery.fetch_state(self.node, donor, step)
+
+    # ---- pulling ----------------------------------------------------------------------
+
+    def _puller(self, key: Key, roster: list[str]) -> Callable[[str, int], Awaitable[bytes]]:
+        left = roster[(roster.index(self.me) - 1) % len(roster)]
+
+        async def pull(phase: str, rnd: int) -> bytes:
+            if self.before_pull is not None:
+                await self.before_pull(key[0], key[1], phase, rnd)
+            errors = 0
+            with trio.fail_after(self.cfg.round_timeout):
+                while True:
+                    try:
+                        data = await self._pull_once(left, key, phase, rnd)
+                    except Exception as exc:
+                        if not _transient(exc) or errors >= PULL_RETRIES:
+                            raise
+                        errors += 1  # e.g. a stream lost to a simultaneous dial: once more
+                        data = None
+                    if data is not None:
+                        return data
+                    await trio.sleep(self.cfg.poll_interval / 2)
+
+        return pull
+
+    async def _pull_once(self, left: str, key: Key, phase: str, rnd: int) -> bytes | None:
+        msg = DilocoRequest(
+            **self.node.header(),
+            op="chunk",
+            step=key[0],
+            attempt=key[1],
+            phase=phase,
+            round=rnd,
+            layout="",
+            norm=0.0,
+            state="",
+            blame="",
+        )
+        try:
+            async with self.node.open_request(left, DILOCO, msg, DilocoChunk) as ex:
+                reply: DilocoChunk = ex.reply
+                if (reply.step, reply.attempt, reply.phase, reply.round) != (*key, phase, rnd):
+                    raise WireError(Reason.MALFORMED, "a chunk for another round")
+                data = await ex.reader.read_frame(reply.size, self.node.cfg.read_timeout)
+        except RemoteRefusal as exc:
+            if exc.reason == Reason.BUSY.value:  # not offered yet: ask again
+                return None
+            raise
+        if len(data) != reply.size or hashlib.sha256(data).digest() != reply.digest:
+            raise WireError(Reason.MALFORMED, "chunk bytes do not match their digest")
+        return data
+
+    # ---- serving ----------------------------------------------------------------------
+
+    async def _handle(self, msg: DilocoRequest, responder: Responder) -> None:
+        if msg.op == "chunk":
+            await self._serve_chunk(msg, responder)
+            return
+        if msg.op == "state":
+            await recovery.serve_state(self.node, self.snapshot, msg, responder)
+            return
+        if not self.leading:
+            raise WireError(Reason.NOT_FOUND, "not the group's leader")
+        key = (msg.step, msg.attempt)
+        if msg.op == "join":
+            try:
+                at = self.membership.expect(msg.sender, msg.step)
+            except Refused as exc:
+                raise WireError(Reason.NOT_MEMBER, f"refused: {exc}") from exc
+            await responder.send(
+                DilocoRoster(
+                    **self.node.header(),
+                    step=msg.step if at is None else at,
+                    attempt=0,
+                    state="wait" if at is None else "ready",
+                    encoding=self.cfg.encoding,
+                    members=list(self.membership.members),
+                    norms=[],
+                )
+            )
+            return
+        if msg.op == "leave":
+            self.membership.leave(msg.sender)
+            roster: list[str] | None = self.membership.members
+        else:
+            if msg.blame:
+                self.membership.blame(msg.blame, msg.sender, msg.step)
+            key = self.membership.resolve(key)
+            roster = self._arrive(msg.sender, key, msg.layout, msg.state, msg.norm)
+        await responder.send(
+            DilocoRoster(
+                **self.node.header(),
+                step=msg.step,
+                attempt=key[1],
+                state="ready" if roster is not None else "wait",
+                encoding=self.cfg.encoding,
+                members=list(roster or []),
+                norms=self.membership.norms.get(key, []) if roster is not None else [],
+            )
+        )
+
+    async def _serve_chunk(self, msg: DilocoRequest, responder: Responder) -> None:
+        key = (msg.step, msg.attempt)
+        attempt = self.attempts.get(key)
+        if attempt is None:
+            raise WireError(Reason.BUSY, "attempt not started here yet")
+        roster = attempt.roster
+        right = roster[(roster.index(self.me) + 1) % len(roster)]
+        if msg.sender != right or msg.phase not in ("rs", "ag"):
+            raise WireError(Reason.NOT_MEMBER, "only our right neighbour in the roster may pull")
+        try:
+            with trio.fail_after(self.node.cfg.read_timeout / 2):
+                data = await attempt.outbox.take(msg.phase, msg.round)
+        except trio.TooSlowError:
+            raise WireError(Reason.BUSY, "not offered yet") from None
+        except Aborted:
+            raise WireError(Reason.ABORTED, "attempt abandoned") from None
+        if len(data) > MAX_CHUNK:
+            raise WireError(Reason.INTERNAL, "chunk too large")
+        await responder.send(
+            DilocoChunk(
+                **self.node.header(),
+                step=msg.step,
+                attempt=msg.attempt,
+                phase=msg.phase,
+                round=msg.round,
+                size=len(data),
+                digest=hashlib.sha256(data).digest(),
+            )
+        )
+        await responder.write(data)
+
+    def status(self) -> dict[str, Any]:
+        m = self.membership
+        return {
+            "leader": self.cfg.leader,
+            "leading": self.leading,
+            "members": list(m.members) if self.leading else None,
+            "evicted": dict(m.evicted),
+            "refused": dict(m.refused),
+            "rejected": dict(m.rejected),
+            "failed_attempts": self.failures,
+        }

@@ -1,0 +1,82 @@
+"""DiLoCo group messages (``/intellect/diloco/1.0.0``): outer-step sync and ring chunks.
+
+One request type, ``DilocoRequest``, with an ``op``:
+- ``sync``: a member is ready for outer step ``step``, attempt ``attempt`` (asked of the
+  leader, the run's ``trainer_peer_id``, and repeated until the roster is formed); the reply
+  is a ``DilocoRoster`` signed by the leader: ``state`` ``wait`` (ask again) or ``ready``
+  with the ring's members in order. Only the peers it names take part in that attempt.
+- ``leave``: a member leaves the group now (reply: the roster as it stands).
+- ``join``: a peer asks the leader to be expected at outer step ``step`` or later; the reply
+  names in ``step`` the boundary at which it is expected (``state`` ``wait``: not yet).
+- ``state``: the whole state of a member at the start of outer step ``step`` (live
+  recovery): a ``DilocoChunk`` reply, then ``size`` bytes in raw frames of at most 4 MiB.
+- ``chunk``: the right neighbour pulls what we offer in ``phase`` (``rs`` reduce-scatter,
+  ``ag`` all-gather) round ``round`` of (``step``, ``attempt``); the reply is a
+  ``DilocoChunk`` naming ``size`` and ``digest`` (sha256) of the one raw frame that follows.
+The chunk byte formats are in ``node/diloco/quant.py`` and SPEC.md section 17.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from protocol.ids import PEER_ID_PATTERN, check_run_id
+from protocol.messages import Header
+from protocol.schema import FieldSpec, blob, f64, listof, text, u64
+
+DILOCO = "/intellect/diloco/1.0.0"
+MAX_MEMBERS = 64
+MAX_CHUNK = 2**31 - 1  # bytes of one raw chunk frame
+MAX_STATE = 2**40  # bytes of a member's whole state
+STATE_FRAME = 4 << 20
+DIGEST_SIZE = 32
+OPS = ("sync", "leave", "chunk", "join", "state")
+PHASES = ("", "rs", "ag")
+ENCODINGS = ("int8", "fp32")
+
+
+def group_key(run_id: str) -> str:
+    """DHT provider key under which every DiLoCo member of ``run_id`` provides itself."""
+    return f"/intellect/{check_run_id(run_id)}/diloco"
+
+
+@dataclass(frozen=True)
+class DilocoRequest(Header):
+    TYPE = "intellect/diloco-request/1"
+    MAX_SIZE = 1024
+
+    op: str = text(8, choices=OPS)
+    step: int = u64()
+    attempt: int = u64(0, 1_000_000)
+    phase: str = text(2, choices=PHASES)
+    round: int = u64(0, MAX_MEMBERS)
+    layout: str = text(32, pattern=r"[0-9a-f]{0,32}")  # sync: the parameter layout hash
+    norm: float = f64(0.0, 1e30)  # sync: the L2 norm of the sender's pseudo-gradient
+    state: str = text(64, pattern=r"[0-9a-f]{0,64}")  # sync: hash of the outer parameters
+    blame: str = text(64, pattern=f"(?:{PEER_ID_PATTERN})?")  # sync: sent us a bad chunk
+
+
+@dataclass(frozen=True)
+class DilocoRoster(Header):
+    TYPE = "intellect/diloco-roster/1"
+    MAX_SIZE = MAX_MEMBERS * 82 + 1024
+
+    step: int = u64()
+    attempt: int = u64(0, 1_000_000)
+    state: str = text(8, choices=("wait", "ready"))
+    encoding: str = text(4, choices=ENCODINGS)
+    members: list[str] = listof(FieldSpec(str, max_len=64, pattern=PEER_ID_PATTERN), MAX_MEMBERS)
+    norms: list[float] = listof(FieldSpec(float, lo=0.0, hi=1e30), MAX_MEMBERS)
+
+
+@dataclass(frozen=True)
+class DilocoChunk(Header):
+    TYPE = "intellect/diloco-chunk/1"
+    MAX_SIZE = 512
+
+    step: int = u64()
+    attempt: int = u64(0, 1_000_000)
+    phase: str = text(2, choices=PHASES)
+    round: int = u64(0, MAX_MEMBERS)
+    size: int = u64(0, MAX_STATE)
+    digest: bytes = blob(DIGEST_SIZE, exact_len=DIGEST_SIZE)

@@ -1,0 +1,413 @@
+"""DiLoCo without the network: the outer step, the int8 codec, the ring, the rosters.
+
+The ring runs here over in-memory outboxes (``tests/test_diloco_network.py`` runs it over
+libp2p between processes); the membership state machine is driven with explicit times.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import trio
+
+from node.diloco import quant, ring
+from node.diloco.inner import Corpus, InnerConfig, inner_step, make_optimizer
+from node.diloco.membership import Membership, Refused
+from node.diloco.outer import OuterConfig, OuterState, params_hash
+from node.diloco.state import StateError, load_state, pack_state, save_checkpoint
+from protocol.errors import WireError
+from tests.helpers.tiny_lm import tiny_llama
+
+# ---- the outer step ------------------------------------------------------------------
+
+
+def _trainer(seed: int = 0):
+    model = tiny_llama(seed, layers=1, hidden=32)
+    cfg = InnerConfig(batch=4, seq_len=16)
+    corpus = Corpus(bytes(range(256)) * 8, seed=3, shard=0)
+    return model, make_optimizer(model, cfg), corpus, cfg
+
+
+def test_one_member_outer_lr_1_no_momentum_is_plain_training_bitwise():
+    plain, opt_p, data_p, cfg = _trainer()
+    dl, opt_d, data_d, _ = _trainer()
+    start = params_hash(plain.parameters())
+    outer = OuterState.of(dl, OuterConfig(lr=1.0, momentum=0.0))
+    for _ in range(3):  # 3 outer steps of H = 2
+        for _ in range(2):
+            inner_step(plain, opt_p, data_p.batch(cfg.batch, cfg.seq_len), cfg)
+            inner_step(dl, opt_d, data_d.batch(cfg.batch, cfg.seq_len), cfg)
+        outer.apply(dl, outer.pseudo_gradient(dl), alone=True)
+    assert params_hash(plain.parameters()) != start  # training did something
+    assert params_hash(dl.parameters()) == params_hash(plain.parameters())
+    assert params_hash(outer.params) == params_hash(plain.parameters())
+    assert outer.step == 3
+
+
+def test_outer_step_is_nesterov_sgd_on_the_pseudo_gradient():
+    model = tiny_llama(0, layers=1, hidden=32)
+    outer = OuterState.of(model, OuterConfig(lr=0.7, momentum=0.9))
+    ref = [p.detach().clone().requires_grad_(True) for p in model.parameters()]
+    sgd = torch.optim.SGD(ref, lr=0.7, momentum=0.9, nesterov=True)
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(3):
+        delta = torch.randn(outer.numel, generator=gen) * 1e-2
+        outer.apply(model, delta, alone=False)
+        off = 0
+        for p in ref:
+            p.grad = delta[off : off + p.numel()].view_as(p).clone()
+            off += p.numel()
+        sgd.step()
+    for mine, theirs, p in zip(outer.params, ref, model.parameters(), strict=True):
+        torch.testing.assert_close(mine, theirs.detach(), rtol=1e-6, atol=1e-7)
+        assert torch.equal(p.detach(), mine)  # the model is set from the outer copy
+
+
+def test_pseudo_gradient_is_before_minus_after():
+    model, opt, data, cfg = _trainer()
+    before = [p.detach().clone() for p in model.parameters()]
+    outer = OuterState.of(model)
+    inner_step(model, opt, data.batch(cfg.batch, cfg.seq_len), cfg)
+    delta = outer.pseudo_gradient(model)
+    expect = torch.cat(
+        [(b - a.detach()).reshape(-1) for b, a in zip(before, model.parameters(), strict=True)]
+    )
+    assert torch.equal(delta, expect) and delta.abs().sum() > 0
+
+
+def test_outer_config_bounds():
+    with pytest.raises(ValueError, match="lr"):
+        OuterConfig(lr=0)
+    with pytest.raises(ValueError, match="momentum"):
+        OuterConfig(momentum=1.0)
+
+
+# ---- the codec -------------------------------------------------------------------------
+
+
+def test_int8_range_rule_and_bucket_means():
+    x = torch.randn(10_000, generator=torch.Generator().manual_seed(0)) * 3 + 1
+    codes, table = quant.quantize(x)
+    mu, sigma = x.mean(), (x - x.mean()).norm() / (x.numel() - 1) ** 0.5
+    scale = 6 * sigma / 256
+    expect = torch.clamp(torch.round((x - mu) / scale) + 128, 0, 255).to(torch.uint8)
+    assert torch.equal(codes, expect)
+    for code in (0, 100, 128, 255):  # the table holds each bucket's mean
+        members = x[codes == code]
+        if members.numel():
+            torch.testing.assert_close(table[code], members.mean(), rtol=1e-5, atol=1e-6)
+    out = quant.decode(quant.encode(x, "int8"), "int8", x.numel())
+    inside = (x - mu).abs() < 3 * sigma - scale
+    assert (out - x)[inside].abs().max() <= scale  # within a bucket inside ±3σ
+    assert inside.float().mean() > 0.99
+    assert abs(float(out.sum() - x.sum())) < 1e-2 * x.numel() ** 0.5
+    assert len(quant.encode(x, "int8")) == 1024 + x.numel()
+
+
+def test_fp32_is_exact_and_constant_chunks_work():
+    x = torch.randn(257)
+    assert torch.equal(quant.decode(quant.encode(x, "fp32"), "fp32", 257), x)
+    c = torch.full((10,), 0.25)
+    assert torch.equal(quant.decode(quant.encode(c, "int8"), "int8", 10), c)
+
+
+def test_decode_refuses_malformed_chunks():
+    x = torch.randn(100)
+    good = quant.encode(x, "int8")
+    with pytest.raises(WireError, match="must be"):
+        quant.decode(good[:-1], "int8", 100)
+    nan_table = torch.full((256,), float("nan")).numpy().tobytes() + good[1024:]
+    with pytest.raises(WireError, match="non-finite"):
+        quant.decode(nan_table, "int8", 100)
+    with pytest.raises(WireError, match="non-finite"):
+        quant.decode(torch.full((4,), float("inf")).numpy().tobytes(), "fp32", 4)
+    with pytest.raises(ValueError, match="non-finite"):
+        quant.encode(torch.tensor([1.0, float("nan")]), "int8")
+
+
+# ---- the ring --------------------------------------------------------------------------
+
+
+async def _ring(vecs, encoding, tamper=None):
+    n = len(vecs)
+    boxes = [ring.Outbox() for _ in range(n)]
+    out = [None] * n
+
+    async def member(i):
+        async def pull(phase, rnd):
+            data = await boxes[(i - 1) % n].take(phase, rnd)
+            return tamper(i, phase, rnd, data) if tamper else data
+
+        out[i] = await ring.all_reduce(vecs[i], i, n, encoding, boxes[i], pull)
+
+    async with trio.open_nursery() as nursery:
+        for i in range(n):
+            nursery.start_soon(member, i)
+    return out
+
+
+@pytest.mark.parametrize("encoding", ["int8", "fp32"])
+@pytest.mark.parametrize("n", [2, 3, 5])
+async def test_ring_average_is_bitwise_identical_on_every_member(encoding, n):
+    gen = torch.Generator().manual_seed(n)
+    vecs = [torch.randn(1003, generator=gen) for _ in range(n)]
+    out = await _ring(vecs, encoding)
+    for avg, _ in out:
+        assert avg.view(torch.int32).equal(out[0][0].view(torch.int32))
+    mean = torch.stack(vecs).mean(0)
+    err = out[0][0] - mean
+    if encoding == "fp32":
+        assert err.abs().max() < 1e-6
+    else:  # int8 at every hop: a few percent of the signal
+        assert err.norm() / mean.norm() < 0.1
+    per = 1003 / n * (4 if encoding == "fp32" else 1)
+    assert out[0][1] == pytest.approx(2 * (n - 1) * per, rel=0.1, abs=2 * n * 1024)
+
+
+async def test_ring_refuses_a_bad_chunk():
+    vecs = [torch.randn(50) for _ in range(3)]
+
+    def tamper(i, phase, rnd, data):
+        return data[:-1] if i == 1 and phase == "rs" else data
+
+    with pytest.raises(ExceptionGroup) as info:
+        await _ring(vecs, "fp32", tamper)
+    assert info.group_contains(ring.BadChunk, match="must be")
+
+
+def test_ring_bounds_cover_everything():
+    assert ring.bounds(10, 3) == [(0, 4), (4, 7), (7, 10)]
+    assert ring.bounds(2, 3) == [(0, 1), (1, 2), (2, 2)]
+
+
+# ---- the rosters -----------------------------------------------------------------------
+
+L, A, B, C = "leader", "a", "b", "c"
+
+
+def test_first_roster_waits_for_min_members_then_leader_first():
+    m = Membership(L, min_members=3, sync_timeout=10)
+    assert m.arrive(A, (0, 0), 0.0, {L, A, B}) is None
+    assert m.arrive(B, (0, 0), 1.0, {L, A, B}) is None
+    assert m.arrive(A, (0, 0), 500.0, {L, A, B}) is None  # no deadline without the leader
+    assert m.arrive(L, (0, 0), 501.0, {L, A, B}) == [L, A, B]
+    assert m.arrive(B, (0, 0), 502.0, {L, A, B}) == [L, A, B]
+
+
+def test_a_member_dead_during_inner_steps_is_evicted_after_the_deadline():
+    m = Membership(L, min_members=3, sync_timeout=10)
+    for p in (L, A, B):
+        m.arrive(p, (0, 0), 0.0, {L, A, B})
+    alive = {L, A, B}
+    assert m.arrive(L, (1, 0), 100.0, alive) is None
+    assert m.arrive(A, (1, 0), 101.0, alive) is None
+    assert m.poll(109.9, alive) is None
+    assert m.poll(110.0, alive) == [L, A]
+    assert m.evicted[B] == 1
+    with pytest.raises(Refused, match="late"):
+        m.arrive(B, (1, 0), 111.0, alive)
+    # a dead member that left the peer table is not waited for at all
+    assert m.arrive(L, (2, 0), 200.0, {L}) == [L]
+
+
+def test_a_retry_holds_the_survivors_and_joiners_come_in_at_a_boundary():
+    m = Membership(L, min_members=3, resync_timeout=3)
+    for p in (L, A, B):
+        m.arrive(p, (0, 0), 0.0, {L, A, B})
+    assert m.members == [L, A, B]
+    assert m.arrive(A, (0, 1), 5.0, {L, A, B}) is None  # B died in the all-reduce
+    assert m.arrive(L, (0, 1), 5.5, {L, A, B}) is None
+    assert m.poll(8.4, {L, A, B}) is None  # the wait counts from the leader's arrival
+    assert m.poll(8.5, {L, A, B}) == [L, A]
+    with pytest.raises(Refused, match="stale"):
+        m.arrive(B, (0, 0), 9.0, {L, A, B})
+    assert m.resolve((0, 0)) == (0, 1)  # a slow asker is answered with the current attempt
+    assert m.resolve((1, 0)) == (1, 0)
+    assert m.arrive(C, (1, 0), 20.0, {L, A, C}) is None  # a joiner
+    assert m.arrive(A, (1, 0), 21.0, {L, A, C}) is None
+    assert m.arrive(L, (1, 0), 22.0, {L, A, C}) == [L, A, C]
+
+
+def test_divergent_outsider_and_leaving_peers():
+    m = Membership(L, min_members=1, admit=frozenset({A, B}))
+    with pytest.raises(Refused, match="not_admitted"):
+        m.arrive(C, (0, 0), 0.0, {L, C})
+    assert m.refused["not_admitted"] == 1
+    m.arrive(A, (0, 0), 0.0, {L, A, B}, state="s0")
+    m.arrive(B, (0, 0), 0.0, {L, A, B}, state="other")
+    assert m.arrive(L, (0, 0), 0.0, {L, A, B}, state="s0") == [L, A]
+    with pytest.raises(Refused, match="diverged"):
+        m.arrive(B, (0, 0), 1.0, {L, A, B}, state="other")
+    m.leave(A)  # a graceful leave: not waited for
+    assert m.arrive(L, (1, 0), 2.0, {L, A, B}) == [L]
+
+
+def test_layout_mismatch_is_refused():
+    m = Membership(L)
+    m.arrive(L, (0, 0), 0.0, {L}, layout="aa")
+    m2 = copy.deepcopy(m)
+    with pytest.raises(Refused, match="layout"):
+        m2.arrive(A, (1, 0), 1.0, {L, A}, layout="bb")
+
+
+# ---- state: checkpoints and recovery ---------------------------------------------------
+
+
+def _outer_steps(model, opt, corpus, cfg, outer, k, h=2):
+    for _ in range(k):
+        for _ in range(h):
+            inner_step(model, opt, corpus.batch(cfg.batch, cfg.seq_len), cfg)
+        outer.apply(model, outer.pseudo_gradient(model), alone=True)
+
+
+def test_a_checkpoint_resumes_exactly_where_training_stopped(tmp_path):
+    model, opt, corpus, cfg = _trainer()
+    outer = OuterState.of(model)  # lr 0.7, Nesterov 0.9: momentum matters
+    _outer_steps(model, opt, corpus, cfg, outer, 3)
+
+    model2, opt2, corpus2, _ = _trainer()
+    outer2 = OuterState.of(model2)
+    _outer_steps(model2, opt2, corpus2, cfg, outer2, 2)
+    save_checkpoint(
+        tmp_path / "state.safetensors", pack_state(model2, outer2, opt2, corpus2.position)
+    )
+    del model2, opt2, corpus2, outer2  # the whole group stops
+
+    model3, opt3, corpus3, _ = _trainer(seed=5)  # a fresh process: other weights, no state
+    outer3 = OuterState.of(model3)
+    data = (tmp_path / "state.safetensors").read_bytes()
+    corpus3.position = load_state(data, model3, outer3, opt3)
+    assert outer3.step == 2 and corpus3.position == 4
+    assert pack_state(model3, outer3, opt3, corpus3.position) == data  # every part taken over
+    _outer_steps(model3, opt3, corpus3, cfg, outer3, 1)
+    assert params_hash(model3.parameters()) == params_hash(model.parameters())
+    assert pack_state(model3, outer3, opt3, corpus3.position) == pack_state(
+        model, outer, opt, corpus.position
+    )
+
+
+def test_state_that_does_not_fit_is_refused():
+    model, opt, corpus, cfg = _trainer()
+    outer = OuterState.of(model)
+    _outer_steps(model, opt, corpus, cfg, outer, 1)
+    other = tiny_llama(0, layers=1, hidden=48)
+    o_outer = OuterState.of(other)
+    o_opt = make_optimizer(other, cfg)
+    before = params_hash(other.parameters())
+    with pytest.raises(StateError, match="outer.0"):
+        load_state(pack_state(model, outer, opt, 1), other, o_outer, o_opt)
+    with pytest.raises(StateError, match="safetensors"):
+        load_state(b"\x00" * 64, other, o_outer, o_opt)
+    outer.params[0][0] = float("nan")
+    with pytest.raises(StateError, match="non-finite"):
+        load_state(pack_state(model, outer, opt, 1), model, OuterState.of(model), opt)
+    assert params_hash(other.parameters()) == before  # nothing changed on a refusal
+
+
+# ---- pseudo-gradients out of range ------------------------------------------------------
+
+
+async def test_ring_refuses_a_chunk_above_the_declared_norms():
+    gen = torch.Generator().manual_seed(7)
+    vecs = [torch.randn(300, generator=gen) for _ in range(3)]
+    norms = [float(v.norm()) for v in vecs]
+    out = await _ring_limited(vecs, norms)  # honest: every chunk within the bounds
+    assert out[0][0].view(torch.int32).equal(out[2][0].view(torch.int32))
+    vecs[1] = vecs[1] * 1000  # member 1 cheats, declaring its true norm
+    with pytest.raises(ExceptionGroup) as info:
+        await _ring_limited(vecs, norms)
+    assert info.group_contains(ring.BadChunk, match="above the declared")
+
+
+async def _ring_limited(vecs, norms):
+    n = len(vecs)
+    boxes = [ring.Outbox() for _ in range(n)]
+    out = [None] * n
+
+    async def member(i):
+        async def pull(phase, rnd):
+            return await boxes[(i - 1) % n].take(phase, rnd)
+
+        limit = ring.norm_limits(norms, i)
+        out[i] = await ring.all_reduce(vecs[i], i, n, "int8", boxes[i], pull, limit)
+
+    async with trio.open_nursery() as nursery:
+        for i in range(n):
+            nursery.start_soon(member, i)
+    return out
+
+
+def test_a_norm_far_above_the_others_is_refused_for_the_step():
+    m = Membership(L, min_members=4)
+    alive = {L, A, B, C}
+    for p, norm in ((A, 1.0), (B, 1.2), (C, 50.0)):
+        m.arrive(p, (0, 0), 0.0, alive, norm=norm)
+    assert m.arrive(L, (0, 0), 0.0, alive, norm=0.9) == [L, A, B]
+    assert m.norms[(0, 0)] == [0.9, 1.0, 1.2]
+    assert m.rejected["norm"] == 1
+    with pytest.raises(Refused, match="cheated"):
+        m.arrive(C, (0, 1), 1.0, alive, norm=1.0)
+
+
+def test_a_blamed_member_is_refused_for_the_rest_of_the_step():
+    m = Membership(L, min_members=4, resync_timeout=5)
+    alive = {L, A, B, C}
+    for p in (A, B, C, L):
+        m.arrive(p, (0, 0), 0.0, alive, norm=1.0)
+    m.blame(C, B, 0)  # B got a bad chunk from C
+    m.blame(C, A, 0)  # counted once
+    m.blame(L, A, 0)  # the leader is never refused
+    m.blame(B, "outsider", 0)  # only members may blame
+    assert m.rejected["chunk"] == 1
+    assert m.arrive(A, (0, 1), 1.0, alive, norm=1.0) is None
+    assert m.arrive(B, (0, 1), 1.0, alive, norm=1.0) is None
+    assert m.arrive(L, (0, 1), 1.0, alive, norm=1.0) == [L, A, B]  # not waiting for C
+    with pytest.raises(Refused, match="cheated"):
+        m.arrive(C, (0, 1), 2.0, alive, norm=1.0)
+
+
+# ---- wire messages ---------------------------------------------------------------------
+
+
+def _header(seq=1):
+    from crypto.identity import Identity
+
+    ident = Identity.generate()
+    return ident, {"run_id": "test-run", "sender": ident.peer_id, "seq": seq, "ts_ms": 1}
+
+
+def test_the_largest_roster_fits_and_round_trips_signed():
+    from crypto.identity import Identity
+    from protocol.diloco import MAX_MEMBERS, DilocoRoster
+    from protocol.wire import open_message, seal
+
+    ident, header = _header()
+    members = [Identity.generate().peer_id for _ in range(MAX_MEMBERS)]
+    roster = DilocoRoster(
+        **header,
+        step=2**40,
+        attempt=1_000_000,
+        state="ready",
+        encoding="int8",
+        members=members,
+        norms=[1e29] * MAX_MEMBERS,
+    )
+    back = open_message(seal(ident, roster), DilocoRoster)
+    assert back.members == members and back.norms == [1e29] * MAX_MEMBERS
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("op", "steal"), ("phase", "xx"), ("norm", float("nan")), ("blame", "not a peer id")],
+)
+def test_malformed_requests_are_refused(field, value):
+    from protocol.diloco import DilocoRequest
+
+    _, header = _header()
+    fields = dict(op="sync", step=0, attempt=0, phase="", round=0, layout="", norm=0.0)
+    fields.update(state="", blame="")
+    fields[field] = value
+    with pytest.raises(WireError):
+        DilocoRequest.decode(DilocoRequest(**header, **fields).encode())
