@@ -299,8 +299,10 @@ class NodeConfig(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        """Keyword arguments (flags) over the environment; no .env or secrets files."""
-        return (init_settings, env_settings)
+        """Only the keyword arguments: ``load_config`` layers the TOML file and the
+        environment itself, so a ``NodeConfig(...)`` built in code (tests, benches) does not
+        pick up whatever ``INTELLECT_NODE_*`` variables the shell happens to hold."""
+        return (init_settings,)
 
     @field_validator("run_id")
     @classmethod

@@ -189,6 +189,25 @@ async def test_a_websocket_upgrade_is_refused(tmp_path):
         assert (await get_json(e.port, "/status"))["peer_id"] == e.node.peer_id
 
 
+async def test_only_requests_naming_loopback_are_answered(tmp_path):
+    """DNS rebinding: a page elsewhere whose name resolves to 127.0.0.1 sends its own name
+    as Host; the node answers nothing to it, not even the open GETs."""
+    async with endpoint(tmp_path) as e:
+        for host in (
+            "evil.example",
+            f"evil.example:{e.port}",
+            "127.0.0.1.evil.example",
+            "10.0.0.1",
+        ):
+            for path in ("/status", "/metrics", "/events", "/service"):
+                status, _, reply = await http(e.port, "GET", path, headers={"Host": host})
+                assert status == 400, (host, path)
+                assert "Host" in json.loads(reply)["error"]
+        for host in ("127.0.0.1", f"127.0.0.1:{e.port}", f"localhost:{e.port}", "LOCALHOST"):
+            status, _, _ = await http(e.port, "GET", "/service", headers={"Host": host})
+            assert status == 200, host
+
+
 # ---- size and time limits -----------------------------------------------------------------
 
 

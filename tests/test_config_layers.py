@@ -150,3 +150,12 @@ def test_a_bad_value_exits_2_naming_the_setting(
     assert res.returncode == 2, res.stdout + res.stderr
     assert names in res.stderr and "Traceback" not in res.stderr
     assert res.stdout == ""
+
+
+def test_a_config_built_in_code_ignores_the_environment(monkeypatch):
+    """Only ``load_config`` reads the environment; a ``NodeConfig(...)`` built in code is
+    exactly its arguments over the defaults."""
+    monkeypatch.setenv("INTELLECT_NODE_SPOT_CHECK", "0.5")
+    assert NodeConfig().spot_check == 1.0
+    assert load_config(environ={"INTELLECT_NODE_SPOT_CHECK": "0.5"}).spot_check == 0.5
+    assert load_config().spot_check == 0.5  # os.environ, through load_config

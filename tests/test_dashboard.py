@@ -104,9 +104,10 @@ def devnet_page(tmp_path):
     node.server_close()
 
 
-def get(url):
+def get(url, host=None):
+    req = urllib.request.Request(url, headers={"Host": host} if host else {})
     try:
-        with urllib.request.urlopen(url, timeout=10) as r:
+        with urllib.request.urlopen(req, timeout=10) as r:
             return r.status, r.read()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read()
@@ -128,6 +129,11 @@ def test_the_devnet_page_lists_every_node_and_relays_only_their_gets(devnet_page
     assert get(url + "node/v/metrics")[0] == 404  # only what the page reads is relayed
     assert get(url + "node/nobody/status")[0] == 404
     assert get(url + "dashboard/..%2f..%2fconfig.py")[0] == 404
+    # another site's page that points its name at 127.0.0.1 (DNS rebinding) reads nothing
+    port = url.rsplit(":", 1)[1].rstrip("/")
+    assert get(url + "node/v/status", host=f"evil.example:{port}")[0] == 400
+    assert get(url, host="evil.example")[0] == 400
+    assert get(url + "node/v/status", host=f"localhost:{port}")[0] == 200
     status, body = get(url + "node/gone/status")  # no admin.json: not running
     assert status == 502 and b"node unreachable" in body
 

@@ -18,6 +18,7 @@ import pytest
 
 from node.cli.devnet import wait_ready
 from node.cli.devnetpage import DevnetPage
+from node.net.adminfile import read_admin_file
 from tests.helpers.browser import Browser, artifacts_dir, browser_missing
 from tests.helpers.net import CLI, wait_until
 from tests.test_loop import Loop
@@ -175,12 +176,13 @@ def test_the_dashboard_shows_the_nodes_figures_live_in_a_real_browser(tmp_path, 
         )  # fmt: skip
         assert res.returncode == 0, res.stderr
         url = res.stdout.strip()
-        assert url == f"http://127.0.0.1:{validator.admin()['port']}/"
+        admin = read_admin_file(validator.data_dir)
+        assert url == f"http://127.0.0.1:{admin['port']}/"
         browser.open(url)
         agree(browser, {"": validator}, client, "the validator's page")
         assert browser.console_errors() == []
         same_origin_only(browser, url)
-        assert validator.admin()["token"] not in browser.driver.page_source
+        assert admin["token"] not in browser.driver.page_source
 
         # a new verdict lands: the page follows (no reload)
         before = figure(browser, "", "validator.judged")

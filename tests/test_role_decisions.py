@@ -82,6 +82,10 @@ def test_verdict_latency_over_a_window_of_the_last_verdicts():
     # the first (2 s) left the window of 4: 4, 1, 6, 3
     assert lat.summary() == {"count": 5, "last": 3.0, "mean": 3.5, "p95": 6.0, "max": 6.0}
     assert lat.add(5.0, 4.0) == 0.0  # a clock that went back counts as no time
+    twenty = VerdictLatency(window=20)
+    for s in range(1, 21):
+        twenty.add(0.0, float(s))
+    assert twenty.summary()["p95"] == 19.0  # the 19th of 20 (nearest rank), not the maximum
 
 
 def test_the_learning_curve_is_read_back_from_metrics_jsonl(tmp_path):

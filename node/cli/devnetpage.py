@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from node.cli.adminclient import admin_request
+from node.net.adminfile import local_host
 from node.net.dashboard import STATIC_DIR
 
 RELAYED = ("status", "history")  # the node endpoints the page reads
@@ -38,7 +39,11 @@ class DevnetPage:
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:  # noqa: N802 (http.server's name)
-                status, ctype, body = page.answer(self.path.split("?", 1)[0])
+                if local_host(self.headers.get("Host", "")):
+                    status, ctype, body = page.answer(self.path.split("?", 1)[0])
+                else:  # DNS rebinding: another site's page naming 127.0.0.1 as its own
+                    status, ctype = 400, "application/json"
+                    body = b'{"error": "the Host header must name 127.0.0.1 or localhost"}'
                 self.send_response(status)
                 self.send_header("Content-Type", ctype)
                 self.send_header("Content-Length", str(len(body)))

@@ -240,6 +240,7 @@ def cmd_start(args: argparse.Namespace) -> int:
                 for a in node.addrs:
                     print(f"  address : {a}/p2p/{node.peer_id}")
                 print(f"  admin   : http://127.0.0.1:{port}/status (metrics at /metrics)")
+                print(f"  page    : http://127.0.0.1:{port}/ (intellect-node dashboard)")
                 print(f"  role    : {ROLE_NOTES[cfg.role]}", flush=True)
                 async for _sig in signals:
                     print(

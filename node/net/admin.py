@@ -15,7 +15,8 @@ On start it writes ``<data_dir>/admin.json`` (mode 0600) with its port and a ran
 bearer token; the file is removed on exit.
 
 Limits, enforced before any route runs (``AdminGuard``, an ASGI middleware, and the
-hypercorn config): every request other than GET/HEAD must carry ``Authorization: Bearer
+hypercorn config): a request whose ``Host`` header names anything but 127.0.0.1 or
+localhost gets 400 (a page elsewhere cannot read the node through DNS rebinding); every request other than GET/HEAD must carry ``Authorization: Bearer
 <token>`` (else 401); a request body over ``MAX_REQUEST`` (64 KiB) is refused with 413
 (from ``Content-Length`` before reading, or once that much arrived), as is a request head
 over the same size (a head that is still incomplete at that size is cut off by hypercorn's
@@ -57,7 +58,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from node.net.adminfile import ADMIN_FILE
+from node.net.adminfile import ADMIN_FILE, local_host
 
 if TYPE_CHECKING:
     from node.net.runtime import Node
@@ -127,6 +128,8 @@ class AdminGuard:
         if sum(len(k) + len(v) + 4 for k, v in raw) + len(scope["raw_path"]) > self.max_body:
             return _error(413, f"request head over {self.max_body} bytes", connection="close")
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in raw}
+        if not local_host(headers.get("host", "")):
+            return _error(400, "the Host header must name 127.0.0.1 or localhost")
         if scope["method"] not in SAFE_METHODS and not secrets.compare_digest(
             headers.get("authorization", "").encode(), f"Bearer {self.token}".encode()
         ):

@@ -11,6 +11,21 @@ from pathlib import Path
 from typing import Any
 
 ADMIN_FILE = "admin.json"
+LOCAL_NAMES = frozenset({"127.0.0.1", "localhost"})
+
+
+def local_host(host: str) -> bool:
+    """Whether a request's ``Host`` header names this machine's loopback (with or without a
+    port). The admin endpoint and the devnet's page answer only such requests: a web page
+    the user has open elsewhere could otherwise point its own name at 127.0.0.1 (DNS
+    rebinding) and read a node's status from the browser. An absent header (an HTTP/1.0
+    client, never a browser) is let through."""
+    if not host:
+        return True
+    name, sep, port = host.rpartition(":")
+    if not sep or not port.isdigit():
+        name = host
+    return name.lower() in LOCAL_NAMES
 
 
 def read_admin_file(data_dir: Path) -> dict[str, Any]:

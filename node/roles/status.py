@@ -6,6 +6,7 @@ are part of the node's interface, so they are written out here, once.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -117,7 +118,7 @@ class VerdictLatency:
         if not self.seconds:
             return {"count": 0, "last": None, "mean": None, "p95": None, "max": None}
         ordered = sorted(self.seconds)
-        p95 = ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))]
+        p95 = ordered[math.ceil(0.95 * len(ordered)) - 1]  # nearest rank
         return {
             "count": self.count,
             "last": round(self.seconds[-1], 3),
