@@ -366,6 +366,8 @@ def test_a_blamed_member_is_refused_for_the_rest_of_the_step():
     assert m.arrive(L, (0, 1), 1.0, alive, norm=1.0) == [L, A, B]  # not waiting for C
     with pytest.raises(Refused, match="cheated"):
         m.arrive(C, (0, 1), 2.0, alive, norm=1.0)
+    with pytest.raises(Refused, match="cheated"):  # asking for the attempt it spoiled,
+        m.arrive(C, (0, 0), 2.0, alive, norm=1.0)  # it learns why, not just "stale"
 
 
 # ---- wire messages ---------------------------------------------------------------------

@@ -73,10 +73,10 @@ class Membership:
         """``peer`` is ready for ``key``: the roster if it is formed (``None``: ask again)."""
         if self.admit is not None and peer != self.leader and peer not in self.admit:
             self._refuse("not_admitted")
+        if peer in self.excluded.get(key[0], ()):  # before "stale": the step was retried
+            self._refuse("cheated")  # without it, and it should learn why
         if key < self.current:  # the group has moved on to a later step or attempt
             self._refuse("stale")
-        if peer in self.excluded.get(key[0], ()):
-            self._refuse("cheated")
         if key in self.rosters:
             roster = self.rosters[key]
             if peer not in roster:
