@@ -208,7 +208,7 @@ async def events(port: int, clients: int, seconds: float, interval: float = 0.1)
         stream = await trio.open_tcp_stream("127.0.0.1", port)
         async with stream:
             await stream.send_all(
-                f"GET /events?interval={interval} HTTP/1.1\r\nHost: x\r\n\r\n".encode()
+                f"GET /events?interval={interval} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode()
             )
             buf, head_done, first = b"", False, True
             while chunk := await stream.receive_some(1 << 16):

@@ -243,7 +243,7 @@ async def test_a_slow_client_is_cut_off_while_others_are_served(tmp_path, part):
     async with endpoint(tmp_path) as e:
         body = json.dumps({"pad": "p" * 1000}).encode()
         head = (
-            f"POST /service/act HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {e.token}\r\n"
+            f"POST /service/act HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {e.token}\r\n"
             f"Content-Length: {len(body)}\r\nX-Pad: {'q' * 500}\r\n\r\n"
         ).encode()
         served = []
@@ -370,7 +370,7 @@ async def read_events(port: int, count: int, query: str = "?interval=0.2") -> li
     with trio.fail_after(HANG):
         stream = await trio.open_tcp_stream("127.0.0.1", port)
         async with stream:
-            await stream.send_all(f"GET /events{query} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+            await stream.send_all(f"GET /events{query} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
             raw = b""
             while b"\r\n\r\n" not in raw:
                 raw += await stream.receive_some(65536)
@@ -442,7 +442,7 @@ async def test_events_interval_is_bounded_and_streams_are_capped(tmp_path, monke
         held = []
         for _ in range(2):
             stream = await trio.open_tcp_stream("127.0.0.1", e.port)
-            await stream.send_all(b"GET /events?interval=60 HTTP/1.1\r\nHost: x\r\n\r\n")
+            await stream.send_all(b"GET /events?interval=60 HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
             assert (await stream.receive_some(65536)).startswith(b"HTTP/1.1 200")
             held.append(stream)
         status, _, body = await http(e.port, "GET", "/events")
