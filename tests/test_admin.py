@@ -370,7 +370,9 @@ async def read_events(port: int, count: int, query: str = "?interval=0.2") -> li
     with trio.fail_after(HANG):
         stream = await trio.open_tcp_stream("127.0.0.1", port)
         async with stream:
-            await stream.send_all(f"GET /events{query} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
+            await stream.send_all(
+                f"GET /events{query} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode()
+            )
             raw = b""
             while b"\r\n\r\n" not in raw:
                 raw += await stream.receive_some(65536)
