@@ -34,6 +34,10 @@ def _lower(v: Any) -> str:
     return v.lower() if isinstance(v, str) else ""
 
 
+def _row(kind: str, role: str, amount_wei: int, detail: str, key: str) -> dict[str, Any]:
+    return {"kind": kind, "role": role, "amount_wei": amount_wei, "key": key, "detail": detail}
+
+
 def classify(event: dict[str, Any], address: str) -> dict[str, Any] | None:
     """What ``event`` means for ``address``: kind, role, signed amount and detail; None
     when it concerns the account only in passing (e.g. a transfer of ownership)."""
@@ -43,13 +47,7 @@ def classify(event: dict[str, Any], address: str) -> dict[str, Any] | None:
     key = str(args.get("key", ""))
     if name == "WorkSubmitted" and worker:
         detail = f"{args['units']} units, policy v{args['policy_version']}"
-        return {
-            "kind": "submission",
-            "role": role,
-            "amount_wei": int(args["reward"]),
-            "key": key,
-            "detail": detail,
-        }
+        return _row("submission", role, int(args["reward"]), detail, key)
     if name in ("WorkAccepted", "WorkRejected", "RejectOverturned"):
         if name == "WorkAccepted":
             detail = "accepted" + (" (final)" if args.get("final") else "")
@@ -59,43 +57,19 @@ def classify(event: dict[str, Any], address: str) -> dict[str, Any] | None:
             detail = f"rejection overturned, bond burned {int(args['burned_bond'])} wei"
         if not worker:
             detail += f" (worker {args['worker']})"
-        return {"kind": "verdict", "role": role, "amount_wei": 0, "key": key, "detail": detail}
+        return _row("verdict", role, 0, detail, key)
     if name == "Slashed":
         if worker:
             detail = f"burned {int(args['burned'])} wei"
-            return {
-                "kind": "slash",
-                "role": role,
-                "amount_wei": -int(args["stake"]),
-                "key": "",
-                "detail": detail,
-            }
+            return _row("slash", role, -int(args["stake"]), detail, "")
         detail = f"validator share of slashing {args['worker']}"
-        return {
-            "kind": "slash",
-            "role": role,
-            "amount_wei": int(args["validator_share"]),
-            "key": "",
-            "detail": detail,
-        }
+        return _row("slash", role, int(args["validator_share"]), detail, "")
     if name == "Settled" and worker:
         detail = f"{args['entries']} entries, unpaid {int(args['unpaid'])} wei"
-        return {
-            "kind": "settle",
-            "role": role,
-            "amount_wei": int(args["reward"]),
-            "key": "",
-            "detail": detail,
-        }
+        return _row("settle", role, int(args["reward"]), detail, "")
     if name == "Claimed":
         detail = f"reward {int(args['reward'])} wei + credit {int(args['credit'])} wei"
-        return {
-            "kind": "claim",
-            "role": "account",
-            "amount_wei": int(args["total"]),
-            "key": "",
-            "detail": detail,
-        }
+        return _row("claim", "account", int(args["total"]), detail, "")
     stake = {
         "Registered": (int(args.get("stake", 0)), "registered"),
         "StakeAdded": (int(args.get("amount", 0)), "stake added"),
@@ -103,13 +77,7 @@ def classify(event: dict[str, Any], address: str) -> dict[str, Any] | None:
         "Withdrawn": (0, f"withdrew {int(args.get('unbonded_stake', 0))} wei unbonded"),
     }.get(name)
     if stake is not None:
-        return {
-            "kind": "stake",
-            "role": "account",
-            "amount_wei": stake[0],
-            "key": "",
-            "detail": stake[1],
-        }
+        return _row("stake", "account", stake[0], stake[1], "")
     return None
 
 
