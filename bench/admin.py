@@ -1,6 +1,6 @@
 """Benchmark: the admin endpoint, new (starlette served by hypercorn on trio,
 ``node/net/admin.py``) against the old hand-written HTTP/1.1 server
-(``bench/legacy_admin.py``, kept only for this), measured in one run; and the node's own
+(``bench/baselines/legacy_admin.py``, kept only for this), measured in one run; and the node's own
 work while a dashboard page is open.
 
     .venv/bin/python bench/admin.py [--clients 20] [--requests 2000] [--seconds 8]
@@ -72,6 +72,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -95,7 +96,7 @@ def serve(kind: str, data_dir: Path) -> None:
     if kind == "new":
         from node.net.admin import AdminServer
     else:
-        from bench.legacy_admin import AdminServer  # type: ignore[no-redef]
+        from bench.baselines.legacy_admin import AdminServer  # type: ignore[no-redef]
 
     cfg = load_config(
         environ={},
@@ -170,25 +171,31 @@ def pct(values: list[float], q: float) -> float:
     return statistics.quantiles(values, n=100)[q - 1] if len(values) > 1 else values[0]
 
 
-async def load(port: int, path: str, clients: int, requests: int, seconds: float) -> dict:
-    """``clients`` concurrent clients GET ``path`` until ``requests`` or ``seconds``."""
-    latencies: list[float] = []
-    left = requests
+async def run_clients(client: Callable[[], Awaitable[None]], clients: int, seconds: float) -> float:
+    """Run ``clients`` copies of ``client`` at once for at most ``seconds``; the seconds
+    they took."""
     started = time.perf_counter()
     with trio.move_on_after(seconds):
         async with trio.open_nursery() as nursery:
             for _ in range(clients):
-
-                async def client() -> None:
-                    nonlocal left
-                    while left > 0:
-                        left -= 1
-                        t = time.perf_counter()
-                        await get(port, path)
-                        latencies.append(time.perf_counter() - t)
-
                 nursery.start_soon(client)
-    elapsed = time.perf_counter() - started
+    return time.perf_counter() - started
+
+
+async def load(port: int, path: str, clients: int, requests: int, seconds: float) -> dict:
+    """``clients`` concurrent clients GET ``path`` until ``requests`` or ``seconds``."""
+    latencies: list[float] = []
+    left = requests
+
+    async def client() -> None:
+        nonlocal left
+        while left > 0:
+            left -= 1
+            t = time.perf_counter()
+            await get(port, path)
+            latencies.append(time.perf_counter() - t)
+
+    elapsed = await run_clients(client, clients, seconds)
     return {
         "rps": len(latencies) / elapsed,
         "p50_ms": 1000 * pct(latencies, 50),
@@ -228,12 +235,7 @@ async def events(port: int, clients: int, seconds: float, interval: float = 0.1)
                     count += n
                     buf = buf[buf.rindex(b"\n\n") + 2 :]
 
-    started = time.perf_counter()
-    with trio.move_on_after(seconds):
-        async with trio.open_nursery() as nursery:
-            for _ in range(clients):
-                nursery.start_soon(client)
-    elapsed = time.perf_counter() - started
+    elapsed = await run_clients(client, clients, seconds)
     return {"first_p95_ms": 1000 * pct(firsts, 95), "per_s": count / elapsed, "streams": clients}
 
 
@@ -254,12 +256,7 @@ async def polls(port: int, clients: int, seconds: float, interval: float = 0.1) 
             await get(port, "/status")
             count += 1
 
-    started = time.perf_counter()
-    with trio.move_on_after(seconds):
-        async with trio.open_nursery() as nursery:
-            for _ in range(clients):
-                nursery.start_soon(client)
-    elapsed = time.perf_counter() - started
+    elapsed = await run_clients(client, clients, seconds)
     return {"first_p95_ms": 1000 * pct(firsts, 95), "per_s": count / elapsed, "streams": clients}
 
 
