@@ -18,6 +18,7 @@ The chunk byte formats are in ``node/diloco/quant.py`` and SPEC.md section 17.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from protocol.ids import PEER_ID_PATTERN, check_run_id
@@ -25,6 +26,12 @@ from protocol.messages import Header
 from protocol.schema import FieldSpec, blob, f64, listof, text, u64
 
 DILOCO = "/intellect/diloco/1.0.0"
+# live recovery over SHARDCAST (node/diloco/statecast.py): SHARDCAST's messages
+# (WeightsQuery/WeightsHolding, ShardRequest/ShardReply) for the leader's state, apart
+# from the policy weights' /intellect/weights and /intellect/shardcast
+DILOCO_STATE = "/intellect/diloco-state/1.0.0"
+DILOCO_SHARD = "/intellect/diloco-shard/1.0.0"
+STATE_FILE = "diloco-state.safetensors"  # the one file a state manifest lists
 MAX_MEMBERS = 64
 MAX_CHUNK = 2**31 - 1  # bytes of one raw chunk frame
 MAX_STATE = 2**40  # bytes of a member's whole state
@@ -35,9 +42,14 @@ PHASES = ("", "rs", "ag")
 ENCODINGS = ("int8", "fp32")
 
 
-def group_key(run_id: str) -> str:
-    """DHT provider key under which every DiLoCo member of ``run_id`` provides itself."""
-    return f"/intellect/{check_run_id(run_id)}/diloco"
+def group_key(run_id: str, leader: str = "") -> str:
+    """DHT provider key under which every member of the DiLoCo group of ``run_id`` led by
+    ``leader`` (the run's ``trainer_peer_id``) provides itself; without ``leader``, the
+    key of the run's groups in general (provided by none: kept for callers of the old form)."""
+    if leader and not re.fullmatch(PEER_ID_PATTERN, leader):
+        raise ValueError(f"not a peer id: {leader!r}")
+    base = f"/intellect/{check_run_id(run_id)}/diloco"
+    return f"{base}/{leader}" if leader else base
 
 
 @dataclass(frozen=True)

@@ -3,8 +3,11 @@
 One cluster, to keep the suite's cost down: a leader and two members train the tiny model;
 after outer steps 1 and 2 all three hold bitwise-identical parameters (hash); during step 3's
 all-reduce one member is killed with SIGKILL and the other two complete the step without it
-(a retry with the survivors), again identical. Then a fourth member joins: it recovers the
-leader's whole state at that boundary (its hash equals the donor's) and trains on with the
+(a retry with the survivors), again identical. Then a fourth member joins: knowing only
+member 1's address, it finds the group (the leader) through the DHT provider records of
+``group_key``, and recovers the leader's whole state at that boundary over SHARDCAST (a
+manifest the leader signed, verified shards; its hash equals the donor's, and both its
+model and its outer copy hold the donor's θ) and trains on with the
 group, identical after every step, until it leaves the group (its node stays up): the next
 step goes on without it at once, not after the sync timeout. An outsider that the leader did not admit is refused
 both a ring chunk and a place in the roster. A fourth starting member cheats in step 2: it
@@ -66,6 +69,10 @@ def test_three_members_stay_identical_and_survive_a_kill(tmp_path):
         addr = (dirs[0] / "addr").read_text()
         boot = ["--bootstrap", addr]
         procs.append(spawn(dirs[1], leader, *common, *boot, "--shard", "1"))
+        wait_until(lambda: (dirs[1] / "addr").exists(), 90, "member 1's address")
+        # the joiner knows only member 1's address, not the leader's: it finds the group
+        # (and the leader's address) in the DHT
+        boot1 = ["--bootstrap", (dirs[1] / "addr").read_text()]
         procs.append(
             spawn(dirs[2], leader, *common, *boot, "--shard", "2", "--pause-at", str(KILL_AT))
         )
@@ -76,7 +83,7 @@ def test_three_members_stay_identical_and_survive_a_kill(tmp_path):
                 dirs[4],
                 leader,
                 *common,
-                *boot,
+                *boot1,
                 *("--shard", "4", "--join-at", str(JOIN_AT), "--leave-after", str(LEAVE_AFTER)),
             )
         )
@@ -110,6 +117,11 @@ def test_three_members_stay_identical_and_survive_a_kill(tmp_path):
         recovered = json.loads((dirs[4] / "recovered.json").read_text())
         assert recovered["step"] == JOIN_AT
         assert recovered["state"] == a[JOIN_AT - 1]["state"]
+        assert leader in recovered["found"]  # the DHT's provider records named the leader
+        # pulled over SHARDCAST: a manifest the leader signed, several verified shards
+        assert recovered["via"] == "shardcast" and recovered["signer"] == leader
+        assert recovered["shards"] >= 2 and recovered["fetched"] >= recovered["shards"]
+        assert recovered["model"] == recovered["hash"] == a[JOIN_AT - 1]["hash"]  # both copies
         joined = steps(dirs[4])
         assert [r["step"] for r in joined] == list(range(JOIN_AT + 1, LEAVE_AFTER + 1))
         for r in joined:

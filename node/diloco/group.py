@@ -25,7 +25,7 @@ from typing import Any
 import torch
 import trio
 
-from node.diloco import recovery
+from node.diloco import finding, recovery, statecast
 from node.diloco.membership import Key, Membership, Refused
 from node.diloco.ring import Aborted, BadChunk, Outbox, all_reduce, norm_limits
 from node.net.requests import RemoteRefusal, Responder
@@ -36,8 +36,10 @@ from protocol.diloco import (
     DilocoChunk,
     DilocoRequest,
     DilocoRoster,
+    group_key,
 )
 from protocol.errors import Reason, WireError
+from protocol.shardcast import DEFAULT_SHARD
 
 log = logging.getLogger("intellect.diloco")
 
@@ -71,6 +73,9 @@ class GroupConfig:
     step_timeout: float = 900.0  # one outer step, all attempts together
     poll_interval: float = 0.1
     admit: frozenset[str] | None = None  # the leader admits only these (None: any)
+    provide_every: float = 30.0  # seconds between DHT provides of the group's key
+    find_timeout: float = 60.0  # a joiner looks the leader up in the DHT this long
+    state_shard: int = DEFAULT_SHARD  # shard size of the state offered to joiners
 
 
 @dataclass
@@ -105,11 +110,23 @@ class DilocoGroup:
         self.attempts: dict[Key, Attempt] = {}
         self.failures = 0  # attempts we abandoned
         self.snapshot: tuple[int, bytes] | None = None  # (outer step, state) we serve joiners
+        self.key = group_key(node.cfg.run_id, cfg.leader)  # our DHT provider key
+        self.statecast = statecast.StateServer(
+            node, lambda: self.snapshot, offers=self.leading, shard_size=cfg.state_shard
+        )
 
     def register(self) -> None:
+        """Serve the group's protocols (``serve`` also advertises the group in the DHT)."""
         self.node.serve_requests(
             DILOCO, DilocoRequest, self._handle, deadline=self.node.cfg.read_timeout * 3
         )
+        self.statecast.register()
+
+    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """``register``, then provide the group's key in the DHT until cancelled."""
+        self.register()
+        task_status.started()
+        await finding.advertise(self.node, self.key, every=self.cfg.provide_every)
 
     # ---- one outer step ---------------------------------------------------------------
 
@@ -217,8 +234,7 @@ class DilocoGroup:
     def _arrive(
         self, peer: str, key: Key, layout: str, state: str, norm: float
     ) -> list[str] | None:
-        alive = set(self.node.known_peers()) | {self.me}
-        now = trio.current_time()
+        alive, now = set(self.node.known_peers()) | {self.me}, trio.current_time()
         try:
             return self.membership.arrive(peer, key, now, alive, layout, state, norm)
         except Refused as exc:
@@ -232,8 +248,19 @@ class DilocoGroup:
         """Ask the leader to expect us; the outer step whose state we must recover."""
         return await recovery.announce_join(self.node, self.cfg.leader, at_least)
 
+    async def find_leader(self) -> set[str]:
+        """The group's members found in the DHT (the leader among them unless it timed out)."""
+        return await finding.find_leader(
+            self.node, self.key, self.cfg.leader, within=self.cfg.find_timeout
+        )
+
+    async def pull_state(self, step: int) -> statecast.Pulled | None:
+        """The leader's state at the start of ``step`` over SHARDCAST (``None``: moved past)."""
+        with trio.fail_after(self.cfg.step_timeout):
+            return await statecast.pull_state(self.node, self.cfg.leader, self.cfg.leader, step)
+
     async def fetch_state(self, donor: str, step: int) -> bytes | None:
-        """The state of ``donor`` at the start of ``step`` (``None``: it moved past it)."""
+        """``donor``'s state over the ``state`` request (joiners use ``pull_state``)."""
         with trio.fail_after(self.cfg.step_timeout):
             return await recovery.fetch_state(self.node, donor, step)
 
@@ -301,20 +328,8 @@ class DilocoGroup:
             raise WireError(Reason.NOT_FOUND, "not the group's leader")
         key = (msg.step, msg.attempt)
         if msg.op == "join":
-            try:
-                at = self.membership.expect(msg.sender, msg.step)
-            except Refused as exc:
-                raise WireError(Reason.NOT_MEMBER, f"refused: {exc}") from exc
-            await responder.send(
-                DilocoRoster(
-                    **self.node.header(),
-                    step=msg.step if at is None else at,
-                    attempt=0,
-                    state="wait" if at is None else "ready",
-                    encoding=self.cfg.encoding,
-                    members=list(self.membership.members),
-                    norms=[],
-                )
+            await recovery.answer_join(
+                self.node, self.membership, self.cfg.encoding, msg, responder
             )
             return
         if msg.op == "leave":

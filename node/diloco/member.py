@@ -10,6 +10,7 @@ written to disk: ``restore`` continues from either.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -23,6 +24,9 @@ from node.diloco.group import DilocoGroup, GroupError, Reduced
 from node.diloco.outer import OuterState, layout_of, params_hash
 from node.diloco.recovery import JoinRefused
 from node.diloco.state import load_state, pack_state, save_checkpoint, state_hash
+from node.diloco.statecast import Pulled, StateTransferError
+
+log = logging.getLogger("intellect.diloco")
 
 
 @dataclass
@@ -49,6 +53,8 @@ class Member:
     inner_steps: int = 100  # H
     checkpoint: Path | None = None  # written after every outer step
     history: list[OuterRecord] = field(default_factory=list)
+    recovered: Pulled | None = None  # how ``join`` got its state (SHARDCAST)
+    found: set[str] = field(default_factory=set)  # the group's members ``join`` found in the DHT
 
     def __post_init__(self) -> None:
         self._publish()
@@ -70,21 +76,30 @@ class Member:
         self._publish()
 
     async def join(self, at_least: int = 0) -> tuple[int, str]:
-        """Join a running group: announce ourselves to the leader, pull the state of the
-                boundary it expects us at from the leader, and load it: (step, the hash of our state
-        packed again after loading, equal to the donor's if every part of it was taken over)."""
+        """Join a running group: find it in the DHT (its provider records lead to the
+        leader), announce ourselves to the leader, pull over SHARDCAST the leader's state at
+        the boundary it expects us at, and load it into both parameter copies: (step, the
+        hash of our state packed again after loading, equal to the donor's if every part of
+        it was taken over)."""
+        self.found = await self.group.find_leader()
+        if self.group.cfg.leader not in self.found:
+            log.warning("the DHT did not name the leader: asking it at the address we know")
         while True:
             try:
                 step = await self.group.announce_join(at_least)
             except JoinRefused as exc:
                 raise GroupError(str(exc)) from exc
-            data = await self.group.fetch_state(self.group.cfg.leader, step)
-            if data is None:
+            try:
+                pulled = await self.group.pull_state(step)
+            except StateTransferError as exc:
+                raise GroupError(f"the leader's state could not be pulled: {exc}") from exc
+            if pulled is None:
                 continue  # the group moved past that boundary meanwhile: ask again
             try:
-                self.restore(data)
+                self.restore(pulled.data)
             except ValueError as exc:
                 raise GroupError(f"the leader's state does not fit our model: {exc}") from exc
+            self.recovered = pulled
             return step, state_hash(self.packed())  # what we hold now, packed again
 
     def state_hash(self) -> str:

@@ -17,6 +17,7 @@ import logging
 
 import trio
 
+from node.diloco.membership import Membership, Refused
 from node.net.requests import RemoteRefusal, Responder
 from node.net.runtime import Node
 from protocol.diloco import DILOCO, STATE_FRAME, DilocoChunk, DilocoRequest, DilocoRoster
@@ -63,6 +64,27 @@ async def announce_join(node: Node, leader: str, at_least: int = 0) -> int:
         if reply is not None and reply.state == "ready":
             return int(reply.step)
         await trio.sleep(POLL)
+
+
+async def answer_join(
+    node: Node, membership: Membership, encoding: str, msg: DilocoRequest, responder: Responder
+) -> None:
+    """The leader's answer to ``join``: the step the joiner is expected at, or ``wait``."""
+    try:
+        at = membership.expect(msg.sender, msg.step)
+    except Refused as exc:
+        raise WireError(Reason.NOT_MEMBER, f"refused: {exc}") from exc
+    await responder.send(
+        DilocoRoster(
+            **node.header(),
+            step=msg.step if at is None else at,
+            attempt=0,
+            state="wait" if at is None else "ready",
+            encoding=encoding,
+            members=list(membership.members),
+            norms=[],
+        )
+    )
 
 
 async def fetch_state(node: Node, donor: str, step: int) -> bytes | None:

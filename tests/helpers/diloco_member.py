@@ -9,7 +9,8 @@ a random byte corpus, and appends one JSON line per outer step to ``D/steps.json
 ``D/paused`` and sleep before its first reduce-scatter pull of that step (so a test can kill
 it during the all-reduce). ``--admit A,B`` (leader): admit only these peers.
 ``--join-at K``: join the running group at outer step K or later, recovering its state from
-the leader (written to ``D/recovered.json``). ``--cheat-at K``: at outer step K send its pseudo-gradient × 1000 while declaring its true
+the leader over SHARDCAST after finding the group in the DHT (written to
+``D/recovered.json``). ``--cheat-at K``: at outer step K send its pseudo-gradient × 1000 while declaring its true
 norm. ``--leave-after K``: leave the group after outer step K, staying up 40 s.
 ``--outsider``: not a member; it tries to pull the leader's first ring chunk and to sync
 with the leader, and writes the refusal reasons it got to ``D/outsider.json``.
@@ -31,12 +32,13 @@ from node.config import NodeConfig
 from node.diloco.group import DilocoGroup, GroupConfig, GroupError
 from node.diloco.inner import Corpus, InnerConfig, inner_step, make_optimizer
 from node.diloco.member import Member
-from node.diloco.outer import OuterConfig, OuterState
+from node.diloco.outer import OuterConfig, OuterState, params_hash
 from node.keystore import load_or_create_identity
 from node.logs import setup_logging
 from node.net.requests import RemoteRefusal
 from node.net.runtime import Node
 from protocol.diloco import DILOCO, DilocoChunk, DilocoRequest, DilocoRoster
+from protocol.shardcast import MIN_SHARD
 from tests.helpers.tiny_lm import tiny_llama
 
 
@@ -104,6 +106,9 @@ async def main(args: argparse.Namespace) -> None:
             round_timeout=10,
             step_timeout=300,
             admit=frozenset(args.admit.split(",")) if args.admit else None,
+            provide_every=2.0,
+            find_timeout=60.0,
+            state_shard=MIN_SHARD,  # a state of several shards, as a large model's
         ),
         before_pull=before_pull,
     )
@@ -116,7 +121,7 @@ async def main(args: argparse.Namespace) -> None:
     member = Member(model, outer, group, inner, opt, corpus, args.inner_steps)
     async with trio.open_nursery() as nursery:
         await nursery.start(node.serve)
-        group.register()
+        await nursery.start(group.serve)  # its protocols, and its key provided in the DHT
         (args.dir / "addr").write_text(f"{node.addrs[0]}/p2p/{node.peer_id}")
         if args.outsider:
             await outsider(node, args)
@@ -126,7 +131,20 @@ async def main(args: argparse.Namespace) -> None:
             try:
                 if args.join_at >= 0:
                     step, digest = await member.join(args.join_at)
-                    recovered = {"step": step, "state": digest, "position": corpus.position}
+                    pulled = member.recovered
+                    assert pulled is not None
+                    recovered = {
+                        "step": step,
+                        "state": digest,
+                        "position": corpus.position,
+                        "found": sorted(member.found),  # the group's providers in the DHT
+                        "via": pulled.via,
+                        "signer": pulled.signer,
+                        "shards": pulled.shards,
+                        "fetched": pulled.fetched,
+                        "hash": member.state_hash(),  # θ, to compare with the model's
+                        "model": params_hash(list(model.parameters())),
+                    }
                     (args.dir / "recovered.json").write_text(json.dumps(recovered))
                 while member.outer.step < args.outer_steps:
                     rec = await member.outer_step()

@@ -1,0 +1,149 @@
+"""A DiLoCo state over SHARDCAST between two real libp2p runtimes in this process (on
+127.0.0.1): the honest pull, a manifest not signed by the leader, a corrupted shard; and
+finding a group's leader through the DHT provider records of ``group_key``."""
+
+from contextlib import asynccontextmanager
+
+import pytest
+import trio
+from libp2p.peer.id import ID
+from libp2p.peer.peerinfo import PeerInfo
+
+from crypto.identity import Identity
+from node.config import load_config
+from node.diloco import finding
+from node.diloco.statecast import StateServer, StateTransferError, build_offer, pull_state
+from node.net.host import parse_addrs
+from node.net.runtime import Node
+from protocol.diloco import DILOCO_SHARD, group_key
+from protocol.errors import Reason, WireError
+from protocol.shardcast import MIN_SHARD
+
+RUN = "test-run"
+STATE = bytes(range(256)) * 1000  # 256,000 bytes: four shards of 64 KiB
+
+
+@asynccontextmanager
+async def two_nodes(tmp_path):
+    nodes = []
+    async with trio.open_nursery() as nursery:
+        for name in ("leader", "joiner"):
+            cfg = load_config(
+                environ={},
+                flags={
+                    "role": "trainer",
+                    "run_id": RUN,
+                    "listen": ["/ip4/127.0.0.1/tcp/0"],
+                    "data_dir": tmp_path / name,
+                    "read_timeout": 3.0,
+                    "discovery_interval": 600.0,
+                },
+            )
+            nodes.append(await nursery.start(Node(cfg, Identity.generate()).serve))
+        leader, joiner = nodes
+        info = PeerInfo(ID.from_base58(leader.peer_id), parse_addrs(leader.addrs))
+        await joiner.connect(info)
+        try:
+            yield leader, joiner
+        finally:
+            for n in nodes:
+                n.request_stop()
+            nursery.cancel_scope.cancel()
+
+
+def serve(node, snapshot, *, offers=True):
+    server = StateServer(node, lambda: snapshot, offers=offers, shard_size=MIN_SHARD)
+    server.register()
+    return server
+
+
+async def test_a_joiner_pulls_the_leaders_state_shard_by_shard(tmp_path):
+    async with two_nodes(tmp_path) as (leader, joiner):
+        server = serve(leader, (3, STATE))
+        with trio.fail_after(60):
+            pulled = await pull_state(joiner, leader.peer_id, leader.peer_id, 3)
+        assert pulled is not None and pulled.data == STATE
+        assert (pulled.step, pulled.signer, pulled.shards) == (3, leader.peer_id, 4)
+        assert pulled.via == "shardcast" and pulled.banned == []
+        assert server.uploaded == len(STATE)
+        with trio.fail_after(60):  # the leader is past step 2: the joiner must ask again
+            assert await pull_state(joiner, leader.peer_id, leader.peer_id, 2) is None
+
+
+async def test_a_state_not_signed_by_the_leader_is_refused(tmp_path):
+    async with two_nodes(tmp_path) as (donor, joiner):
+        serve(donor, (1, STATE))  # the donor signs: it is not the group's leader
+        someone = Identity.generate().peer_id
+        with trio.fail_after(60), pytest.raises(StateTransferError, match="signed by"):
+            await pull_state(joiner, donor.peer_id, someone, 1)
+
+
+class Corrupting(StateServer):
+    """A donor that flips one bit of the second shard on the way out."""
+
+    def read(self, offer, start, end):
+        data = bytearray(super().read(offer, start, end))
+        if start <= MIN_SHARD + 7 < end:
+            data[MIN_SHARD + 7 - start] ^= 1
+        return bytes(data)
+
+
+async def test_a_corrupted_shard_is_caught_and_its_server_banned(tmp_path):
+    async with two_nodes(tmp_path) as (leader, joiner):
+        Corrupting(leader, lambda: (1, STATE), offers=True, shard_size=MIN_SHARD).register()
+        with trio.fail_after(60), pytest.raises(StateTransferError, match="bad shard"):
+            await pull_state(joiner, leader.peer_id, leader.peer_id, 1)
+        rejected = joiner.metrics.get(
+            "rejected", reason=Reason.BAD_SHARD.value, protocol=DILOCO_SHARD
+        )
+        assert rejected == 1
+
+
+async def test_a_member_that_only_offers_nothing_answers_version_0(tmp_path):
+    async with two_nodes(tmp_path) as (member, joiner):
+        serve(member, (1, STATE), offers=False)  # not the leader: it offers nothing
+        with trio.move_on_after(2) as scope:
+            await pull_state(joiner, member.peer_id, member.peer_id, 1)
+        assert scope.cancelled_caught  # still waiting for an offer, nothing accepted
+
+
+async def test_the_group_is_found_in_the_dht(tmp_path):
+    async with two_nodes(tmp_path) as (leader, joiner):
+        key = group_key(RUN, leader.peer_id)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(lambda: finding.advertise(leader, key, every=1.0))
+            found = await finding.find_leader(joiner, key, leader.peer_id, within=60)
+            nursery.cancel_scope.cancel()
+        assert leader.peer_id in found
+        other = group_key(RUN, Identity.generate().peer_id)  # another group: nobody provides
+        assert await finding.find_leader(joiner, other, leader.peer_id, within=2) == set()
+
+
+def test_group_key_is_derived_from_the_run_and_the_leader():
+    leader = Identity.generate().peer_id
+    assert group_key(RUN, leader) == f"/intellect/{RUN}/diloco/{leader}"
+    with pytest.raises(ValueError, match="not a peer id"):
+        group_key(RUN, "not/a peer")
+    with pytest.raises(ValueError, match="run id must match"):
+        group_key("Bad Run", leader)
+
+
+def test_a_manifest_names_the_step_and_one_file():
+    from node.diloco.statecast import check_manifest
+
+    ident = Identity.generate()
+
+    class Fake:  # build_offer needs only a header and an identity
+        identity = ident
+
+        @staticmethod
+        def header():
+            return {"run_id": RUN, "sender": ident.peer_id, "seq": 1, "ts_ms": 1}
+
+    offer = build_offer(Fake, 5, STATE, MIN_SHARD)
+    m = check_manifest(offer.envelope, run_id=RUN, leader=ident.peer_id, step=5)
+    assert (m.version, m.step, m.num_shards, m.total_size) == (6, 5, 4, len(STATE))
+    with pytest.raises(WireError, match="not step 4"):
+        check_manifest(offer.envelope, run_id=RUN, leader=ident.peer_id, step=4)
+    with pytest.raises(WireError):
+        check_manifest(offer.envelope, run_id="other-run", leader=ident.peer_id, step=5)
