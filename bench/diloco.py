@@ -1,41 +1,43 @@
 """DiLoCo, measured: bytes on the wire, final loss, compute utilization on a slow link.
 
     .venv/bin/python bench/diloco.py [--members 2] [--inner 10] [--outer 6] [--seeds 3]
-                                     [--hidden 64] [--layers 2] [--json]
+                                     [--util-outer 2] [--hidden 64] [--layers 2] [--json]
 
-All in one process on the tiny Llama shape (vocabulary 256: byte tokens), pretraining on a
-tiny local corpus (this repository's README.md, SPEC.md and docs/, the last 10% held out).
-The ring is ``node.diloco.ring.all_reduce`` over in-memory outboxes (the same code the
-libp2p group runs; ``tests/test_diloco_network.py`` runs it between processes).
+The tiny Llama shape (vocabulary 256: byte tokens), pretraining on a tiny local corpus (this
+repository's README.md, SPEC.md and docs/, the last 10% held out).
 
-1. Bandwidth: the payload bytes a member receives in one outer step of the int8 ring, and
-   in one data-parallel step (fp32 gradients in the same ring); data-parallel training of
-   the same tokens makes H such steps per outer step. ``bandwidth_reduction`` = H(=100) x
-   DDP bytes / DiLoCo bytes. It is a little under 4 x 100: each int8 chunk carries its
-   1 KiB lookup table, which is 2 KiB / P per member and step (P parameters): visible on
-   this tiny model, nothing at 10B.
-2. Final loss at equal tokens, mean over ``--seeds``: DiLoCo int8 and fp32 (``--members``
-   members, ``--outer`` x ``--inner`` steps each), one worker (``members x inner x outer``
-   steps of the same batch) and data parallel (``inner x outer`` steps of ``members``
-   batches: one model, the gradient of the concatenated batch = the members' averaged
-   gradients). The loss is cross-entropy on fixed held-out batches.
-3. Utilization: int8 DiLoCo with the link throttled (each pull sleeps bytes / bandwidth,
-   the bandwidth calibrated on an unthrottled run of the same length) so that all-reduce
-   time / inner time is 103/2280, 382/2280 and 469/2280 (INTELLECT-1's
-   median US / transatlantic / global all-reduce against 2280 s of inner compute); measured
-   inner / (inner + all-reduce) wall-clock, against the predicted 95.7 / 85.6 / 83.0 %.
-
-Measured on this shared 2-core machine (defaults, 54 s): 108,864 bytes per member and outer
-step against 427,264 per data-parallel step: 392.5x at H = 100; held-out loss int8 3.335,
-fp32 3.360, single 2.912, DDP 3.110 (per seed: int8 3.276 / 3.258 / 3.472, fp32 3.276 /
-3.259 / 3.545); utilization 0.941 / 0.827 / 0.808 against 0.957 / 0.856 / 0.829. At this
-scale (6 outer steps of H = 10, lr 0.7 Nesterov from the first step) DiLoCo trails one
-worker at equal tokens; int8 matches fp32.
+1. Bandwidth, over libp2p: ``--members`` processes on 127.0.0.1
+   (``bench/workers/diloco_member.py``), each a real node with ``node.diloco``'s group and
+   member, the leader admitting the others; their ring runs over libp2p streams
+   (``/intellect/diloco/1.0.0``). Measured: the chunk payload bytes a member received in one
+   outer step of the int8 ring, and in one step of the same ring in fp32 (what one
+   data-parallel step moves: a gradient is as large as a pseudo-gradient); data-parallel
+   training of the same tokens makes H such steps per outer step. ``bandwidth_reduction`` =
+   H(=100) x fp32 bytes / int8 bytes. It is a little under 4 x 100: each int8 chunk carries
+   its 1 KiB lookup table, which is 2 KiB / P per member and step (P parameters): visible on
+   this tiny model, nothing at 10B. Not counted: envelopes, framing, yamux and noise.
+2. Final loss at equal tokens, mean over ``--seeds``, in this process (the ring's arithmetic
+   does not depend on the transport; ``tests/test_diloco_network.py`` checks the processes
+   agree bit for bit): DiLoCo int8 and fp32 (``--members`` members, ``--outer`` x
+   ``--inner`` steps each), one worker (``members x inner x outer`` steps of the same batch)
+   and data parallel (``inner x outer`` steps of ``members`` batches: one model, the
+   gradient of the concatenated batch = the members' averaged gradients). The loss is
+   cross-entropy on fixed held-out batches.
+3. Utilization, over libp2p: the same processes go on with int8 DiLoCo, ``--util-outer``
+   outer steps per link. Real: the processes, the inner steps, the sync with the leader,
+   the chunks on libp2p streams. Simulated: the link's speed: after each pull a member
+   sleeps the chunk's bytes / bandwidth, the bandwidth calibrated on ``--util-outer``
+   unthrottled outer steps so that all-reduce time / inner time is 103/2280, 382/2280 and
+   469/2280 (INTELLECT-1's median US / transatlantic / global all-reduce against 2280 s of
+   inner compute). Measured: inner / (inner + all-reduce) wall-clock of every member's
+   outer steps, against the predicted 95.7 / 85.6 / 83.0 %. The all-reduce time includes
+   waiting in the sync for the slowest member's inner steps, as in a real group.
 
 ``--json``: the last line is one JSON object with ``bandwidth_reduction``, ``bytes``
 (``diloco_outer_step``, ``ddp_step``), ``loss`` (``int8``, ``fp32``, ``single``, ``ddp``:
 mean over seeds), ``loss_per_seed``, ``utilization`` (``us``, ``transatlantic``,
-``global``), ``predicted_utilization`` and ``seconds``.
+``global``), ``predicted_utilization``, ``links`` (per link: the simulated bandwidth, the
+target and measured all-reduce/inner, the utilization), ``unthrottled`` and ``seconds``.
 """
 
 from __future__ import annotations
@@ -43,7 +45,9 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -57,10 +61,12 @@ from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 from node.diloco import ring  # noqa: E402
 from node.diloco.inner import Corpus, InnerConfig, eval_loss, inner_step, make_optimizer  # noqa: E402
 from node.diloco.outer import OuterConfig, OuterState  # noqa: E402
+from node.keystore import load_or_create_identity  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 LINKS = {"us": 103 / 2280, "transatlantic": 382 / 2280, "global": 469 / 2280}
 H_PUBLISHED = 100
+WORKER = ROOT / "bench" / "workers" / "diloco_member.py"
 
 
 def corpus_bytes() -> tuple[bytes, bytes]:
@@ -85,10 +91,10 @@ def make_model(seed: int, hidden: int, layers: int) -> LlamaForCausalLM:
 
 
 class Link:
-    """A throttled in-memory ring: each pull waits ``bytes / bandwidth`` seconds."""
+    """The ring in memory, for the loss runs (the arithmetic is the libp2p group's)."""
 
-    def __init__(self, n: int, bandwidth: float | None) -> None:
-        self.n, self.bandwidth = n, bandwidth
+    def __init__(self, n: int) -> None:
+        self.n = n
         self.received = 0
 
     async def reduce(self, vecs: list[torch.Tensor], encoding: str) -> torch.Tensor:
@@ -97,10 +103,7 @@ class Link:
 
         async def member(i: int) -> None:
             async def pull(phase: str, rnd: int) -> bytes:
-                data = await boxes[(i - 1) % self.n].take(phase, rnd)
-                if self.bandwidth:
-                    await trio.sleep(len(data) / self.bandwidth)
-                return data
+                return await boxes[(i - 1) % self.n].take(phase, rnd)
 
             out[i] = await ring.all_reduce(vecs[i], i, self.n, encoding, boxes[i], pull)
 
@@ -156,35 +159,133 @@ def held_out_loss(model: torch.nn.Module, held: bytes, seq: int) -> float:
     return sum(eval_loss(model, c.batch(16, seq)) for _ in range(4)) / 4
 
 
-def bandwidth(args: argparse.Namespace) -> dict[str, float]:
-    model = make_model(0, args.hidden, args.layers)
-    numel = sum(p.numel() for p in model.parameters())
-    vecs = [torch.randn(numel) for _ in range(args.members)]
-    link = Link(args.members, None)
-    trio.run(link.reduce, vecs, "int8")
-    int8 = link.received
-    trio.run(link.reduce, vecs, "fp32")
-    fp32 = link.received
-    return {
-        "params": numel,
-        "diloco_outer_step": int8,
-        "ddp_step": fp32,
-        "bandwidth_reduction": H_PUBLISHED * fp32 / int8,
-    }
+class Group:
+    """The bench's DiLoCo group over libp2p: ``members`` processes on 127.0.0.1
+    (``bench/workers/diloco_member.py``), run segment by segment."""
+
+    def __init__(self, args: argparse.Namespace, root: Path) -> None:
+        self.args, self.root = args, root
+        self.dirs = [root / f"m{i}" for i in range(args.members)]
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.segment = 0
+
+    def start(self) -> None:
+        for d in self.dirs:
+            d.mkdir(parents=True)
+        leader = load_or_create_identity(self.dirs[0]).peer_id
+        for i, d in enumerate(self.dirs):
+            boot = ["--bootstrap", self._addr(0)] if i else []
+            a = self.args
+            cmd = [sys.executable, str(WORKER), "--dir", str(d), "--leader", leader]
+            cmd += ["--index", str(i), "--members", str(a.members), *boot, "--seed", "0"]
+            cmd += ["--hidden", str(a.hidden), "--layers", str(a.layers), "--batch", str(a.batch)]
+            cmd += ["--seq", str(a.seq), "--inner", str(a.inner)]
+            with (d / "log").open("wb") as log:
+                self.procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT))
+            if i == 0:
+                self._addr(0)
+        for i in range(1, len(self.dirs)):
+            self._addr(i)
+
+    def _addr(self, i: int) -> str:
+        path = self.dirs[i] / "addr"
+        self._wait(lambda: path.exists(), f"member {i} to start")
+        return path.read_text()
+
+    def _wait(self, done: Any, what: str, limit: float = 600.0) -> None:
+        deadline = time.monotonic() + limit
+        while not done():
+            for d, p in zip(self.dirs, self.procs, strict=False):
+                if p.poll() is not None:
+                    tail = (d / "log").read_text()[-2000:]
+                    raise RuntimeError(
+                        f"{d.name} exited ({p.returncode}) waiting for {what}:\n{tail}"
+                    )
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"timed out waiting for {what}")
+            time.sleep(0.05)
+
+    def run(self, outer: int, encoding: str, bandwidth: float | None) -> list[dict[str, Any]]:
+        """``outer`` outer steps of the whole group; every member's records of them."""
+        k, self.segment = self.segment, self.segment + 1
+        seg = {"outer": outer, "encoding": encoding, "bandwidth": bandwidth}
+        self._order(k, seg)
+        self._wait(lambda: all((d / f"done-{k}").exists() for d in self.dirs), f"segment {k}")
+        out = []
+        for d in self.dirs:
+            for line in (d / "steps.jsonl").read_text().splitlines():
+                rec = json.loads(line)
+                if rec["segment"] == k:
+                    out.append(rec)
+        if len({r["hash"] for r in out if r["step"] == out[-1]["step"]}) != 1:
+            raise RuntimeError("the members' parameters differ after an outer step")
+        return out
+
+    def _order(self, k: int, seg: dict[str, Any]) -> None:
+        """Tell every member what segment ``k`` is (atomically: they poll for the file)."""
+        tmp = self.root / f".segment-{k}.json"
+        tmp.write_text(json.dumps(seg))
+        tmp.rename(self.root / f"segment-{k}.json")
+
+    def stop(self) -> None:
+        self._order(self.segment, {"stop": True})
+        for p in self.procs:
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
 
 
-def utilization(args: argparse.Namespace, train: bytes, numel_bytes: int) -> dict[str, float]:
-    calib = argparse.Namespace(**{**vars(args), "outer": 2})
-    _, inner_s, reduce_s = diloco(calib, 0, "int8", train, Link(args.members, None))
-    out = {}
-    for name, ratio in LINKS.items():
-        # the link's delay fills what the unthrottled all-reduce (encoding, decoding,
-        # scheduling) leaves of the target time; a member's pulls run one after another
-        delay = max(ratio * inner_s - reduce_s, 1e-3 * inner_s)
-        link = Link(args.members, numel_bytes * calib.outer / delay)
-        _, i_s, r_s = diloco(calib, 0, "int8", train, link)
-        out[name] = i_s / (i_s + r_s)
-        print(f"  {name:<13} all-reduce/inner {r_s / i_s:.4f} (target {ratio:.4f})", flush=True)
+def mean(recs: list[dict[str, Any]], key: str) -> float:
+    return sum(r[key] for r in recs) / len(recs)
+
+
+def over_libp2p(args: argparse.Namespace) -> dict[str, Any]:
+    """Bandwidth and utilization from a group of processes whose ring runs over libp2p."""
+    with tempfile.TemporaryDirectory(prefix="diloco-bench-") as tmp:
+        group = Group(args, Path(tmp))
+        try:
+            group.start()
+            print(f"{args.members} member processes up (libp2p on 127.0.0.1)", flush=True)
+            ddp = group.run(1, "fp32", None)  # also the warm-up: the first step is not timed
+            calib = group.run(args.util_outer, "int8", None)
+            int8_bytes, inner_s, reduce_s = (
+                mean(calib, k) for k in ("received", "inner_s", "reduce_s")
+            )
+            out: dict[str, Any] = {
+                "params": sum(
+                    p.numel() for p in make_model(0, args.hidden, args.layers).parameters()
+                ),
+                "diloco_outer_step": round(int8_bytes),
+                "ddp_step": round(mean(ddp, "received")),
+                "unthrottled": {"inner_s": inner_s, "reduce_s": reduce_s},
+                "links": {},
+            }
+            print(
+                f"  unthrottled: inner {inner_s:.2f} s, all-reduce {reduce_s:.3f} s per outer step",
+                flush=True,
+            )
+            for name, ratio in LINKS.items():
+                # the link's delay fills what the unthrottled all-reduce (sync, streams,
+                # encoding, decoding) leaves of the target; a member's pulls run in turn
+                delay = max(ratio * inner_s - reduce_s, 1e-3 * inner_s)
+                bw = int8_bytes / delay
+                recs = group.run(args.util_outer, "int8", bw)
+                i_s, r_s = sum(r["inner_s"] for r in recs), sum(r["reduce_s"] for r in recs)
+                out["links"][name] = {
+                    "bandwidth_Bps": bw,
+                    "target": ratio,
+                    "measured": r_s / i_s,
+                    "utilization": i_s / (i_s + r_s),
+                }
+                print(
+                    f"  {name:<13} all-reduce/inner {r_s / i_s:.4f} (target {ratio:.4f})",
+                    flush=True,
+                )
+        finally:
+            group.stop()
+    out["bandwidth_reduction"] = H_PUBLISHED * out["ddp_step"] / out["diloco_outer_step"]
     return out
 
 
@@ -198,12 +299,15 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--seq", type=int, default=64)
+    ap.add_argument(
+        "--util-outer", type=int, default=2, help="outer steps per link in the libp2p group"
+    )
     ap.add_argument("--json", action="store_true", help="end with one JSON line of the figures")
     args = ap.parse_args()
     torch.set_num_threads(1)
     started = time.perf_counter()
     train, held = corpus_bytes()
-    bw = bandwidth(args)
+    bw = over_libp2p(args)
     print(
         f"bytes a member receives: int8 DiLoCo {bw['diloco_outer_step']} per outer step, "
         f"DDP {bw['ddp_step']} per step ({bw['params']} parameters): "
@@ -212,7 +316,7 @@ def main() -> None:
     )
     losses: dict[str, list[float]] = {"int8": [], "fp32": [], "single": [], "ddp": []}
     for seed in range(args.seeds):
-        link = Link(args.members, None)
+        link = Link(args.members)
         losses["int8"].append(
             held_out_loss(diloco(args, seed, "int8", train, link)[0], held, args.seq)
         )
@@ -224,12 +328,10 @@ def main() -> None:
         print(
             f"seed {seed}: " + ", ".join(f"{k} {v[-1]:.4f}" for k, v in losses.items()), flush=True
         )
-    mean = {k: sum(v) / len(v) for k, v in losses.items()}
-    print("final held-out loss (mean): " + ", ".join(f"{k} {v:.4f}" for k, v in mean.items()))
-    print(
-        f"int8 / fp32 {mean['int8'] / mean['fp32']:.4f}, int8 / ddp {mean['int8'] / mean['ddp']:.4f}"
-    )
-    util = utilization(args, train, bw["diloco_outer_step"])
+    avg = {k: sum(v) / len(v) for k, v in losses.items()}
+    print("final held-out loss (mean): " + ", ".join(f"{k} {v:.4f}" for k, v in avg.items()))
+    print(f"int8 / fp32 {avg['int8'] / avg['fp32']:.4f}, int8 / ddp {avg['int8'] / avg['ddp']:.4f}")
+    util = {k: v["utilization"] for k, v in bw["links"].items()}
     predicted = {k: 1 / (1 + r) for k, r in LINKS.items()}
     for k in LINKS:
         print(f"utilization {k:<13} {util[k]:.3f} (predicted {predicted[k]:.3f})")
@@ -237,10 +339,13 @@ def main() -> None:
         "bandwidth_reduction": bw["bandwidth_reduction"],
         "bytes": {"diloco_outer_step": bw["diloco_outer_step"], "ddp_step": bw["ddp_step"]},
         "params": bw["params"],
-        "loss": mean,
+        "loss": avg,
         "loss_per_seed": losses,
         "utilization": util,
         "predicted_utilization": predicted,
+        "links": bw["links"],
+        "unthrottled": bw["unthrottled"],
+        "transport": "libp2p streams between processes on 127.0.0.1; link delay simulated",
         "seconds": time.perf_counter() - started,
     }
     if args.json:

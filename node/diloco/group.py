@@ -123,10 +123,11 @@ class DilocoGroup:
         self.statecast.register()
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """``register``, then provide the group's key in the DHT until cancelled."""
+        """``register``; provide our DHT key (once in the group) until cancelled."""
         self.register()
         task_status.started()
-        await finding.advertise(self.node, self.key, every=self.cfg.provide_every)
+        every, active = self.cfg.provide_every, lambda: self.leading or bool(self.attempts)
+        await finding.advertise(self.node, self.key, every=every, active=active)
 
     # ---- one outer step ---------------------------------------------------------------
 

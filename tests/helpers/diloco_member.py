@@ -106,7 +106,7 @@ async def main(args: argparse.Namespace) -> None:
             round_timeout=10,
             step_timeout=300,
             admit=frozenset(args.admit.split(",")) if args.admit else None,
-            provide_every=2.0,
+            provide_every=10.0,
             find_timeout=60.0,
             state_shard=MIN_SHARD,  # a state of several shards, as a large model's
         ),
@@ -121,10 +121,19 @@ async def main(args: argparse.Namespace) -> None:
     member = Member(model, outer, group, inner, opt, corpus, args.inner_steps)
     async with trio.open_nursery() as nursery:
         await nursery.start(node.serve)
-        await nursery.start(group.serve)  # its protocols, and its key provided in the DHT
+        adverts = trio.CancelScope()  # group.serve provides our DHT key until cancelled
+
+        async def serve_group(
+            task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+        ) -> None:
+            with adverts:
+                await group.serve(task_status=task_status)
+
+        await nursery.start(serve_group)
         (args.dir / "addr").write_text(f"{node.addrs[0]}/p2p/{node.peer_id}")
         if args.outsider:
             await outsider(node, args)
+            adverts.cancel()
             node.request_stop()
             return
         with (args.dir / "steps.jsonl").open("a") as out:
@@ -159,6 +168,7 @@ async def main(args: argparse.Namespace) -> None:
             (args.dir / "status.json").write_text(json.dumps(group.status()))
         # keep serving a little: a slower neighbour may still pull our last offer
         await trio.sleep(2)
+        adverts.cancel()
         node.request_stop()
 
 
