@@ -270,6 +270,12 @@ def over_libp2p(args: argparse.Namespace) -> dict[str, Any]:
                 # the link's delay fills what the unthrottled all-reduce (sync, streams,
                 # encoding, decoding) leaves of the target; a member's pulls run in turn
                 delay = max(ratio * inner_s - reduce_s, 1e-3 * inner_s)
+                if ratio * inner_s <= reduce_s:
+                    print(
+                        f"  {name}: the unthrottled all-reduce alone is above the target "
+                        f"({reduce_s:.3f} s > {ratio * inner_s:.3f} s): raise --inner",
+                        flush=True,
+                    )
                 bw = int8_bytes / delay
                 recs = group.run(args.util_outer, "int8", bw)
                 i_s, r_s = sum(r["inner_s"] for r in recs), sum(r["reduce_s"] for r in recs)

@@ -107,6 +107,7 @@ async def main(args: argparse.Namespace) -> None:
             round_timeout=120,
             step_timeout=600,
             provide_every=5.0,
+            poll_interval=0.02,  # ask the leader for the roster often: less idle in the sync
         ),
     )
     outer = OuterState.of(model, OuterConfig())
