@@ -99,6 +99,20 @@ async def test_a_corrupted_shard_is_caught_and_its_server_banned(tmp_path):
         assert rejected == 1
 
 
+class MovedOn(StateServer):
+    """A donor that reached the next boundary once the joiner had the manifest."""
+
+    async def on_shard(self, req, r):
+        raise WireError(Reason.NOT_FOUND, f"state v{req.version} not offered here")
+
+
+async def test_a_donor_that_moves_on_during_the_transfer_sends_the_joiner_back(tmp_path):
+    async with two_nodes(tmp_path) as (leader, joiner):
+        MovedOn(leader, lambda: (1, STATE), offers=True, shard_size=MIN_SHARD).register()
+        with trio.fail_after(60):  # not a wait for ever: None, so it announces itself again
+            assert await pull_state(joiner, leader.peer_id, leader.peer_id, 1) is None
+
+
 async def test_a_member_that_only_offers_nothing_answers_version_0(tmp_path):
     async with two_nodes(tmp_path) as (member, joiner):
         serve(member, (1, STATE), offers=False)  # not the leader: it offers nothing

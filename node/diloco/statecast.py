@@ -212,7 +212,8 @@ async def ask_manifest(node: Node, donor: str, leader: str, step: int) -> Weight
 async def pull_state(node: Node, donor: str, leader: str, step: int) -> Pulled | None:
     """The group's state at the start of ``step`` from ``donor`` over SHARDCAST, every shard
     and the whole verified against the leader's signed manifest; ``None`` if ``donor``
-    moved past that boundary meanwhile. ``StateTransferError`` if it cannot be had."""
+    moved past that boundary meanwhile (before we had its manifest, or during the transfer:
+    it no longer holds a shard we lack). ``StateTransferError`` if it cannot be had."""
     holding = await ask_manifest(node, donor, leader, step)
     if holding is None:
         return None
@@ -256,6 +257,7 @@ async def pull_state(node: Node, donor: str, leader: str, step: int) -> Pulled |
             raise BadShard(f"state shard {shard} from {peer} does not match its hash")
         return len(view)
 
+    gone: list[int] = []
     with trio.CancelScope() as scope:
 
         def report(outcome: str, shard: int, peer: str, err: BaseException | None) -> None:
@@ -265,6 +267,9 @@ async def pull_state(node: Node, donor: str, leader: str, step: int) -> Pulled |
                 log.warning("banned %s: a bad state shard %d", peer[-8:], shard)
                 if all(p.banned for p in plan.peers.values()):
                     scope.cancel()  # nobody left to fetch from
+            elif outcome == "lacks" and not any(shard in p.have for p in plan.peers.values()):
+                gone.append(shard)  # the donor moved on to the next boundary meanwhile
+                scope.cancel()
             elif outcome != "completed":
                 log.info("state shard %d from %s: %s %r", shard, peer[-8:], outcome, err)
 
@@ -275,6 +280,8 @@ async def pull_state(node: Node, donor: str, leader: str, step: int) -> Pulled |
             wakeup=Wakeup(),
             report=report,
         )
+    if gone:
+        return None
     if not plan.complete:
         raise StateTransferError(f"every holder of the state at step {step} served a bad shard")
     if bulk_digest(buf) != m.digest:
