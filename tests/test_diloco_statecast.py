@@ -146,15 +146,8 @@ def test_a_manifest_names_the_step_and_one_file():
     from node.diloco.statecast import check_manifest
 
     ident = Identity.generate()
-
-    class Fake:  # build_offer needs only a header and an identity
-        identity = ident
-
-        @staticmethod
-        def header():
-            return {"run_id": RUN, "sender": ident.peer_id, "seq": 1, "ts_ms": 1}
-
-    offer = build_offer(Fake, 5, STATE, MIN_SHARD)
+    header = {"run_id": RUN, "sender": ident.peer_id, "seq": 1, "ts_ms": 1}
+    offer = build_offer(ident, header, 5, STATE, MIN_SHARD)
     m = check_manifest(offer.envelope, run_id=RUN, leader=ident.peer_id, step=5)
     assert (m.version, m.step, m.num_shards, m.total_size) == (6, 5, 4, len(STATE))
     with pytest.raises(WireError, match="not step 4"):

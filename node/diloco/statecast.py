@@ -27,10 +27,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import trio
 
 from crypto.hashing import bulk_digest
+from crypto.identity import Identity
 from node.net.requests import RemoteRefusal, Responder
 from node.net.runtime import Node
 from node.shardcast.schedule import DownloadPlan
@@ -84,13 +86,16 @@ class Pulled:
     via: str = "shardcast"
 
 
-def build_offer(node: Node, step: int, data: bytes, shard_size: int) -> Offer:
-    """Sign ``data`` (our state at the start of outer ``step``) as a SHARDCAST version."""
+def build_offer(
+    identity: Identity, header: dict[str, Any], step: int, data: bytes, shard_size: int
+) -> Offer:
+    """Sign ``data`` (our state at the start of outer ``step``) as a SHARDCAST version
+    (blocking: hashes every byte; ``header`` is taken on the trio thread)."""
     hashes = b"".join(
         bulk_digest(memoryview(data)[i : i + shard_size]) for i in range(0, len(data), shard_size)
     )
     manifest = WeightManifest(
-        **node.header(),
+        **header,
         version=step + 1,
         step=step,
         shard_size=shard_size,
@@ -99,7 +104,7 @@ def build_offer(node: Node, step: int, data: bytes, shard_size: int) -> Offer:
         files=[WeightFile(name=STATE_FILE, size=len(data), offset=0)],
         shard_hashes=hashes,
     )
-    return Offer(manifest, seal(node.identity, manifest), data)
+    return Offer(manifest, seal(identity, manifest), data)
 
 
 def check_manifest(envelope: bytes, *, run_id: str, leader: str, step: int) -> WeightManifest:
@@ -137,8 +142,9 @@ class StateServer:
         async with self._lock:
             have = self._offer
             if have is None or have.manifest.step != step or have.data is not data:
+                header = self.node.header()
                 have = self._offer = await trio.to_thread.run_sync(
-                    build_offer, self.node, step, data, self.shard_size
+                    build_offer, self.node.identity, header, step, data, self.shard_size
                 )
         return have
 
