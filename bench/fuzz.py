@@ -157,10 +157,10 @@ def mutated(rng, seeds: list[bytes]) -> bytes:  # type: ignore[no-untyped-def]
     return bytes(data)
 
 
-def atheris_loop(target, tally: Tally, inputs: int, seed: int, timeout: int) -> None:  # type: ignore[no-untyped-def]
+def atheris_loop(target, tally: Tally, inputs: int, seed: int, timeout: int, work: Path) -> None:  # type: ignore[no-untyped-def]
     import atheris
 
-    corpus = Path(tempfile.mkdtemp(prefix="fuzz-corpus-"))
+    corpus = Path(tempfile.mkdtemp(prefix="corpus-", dir=work))
     for i, s in enumerate(target.seeds()):
         (corpus / f"seed-{i}").write_bytes(s)
 
@@ -201,7 +201,9 @@ def worker(args: argparse.Namespace) -> None:
     else:
         from tests.helpers import fuzz_targets
     out = Path(args.out)
-    targets = fuzz_targets.targets(Path(tempfile.mkdtemp(prefix="fuzz-disk-")))
+    work = out / "work"  # removed with ``out`` by the parent
+    work.mkdir(exist_ok=True)
+    targets = fuzz_targets.targets(work / "unused")
     running: dict[int, str] = {}
     for name in args.names.split(","):
         while len(running) >= args.jobs:
@@ -216,9 +218,10 @@ def worker(args: argparse.Namespace) -> None:
             tally.write()
             try:
                 # each child its own disk directory: decoders may run side by side
-                target = fuzz_targets.targets(Path(tempfile.mkdtemp(prefix="fuzz-disk-")))[name]
+                disk = Path(tempfile.mkdtemp(prefix="disk-", dir=work))
+                target = fuzz_targets.targets(disk)[name]
                 if args.engine == "atheris":
-                    atheris_loop(target, tally, args.inputs, args.seed, args.timeout)
+                    atheris_loop(target, tally, args.inputs, args.seed, args.timeout, work)
                 else:
                     mutate_loop(target, tally, args.inputs, args.seed)
                 tally.write()
@@ -258,7 +261,7 @@ def campaign(
     unknown = set(chosen) - set(names())
     if unknown:
         raise SystemExit(f"unknown decoders {sorted(unknown)}; known: {names()}")
-    crash_dir = crash_dir or Path(tempfile.mkdtemp(prefix="fuzz-crashes-"))
+    crash_dir = crash_dir or Path(tempfile.gettempdir()) / "fuzz-crashes"  # made on a crash
     with tempfile.TemporaryDirectory(prefix="fuzz-out-") as out:
         cmd = [
             sys.executable,
