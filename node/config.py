@@ -123,6 +123,9 @@ class NodeConfig(BaseSettings):
     connect_timeout: float = Field(
         5.0, ge=0.05, le=600, description="Deadline in seconds for dialing a peer."
     )
+    peer_max_streams: int = Field(16, ge=1, le=4096, description="Requests of a peer at once.")
+    peer_request_rate: float = Field(100.0, ge=0.1, le=1e5, description="Requests/s of a peer.")
+    peer_request_burst: int = Field(200, ge=1, le=10**6, description="Burst above that rate.")
     max_clock_skew: float = Field(
         300.0, ge=1, le=86400, description="Messages whose timestamp is further off are stale."
     )

@@ -87,8 +87,8 @@ def decode(data: bytes, encoding: str, n: int) -> torch.Tensor:
         out = _le_floats(data)
     else:
         table = _le_floats(data[:TABLE_BYTES])
-        codes = torch.frombuffer(bytearray(data[TABLE_BYTES:]), dtype=torch.uint8)
-        out = table[codes.to(torch.int64)] if n else torch.zeros(0)
+        codes = torch.from_numpy(np.frombuffer(data, dtype=np.uint8, offset=TABLE_BYTES).copy())
+        out = table[codes.to(torch.int64)]  # n = 0: no codes (torch.frombuffer refuses 0 B)
     if not bool(torch.isfinite(out).all()):
         raise WireError(Reason.MALFORMED, "chunk holds non-finite values")
     return out

@@ -30,6 +30,10 @@ COUNTERS: dict[str, tuple[str, tuple[str, ...]]] = {
     "messages": ("Envelopes sent and received, by protocol.", ("direction", "protocol")),
     "bytes": ("Envelope bytes sent and received, by protocol.", ("direction", "protocol")),
     "rejected": ("Inputs refused, by protocol and reason (SPEC §9).", ("protocol", "reason")),
+    "peer_limited": (
+        "Request streams refused by a per-peer limit (rate, streams, protocol), by protocol.",
+        ("protocol", "limit"),
+    ),
     "connections_dialed": ("Connections dialed to reach the low watermark.", ()),
     "connections_trimmed": ("Connections closed above the high watermark.", ()),
     "connections_dropped": ("Connections to peers that left or expired, closed.", ()),

@@ -28,6 +28,7 @@ from libp2p.peer.peerinfo import PeerInfo
 from crypto.identity import Identity
 from node.config import NodeConfig
 from node.net.host import parse_addrs
+from node.net.limits import PeerLimits
 from node.net.metrics import Metrics
 from node.net.network import Network
 from node.net.peers import PeerTable
@@ -96,6 +97,9 @@ class Requests:
         self.cfg, self.identity, self.network = cfg, identity, network
         self.peers, self.metrics, self.header = peers, metrics, header
         self.admission = Admission(cfg.run_id, max_skew_ms=int(cfg.max_clock_skew * 1000))
+        self.limits = PeerLimits(
+            cfg.peer_max_streams, cfg.peer_request_rate, float(cfg.peer_request_burst)
+        )
 
     # ---- counting ---------------------------------------------------------------------
 
@@ -131,13 +135,16 @@ class Requests:
         handler: RequestHandler,
         *,
         deadline: float | None = None,
+        per_peer: int | None = None,
     ) -> None:
         """Serve request/response ``protocol``: each stream's one request envelope is read,
         verified and admitted (every rejection counted under ``protocol``), then
         ``handler(request, responder)`` answers. A ``WireError`` it raises goes back to the
         peer as a ``Refusal``; nothing it raises reaches the host. ``deadline`` bounds the
         whole exchange (default 3 × ``read_timeout``); a handler that streams bulk data
-        passes a longer one and bounds each write itself."""
+        passes a longer one and bounds each write itself. Streams beyond the per-peer
+        limits (``node/net/limits.py``; ``per_peer``: this protocol's streams of one peer
+        at once) are refused ``busy`` before their request is read."""
         host = self.network.host
         assert host is not None, "serving requests needs a running node"
 
@@ -145,19 +152,32 @@ class Requests:
             msg = await self._read_request(stream, peer, protocol, request_type)
             await handler(msg, Responder(self, stream, protocol, peer))
 
-        host.set_stream_handler(protocol, self._guard(protocol, handle, deadline))
+        host.set_stream_handler(protocol, self._guard(protocol, handle, deadline, per_peer))
 
     def _guard(
         self,
         protocol: str,
         handler: Callable[[INetStream, str], Awaitable[None]],
         deadline: float | None = None,
+        per_peer: int | None = None,
     ) -> Callable[[INetStream], Awaitable[None]]:
-        """Wrap a stream handler so no exception or hang escapes into the host."""
+        """Wrap a stream handler so no exception or hang escapes into the host, and no
+        peer holds more than its share (refused streams cost one signed refusal)."""
         limit = deadline if deadline is not None else self.cfg.read_timeout * 3
 
         async def guarded(stream: INetStream) -> None:
             peer = stream.muxed_conn.peer_id.to_base58()
+            refused = self.limits.open(peer, protocol, trio.current_time(), per_peer)
+            if refused:
+                # counted, not logged one by one: a flood would flood the log too
+                self.metrics.inc("peer_limited", protocol=protocol, limit=refused)
+                self.metrics.inc("rejected", reason=Reason.BUSY.value, protocol=protocol)
+                err = WireError(Reason.BUSY, f"per-peer limit: {refused}")
+                try:
+                    await self._refuse(stream, err)
+                finally:
+                    await close_quietly(stream)
+                return
             try:
                 with trio.fail_after(limit):
                     await handler(stream, peer)
@@ -174,6 +194,7 @@ class Requests:
                 self.metrics.inc("rejected", reason=Reason.INTERNAL.value, protocol=protocol)
                 log.exception("handler failed protocol=%s peer=%s: %s", protocol, peer[-8:], exc)
             finally:
+                self.limits.close(peer, protocol)
                 await close_quietly(stream)
 
         return guarded

@@ -155,9 +155,10 @@ class Node:
         handler: RequestHandler,
         *,
         deadline: float | None = None,
+        per_peer: int | None = None,
     ) -> None:
         """Serve request/response ``protocol`` (see ``Requests.serve``)."""
-        self.requests.serve(protocol, request_type, handler, deadline=deadline)
+        self.requests.serve(protocol, request_type, handler, deadline=deadline, per_peer=per_peer)
 
     async def request(
         self, peer: str, protocol: str, message: Header, reply_type: type[Header]

@@ -65,6 +65,7 @@ def node_status(v: StatusView) -> dict[str, Any]:
             "wire_bytes": dict(WIRE),  # all TCP bytes: encryption, muxing, libp2p's own
         },
         "rejected": metrics.by_label("rejected", "reason"),
+        "peer_limited": metrics.by_label("peer_limited", "limit"),  # SPEC §6 per-peer limits
         "announcements": asdict(v.announcements.status()),
         "discovery": asdict(v.discovery.status(now)),
         **{name: section() for name, section in v.sections.items()},

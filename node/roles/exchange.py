@@ -51,8 +51,12 @@ def follow_notices(node: Node, on_notice: Callable[[str, BatchNotice], None]) ->
     node.subscribe(BATCH_TOPIC, handle)
 
 
-def serve_batches(node: Node, store: BatchStore, *, slots: int = 4) -> None:
-    """Answer batch requests from ``store``; at most ``slots`` uploads at a time."""
+def serve_batches(
+    node: Node, store: BatchStore, *, slots: int = 4, per_peer: int | None = 2
+) -> None:
+    """Answer batch requests from ``store``; at most ``slots`` uploads at a time, and at
+    most ``per_peer`` streams of one peer (SPEC §6: its concurrent fetches leave room for
+    others; None: no cap of this protocol's own)."""
     uploads = trio.Semaphore(slots)
 
     async def handle(req: BatchRequest, responder: Responder) -> None:
@@ -77,7 +81,9 @@ def serve_batches(node: Node, store: BatchStore, *, slots: int = 4) -> None:
         finally:
             uploads.release()
 
-    node.serve_requests(ids.BATCH, BatchRequest, handle, deadline=TRANSFER_DEADLINE_S)
+    node.serve_requests(
+        ids.BATCH, BatchRequest, handle, deadline=TRANSFER_DEADLINE_S, per_peer=per_peer
+    )
 
 
 async def fetch_batch(

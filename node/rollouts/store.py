@@ -10,6 +10,7 @@ older than the retention (the verdict window plus a margin) are pruned.
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 
@@ -63,7 +64,10 @@ class BatchStore:
         self._path(work_key).unlink(missing_ok=True)
 
     def keys(self) -> list[bytes]:
-        return sorted(bytes.fromhex(p.name[: -len(SUFFIX)]) for p in self.dir.glob(f"*{SUFFIX}"))
+        """The work keys stored; a file whose name is not a key (a copy, a backup) is
+        ignored rather than breaking the listing."""
+        names = (p.name[: -len(SUFFIX)] for p in self.dir.glob(f"*{SUFFIX}"))
+        return sorted(bytes.fromhex(n) for n in names if re.fullmatch("[0-9a-f]{64}", n))
 
     def prune(self, older_than_s: float, now: float | None = None) -> int:
         """Delete batches stored more than ``older_than_s`` seconds ago; returns how many."""

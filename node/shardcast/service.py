@@ -126,7 +126,13 @@ class WeightService:
             log.warning("no trainer_peer_id configured: weight manifests will be refused")
         self.node.add_status("weights", self.summary)
         self.node.serve_requests(ids.WEIGHTS, WeightsQuery, self._on_query)
-        self.node.serve_requests(ids.SHARDCAST, ShardRequest, self.server.on_shard, deadline=3600)
+        self.node.serve_requests(
+            ids.SHARDCAST,
+            ShardRequest,
+            self.server.on_shard,
+            deadline=3600,
+            per_peer=max(1, self.cfg.upload_slots // 2),  # one peer never holds every slot
+        )
         self.node.subscribe(WEIGHTS_TOPIC, self.follower.on_notice)
         async with trio.open_nursery() as nursery:
             await nursery.start(self.downloads.serve)

@@ -277,7 +277,10 @@ class WeightStore:
         if kept:
             oldest = kept[0]
             for path in self.root.glob(".partial-v*"):
-                v = int(path.name[len(".partial-v") :])
+                digits = path.name[len(".partial-v") :]
+                if not (digits.isascii() and digits.isdigit()):
+                    continue  # not a partial this store made: not ours to delete
+                v = int(digits)
                 if v < oldest and not _locked(path):
                     shutil.rmtree(path, ignore_errors=True)
                     drop.append(v)

@@ -1,0 +1,252 @@
+"""Per-peer limits (issue #28, item 4): one peer flooding small requests, holding many
+concurrent fetches or reading slowly is refused ``busy`` beyond its share, counted by
+limit, while another peer's requests are still served.
+
+The decisions are a pure state machine (``node/net/limits.py``), tested first on its own;
+then three real runtimes in this process on 127.0.0.1 (the target, a greedy peer, an
+honest peer) check the same behaviour through ``Requests``. Nothing here asserts a
+duration: only counts and outcomes, under generous deadlines that catch hangs.
+"""
+
+from __future__ import annotations
+
+from contextlib import asynccontextmanager
+
+import pytest
+import trio
+from libp2p.peer.id import ID
+from libp2p.peer.peerinfo import PeerInfo
+
+from crypto.identity import Identity
+from node.config import load_config
+from node.net.host import parse_addrs
+from node.net.limits import PeerLimits
+from node.net.requests import RemoteRefusal
+from node.net.runtime import Node
+from protocol import ids
+from protocol.batches import BatchReply, BatchRequest
+from protocol.errors import Reason
+from protocol.messages import NodeInfo
+
+RUN = "test-run"
+HOLD = "/intellect/test-hold/1.0.0"
+BULK = "/intellect/test-bulk/1.0.0"
+
+# ---- the state machine ---------------------------------------------------------------
+
+
+def test_a_peer_past_its_burst_is_refused_until_its_bucket_refills_and_others_are_not():
+    limits = PeerLimits(max_streams=100, rate=2.0, burst=5)
+    for _ in range(5):
+        assert limits.open("greedy", "p", now=0.0) == ""
+        limits.close("greedy", "p")
+    assert limits.open("greedy", "p", now=0.0) == "rate"
+    assert limits.open("honest", "p", now=0.0) == ""  # its own full bucket
+    assert limits.open("greedy", "p", now=0.4) == "rate"  # 0.8 of a token
+    assert limits.open("greedy", "p", now=0.5) == ""  # one token after 1 / rate
+    assert limits.refused == {"rate": 2}
+
+
+def test_concurrent_streams_are_capped_per_peer_and_per_protocol_and_freed_on_close():
+    limits = PeerLimits(max_streams=3, rate=1000.0, burst=1000)
+    assert [limits.open("a", "upload", 0.0, per_protocol=2) for _ in range(3)] == [
+        "",
+        "",
+        "protocol",
+    ]
+    assert limits.open("a", "presence", 0.0) == ""
+    assert limits.open("a", "presence", 0.0) == "streams"  # 3 open over all protocols
+    assert limits.open("b", "upload", 0.0, per_protocol=2) == ""  # another peer: its own
+    assert limits.streams("a") == 3
+    limits.close("a", "upload")
+    assert limits.open("a", "upload", 0.0, per_protocol=2) == ""
+    for protocol in ("upload", "upload", "presence"):
+        limits.close("a", protocol)
+    assert limits.streams("a") == 0
+    assert limits.refused == {"protocol": 1, "streams": 1}
+
+
+def test_the_bucket_table_is_bounded_but_never_forgets_a_peer_with_open_streams():
+    limits = PeerLimits(max_streams=10, rate=0.1, burst=1, max_peers=3)
+    assert limits.open("busy", "p", 0.0) == ""  # stays open: never forgotten
+    for i in range(10):
+        assert limits.open(f"p{i}", "p", 0.0) == ""
+        limits.close(f"p{i}", "p")
+    assert len(limits._buckets) <= 4
+    assert limits.open("busy", "p", 0.0) == "rate"  # its empty bucket was kept
+
+
+def test_bad_limits_are_refused():
+    with pytest.raises(ValueError, match="max_streams"):
+        PeerLimits(max_streams=0, rate=1.0, burst=1)
+    with pytest.raises(ValueError, match="rate"):
+        PeerLimits(max_streams=1, rate=0.0, burst=1)
+
+
+# ---- through the network -------------------------------------------------------------
+
+
+@asynccontextmanager
+async def three_nodes(tmp_path, **limits):
+    """The target (with ``limits`` in its config), a greedy peer and an honest peer, both
+    connected to the target."""
+    nodes = []
+    async with trio.open_nursery() as nursery:
+        for name in ("target", "greedy", "honest"):
+            flags = {
+                "run_id": RUN,
+                "listen": ["/ip4/127.0.0.1/tcp/0"],
+                "data_dir": tmp_path / name,
+                "read_timeout": 1.0,
+                "discovery_interval": 600.0,
+                **(limits if name == "target" else {}),
+            }
+            cfg = load_config(environ={}, flags=flags)
+            nodes.append(await nursery.start(Node(cfg, Identity.generate()).serve))
+        target, greedy, honest = nodes
+        info = PeerInfo(ID.from_base58(target.peer_id), parse_addrs(target.addrs))
+        await greedy.connect(info)
+        await honest.connect(info)
+        try:
+            yield target, greedy, honest
+        finally:
+            for n in nodes:
+                n.request_stop()
+            nursery.cancel_scope.cancel()
+
+
+async def until(condition) -> None:
+    """Wait for ``condition()`` (the caller's ``fail_after`` bounds the wait)."""
+    while True:
+        if condition():
+            return
+        await trio.sleep(0.05)
+
+
+def limited(node: Node, limit: str, protocol: str) -> int:
+    return node.metrics.get("peer_limited", limit=limit, protocol=protocol)
+
+
+async def ping(node: Node, target: Node) -> str:
+    """A presence request: "ok", or the reason the target refused it."""
+    try:
+        await node.request(target.peer_id, ids.PRESENCE, node.node_info(), NodeInfo)
+    except RemoteRefusal as exc:
+        return exc.reason
+    return "ok"
+
+
+async def test_a_flood_of_small_requests_is_refused_past_the_burst_and_others_still_served(
+    tmp_path,
+):
+    async with three_nodes(tmp_path, peer_request_rate=0.5, peer_request_burst=10) as (
+        target,
+        greedy,
+        honest,
+    ):
+        with trio.fail_after(120):
+            outcomes = [await ping(greedy, target) for _ in range(40)]
+            honest_outcomes = [await ping(honest, target) for _ in range(5)]
+        # the burst, and at most a token per 2 s since: nearly all the rest refused
+        assert outcomes[:10] == ["ok"] * 10
+        refused = outcomes.count(Reason.BUSY.value)
+        assert refused >= 20 and refused + outcomes.count("ok") == 40
+        assert honest_outcomes == ["ok"] * 5
+        assert limited(target, "rate", ids.PRESENCE) == refused
+        assert target.status()["peer_limited"] == {"rate": refused}
+        assert target.metrics.get("rejected", reason="busy", protocol=ids.PRESENCE) == refused
+
+
+async def test_concurrent_fetches_of_one_peer_leave_room_for_another(tmp_path):
+    async with three_nodes(tmp_path, peer_max_streams=3) as (target, greedy, honest):
+        release = trio.Event()
+        held = [0]
+
+        async def hold(req, responder):  # a fetch that takes until released
+            held[0] += 1
+            await release.wait()
+            await responder.send(BatchReply(**target.header(), work_key=req.work_key, size=1))
+
+        target.serve_requests(HOLD, BatchRequest, hold, per_peer=2)
+        outcomes: list[str] = []
+
+        async def fetch(node: Node) -> None:
+            msg = BatchRequest(**node.header(), work_key=bytes(32))
+            try:
+                await node.request(target.peer_id, HOLD, msg, BatchReply)
+                outcomes.append(f"{node is honest}:ok")
+            except RemoteRefusal as exc:
+                outcomes.append(f"{node is honest}:{exc.reason}")
+
+        with trio.fail_after(60):
+            async with trio.open_nursery() as nursery:
+                for _ in range(6):
+                    nursery.start_soon(fetch, greedy)
+                await until(lambda: len(outcomes) >= 4)  # those past its share: refused
+                nursery.start_soon(fetch, honest)
+                await until(lambda: held[0] >= 3)  # the honest fetch got a slot
+                # two held fetches + one presence request fill the greedy peer's 3 streams
+                assert await ping(greedy, target) == "ok"  # (one open; two held)
+                release.set()
+        assert sorted(outcomes) == sorted(["False:busy"] * 4 + ["False:ok"] * 2 + ["True:ok"]), (
+            outcomes
+        )
+        assert limited(target, "protocol", HOLD) == 4
+        assert target.requests.limits.streams(greedy.peer_id) == 0  # every slot given back
+
+
+async def test_the_stream_cap_counts_every_protocol(tmp_path):
+    async with three_nodes(tmp_path, peer_max_streams=2) as (target, greedy, honest):
+        release = trio.Event()
+
+        async def hold(req, responder):
+            await release.wait()
+            await responder.send(BatchReply(**target.header(), work_key=req.work_key, size=1))
+
+        target.serve_requests(HOLD, BatchRequest, hold)  # no per-protocol cap
+        with trio.fail_after(60):
+            async with trio.open_nursery() as nursery:
+                for _ in range(2):
+                    msg = BatchRequest(**greedy.header(), work_key=bytes(32))
+                    nursery.start_soon(greedy.request, target.peer_id, HOLD, msg, BatchReply)
+                await until(lambda: target.requests.limits.streams(greedy.peer_id) >= 2)
+                assert await ping(greedy, target) == Reason.BUSY.value
+                assert await ping(honest, target) == "ok"
+                release.set()
+        assert limited(target, "streams", ids.PRESENCE) == 1
+
+
+async def test_a_slow_reader_is_cut_off_at_the_write_deadline_and_its_slot_freed(tmp_path):
+    async with three_nodes(tmp_path) as (target, greedy, honest):
+        frames = 16  # 16 MiB: far beyond what yamux buffers for a reader that stops
+
+        async def bulk(req, responder):
+            await responder.send(
+                BatchReply(**target.header(), work_key=req.work_key, size=frames << 20)
+            )
+            for _ in range(frames):
+                await responder.write(bytes(1 << 20))
+
+        # the handler may take 10 min: only the write deadline (read_timeout) cuts it off
+        target.serve_requests(BULK, BatchRequest, bulk, deadline=600, per_peer=1)
+        with trio.fail_after(60):
+            msg = BatchRequest(**greedy.header(), work_key=bytes(32))
+            async with greedy.open_request(target.peer_id, BULK, msg, BatchReply):
+                # the greedy peer holds the stream open and reads nothing more
+                await until(
+                    lambda: target.metrics.get("rejected", reason="timeout", protocol=BULK) >= 1
+                )
+                await until(lambda: target.requests.limits.streams(greedy.peer_id) == 0)
+            # the honest peer reads everything
+            msg = BatchRequest(**honest.header(), work_key=bytes(32))
+            got = 0
+            async with honest.open_request(target.peer_id, BULK, msg, BatchReply) as ex:
+                while got < ex.reply.size:
+                    got += len(await ex.reader.read_frame(1 << 20, 10.0))
+            assert got == frames << 20
+            # and the greedy peer, its stream cut, is admitted again (per_peer=1: its slot
+            # came back), not refused
+            msg = BatchRequest(**greedy.header(), work_key=bytes(32))
+            async with greedy.open_request(target.peer_id, BULK, msg, BatchReply) as ex:
+                assert ex.reply.size == frames << 20
+        assert limited(target, "protocol", BULK) == 0
