@@ -158,6 +158,20 @@ def build_parser() -> argparse.ArgumentParser:
         "(0: run until Ctrl-C; default 10)",
     )
     devnet.add_argument(
+        "--trainers",
+        type=int,
+        default=1,
+        help="trainer nodes (1-8; default 1); 2 or more train as one DiLoCo group (SPEC "
+        "§17.1): the first leads and publishes, each trains on its share of the accepted "
+        "batches, the group averages every --diloco-inner-steps",
+    )
+    devnet.add_argument(
+        "--diloco-inner-steps",
+        type=int,
+        default=2,
+        help="with --trainers 2+: inner GRPO steps per outer step (default 2)",
+    )
+    devnet.add_argument(
         "--async-level",
         type=int,
         default=2,
@@ -226,7 +240,7 @@ def cmd_start(args: argparse.Namespace) -> int:
                     pages=dashboard_routes(cfg, node.status),  # the page at /
                 )
                 port = await nursery.start(admin.serve)
-                role = None if cfg.network_only else role_service(cfg.role)
+                role = None if cfg.network_only else role_service(cfg.role, diloco=cfg.diloco)
                 if role is not None:
                     try:
                         await nursery.start(role, node, cfg, weights)
@@ -314,6 +328,8 @@ def cmd_devnet(args: argparse.Namespace) -> int:
         steps=args.steps,
         async_level=args.async_level,
         report=args.report,
+        trainers=args.trainers,
+        inner_steps=args.diloco_inner_steps,
     )
 
 
