@@ -11,7 +11,7 @@ import json
 import pytest
 
 from node.config import NodeConfig
-from node.roles.grouping import Rosters, owner, share
+from node.roles.grouping import Rosters, owner, share, step_ready
 from tests.helpers.net import wait_until
 
 A, B, C = "peer-a", "peer-b", "peer-c"
@@ -53,6 +53,15 @@ def test_rosters_survive_a_restart_and_old_ones_are_forgotten(tmp_path):
     assert again.latest() == [A, B]
     assert Rosters.load(tmp_path / "none.json").by_version == {}
     assert share(2, 2) == 1 and share(3, 2) == 2 and share(1, 4) == 1 and share(4, 0) == 4
+
+
+def test_a_member_waits_for_its_share_then_goes_on_only_if_the_group_has_work():
+    assert step_ready(mine=1, want=1, waited=0.0, step_wait=30, theirs_new=0)
+    assert not step_ready(mine=1, want=2, waited=29.9, step_wait=30, theirs_new=5)
+    assert step_ready(mine=1, want=2, waited=30.0, step_wait=30, theirs_new=0)
+    # nothing of its own: on with a zero pseudo-gradient only if the others have new work
+    assert step_ready(mine=0, want=1, waited=31.0, step_wait=30, theirs_new=1)
+    assert not step_ready(mine=0, want=1, waited=500.0, step_wait=30, theirs_new=0)
 
 
 def test_diloco_refuses_several_training_processes_with_a_clear_error():

@@ -25,6 +25,9 @@ ROLE_NOTES = {
     "trainer": "the run owner's node: takes the batches validators accepted on-chain, trains "
     "the policy with GRPO, publishes each new version over SHARDCAST and on-chain, announces "
     "the training step, evaluates held-out accuracy (metrics.jsonl in its data dir).",
+    "diloco": "a member of the run's DiLoCo trainer group: trains with GRPO on its share of "
+    "the accepted batches and averages with the group every diloco_inner_steps; the member "
+    "trainer_peer_id names leads, announces steps and alone publishes each version.",
 }
 
 EPILOG = """\
@@ -255,7 +258,8 @@ def cmd_start(args: argparse.Namespace) -> int:
                     print(f"  address : {a}/p2p/{node.peer_id}")
                 print(f"  admin   : http://127.0.0.1:{port}/status (metrics at /metrics)")
                 print(f"  page    : http://127.0.0.1:{port}/ (intellect-node dashboard)")
-                print(f"  role    : {ROLE_NOTES[cfg.role]}", flush=True)
+                note = "diloco" if cfg.role == "trainer" and cfg.diloco else cfg.role
+                print(f"  role    : {ROLE_NOTES[note]}", flush=True)
                 async for _sig in signals:
                     print(
                         "stopping: announcing departure to peers (Ctrl-C again to force)",

@@ -39,6 +39,15 @@ def share(per_step: int, members: int) -> int:
     return max(1, -(-per_step // max(1, members)))
 
 
+def step_ready(mine: int, want: int, waited: float, step_wait: float, theirs_new: int) -> bool:
+    """A member goes on to its inner phase with its ``mine`` usable batches: once it has
+    its share ``want``; after ``step_wait`` seconds, with what it has if that is something
+    or if other members have ``theirs_new`` accepted batches no earlier step counted (then
+    with none: a zero pseudo-gradient); with nothing new anywhere it waits on, as a single
+    trainer does."""
+    return mine >= want or (waited >= step_wait and (mine > 0 or theirs_new > 0))
+
+
 @dataclass
 class Rosters:
     """The roster behind each policy version (``diloco-rosters.json``)."""

@@ -40,7 +40,7 @@ from node.config import NodeConfig
 from node.diloco.group import DilocoGroup, GroupConfig, GroupError
 from node.net.runtime import Node
 from node.roles.chain import ChainSetupError, WorkWatcher, open_ledger
-from node.roles.grouping import Rosters, share
+from node.roles.grouping import Rosters, share, step_ready
 from node.roles.grouppolicy import (
     Delta,
     GroupPolicyWorker,
@@ -176,7 +176,7 @@ class GroupTrainerRole(TrainerRole):
             waited = time.monotonic() - started
             usable = self._mine(self.book.usable(n))
             theirs = self._theirs(n) - self.seen
-            if len(usable) >= want or (waited >= self.cfg.step_wait and (usable or theirs)):
+            if step_ready(len(usable), want, waited, self.cfg.step_wait, len(theirs)):
                 self.idle_s += waited
                 self.seen |= theirs
                 return usable
