@@ -1,9 +1,9 @@
 """Experiment: does the network learn? Held-out accuracy against trainer step, measured.
 
     .venv/bin/python bench/learning.py [--steps 80] [--seeds 2] [--configs k2,k0,central]
-                                       [--out DIR] [--json]
+                                       [--inner-steps 2] [--out DIR] [--json]
 
-Three configurations, the same number of trainer steps, the same base policy (``model
+Three configurations by default (``diloco2`` on demand: ``--configs k2,diloco2``), the same number of trainer steps, the same base policy (``model
 init``), the same held-out set (seeded; disjoint from training), the same generation
 settings (tasks x samples per step, token budget, temperature) and the same GRPO code:
 
@@ -45,9 +45,9 @@ all lose 3-6 points, most of it on level 1. The issue's +20-point target is not 
 Writes ``learning.png`` and ``learning.json`` into ``--out`` (default
 ``bench-learning/``). ``--json``: the last line is one JSON object with ``base_accuracy``,
 ``accuracy`` (config -> mean over seeds per evaluated step), ``final`` (config -> final
-accuracy), ``final_per_seed``, ``steps``, ``seconds`` (config -> mean wall-clock per run),
-``base_sampling`` (level -> the figures above) and ``idle_share`` (role -> share, k2
-runs; ``idle_share_k0`` for k0).
+accuracy: ``final.diloco2`` beside ``final.k2`` when both run), ``final_per_seed``,
+``steps``, ``seconds`` (config -> mean wall-clock per run), ``base_sampling`` (level ->
+the figures above) and ``idle_share`` (role -> share, k2 runs; ``idle_share_k0`` for k0).
 """
 
 from __future__ import annotations

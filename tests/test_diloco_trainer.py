@@ -200,7 +200,7 @@ def test_two_trainers_train_as_one_group_on_disjoint_batches_and_only_the_leader
             {
                 "INTELLECT_NODE_ASYNC_LEVEL": "2",
                 "INTELLECT_NODE_MAX_UNJUDGED": "2",
-                "INTELLECT_NODE_TASKS_PER_BATCH": "4",
+                "INTELLECT_NODE_TASKS_PER_BATCH": "6",  # enough groups with mixed rewards
                 "INTELLECT_NODE_GROUP_SIZE": "4",
                 "INTELLECT_NODE_BATCHES_PER_STEP": "2",
                 "INTELLECT_NODE_LEARNING_RATE": "0.001",
@@ -243,8 +243,9 @@ def test_two_trainers_train_as_one_group_on_disjoint_batches_and_only_the_leader
         )
         assert x["diloco"]["leader"] and not y["diloco"]["leader"]
         assert x["diloco"]["received_bytes"] > 0  # the ring moved bytes between them
-    hashes = [m["diloco"]["params_hash"] for m in a[1:]]
-    assert len(set(hashes)) == STEPS  # each outer step moved the parameters
+    for before, after, other in zip(a[1:], a[2:], b[2:], strict=True):
+        if after["tokens_trained"] + other["tokens_trained"] > 0:  # a step that trained moved
+            assert after["diloco"]["params_hash"] != before["diloco"]["params_hash"]
     # disjoint shares: no batch twice, none by both, all of them accepted on-chain
     used_a = [k for m in a for k in m["used"]]
     used_b = [k for m in b for k in m["used"]]
