@@ -363,7 +363,7 @@ class NodeConfig(CoreConfig):
         0.7, gt=0, le=10, description="Trainer, DiLoCo: the outer (Nesterov SGD) learning rate."
     )
     diloco_momentum: float = Field(
-        0.9, ge=0, lt=1, description="Trainer, DiLoCo: the outer Nesterov momentum (0: none)."
+        0.9, ge=0, le=0.99, description="Trainer, DiLoCo: the outer Nesterov momentum (0: none)."
     )
     diloco_quant: Literal["int8", "fp32"] = Field(
         "int8", description="Trainer, DiLoCo: encoding of pseudo-gradients in the all-reduce."
