@@ -127,6 +127,7 @@ def test_a_member_alone_with_outer_lr_1_trains_exactly_as_its_inner_steps(tiny_m
     from node.roles.grouppolicy import GroupPolicyWorker, InnerSteps, OuterApply, PseudoGradient
     from node.training.grpo import GRPOConfig
     from node.training.policy import Policy
+    from node.training.worker import PolicyWorker, TrainStep
 
     envelopes = made_envelopes(tiny_model_dir)
     member = GroupPolicyWorker(spec_for(tiny_model_dir, tmp_path / "m"))
@@ -164,6 +165,12 @@ def test_a_member_alone_with_outer_lr_1_trains_exactly_as_its_inner_steps(tiny_m
         assert torch.equal(x, y)
     assert any(float(b.abs().max()) > 0 for b in again.outer.momentum)
     assert again(PseudoGradient()).state == params_hash(m2.outer.params)
+
+    # a single trainer's step (the same samples, one optimizer step) goes on as before
+    single = PolicyWorker(spec_for(tiny_model_dir, tmp_path / "s").policy)
+    one = single(TrainStep(0, envelopes))
+    assert (one.samples, one.tokens) == (stats.samples, stats.tokens)
+    assert (tmp_path / "s" / "v1" / "model.safetensors").exists()
 
 
 # ---- one real run -------------------------------------------------------------------------
