@@ -375,6 +375,20 @@ class NodeConfig(CoreConfig):
         description="Trainer, DiLoCo (leader): members the group's first roster waits for.",
     )
 
+    diloco_admit: Multiaddrs = Field(
+        default_factory=list,
+        description="Trainer, DiLoCo (leader): peer ids of the members it admits to the group "
+        "(comma-separated in the environment; empty: any trainer of the run).",
+        json_schema_extra={"metavar": "PEER_ID"},
+    )
+
+    @field_validator("diloco_admit", mode="before")
+    @classmethod
+    def _admit_commas(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            return [p.strip() for p in v.split(",") if p.strip()]
+        return v
+
     @model_validator(mode="after")
     def _diloco_in_one_process(self) -> Self:
         if self.diloco and self.train_procs > 1:

@@ -111,6 +111,7 @@ GROUPS: list[tuple[str, str, list[str]]] = [
             "diloco_momentum",
             "diloco_quant",
             "diloco_members",
+            "diloco_admit",
             "eval_every",
             "heldout_per_level",
             "seed",

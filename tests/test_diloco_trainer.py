@@ -195,7 +195,9 @@ def test_two_trainers_train_as_one_group_on_disjoint_batches_and_only_the_leader
     from tests.test_loop import Loop, submissions
 
     loop = Loop(tmp_path, tiny_model_dir, step_wait=20)
+    member_id = load_or_create_identity(tmp_path / "trainer-1").peer_id
     group = {
+        "INTELLECT_NODE_DILOCO_ADMIT": member_id,  # the leader admits only this member
         "INTELLECT_NODE_DILOCO": "true",
         "INTELLECT_NODE_DILOCO_MEMBERS": "2",
         "INTELLECT_NODE_DILOCO_INNER_STEPS": str(H),

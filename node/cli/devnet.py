@@ -231,10 +231,12 @@ def fund(chain_dir: Path, address: str, amount: str) -> None:
     )
 
 
-def group_env(trainers: int, inner_steps: int) -> dict[str, str]:
-    """The settings of every trainer of a devnet DiLoCo group (SPEC §17.1)."""
+def group_env(trainers: int, inner_steps: int, admit: list[str]) -> dict[str, str]:
+    """The settings of every trainer of a devnet DiLoCo group (SPEC §17.1); the leader
+    admits only the ``admit`` peer ids."""
     return {
         "INTELLECT_NODE_DILOCO": "true",
+        "INTELLECT_NODE_DILOCO_ADMIT": ",".join(admit),
         "INTELLECT_NODE_DILOCO_MEMBERS": str(trainers),
         "INTELLECT_NODE_DILOCO_INNER_STEPS": str(inner_steps),
         # a member whose share of a step's batches is short goes on after this long
@@ -444,7 +446,9 @@ def run_devnet(
         }
         members = [("trainer", "trainer", trainer_env)]
         if trainers > 1:  # a DiLoCo group: the others skip the held-out evaluation
-            trainer_env.update(group_env(trainers, inner_steps))
+            others = [f"trainer-{i}" for i in range(1, trainers)]
+            admit = [load_or_create_identity(base_dir / name).peer_id for name in others]
+            trainer_env.update(group_env(trainers, inner_steps, admit))
             members += [
                 (f"trainer-{i}", "trainer", {**trainer_env, "INTELLECT_NODE_EVAL_EVERY": "0"})
                 for i in range(1, trainers)

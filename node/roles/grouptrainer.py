@@ -73,6 +73,7 @@ class GroupTrainerRole(TrainerRole):
                 leader=cfg.trainer_peer_id,
                 encoding=cfg.diloco_quant,
                 min_members=cfg.diloco_members,
+                admit=frozenset(cfg.diloco_admit) or None,
                 sync_timeout=sync,
                 step_timeout=sync + 300.0,
             ),
