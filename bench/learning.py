@@ -1,15 +1,18 @@
 """Experiment: does the network learn? Held-out accuracy against trainer step, measured.
 
     .venv/bin/python bench/learning.py [--steps 80] [--seeds 2] [--configs k2,k0,central]
-                                       [--out DIR] [--json]
+                                       [--inner-steps 2] [--out DIR] [--json]
 
-Three configurations, the same number of trainer steps, the same base policy (``model
+Three configurations by default (``diloco2`` on demand: ``--configs k2,diloco2``), the same number of trainer steps, the same base policy (``model
 init``), the same held-out set (seeded; disjoint from training), the same generation
 settings (tasks x samples per step, token budget, temperature) and the same GRPO code:
 
 - ``k2``: the devnet (``intellect-node devnet``: chain, bootstrap, trainer, one validator,
   two workers, separate processes on 127.0.0.1) with ``--async-level 2``;
 - ``k0``: the same devnet with ``--async-level 0`` (synchronous, on-policy);
+- ``diloco2``: the devnet with two trainers in one DiLoCo group (``--trainers 2``, SPEC
+  §17.1; ``--inner-steps`` H, async level 2): each trains on its half of the accepted
+  batches, one trainer step is one outer step; issue #31's target: within 3 points of k2;
 - ``central``: the centralized baseline (``node.training.central``): one process, no
   network, no proofs, no chain.
 
@@ -42,9 +45,9 @@ all lose 3-6 points, most of it on level 1. The issue's +20-point target is not 
 Writes ``learning.png`` and ``learning.json`` into ``--out`` (default
 ``bench-learning/``). ``--json``: the last line is one JSON object with ``base_accuracy``,
 ``accuracy`` (config -> mean over seeds per evaluated step), ``final`` (config -> final
-accuracy), ``final_per_seed``, ``steps``, ``seconds`` (config -> mean wall-clock per run),
-``base_sampling`` (level -> the figures above) and ``idle_share`` (role -> share, k2
-runs; ``idle_share_k0`` for k0).
+accuracy: ``final.diloco2`` beside ``final.k2`` when both run), ``final_per_seed``,
+``steps``, ``seconds`` (config -> mean wall-clock per run), ``base_sampling`` (level ->
+the figures above) and ``idle_share`` (role -> share, k2 runs; ``idle_share_k0`` for k0).
 """
 
 from __future__ import annotations
@@ -62,24 +65,43 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 LAST = 5  # evaluations averaged into the final accuracy
 
 
+def devnet_shape(config: str) -> tuple[int, int]:
+    """(async level, trainers) of a devnet configuration: ``kN`` or ``dilocoT`` (T trainers
+    in one DiLoCo group, async level 2)."""
+    if config.startswith("diloco"):
+        return 2, int(config[len("diloco") :])
+    return int(config[1:]), 1
+
+
 def run_devnet_config(
-    k: int, seed: int, steps: int, tasks: int, group: int, tokens: int, per_level: int, lr: float
+    config: str,
+    seed: int,
+    steps: int,
+    tasks: int,
+    group: int,
+    tokens: int,
+    per_level: int,
+    lr: float,
+    inner_steps: int = 2,
 ) -> tuple[list[dict[str, Any]], dict[str, float], float]:
     """One devnet run: its metrics lines, the roles' idle shares, its wall-clock."""
     from node.cli.devnet import run_devnet
 
+    k, trainers = devnet_shape(config)
     started = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix=f"bench-learning-k{k}-") as tmp:
+    with tempfile.TemporaryDirectory(prefix=f"bench-learning-{config}-") as tmp:
         base = Path(tmp)
         rc = run_devnet(
             base / "net",
-            run_id=f"learning-k{k}-s{seed}",
+            run_id=f"learning-{config}-s{seed}",
             inference=2,
             duration=3600,
             steps=steps,
             async_level=k,
             report=base / "report",
             quiet=True,
+            trainers=trainers,
+            inner_steps=inner_steps,
             env_extra={
                 "INTELLECT_NODE_TASKS_PER_BATCH": str(max(1, tasks // 2)),
                 "INTELLECT_NODE_GROUP_SIZE": str(group),
@@ -92,7 +114,7 @@ def run_devnet_config(
             },
         )
         if rc != 0:
-            raise RuntimeError(f"the devnet (k={k}, seed {seed}) did not finish {steps} steps")
+            raise RuntimeError(f"the devnet ({config}, seed {seed}) did not finish {steps} steps")
         lines = [
             json.loads(x)
             for x in (base / "report" / "metrics.jsonl").read_text().splitlines()
@@ -171,7 +193,15 @@ def main() -> None:
     )
     ap.add_argument("--steps", type=int, default=80, help="trainer steps per run (default 80)")
     ap.add_argument("--seeds", type=int, default=2, help="runs per configuration (default 2)")
-    ap.add_argument("--configs", default="k2,k0,central")
+    ap.add_argument(
+        "--configs",
+        default="k2,k0,central",
+        help="comma-separated: kN (the devnet, async level N), dilocoT (the devnet with T "
+        "trainers in one DiLoCo group, async level 2), central (default k2,k0,central)",
+    )
+    ap.add_argument(
+        "--inner-steps", type=int, default=2, help="dilocoT: inner steps per outer step (H)"
+    )
     ap.add_argument("--tasks", type=int, default=gen.tasks_per_step, help="tasks per step")
     ap.add_argument("--group", type=int, default=gen.group_size, help="samples per task")
     ap.add_argument("--max-new-tokens", type=int, default=gen.max_new_tokens)
@@ -205,6 +235,13 @@ def main() -> None:
         )
 
     configs = [c.strip() for c in args.configs.split(",") if c.strip()]
+    for c in configs:
+        try:
+            ok = c == "central" or devnet_shape(c)[1] >= 1
+        except ValueError:
+            ok = False
+        if not ok:
+            ap.error(f"unknown configuration {c!r}: kN, dilocoT or central")
     curves: dict[str, list[dict[int, float]]] = {c: [] for c in configs}
     seconds: dict[str, list[float]] = {c: [] for c in configs}
     idle: dict[str, list[dict[str, float]]] = {c: [] for c in configs}
@@ -222,7 +259,7 @@ def main() -> None:
             if c == "central":
                 lines, secs = run_central_config(seed, *shape)
             else:
-                lines, shares, secs = run_devnet_config(int(c[1:]), seed, *shape)
+                lines, shares, secs = run_devnet_config(c, seed, *shape, args.inner_steps)
                 idle[c].append(shares)
             curves[c].append(curve(lines))
             seconds[c].append(secs)
@@ -260,6 +297,8 @@ def main() -> None:
         )
     if "k2" in finals and "k0" in finals:
         print(f"k2 - k0: {100 * (finals['k2'] - finals['k0']):+.1f} points")
+    if "k2" in finals and "diloco2" in finals:
+        print(f"diloco2 - k2: {100 * (finals['diloco2'] - finals['k2']):+.1f} points")
     if "k2" in finals and "central" in finals:
         print(f"k2 - central: {100 * (finals['k2'] - finals['central']):+.1f} points")
     for c in configs:

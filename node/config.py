@@ -42,9 +42,8 @@ class ConfigError(ValueError):
 Multiaddrs = Annotated[list[str], NoDecode]
 
 
-class NodeConfig(BaseSettings):
-    """Every setting of a node. Constructed directly it reads the environment too (keyword
-    arguments win); ``load_config`` adds the TOML file and reports errors for a user."""
+class CoreConfig(BaseSettings):
+    """Every setting of a node but the DiLoCo group's (``NodeConfig`` adds those)."""
 
     model_config = SettingsConfigDict(
         extra="forbid", validate_assignment=True, env_prefix=ENV_PREFIX, case_sensitive=False
@@ -342,6 +341,65 @@ class NodeConfig(BaseSettings):
         if self.data_dir is not None:
             return self.data_dir.expanduser()
         return default_data_dir(self.name or self.role)
+
+
+class NodeConfig(CoreConfig):
+    """Every setting of a node. Constructed directly it reads the environment too (keyword
+    arguments win); ``load_config`` adds the TOML file and reports errors for a user. The
+    trainer's DiLoCo group settings (SPEC §17) are declared here, after the others."""
+
+    diloco: bool = Field(
+        False,
+        description="Trainer: train in a DiLoCo group with the run's other trainers (SPEC "
+        "§17.1): each takes inner steps on its share of the accepted batches, the group "
+        "averages every diloco_inner_steps; the member trainer_peer_id names leads and "
+        "publishes.",
+    )
+    diloco_inner_steps: int = Field(
+        4,
+        ge=1,
+        le=10_000,
+        description="Trainer, DiLoCo: inner GRPO steps (H) per outer step, each on its own "
+        "slice of the member's samples of the step.",
+    )
+    diloco_outer_lr: float = Field(
+        0.7, gt=0, le=10, description="Trainer, DiLoCo: the outer (Nesterov SGD) learning rate."
+    )
+    diloco_momentum: float = Field(
+        0.9, ge=0, le=0.99, description="Trainer, DiLoCo: the outer Nesterov momentum (0: none)."
+    )
+    diloco_quant: Literal["int8", "fp32"] = Field(
+        "int8", description="Trainer, DiLoCo: encoding of pseudo-gradients in the all-reduce."
+    )
+    diloco_members: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="Trainer, DiLoCo (leader): members the group's first roster waits for.",
+    )
+
+    diloco_admit: Multiaddrs = Field(
+        default_factory=list,
+        description="Trainer, DiLoCo (leader): peer ids of the members it admits to the group "
+        "(comma-separated in the environment; empty: any trainer of the run).",
+        json_schema_extra={"metavar": "PEER_ID"},
+    )
+
+    @field_validator("diloco_admit", mode="before")
+    @classmethod
+    def _admit_commas(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            return [p.strip() for p in v.split(",") if p.strip()]
+        return v
+
+    @model_validator(mode="after")
+    def _diloco_in_one_process(self) -> Self:
+        if self.diloco and self.train_procs > 1:
+            raise ValueError(
+                "diloco with train_procs > 1 is not supported yet: a DiLoCo member trains in "
+                "one process (train_procs = 1); run one member per machine or GPU instead"
+            )
+        return self
 
 
 def default_data_dir(name: str) -> Path:

@@ -3,7 +3,8 @@
 Starts the development chain with the ledger contract (``intellect-node chain``), makes a
 ledger account for every worker (funded from the chain's development keys), gives each
 validator one of the chain's appointed validator keys and the trainer the contract
-owner's key, then starts a bootstrap node, the trainer, the validators and N inference
+owner's key, then starts a bootstrap node, the trainer (with ``--trainers K`` ≥ 2: a
+DiLoCo group of K trainers, ``trainer`` its leader, SPEC §17.1), the validators and N inference
 nodes (``--cheaters C`` of them cheat: other weights) that each know only the bootstrap.
 Workers stake and register, generate a batch per trainer step with the newest policy they
 hold, validators judge each on-chain, the trainer trains on the accepted ones with GRPO
@@ -230,6 +231,19 @@ def fund(chain_dir: Path, address: str, amount: str) -> None:
     )
 
 
+def group_env(trainers: int, inner_steps: int, admit: list[str]) -> dict[str, str]:
+    """The settings of every trainer of a devnet DiLoCo group (SPEC §17.1); the leader
+    admits only the ``admit`` peer ids."""
+    return {
+        "INTELLECT_NODE_DILOCO": "true",
+        "INTELLECT_NODE_DILOCO_ADMIT": ",".join(admit),
+        "INTELLECT_NODE_DILOCO_MEMBERS": str(trainers),
+        "INTELLECT_NODE_DILOCO_INNER_STEPS": str(inner_steps),
+        # a member whose share of a step's batches is short goes on after this long
+        "INTELLECT_NODE_STEP_WAIT": "30",
+    }
+
+
 # the run's work settings on the devnet (one CPU machine): small batches, short answers
 DEVNET_WORK = {
     "INTELLECT_NODE_TASKS_PER_BATCH": "8",
@@ -355,9 +369,14 @@ def run_devnet(
     report: Path | None = None,
     env_extra: dict[str, str] | None = None,
     quiet: bool = False,
+    trainers: int = 1,
+    inner_steps: int = 2,
 ) -> int:
     """Run the devnet; 0 when it finished (``steps`` reached and every node holds the
-    final version, or Ctrl-C / ``duration``)."""
+    final version, or Ctrl-C / ``duration``). ``trainers`` ≥ 2: a DiLoCo group of that
+    many trainers (``trainer`` leads, ``trainer-1`` … follow), ``inner_steps`` each."""
+    if not 1 <= trainers <= 8:
+        raise ValueError("--trainers must be between 1 and 8")
     if not 0 <= cheaters <= inference:
         raise ValueError("--cheaters must be between 0 and --inference")
     if not 1 <= validators <= 3:
@@ -425,8 +444,18 @@ def run_devnet(
             "INTELLECT_NODE_TRAIN_STEPS": str(steps),
             "INTELLECT_NODE_BATCHES_PER_STEP": str(max(1, inference - cheaters)),
         }
+        members = [("trainer", "trainer", trainer_env)]
+        if trainers > 1:  # a DiLoCo group: the others skip the held-out evaluation
+            others = [f"trainer-{i}" for i in range(1, trainers)]
+            admit = [load_or_create_identity(base_dir / name).peer_id for name in others]
+            trainer_env.update(group_env(trainers, inner_steps, admit))
+            members += [
+                (f"trainer-{i}", "trainer", {**trainer_env, "INTELLECT_NODE_EVAL_EVERY": "0"})
+                for i in range(1, trainers)
+            ]
+            say(f"devnet: {trainers} trainers in one DiLoCo group, H = {inner_steps}", flush=True)
         roles = (
-            [("trainer", "trainer", trainer_env)]
+            members
             + [(name, "validator", {}) for name in vnames]
             + [
                 (

@@ -25,6 +25,9 @@ ROLE_NOTES = {
     "trainer": "the run owner's node: takes the batches validators accepted on-chain, trains "
     "the policy with GRPO, publishes each new version over SHARDCAST and on-chain, announces "
     "the training step, evaluates held-out accuracy (metrics.jsonl in its data dir).",
+    "diloco": "a member of the run's DiLoCo trainer group: trains with GRPO on its share of "
+    "the accepted batches and averages with the group every diloco_inner_steps; the member "
+    "trainer_peer_id names leads, announces steps and alone publishes each version.",
 }
 
 EPILOG = """\
@@ -158,6 +161,20 @@ def build_parser() -> argparse.ArgumentParser:
         "(0: run until Ctrl-C; default 10)",
     )
     devnet.add_argument(
+        "--trainers",
+        type=int,
+        default=1,
+        help="trainer nodes (1-8; default 1); 2 or more train as one DiLoCo group (SPEC "
+        "§17.1): the first leads and publishes, each trains on its share of the accepted "
+        "batches, the group averages every --diloco-inner-steps",
+    )
+    devnet.add_argument(
+        "--diloco-inner-steps",
+        type=int,
+        default=2,
+        help="with --trainers 2+: inner GRPO steps per outer step (default 2)",
+    )
+    devnet.add_argument(
         "--async-level",
         type=int,
         default=2,
@@ -226,7 +243,7 @@ def cmd_start(args: argparse.Namespace) -> int:
                     pages=dashboard_routes(cfg, node.status),  # the page at /
                 )
                 port = await nursery.start(admin.serve)
-                role = None if cfg.network_only else role_service(cfg.role)
+                role = None if cfg.network_only else role_service(cfg.role, diloco=cfg.diloco)
                 if role is not None:
                     try:
                         await nursery.start(role, node, cfg, weights)
@@ -241,7 +258,8 @@ def cmd_start(args: argparse.Namespace) -> int:
                     print(f"  address : {a}/p2p/{node.peer_id}")
                 print(f"  admin   : http://127.0.0.1:{port}/status (metrics at /metrics)")
                 print(f"  page    : http://127.0.0.1:{port}/ (intellect-node dashboard)")
-                print(f"  role    : {ROLE_NOTES[cfg.role]}", flush=True)
+                note = "diloco" if cfg.role == "trainer" and cfg.diloco else cfg.role
+                print(f"  role    : {ROLE_NOTES[note]}", flush=True)
                 async for _sig in signals:
                     print(
                         "stopping: announcing departure to peers (Ctrl-C again to force)",
@@ -314,6 +332,8 @@ def cmd_devnet(args: argparse.Namespace) -> int:
         steps=args.steps,
         async_level=args.async_level,
         report=args.report,
+        trainers=args.trainers,
+        inner_steps=args.diloco_inner_steps,
     )
 
 

@@ -176,8 +176,10 @@ class Membership:
 
     def _refuse_outliers(self, agree: dict[str, float], step: int) -> None:
         """Drop from ``agree`` every peer (not the leader) whose declared pseudo-gradient
-        norm is above ``max_norm_ratio`` × the lower median of all declared norms."""
-        norms = sorted(self.arrived[p][2] for p in agree)
+        norm is above ``max_norm_ratio`` × the lower median of the non-zero declared norms
+        (a member that had nothing to train on contributes a zero pseudo-gradient: it must
+        not make every real one an outlier)."""
+        norms = sorted(n for p in agree if (n := self.arrived[p][2]) > 0)
         if len(norms) < 2:
             return
         ref = norms[(len(norms) - 1) // 2]

@@ -1,6 +1,7 @@
 """The roles a node plays, each a service the runtime starts: ``inference`` generates and
 submits rollout batches, ``validator`` judges them, ``trainer`` turns accepted batches
-into new policies. The decisions each role makes live in small pure classes beside it."""
+into new policies (alone, or with ``--diloco`` as one member of a DiLoCo group). The
+decisions each role makes live in small pure classes beside it."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ from collections.abc import Callable
 from typing import Any
 
 
-def role_service(role: str) -> Callable[..., Any] | None:
-    """``run(node, cfg, *, task_status)`` of a role, None for the bootstrap (network only).
+def role_service(role: str, *, diloco: bool = False) -> Callable[..., Any] | None:
+    """``run(node, cfg, *, task_status)`` of a role, None for the bootstrap (network only);
+    ``diloco``: the trainer as a member of a DiLoCo group (``node/roles/grouptrainer.py``).
     Imported here, on start, so that ``--help`` stays instant."""
     if role == "inference":
         from node.roles.inference import run
@@ -19,6 +21,10 @@ def role_service(role: str) -> Callable[..., Any] | None:
         from node.roles.validator import run as run_validator
 
         return run_validator
+    if role == "trainer" and diloco:
+        from node.roles.grouptrainer import run as run_group_trainer
+
+        return run_group_trainer
     if role == "trainer":
         from node.roles.trainer import run as run_trainer
 

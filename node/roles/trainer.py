@@ -146,15 +146,16 @@ class TrainerRole:
         self, *, task_status: trio.TaskStatus[TrainerRole] = trio.TASK_STATUS_IGNORED
     ) -> None:
         await trio.to_thread.run_sync(self._setup)
-        spec = PolicySpec.of(self.cfg, self.dir / "checkpoints", self.step)
-        # one process, or torchrun ranks with FSDP2 (node/training/ranks.py)
-        child = (
-            Offload(RankedPolicyWorker, RanksSpec(self.cfg.train_procs, spec))
-            if self.cfg.train_procs > 1
-            else Offload(PolicyWorker, spec)
-        )
-        async with child as self.policy:
+        async with self._child(PolicySpec.of(self.cfg, self.dir / "checkpoints", self.step)) as (
+            self.policy
+        ):
             await self._serve(task_status)
+
+    def _child(self, spec: PolicySpec) -> Offload:
+        """The policy's process: one, or torchrun ranks with FSDP2 (node/training/ranks.py)."""
+        if self.cfg.train_procs > 1:
+            return Offload(RankedPolicyWorker, RanksSpec(self.cfg.train_procs, spec))
+        return Offload(PolicyWorker, spec)
 
     async def _serve(self, task_status: trio.TaskStatus[TrainerRole]) -> None:
         follow_notices(self.node, self._on_notice)
@@ -183,11 +184,7 @@ class TrainerRole:
             self._announce(n + 1, n)
         envelopes = [e for k in keys if (e := self.inbox.get(k[1])) is not None]
         busy = time.monotonic()
-        try:
-            stats: StepStats = await self.policy.call(TrainStep(n, envelopes))
-        except OffloadError as exc:
-            log.error("training step %d failed: %s", n, exc)
-            raise
+        stats = await self._step(n, envelopes)
         self.book.consume(keys, n + 1)
         self.state.step = n + 1
         self.state.consumed = dict(self.book.consumed)
@@ -202,6 +199,19 @@ class TrainerRole:
         self.busy_s += time.monotonic() - busy
         await self._record(self.state.line)
         prune_checkpoints(self.dir / "checkpoints", self.step, KEEP_CHECKPOINTS)
+
+    async def _step(self, n: int, envelopes: list[bytes]) -> StepStats:
+        """Train version ``n`` on the batches; checkpoint ``n + 1`` is written."""
+        try:
+            stats: StepStats = await self.policy.call(TrainStep(n, envelopes))
+        except OffloadError as exc:
+            log.error("training step %d failed: %s", n, exc)
+            raise
+        return stats
+
+    def _mine(self, keys: list[Key]) -> list[Key]:
+        """Those of ``keys`` this trainer fetches (all; a DiLoCo member: its share)."""
+        return keys
 
     async def _wait_for_batches(self, n: int) -> list[Key]:
         """The accepted batches step ``n`` trains on (see the module docstring, 2.)."""
@@ -326,7 +336,7 @@ class TrainerRole:
             self._file(key)
         retry = FetchRetry()
         while True:
-            for key in retry.due(self.book.wanted(self.step), time.monotonic()):
+            for key in retry.due(self._mine(self.book.wanted(self.step)), time.monotonic()):
                 if await self._fetch(key):
                     retry.fetched(key)
                 else:
@@ -347,7 +357,7 @@ class TrainerRole:
     async def _fetch(self, key: Key) -> bool:
         worker, work_key = key
         peers = list(self.holders.get(key, []))
-        registered = await trio.to_thread.run_sync(self._worker_peer, worker)
+        registered = await trio.to_thread.run_sync(registered_peer, self.ledger, worker)
         if registered and registered not in peers:
             peers.insert(0, registered)
         expected = self.book.submitted[key].units if key in self.book.submitted else None
@@ -365,14 +375,16 @@ class TrainerRole:
             return True
         return False
 
-    def _worker_peer(self, worker: str) -> str | None:
-        from crypto.identity import peer_id_of
 
-        try:
-            peer_key, _ = self.ledger.registration(worker)
-        except Exception:
-            return None
-        return peer_id_of(peer_key) if any(peer_key) else None
+def registered_peer(ledger: Any, worker: str) -> str | None:
+    """The peer id ``worker`` registered on-chain (None: none, or the chain did not answer)."""
+    from crypto.identity import peer_id_of
+
+    try:
+        peer_key, _ = ledger.registration(worker)
+    except Exception:
+        return None
+    return peer_id_of(peer_key) if any(peer_key) else None
 
 
 async def run(

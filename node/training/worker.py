@@ -141,17 +141,17 @@ class PolicyWorker:
             return self.evaluate(call)
         raise TypeError(f"PolicyWorker does not take {type(call).__name__}")
 
-    def train(self, call: TrainStep) -> StepStats:
-        """One GRPO step on the batches; checkpoint ``step + 1`` (weights, then state)."""
+    def samples(self, envelopes: list[bytes]) -> tuple[list[Any], list[float], int]:
+        """The GRPO samples of the batches, their rewards, and the batches skipped (sampled
+        at another temperature); held-out tasks are left out."""
         from node.training.grpo import samples_from_batch
 
         samples = []
         rewards: list[float] = []
         skipped = 0
-        temperature = self.spec.temperature
-        for envelope in call.envelopes:
+        for envelope in envelopes:
             batch = open_message(envelope, RolloutBatch)
-            if abs(batch.temperature - temperature) > 1e-9:
+            if abs(batch.temperature - self.spec.temperature) > 1e-9:
                 skipped += 1  # another temperature: its log-probs are not comparable
                 continue
             held_out = self.heldout.batch_filter(batch, self.taskset)
@@ -159,6 +159,12 @@ class PolicyWorker:
             self.dropped_heldout += len(batch.groups) - len(kept)
             rewards += [s.reward for g in kept for s in g.samples]
             samples += samples_from_batch(dataclasses.replace(batch, groups=kept))
+        return samples, rewards, skipped
+
+    def train(self, call: TrainStep) -> StepStats:
+        """One GRPO step on the batches; checkpoint ``step + 1`` (weights, then state)."""
+        samples, rewards, skipped = self.samples(call.envelopes)
+        temperature = self.spec.temperature
         stepped: dict[str, Any] = {}
         if samples:
             stepped = dict(self.policy.train_step(samples, temperature))

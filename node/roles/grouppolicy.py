@@ -1,0 +1,146 @@
+"""A DiLoCo member's policy: the trainer role's child process with ``--diloco`` (SPEC §17).
+
+The same ``PolicyWorker`` (``node/training/worker.py``) as without DiLoCo, plus the outer
+copy of the parameters (``node/diloco/outer.py``: ``θ`` in fp32 and the Nesterov momentum
+``b``), and three calls the group role (``node/roles/grouptrainer.py``) makes per outer step:
+
+1. ``InnerSteps``: the member's accepted batches of the step become GRPO samples, cut into
+   ``H`` contiguous slices (fewer if there are fewer samples), one AdamW step on each: the
+   inner phase. No checkpoint is written.
+2. ``PseudoGradient``: ``Δ = θ − θ_after`` (flat fp32), the hash of ``θ`` (the leader
+   admits only members that start from its own) and the parameter layout.
+3. ``OuterApply``: the group's averaged ``Δ`` (from the ring all-reduce) makes one outer
+   step on ``θ``; the model's parameters are set from it and checkpoint ``step + 1`` is
+   written: the model directory, the inner optimizer's state, and the outer momentum
+   (``v{n}.outer``, safetensors) so that a restarted group resumes exactly.
+
+The policy is kept in fp32 (``Policy`` loads it so), so the model's parameters are ``θ``
+bit for bit after each outer step, and equal on every member. The pipe to the role carries
+only this process's own tensors, never anything from the network.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from node.diloco.outer import OuterConfig, OuterState, layout_of, params_hash
+from node.files import write_atomic
+from node.training.worker import Evaluate, PolicySpec, PolicyWorker, StepStats, TrainStep
+
+
+@dataclass(frozen=True)
+class GroupSpec:
+    policy: PolicySpec
+    inner_steps: int  # H
+    outer_lr: float
+    outer_momentum: float
+
+
+@dataclass(frozen=True)
+class InnerSteps:
+    """The inner phase of outer step ``step`` on the member's batches."""
+
+    step: int
+    envelopes: list[bytes]
+
+
+@dataclass(frozen=True)
+class PseudoGradient:
+    """``Δ`` of the inner phase just taken."""
+
+
+@dataclass(frozen=True)
+class Delta:
+    vector: Any  # torch.Tensor, flat fp32
+    state: str  # params_hash of θ (the parameters the step started from)
+    layout: str
+
+
+@dataclass(frozen=True)
+class OuterApply:
+    """The outer step of ``step`` with the group's average; writes checkpoint ``step + 1``."""
+
+    step: int
+    average: Any  # torch.Tensor, flat fp32
+    alone: bool  # the average is this member's own (a group of one)
+
+
+def momentum_path(checkpoints: Path, version: int) -> Path:
+    return checkpoints / f"v{version}.outer"
+
+
+class GroupPolicyWorker:
+    """``PolicyWorker`` and the outer state, in the role's child process."""
+
+    def __init__(self, spec: GroupSpec) -> None:
+        from safetensors.torch import load_file
+
+        self.spec = spec
+        self.worker = PolicyWorker(spec.policy)
+        self.policy = self.worker.policy
+        cfg = OuterConfig(spec.outer_lr, spec.outer_momentum)
+        self.outer = OuterState.of(self.policy.model, cfg)
+        self.outer.step = spec.policy.step
+        saved = momentum_path(Path(spec.policy.checkpoints), spec.policy.step)
+        if spec.policy.step > 0 and saved.exists():
+            tensors = load_file(saved)
+            for i, buf in enumerate(self.outer.momentum):
+                buf.copy_(tensors[f"momentum.{i}"])
+
+    def __call__(self, call: Any) -> Any:
+        if isinstance(call, InnerSteps):
+            return self.inner(call)
+        if isinstance(call, PseudoGradient):
+            model = self.policy.model
+            return Delta(
+                self.outer.pseudo_gradient(model), params_hash(self.outer.params), layout_of(model)
+            )
+        if isinstance(call, OuterApply):
+            return self.apply(call)
+        if isinstance(call, (Evaluate, TrainStep)):
+            return self.worker(call)
+        raise TypeError(f"GroupPolicyWorker does not take {type(call).__name__}")
+
+    def inner(self, call: InnerSteps) -> StepStats:
+        """Up to ``H`` AdamW steps, each on its own contiguous slice of the samples."""
+        samples, rewards, skipped = self.worker.samples(call.envelopes)
+        h = min(self.spec.inner_steps, len(samples))
+        base, extra = divmod(len(samples), h) if h else (0, 0)
+        steps: list[dict[str, float]] = []
+        start = 0
+        for i in range(h):
+            end = start + base + (1 if i < extra else 0)
+            steps.append(self.policy.train_step(samples[start:end], self.spec.policy.temperature))
+            start = end
+        mean = (lambda k: sum(s[k] for s in steps) / len(steps)) if steps else (lambda k: None)
+        return StepStats(
+            samples=len(samples),
+            tokens=int(sum(s["tokens"] for s in steps)),
+            loss=mean("loss"),
+            grad_norm=mean("grad_norm"),
+            clip_frac=mean("clip_frac"),
+            ratio_mean=mean("ratio_mean"),
+            kl=mean("kl"),
+            seconds=sum(s["seconds"] for s in steps) if steps else None,
+            reward_mean=sum(rewards) / len(rewards) if rewards else None,
+            skipped_batches=skipped,
+            ranks=1,
+            dropped_heldout_groups=self.worker.dropped_heldout,
+        )
+
+    def apply(self, call: OuterApply) -> str:
+        """The outer step; checkpoint ``step + 1``; the hash of the new parameters."""
+        from safetensors.torch import save
+
+        if self.outer.step != call.step:
+            raise ValueError(f"outer step {call.step} asked, the policy is at {self.outer.step}")
+        self.outer.apply(self.policy.model, call.average, alone=call.alone)
+        root = Path(self.spec.policy.checkpoints)
+        version = call.step + 1
+        self.policy.save(root / f"v{version}")
+        self.policy.save_state(root / f"v{version}.state")
+        momentum = {f"momentum.{i}": b.contiguous() for i, b in enumerate(self.outer.momentum)}
+        write_atomic(momentum_path(root, version), save(momentum))
+        return params_hash(p for p in self.policy.model.parameters())

@@ -1,0 +1,304 @@
+"""The trainer role as a DiLoCo group (``--diloco``, SPEC §17.1): who trains on which batch
+(pure), the member's policy process (inner steps, pseudo-gradient, outer step, checkpoint),
+and one real run: chain, bootstrap, two trainers in one group, a validator and two workers
+as processes on 127.0.0.1 for two outer steps."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pytest
+
+from node.config import NodeConfig
+from node.roles.grouping import Rosters, owner, share, step_ready
+from tests.helpers.net import wait_until
+
+A, B, C = "peer-a", "peer-b", "peer-c"
+
+
+def keys(n: int) -> list[bytes]:
+    return [hashlib.sha256(f"k{i}".encode()).digest() for i in range(n)]
+
+
+def test_every_batch_has_exactly_one_owner_and_all_members_agree():
+    roster = [A, B, C]
+    ks = keys(300)
+    owners = [owner(k, roster) for k in ks]
+    assert {o: owners.count(o) for o in roster}.keys() == set(roster)
+    assert all(70 <= owners.count(o) <= 130 for o in roster), owners  # about a third each
+    # every member decides alone, from the same rosters: the shares partition the batches
+    views = {m: Rosters({0: roster, 1: [A, B]}) for m in roster}
+    for version in (0, 1):
+        for k in ks:
+            mine = [m for m in roster if views[m].mine(m, k, version)]
+            assert len(mine) == 1
+            assert mine[0] == owner(k, views[A].by_version[version])
+    assert not any(views[C].mine(C, k, 1) for k in ks)  # C is not in version 1's roster
+    assert not any(views[A].mine(A, k, 7) for k in ks)  # an unknown roster: nobody's
+    with pytest.raises(ValueError, match="empty roster"):
+        owner(ks[0], [])
+
+
+def test_rosters_survive_a_restart_and_old_ones_are_forgotten(tmp_path):
+    r = Rosters()
+    assert r.latest() == []
+    r.record(0, [A, B])
+    r.record(1, [A])
+    r.record(2, [A, B])
+    r.forget_before(1)
+    r.save(tmp_path / "r.json")
+    again = Rosters.load(tmp_path / "r.json")
+    assert again.by_version == {1: [A], 2: [A, B]}
+    assert again.latest() == [A, B]
+    assert Rosters.load(tmp_path / "none.json").by_version == {}
+    assert share(2, 2) == 1 and share(3, 2) == 2 and share(1, 4) == 1 and share(4, 0) == 4
+
+
+def test_a_member_waits_for_its_share_then_goes_on_only_if_the_group_has_work():
+    assert step_ready(mine=1, want=1, waited=0.0, step_wait=30, theirs_new=0)
+    assert not step_ready(mine=1, want=2, waited=29.9, step_wait=30, theirs_new=5)
+    assert step_ready(mine=1, want=2, waited=30.0, step_wait=30, theirs_new=0)
+    # nothing of its own: on with a zero pseudo-gradient only if the others have new work
+    assert step_ready(mine=0, want=1, waited=31.0, step_wait=30, theirs_new=1)
+    assert not step_ready(mine=0, want=1, waited=500.0, step_wait=30, theirs_new=0)
+
+
+def test_a_member_with_nothing_to_train_on_does_not_make_the_others_outliers():
+    """A leader whose share was empty declares a zero pseudo-gradient norm; the member that
+    trained must stay in the roster (the zero is not the outlier reference), while a norm
+    far above the real ones is still refused."""
+    from node.diloco.membership import Membership
+
+    m = Membership("L", min_members=2)
+    alive = {"L", "F"}
+    assert m.arrive("L", (0, 0), 0.0, alive, "lay", "s", 0.0) is None
+    assert m.arrive("F", (0, 0), 0.0, alive, "lay", "s", 5.0) == ["L", "F"]
+    m2 = Membership("L", min_members=3)
+    m2.arrive("L", (0, 0), 0.0, {"L", "F", "G"}, "lay", "s", 1.0)
+    m2.arrive("F", (0, 0), 0.0, {"L", "F", "G"}, "lay", "s", 0.0)
+    assert m2.arrive("G", (0, 0), 0.0, {"L", "F", "G"}, "lay", "s", 100.0) == ["L", "F"]
+    assert m2.rejected["norm"] == 1
+
+
+def test_diloco_refuses_several_training_processes_with_a_clear_error():
+    with pytest.raises(ValueError, match="diloco with train_procs > 1 is not supported"):
+        NodeConfig(role="trainer", diloco=True, train_procs=2)
+    NodeConfig(role="trainer", diloco=True, diloco_quant="fp32", diloco_inner_steps=3)
+    with pytest.raises(ValueError, match="diloco_quant"):
+        NodeConfig(diloco_quant="int4")
+
+
+def made_envelopes(model_dir, n=2):
+    from crypto.identity import Identity
+    from node.rollouts.maker import BatchMaker, MakeBatch, MakerSpec
+    from protocol.rollouts import RolloutBatch
+    from protocol.wire import seal
+
+    maker = BatchMaker(
+        MakerSpec(
+            taskset="arithmetic",
+            tasks_per_batch=4,
+            group_size=4,
+            max_new_tokens=12,
+            temperature=1.0,
+            engine_batch=16,
+        )
+    )
+    out = []
+    for i in range(n):
+        identity = Identity.generate()
+        header = dict(run_id="r", sender=identity.peer_id, seq=1, ts_ms=1_700_000_000_000)
+        made = maker(MakeBatch(str(model_dir), "0x" + f"{i + 1:02x}" * 20, i, 0, header))
+        out.append(seal(identity, RolloutBatch.decode(made.encoded)))
+    return out
+
+
+def spec_for(model_dir, root, step=0, **kw):
+    from node.roles.grouppolicy import GroupSpec
+    from node.training.worker import PolicySpec
+
+    policy = PolicySpec(
+        base=str(model_dir),
+        checkpoints=str(root),
+        step=step,
+        lr=1e-3,
+        seed=0,
+        taskset="arithmetic",
+        heldout_per_level=2,
+        heldout_seed=0,
+        max_new_tokens=12,
+        temperature=1.0,
+    )
+    return GroupSpec(policy, **{"inner_steps": 2, "outer_lr": 1.0, "outer_momentum": 0.0, **kw})
+
+
+def test_a_member_alone_with_outer_lr_1_trains_exactly_as_its_inner_steps(tiny_model_dir, tmp_path):
+    """Outer lr 1, no momentum, alone: θ ← θ_after bit for bit, so version 1 is the policy
+    after H plain GRPO steps on the same slices; the checkpoint holds it, the hash names it.
+    With momentum the outer state survives a restart of the child (``v1.outer``)."""
+    import torch
+    from safetensors.torch import load_file
+
+    from node.diloco.outer import params_hash
+    from node.roles.grouppolicy import GroupPolicyWorker, InnerSteps, OuterApply, PseudoGradient
+    from node.training.grpo import GRPOConfig
+    from node.training.policy import Policy
+    from node.training.worker import PolicyWorker, TrainStep
+
+    envelopes = made_envelopes(tiny_model_dir)
+    member = GroupPolicyWorker(spec_for(tiny_model_dir, tmp_path / "m"))
+    start = member(PseudoGradient())
+    assert float(start.vector.abs().max()) == 0.0  # nothing trained yet
+    stats = member(InnerSteps(0, envelopes))
+    assert stats.samples > 0 and stats.tokens > 0
+    delta = member(PseudoGradient())
+    assert delta.state == start.state and float(delta.vector.norm()) > 0
+    digest = member(OuterApply(0, delta.vector, True))
+
+    # the same H = 2 steps in a plain policy, on the same two slices of the same samples
+    plain = Policy(tiny_model_dir, GRPOConfig(lr=1e-3), seed=0)
+    samples, _, _ = member.worker.samples(envelopes)
+    half = (len(samples) + 1) // 2
+    for part in (samples[:half], samples[half:]):
+        plain.train_step(part, 1.0)
+    assert digest == params_hash(plain.model.parameters())
+    saved = load_file(tmp_path / "m" / "v1" / "model.safetensors")
+    for name, p in plain.model.named_parameters():
+        assert torch.equal(saved[name], p.detach()), name
+    base = load_file(tiny_model_dir / "model.safetensors")
+    assert any(not torch.equal(base[k], saved[k]) for k in base)  # it moved
+    with pytest.raises(ValueError, match="outer step 0 asked"):
+        member(OuterApply(0, delta.vector, True))  # a step twice is refused
+
+    # momentum: kept in v{n}.outer and loaded by a restarted child
+    m2 = GroupPolicyWorker(spec_for(tiny_model_dir, tmp_path / "n", outer_momentum=0.9))
+    m2(InnerSteps(0, envelopes))
+    d = m2(PseudoGradient())
+    m2(OuterApply(0, d.vector, False))
+    again = GroupPolicyWorker(spec_for(tiny_model_dir, tmp_path / "n", step=1, outer_momentum=0.9))
+    assert again.outer.step == 1
+    for x, y in zip(again.outer.momentum, m2.outer.momentum, strict=True):
+        assert torch.equal(x, y)
+    assert any(float(b.abs().max()) > 0 for b in again.outer.momentum)
+    assert again(PseudoGradient()).state == params_hash(m2.outer.params)
+
+    # a single trainer's step (the same samples, one optimizer step) goes on as before
+    single = PolicyWorker(spec_for(tiny_model_dir, tmp_path / "s").policy)
+    one = single(TrainStep(0, envelopes))
+    assert (one.samples, one.tokens) == (stats.samples, stats.tokens)
+    assert (tmp_path / "s" / "v1" / "model.safetensors").exists()
+
+
+# ---- one real run -------------------------------------------------------------------------
+
+STEPS = 2  # outer steps (policy versions)
+H = 2  # inner steps per outer step
+
+
+def lines_of(base, name):
+    path = base / name / "metrics.jsonl"
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+
+
+@pytest.mark.timeout(1500)  # 11.5 minutes on a 2-core machine at load 40; a deadline only
+def test_two_trainers_train_as_one_group_on_disjoint_batches_and_only_the_leader_publishes(
+    tmp_path, tiny_model_dir
+):
+    import torch
+    from safetensors.torch import load_file
+
+    from node.keystore import load_or_create_identity
+    from tests.test_loop import Loop, submissions
+
+    loop = Loop(tmp_path, tiny_model_dir, step_wait=20)
+    member_id = load_or_create_identity(tmp_path / "trainer-1").peer_id
+    group = {
+        "INTELLECT_NODE_DILOCO_ADMIT": member_id,  # the leader admits only this member
+        "INTELLECT_NODE_DILOCO": "true",
+        "INTELLECT_NODE_DILOCO_MEMBERS": "2",
+        "INTELLECT_NODE_DILOCO_INNER_STEPS": str(H),
+        "INTELLECT_NODE_TRAIN_STEPS": str(STEPS),
+        "INTELLECT_NODE_EVAL_EVERY": "0",
+    }
+    try:
+        loop.env.update(
+            {
+                "INTELLECT_NODE_ASYNC_LEVEL": "2",
+                "INTELLECT_NODE_MAX_UNJUDGED": "2",
+                # level-1 tasks, six a batch: the tiny base answers about half of them right,
+                # so nearly every group has mixed rewards (a GRPO signal); on levels 2-3 a
+                # whole batch is often wrong and trains nothing
+                "INTELLECT_NODE_TASKSET": "arithmetic:1-1",
+                "INTELLECT_NODE_TASKS_PER_BATCH": "6",
+                "INTELLECT_NODE_GROUP_SIZE": "4",
+                "INTELLECT_NODE_BATCHES_PER_STEP": "2",
+                "INTELLECT_NODE_LEARNING_RATE": "0.001",
+            }
+        )
+        leader = loop.spawn("trainer", "trainer", env=group)
+        member = loop.spawn("trainer-1", "trainer", env=group)
+        loop.validator()
+        loop.worker("honest-0")
+        loop.worker("honest-1")
+        for node in loop.nodes.values():
+            wait_until(lambda n=node: n.status() is not None, 180, f"{node.name} up")
+
+        def done():
+            for node in loop.nodes.values():
+                assert node.proc.poll() is None, f"{node.name} died: {node.log_path}"
+            return all(
+                (loop.section(n, "trainer") or {}).get("done") for n in (leader.name, member.name)
+            ) and all(
+                ((loop.nodes[n].status() or {}).get("weights") or {}).get("current", 0) >= STEPS
+                for n in ("validator", "honest-0", "honest-1")
+            )
+
+        wait_until(done, 1000, f"{STEPS} outer steps and every worker on version {STEPS}")
+        group_status = {n: loop.section(n, "diloco") for n in ("trainer", "trainer-1")}
+        on_chain = loop.client().policy_version()
+        subs = submissions(loop.client())
+    finally:
+        loop.close()
+
+    ids = [load_or_create_identity(tmp_path / n).peer_id for n in ("trainer", "trainer-1")]
+    a, b = lines_of(tmp_path, "trainer"), lines_of(tmp_path, "trainer-1")
+    assert [m["step"] for m in a] == [m["step"] for m in b] == list(range(STEPS + 1))
+    for x, y in zip(a[1:], b[1:], strict=True):
+        # after every outer step both hold bitwise-identical parameters; both took part
+        assert x["diloco"]["params_hash"] == y["diloco"]["params_hash"], (x, y)
+        assert (
+            sorted(x["diloco"]["roster"]) == sorted(ids)
+            and x["diloco"]["roster"] == y["diloco"]["roster"]
+        )
+        assert x["diloco"]["leader"] and not y["diloco"]["leader"]
+        assert x["diloco"]["received_bytes"] > 0  # the ring moved bytes between them
+    for before, after, other in zip(a[1:-1], a[2:], b[2:], strict=True):
+        if after["tokens_trained"] + other["tokens_trained"] > 0:  # a step that trained moved
+            assert after["diloco"]["params_hash"] != before["diloco"]["params_hash"]
+    # disjoint shares: no batch twice, none by both, all of them accepted on-chain
+    used_a = [k for m in a for k in m["used"]]
+    used_b = [k for m in b for k in m["used"]]
+    assert len(used_a) == len(set(used_a)) and len(used_b) == len(set(used_b))
+    assert not set(used_a) & set(used_b)
+    accepted = {f"{w}:{k.hex()}" for w, k in subs}
+    assert set(used_a) | set(used_b) <= accepted
+    assert used_a or used_b
+    assert sum(m["tokens_trained"] for m in a + b) > 0
+    # every member's share is what the hash split over the roster gives it
+    for mine, me in ((used_a, ids[0]), (used_b, ids[1])):
+        for k in mine:
+            assert owner(bytes.fromhex(k.split(":")[1]), a[1]["diloco"]["roster"]) == me
+    # only the leader published: the chain holds its versions, the member never published
+    assert on_chain == STEPS
+    leader_log, member_log = (tmp_path / n / "node.log" for n in ("trainer", "trainer-1"))
+    for v in range(1, STEPS + 1):
+        assert f"policy version {v} published" in leader_log.read_text()
+    assert "published" not in member_log.read_text()
+    assert group_status["trainer"]["leading"] and not group_status["trainer-1"]["leading"]
+    # the published weights are the member's own checkpoint bit for bit, and not the base
+    base = load_file(tiny_model_dir / "model.safetensors")
+    pub = load_file(tmp_path / "trainer" / "checkpoints" / f"v{STEPS}" / "model.safetensors")
+    own = load_file(tmp_path / "trainer-1" / "checkpoints" / f"v{STEPS}" / "model.safetensors")
+    assert set(pub) == set(own) and all(torch.equal(pub[k], own[k]) for k in pub)
+    assert max((pub[k].float() - base[k].float()).abs().max().item() for k in base) > 1e-4
