@@ -98,9 +98,12 @@ class GroupTrainerRole(TrainerRole):
         )
 
     async def _serve(self, task_status: trio.TaskStatus[TrainerRole]) -> None:
-        self.group.register()
         self.node.add_status("diloco", self.group_status)
-        await super()._serve(task_status)
+        async with trio.open_nursery() as nursery:
+            # the group's protocols, and its DHT provider record (the leader's from the start)
+            await nursery.start(self.group.serve)
+            await super()._serve(task_status)
+            nursery.cancel_scope.cancel()
 
     def group_status(self) -> dict[str, Any]:
         return {
