@@ -42,7 +42,7 @@ from node.roles.busy import BusyTime
 from node.roles.chain import ChainSetupError, Submission, SubmissionWatcher, open_ledger
 from node.roles.checking import BatchChecker, CheckBatch, CheckerSpec
 from node.roles.clock import StepClock, follow_steps
-from node.roles.exchange import fetch_batch, follow_notices
+from node.roles.exchange import WorkKeyMismatch, fetch_batch, follow_notices
 from node.roles.judging import JudgingQueue, VerdictPosts
 from node.roles.offload import Offload, OffloadError
 from node.roles.status import ValidatorStatus, VerdictLatency
@@ -186,6 +186,15 @@ class ValidatorRole:
             batch, envelope = await fetch_batch(
                 self.node, peer, key[1], expected_size=notice.size if notice else None
             )
+        except WorkKeyMismatch as exc:  # signed by its server: is that the worker?
+            verdict = await trio.to_thread.run_sync(self.judge_signer, exc.batch, key[0])
+            if verdict is not None:
+                self.queue.fetched(key)
+                await self._post(key, verdict)
+                return
+            self.fetch_failures += 1
+            self.queue.fetch_failed(key, trio.current_time())
+            return
         except Exception as exc:  # refused, timed out, or any of py-libp2p's dial errors
             self.fetch_failures += 1
             what = exc if isinstance(exc, WireError | RemoteRefusal) else repr(exc)
@@ -269,6 +278,19 @@ class ValidatorRole:
         }
         self.recent.append(entry)
         (log.info if v.accepted else log.warning)("verdict %s", entry)
+
+    def judge_signer(self, batch: RolloutBatch, worker: str) -> Verdict | None:
+        """A batch that does not hash to the key it was served under: ``mismatch`` when the
+        submitting worker signed it (its registered peer key, valid registration), None when
+        someone else did (then it is only a failed fetch)."""
+        from crypto.identity import public_key_of_peer_id
+
+        peer_key, _ = self.ledger.registration(worker)
+        if batch.worker != worker or peer_key != public_key_of_peer_id(batch.sender):
+            return None
+        if not self.ledger.registration_valid(worker):
+            return None
+        return Verdict.reject("mismatch", "the worker's signed batch does not hash to its key")
 
     def judge(self, batch: RolloutBatch, sub: Submission) -> Verdict | None:
         """Checks 1-3 of the module docstring (blocking: ledger reads); None when they pass
