@@ -187,7 +187,9 @@ class ValidatorRole:
                 self.node, peer, key[1], expected_size=notice.size if notice else None
             )
         except WorkKeyMismatch as exc:  # signed by its server: is that the worker?
-            verdict = await trio.to_thread.run_sync(self.judge_signer, exc.batch, key[0])
+            verdict = await trio.to_thread.run_sync(
+                served_under_another_key, self.ledger, exc.batch, key[0]
+            )
             if verdict is not None:
                 self.queue.fetched(key)
                 await self._post(key, verdict)
@@ -279,19 +281,6 @@ class ValidatorRole:
         self.recent.append(entry)
         (log.info if v.accepted else log.warning)("verdict %s", entry)
 
-    def judge_signer(self, batch: RolloutBatch, worker: str) -> Verdict | None:
-        """A batch that does not hash to the key it was served under: ``mismatch`` when the
-        submitting worker signed it (its registered peer key, valid registration), None when
-        someone else did (then it is only a failed fetch)."""
-        from crypto.identity import public_key_of_peer_id
-
-        peer_key, _ = self.ledger.registration(worker)
-        if batch.worker != worker or peer_key != public_key_of_peer_id(batch.sender):
-            return None
-        if not self.ledger.registration_valid(worker):
-            return None
-        return Verdict.reject("mismatch", "the worker's signed batch does not hash to its key")
-
     def judge(self, batch: RolloutBatch, sub: Submission) -> Verdict | None:
         """Checks 1-3 of the module docstring (blocking: ledger reads); None when they pass
         and the batch goes on to ``BatchChecker``."""
@@ -314,6 +303,20 @@ class ValidatorRole:
                 "mismatch", f"units {sub.units} on-chain, {batch.num_tokens} tokens"
             )
         return None
+
+
+def served_under_another_key(ledger: Any, batch: RolloutBatch, worker: str) -> Verdict | None:
+    """The verdict on a batch served under a key it does not hash to (blocking: ledger
+    reads): ``mismatch`` when the submitting worker signed it (its registered peer key, a
+    valid registration), None when someone else did (then it is only a failed fetch)."""
+    from crypto.identity import public_key_of_peer_id
+
+    peer_key, _ = ledger.registration(worker)
+    if batch.worker != worker or peer_key != public_key_of_peer_id(batch.sender):
+        return None
+    if not ledger.registration_valid(worker):
+        return None
+    return Verdict.reject("mismatch", "the worker's signed batch does not hash to its key")
 
 
 async def run(
