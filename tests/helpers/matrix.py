@@ -81,6 +81,10 @@ class MatrixBooks:
 
 def start(loop: Loop, cheaters: dict[str, str], honest: tuple[str, ...]) -> None:
     loop.env["INTELLECT_NODE_BATCHES_PER_STEP"] = str(len(honest))
+    # a loaded machine (each worker and its engine compete for the CPU) may answer a fetch
+    # slowly: an honest batch must not end "unavailable" for it, nor a cheat's
+    loop.env["INTELLECT_NODE_READ_TIMEOUT"] = "30"
+    loop.env["INTELLECT_NODE_CONNECT_TIMEOUT"] = "20"
     loop.spawn("trainer", "trainer")
     loop.validator()
     for name in honest:
