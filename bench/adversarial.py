@@ -33,7 +33,7 @@ slashed, trained}), ``honest_false_slashes``, ``lost_work``, ``double_counted_wo
 from __future__ import annotations
 
 import argparse
-import importlib
+import importlib.util
 import json
 import sys
 import tempfile
@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+BENCH = Path(__file__).resolve().parent
 
 
 def cheater_groups(attacks: list[str]) -> dict[str, str]:
@@ -58,14 +58,16 @@ def cheater_groups(attacks: list[str]) -> dict[str, str]:
 
 
 def optional_section(module: str, call: Any) -> dict[str, Any]:
-    """A section another module fills (``bench/fuzz.py``, ``bench/chaos.py``): its
-    ``run`` result, or why there is none."""
-    try:
-        mod = importlib.import_module(module)
-    except ModuleNotFoundError as exc:
-        if exc.name != module:
-            raise
+    """A section another module fills (``bench/fuzz.py``, ``bench/chaos.py``, loaded from
+    its file: bench/ is not a package and holds names such as ``ledger.py``): its ``run``
+    result, or why there is none."""
+    path = BENCH / f"{module}.py"
+    if not path.exists():
         return {"unavailable": f"bench/{module}.py is not in this checkout"}
+    spec = importlib.util.spec_from_file_location(f"bench_{module}", path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
     return dict(call(mod))
 
 
