@@ -63,6 +63,7 @@ from protocol.wire import open_message, seal
 
 log = logging.getLogger("intellect.inference")
 POLL_S = 1.0
+REANNOUNCE_S = 20.0  # a batch still without a verdict is announced again this often
 
 
 @dataclass
@@ -96,6 +97,8 @@ class InferenceRole:
         self.stake: Stake | None = None
         self.cheats = CheatPlan.of(cfg.cheat)  # tests only: empty for an honest worker
         self.served = ServedStore(self.store)
+        self.notices: dict[bytes, bytes] = {}  # submitted key -> its encoded notice
+        self.announced_at = 0.0
 
     # ---- setup -------------------------------------------------------------------------
 
@@ -161,6 +164,7 @@ class InferenceRole:
         while True:
             try:
                 await self._refresh_verdicts()
+                self._reannounce()
                 step = self.clock.step
                 if (
                     step is None
@@ -182,6 +186,22 @@ class InferenceRole:
                 self.counts.errors += 1
                 log.error("work failed: %s", exc)
                 await trio.sleep(5 * POLL_S)
+
+    def _reannounce(self) -> None:
+        """Announce the batches still without a verdict again: a notice lost on the way
+        (gossip drops, a validator that joined later) must not leave a served batch to end
+        as unavailable."""
+        now = time.monotonic()
+        if now - self.announced_at < REANNOUNCE_S:
+            return
+        self.announced_at = now
+        pending = set(self.pending.keys())
+        self.notices = {k: n for k, n in self.notices.items() if k in pending}
+        for body in self.notices.values():
+            try:
+                self.node.announce(BATCH_TOPIC, body)
+            except trio.WouldBlock:  # the publisher's queue is full: next time
+                return
 
     def _resume_pending(self) -> None:
         """After a restart: the stored batches still without a verdict are pending, and the
@@ -299,6 +319,7 @@ class InferenceRole:
         self.done_step = step
         self._save_state()
         self.node.announce(BATCH_TOPIC, notice.encode())
+        self.notices[key] = notice.encode()
         await trio.to_thread.run_sync(self.ledger.submit_work, key, notice.units, version)
         self.counts.submitted += 1
         self.pending.submitted(key, step)
