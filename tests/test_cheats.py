@@ -228,3 +228,13 @@ def test_a_body_under_another_key_is_a_mismatch_only_when_the_worker_signed_it()
     assert served_under_another_key(ledger, batch_by(worker_id, other), WORKER) is None
     unverified = Registrations(WORKER, worker_id, valid=False)
     assert served_under_another_key(unverified, batch_by(worker_id), WORKER) is None
+
+
+def test_a_version_cheat_between_identical_weights_is_no_cheat(tiny_model_dir, version_1, tmp_path):
+    """A training step that changed nothing (all rewards equal: no gradient) publishes the
+    same weights again; generating with the older copy is then the honest work (the matrix
+    run met this: versions 1-4 were byte-identical)."""
+    copy = tmp_path / "copy"
+    shutil.copytree(tiny_model_dir, copy)
+    assert CheatPlan.same_weights(str(tiny_model_dir), str(copy))
+    assert not CheatPlan.same_weights(str(tiny_model_dir), str(version_1))

@@ -95,6 +95,19 @@ class CheatPlan:
             return max((v for v in held if oldest <= v < picked), default=picked)
         return picked
 
+    @staticmethod
+    def same_weights(dir_a: str, dir_b: str) -> bool:
+        """Whether two model directories hold byte-identical weights (a training step that
+        changed nothing: then a version cheat between them is no cheat, SPEC §12.1)."""
+        import hashlib
+        from pathlib import Path
+
+        def digest(d: str) -> list[tuple[str, bytes]]:
+            files = sorted(Path(d).glob("*.safetensors"))
+            return [(f.name, hashlib.blake2b(f.read_bytes()).digest()) for f in files]
+
+        return digest(dir_a) == digest(dir_b)
+
     def registered_identity(self, own: Any) -> Any:
         """The identity registered on-chain: another one than the node signs with for
         ``other_key`` (work done by an unregistered machine, claimed by a staked account)."""
