@@ -19,7 +19,7 @@ def test_the_run_covers_every_cheat_of_the_catalogue():
     assert {c for spec in CHEATERS.values() for c in spec.split(",")} == set(CATALOGUE)
 
 
-@pytest.mark.timeout(1800)
+@pytest.mark.timeout(2700)  # a hang guard: ~30 min measured at load 35-45 on 2 cores
 def test_every_cheat_is_rejected_for_its_reason_and_slashed_and_no_honest_work_is(
     tmp_path, tiny_model_dir
 ):
