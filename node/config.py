@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal, Self
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     EnvSettingsSource,
@@ -32,6 +32,49 @@ ENV_PREFIX = "INTELLECT_NODE_"
 Role = Literal["bootstrap", "inference", "validator", "trainer"]
 VerifyProfile = Literal["gpu-bf16", "paper", "strict-fp32"]  # crypto.verdict.PROFILES
 assert set(ROLES) == set(Role.__args__)  # type: ignore[attr-defined]
+
+
+# The test-only cheats (``cheat``); node/rollouts/cheats.py says what each one does and
+# SPEC §12.1 which check catches it. ``other_key`` acts on every batch (it registers another
+# peer key), so it is not combined with others.
+CHEATS = (
+    "other_weights",
+    "int8_weights",
+    "fewer_layers",
+    "stale_weights",
+    "older_version",
+    "foreign_proofs",
+    "edit_token",
+    "greedy",
+    "other_temperature",
+    "early_stop",
+    "truncated",
+    "inflate_reward",
+    "inflate_units",
+    "easy_tasks",
+    "replay_step",
+    "replay_other",
+    "key_mismatch",
+    "other_key",
+    "withhold",
+)
+WORKER_WIDE_CHEATS = ("other_key",)
+
+
+def parse_cheats(spec: str) -> tuple[str, ...]:
+    """The cheats of a ``cheat`` setting: ``none`` (empty), or names comma-separated."""
+    names = tuple(n.strip() for n in spec.split(",") if n.strip())
+    if names in ((), ("none",)):
+        return ()
+    for n in names:
+        if n not in CHEATS:
+            raise ValueError(f"unknown cheat {n!r}; known: none, {', '.join(CHEATS)}")
+    if len(names) > 1 and any(n in WORKER_WIDE_CHEATS for n in names):
+        raise ValueError(f"{', '.join(WORKER_WIDE_CHEATS)} acts on every batch: give it alone")
+    return names
+
+
+CheatSetting = Annotated[str, AfterValidator(lambda v: ",".join(parse_cheats(v)) or "none")]
 
 
 class ConfigError(ValueError):
@@ -279,9 +322,12 @@ class CoreConfig(BaseSettings):
         le=1,
         description="Share of each batch's rollouts a validator recomputes (SPEC §14).",
     )
-    cheat: Literal["none", "other_weights", "edit_token", "inflate_reward", "withhold"] = Field(
+    cheat: CheatSetting = Field(
         "none",
-        description="FOR TESTS ONLY: make this worker cheat; refused unless dev_cheats is on.",
+        max_length=1000,
+        description="FOR TESTS ONLY: make this worker cheat (one of the names in SPEC §12.1, "
+        "or several comma-separated: its n-th batch makes the (n mod k)-th); refused unless "
+        "dev_cheats is on.",
     )
     dev_cheats: bool = Field(
         False, description="Allow the cheat setting (tests and the devnet's --cheaters)."

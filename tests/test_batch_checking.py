@@ -41,9 +41,10 @@ class Checker:
 
 def make(model_dir, cheat, step=3):
     identity = Identity.generate()
-    maker = BatchMaker(dataclasses.replace(MAKER, cheat=cheat))
+    maker = BatchMaker(MAKER)
     header = dict(run_id="test-run", sender=identity.peer_id, seq=1, ts_ms=1_700_000_000_000)
-    batch = RolloutBatch.decode(maker(MakeBatch(str(model_dir), WORKER, step, 0, header)).encoded)
+    call = MakeBatch(str(model_dir), WORKER, step, 0, header, cheat=cheat)
+    batch = RolloutBatch.decode(maker(call).encoded)
     assert batch.worker == WORKER and batch.step == step and len(batch.groups) == 2
     return seal(identity, batch)
 

@@ -26,6 +26,7 @@ PATTERNED = {
     "run_id": "flag-run",
     "taskset": "arithmetic:1-2",
     "chain": "http://127.0.0.1:9999",
+    "cheat": "greedy",
 }
 
 

@@ -5,7 +5,8 @@ ledger account for every worker (funded from the chain's development keys), give
 validator one of the chain's appointed validator keys and the trainer the contract
 owner's key, then starts a bootstrap node, the trainer (with ``--trainers K`` ≥ 2: a
 DiLoCo group of K trainers, ``trainer`` its leader, SPEC §17.1), the validators and N inference
-nodes (``--cheaters C`` of them cheat: other weights) that each know only the bootstrap.
+nodes (``--cheaters C`` of them cheat: the cheats of ``--cheats``, in turn) that each know only
+the bootstrap.
 Workers stake and register, generate a batch per trainer step with the newest policy they
 hold, validators judge each on-chain, the trainer trains on the accepted ones with GRPO
 and publishes every new policy over SHARDCAST. A live table shows the step, the policy
@@ -34,6 +35,7 @@ from typing import Any
 from node.cli.adminclient import admin_status
 from node.cli.devnetpage import DevnetPage
 from node.cli.progress import progress
+from node.config import parse_cheats
 from node.net.adminfile import ADMIN_FILE
 
 REPO_ROOT = Path(__file__).resolve().parents[2]  # node processes run from the checkout
@@ -363,6 +365,7 @@ def run_devnet(
     inference: int,
     duration: float,
     cheaters: int = 0,
+    cheats: str = "other_weights",
     validators: int = 1,
     steps: int = 10,
     async_level: int = 2,
@@ -379,6 +382,8 @@ def run_devnet(
         raise ValueError("--trainers must be between 1 and 8")
     if not 0 <= cheaters <= inference:
         raise ValueError("--cheaters must be between 0 and --inference")
+    if cheaters and not parse_cheats(cheats):
+        raise ValueError("--cheats must name at least one cheat")
     if not 1 <= validators <= 3:
         raise ValueError("--validators must be 1, 2 or 3 (the development chain appoints 3)")
     if inference < 1:
@@ -424,7 +429,7 @@ def run_devnet(
         for i, name in enumerate(workers):
             address = make_account(base_dir / name)
             fund(base_dir / "chain", address, WORKER_FUNDS)
-            how = "cheats: other weights" if i >= inference - cheaters else "honest"
+            how = f"cheats: {cheats}" if i >= inference - cheaters else "honest"
             say(f"devnet: {name} account {address}, funded {WORKER_FUNDS} ETH ({how})", flush=True)
         model_env = {"INTELLECT_NODE_MODEL": str(prepare_model(base_dir / "model"))}
         boot = spawn_node(
@@ -461,7 +466,7 @@ def run_devnet(
                 (
                     name,
                     "inference",
-                    {"INTELLECT_NODE_CHEAT": "other_weights", "INTELLECT_NODE_DEV_CHEATS": "true"}
+                    {"INTELLECT_NODE_CHEAT": cheats, "INTELLECT_NODE_DEV_CHEATS": "true"}
                     if i >= inference - cheaters
                     else {},
                 )

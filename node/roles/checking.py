@@ -5,8 +5,9 @@ signed batch, checked who signed it and that it matches its on-chain submission,
 calls ``CheckBatch`` with the model directory of the batch's policy version. Here, the
 expensive checks (4 and 5 of the validator's docstring):
 
-4. the tasks are the worker's assigned ones (SPEC §13) and every reward is what the task's
-   verifier gives the completion;
+4. the batch samples with the run's temperature and top-p, its tasks are the worker's
+   assigned ones (SPEC §13) and every reward is what the task's verifier gives the
+   completion;
 5. the proofs: one prefill per rollout (``recompute_batch``) and the proof check of
    ``crypto.verdict.check_batch`` under the run's verification profile (``spot_check`` < 1
    recomputes a random share of the rollouts).
@@ -37,6 +38,8 @@ class CheckerSpec:
     taskset: str
     verify_profile: str
     spot_check: float  # the share of rollouts recomputed (1: all)
+    temperature: float = 1.0  # the run's sampling parameters: a batch must state these
+    top_p: float = 1.0
 
     @classmethod
     def of(cls, cfg: NodeConfig) -> CheckerSpec:
@@ -45,6 +48,7 @@ class CheckerSpec:
             taskset=cfg.taskset,
             verify_profile=cfg.verify_profile,
             spot_check=cfg.spot_check,
+            temperature=cfg.temperature,
         )
 
 
@@ -99,6 +103,11 @@ class BatchChecker:
 
         if batch.taskset != self.taskset.name:
             return f"task set {batch.taskset!r} is not the run's"
+        if (batch.temperature, batch.top_p) != (self.spec.temperature, self.spec.top_p):
+            return (
+                f"sampled at temperature {batch.temperature}, top-p {batch.top_p}: the run's "
+                f"are {self.spec.temperature}, {self.spec.top_p}"
+            )
         tasks = assign(self.taskset, batch.worker, batch.step, len(batch.groups))
         for n, (group, task) in enumerate(zip(batch.groups, tasks, strict=True)):
             if group.index != n or group.task_id != task.task_id:

@@ -4,7 +4,8 @@ Where a rollout is on this hop: the worker (``node/roles/inference.py``) stored 
 batch in its ``BatchStore`` and serves it from there; a validator
 (``node/roles/validator.py``) fetches it with ``fetch_batch``, which checks the size before
 reading, every frame under the read deadline, and that what arrived is a ``RolloutBatch``
-of this run, signed by the peer that served it, with the work key asked for. Each batch
+of this run, signed by the peer that served it, with the work key asked for (a signed batch
+that does not hash to it is ``WorkKeyMismatch``: evidence against its signer). Each batch
 fetched whole is timed in ``/metrics`` (``intellect_batch_fetch_seconds``).
 """
 
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import trio
 
@@ -36,6 +37,16 @@ log = logging.getLogger("intellect.batches")
 TRANSFER_DEADLINE_S = 120.0  # a whole batch, however large (every frame has its own too)
 
 
+class WorkKeyMismatch(WireError):
+    """The peer served a batch it signed itself, of this run, that does not hash to the work
+    key asked for. Unlike a damaged transfer this is evidence: when the signer is the
+    worker that submitted the key, the body does not match its key (SPEC §12, ``mismatch``)."""
+
+    def __init__(self, batch: RolloutBatch) -> None:
+        super().__init__(Reason.MALFORMED, "the batch does not hash to its work key")
+        self.batch = batch
+
+
 def follow_notices(node: Node, on_notice: Callable[[str, BatchNotice], None]) -> None:
     """Call ``on_notice(sender, notice)`` for every batch notice ``node`` hears (where a
     batch can be fetched); a malformed one is counted."""
@@ -51,8 +62,14 @@ def follow_notices(node: Node, on_notice: Callable[[str, BatchNotice], None]) ->
     node.subscribe(BATCH_TOPIC, handle)
 
 
+class Served(Protocol):
+    """Where served batches come from: a ``BatchStore`` (or a test cheat's view of one)."""
+
+    def get(self, work_key: bytes) -> bytes | None: ...
+
+
 def serve_batches(
-    node: Node, store: BatchStore, *, slots: int = 4, per_peer: int | None = 2
+    node: Node, store: Served | BatchStore, *, slots: int = 4, per_peer: int | None = 2
 ) -> None:
     """Answer batch requests from ``store``; at most ``slots`` uploads at a time, and at
     most ``per_peer`` streams of one peer (SPEC §6: its concurrent fetches leave room for
@@ -125,7 +142,7 @@ async def fetch_batch(
         if batch.run_id != node.cfg.run_id:
             raise WireError(Reason.WRONG_RUN, f"batch of run {batch.run_id!r}")
         if batch.work_key() != work_key:
-            raise WireError(Reason.MALFORMED, "the batch does not hash to its work key")
+            raise WorkKeyMismatch(batch)
     except WireError as err:
         node.reject(ids.BATCH, peer, err)
         raise

@@ -27,12 +27,14 @@ Back-pressure: with ``max_unjudged`` submitted batches still without a verdict
 stake). One batch per step.
 
 ``cheat`` (tests and the devnet's ``--cheaters`` only, refused without ``dev_cheats``):
-``withhold`` announces and submits its batches but never serves them; the others are the
-batch maker's (``node/rollouts/maker.py``).
+``CheatPlan`` (``node/roles/cheating.py``) picks each batch's cheat and makes the role's
+part (which weights, units, work key, registered key, serving); the batch maker makes the
+rest (``node/rollouts/cheats.py``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
@@ -47,6 +49,7 @@ from node.files import write_atomic
 from node.net.runtime import Node
 from node.roles.busy import BusyTime
 from node.roles.chain import WEI, ChainSetupError, open_ledger
+from node.roles.cheating import VERSION_CHEATS, CheatPlan, ServedStore
 from node.roles.clock import StepClock, follow_steps
 from node.roles.exchange import serve_batches
 from node.roles.offload import Offload, OffloadError
@@ -60,6 +63,7 @@ from protocol.wire import open_message, seal
 
 log = logging.getLogger("intellect.inference")
 POLL_S = 1.0
+REANNOUNCE_S = 20.0  # a batch still without a verdict is announced again this often
 
 
 @dataclass
@@ -91,6 +95,10 @@ class InferenceRole:
         self.done_step: int | None = None
         self.busy = BusyTime()  # generating, signing, storing, submitting
         self.stake: Stake | None = None
+        self.cheats = CheatPlan.of(cfg.cheat)  # tests only: empty for an honest worker
+        self.served = ServedStore(self.store)
+        self.notices: dict[bytes, bytes] = {}  # submitted key -> its encoded notice
+        self.announced_at = 0.0
 
     # ---- setup -------------------------------------------------------------------------
 
@@ -100,9 +108,10 @@ class InferenceRole:
         self.address = self.ledger.address.lower()
         info = self.ledger.worker(self.address)
         if not info.registered:
-            self.ledger.register_identity(self.node.identity, int(self.cfg.stake * WEI))
+            identity = self.cheats.registered_identity(self.node.identity)
+            self.ledger.register_identity(identity, int(self.cfg.stake * WEI))
             log.info("registered %s with %.3f ETH stake", self.address, self.cfg.stake)
-        elif info.peer_key != self.node.identity.public_bytes:
+        elif info.peer_key != self.node.identity.public_bytes and not self.cheats:
             raise ChainSetupError(
                 f"{self.address} is registered for another peer key; this node cannot work for it"
             )
@@ -129,6 +138,7 @@ class InferenceRole:
             tokens_per_s=round(c.tokens / c.seconds, 1) if c.seconds else 0.0,
             stake=self.stake,
             rejected_by_reason=dict(self.pending.rejected_by_reason),
+            cheat_keys=dict(self.cheats.by_key),
         )
 
     # ---- the loop ----------------------------------------------------------------------
@@ -141,8 +151,7 @@ class InferenceRole:
             await self._serve(task_status)
 
     async def _serve(self, task_status: trio.TaskStatus[InferenceRole]) -> None:
-        if self.cfg.cheat != "withhold":  # a test cheat: submit and announce, never serve
-            serve_batches(self.node, self.store)
+        serve_batches(self.node, self.served)  # the store itself unless a test cheats
         follow_steps(self.node, self.clock)
         self.node.add_status("inference", lambda: self.status().as_dict())
         self._resume_pending()
@@ -155,6 +164,7 @@ class InferenceRole:
         while True:
             try:
                 await self._refresh_verdicts()
+                self._reannounce()
                 step = self.clock.step
                 if (
                     step is None
@@ -176,6 +186,22 @@ class InferenceRole:
                 self.counts.errors += 1
                 log.error("work failed: %s", exc)
                 await trio.sleep(5 * POLL_S)
+
+    def _reannounce(self) -> None:
+        """Announce the batches still without a verdict again: a notice lost on the way
+        (gossip drops, a validator that joined later) must not leave a served batch to end
+        as unavailable."""
+        now = time.monotonic()
+        if now - self.announced_at < REANNOUNCE_S:
+            return
+        self.announced_at = now
+        pending = set(self.pending.keys())
+        self.notices = {k: n for k, n in self.notices.items() if k in pending}
+        for body in self.notices.values():
+            try:
+                self.node.announce(BATCH_TOPIC, body)
+            except trio.WouldBlock:  # the publisher's queue is full: next time
+                return
 
     def _resume_pending(self) -> None:
         """After a restart: the stored batches still without a verdict are pending, and the
@@ -248,8 +274,26 @@ class InferenceRole:
 
     async def _work(self, step: int, version: int, model_dir: str) -> None:
         started = time.perf_counter()
+        cheat = self.cheats.next()  # "none" unless a test made this worker cheat
+        used = self.cheats.generation_version(
+            cheat, version, self.held_versions(), self.clock.oldest_version()
+        )
+        if used != version:  # a test cheat: other weights than the version claimed
+            used_dir = str(self.cfg.model if used == 0 else self.weights.model_dir(used))
+            if self.cheats.same_weights(used_dir, model_dir):
+                cheat = "none"  # the versions' weights are the same: nothing to lie about
+            model_dir = used_dir
+        elif cheat in VERSION_CHEATS:  # no older version held: this batch is honest
+            cheat = "none"
         made: MadeBatch = await self.maker.call(
-            MakeBatch(model_dir, self.address, step, version, self.node.header())
+            MakeBatch(
+                model_dir,
+                self.address,
+                step,
+                version,
+                self.node.header(),
+                cheat=self.cheats.for_maker(cheat),
+            )
         )
         if self.versions.use(version):
             log.info("generating with policy version %d (%s)", version, model_dir)
@@ -271,9 +315,14 @@ class InferenceRole:
             self.node.metrics.observe("generation_tokens_per_second", notice.units / seconds)
         self.counts.tokens += notice.units
         key = self.store.put(envelope)  # durable before anyone hears of it
+        if self.cheats:
+            key, units = self.cheats.claim(cheat, key, notice.units)
+            self.cheats.serve(self.served, cheat, key, envelope)
+            notice = dataclasses.replace(notice, work_key=key, units=units)
         self.done_step = step
         self._save_state()
         self.node.announce(BATCH_TOPIC, notice.encode())
+        self.notices[key] = notice.encode()
         await trio.to_thread.run_sync(self.ledger.submit_work, key, notice.units, version)
         self.counts.submitted += 1
         self.pending.submitted(key, step)

@@ -47,6 +47,7 @@ class InferenceStatus:
     tokens_per_s: float
     stake: Stake | None = None  # None until first read from the ledger
     rejected_by_reason: dict[str, int] = field(default_factory=dict)  # the ledger's reasons
+    cheat_keys: dict[str, str] = field(default_factory=dict)  # tests: submitted key -> cheat
 
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)

@@ -42,7 +42,7 @@ from node.roles.busy import BusyTime
 from node.roles.chain import ChainSetupError, Submission, SubmissionWatcher, open_ledger
 from node.roles.checking import BatchChecker, CheckBatch, CheckerSpec
 from node.roles.clock import StepClock, follow_steps
-from node.roles.exchange import fetch_batch, follow_notices
+from node.roles.exchange import WorkKeyMismatch, fetch_batch, follow_notices
 from node.roles.judging import JudgingQueue, VerdictPosts
 from node.roles.offload import Offload, OffloadError
 from node.roles.status import ValidatorStatus, VerdictLatency
@@ -186,6 +186,17 @@ class ValidatorRole:
             batch, envelope = await fetch_batch(
                 self.node, peer, key[1], expected_size=notice.size if notice else None
             )
+        except WorkKeyMismatch as exc:  # signed by its server: is that the worker?
+            verdict = await trio.to_thread.run_sync(
+                served_under_another_key, self.ledger, exc.batch, key[0]
+            )
+            if verdict is not None:
+                self.queue.fetched(key)
+                await self._post(key, verdict)
+                return
+            self.fetch_failures += 1
+            self.queue.fetch_failed(key, trio.current_time())
+            return
         except Exception as exc:  # refused, timed out, or any of py-libp2p's dial errors
             self.fetch_failures += 1
             what = exc if isinstance(exc, WireError | RemoteRefusal) else repr(exc)
@@ -292,6 +303,20 @@ class ValidatorRole:
                 "mismatch", f"units {sub.units} on-chain, {batch.num_tokens} tokens"
             )
         return None
+
+
+def served_under_another_key(ledger: Any, batch: RolloutBatch, worker: str) -> Verdict | None:
+    """The verdict on a batch served under a key it does not hash to (blocking: ledger
+    reads): ``mismatch`` when the submitting worker signed it (its registered peer key, a
+    valid registration), None when someone else did (then it is only a failed fetch)."""
+    from crypto.identity import public_key_of_peer_id
+
+    peer_key, _ = ledger.registration(worker)
+    if batch.worker != worker or peer_key != public_key_of_peer_id(batch.sender):
+        return None
+    if not ledger.registration_valid(worker):
+        return None
+    return Verdict.reject("mismatch", "the worker's signed batch does not hash to its key")
 
 
 async def run(

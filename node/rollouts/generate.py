@@ -45,8 +45,10 @@ def generate_groups(
     count: int,
     group_size: int,
     params: SamplingParams,
+    tasks: list[Task] | None = None,
 ) -> list[ScoredGroup]:
-    tasks = assign(taskset, worker, step, count)
+    """``tasks``: the worker's assigned ones unless given (only a cheat gives others)."""
+    tasks = assign(taskset, worker, step, count) if tasks is None else tasks
     prompts = [prompt_ids(tokenizer, t.prompt) for t in tasks]
     for t, p in zip(tasks, prompts, strict=True):
         if len(p) > MAX_PROMPT_TOKENS:

@@ -7,9 +7,10 @@ sampling, TOPLOC proofs) generates ``group_size`` samples for each assigned task
 encoded and unsigned (``protocol/rollouts.py``). Where it goes next: the role signs,
 stores, announces and submits it.
 
-``cheat`` (tests and the devnet's ``--cheaters`` only): ``other_weights`` generates with
-perturbed weights, ``edit_token`` changes one output token after proving,
-``inflate_reward`` claims reward 1 for every sample (``withhold`` is the role's).
+``MakeBatch.cheat`` (tests and the devnet's ``--cheaters`` only, refused without
+``dev_cheats``): the cheat this batch makes, from ``node/rollouts/cheats.py`` (other or
+cheaper weights, other sampling, other tasks or rollouts, edits after proving); the
+role's own cheats (which weights, units, keys, serving) reach here as ``none``.
 """
 
 from __future__ import annotations
@@ -31,7 +32,6 @@ class MakerSpec:
     max_new_tokens: int
     temperature: float
     engine_batch: int  # sequences the engine generates at once
-    cheat: str = "none"
 
     @classmethod
     def of(cls, cfg: NodeConfig) -> MakerSpec:
@@ -42,7 +42,6 @@ class MakerSpec:
             max_new_tokens=cfg.max_new_tokens,
             temperature=cfg.temperature,
             engine_batch=cfg.engine_batch,
-            cheat=cfg.cheat,
         )
 
 
@@ -55,6 +54,7 @@ class MakeBatch:
     step: int
     version: int  # the policy version of ``model_dir``
     header: dict[str, Any]  # the node's message header (run id, sender, seq, time)
+    cheat: str = "none"  # tests only: the cheat this batch makes (``node/rollouts/cheats.py``)
 
 
 @dataclass(frozen=True)
@@ -74,49 +74,60 @@ class BatchMaker:
         self.params = SamplingParams(
             max_new_tokens=spec.max_new_tokens, temperature=spec.temperature
         )
-        self.engine: Any = None
-        self.tokenizer: Any = None
-        self.model_dir = ""
+        self.engines: dict[tuple[str, str], tuple[Any, Any]] = {}  # (dir, weights) -> engine
 
-    def _load(self, model_dir: str) -> None:
-        """Switch to the policy in ``model_dir`` (between batches)."""
+    def _engine(self, model_dir: str, cheat: str) -> tuple[Any, Any]:
+        """(engine, tokenizer) of the policy in ``model_dir`` (switched between batches),
+        with the weights ``cheat`` uses; the newest two stay loaded."""
         from node.engine import open_engine
+        from node.rollouts.cheats import WEIGHT_CHEATS, alter_weights
 
-        self.engine, self.tokenizer = open_engine(
-            model_dir, backend="torch", max_batch=self.spec.engine_batch
-        )
-        self.model_dir = model_dir
-        if self.spec.cheat == "other_weights":
-            _perturb(self.engine.model)
+        weights = cheat if cheat in WEIGHT_CHEATS else "none"
+        if (model_dir, weights) not in self.engines:
+            engine, tokenizer = open_engine(
+                model_dir, backend="torch", max_batch=self.spec.engine_batch
+            )
+            if weights != "none":
+                alter_weights(weights, engine.model)
+            self.engines[(model_dir, weights)] = (engine, tokenizer)
+            while len(self.engines) > 2:
+                del self.engines[next(iter(self.engines))]
+        return self.engines[(model_dir, weights)]
 
     def __call__(self, call: MakeBatch) -> MadeBatch:
+        from node.rollouts import cheats
         from node.rollouts.generate import generate_groups, to_batch
 
         if not isinstance(call, MakeBatch):
             raise TypeError(f"BatchMaker does not take {type(call).__name__}")
-        if call.model_dir != self.model_dir:
-            self._load(call.model_dir)
+        cheat = call.cheat
+        engine, tokenizer = self._engine(call.model_dir, cheat)
+        worker, step = cheats.source(cheat, call.worker, call.step)
+        count = self.spec.tasks_per_batch
         groups = generate_groups(
-            self.engine,
-            self.tokenizer,
+            engine,
+            tokenizer,
             self.taskset,
-            worker=call.worker,
-            step=call.step,
-            count=self.spec.tasks_per_batch,
+            worker=worker,
+            step=step,
+            count=count,
             group_size=self.spec.group_size,
-            params=self.params,
+            params=cheats.sampled_with(cheat, self.params),
+            tasks=cheats.easy_tasks(self.taskset, worker, step, count)
+            if cheat == "easy_tasks"
+            else None,
         )
-        if self.spec.cheat == "inflate_reward":
-            for g in groups:
-                g.rewards = [1.0] * len(g.rewards)
-        if (
-            self.spec.cheat == "edit_token"
-        ):  # after proving; the reward claimed is the edited text's
-            g, r = groups[0], groups[0].results[0]
-            i = len(r.tokens) // 2
-            r.tokens[i] = 3 + (r.tokens[i] - 3 + 1) % (self.engine.vocab_size - 3)
-            g.completions[0] = self.tokenizer.decode(r.tokens, skip_special_tokens=True)
-            g.rewards[0] = g.task.reward(g.completions[0])
+        if (worker, step) != (call.worker, call.step):
+            cheats.reseed(groups, call.worker, call.step)
+        if cheat != "none":
+            cheats.forge(
+                cheat,
+                groups,
+                tokenizer,
+                eos=int(tokenizer.eos_token_id),
+                vocab=engine.vocab_size,
+                chunk=self.params.proof_chunk,
+            )
         batch = to_batch(
             groups,
             **call.header,
@@ -124,18 +135,6 @@ class BatchMaker:
             step=call.step,
             policy_version=call.version,
             taskset=self.taskset.name,
-            params=self.params,
+            params=cheats.claimed_params(cheat, self.params),
         )
         return MadeBatch(batch.encode())
-
-
-def _perturb(model: Any) -> None:
-    """Other weights: every parameter redrawn with the same spread (a test cheat: the same
-    architecture, another model)."""
-    import torch
-
-    g = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for p in model.parameters():
-            spread = p.float().std().clamp_min(1e-3) if p.numel() > 1 else torch.tensor(1.0)
-            p.copy_((torch.randn(p.shape, generator=g) * spread).to(p.device, p.dtype))

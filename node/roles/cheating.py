@@ -1,0 +1,133 @@
+"""The inference role's side of the test-only cheats (``cheat``, refused without
+``dev_cheats``; the catalogue is ``node/rollouts/cheats.py``, the matrix SPEC §12.1).
+
+The batch maker makes most cheats (other weights, sampling, tasks, edits); the role makes
+the ones that are about what it claims and serves rather than what it generates: which
+held policy version generates the batch (``stale_weights``, ``older_version``), the units
+(``inflate_units``) and the work key (``key_mismatch``) it submits, the peer key it
+registers (``other_key``), and what it serves (``withhold``, ``key_mismatch``). Pure but
+for the store it wraps: the role asks, then acts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from crypto.hashing import digest_parts
+from node.config import parse_cheats
+from node.rollouts.store import BatchStore
+
+MAKER_CHEATS = frozenset(
+    {
+        "other_weights",
+        "int8_weights",
+        "fewer_layers",
+        "foreign_proofs",
+        "edit_token",
+        "greedy",
+        "other_temperature",
+        "early_stop",
+        "truncated",
+        "inflate_reward",
+        "easy_tasks",
+        "replay_step",
+        "replay_other",
+    }
+)
+VERSION_CHEATS = frozenset({"stale_weights", "older_version"})  # the role picks the weights
+EARLY_KEY_DOMAIN = b"intellect-node/test-cheat/key-before-work/v1"
+
+
+class ServedStore:
+    """What a cheating worker serves: its store, less the withheld keys, plus bodies
+    served under keys they do not hash to."""
+
+    def __init__(self, store: BatchStore) -> None:
+        self.store = store
+        self.withheld: set[bytes] = set()
+        self.forged: dict[bytes, bytes] = {}  # submitted key -> envelope of another body
+
+    def get(self, work_key: bytes) -> bytes | None:
+        if work_key in self.withheld:
+            return None
+        if work_key in self.forged:
+            return self.forged[work_key]
+        return self.store.get(work_key)
+
+
+@dataclass
+class CheatPlan:
+    """Which cheat the worker's next batch makes, and the role's part of it."""
+
+    cheats: tuple[str, ...]
+    made: int = 0  # batches begun
+    by_key: dict[str, str] = field(default_factory=dict)  # submitted key (hex) -> cheat
+
+    @classmethod
+    def of(cls, setting: str) -> CheatPlan:
+        return cls(parse_cheats(setting))
+
+    def __bool__(self) -> bool:
+        return bool(self.cheats)
+
+    def next(self) -> str:
+        """The cheat of the next batch ("none" for an honest worker)."""
+        from node.rollouts.cheats import pick
+
+        cheat = pick(self.cheats, self.made)
+        self.made += 1
+        return cheat
+
+    @staticmethod
+    def for_maker(cheat: str) -> str:
+        return cheat if cheat in MAKER_CHEATS else "none"
+
+    @staticmethod
+    def generation_version(cheat: str, picked: int, held: list[int], oldest: int) -> int:
+        """The version whose weights generate a batch claimed as ``picked``: the oldest
+        held (``stale_weights``: the base model, beyond the window once the run moves on),
+        or the newest held below ``picked`` and not below ``oldest`` (``older_version``);
+        ``picked`` when there is none (then the cheat cannot be made: the batch is honest)."""
+        if cheat == "stale_weights":
+            return min(held, default=picked)
+        if cheat == "older_version":
+            return max((v for v in held if oldest <= v < picked), default=picked)
+        return picked
+
+    @staticmethod
+    def same_weights(dir_a: str, dir_b: str) -> bool:
+        """Whether two model directories hold byte-identical weights (a training step that
+        changed nothing: then a version cheat between them is no cheat, SPEC §12.1)."""
+        import hashlib
+        from pathlib import Path
+
+        def digest(d: str) -> list[tuple[str, bytes]]:
+            files = sorted(Path(d).glob("*.safetensors"))
+            return [(f.name, hashlib.blake2b(f.read_bytes()).digest()) for f in files]
+
+        return digest(dir_a) == digest(dir_b)
+
+    def registered_identity(self, own: Any) -> Any:
+        """The identity registered on-chain: another one than the node signs with for
+        ``other_key`` (work done by an unregistered machine, claimed by a staked account)."""
+        from crypto.identity import Identity
+
+        return Identity.generate() if "other_key" in self.cheats else own
+
+    @staticmethod
+    def claim(cheat: str, key: bytes, units: int) -> tuple[bytes, int]:
+        """The (work key, units) submitted for a batch whose own are ``key`` and ``units``."""
+        if cheat == "inflate_units":
+            return key, units * 2
+        if cheat == "key_mismatch":  # a key committed before (and apart from) the work
+            return digest_parts(EARLY_KEY_DOMAIN, key), units
+        return key, units
+
+    def serve(self, served: ServedStore, cheat: str, submitted: bytes, envelope: bytes) -> None:
+        """Record what is served under the submitted key."""
+        self.by_key[submitted.hex()] = cheat
+        if cheat == "withhold":
+            served.withheld.add(submitted)
+        elif cheat == "key_mismatch":
+            served.forged[submitted] = envelope

@@ -1,0 +1,180 @@
+"""The cheating matrix on one devnet (``tests/test_matrix.py`` and ``bench/adversarial.py``).
+
+Honest workers and cheating ones, each cheater cycling through a few cheats of the
+catalogue (``node/rollouts/cheats.py``, SPEC §12.1) one batch each, a trainer and one
+validator, on the served development chain. ``run_matrix`` runs until every cheat was made
+``trials`` times and judged, stops the clock, waits for every verdict, settles every worker
+after the challenge period and reads the books back from the chain, the workers' own
+records of what each batch was (``cheat_keys`` in their status) and the trainer's state.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+
+from ledger.client import REASON_NAMES
+from node.cli.devnet import wait_ready
+from tests.helpers.net import wait_until
+from tests.test_loop import Loop, submissions, verdict_events
+
+Sub = tuple[str, bytes]  # (worker address, work key)
+
+# few processes (the machine is small), each cycling through its cheats one batch each; the
+# version cheats come last in theirs: by then the trainer has published a version to lie
+# about (before, their batches are honest and must be accepted)
+CHEATERS = {
+    "c-compute": "other_weights,int8_weights,fewer_layers,foreign_proofs,edit_token,stale_weights",
+    "c-sampling": "greedy,other_temperature,early_stop,truncated,inflate_reward,older_version",
+    "c-claims": "inflate_units,easy_tasks,replay_step,replay_other,key_mismatch,withhold",
+    "c-key": "other_key",
+}
+HONEST = ("honest-0", "honest-1")
+# fetch deadline = verdict window // 6 = 120 s: a withheld batch is rejected as unavailable
+# then (and a loaded machine's slow fetches still land before it)
+CHAIN_ARGS = ["--verdict-window", "720"]
+
+
+@dataclass
+class MatrixBooks:
+    """What the run did, from the chain and the nodes' own records."""
+
+    made: dict[Sub, str]  # each submission -> the cheat it made ("none": honest work)
+    worker_of: dict[str, str]  # address -> node name
+    status: dict[Sub, str]  # accepted / rejected (on-chain)
+    reason: dict[Sub, str | None]  # the rejection's reason (SPEC §12), None if accepted
+    verdicts: dict[Sub, int]  # verdict events per submission
+    slashed: dict[Sub, int]  # stake taken from the worker at settlement (Slashed events)
+    collateral: dict[Sub, int]
+    consumed: set[Sub]  # what the trainer trained on
+    stake_lost: dict[str, int] = field(default_factory=dict)  # per node, at settlement
+    judged_by_validator: int = 0
+
+    def per_attack(self) -> dict[str, dict[str, int]]:
+        """attack -> trials, detected (rejected with the catalogue's reason), slashed
+        (its collateral taken), trained (by the trainer: must be 0)."""
+        from node.rollouts.cheats import CATALOGUE
+
+        out: dict[str, Counter[str]] = {}
+        for sub, cheat in self.made.items():
+            if cheat == "none":
+                continue
+            row = out.setdefault(cheat, Counter())
+            row["trials"] += 1
+            row["detected"] += int(
+                self.status[sub] == "rejected" and self.reason[sub] == CATALOGUE[cheat].reason
+            )
+            row["slashed"] += int(self.slashed.get(sub, 0) == self.collateral[sub] > 0)
+            row["trained"] += int(sub in self.consumed)
+        return {
+            k: {f: v[f] for f in ("trials", "detected", "slashed", "trained")}
+            for k, v in out.items()
+        }
+
+    def honest(self) -> list[Sub]:
+        return [s for s, c in self.made.items() if c == "none"]
+
+    def honest_false_slashes(self) -> int:
+        return sum(1 for s in self.honest() if self.status[s] != "accepted" or self.slashed.get(s))
+
+
+def start(loop: Loop, cheaters: dict[str, str], honest: tuple[str, ...]) -> None:
+    loop.env["INTELLECT_NODE_BATCHES_PER_STEP"] = str(len(honest))
+    # a loaded machine (each worker and its engine compete for the CPU) may answer a fetch
+    # slowly: an honest batch must not end "unavailable" for it, nor a cheat's
+    loop.env["INTELLECT_NODE_READ_TIMEOUT"] = "30"
+    loop.env["INTELLECT_NODE_CONNECT_TIMEOUT"] = "20"
+    loop.spawn("trainer", "trainer")
+    loop.validator()
+    for name in honest:
+        loop.worker(name)
+    for name, cheats in cheaters.items():
+        loop.worker(name, cheats)
+    for node in loop.nodes.values():
+        wait_ready(node, timeout=600)
+
+
+def made_by(loop: Loop, name: str) -> dict[str, str]:
+    return dict((loop.section(name, "inference") or {}).get("cheat_keys", {}))
+
+
+def run_matrix(
+    loop: Loop,
+    cheaters: dict[str, str] = CHEATERS,
+    honest: tuple[str, ...] = HONEST,
+    *,
+    trials: int = 1,
+    timeout: float = 1500,
+) -> MatrixBooks:
+    start(loop, cheaters, honest)
+
+    def enough() -> bool:
+        for name, cheats in cheaters.items():
+            counts = Counter(made_by(loop, name).values())
+            if any(counts[c] < trials for c in cheats.split(",")):
+                return False
+        return all((loop.section(n, "inference") or {}).get("accepted", 0) >= 1 for n in honest)
+
+    wait_until(enough, timeout, f"every cheat made {trials} time(s)", interval=3)
+    loop.nodes["trainer"].stop()  # the clock stops: no new steps, so no new batches
+    client = loop.client()
+    workers = (*honest, *cheaters)
+
+    def all_judged() -> bool:
+        subs = submissions(client)
+        return all(client.submission(w, k).status != "pending" for w, k in subs) and all(
+            (loop.section(n, "inference") or {}).get("unjudged") == 0 for n in workers
+        )
+
+    wait_until(all_judged, 300, "every submitted batch to be judged", interval=3)
+    return books(loop, client, workers)
+
+
+def books(loop: Loop, client, workers: tuple[str, ...]) -> MatrixBooks:
+    worker_of = {loop.addresses[n]: n for n in workers}
+    made: dict[Sub, str] = {}
+    for name in workers:
+        own = made_by(loop, name)
+        for w, k in submissions(client):
+            if w == loop.addresses[name]:
+                made[(w, k)] = own.get(k.hex(), "none")
+    infos = {s: client.submission(*s) for s in made}
+    verdicts = {s: len(v) for s, v in verdict_events(client).items()}
+    state = json.loads((loop.base / "trainer" / "trainer-state.json").read_text())
+    consumed = {
+        (t.split(":")[0], bytes.fromhex(t.split(":")[1])) for t in state.get("consumed", {})
+    }
+    before = {n: client.worker(loop.addresses[n]).stake for n in workers}
+    params = client.params()
+    client.chain.advance_time(params.verdict_window + params.reward_lock + 10)
+    from eth_account import Account
+
+    from ledger.client import LedgerClient
+
+    anyone = LedgerClient(
+        client.chain, client.contract.address, Account.from_key(loop.chain_info["funder_key"])
+    )
+    for name in workers:
+        anyone.settle(loop.addresses[name])
+    by_index = {(w, infos[(w, k)].index): (w, k) for (w, k) in made}
+    slashed: dict[Sub, int] = {}
+    for e in client.contract.events.Slashed.get_logs(from_block=0):
+        sub = by_index.get((str(e["args"]["worker"]).lower(), int(e["args"]["index"])))
+        if sub is not None:
+            slashed[sub] = slashed.get(sub, 0) + int(e["args"]["stake"])
+    return MatrixBooks(
+        made=made,
+        worker_of=worker_of,
+        status={s: i.status for s, i in infos.items()},
+        reason={
+            s: REASON_NAMES.get(i.reason) if i.status == "rejected" else None
+            for s, i in infos.items()
+        },
+        verdicts={s: verdicts.get(s, 0) for s in made},
+        slashed=slashed,
+        collateral={s: i.collateral for s, i in infos.items()},
+        consumed=consumed,
+        stake_lost={n: before[n] - client.worker(loop.addresses[n]).stake for n in workers},
+        judged_by_validator=(loop.section("validator", "validator") or {}).get("judged", 0),
+    )

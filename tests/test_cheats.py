@@ -1,0 +1,240 @@
+"""The cheating matrix, one cheat at a time, in this process: the worker's batch maker
+makes each cheat with the real engine and tiny model (what its child process runs), the
+validator's checks judge it (the batch checker, what its child runs; the role's own
+checks for what the role claims), and every cheat is rejected with the reason SPEC §12.1
+gives while the honest batch of the same worker and step passes. ``test_matrix.py`` runs
+the same cheats through real processes and the chain."""
+
+import dataclasses
+import shutil
+
+import pytest
+
+from crypto.identity import Identity
+from node.config import CHEATS, NodeConfig, parse_cheats
+from node.roles.cheating import MAKER_CHEATS, CheatPlan, ServedStore
+from node.roles.checking import BatchChecker, CheckBatch, CheckerSpec
+from node.rollouts.cheats import CATALOGUE, pick
+from node.rollouts.maker import BatchMaker, MakeBatch, MakerSpec
+from node.rollouts.store import BatchStore
+from protocol.rollouts import RolloutBatch
+from protocol.wire import seal
+
+WORKER = "0x" + "5a" * 20
+MAKER = MakerSpec(
+    taskset="arithmetic:1-5",
+    tasks_per_batch=2,
+    group_size=2,
+    max_new_tokens=24,
+    temperature=1.0,
+    engine_batch=8,
+)
+CHECKER = CheckerSpec(
+    keep=3, taskset="arithmetic:1-5", verify_profile="strict-fp32", spot_check=1.0
+)
+HEADER = dict(run_id="test-run", seq=1, ts_ms=1_700_000_000_000)
+
+# what catches each cheat the batch maker makes (a phrase of the checker's detail)
+EVIDENCE = {
+    "other_weights": "toploc",
+    "int8_weights": "toploc",
+    "fewer_layers": "toploc",
+    "foreign_proofs": "toploc",
+    "edit_token": "not drawn by the seeded sampler",
+    "greedy": "not drawn by the seeded sampler",
+    "other_temperature": "sampled at temperature 0.5",
+    "early_stop": "toploc",
+    "truncated": "implausible ending",
+    "inflate_reward": "reward",
+    "easy_tasks": "not the assigned task",
+    "replay_step": "not the assigned task",
+    "replay_other": "not the assigned task",
+}
+
+
+@pytest.fixture(scope="module")
+def maker():
+    return BatchMaker(MAKER)
+
+
+@pytest.fixture(scope="module")
+def checker():
+    return BatchChecker(CHECKER)
+
+
+@pytest.fixture(scope="module")
+def version_1(tiny_model_dir, tmp_path_factory):
+    """Version 1 of the policy: the base weights after a small change everywhere (what a
+    training step does)."""
+    import torch
+
+    from node.engine.models import load_model
+
+    v1 = tmp_path_factory.mktemp("v1") / "model"
+    shutil.copytree(tiny_model_dir, v1)
+    loaded = load_model(str(tiny_model_dir), dtype="float32", device="cpu")
+    g = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        for p in loaded.model.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * 0.05 * p.float().std().clamp_min(1e-3))
+    loaded.model.save_pretrained(v1, safe_serialization=True)
+    return v1
+
+
+def make(maker, model_dir, cheat, *, version=0, step=3):
+    identity = Identity.generate()
+    call = MakeBatch(
+        str(model_dir), WORKER, step, version, {**HEADER, "sender": identity.peer_id}, cheat
+    )
+    batch = RolloutBatch.decode(maker(call).encoded)
+    assert batch.worker == WORKER and batch.step == step and batch.policy_version == version
+    return batch, seal(identity, batch)
+
+
+def test_the_catalogue_names_every_cheat_the_setting_takes():
+    assert tuple(CATALOGUE) == CHEATS
+    assert len(CHEATS) >= 12
+    assert MAKER_CHEATS <= set(CHEATS) and set(EVIDENCE) == MAKER_CHEATS
+    assert {c.reason for c in CATALOGUE.values()} == {"invalid", "mismatch", "unavailable"}
+
+
+def test_the_setting_takes_names_comma_separated_and_only_with_dev_cheats():
+    assert parse_cheats("none") == () and parse_cheats("greedy, truncated") == (
+        "greedy",
+        "truncated",
+    )
+    with pytest.raises(ValueError, match="unknown cheat"):
+        parse_cheats("greedy,teleport")
+    with pytest.raises(ValueError, match="give it alone"):
+        parse_cheats("other_key,greedy")
+    with pytest.raises(ValueError, match="dev_cheats"):
+        NodeConfig(cheat="greedy")
+    assert NodeConfig(cheat="greedy ,truncated", dev_cheats=True).cheat == "greedy,truncated"
+    assert [pick(("a", "b"), n) for n in range(4)] == ["a", "b", "a", "b"]
+    assert pick((), 5) == "none"
+
+
+def test_the_honest_batch_passes(maker, checker, tiny_model_dir):
+    _, envelope = make(maker, tiny_model_dir, "none")
+    verdict = checker(CheckBatch(str(tiny_model_dir), 0, envelope))
+    assert verdict.accepted and verdict.rollouts == 4, verdict.detail
+
+
+@pytest.mark.parametrize("cheat", sorted(EVIDENCE))
+def test_each_cheat_the_maker_makes_is_rejected_for_its_reason(
+    maker, checker, tiny_model_dir, cheat
+):
+    honest, _ = make(maker, tiny_model_dir, "none")
+    batch, envelope = make(maker, tiny_model_dir, cheat)
+    assert batch.work_key() != honest.work_key()  # the cheat changed the batch
+    verdict = checker(CheckBatch(str(tiny_model_dir), 0, envelope))
+    assert not verdict.accepted and verdict.reason == CATALOGUE[cheat].reason == "invalid"
+    assert EVIDENCE[cheat] in verdict.detail, verdict.detail
+
+
+@pytest.mark.parametrize("cheat", ["stale_weights", "older_version"])
+def test_older_weights_claimed_as_a_newer_version_are_rejected(
+    maker, checker, tiny_model_dir, version_1, cheat
+):
+    """The role generates with an older version's weights (here the base model, version 0)
+    and claims version 1; the validator judges with version 1's weights. The honest batch
+    of version 1 passes."""
+    used = CheatPlan.generation_version(cheat, 1, [0, 1], oldest=0)
+    assert used == 0
+    _, honest = make(maker, version_1, "none", version=1)
+    assert checker(CheckBatch(str(version_1), 1, honest)).accepted
+    _, envelope = make(maker, tiny_model_dir, "none", version=1)  # v0 weights, claims v1
+    verdict = checker(CheckBatch(str(version_1), 1, envelope))
+    assert not verdict.accepted and verdict.reason == CATALOGUE[cheat].reason
+    assert "toploc" in verdict.detail, verdict.detail
+
+
+def test_the_role_picks_the_weights_the_version_cheats_use():
+    held = [0, 3, 4, 5]
+    assert CheatPlan.generation_version("stale_weights", 5, held, oldest=3) == 0
+    assert CheatPlan.generation_version("older_version", 5, held, oldest=3) == 4
+    assert CheatPlan.generation_version("older_version", 3, held, oldest=3) == 3  # none older
+    assert CheatPlan.generation_version("stale_weights", 0, [0], oldest=0) == 0  # cannot cheat
+    assert CheatPlan.generation_version("greedy", 5, held, oldest=3) == 5
+
+
+def test_the_role_claims_and_serves_what_its_cheats_say(tmp_path):
+    plan = CheatPlan.of("inflate_units,key_mismatch,withhold")
+    assert [plan.next() for _ in range(4)] == [
+        "inflate_units",
+        "key_mismatch",
+        "withhold",
+        "inflate_units",
+    ]
+    key = bytes(range(32))
+    assert CheatPlan.claim("inflate_units", key, 40) == (key, 80)
+    assert CheatPlan.claim("none", key, 40) == (key, 40)
+    forged, units = CheatPlan.claim("key_mismatch", key, 40)
+    assert forged != key and len(forged) == 32 and units == 40
+    served = ServedStore(BatchStore(tmp_path))
+    plan.serve(served, "key_mismatch", forged, b"envelope")
+    plan.serve(served, "withhold", key, b"other")
+    assert served.get(forged) == b"envelope" and served.get(key) is None
+    assert plan.by_key == {forged.hex(): "key_mismatch", key.hex(): "withhold"}
+    own = object()
+    assert CheatPlan.of("none").registered_identity(own) is own
+    assert CheatPlan.of("other_key").registered_identity(own) is not own
+    assert not CheatPlan.of("none") and CheatPlan.of("greedy")
+    assert CheatPlan.for_maker("inflate_units") == "none"
+    assert CheatPlan.for_maker("greedy") == "greedy"
+
+
+def test_a_run_at_another_temperature_accepts_its_own_batches(tiny_model_dir):
+    """The temperature check compares with the run's setting, not a constant."""
+    hot = BatchMaker(dataclasses.replace(MAKER, temperature=1.5))
+    _, envelope = make(hot, tiny_model_dir, "none")
+    judge = BatchChecker(dataclasses.replace(CHECKER, temperature=1.5))
+    assert judge(CheckBatch(str(tiny_model_dir), 0, envelope)).accepted
+    assert not BatchChecker(CHECKER)(CheckBatch(str(tiny_model_dir), 0, envelope)).accepted
+
+
+class Registrations:
+    """The two ledger reads the key-mismatch rule makes, for one registered worker."""
+
+    def __init__(self, worker, identity, valid=True):
+        self.worker, self.identity, self.valid = worker, identity, valid
+
+    def registration(self, worker):
+        key = self.identity.public_bytes if worker == self.worker else bytes(32)
+        return key, b"signature"
+
+    def registration_valid(self, worker):
+        return self.valid and worker == self.worker
+
+
+def test_a_body_under_another_key_is_a_mismatch_only_when_the_worker_signed_it():
+    """``key_mismatch``: the served batch does not hash to the submitted key. Signed by the
+    worker's registered peer key it is evidence (``mismatch`` at once); signed by anyone
+    else, or under a registration that does not verify, it is only a failed fetch."""
+    from types import SimpleNamespace
+
+    from node.roles.validator import served_under_another_key
+
+    worker_id, stranger = Identity.generate(), Identity.generate()
+
+    def batch_by(identity, worker=WORKER):  # what the rule reads of the served batch
+        return SimpleNamespace(sender=identity.peer_id, worker=worker)
+
+    ledger = Registrations(WORKER, worker_id)
+    verdict = served_under_another_key(ledger, batch_by(worker_id), WORKER)
+    assert verdict is not None and verdict.reason == CATALOGUE["key_mismatch"].reason
+    assert served_under_another_key(ledger, batch_by(stranger), WORKER) is None
+    other = "0x" + "77" * 20
+    assert served_under_another_key(ledger, batch_by(worker_id, other), WORKER) is None
+    unverified = Registrations(WORKER, worker_id, valid=False)
+    assert served_under_another_key(unverified, batch_by(worker_id), WORKER) is None
+
+
+def test_a_version_cheat_between_identical_weights_is_no_cheat(tiny_model_dir, version_1, tmp_path):
+    """A training step that changed nothing (all rewards equal: no gradient) publishes the
+    same weights again; generating with the older copy is then the honest work (the matrix
+    run met this: versions 1-4 were byte-identical)."""
+    copy = tmp_path / "copy"
+    shutil.copytree(tiny_model_dir, copy)
+    assert CheatPlan.same_weights(str(tiny_model_dir), str(copy))
+    assert not CheatPlan.same_weights(str(tiny_model_dir), str(version_1))
