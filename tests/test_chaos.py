@@ -167,7 +167,9 @@ def test_trainer_state_that_disagrees_with_its_metrics_is_caught():
     assert any(
         "trainer-state.json step" in x for x in broken(lambda b: b.state.__setitem__("step", 2))
     )
-    assert any("not 0..4 once each" in x for x in broken(lambda b: b.lines.append(dict(b.lines[3]))))
+    assert any(
+        "not 0..4 once each" in x for x in broken(lambda b: b.lines.append(dict(b.lines[3])))
+    )
 
 
 # ---- one real run ------------------------------------------------------------------------
