@@ -143,10 +143,11 @@ class ValidatorRole:
     def on_notice(self, sender: str, notice: BatchNotice) -> None:
         key = (notice.worker, notice.work_key)
         self.queue.noticed(key, sender, trio.current_time())
-        if key in self.queue.entries:
+        entry = self.queue.entries.get(key)
+        if entry is not None:
             self.notices.setdefault(key, notice)
-        else:
-            self.news.set()  # its submission is on its way to the chain
+        if entry is None or entry.submitted_at is None:
+            self.news.set()  # its submission is on its way to the chain: read it at once
         self.work.set()
 
     async def _watch_chain(self) -> None:
