@@ -156,12 +156,15 @@ class ValidatorRole:
         interval = CHAIN_POLL_MIN_S
         while True:
             found = await self._read_chain()
+            read_at = trio.current_time()
             interval = CHAIN_POLL_MIN_S if found else min(CHAIN_POLL_MAX_S, 2 * interval)
             with trio.move_on_after(interval):
                 await self.news.wait()
             if self.news.is_set():
                 self.news = trio.Event()
                 interval = CHAIN_POLL_MIN_S
+                # at most one read per CHAIN_POLL_MIN_S, however many notices come
+                await trio.sleep_until(read_at + CHAIN_POLL_MIN_S)
 
     async def _read_chain(self) -> bool:
         """One read of the chain; True when it found submissions."""
