@@ -228,7 +228,7 @@ def run(
         try:
             chaos.start()
             client = chaos.loop.client()
-            chaos.first_verdict(client, timeout=300)
+            chaos.first_verdict(client, timeout=timeout)
             for fault in schedule:
                 time.sleep(fault.after)
                 chaos.inject(fault)

@@ -226,10 +226,16 @@ class ValidatorRole:
             task_status.started(self)
             while True:
                 now = trio.current_time()
-                for key in self.queue.unavailable(now):
-                    await self._post(key, Verdict.reject("unavailable", "nobody served the batch"))
                 for key, verdict in self.unposted.due(now):
                     await self._post(key, verdict)
+                if self.clock.step is None:
+                    # no step announced yet (a restarted validator, or the trainer down):
+                    # nothing is judged, nor found unavailable, until the async window can
+                    # be checked (found by the chaos run: honest batches rejected for it)
+                    await trio.sleep(POLL_S)
+                    continue
+                for key in self.queue.unavailable(now):
+                    await self._post(key, Verdict.reject("unavailable", "nobody served the batch"))
                 got = self.queue.next_fetch(now)
                 if got is None:
                     wake = self.queue.wake_at(now)
