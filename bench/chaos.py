@@ -264,6 +264,10 @@ def run(
     }
 
 
+def _interrupted(_sig: int, _frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -279,6 +283,7 @@ def main() -> int:
     ap.add_argument("--keep", type=Path, help="run under this directory and keep it (logs)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
+    signal.signal(signal.SIGTERM, _interrupted)  # as Ctrl-C: every node is stopped
     kinds = tuple(k for k in args.kinds.split(",") if k)
     if unknown := set(kinds) - set(KINDS):
         ap.error(f"unknown fault kinds: {', '.join(sorted(unknown))}")
