@@ -124,7 +124,7 @@ class Chaos:
         else:
             self.loop.spawn(name, self.roles[name], env=self.envs.get(name))
 
-    def _role_up(self, name: str, timeout: float = 240) -> None:
+    def _role_up(self, name: str, timeout: float = 600) -> None:
         """Wait until ``name`` answers with its role's section (the bootstrap: answers)."""
         section = {"inference": "inference"}.get(self.roles[name], self.roles[name])
         deadline = time.monotonic() + timeout
@@ -132,7 +132,7 @@ class Chaos:
             node = self.loop.nodes[name]
             if node.proc.poll() is not None:
                 raise RuntimeError(f"{name} exited with {node.proc.returncode}: {node.log_path}")
-            st = node.status(timeout=2) or {}
+            st = node.status(timeout=10) or {}  # a loaded machine answers slowly
             if st and (name == "bootstrap" or st.get(section) is not None):
                 return
             time.sleep(0.2)
