@@ -14,7 +14,10 @@ batch without a verdict). For ``--seconds`` after the first verdict it counts:
   keeps up with four workers of the same hardware;
 - verdict latency p50 / p95: from the moment a submission is first seen on-chain (the
   worker announces just before it submits) to its verdict, polled every 0.25 s;
-- gas per rollout: (submit_work + accept gas) / rollouts, from the receipts.
+- gas per rollout: (submit_work + accept gas) / rollouts, from the receipts;
+- of the CPU per batch, the node process's own share (networking, chain calls, the
+  role's logic) apart from its child processes (the engine, the batch checker), and the
+  load average (the machine may be shared: compare ratios measured in one run).
 
 ``--json``: the last line is one JSON object with ``batches_per_min``, ``judged_per_min``,
 ``validator_to_worker_time``, ``spot_check``, ``verdict_latency_s_p50``,
@@ -38,6 +41,16 @@ from node.cli.devnet import wait_ready  # noqa: E402
 from tests.test_loop import Loop, submissions, verdict_events  # noqa: E402
 
 TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def own_cpu_seconds(pid: int) -> float:
+    """CPU time of ``pid`` alone (its networking, chain calls and role logic, without its
+    child processes: the engine, the batch checker)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / TICKS
 
 
 def cpu_seconds(pid: int) -> float:
@@ -119,6 +132,7 @@ def main() -> None:
                         n: cpu_seconds(loop.nodes[n].proc.pid)
                         for n in ("validator", "worker-0", "worker-1")
                     }
+                    own0 = {n: own_cpu_seconds(loop.nodes[n].proc.pid) for n in cpu0}
                     base_subs, base_judged = len(first_seen), len(judged_at)
                 if start is not None and now - start >= args.seconds:
                     break
@@ -126,6 +140,7 @@ def main() -> None:
                     raise RuntimeError("no verdict within 10 minutes: see the node logs")
                 time.sleep(0.25)
             cpu = {n: cpu_seconds(loop.nodes[n].proc.pid) - cpu0[n] for n in cpu0}
+            own = {n: own_cpu_seconds(loop.nodes[n].proc.pid) - own0[n] for n in cpu0}
             minutes = (time.monotonic() - start) / 60
             generated = len(first_seen) - base_subs
             judged = len(judged_at) - base_judged
@@ -141,6 +156,8 @@ def main() -> None:
                 gas += client.w3.eth.get_transaction_receipt(ev["transactionHash"]).gasUsed
             worker_cpu_per_batch = (cpu["worker-0"] + cpu["worker-1"]) / max(1, generated)
             validator_cpu_per_batch = cpu["validator"] / max(1, judged)
+            validator_node_per_batch = own["validator"] / max(1, judged)
+            worker_node_per_batch = (own["worker-0"] + own["worker-1"]) / max(1, generated)
         finally:
             loop.close()
 
@@ -158,6 +175,10 @@ def main() -> None:
         "gas_per_rollout": round(gas / max(1, rollouts), 1),
         "worker_cpu_s_per_batch": round(worker_cpu_per_batch, 3),
         "validator_cpu_s_per_batch": round(validator_cpu_per_batch, 3),
+        # of which the node process itself (network, chain, role), not its batch checker
+        "validator_node_cpu_s_per_batch": round(validator_node_per_batch, 3),
+        "worker_node_cpu_s_per_batch": round(worker_node_per_batch, 3),
+        "load_average": round(os.getloadavg()[0], 2),
         "validator_judged": v["judged"] if v else None,
         "worker_batches": worker_batches,
         "seconds": round(minutes * 60, 1),
@@ -171,6 +192,11 @@ def main() -> None:
     print(
         f"  CPU per batch: worker {out['worker_cpu_s_per_batch']} s, validator {out['validator_cpu_s_per_batch']} s "
         f"({'full verification' if args.spot_check >= 1 else f'spot check {args.spot_check}'}): validator/worker = {out['validator_to_worker_time']} (target <= 0.25)"
+    )
+    print(
+        f"  of which the node process (network, chain, role; not the engine or checker): "
+        f"worker {out['worker_node_cpu_s_per_batch']} s, validator "
+        f"{out['validator_node_cpu_s_per_batch']} s; load average {out['load_average']}"
     )
     print(
         f"  verdict latency p50 {out['verdict_latency_s_p50']} s, p95 {out['verdict_latency_s_p95']} s; gas per rollout {out['gas_per_rollout']}"

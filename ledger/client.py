@@ -7,8 +7,12 @@ Every transaction:
 - is sent only after the chain id was checked (against the configured one, or the one the
   client first saw: a different chain behind the same URL is refused) and signed with it;
 - first checks the balance (an unfunded account gets one line saying what it has, what
-  it needs and how to fund it), then is simulated with ``eth_call`` (a revert raises
-  ``LedgerRevert`` with the contract's reason and sends nothing);
+  it needs and how to fund it; read again only when what was read last, less the most
+  that each transaction sent since may cost, does not cover it), then is simulated with
+  ``eth_call`` (a revert raises ``LedgerRevert`` with the contract's reason and sends
+  nothing; ``claim`` and ``settle`` are simulated by their gas estimate instead);
+- pays the latest block's fees (twice the base fee plus a tip), read at most every
+  ``FEES_TTL_S``;
 - is signed locally with an explicit gas limit (``claim``'s is estimated, with headroom)
   and a nonce from a thread-safe local counter, and sent raw;
 - is idempotent: a send that failed in transit is looked up by its hash before it is sent
@@ -65,6 +69,7 @@ GAS_HEADROOM = 1.25
 GAS_EXTRA = 30_000
 MAX_TX_GAS = 12_000_000  # a claim whose estimate exceeds this is split
 FEE_BUMP = 1.25  # replacements need at least +10 % on both fees (geth, anvil)
+FEES_TTL_S = 5.0  # the latest block's fees are read again after this long
 REASONS = {"invalid": 1, "unavailable": 2, "mismatch": 3}
 REASON_NAMES = {v: k for k, v in REASONS.items()}  # a rejection's reason code, in words
 STATUS = {0: "none", 1: "pending", 2: "accepted", 3: "rejected"}
@@ -267,6 +272,8 @@ class LedgerClient:
         self._nonce: int | None = None
         self._chain_id: int | None = None  # checked and pinned on the first transaction
         self._lock = threading.RLock()
+        self._fees_at: tuple[float, dict[str, int]] | None = None  # (when read, fees)
+        self._funds: int | None = None  # a lower bound of the balance (None: read it)
 
     @property
     def address(self) -> str:
@@ -300,8 +307,12 @@ class LedgerClient:
     def registration_valid(self, account: str) -> bool:
         """Whether the account's stored registration signature is valid (checked off-chain:
         the EVM cannot verify Ed25519)."""
+        return self.registration_status(account)[1]
+
+    def registration_status(self, account: str) -> tuple[bytes, bool]:
+        """(peer key, whether its stored signature is valid for this chain and account)."""
         peer_key, signature = self.registration(account)
-        return verify_registration(peer_key, signature, self.chain.chain_id, account)
+        return peer_key, verify_registration(peer_key, signature, self._check_chain(), account)
 
     def submission(self, worker: str, key: bytes) -> SubmissionInfo:
         r = list(self._view("submission", self._addr(worker), key))
@@ -372,10 +383,28 @@ class LedgerClient:
         self._nonce += 1
         return nonce
 
+    def _current_fees(self) -> dict[str, int]:
+        """``_fees`` of the latest block, read again after ``FEES_TTL_S``: the max fee has
+        twice the base fee of headroom, which a base fee rising 12.5 % a block needs six
+        full blocks to use up (and a transaction stuck anyway is replaced, see ``wait``)."""
+        now = time.monotonic()
+        if self._fees_at is None or now - self._fees_at[0] > FEES_TTL_S:
+            self._fees_at = (now, _fees(self.chain))
+        return dict(self._fees_at[1])
+
     def _check_funds(self, name: str, value: int, gas: int, max_fee: int) -> None:
-        balance = int(_retry(lambda: self.w3.eth.get_balance(self.address)))
+        """Refuse to send what the balance cannot pay for. The balance is read when the
+        lower bound kept since the last read (that balance, less the most that every
+        transaction sent since may cost) does not cover ``value + gas * max_fee``; only
+        what this client signs can lower it, so one read serves many transactions."""
         need = value + gas * max_fee
+        if self._funds is not None and self._funds >= need:
+            self._funds -= need
+            return
+        balance = int(_retry(lambda: self.w3.eth.get_balance(self.address)))
+        self._funds = balance - need
         if balance < need:
+            self._funds = None
             what = f"{fmt_eth(value)} + gas" if value else "gas"
             raise LedgerError(
                 f"account {self.address} has {fmt_eth(balance)}, but {name} needs up to "
@@ -419,9 +448,11 @@ class LedgerClient:
         value: int = 0,
         gas: int | None = None,
         fees: dict[str, int] | None = None,
+        simulated: bool = False,
     ) -> Prepared:
         """Check the chain and the balance, simulate, then sign with the next nonce (with
-        ``fees`` given, the caller has checked the balance for them)."""
+        ``fees`` given, the caller has checked the balance for them; ``simulated``: the
+        caller's gas estimate ran the call just now, and a revert there raised already)."""
         if self.account is None:
             raise LedgerError(f"{name} needs a signing account")
         with self._lock:
@@ -429,9 +460,10 @@ class LedgerClient:
             fn = getattr(self.contract.functions, name)(*args)
             limit = gas if gas is not None else GAS[name]
             if fees is None:
-                fees = _fees(self.chain)
+                fees = self._current_fees()
                 self._check_funds(name, value, limit, fees["maxFeePerGas"])
-            self._simulate(name, fn, value)
+            if not simulated:
+                self._simulate(name, fn, value)
             tx = fn.build_transaction(
                 fees
                 | {
@@ -472,6 +504,7 @@ class LedgerClient:
                 if not _is_transport_error(exc):
                     with self._lock:
                         self._nonce = None  # unknown whether it was taken: ask the chain next
+                        self._funds = None
                     raise LedgerError(
                         f"{p.name} refused by the chain: {_rpc_message(exc)}"
                     ) from exc
@@ -524,6 +557,7 @@ class LedgerClient:
             if now >= deadline:
                 with self._lock:
                     self._nonce = None
+                    self._funds = None
                 raise LedgerPending(p.name, "0x" + p.hashes[-1].hex(), self.timeout)
             if bump_at and now >= bump_at:
                 bump_at = 0
@@ -547,9 +581,16 @@ class LedgerClient:
             reason = revert_reason(exc) or reason
         raise LedgerRevert(p.name, f"reverted on chain in block {receipt.blockNumber}: {reason}")
 
-    def _transact(self, name: str, *args: Any, value: int = 0, gas: int | None = None) -> Any:
+    def _transact(
+        self,
+        name: str,
+        *args: Any,
+        value: int = 0,
+        gas: int | None = None,
+        simulated: bool = False,
+    ) -> Any:
         """Check, simulate, sign, send and await one contract call; returns the receipt."""
-        return self.wait(self.send(name, *args, value=value, gas=gas))
+        return self.wait(self.send(name, *args, value=value, gas=gas, simulated=simulated))
 
     def send(
         self,
@@ -558,10 +599,11 @@ class LedgerClient:
         value: int = 0,
         gas: int | None = None,
         fees: dict[str, int] | None = None,
+        simulated: bool = False,
     ) -> Prepared:
         """Prepare and broadcast under one lock, so nonces reach the node in order."""
         with self._lock:
-            p = self.prepare(name, *args, value=value, gas=gas, fees=fees)
+            p = self.prepare(name, *args, value=value, gas=gas, fees=fees, simulated=simulated)
             self.broadcast(p)
         return p
 
@@ -626,7 +668,10 @@ class LedgerClient:
     def settle(self, worker: str, max_entries: int = CLAIM_CHUNK) -> Any:
         max_entries = min(max_entries, self.matured(worker))  # as in ``claim``
         args = (self._addr(worker), max_entries)
-        return self._transact("settle", *args, gas=self._gas_for("settle", *args))
+        # the estimate simulated it (on the latest block: later, more entries have matured,
+        # and ``max_entries`` is capped at what has matured now, so nothing new can revert)
+        gas = self._gas_for("settle", *args)
+        return self._transact("settle", *args, gas=gas, simulated=True)
 
     def claim(self, max_entries: int = CLAIM_CHUNK) -> Any:
         """One ``claim`` of up to ``max_entries`` matured submissions, its gas estimated with
@@ -638,7 +683,7 @@ class LedgerClient:
         while gas > MAX_TX_GAS and max_entries > 1:
             max_entries //= 2
             gas = self._gas_for("claim", max_entries)
-        return self._transact("claim", max_entries, gas=gas)
+        return self._transact("claim", max_entries, gas=gas, simulated=True)  # by the estimate
 
     def claim_all(self, progress: Callable[[int, int], None] | None = None) -> list[Any]:
         """Claim until nothing matured is left (one transaction per 256 submissions);

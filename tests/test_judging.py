@@ -62,6 +62,24 @@ def test_a_batch_nobody_announced_is_unavailable_at_the_deadline():
     assert q.unavailable(39) == [] and q.unavailable(40) == [K1]
 
 
+def test_a_batch_announced_while_the_validator_was_down_is_fetched_from_its_worker():
+    """A restarted validator missed the announcement: it asks the peer the worker
+    registered on-chain (found by the chaos run: such batches were rejected as unavailable
+    after the fetch deadline, honest stake slashed); announcers are asked first."""
+    q = JudgingQueue(fetch_deadline_s=30)
+    q.submitted(K1, units=1, policy_version=0, now=10, holder="worker-peer")
+    assert q.next_fetch(10) == (K1, "worker-peer")
+    q.noticed(K2, "announcer", now=10)
+    q.submitted(K2, units=1, policy_version=0, now=11, holder="worker-peer")
+    q.fetched(K1)
+    assert q.next_fetch(11) == (K2, "announcer")
+    q.fetch_failed(K2, 11)
+    assert q.next_fetch(12) == (K2, "worker-peer")  # the next try: the worker itself
+    assert q.entries[K2].peers == ["announcer", "worker-peer"]
+    q.submitted(K2, units=1, policy_version=0, now=12, holder="someone-else")  # once only
+    assert q.entries[K2].peers == ["announcer", "worker-peer"]
+
+
 def test_a_fetch_in_flight_is_not_declared_unavailable():
     q = JudgingQueue(fetch_deadline_s=30)
     q.submitted(K1, units=1, policy_version=0, now=0)

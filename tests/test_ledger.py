@@ -276,3 +276,46 @@ def test_transient_rpc_failures_are_retried_then_reported(monkeypatch):
 
     with pytest.raises(client_module.LedgerError, match="unreachable after 3 tries"):
         client_module._retry(down)
+
+
+def test_the_validators_registration_cache_follows_the_chains_registration_events(ledger):
+    """A validator reads a worker's registration once and keeps it until the chain logs a
+    change (rotation, a new registration, a revocation), which its submission watcher reads
+    in the same poll as the submissions, before it hands them out; the trainer's watcher
+    reads submissions and votes in chain order, in one read."""
+    from node.roles.chain import Registrations, SubmissionWatcher, WorkWatcher
+
+    w = ledger.register(ledger.worker, 2 * ETH)
+    me = ledger.worker.address
+    old = ledger.identities[me]
+    v = ledger.client(ledger.v1)
+    regs = Registrations(v)
+    watcher = SubmissionWatcher(v, ledger.block, registrations=regs)
+    assert watcher.poll() == []
+    assert regs.get(me) == (old.public_bytes, True) and regs.reads == 1
+    assert regs.get(me.lower()) == (old.public_bytes, True) and regs.reads == 1  # kept
+
+    new = Identity.generate()
+    w.change_peer_key(new)  # the rotation, then work signed with the new key
+    w.submit_work(key(1), 10, 0)
+    assert regs.get(me)[0] == old.public_bytes  # not read again before the chain says so
+    (sub,) = watcher.poll()
+    assert (sub.worker, sub.key, sub.units) == (me.lower(), key(1), 10)
+    assert regs.get(me) == (new.public_bytes, True) and regs.reads == 2  # as new as the work
+
+    # a forged registration is stored but invalid; revoked by a quorum, it is gone
+    s = ledger.client(ledger.stranger)
+    s.register(Identity.generate().public_bytes, bytes(64), 2 * ETH)
+    watcher.poll()
+    assert regs.get(ledger.stranger.address)[1] is False
+    ledger.client(ledger.v1).revoke_registration(ledger.stranger.address)
+    ledger.client(ledger.v2).revoke_registration(ledger.stranger.address)
+    watcher.poll()
+    assert regs.get(ledger.stranger.address) == (bytes(32), False)
+
+    v.accept(me, key(1))
+    trainer = WorkWatcher(v, ledger.block)
+    subs, rulings = trainer.poll_work()
+    assert [x.key for x in subs] == [key(1)]
+    assert [(r.key, r.verdict.accepted) for r in rulings] == [((me.lower(), key(1)), True)]
+    assert trainer.poll_work() == ([], [])

@@ -10,7 +10,7 @@ from node.config import ConfigError, load_config
 from node.net.metrics import Metrics
 from node.roles.clock import StepClock
 from node.roles.offload import Offload, OffloadError
-from protocol.batches import StepNotice
+from protocol.batches import BatchNotice, StepNotice
 
 TRAINER = "12D3KooW" + "A" * 44
 
@@ -214,3 +214,43 @@ async def test_a_batch_the_window_moved_past_while_it_was_generated_is_not_submi
     else:
         assert len(submitted) == 1 and submitted[0][1] == 1 and len(announced) == 1
         assert role.store.keys() == [submitted[0][0]] and role.counts.stale == 0
+
+
+async def test_a_validator_reads_the_chain_at_once_after_a_notice_and_less_often_when_idle(
+    tmp_path, autojump_clock
+):
+    """Its chain reads (``_read_chain``) back off 0.25 → 0.5 → 1 → 2 → 4 s while nothing new
+    is submitted, a batch notice brings the next read forward to now, and a read that finds
+    work starts again at 0.25 s."""
+    from node.roles.validator import ValidatorRole
+
+    cfg = load_config(
+        environ={"INTELLECT_NODE_MODEL": str(tmp_path), "INTELLECT_NODE_DATA_DIR": str(tmp_path)}
+    )
+    role = ValidatorRole(None, cfg.model_copy(update={"trainer_peer_id": TRAINER}))
+    reads, found = [], {5}  # the 6th read finds a submission
+
+    async def read_chain():
+        reads.append(round(trio.current_time(), 3))
+        return len(reads) - 1 in found
+
+    role._read_chain = read_chain
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(role._watch_chain)
+        await trio.sleep(10.2)
+        notice = BatchNotice(
+            work_key=b"\x01" * 32,
+            worker="0x" + "12" * 20,
+            step=0,
+            policy_version=0,
+            units=1,
+            size=1,
+        )
+        role.on_notice("peerA", notice)  # not submitted yet: its submission is on its way
+        await trio.sleep(0.8)
+        for _ in range(100):  # a flood of notices: still at most one read per 0.25 s
+            role.on_notice("peerA", notice)
+            await trio.sleep(0.01)
+        nursery.cancel_scope.cancel()
+    assert reads[:8] == [0, 0.5, 1.5, 3.5, 7.5, 10.2, 10.45, 10.95]
+    assert reads[8:] == [11.2, 11.45, 11.7, 11.95], reads

@@ -6,6 +6,7 @@ node keeps answering while a transaction is mined.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,13 +54,71 @@ class Submission:
     block: int
 
 
+REGISTRATION_EVENTS = ("Registered", "PeerKeyChanged", "RegistrationRevoked")
+
+
+def read_events(client: Any, names: tuple[str, ...], span: dict[str, int]) -> list[Any]:
+    """The contract's events of the kinds ``names`` in the blocks of ``span``, in chain
+    order, read with one ``eth_getLogs`` (its first topic: any of theirs)."""
+    events = client.contract.events
+    kinds = {getattr(events, n).topic.removeprefix("0x"): getattr(events, n)() for n in names}
+    logs = client.w3.eth.get_logs(
+        {
+            "address": client.contract.address,
+            "fromBlock": span["from_block"],
+            "toBlock": span["to_block"],
+            "topics": [["0x" + t for t in kinds]],
+        }
+    )
+    out = [kinds[bytes(log["topics"][0]).hex()].process_log(log) for log in logs]
+    out.sort(key=lambda ev: (int(ev["blockNumber"]), int(ev["logIndex"])))
+    return out
+
+
+class Registrations:
+    """Each worker's registration as the validator checks it: (peer key, whether its stored
+    signature is valid), read once from the chain and kept until the chain logs a change
+    (``Registered``, ``PeerKeyChanged``, ``RegistrationRevoked``: ``changed``). The watcher
+    reads those events in the same poll as the submissions, before it hands them out, so a
+    submission is always judged against a registration at least as new as its own block.
+    Thread-safe: a read that a change overtook is not kept."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+        self.known: dict[str, tuple[bytes, bool]] = {}
+        self.changes: dict[str, int] = {}
+        self.reads = 0  # chain reads so far (a test counts them)
+        self.lock = threading.Lock()
+
+    def get(self, worker: str) -> tuple[bytes, bool]:
+        worker = worker.lower()
+        with self.lock:
+            if worker in self.known:
+                return self.known[worker]
+            seen = self.changes.get(worker, 0)
+        got = self.client.registration_status(worker)
+        with self.lock:
+            self.reads += 1
+            if self.changes.get(worker, 0) == seen:
+                self.known[worker] = got
+        return got
+
+    def changed(self, worker: str) -> None:
+        worker = worker.lower()
+        with self.lock:
+            self.known.pop(worker, None)
+            self.changes[worker] = self.changes.get(worker, 0) + 1
+
+
 class SubmissionWatcher:
     """New ``WorkSubmitted`` events since the last poll (the validator's view of claimed
-    work), read up to the chain head."""
+    work), read up to the chain head; with ``registrations``, the registration changes in
+    the same blocks are passed to it first."""
 
-    def __init__(self, client: Any, from_block: int) -> None:
+    def __init__(self, client: Any, from_block: int, registrations: Registrations | None = None):
         self.client = client
         self.next_block = from_block
+        self.registrations = registrations
 
     def _span(self) -> dict[str, int] | None:
         """The blocks not read yet, up to the head (None: none); the caller marks them read
@@ -73,9 +132,16 @@ class SubmissionWatcher:
         span = self._span()
         if span is None:
             return []
-        logs = self.client.contract.events.WorkSubmitted.get_logs(**span)
+        names = ("WorkSubmitted",) + (REGISTRATION_EVENTS if self.registrations else ())
+        events = read_events(self.client, names, span)
         self.next_block = span["to_block"] + 1
-        return [_submission(ev) for ev in logs]
+        subs = []
+        for ev in events:
+            if ev["event"] == "WorkSubmitted":
+                subs.append(_submission(ev))
+            elif self.registrations is not None:
+                self.registrations.changed(str(ev["args"]["worker"]))
+        return subs
 
 
 @dataclass(frozen=True)
@@ -115,14 +181,10 @@ class WorkWatcher(SubmissionWatcher):
         span = self._span()
         if span is None:
             return [], []
-        events = self.client.contract.events
-        subs = events.WorkSubmitted.get_logs(**span)
-        votes = list(events.WorkAccepted.get_logs(**span)) + list(
-            events.WorkRejected.get_logs(**span)
-        )
+        events = read_events(self.client, ("WorkSubmitted", "WorkAccepted", "WorkRejected"), span)
         self.next_block = span["to_block"] + 1
-        votes.sort(key=lambda ev: (int(ev["blockNumber"]), int(ev["logIndex"])))
-        return [_submission(ev) for ev in subs], [_ruling(ev) for ev in votes]
+        subs = [_submission(ev) for ev in events if ev["event"] == "WorkSubmitted"]
+        return subs, [_ruling(ev) for ev in events if ev["event"] != "WorkSubmitted"]
 
 
 def _submission(ev: Any) -> Submission:

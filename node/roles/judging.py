@@ -2,9 +2,9 @@
 and which verdicts to post again (``VerdictPosts``).
 
 A batch is judged when its key was submitted on-chain (the chain is the record of work
-claimed) and a peer announced that it holds it (where to fetch it). Fetches that fail are
-retried with exponential back-off (``retry_s`` doubling up to ``retry_max_s``), from any
-peer that announced the batch; a submitted key whose batch could not be fetched by
+claimed) and a peer announced that it holds it, or the worker registered the peer that
+must serve it (where to fetch it). Fetches that fail are retried with exponential
+back-off (``retry_s`` doubling up to ``retry_max_s``), from any of those peers in turn; a submitted key whose batch could not be fetched by
 ``fetch_deadline_s`` after its submission is *unavailable* (the validator rejects it as
 such: work no validator could see is never paid, SPEC §12). Every key is judged at most
 once. Announcements of keys never submitted are bounded: each peer may have at most
@@ -88,12 +88,19 @@ class JudgingQueue:
         if peer not in entry.peers:
             entry.peers.append(peer)
 
-    def submitted(self, key: Key, units: int, policy_version: int, now: float) -> None:
-        """The key was submitted on-chain (``now``: when this validator learned of it)."""
+    def submitted(
+        self, key: Key, units: int, policy_version: int, now: float, holder: str | None = None
+    ) -> None:
+        """The key was submitted on-chain (``now``: when this validator learned of it).
+        ``holder``: the peer the worker registered on-chain, asked after the peers that
+        announced the batch (a validator that was down when the batch was announced has no
+        announcement to go by; the worker that submitted it must serve it)."""
         entry = self._entry(key)
         if entry is None or entry.done or entry.submitted_at is not None:
             return
         entry.submitted_at, entry.units, entry.policy_version = now, units, policy_version
+        if holder is not None and holder not in entry.peers:
+            entry.peers.append(holder)
 
     def next_fetch(self, now: float) -> tuple[Key, str] | None:
         """The batch to fetch now and the peer to ask (the oldest submission first), or
