@@ -180,7 +180,10 @@ class ValidatorRole:
                 self.submissions[key] = sub
                 self.clock_at[key] = (self.clock.step, self.clock.policy_version)
                 self.seen_at[key] = trio.current_time()
-                holder = await trio.to_thread.run_sync(self._registered_peer, sub.worker)
+                assert self.registrations is not None
+                holder = await trio.to_thread.run_sync(
+                    registered_peer, self.registrations, sub.worker
+                )
                 self.queue.submitted(
                     key, sub.units, sub.policy_version, trio.current_time(), holder=holder
                 )
@@ -189,19 +192,6 @@ class ValidatorRole:
         if found:
             self.work.set()
         return found
-
-    def _registered_peer(self, worker: str) -> str | None:
-        """The peer id the worker registered (the registration cache: one chain read per
-        worker until it changes); None when it has none or the chain cannot say now."""
-        from crypto.identity import peer_id_of
-
-        assert self.registrations is not None
-        try:
-            peer_key, _ = self.registrations.get(worker)
-        except Exception as exc:  # the chain may be briefly unreachable: notices still count
-            log.debug("registration of %s not read: %s", worker, exc)
-            return None
-        return peer_id_of(peer_key) if any(peer_key) else None
 
     def _after_removal(self, sub: Submission) -> bool:
         block = self.ledger.w3.eth.get_block(sub.block)
@@ -371,6 +361,19 @@ class ValidatorRole:
                 "mismatch", f"units {sub.units} on-chain, {batch.num_tokens} tokens"
             )
         return None
+
+
+def registered_peer(registrations: Any, worker: str) -> str | None:
+    """The peer id ``worker`` registered (``registrations``: the validator's cache, one chain
+    read per worker until it changes); None when it has none or the chain cannot say now."""
+    from crypto.identity import peer_id_of
+
+    try:
+        peer_key, _ = registrations.get(worker)
+    except Exception as exc:  # the chain may be briefly unreachable: notices still count
+        log.debug("registration of %s not read: %s", worker, exc)
+        return None
+    return peer_id_of(peer_key) if any(peer_key) else None
 
 
 def served_under_another_key(ledger: Any, batch: RolloutBatch, worker: str) -> Verdict | None:
