@@ -175,6 +175,9 @@ def test_trainer_state_that_disagrees_with_its_metrics_is_caught():
 # ---- one real run ------------------------------------------------------------------------
 
 
+# Behind the slow marker: about 25 min at load 25-43, and the final code has had no clean
+# end-to-end run yet (issue #28 stays open); the books' unit tests above run by default.
+@pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_a_chaos_run_keeps_exact_books(tmp_path, tiny_model_dir):
     from bench.chaos import KINDS, run
