@@ -186,11 +186,11 @@ def test_the_status_sections_keep_their_keys():
         "last_batch_step", "cheat", "idle_share", "generated", "submitted", "accepted",
         "rejected", "unjudged", "tokens", "errors", "stale", "tokens_per_s",
     ]  # fmt: skip
-    assert list(inference.as_dict()) == [*keys, "rejected_by_reason"]
+    assert list(inference.as_dict()) == [*keys, "rejected_by_reason", "cheat_keys"]
     money = Stake(stake_wei=5, locked_wei=1, slashed=0, pending_wei=2, claimable_wei=3)
     with_stake = InferenceStatus(**{**inference.__dict__, "stake": money}).as_dict()
     assert list(with_stake) == [
-        *keys, "rejected_by_reason", "stake_wei", "locked_wei", "slashed", "pending_wei", "claimable_wei"
+        *keys, "rejected_by_reason", "cheat_keys", "stake_wei", "locked_wei", "slashed", "pending_wei", "claimable_wei"
     ]  # fmt: skip
     assert with_stake["claimable_wei"] == 3
     validator = ValidatorStatus(
