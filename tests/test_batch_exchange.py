@@ -2,54 +2,25 @@
 something else (two real runtimes in this process, on 127.0.0.1)."""
 
 import os
-from contextlib import asynccontextmanager
 
 import pytest
-import trio
-from libp2p.peer.id import ID
-from libp2p.peer.peerinfo import PeerInfo
 
 from crypto.identity import Identity
-from node.config import load_config
-from node.net.host import parse_addrs
 from node.net.requests import RemoteRefusal
-from node.net.runtime import Node
 from node.roles.exchange import fetch_batch, serve_batches
 from node.rollouts.store import BatchStore
 from protocol import ids
 from protocol.batches import BatchReply, BatchRequest
 from protocol.errors import Reason, WireError
 from protocol.wire import seal
+from tests.helpers import net
 from tests.helpers.batches import a_batch
 
 RUN = "test-run"
 
 
-@asynccontextmanager
-async def two_nodes(tmp_path):
-    nodes = []
-    async with trio.open_nursery() as nursery:
-        for name in ("holder", "fetcher"):
-            cfg = load_config(
-                environ={},
-                flags={
-                    "run_id": RUN,
-                    "listen": ["/ip4/127.0.0.1/tcp/0"],
-                    "data_dir": tmp_path / name,
-                    "read_timeout": 3.0,
-                    "discovery_interval": 600.0,
-                },
-            )
-            nodes.append(await nursery.start(Node(cfg, Identity.generate()).serve))
-        holder, fetcher = nodes
-        info = PeerInfo(ID.from_base58(holder.peer_id), parse_addrs(holder.addrs))
-        await fetcher.connect(info)
-        try:
-            yield holder, fetcher
-        finally:
-            for n in nodes:
-                n.request_stop()
-            nursery.cancel_scope.cancel()
+def two_nodes(tmp_path):
+    return net.two_nodes(tmp_path, ("holder", "fetcher"), run_id=RUN)
 
 
 def rejected(node, reason):

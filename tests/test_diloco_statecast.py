@@ -2,53 +2,23 @@
 127.0.0.1): the honest pull, a manifest not signed by the leader, a corrupted shard; and
 finding a group's leader through the DHT provider records of ``group_key``."""
 
-from contextlib import asynccontextmanager
-
 import pytest
 import trio
-from libp2p.peer.id import ID
-from libp2p.peer.peerinfo import PeerInfo
 
 from crypto.identity import Identity
-from node.config import load_config
 from node.diloco import finding
 from node.diloco.statecast import StateServer, StateTransferError, build_offer, pull_state
-from node.net.host import parse_addrs
-from node.net.runtime import Node
 from protocol.diloco import DILOCO_SHARD, group_key
 from protocol.errors import Reason, WireError
 from protocol.shardcast import MIN_SHARD
+from tests.helpers import net
 
 RUN = "test-run"
 STATE = bytes(range(256)) * 1000  # 256,000 bytes: four shards of 64 KiB
 
 
-@asynccontextmanager
-async def two_nodes(tmp_path):
-    nodes = []
-    async with trio.open_nursery() as nursery:
-        for name in ("leader", "joiner"):
-            cfg = load_config(
-                environ={},
-                flags={
-                    "role": "trainer",
-                    "run_id": RUN,
-                    "listen": ["/ip4/127.0.0.1/tcp/0"],
-                    "data_dir": tmp_path / name,
-                    "read_timeout": 3.0,
-                    "discovery_interval": 600.0,
-                },
-            )
-            nodes.append(await nursery.start(Node(cfg, Identity.generate()).serve))
-        leader, joiner = nodes
-        info = PeerInfo(ID.from_base58(leader.peer_id), parse_addrs(leader.addrs))
-        await joiner.connect(info)
-        try:
-            yield leader, joiner
-        finally:
-            for n in nodes:
-                n.request_stop()
-            nursery.cancel_scope.cancel()
+def two_nodes(tmp_path):
+    return net.two_nodes(tmp_path, ("leader", "joiner"), role="trainer", run_id=RUN)
 
 
 def serve(node, snapshot, *, offers=True):

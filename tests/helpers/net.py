@@ -5,7 +5,8 @@ from __future__ import annotations
 import re
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -146,3 +147,42 @@ def peer_roles(node: NodeProcess) -> dict[str, str]:
 
 def dump_logs(nodes: list[NodeProcess]) -> str:
     return "\n".join(f"--- {n.name}\n{n.log_path.read_text()[-1500:]}" for n in nodes)
+
+
+@asynccontextmanager
+async def two_nodes(
+    tmp_path: Path, names: tuple[str, str], **flags: Any
+) -> AsyncIterator[tuple[Any, Any]]:
+    """Two in-process nodes on 127.0.0.1 (data under ``tmp_path / name``, ``flags`` added to
+    their settings), the second connected to the first; both stopped on exit."""
+    import trio
+    from libp2p.peer.id import ID
+    from libp2p.peer.peerinfo import PeerInfo
+
+    from crypto.identity import Identity
+    from node.config import load_config
+    from node.net.host import parse_addrs
+    from node.net.runtime import Node
+
+    nodes = []
+    async with trio.open_nursery() as nursery:
+        for name in names:
+            cfg = load_config(
+                environ={},
+                flags={
+                    **flags,
+                    "listen": ["/ip4/127.0.0.1/tcp/0"],
+                    "data_dir": tmp_path / name,
+                    "read_timeout": 3.0,
+                    "discovery_interval": 600.0,
+                },
+            )
+            nodes.append(await nursery.start(Node(cfg, Identity.generate()).serve))
+        first, second = nodes
+        await second.connect(PeerInfo(ID.from_base58(first.peer_id), parse_addrs(first.addrs)))
+        try:
+            yield first, second
+        finally:
+            for n in nodes:
+                n.request_stop()
+            nursery.cancel_scope.cancel()
