@@ -10,12 +10,19 @@ def autojump_clock():
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
     """The `model init` base policy, built once per machine (cached under .cache/)."""
+    import fcntl
     from pathlib import Path
 
     from node.engine.tinymodel import Recipe, build_tiny_model
 
     cache = Path(__file__).resolve().parent.parent / ".cache" / "models"
-    out, _ = build_tiny_model(tmp_path_factory.mktemp("model") / "tiny", Recipe(), cache_dir=cache)
+    cache.mkdir(parents=True, exist_ok=True)
+    # pytest-xdist runs one session per worker: the first builds, the others wait and copy
+    with open(cache / ".build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        out, _ = build_tiny_model(
+            tmp_path_factory.mktemp("model") / "tiny", Recipe(), cache_dir=cache
+        )
     return out
 
 
