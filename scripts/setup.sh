@@ -13,6 +13,9 @@ command -v npm >/dev/null 2>&1 || need_apt+=(nodejs npm)  # anvil, a development
 # a real browser for the dashboard's test (tests/test_dashboard_browser.py), driven by Selenium
 [ -x /usr/bin/chromium ] || need_apt+=(chromium)
 [ -x /usr/bin/chromedriver ] || need_apt+=(chromium-driver)
+# network namespaces with a NAT for the reachability test (tests/test_nat.py)
+command -v ip >/dev/null 2>&1 || need_apt+=(iproute2)
+command -v nft >/dev/null 2>&1 || need_apt+=(nftables)
 if [ ${#need_apt[@]} -gt 0 ]; then
     echo "setup: installing system packages: ${need_apt[*]}"
     SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"

@@ -125,6 +125,15 @@ def _status() -> dict:
         "role": "inference",
         "run_id": "table-run",
         "addrs": ["/ip4/127.0.0.1/tcp/40001", "/ip4/10.1.2.3/tcp/40001"],
+        "reachability": {
+            "state": "private",
+            "advertised": ["/ip4/10.1.2.3/tcp/40001"],
+            "observed": ["/ip4/203.0.113.2/tcp/51234"],
+            "reached_by": 0,
+            "not_reached_by": 3,
+            "refused": 1,
+            "answered": {},
+        },
         "peers": [
             {"role": "trainer", "peer_id": "12D3KooWTrainerPeer", "last_seen_s": 1.25},
             {"role": "validator", "peer_id": "12D3KooWValidatorPeer", "last_seen_s": 3.5},
@@ -150,6 +159,8 @@ def test_status_table_shows_the_status_fields() -> None:
     assert "12D3KooWPeerOfThisNode" in lines[0] and "table-run" in text
     assert "/ip4/127.0.0.1/tcp/40001" in text and "/ip4/10.1.2.3/tcp/40001" in text
     assert "2 (trainer=1, validator=1)" in text
+    assert "private (reached by 0, not reached by 3)" in text
+    assert "/ip4/203.0.113.2/tcp/51234" in text
     assert "in 31 msgs / 4096 B, out 17 msgs / 2048 B" in text
     assert "bad_signature=1, stale=4" in text
     peer_rows = [line.split() for line in lines if "KooWTrainer" in line or "KooWValid" in line]

@@ -89,12 +89,22 @@ def eth(wei: int | float) -> str:
 
 
 def status_view(st: dict[str, Any]) -> list[RenderableType]:
-    """``intellect-node status``: identity, addresses, peers by role, traffic, rejected
+    """``intellect-node status``: identity, addresses, reachability, peers by role, traffic, rejected
     input; the peers; and the role's own figures (the devnet table's row for this node)."""
     t = st["traffic"]
     count = st.get("peer_count", len(st["peers"]))
     rows = [("peer id", st["peer_id"]), ("role", st["role"]), ("run", st["run_id"])]
     rows += [("address", a) for a in st["addrs"]]
+    reach = st.get("reachability")
+    if reach:  # SPEC §19
+        rows.append(
+            (
+                "reachability",
+                f"{reach['state']} (reached by {reach['reached_by']}, "
+                f"not reached by {reach['not_reached_by']})",
+            )
+        )
+        rows += [("observed at", a) for a in reach["observed"]]
     rows += [
         ("peers", f"{count} ({_counts(st['peers_by_role'])})"),
         (

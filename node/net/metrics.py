@@ -51,6 +51,10 @@ COUNTERS: dict[str, tuple[str, tuple[str, ...]]] = {
     "tokens_generated": ("Output tokens of the submitted rollout batches.", ()),
     "batches_served": ("Rollout batches served to validators and trainers.", ()),
     "verdicts": ("Verdicts posted on-chain, by verdict.", ("verdict",)),
+    "autonat_answers": (
+        "AutoNAT questions of other peers answered, by outcome (SPEC §19).",
+        ("outcome",),
+    ),
 }
 
 _SECONDS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)

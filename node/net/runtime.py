@@ -6,6 +6,7 @@ work is done by services, each in its own file under ``node/net/``:
 - ``requests.py``: request/response protocols: read, verify, admit, guard, count;
 - ``presence.py``: heartbeats, greetings, liveness probes, leaving;
 - ``discovery.py``: DHT lookups and provides of our role, connection watermarks;
+- ``reachability.py``: AutoNAT: whether peers can dial us, and dial-backs for peers;
 - ``announcements.py``: paced gossip announcements, delivered once, gaps fetched by request;
 - ``status.py``: the ``/status`` view assembled from each service's typed status, and
   the gauges of ``/metrics`` (``metrics.py``: ``prometheus_client`` on the node's registry).
@@ -40,6 +41,7 @@ from node.net.metrics import Metrics
 from node.net.network import Network
 from node.net.peers import PeerTable
 from node.net.presence import Presence
+from node.net.reachability import Reachability
 from node.net.requests import Exchange, RequestHandler, Requests, now_ms
 from node.net.status import StatusGauges, StatusView, node_status
 from protocol.errors import WireError
@@ -75,12 +77,14 @@ class Node:
             ),
         )
         self.discovery = Discovery(cfg, self.network, peers, self.presence, self.metrics)
+        self.reachability = Reachability(self.network, self.metrics)
         self._view = StatusView(
             cfg,
             self.network,
             peers,
             self.presence,
             self.discovery,
+            self.reachability,
             self.announcements,
             self.metrics,
             self._status_sections,
@@ -100,6 +104,7 @@ class Node:
                 await nursery.start(self.presence.serve)
                 await nursery.start(self.announcements.serve)
                 await nursery.start(self.discovery.serve)
+                await nursery.start(self.reachability.serve)
                 log.info(
                     "node up peer_id=%s role=%s run=%s addrs=%s",
                     self.peer_id,

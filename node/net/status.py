@@ -22,6 +22,7 @@ from node.net.metrics import Metrics
 from node.net.network import Network
 from node.net.peers import PeerTable
 from node.net.presence import Presence
+from node.net.reachability import Reachability
 from protocol import ids
 
 STATUS_FULL_LIST = 32  # /status lists every known peer up to this many, else the peers in use
@@ -36,6 +37,7 @@ class StatusView:
     peers: PeerTable
     presence: Presence
     discovery: Discovery
+    reachability: Reachability
     announcements: Announcements
     metrics: Metrics
     sections: dict[str, Callable[[], dict[str, Any]]]  # the roles' own (``add_status``)
@@ -53,6 +55,7 @@ def node_status(v: StatusView) -> dict[str, Any]:
         "run_id": v.cfg.run_id,
         "model": str(v.cfg.model) if v.cfg.model else None,
         "addrs": v.network.addrs,
+        "reachability": asdict(v.reachability.status()),  # SPEC §19
         "peers": [asdict(r) for r in v.presence.rows(connected, in_use, STATUS_FULL_LIST)],
         "peer_count": count,
         "peers_listed": "all" if count <= STATUS_FULL_LIST else "in use",

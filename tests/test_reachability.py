@@ -1,0 +1,155 @@
+"""Reachability (SPEC §19, issue #29 item 1): AutoNAT verdicts add up to public / private /
+unknown; a dial-back is a fresh connection that proves the asker's peer id on the asker's
+own IP only; questions that are garbage or about another peer are refused and change
+nothing. Real nodes on 127.0.0.1 here; through a real NAT in ``test_nat.py``."""
+
+import socket
+
+import multiaddr
+import pytest
+import trio
+from libp2p.host.autonat.pb.autonat_pb2 import Message
+from libp2p.peer.id import ID
+from libp2p.utils import encode_varint_prefixed, read_varint_prefixed_bytes_limited
+
+from node.net.reachability import (
+    MAX_PORTS,
+    PRIVATE,
+    PROTOCOL,
+    PUBLIC,
+    UNKNOWN,
+    Verdicts,
+    _question,
+    dial_back_targets,
+)
+from tests.helpers.net import two_nodes
+
+
+def test_verdicts_need_two_agreeing_peers_and_expire():
+    v = Verdicts(confirmations=2, ttl=100)
+    assert v.state(0) == UNKNOWN
+    v.record("a", True, 0)
+    assert v.state(0) == UNKNOWN  # one peer is not enough
+    v.record("b", True, 1)
+    assert v.state(1) == PUBLIC
+    v.record("a", False, 2)  # a's newer answer replaces its older one
+    assert v.counts(2) == (1, 1) and v.state(2) == UNKNOWN
+    v.record("c", False, 3)
+    assert v.state(3) == UNKNOWN  # two failed, but one reached us: not private
+    assert v.state(102) == PRIVATE  # b's success (t=1) expired; a and c failed
+    assert v.state(500) == UNKNOWN  # everything expired
+
+
+def b(addr):
+    return multiaddr.Multiaddr(addr).to_bytes()
+
+
+def test_dial_back_targets_are_the_askers_own_ip_only():
+    got = dial_back_targets(
+        [b("/ip4/10.0.0.5/tcp/4001"), b("/ip4/192.0.2.9/tcp/5555"), b("/ip4/10.0.0.5/tcp/4001")],
+        "198.51.100.7",
+    )
+    assert got == ["/ip4/198.51.100.7/tcp/4001", "/ip4/198.51.100.7/tcp/5555"]
+    assert dial_back_targets([b("/ip4/10.0.0.5/tcp/4001")], None) == []
+    assert dial_back_targets([b"\xff\x00garbage", b("/ip4/1.2.3.4/udp/9")], "1.2.3.4") == []
+    many = [b(f"/ip4/1.2.3.4/tcp/{4000 + i}") for i in range(50)]
+    assert len(dial_back_targets(many, "1.2.3.4")) == MAX_PORTS
+    assert dial_back_targets([b("/ip4/1.2.3.4/tcp/7")], "::1") == ["/ip6/::1/tcp/7"]
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def port_of(node) -> str:
+    return multiaddr.Multiaddr(node.addrs[0]).value_for_protocol("tcp")
+
+
+async def test_two_nodes_on_loopback_dial_each_other_back(tmp_path):
+    async with two_nodes(tmp_path, ("a", "b")) as (a, b_):
+        with trio.fail_after(60):
+            assert await a.reachability.ask(b_.peer_id) is True
+            assert await b_.reachability.ask(a.peer_id) is True
+        assert a.reachability.verdicts.counts(trio.current_time()) == (1, 0)
+        assert b_.reachability.answered.get("reached") == 1
+        st = a.status()["reachability"]
+        assert st["state"] == UNKNOWN and st["reached_by"] == 1  # one peer is not enough
+        assert st["advertised"] == a.addrs
+        # identify told each where the other saw its connection come from
+        assert any(o.startswith("/ip4/127.0.0.1/tcp/") for o in b_.reachability.observed.values())
+
+
+async def test_a_dial_back_is_a_fresh_connection_that_proves_the_askers_id(tmp_path):
+    async with two_nodes(tmp_path, ("a", "b")) as (a, b_):
+        async with two_nodes(tmp_path, ("c", "d")) as (c, _d):
+            host = a.network.host
+            with trio.fail_after(60):
+                # nothing listens there: b holds a connection to a, which must not count
+                status = await _question(
+                    host, b_.peer_id, [b(f"/ip4/127.0.0.1/tcp/{closed_port()}")]
+                )
+                assert status == Message.E_DIAL_ERROR
+                # c listens there: the handshake proves c, not a
+                status = await _question(host, b_.peer_id, [b(f"/ip4/127.0.0.1/tcp/{port_of(c)}")])
+                assert status == Message.E_DIAL_ERROR
+                # another IP with a's port: only a's own IP is dialed, so a is reached there
+                status = await _question(host, b_.peer_id, [b(f"/ip4/192.0.2.1/tcp/{port_of(a)}")])
+                assert status == Message.OK
+            assert b_.reachability.answered == {"not reached": 2, "reached": 1}
+            assert b_.metrics.get("autonat_answers", outcome="not reached") == 2
+
+
+async def ask_raw(host, peer: str, payload: bytes) -> Message:
+    stream = await host.new_stream(ID.from_base58(peer), [PROTOCOL])
+    try:
+        await stream.write(payload)
+        answer = Message()
+        answer.ParseFromString(await read_varint_prefixed_bytes_limited(stream, 4096))
+        return answer
+    finally:
+        await stream.close()
+
+
+@pytest.mark.parametrize(
+    ("payload", "reason"),
+    [
+        (encode_varint_prefixed(b"\x08\x07\xff\xff\x01garbage"), "not an AutoNAT message"),
+        (encode_varint_prefixed(b"\xff" * 40), "not an AutoNAT message"),
+        ("other-peer", "dial-back only for the asking peer"),
+        ("response", "dial-back only for the asking peer"),
+    ],
+)
+async def test_garbage_and_questions_about_other_peers_are_refused(tmp_path, payload, reason):
+    async with two_nodes(tmp_path, ("a", "b")) as (a, b_):
+        if payload == "other-peer":  # ask b to dial b itself (a third party, to b)
+            q = Message(type=Message.DIAL)
+            q.dial.peer.id = ID.from_base58(b_.peer_id).to_bytes()
+            q.dial.peer.addrs.append(b(b_.addrs[0]))
+            payload = encode_varint_prefixed(q.SerializeToString())
+        elif payload == "response":
+            payload = encode_varint_prefixed(
+                Message(type=Message.DIAL_RESPONSE).SerializeToString()
+            )
+        with trio.fail_after(60):
+            answer = await ask_raw(a.network.host, b_.peer_id, payload)
+        assert answer.dialResponse.status == Message.E_BAD_REQUEST
+        assert answer.dialResponse.statusText == reason
+        # the node still answers a good question afterwards
+        with trio.fail_after(60):
+            assert await a.reachability.ask(b_.peer_id) is True
+
+
+async def test_an_oversized_question_is_cut_off_and_the_node_keeps_answering(tmp_path):
+    async with two_nodes(tmp_path, ("a", "b")) as (a, b_):
+        stream = await a.network.host.new_stream(ID.from_base58(b_.peer_id), [PROTOCOL])
+        with trio.fail_after(60):
+            await stream.write(encode_varint_prefixed(b"\x00" * 100_000))
+            try:
+                answer = await read_varint_prefixed_bytes_limited(stream, 4096)
+            except Exception:  # closed without an answer
+                answer = None
+            assert answer is None, answer
+            await stream.close()
+            assert await a.reachability.ask(b_.peer_id) is True
