@@ -210,6 +210,12 @@ async def test_small_messages_get_no_window_update_each_and_a_bulk_stream_never_
     monkeypatch.setattr(yamux.Yamux, "_write_frame", counting)
     sender, receiver = build_host(Identity.generate()), build_host(Identity.generate())
     got: list[bytes] = []
+    wanted = {"bytes": 0, "event": trio.Event()}
+
+    async def received(n: int) -> None:  # until the receiver has read n bytes in all
+        wanted["bytes"], wanted["event"] = n, trio.Event()
+        if sum(map(len, got)) < n:
+            await wanted["event"].wait()
 
     async def handler(stream) -> None:
         while True:
@@ -220,6 +226,8 @@ async def test_small_messages_get_no_window_update_each_and_a_bulk_stream_never_
             if not data:
                 return
             got.append(data)
+            if sum(map(len, got)) >= wanted["bytes"]:
+                wanted["event"].set()
 
     receiver.set_stream_handler("/intellect/test-window/1.0.0", handler)
     listen = [multiaddr.Multiaddr("/ip4/127.0.0.1/tcp/0")]
@@ -231,14 +239,12 @@ async def test_small_messages_get_no_window_update_each_and_a_bulk_stream_never_
             for _ in range(200):
                 await stream.write(b"x" * 300)
                 await trio.sleep(0.002)  # each arrives (and is read) on its own
-            while sum(map(len, got)) < 200 * 300:
-                await trio.sleep(0.01)
+            await received(200 * 300)
             small_updates = updates[0]
             bulk = 8 << 20
             for _ in range(bulk // (256 << 10)):
                 await stream.write(bytes(256 << 10))
-            while sum(map(len, got)) < 200 * 300 + bulk:
-                await trio.sleep(0.01)
+            await received(200 * 300 + bulk)
             await stream.close()
     assert small_updates == 0  # 60,000 bytes: under half the 256 KiB window
     assert sum(map(len, got)) == 200 * 300 + bulk
