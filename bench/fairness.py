@@ -19,7 +19,10 @@ the honest p50/p95 per request kind, idle and under attack, their ratio (the iss
 p95 within 2x of idle), the honest requests refused or failed, what the greedy peer got
 through and what the target refused by limit. With ``--json`` the last line is one JSON
 object: ``p95_ratio`` (ours, the worse of the two kinds), ``baseline_p95_ratio``,
-``honest_failed``, ``baseline_honest_failed`` and the details per configuration.
+``honest_failed``, ``baseline_honest_failed``, ``target_cpu_attack`` and
+``baseline_target_cpu_attack`` (the target's CPU-seconds per second under attack: less
+sensitive to the machine's load than latency), ``load_average`` and the details per
+configuration.
 """
 
 from __future__ import annotations
@@ -289,6 +292,15 @@ def last_json(proc: subprocess.Popen, timeout: float) -> dict:
     return json.loads(lines[-1])
 
 
+def cpu_seconds(pid: int) -> float:
+    """CPU time (user + system) of process ``pid`` so far, from /proc (0 where unreadable)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def percentile(values: list[float], q: float) -> float:
     if not values:
         return math.nan
@@ -308,7 +320,9 @@ def run_config(limited: bool, seconds: float, flooders: int, hogs: int) -> dict:
         assert target.stdout is not None
         info = json.loads(target.stdout.readline())
         args = [f"--info={json.dumps(info)}", f"--seconds={seconds}"]
-        idle = last_json(spawn("--client=honest", *args, cpu=0), seconds + 60)
+        cpu0, t0 = cpu_seconds(target.pid), time.monotonic()
+        idle = last_json(spawn("--client=honest", *args, cpu=0), seconds + 600)
+        cpu_idle = (cpu_seconds(target.pid) - cpu0) / (time.monotonic() - t0)
         attacker = spawn(
             "--client=greedy",
             f"--info={json.dumps(info)}",
@@ -318,8 +332,10 @@ def run_config(limited: bool, seconds: float, flooders: int, hogs: int) -> dict:
             cpu=1,
         )
         time.sleep(3)  # the attack is under way before the honest peer starts
-        attacked = last_json(spawn("--client=honest", *args, cpu=0), seconds + 60)
-        got = last_json(attacker, seconds + 60)
+        cpu0, t0 = cpu_seconds(target.pid), time.monotonic()
+        attacked = last_json(spawn("--client=honest", *args, cpu=0), seconds + 600)
+        cpu_attack = (cpu_seconds(target.pid) - cpu0) / (time.monotonic() - t0)
+        got = last_json(attacker, seconds + 600)
     finally:
         out, _ = target.communicate(input="", timeout=60)
     stats = json.loads([x for x in out.splitlines() if x.startswith("{")][-1])
@@ -343,6 +359,10 @@ def run_config(limited: bool, seconds: float, flooders: int, hogs: int) -> dict:
         "honest_failed": attacked["failed"],
         "greedy": got,
         "target": stats,
+        # the target's CPU-seconds per second while the honest peer ran (process start
+        # included): what the greedy peer adds is what the limits must bound
+        "target_cpu_idle": round(cpu_idle, 3),
+        "target_cpu_attack": round(cpu_attack, 3),
     }
 
 
@@ -383,6 +403,10 @@ def main() -> None:
         print(f"{'':10s} honest refused or failed under attack: {r['honest_failed'] or 'none'}")
         print(f"{'':10s} greedy peer: {r['greedy']}")
         print(f"{'':10s} target refused by limit: {r['target']['peer_limited'] or 'none'}")
+        print(
+            f"{'':10s} target CPU: {r['target_cpu_idle']:.2f} s/s idle, "
+            f"{r['target_cpu_attack']:.2f} s/s attacked"
+        )
     ours, base = results["limits"], results["baseline"]
     print(
         f"\nhonest p95 under attack / idle: {ours['p95_ratio']:.2f}x with the limits, "
@@ -394,6 +418,9 @@ def main() -> None:
             "baseline_p95_ratio": base["p95_ratio"],
             "honest_failed": sum(ours["honest_failed"].values()),
             "baseline_honest_failed": sum(base["honest_failed"].values()),
+            "target_cpu_attack": ours["target_cpu_attack"],
+            "baseline_target_cpu_attack": base["target_cpu_attack"],
+            "load_average": round(os.getloadavg()[0], 2),
             "configs": results,
         }
         print(json.dumps(figures))

@@ -182,6 +182,75 @@ def test_yamux_grants_window_back_in_batches_in_a_node(monkeypatch):
     assert not _yamux_release_on_read()
 
 
+async def test_small_messages_get_no_window_update_each_and_a_bulk_stream_never_stalls(
+    monkeypatch,
+):
+    """Two real hosts on 127.0.0.1 (``build_host``): 200 small messages (gossip's pattern)
+    cause no WINDOW_UPDATE frame (py-libp2p 0.8.1 sent one per one or two reads even with
+    ``PY_YAMUX_RELEASE_ON_READ=0``), and 8 MiB (32 x the initial 256 KiB window) still
+    arrive whole: the window is granted back once half of it is consumed."""
+    import struct
+
+    import multiaddr
+    from libp2p.peer.peerinfo import PeerInfo
+    from libp2p.stream_muxer.yamux import yamux
+
+    from crypto.identity import Identity
+    from node.net.host import build_host
+
+    updates = [0]
+    write_frame = yamux.Yamux._write_frame
+
+    async def counting(self, data: bytes) -> None:
+        kind, flags = data[1], struct.unpack(">H", data[2:4])[0]
+        if kind == yamux.TYPE_WINDOW_UPDATE and flags == 0:  # not a SYN, ACK, FIN or RST
+            updates[0] += 1
+        await write_frame(self, data)
+
+    monkeypatch.setattr(yamux.Yamux, "_write_frame", counting)
+    sender, receiver = build_host(Identity.generate()), build_host(Identity.generate())
+    got: list[bytes] = []
+    wanted = {"bytes": 0, "event": trio.Event()}
+
+    async def received(n: int) -> None:  # until the receiver has read n bytes in all
+        wanted["bytes"], wanted["event"] = n, trio.Event()
+        if sum(map(len, got)) < n:
+            await wanted["event"].wait()
+
+    async def handler(stream) -> None:
+        while True:
+            try:
+                data = await stream.read(1 << 20)
+            except Exception:
+                return
+            if not data:
+                return
+            got.append(data)
+            if sum(map(len, got)) >= wanted["bytes"]:
+                wanted["event"].set()
+
+    receiver.set_stream_handler("/intellect/test-window/1.0.0", handler)
+    listen = [multiaddr.Multiaddr("/ip4/127.0.0.1/tcp/0")]
+    with trio.fail_after(120):
+        async with sender.run(listen), receiver.run(listen):
+            await sender.connect(PeerInfo(receiver.get_id(), receiver.get_addrs()))
+            stream = await sender.new_stream(receiver.get_id(), ["/intellect/test-window/1.0.0"])
+            updates[0] = 0
+            for _ in range(200):
+                await stream.write(b"x" * 300)
+                await trio.sleep(0.002)  # each arrives (and is read) on its own
+            await received(200 * 300)
+            small_updates = updates[0]
+            bulk = 8 << 20
+            for _ in range(bulk // (256 << 10)):
+                await stream.write(bytes(256 << 10))
+            await received(200 * 300 + bulk)
+            await stream.close()
+    assert small_updates == 0  # 60,000 bytes: under half the 256 KiB window
+    assert sum(map(len, got)) == 200 * 300 + bulk
+    assert 0 < updates[0] <= 2 * bulk // (128 << 10)  # batched: not one per read
+
+
 async def test_a_new_peer_gets_the_newest_heartbeat_of_each_publisher_not_the_whole_window(
     tmp_path, monkeypatch
 ):

@@ -76,6 +76,25 @@ def test_the_bucket_table_is_bounded_but_never_forgets_a_peer_with_open_streams(
     assert limits.open("busy", "p", 0.0) == "rate"  # its empty bucket was kept
 
 
+def test_a_peer_that_ignores_busy_gets_no_more_signed_refusals_and_is_shunned_meanwhile():
+    limits = PeerLimits(max_streams=100, rate=2.0, burst=5)  # refusals: 1 in a row, 0.2/s
+    for _ in range(5):
+        assert limits.open("greedy", "p", now=0.0) == ""
+        limits.close("greedy", "p")
+    assert not limits.shunned("greedy", now=0.0)  # refused, but a refusal left
+    assert [limits.refusal("greedy", now=0.0) for _ in range(3)] == [True, False, False]
+    assert limits.shunned("greedy", now=0.0)  # no refusal left, request bucket empty
+    assert not limits.shunned("honest", now=0.0) and limits.refusal("honest", now=0.0)
+    assert limits.shunned("greedy", now=0.4)  # 0.8 of a request token
+    assert not limits.shunned("greedy", now=0.5)  # a request token: negotiated again
+    assert limits.open("greedy", "p", now=0.5) == ""
+    assert not limits.refusal("greedy", now=4.0)  # 0.8 of a refusal token
+    assert limits.refusal("greedy", now=5.0)  # one refusal token after 1 / 0.2 s
+    assert limits.refused == {"shunned": 2}
+    defaults = PeerLimits(max_streams=16, rate=100.0, burst=200)
+    assert [defaults.refusal("p", now=0.0) for _ in range(21)] == [True] * 20 + [False]
+
+
 def test_bad_limits_are_refused():
     with pytest.raises(ValueError, match="max_streams"):
         PeerLimits(max_streams=0, rate=1.0, burst=1)
@@ -128,18 +147,23 @@ def limited(node: Node, limit: str, protocol: str) -> int:
 
 
 async def ping(node: Node, target: Node) -> str:
-    """A presence request: "ok", or the reason the target refused it."""
+    """A presence request: "ok", the reason the target refused it, or "reset" (the target
+    reset the stream without a signed refusal: a shunned peer's)."""
     try:
         await node.request(target.peer_id, ids.PRESENCE, node.node_info(), NodeInfo)
     except RemoteRefusal as exc:
         return exc.reason
+    except trio.TooSlowError:
+        raise
+    except Exception:
+        return "reset"
     return "ok"
 
 
 async def test_a_flood_of_small_requests_is_refused_past_the_burst_and_others_still_served(
     tmp_path,
 ):
-    async with three_nodes(tmp_path, peer_request_rate=0.5, peer_request_burst=10) as (
+    async with three_nodes(tmp_path, peer_request_rate=0.1, peer_request_burst=10) as (
         target,
         greedy,
         honest,
@@ -147,14 +171,21 @@ async def test_a_flood_of_small_requests_is_refused_past_the_burst_and_others_st
         with trio.fail_after(120):
             outcomes = [await ping(greedy, target) for _ in range(40)]
             honest_outcomes = [await ping(honest, target) for _ in range(5)]
-        # the burst, and at most a token per 2 s since: nearly all the rest refused
+        # the burst, and at most a token per 10 s since: nearly all the rest refused, the
+        # first with a signed busy (its refusal bucket: burst / 10, 1 here), any past that reset
         assert outcomes[:10] == ["ok"] * 10
-        refused = outcomes.count(Reason.BUSY.value)
-        assert refused >= 20 and refused + outcomes.count("ok") == 40
+        refused, reset = outcomes.count(Reason.BUSY.value), outcomes.count("reset")
+        assert refused >= 1 and refused + reset >= 20
+        assert refused + reset + outcomes.count("ok") == 40
         assert honest_outcomes == ["ok"] * 5
-        assert limited(target, "rate", ids.PRESENCE) == refused
-        assert target.status()["peer_limited"] == {"rate": refused}
-        assert target.metrics.get("rejected", reason="busy", protocol=ids.PRESENCE) == refused
+        after, before = limited(target, "rate", ids.PRESENCE), limited(target, "shunned", "unknown")
+        # (its DHT or gossip streams opened while it is shunned are reset too: >=)
+        assert after + before >= refused + reset and after >= refused
+        assert target.status()["peer_limited"] == {
+            k: v for k, v in {"rate": after, "shunned": before}.items() if v
+        }
+        busy = target.metrics.get("rejected", reason="busy", protocol=ids.PRESENCE)
+        assert busy == after
 
 
 async def test_concurrent_fetches_of_one_peer_leave_room_for_another(tmp_path):
@@ -250,3 +281,65 @@ async def test_a_slow_reader_is_cut_off_at_the_write_deadline_and_its_slot_freed
             async with greedy.open_request(target.peer_id, BULK, msg, BatchReply) as ex:
                 assert ex.reply.size == frames << 20
         assert limited(target, "protocol", BULK) == 0
+
+
+async def test_a_peer_that_ignores_busy_has_its_streams_reset_before_negotiation(tmp_path):
+    """Its refusals used up (drained here through the state machine, so nothing depends on
+    timing) and its request bucket empty: its next stream is reset on arrival, before the
+    protocol is negotiated (counted as ``shunned`` under ``unknown``), without a signed
+    refusal; another peer is served meanwhile, and once its bucket holds a token again
+    it is served too."""
+    async with three_nodes(tmp_path, peer_request_rate=0.1, peer_request_burst=1) as (
+        target,
+        greedy,
+        honest,
+    ):
+        limits = target.requests.limits
+        with trio.fail_after(120):
+            assert await ping(greedy, target) == "ok"  # its one token
+            while limits.open(greedy.peer_id, "drain", trio.current_time()) == "":
+                limits.close(greedy.peer_id, "drain")  # a token that came back meanwhile
+            while limits.refusal(greedy.peer_id, trio.current_time()):
+                pass  # its signed refusals, used up
+            negotiated = target.metrics.get("messages", direction="in", protocol=ids.PRESENCE)
+            assert await ping(greedy, target) == "reset"
+            # (its DHT or gossip streams opened meanwhile are reset as well: any protocol)
+            shunned = limited(target, "shunned", "unknown")
+            assert shunned >= 1
+            assert target.metrics.get("rejected", reason="busy", protocol="unknown") == shunned
+            # never negotiated: the target read no request, and refused nothing after it
+            assert target.metrics.get("messages", direction="in", protocol=ids.PRESENCE) == (
+                negotiated
+            )
+            assert limited(target, "rate", ids.PRESENCE) == 0
+            assert await ping(honest, target) == "ok"
+            await until(lambda: not limits.shunned(greedy.peer_id, trio.current_time()))
+            assert await ping(greedy, target) == "ok"  # a token again (one per 10 s)
+        assert set(target.status()["peer_limited"]) == {"shunned"}
+
+
+async def test_a_refusal_past_the_refusal_bucket_is_a_reset_not_a_signed_busy(tmp_path):
+    """Refused after negotiation (here for ``streams``: its request bucket is full, so it
+    is not shunned) with no refusal left: the stream is reset, the refusal counted."""
+    async with three_nodes(tmp_path, peer_max_streams=1) as (target, greedy, honest):
+        release = trio.Event()
+
+        async def hold(req, responder):
+            await release.wait()
+            await responder.send(BatchReply(**target.header(), work_key=req.work_key, size=1))
+
+        target.serve_requests(HOLD, BatchRequest, hold)
+        limits = target.requests.limits
+        with trio.fail_after(60):
+            async with trio.open_nursery() as nursery:
+                msg = BatchRequest(**greedy.header(), work_key=bytes(32))
+                nursery.start_soon(greedy.request, target.peer_id, HOLD, msg, BatchReply)
+                await until(lambda: limits.streams(greedy.peer_id) >= 1)
+                assert await ping(greedy, target) == Reason.BUSY.value  # signed
+                while limits.refusal(greedy.peer_id, trio.current_time()):
+                    pass
+                assert await ping(greedy, target) == "reset"  # refused, not signed
+                assert await ping(honest, target) == "ok"
+                release.set()
+        assert limited(target, "streams", ids.PRESENCE) == 2
+        assert limited(target, "shunned", "unknown") == 0

@@ -650,3 +650,54 @@ def test_weights_cli_help_and_offline_ls_import_no_network_stack(tmp_path):
         timeout=60,
     )
     assert help_out.returncode == 0 and "--version" in help_out.stdout
+
+
+async def test_version_polls_back_off_while_gossip_keeps_up_and_restart_after_a_miss(
+    autojump_clock, monkeypatch
+):
+    """Gossip can miss a notice, so a follower asks connected peers for their newest
+    version: after ``discovery_interval``, then twice as long after each poll that found
+    nothing new, up to ``POLL_BACKOFF`` x the interval; a poll that finds a version gossip
+    missed starts the schedule again (MockClock: the poll times are exact)."""
+    from types import SimpleNamespace
+
+    from node.shardcast import following
+    from node.shardcast.following import POLL_BACKOFF, Follower, next_poll
+
+    assert next_poll(1.0, 1.0, missed=False) == 2.0
+    assert next_poll(8.0, 1.0, missed=False) == POLL_BACKOFF * 1.0 == 8.0
+    assert next_poll(8.0, 1.0, missed=True) == 1.0
+
+    asked: list[float] = []
+    peer_version = [0]
+
+    async def ask_holding(node, peer, version, *, with_manifest):
+        asked.append(trio.current_time())
+        return SimpleNamespace(version=peer_version[0], manifest=None)
+
+    monkeypatch.setattr(following, "ask_holding", ask_holding)
+    node = SimpleNamespace(connected_peers=lambda: {"peer"}, known_peers=lambda: ["peer"])
+    book = SimpleNamespace(newest_known=0)
+    follower = Follower(
+        node,  # type: ignore[arg-type]
+        SimpleNamespace(discovery_interval=1.0),  # type: ignore[arg-type]
+        book,  # type: ignore[arg-type]
+        None,  # type: ignore[arg-type]
+        SimpleNamespace(banned=set()),  # type: ignore[arg-type]
+        follow=False,
+    )
+
+    async def learn(peer, version, expect):
+        book.newest_known = version
+
+    follower._learn = learn  # type: ignore[method-assign]
+    start = trio.current_time()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(follower._poll_loop)
+        await trio.sleep(40.5)
+        peer_version[0] = 5  # a version whose notice never came
+        await trio.sleep(30)
+        nursery.cancel_scope.cancel()
+    times = [round(t - start, 3) for t in asked]
+    assert times == [1, 3, 7, 15, 23, 31, 39, 47, 48, 50, 54, 62, 70]
+    assert book.newest_known == 5

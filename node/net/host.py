@@ -28,7 +28,10 @@
   peer record to every RPC and the receiver verifies it every time; a record identical to
   one verified in the last ``RECORD_RECHECK`` s is not verified again.
 - Yamux window updates (``batch_yamux_window_updates``): granted once half a stream's
-  window is consumed, as go-yamux does, not after every read.
+  window is consumed, as go-yamux does, not after every read. ``PY_YAMUX_RELEASE_ON_READ=0``
+  alone does not do it in py-libp2p 0.8.1: its "partial slack" branch still grants every
+  read's bytes at once, one WINDOW_UPDATE frame (a Noise message and a ``send``) per
+  one or two gossip messages received: 6.5 % of a validator's CPU in ``bench/loop.py``.
 - Yamux frames (``larger_yamux_frames``): we send DATA frames of up to ``YAMUX_FRAME``
   (1 MiB, within the receiver's window) instead of 64 KiB; py-libp2p's cost is per frame
   on both sides, and the receiver accepts any frame within its window.
@@ -141,11 +144,31 @@ def key_pair_of(identity: Identity) -> KeyPair:
 
 
 def batch_yamux_window_updates() -> None:
-    """py-libp2p's yamux answers every read with a WINDOW_UPDATE frame of its own (one
-    more Noise message and ``send`` per message received) unless ``PY_YAMUX_RELEASE_ON_READ``
-    is 0; then, as in go-yamux, a stream grants the window back once half of it is consumed.
-    Set for this process unless the environment already chose."""
+    """Grant a yamux stream's receive window back once half of it is consumed, as go-yamux
+    does (``sendWindowUpdate``: no update while ``delta < maxWindow / 2``), not after
+    every read: py-libp2p 0.8.1 answers every read of a few bytes with a WINDOW_UPDATE
+    frame of its own (one more Noise message and ``send``) even with
+    ``PY_YAMUX_RELEASE_ON_READ=0``, through its "partial slack" branch. Wraps
+    ``YamuxStream._auto_tune_and_send_window_update`` once (py-libp2p then grants the
+    whole consumed amount, and auto-tunes the window, as before); a sender never stalls
+    for it: with the window used up, the reader's next reads consume at least half of it.
+    Also sets ``PY_YAMUX_RELEASE_ON_READ=0`` for this process unless the environment
+    already chose."""
     os.environ.setdefault("PY_YAMUX_RELEASE_ON_READ", "0")
+    stream_cls = yamux_module.YamuxStream
+    if getattr(stream_cls, "_intellect_batched", False):
+        return
+    grant = stream_cls._auto_tune_and_send_window_update
+
+    async def batched(self: Any, *, bytes_read: int = 0) -> None:
+        buffered = len(self.conn.stream_buffers.get(self.stream_id, b""))
+        consumed = self.target_recv_window - (self.recv_window + buffered)
+        if consumed < self._grow_threshold():
+            return  # less than half the window consumed and not granted yet: wait
+        await grant(self, bytes_read=bytes_read)
+
+    stream_cls._auto_tune_and_send_window_update = batched  # type: ignore[method-assign]
+    stream_cls._intellect_batched = True  # type: ignore[attr-defined]
 
 
 def larger_yamux_frames(size: int = YAMUX_FRAME) -> None:
@@ -177,6 +200,26 @@ def build_host(identity: Identity) -> IHost:
     host = plain_host(identity)
     cache_addrs(host)
     return host
+
+
+def gate_inbound_streams(host: IHost, admits: Callable[[str], bool]) -> None:
+    """Reset a new inbound stream of a peer (base58 id) that ``admits`` refuses as soon as
+    the muxer hands it over, before py-libp2p negotiates its protocol (multistream-select:
+    two messages each way, all through Noise): the cheapest refusal there is, for a peer
+    that keeps opening streams after ``busy`` (``node/net/limits.py``)."""
+    swarm: Any = host.get_network()
+    negotiate = swarm.common_stream_handler
+
+    async def gated(stream: Any) -> None:
+        if admits(stream.muxed_conn.peer_id.to_base58()):
+            await negotiate(stream)
+            return
+        try:
+            await stream.reset()
+        except Exception:  # the connection went meanwhile: nothing to reset
+            pass
+
+    swarm.set_stream_handler(gated)
 
 
 def cache_addrs(host: IHost, ttl: float = ADDRS_TTL) -> None:

@@ -9,7 +9,7 @@ a presence message or an announcement is.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
 
@@ -26,6 +26,7 @@ from node.net.host import (
     build_dht,
     build_host,
     build_pubsub,
+    gate_inbound_streams,
     local_ipv4s,
     parse_addrs,
 )
@@ -45,6 +46,8 @@ class Network:
         self.pubsub: Any = None
         self.dht: Any = None
         self.addrs: list[str] = []  # what we advertise, once listening
+        # peer id -> whether its new inbound stream is negotiated (``Requests`` sets it)
+        self.inbound_gate: Callable[[str], bool] | None = None
 
     @asynccontextmanager
     async def running(self) -> AsyncIterator[Network]:
@@ -52,6 +55,9 @@ class Network:
         runs: no mesh upkeep, no IHAVE gossip, and a message cache that never shifts,
         replayed whole to every new peer) and the DHT; stop them all on exit."""
         host = self.host = build_host(self.identity)
+        gate_inbound_streams(
+            host, lambda peer: self.inbound_gate is None or self.inbound_gate(peer)
+        )
         self.pubsub = build_pubsub(
             host, replay_newest={ids.presence_topic(self.cfg.run_id): REPLAY_PRESENCE}
         )

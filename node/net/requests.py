@@ -39,6 +39,7 @@ from protocol.messages import Header, Refusal
 from protocol.wire import max_envelope_size, open_message, seal
 
 log = logging.getLogger("intellect.node")
+UNNEGOTIATED = "unknown"  # the protocol label of a stream reset before negotiation
 
 
 def now_ms() -> int:
@@ -100,6 +101,7 @@ class Requests:
         self.limits = PeerLimits(
             cfg.peer_max_streams, cfg.peer_request_rate, float(cfg.peer_request_burst)
         )
+        network.inbound_gate = self.admits_stream
 
     # ---- counting ---------------------------------------------------------------------
 
@@ -167,11 +169,15 @@ class Requests:
 
         async def guarded(stream: INetStream) -> None:
             peer = stream.muxed_conn.peer_id.to_base58()
-            refused = self.limits.open(peer, protocol, trio.current_time(), per_peer)
+            now = trio.current_time()
+            refused = self.limits.open(peer, protocol, now, per_peer)
             if refused:
                 # counted, not logged one by one: a flood would flood the log too
                 self.metrics.inc("peer_limited", protocol=protocol, limit=refused)
                 self.metrics.inc("rejected", reason=Reason.BUSY.value, protocol=protocol)
+                if not self.limits.refusal(peer, now):  # it ignores busy: not worth a signature
+                    await reset_quietly(stream)
+                    return
                 err = WireError(Reason.BUSY, f"per-peer limit: {refused}")
                 try:
                     await self._refuse(stream, err)
@@ -198,6 +204,16 @@ class Requests:
                 await close_quietly(stream)
 
         return guarded
+
+    def admits_stream(self, peer: str) -> bool:
+        """Whether a new inbound stream of ``peer`` (any protocol) is negotiated at all:
+        False while the peer is shunned (``PeerLimits.shunned``: it ignored ``busy``), and
+        the network resets the stream on arrival (counted under the protocol ``unknown``)."""
+        if not self.limits.shunned(peer, trio.current_time()):
+            return True
+        self.metrics.inc("peer_limited", protocol=UNNEGOTIATED, limit="shunned")
+        self.metrics.inc("rejected", reason=Reason.BUSY.value, protocol=UNNEGOTIATED)
+        return False
 
     async def _refuse(self, stream: INetStream, err: WireError) -> None:
         refusal = Refusal(**self.header(), reason=err.reason.value, detail=err.detail[:256])

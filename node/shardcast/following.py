@@ -1,8 +1,11 @@
 """Learning of new versions, and following them: which version to download, and when.
 
 A version is learned from a ``WeightsNotice`` on the ``weights`` topic, or by asking a
-few connected peers for their newest every ``discovery_interval`` (gossip can miss a
-notice); its manifest is fetched from the peer that claims it and verified
+few connected peers for their newest (gossip can miss a notice): after
+``discovery_interval``, then at intervals that double while the polls find nothing gossip
+had not brought already, up to ``POLL_BACKOFF`` × ``discovery_interval`` (a fixed 1 s
+poll was 5 % of a validator's CPU in ``bench/loop.py``), and from ``discovery_interval``
+again after a poll that found a missed version; its manifest is fetched from the peer that claims it and verified
 (``VersionBook.accept``) before anything else. Every node but a bootstrap follows: it
 downloads the newest version it learns of if it is newer than its current one, so the
 current version only moves forward. A version inside the retention window (newest −
@@ -27,7 +30,14 @@ from protocol.messages import Announcement
 from protocol.shardcast import WeightManifest, check_notice
 
 log = logging.getLogger("intellect.shardcast")
-POLL_PEERS = 4  # peers asked for their newest version per discovery interval
+POLL_PEERS = 4  # peers asked for their newest version per poll
+POLL_BACKOFF = 8  # polls slow down to one per POLL_BACKOFF x discovery_interval at most
+
+
+def next_poll(interval: float, base: float, missed: bool) -> float:
+    """Seconds to the next poll after one that took ``interval``: ``base`` again when it
+    found a version gossip had missed, else twice as long, up to ``POLL_BACKOFF`` x ``base``."""
+    return base if missed else min(POLL_BACKOFF * base, 2 * interval)
 
 
 class Follower:
@@ -142,21 +152,32 @@ class Follower:
             self.downloads.start(v)
 
     async def _poll_loop(self) -> None:
-        """Gossip can miss a notice: ask a few known peers for their newest version."""
+        """Gossip can miss a notice: ask a few known peers for their newest version, less
+        often while gossip keeps up (``next_poll``)."""
+        base = interval = self.cfg.discovery_interval
         while True:
-            await trio.sleep(self.cfg.discovery_interval)
-            # peers we are connected to: a poll must not dial (connections are bounded)
-            connected = self.node.connected_peers()
-            banned = self.holders.banned
-            peers = [p for p in self.node.known_peers() if p in connected and p not in banned]
-            for peer in random.sample(peers, min(POLL_PEERS, len(peers))):
-                try:
-                    holding = await ask_holding(self.node, peer, 0, with_manifest=False)
-                except Exception as exc:
-                    log.debug("poll of %s failed: %s", peer[-8:], exc)
-                    continue
-                if holding.version > self.book.newest_known:
-                    await self._learn(peer, holding.version, None)
+            await trio.sleep(interval)
+            missed = await self._poll_some()
+            interval = next_poll(interval, base, missed)
+
+    async def _poll_some(self) -> bool:
+        """One poll of up to ``POLL_PEERS`` connected peers; True when one had a version
+        newer than any known here (gossip missed it)."""
+        missed = False
+        # peers we are connected to: a poll must not dial (connections are bounded)
+        connected = self.node.connected_peers()
+        banned = self.holders.banned
+        peers = [p for p in self.node.known_peers() if p in connected and p not in banned]
+        for peer in random.sample(peers, min(POLL_PEERS, len(peers))):
+            try:
+                holding = await ask_holding(self.node, peer, 0, with_manifest=False)
+            except Exception as exc:
+                log.debug("poll of %s failed: %s", peer[-8:], exc)
+                continue
+            if holding.version > self.book.newest_known:
+                missed = True
+                await self._learn(peer, holding.version, None)
+        return missed
 
     async def _poll_all(self) -> None:
         async with trio.open_nursery() as nursery:
