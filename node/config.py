@@ -326,7 +326,7 @@ class CoreConfig(BaseSettings):
         "none",
         max_length=1000,
         description="FOR TESTS ONLY: make this worker cheat (one of the names in SPEC §12.1, "
-        "or several comma-separated: its n-th batch makes the (n mod k)-th); refused unless "
+        "or several comma-separated: made in turn, one per batch); refused unless "
         "dev_cheats is on.",
     )
     dev_cheats: bool = Field(

@@ -166,6 +166,10 @@ def test_the_role_claims_and_serves_what_its_cheats_say(tmp_path):
         "withhold",
         "inflate_units",
     ]
+    versions = CheatPlan.of("older_version,greedy")
+    assert versions.next() == "older_version"
+    versions.not_made()  # no older version held yet: this batch was honest
+    assert [versions.next() for _ in range(3)] == ["older_version", "greedy", "older_version"]
     key = bytes(range(32))
     assert CheatPlan.claim("inflate_units", key, 40) == (key, 80)
     assert CheatPlan.claim("none", key, 40) == (key, 40)

@@ -50,16 +50,49 @@ def test_retries_back_off_rotate_peers_and_end_in_unavailable():
     assert times[:6] == [0, 1, 3, 7, 15, 23]  # 1, 2, 4, 8, then capped at 8
     assert [p for _, p in tries[:4]] == ["A", "B", "A", "B"]
     assert q.unavailable(59.9) == []
-    assert q.unavailable(60) == [K1]
-    assert q.unavailable(61) == []  # reported once
-    assert q.next_fetch(61) is None
+    # at the deadline the clock alone decides nothing: the last tries, the first at once
+    # (the back-off would wait until 63), then after 1 and 2 s; only their failures make
+    # the batch unavailable
+    assert q.wake_at(59.9) == 60
+    assert q.unavailable(60) == []
+    late = []
+    now = 60.0
+    while not (gone := q.unavailable(now)):
+        got = q.next_fetch(now)
+        if got is None:
+            now = q.wake_at(now)
+            continue
+        late.append(now)
+        q.fetch_failed(K1, now)
+    assert late == [60, 61, 63, 67, 75, 83] and gone == [K1]  # 3 from each of A and B
+    assert q.unavailable(now + 1) == []  # reported once
+    assert q.next_fetch(now + 1) is None
+
+
+def test_the_validators_own_delay_never_makes_a_served_batch_unavailable():
+    """A validator busy judging a backlog (or waiting for a step announcement, or for
+    weights) past a key's deadline has not asked for it: it asks then, and judges what it
+    gets (found by the cheating matrix: an other_weights batch of a live worker was
+    rejected as unavailable, and its worker slashed for the validator's delay)."""
+    q = JudgingQueue(fetch_deadline_s=60)
+    q.noticed(K1, "A", now=0)
+    q.submitted(K1, units=1, policy_version=0, now=0)
+    q.noticed(K2, "A", now=0)
+    q.submitted(K2, units=1, policy_version=0, now=0)
+    assert q.next_fetch(1) == (K1, "A")
+    q.fetch_failed(K1, 2)  # one early failure, then the validator was busy elsewhere
+    assert q.unavailable(200) == []  # never asked (K2), or not asked since the deadline (K1)
+    assert q.next_fetch(200) == (K1, "A") and q.next_fetch(200) == (K2, "A")
+    q.fetched(K1)
+    q.fetched(K2)
+    assert q.unavailable(300) == [] and q.next_fetch(300) is None
 
 
 def test_a_batch_nobody_announced_is_unavailable_at_the_deadline():
     q = JudgingQueue(fetch_deadline_s=30)
     q.submitted(K1, units=1, policy_version=0, now=10)
     assert q.wake_at(10) == 40
-    assert q.unavailable(39) == [] and q.unavailable(40) == [K1]
+    assert q.unavailable(39) == [] and q.unavailable(40) == [K1]  # nobody to ask
 
 
 def test_a_batch_announced_while_the_validator_was_down_is_fetched_from_its_worker():
@@ -86,9 +119,14 @@ def test_a_fetch_in_flight_is_not_declared_unavailable():
     q.noticed(K1, "A", now=0)
     assert q.next_fetch(29)
     assert q.unavailable(31) == []  # the fetch decides
-    q.fetch_failed(K1, 31)
-    assert q.next_fetch(40) is None  # past the deadline: no new try
-    assert q.unavailable(40) == [K1]
+    q.fetch_failed(K1, 31)  # the first of the last tries (it failed after the deadline)
+    assert q.unavailable(40) == []
+    q.next_fetch(40)
+    q.fetch_failed(K1, 40)
+    q.next_fetch(42)
+    q.fetch_failed(K1, 42)
+    assert q.next_fetch(50) is None
+    assert q.unavailable(50) == [K1]
 
 
 def test_an_announcement_flood_is_bounded():

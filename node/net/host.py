@@ -70,7 +70,10 @@ from libp2p.kad_dht import kad_dht as kad_module
 from libp2p.kad_dht import peer_routing, provider_store, value_store
 from libp2p.kad_dht.kad_dht import DHTMode, KadDHT
 from libp2p.kad_dht.utils import sort_peer_ids_by_distance
-from libp2p.network.config import ConnectionConfig
+from libp2p.network.config import (
+    OUTBOUND_STREAM_PROTOCOL_NEGOTIATION_TIMEOUT,
+    ConnectionConfig,
+)
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo
 from libp2p.peer.peerstore import env_to_send_in_RPC
@@ -189,15 +192,16 @@ def larger_yamux_frames(size: int = YAMUX_FRAME) -> None:
     yamux_module.MAX_MESSAGE_SIZE = size
 
 
-def build_host(identity: Identity) -> IHost:
+def build_host(identity: Identity, *, open_stream_s: float = 0.0) -> IHost:
     """The node's host: ``plain_host`` over TCP streams tuned by ``tune_tcp_streams``,
     yamux window updates batched (``batch_yamux_window_updates``) and sent in larger
     frames (``larger_yamux_frames``), and its advertised addresses cached
-    (``cache_addrs``)."""
+    (``cache_addrs``). ``open_stream_s``: the node's own deadline for opening a stream
+    (``connect_timeout``); the library's protocol negotiation is given at least that long."""
     tune_tcp_streams()
     batch_yamux_window_updates()
     larger_yamux_frames()
-    host = plain_host(identity)
+    host = plain_host(identity, negotiate_s=open_stream_s)
     cache_addrs(host)
     return host
 
@@ -244,9 +248,13 @@ def cache_addrs(host: IHost, ttl: float = ADDRS_TTL) -> None:
     host.get_addrs = get_addrs  # type: ignore[method-assign]
 
 
-def plain_host(identity: Identity) -> IHost:
+def plain_host(identity: Identity, *, negotiate_s: float = 0.0) -> IHost:
     """A py-libp2p host with this project's settings (Noise, yamux, no auto-connector) and
-    nothing of ours on its TCP streams, unless ``tune_tcp_streams`` ran in this process."""
+    nothing of ours on its TCP streams, unless ``tune_tcp_streams`` ran in this process.
+    A stream's protocol negotiation may take ``negotiate_s`` (at least the library's 10 s):
+    the library's own shorter cut would otherwise end, under a longer ``connect_timeout``,
+    a stream to a CPU-starved peer that the node still waits for (found by the cheating
+    matrix at load 50: the worker got the stream after the validator had given it up)."""
     key_pair = key_pair_of(identity)
     security: Any = {
         NOISE_PROTOCOL_ID: NoiseTransport(
@@ -255,8 +263,14 @@ def plain_host(identity: Identity) -> IHost:
     }
     # the library's pruner starts above 4096 connections (never, in practice), and any number
     # of inbound connections is accepted: the runtime trims down to its own watermarks
+    negotiate = max(OUTBOUND_STREAM_PROTOCOL_NEGOTIATION_TIMEOUT, negotiate_s)
     limits = ConnectionConfig(
-        max_connections=4096, min_connections=0, low_watermark=0, high_watermark=4096
+        max_connections=4096,
+        min_connections=0,
+        low_watermark=0,
+        high_watermark=4096,
+        outbound_stream_protocol_negotiation_timeout=negotiate,
+        inbound_stream_protocol_negotiation_timeout=negotiate,
     )
     host = new_host(
         key_pair=key_pair,

@@ -54,7 +54,7 @@ class Network:
         """Listen, start gossipsub (with its router: without it gossipsub's heartbeat never
         runs: no mesh upkeep, no IHAVE gossip, and a message cache that never shifts,
         replayed whole to every new peer) and the DHT; stop them all on exit."""
-        host = self.host = build_host(self.identity)
+        host = self.host = build_host(self.identity, open_stream_s=self.cfg.connect_timeout)
         gate_inbound_streams(
             host, lambda peer: self.inbound_gate is None or self.inbound_gate(peer)
         )

@@ -61,7 +61,7 @@ class CheatPlan:
     """Which cheat the worker's next batch makes, and the role's part of it."""
 
     cheats: tuple[str, ...]
-    made: int = 0  # batches begun
+    made: int = 0  # cheats begun (a version cheat that could not be made does not count)
     by_key: dict[str, str] = field(default_factory=dict)  # submitted key (hex) -> cheat
 
     @classmethod
@@ -78,6 +78,12 @@ class CheatPlan:
         cheat = pick(self.cheats, self.made)
         self.made += 1
         return cheat
+
+    def not_made(self) -> None:
+        """The cheat ``next`` gave could not be made (a version cheat with no other version
+        to lie about yet): the batch is honest, and the next one tries the cheat again, so
+        one pass over the cheats makes each of them."""
+        self.made -= 1
 
     @staticmethod
     def for_maker(cheat: str) -> str:

@@ -282,9 +282,11 @@ class InferenceRole:
             used_dir = str(self.cfg.model if used == 0 else self.weights.model_dir(used))
             if self.cheats.same_weights(used_dir, model_dir):
                 cheat = "none"  # the versions' weights are the same: nothing to lie about
+                self.cheats.not_made()
             model_dir = used_dir
         elif cheat in VERSION_CHEATS:  # no older version held: this batch is honest
             cheat = "none"
+            self.cheats.not_made()
         made: MadeBatch = await self.maker.call(
             MakeBatch(
                 model_dir,

@@ -4,10 +4,17 @@ and which verdicts to post again (``VerdictPosts``).
 A batch is judged when its key was submitted on-chain (the chain is the record of work
 claimed) and a peer announced that it holds it, or the worker registered the peer that
 must serve it (where to fetch it). Fetches that fail are retried with exponential
-back-off (``retry_s`` doubling up to ``retry_max_s``), from any of those peers in turn; a submitted key whose batch could not be fetched by
-``fetch_deadline_s`` after its submission is *unavailable* (the validator rejects it as
-such: work no validator could see is never paid, SPEC §12). Every key is judged at most
-once. Announcements of keys never submitted are bounded: each peer may have at most
+back-off (``retry_s`` doubling up to ``retry_max_s``), from any of those peers in turn.
+A submitted key is *unavailable* (the validator rejects it as such: work no validator
+could see is never paid, SPEC §12) once ``fetch_deadline_s`` after its submission has
+passed and ``last_tries`` fetches from each of its peers that failed at or after that
+time say nobody serves it: at the deadline every key not yet fetched is asked for again at once,
+then after ``retry_s``, 2 × ``retry_s``, ... (one stream refused under load is no proof).
+The clock alone never makes a key unavailable: time the validator spent elsewhere (judging
+a backlog, waiting for a step announcement or for weights) is not the worker's fault, and
+a key it gets to only after the deadline is fetched and judged on its merits (the worker
+serves it for the whole verdict window, SPEC §14). Every key is judged at most once.
+Announcements of keys never submitted are bounded: each peer may have at most
 ``per_peer_unsubmitted`` of them waiting, and each waits at most ``fetch_deadline_s`` for
 its submission before it is forgotten (a flood from one peer cannot crowd out the others'
 work). Pure: no clock, no sockets; the role passes ``now`` in.
@@ -29,6 +36,7 @@ class _Entry:
     policy_version: int | None = None  # on-chain
     attempts: int = 0
     next_try: float = 0.0
+    late_failures: int = 0  # fetches that failed at or after the fetch deadline
     in_flight: bool = False
     done: bool = False
 
@@ -38,6 +46,7 @@ class JudgingQueue:
     fetch_deadline_s: float = 120.0
     retry_s: float = 1.0
     retry_max_s: float = 30.0
+    last_tries: int = 3  # failed fetches per peer after the deadline: then unavailable
     max_pending: int = 4096  # keys tracked but not yet judged (announcement floods stop here)
     per_peer_unsubmitted: int = 64  # announced by one peer and not (yet) submitted on-chain
     entries: dict[Key, _Entry] = field(default_factory=dict)
@@ -112,8 +121,9 @@ class JudgingQueue:
             and not e.in_flight
             and e.peers
             and e.submitted_at is not None
-            and e.next_try <= now
-            and now < e.submitted_at + self.fetch_deadline_s
+            and not self._gave_up(e)
+            # past the deadline: the last tries, the first at once
+            and (e.next_try <= now or (now >= self._deadline(e) and not e.late_failures))
         ]
         if not ready:
             return None
@@ -126,7 +136,12 @@ class JudgingQueue:
         entry = self.entries[key]
         entry.in_flight = False
         entry.attempts += 1
-        entry.next_try = now + min(self.retry_max_s, self.retry_s * 2 ** (entry.attempts - 1))
+        if entry.submitted_at is not None and now >= self._deadline(entry):
+            entry.late_failures += 1
+            back_off = self.retry_s * 2 ** (entry.late_failures - 1)
+        else:
+            back_off = self.retry_s * 2 ** (entry.attempts - 1)
+        entry.next_try = now + min(self.retry_max_s, back_off)
 
     def fetched(self, key: Key) -> None:
         """The batch arrived and goes to judgement; it is never fetched again."""
@@ -134,16 +149,27 @@ class JudgingQueue:
         entry.in_flight = False
         entry.done = True
 
+    def _deadline(self, e: _Entry) -> float:
+        assert e.submitted_at is not None
+        return e.submitted_at + self.fetch_deadline_s
+
+    def _gave_up(self, e: _Entry) -> bool:
+        """The last tries of ``e`` after its deadline failed, ``last_tries`` from each peer
+        in turn: nobody serves it."""
+        return e.late_failures >= self.last_tries * max(1, len(e.peers))
+
     def unavailable(self, now: float) -> list[Key]:
-        """Submitted keys whose batch nobody could serve by the deadline; each is returned
-        once (and counts as judged)."""
+        """Submitted keys past the deadline whose batch nobody serves: its last tries after
+        the deadline failed, or no peer is known to ask; each is returned once (and counts
+        as judged)."""
         out = []
         for key, e in self.entries.items():
             if (
                 not e.done
                 and not e.in_flight
                 and e.submitted_at is not None
-                and now >= e.submitted_at + self.fetch_deadline_s
+                and now >= self._deadline(e)
+                and (not e.peers or self._gave_up(e))
             ):
                 e.done = True
                 out.append(key)
@@ -155,9 +181,15 @@ class JudgingQueue:
         for e in self.entries.values():
             if e.done or e.in_flight or e.submitted_at is None:
                 continue
-            times.append(e.submitted_at + self.fetch_deadline_s)
-            if e.peers:
+            deadline = self._deadline(e)
+            if self._gave_up(e):
+                times.append(now)  # unavailable now
+            elif not e.peers:
+                times.append(deadline)
+            elif e.late_failures:  # the next of the last tries
                 times.append(max(now, e.next_try))
+            else:  # the next try, or the first of the last ones at the deadline
+                times.append(max(now, min(e.next_try, deadline)))
         return min(times) if times else None
 
 

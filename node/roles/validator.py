@@ -23,7 +23,7 @@ a child process (``Offload(BatchChecker, CheckerSpec.of(cfg))``, ``node/roles/ch
 
 Every check ends in one ``Verdict`` (``node/roles/work.py``). Where it goes next: ``accept``
 or ``reject`` (reason ``invalid``, ``mismatch`` or, for a batch nobody served by the fetch
-deadline, ``unavailable``) on-chain (``ledger/client.py``), once per key; a post the chain
+deadline nor when asked again after it, ``unavailable``) on-chain (``ledger/client.py``), once per key; a post the chain
 refuses is tried again (``VerdictPosts``, ``node/roles/judging.py``). The trainer takes
 accepted batches from there.
 """

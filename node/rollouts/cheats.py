@@ -4,8 +4,10 @@
 Each cheat is a shortcut a worker could take for profit, not a random corruption; the
 validators must reject every one on-chain with the reason in ``CATALOGUE`` (SPEC §12.1 has
 the matrix: what each one saves, which check catches it). A worker may be given several,
-comma-separated (``node.config.parse_cheats``): its n-th batch makes the (n mod k)-th
-(``pick``), so one cheating process exercises several cheats in one run. Where a cheat acts:
+comma-separated (``node.config.parse_cheats``): its batches make them in turn, one each,
+then start over (``pick``), so one cheating process exercises several cheats in one run; a
+version cheat that cannot be made yet (no older version held, or only one with the same
+weights) leaves its batch honest and is tried again on the next. Where a cheat acts:
 
 - in the batch maker (``node/rollouts/maker.py``, the child process), here: other weights
   (``WEIGHT_CHEATS``, applied to the engine's model once per policy version), other
@@ -96,7 +98,7 @@ WEIGHT_CHEATS = ("other_weights", "int8_weights", "fewer_layers")
 
 
 def pick(cheats: tuple[str, ...], batch_number: int) -> str:
-    """The cheat of the worker's ``batch_number``-th batch (0-based)."""
+    """The ``batch_number``-th cheat made (0-based), in turn."""
     return cheats[batch_number % len(cheats)] if cheats else "none"
 
 

@@ -21,13 +21,16 @@ from tests.test_loop import Loop, submissions, verdict_events
 
 Sub = tuple[str, bytes]  # (worker address, work key)
 
-# few processes (the machine is small), each cycling through its cheats one batch each; the
-# version cheats come last in theirs: by then the trainer has published a version to lie
-# about (before, their batches are honest and must be accepted)
+# few processes (the machine is small), each making its cheats in turn, one batch each (one
+# pass: one batch per trainer step, so the run lasts as many steps as the longest list).
+# The version cheats come last in theirs: by then the trainer has published a version to lie
+# about (before, such a batch is honest, must be accepted, and the cheat comes again on the
+# next batch). ``withhold`` comes first in its list: its verdict waits for the fetch deadline,
+# which then passes while the other cheats are made.
 CHEATERS = {
     "c-compute": "other_weights,int8_weights,fewer_layers,foreign_proofs,edit_token,stale_weights",
     "c-sampling": "greedy,other_temperature,early_stop,truncated,inflate_reward,older_version",
-    "c-claims": "inflate_units,easy_tasks,replay_step,replay_other,key_mismatch,withhold",
+    "c-claims": "withhold,inflate_units,easy_tasks,replay_step,replay_other,key_mismatch",
     "c-key": "other_key",
 }
 HONEST = ("honest-0", "honest-1")
@@ -81,6 +84,7 @@ class MatrixBooks:
 
 def start(loop: Loop, cheaters: dict[str, str], honest: tuple[str, ...]) -> None:
     loop.env["INTELLECT_NODE_BATCHES_PER_STEP"] = str(len(honest))
+    loop.env["INTELLECT_NODE_EVAL_EVERY"] = "0"  # the books need no held-out accuracy
     # a loaded machine (each worker and its engine compete for the CPU) may answer a fetch
     # slowly: an honest batch must not end "unavailable" for it, nor a cheat's
     loop.env["INTELLECT_NODE_READ_TIMEOUT"] = "30"
