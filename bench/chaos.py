@@ -13,10 +13,12 @@ every submitted batch has a verdict, each node gets SIGTERM and must exit 0 with
 deadline, and the books are reconciled (``tests/helpers/books.py``: the chain's events,
 the trainer's metrics.jsonl and state, each worker's store).
 
-The chain process itself is not restarted: the development chain (``intellect-node
-chain``, py-evm through eth-tester) keeps its state in memory only; a restarted chain
-process is a new chain (it deploys a new contract, with no history), so the nodes'
-contract would be gone. See ``CHAIN_RESTART`` below.
+The served chain is restarted too (``restart_chain``): the development chain runs with
+``--state``, so on SIGTERM it writes its whole state (blocks, logs, balances) to a file,
+and it comes back on the same port from that file, same contract, while the nodes' chain
+reads and transactions fail and are tried again (they ride through the outage). A SIGKILL
+of the chain would lose what it did since its start: that is a lost chain, not a fault a
+network rides through.
 
 ``--json``: the last line is one JSON object with ``faults`` (kind -> injected),
 ``violations`` (the reconciliation's lines; empty when the books add up), ``ok``,
@@ -45,12 +47,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tests.helpers.books import Outage, figures, read_books, reconcile  # noqa: E402
 
 TARGETS = ("worker", "validator", "trainer", "bootstrap")
-KINDS = tuple(f"{how}_{target}" for target in TARGETS for how in ("sigkill", "sigstop"))
-# Why no chain restart: the development chain's state (py-evm's in-memory database in
-# eth-tester) is never written to disk, ``intellect-node chain`` deploys a fresh contract
-# at every start and removes chain.json when it stops; nothing could resume it.
-CHAIN_RESTART = False
+KINDS = (
+    *(f"{how}_{target}" for target in TARGETS for how in ("sigkill", "sigstop")),
+    "restart_chain",  # SIGTERM (the state is written), then the same port and state
+)
 EXIT_DEADLINE_S = 30.0  # a node given SIGTERM must have exited 0 by then
+CHAIN_STATE = "chain-state.json"  # under the run's directory
 
 
 @dataclass(frozen=True)
@@ -85,7 +87,8 @@ class Chaos:
 
         self.say = say
         self.steps = steps
-        self.loop = Loop(base, model, step_wait=8)
+        self.state = base / CHAIN_STATE
+        self.loop = Loop(base, model, step_wait=8, chain_args=["--state", str(self.state)])
         self.loop.env.update(
             {
                 "INTELLECT_NODE_ASYNC_LEVEL": "2",
@@ -138,9 +141,35 @@ class Chaos:
             time.sleep(0.2)
         raise TimeoutError(f"{name} did not come back within {timeout} s")
 
+    def _restart_chain(self, down: float) -> None:
+        """SIGTERM to the chain (it writes its state), ``down`` seconds without one, then the
+        chain again on the same port from that state; back once it answers."""
+        from node.cli.devnet import start_chain
+
+        proc, url = self.loop.chain_proc, self.loop.chain_info["url"]
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(120)  # writing the state takes a moment on a loaded machine
+        if code != 0 or not self.state.exists():
+            raise RuntimeError(f"the chain exited {code} without its state: see chain.log")
+        time.sleep(down)
+        port = int(url.rsplit(":", 1)[1])
+        self.loop.chain_proc, env = start_chain(
+            self.loop.base / "chain", timeout=300, extra=["--state", str(self.state)], port=port
+        )
+        if env["INTELLECT_NODE_CONTRACT"] != self.loop.env["INTELLECT_NODE_CONTRACT"]:
+            raise RuntimeError("the restarted chain has another contract: its state was lost")
+        if self.loop.client().w3.eth.block_number == 0:  # chain.json is written once it serves
+            raise RuntimeError("the restarted chain has no blocks: its state was lost")
+
     def inject(self, f: Fault) -> None:
-        node = self.loop.nodes[f.node]
         start = time.time()
+        if f.kind == "restart_chain":
+            self._restart_chain(f.down)
+            self.outages.append(Outage("chain", f.kind, start, time.time()))
+            self.injected[f.kind] += 1
+            self.say(f"chaos: {f.kind}: out {time.time() - start:.1f} s, back")
+            return
+        node = self.loop.nodes[f.node]
         if f.kind.startswith("sigstop"):
             os.kill(node.proc.pid, signal.SIGSTOP)
             time.sleep(f.down)
@@ -257,7 +286,6 @@ def run(
         "violations": violations,
         "ok": not violations,
         **figures(books),
-        "chain_restart": "not supported: the development chain keeps its state in memory only",
         "exits": exits,
         "schedule": [asdict(f) for f in schedule],
         "seconds": round(time.monotonic() - began, 1),

@@ -41,6 +41,7 @@ from node.config import NodeConfig
 from node.net.requests import RemoteRefusal
 from node.net.runtime import Node
 from node.roles.busy import BusyTime
+from node.roles.catchup import History, read_history
 from node.roles.chain import (
     ChainSetupError,
     Registrations,
@@ -90,6 +91,8 @@ class ValidatorRole:
         self.busy = BusyTime()  # fetching, judging, posting
         self.unposted = VerdictPosts()
         self.until = 0  # when this validator was removed on-chain (0: it was not)
+        self.history = History(upto=-1)  # the chain before this start (node/roles/catchup.py)
+        self.voted_before = 0  # submissions found voted on by this validator before its start
         self.not_ours = 0  # submissions after the removal, left to the other validators
         self.ledger: Any = None
         self.address = ""
@@ -114,6 +117,7 @@ class ValidatorRole:
             )
         self.queue.fetch_deadline_s = float(self.ledger.params().fetch_deadline)
         self.registrations = Registrations(self.ledger)
+        self.history = read_history(self.ledger, self.address, self.cfg.contract_block)
         self.watcher = SubmissionWatcher(
             self.ledger, self.cfg.contract_block, registrations=self.registrations
         )
@@ -177,8 +181,15 @@ class ValidatorRole:
                     self.not_ours += 1  # not ours to judge: submitted after our removal
                     continue
                 key = (sub.worker, sub.key)
+                if self.history.covers(sub.block):  # submitted before this start
+                    if key in self.history.voted:
+                        self.voted_before += 1  # the chain refuses a second vote
+                        continue
+                    # judged in the window it was submitted in, not today's
+                    self.clock_at[key] = self.history.clock_at(sub.block)
+                else:
+                    self.clock_at[key] = (self.clock.step, self.clock.policy_version)
                 self.submissions[key] = sub
-                self.clock_at[key] = (self.clock.step, self.clock.policy_version)
                 self.seen_at[key] = trio.current_time()
                 assert self.registrations is not None
                 holder = await trio.to_thread.run_sync(
