@@ -141,6 +141,7 @@ def start_chain(
     """``intellect-node chain`` as a process; returns it and the env that points nodes at it.
     ``port``: listen there (a chain restarted with ``--state`` where the nodes look for it),
     else on a free port. The chain's output is appended to ``chain.log`` beside ``data_dir``."""
+    data_dir.mkdir(parents=True, exist_ok=True)  # the log goes beside it
     info_path = data_dir / "chain.json"
     info_path.unlink(missing_ok=True)
     log = open(data_dir.parent / "chain.log", "ab")  # noqa: SIM115 - handed to the child
