@@ -136,7 +136,7 @@ def p2p_addr(status: dict[str, Any]) -> str:
 
 
 def start_chain(
-    data_dir: Path, timeout: float = 60, extra: list[str] | None = None, port: int | None = None
+    data_dir: Path, timeout: float = 300, extra: list[str] | None = None, port: int | None = None
 ) -> tuple[subprocess.Popen[bytes], dict[str, str]]:
     """``intellect-node chain`` as a process; returns it and the env that points nodes at it.
     ``port``: listen there (a chain restarted with ``--state`` where the nodes look for it),

@@ -92,7 +92,6 @@ class ValidatorRole:
         self.unposted = VerdictPosts()
         self.until = 0  # when this validator was removed on-chain (0: it was not)
         self.history = History(upto=-1)  # the chain before this start (node/roles/catchup.py)
-        self.voted_before = 0  # submissions found voted on by this validator before its start
         self.not_ours = 0  # submissions after the removal, left to the other validators
         self.ledger: Any = None
         self.address = ""
@@ -183,8 +182,7 @@ class ValidatorRole:
                 key = (sub.worker, sub.key)
                 if self.history.covers(sub.block):  # submitted before this start
                     if key in self.history.voted:
-                        self.voted_before += 1  # the chain refuses a second vote
-                        continue
+                        continue  # voted on before: the chain refuses a second vote
                     # judged in the window it was submitted in, not today's
                     self.clock_at[key] = self.history.clock_at(sub.block)
                 else:
