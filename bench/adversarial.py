@@ -20,14 +20,19 @@ one verdict event); for information, honest accepted batches the trainer had not
 when it was stopped (it stops as soon as the matrix is done). The comparison: detection rate of the network against the baseline of no
 checking (every batch accepted: 0 of the attacks detected).
 
-Two sections other modules fill when they are present (imported lazily):
+Two sections other modules fill when they are present (loaded from their files):
 ``fuzz`` (decoder -> {inputs, crashes}) from ``bench/fuzz.py``'s ``run(inputs) -> dict``
-with ``--fuzz N``, and ``faults`` (kind -> injected) from ``bench/chaos.py``'s
-``run(seed, ...) -> dict`` with ``--faults``. Absent modules are reported as such.
+with ``--fuzz N``, and ``faults`` (kind -> injected) from a ``bench/chaos.py`` run
+(``run(seed, ...) -> dict``, the same model, ``--fault-steps`` trainer steps) with
+``--faults``, its books in ``fault_books``. Absent modules are reported as such. The
+totals of honest false slashes, lost and double-counted work are the matrix's plus the
+chaos run's (each part also on its own: ``matrix``, ``fault_books``).
 
 ``--json``: the last line is one JSON object with ``attacks`` (name -> {trials, detected,
 slashed, trained}), ``honest_false_slashes``, ``lost_work``, ``double_counted_work``,
-``honest_batches``, ``detection_rate``, ``seconds``, ``fuzz`` and ``faults``.
+``honest_batches``, ``detection_rate``, ``matrix``, ``fuzz``, ``faults``, ``fault_books``
+and ``seconds``. Exit status 1 unless every attack was detected, nothing honest was
+slashed, lost or counted twice, no fuzz input crashed and the chaos run's books are exact.
 """
 
 from __future__ import annotations
