@@ -42,6 +42,7 @@ from typing import Any
 
 import trio
 
+from ledger.client import LedgerUnreachable
 from node.config import NodeConfig
 from node.net.runtime import Node
 from node.roles.chain import ChainSetupError, WorkWatcher, open_ledger
@@ -74,6 +75,7 @@ METRICS_FILE = "metrics.jsonl"
 POLL_S = 0.5
 ANNOUNCE_EVERY = 5.0  # the step notice is repeated (gossip can miss, nodes join late)
 KEEP_CHECKPOINTS = 2
+CHAIN_RETRY_S = 2.0  # a chain that does not answer is asked again this often
 
 
 class TrainerRole:
@@ -233,9 +235,15 @@ class TrainerRole:
             return
         if self.weights.model_dir(version) is None and version > self.weights.newest_known:
             await self.weights.publish(self.checkpoint_dir(version), version=version, step=version)
-        on_chain = await trio.to_thread.run_sync(self.ledger.policy_version)
-        if on_chain < version:
-            await trio.to_thread.run_sync(self.ledger.set_policy_version, version)
+        while True:  # no worker can submit work of it before it is on-chain: wait for the chain
+            try:
+                on_chain = await trio.to_thread.run_sync(self.ledger.policy_version)
+                if on_chain < version:
+                    await trio.to_thread.run_sync(self.ledger.set_policy_version, version)
+                break
+            except LedgerUnreachable as exc:  # down or restarting: nothing was refused
+                log.warning("publishing version %d on-chain: %s; trying again", version, exc)
+                await trio.sleep(CHAIN_RETRY_S)
         log.info("policy version %d published (SHARDCAST and on-chain)", version)
 
     def _announce(self, step: int, version: int) -> None:

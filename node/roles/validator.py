@@ -37,6 +37,7 @@ from typing import Any
 
 import trio
 
+from ledger.client import LedgerUnreachable
 from node.config import NodeConfig
 from node.net.requests import RemoteRefusal
 from node.net.runtime import Node
@@ -322,7 +323,8 @@ class ValidatorRole:
             else:
                 await trio.to_thread.run_sync(self.ledger.reject, worker, work_key, v.reason)
         except Exception as exc:  # e.g. the chain's clock lags ours: posted again later
-            tries = self.unposted.refused(key, v, trio.current_time())
+            down = isinstance(exc, LedgerUnreachable)  # no refusal: never given up for it
+            tries = self.unposted.refused(key, v, trio.current_time(), counted=not down)
             log.error(
                 "posting the verdict on %s failed (attempt %d of %d): %s",
                 work_key.hex()[:16],
