@@ -116,7 +116,9 @@ def spawn_node(
     return NodeProcess(name, role, data_dir, proc, log_path)
 
 
-def wait_ready(node: NodeProcess, timeout: float = 60) -> dict[str, Any]:
+def wait_ready(node: NodeProcess, timeout: float = 300) -> dict[str, Any]:
+    """The node's status once its admin endpoint answers (a generous deadline: a node
+    starting on a loaded machine imports torch and libp2p for minutes)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if node.proc.poll() is not None:
