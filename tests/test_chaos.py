@@ -1,8 +1,8 @@
 """Faults with exact books (issue #28, item 2): the reconciliation of a run's books
 (``tests/helpers/books.py``) on hand-made books, each protection broken on its own; and a
-short chaos run of real processes (``bench/chaos.py``): every worker, the validator, the
-trainer and the bootstrap killed and frozen at seeded random moments, after which the
-books still add up."""
+short chaos run of real processes (``bench/chaos.py``): a worker, the validator, the
+trainer and the bootstrap killed and frozen, and the served chain restarted from its saved
+state, at seeded random moments, after which the books still add up."""
 
 import copy
 
@@ -131,6 +131,8 @@ def test_an_accepted_batch_left_unused_while_it_was_usable_is_caught():
     assert reconcile(books) == []
     books.outages = [Outage("worker-0", "sigkill_worker", T0 + 5, T0 + 30)]  # another worker
     assert reconcile(books) != []
+    books.outages = [Outage("chain", "restart_chain", T0 + 5, T0 + 30)]  # no chain: no step
+    assert reconcile(books) == []
 
 
 def test_a_submitted_batch_missing_from_its_store_or_differing_is_caught():
