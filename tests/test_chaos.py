@@ -177,10 +177,12 @@ def test_trainer_state_that_disagrees_with_its_metrics_is_caught():
 # ---- one real run ------------------------------------------------------------------------
 
 
-# Behind the slow marker: about 25 min at load 25-43, and the final code has had no clean
-# end-to-end run yet (issue #28 stays open); the books' unit tests above run by default.
+# Behind the slow marker until it has passed twice in a row on this code: one clean run so
+# far (20.4 min at load 30-50 on 2 cores, most of it nodes starting; every fault including
+# the chain restart, books exact, every node out 9-21 s after SIGTERM). The books' unit
+# tests above run by default. The deadline is generous: it only catches a hang.
 @pytest.mark.slow
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(2400)
 def test_a_chaos_run_keeps_exact_books(tmp_path, tiny_model_dir):
     from bench.chaos import KINDS, run
 
