@@ -235,15 +235,7 @@ class TrainerRole:
             return
         if self.weights.model_dir(version) is None and version > self.weights.newest_known:
             await self.weights.publish(self.checkpoint_dir(version), version=version, step=version)
-        while True:  # no worker can submit work of it before it is on-chain: wait for the chain
-            try:
-                on_chain = await trio.to_thread.run_sync(self.ledger.policy_version)
-                if on_chain < version:
-                    await trio.to_thread.run_sync(self.ledger.set_policy_version, version)
-                break
-            except LedgerUnreachable as exc:  # down or restarting: nothing was refused
-                log.warning("publishing version %d on-chain: %s; trying again", version, exc)
-                await trio.sleep(CHAIN_RETRY_S)
+        await publish_on_chain(self.ledger, version)
         log.info("policy version %d published (SHARDCAST and on-chain)", version)
 
     def _announce(self, step: int, version: int) -> None:
@@ -382,6 +374,20 @@ class TrainerRole:
             self.book.fetched[key] = batch.policy_version
             return True
         return False
+
+
+async def publish_on_chain(ledger: Any, version: int) -> None:
+    """Set the contract's policy version to ``version`` unless it is there already; no
+    worker can submit work of it before that, so a chain that does not answer (down,
+    restarting) is waited for, not a reason for the role to fail."""
+    while True:
+        try:
+            if await trio.to_thread.run_sync(ledger.policy_version) < version:
+                await trio.to_thread.run_sync(ledger.set_policy_version, version)
+            return
+        except LedgerUnreachable as exc:  # nothing was refused: ask again
+            log.warning("publishing version %d on-chain: %s; trying again", version, exc)
+            await trio.sleep(CHAIN_RETRY_S)
 
 
 def registered_peer(ledger: Any, worker: str) -> str | None:

@@ -184,8 +184,7 @@ class ValidatorRole:
                 if self.history.covers(sub.block):  # submitted before this start
                     if key in self.history.voted:
                         continue  # voted on before: the chain refuses a second vote
-                    # judged in the window it was submitted in, not today's
-                    self.clock_at[key] = self.history.clock_at(sub.block)
+                    self.clock_at[key] = self.history.clock_at(sub.block)  # not today's
                 else:
                     self.clock_at[key] = (self.clock.step, self.clock.policy_version)
                 self.submissions[key] = sub
