@@ -20,14 +20,19 @@ one verdict event); for information, honest accepted batches the trainer had not
 when it was stopped (it stops as soon as the matrix is done). The comparison: detection rate of the network against the baseline of no
 checking (every batch accepted: 0 of the attacks detected).
 
-Two sections other modules fill when they are present (imported lazily):
+Two sections other modules fill when they are present (loaded from their files):
 ``fuzz`` (decoder -> {inputs, crashes}) from ``bench/fuzz.py``'s ``run(inputs) -> dict``
-with ``--fuzz N``, and ``faults`` (kind -> injected) from ``bench/chaos.py``'s
-``run(seed, ...) -> dict`` with ``--faults``. Absent modules are reported as such.
+with ``--fuzz N``, and ``faults`` (kind -> injected) from a ``bench/chaos.py`` run
+(``run(seed, ...) -> dict``, the same model, ``--fault-steps`` trainer steps) with
+``--faults``, its books in ``fault_books``. Absent modules are reported as such. The
+totals of honest false slashes, lost and double-counted work are the matrix's plus the
+chaos run's (each part also on its own: ``matrix``, ``fault_books``).
 
 ``--json``: the last line is one JSON object with ``attacks`` (name -> {trials, detected,
 slashed, trained}), ``honest_false_slashes``, ``lost_work``, ``double_counted_work``,
-``honest_batches``, ``detection_rate``, ``seconds``, ``fuzz`` and ``faults``.
+``honest_batches``, ``detection_rate``, ``matrix``, ``fuzz``, ``faults``, ``fault_books``
+and ``seconds``. Exit status 1 unless every attack was detected, nothing honest was
+slashed, lost or counted twice, no fuzz input crashed and the chaos run's books are exact.
 """
 
 from __future__ import annotations
@@ -108,6 +113,9 @@ def main() -> int:
     )
     ap.add_argument("--faults", action="store_true", help="also run the chaos section")
     ap.add_argument("--seed", type=int, default=0, help="the chaos section's seed")
+    ap.add_argument(
+        "--fault-steps", type=int, default=3, help="trainer steps of the chaos run (default 3)"
+    )
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     attacks_wanted = [a.strip() for a in args.attacks.split(",") if a.strip()]
@@ -141,47 +149,114 @@ def main() -> int:
             )
         finally:
             loop.close()
-    attacks = books.per_attack()
-    honest_subs = books.honest()
-    accepted_honest = [s for s in honest_subs if books.status[s] == "accepted"]
-    lost = len(honest_subs) - len(accepted_honest)
-    untrained = sum(1 for s in accepted_honest if s not in books.consumed)
-    double = sum(1 for n in books.verdicts.values() if n > 1)
-    trials = sum(a["trials"] for a in attacks.values())
-    detected = sum(a["detected"] for a in attacks.values())
+        matrix_seconds = round(time.monotonic() - started, 1)
+        attacks = books.per_attack()
+        honest_subs = books.honest()
+        accepted_honest = [s for s in honest_subs if books.status[s] == "accepted"]
+        lost = len(honest_subs) - len(accepted_honest)
+        untrained = sum(1 for s in accepted_honest if s not in books.consumed)
+        double = sum(1 for n in books.verdicts.values() if n > 1)
+        trials = sum(a["trials"] for a in attacks.values())
+        detected = sum(a["detected"] for a in attacks.values())
+        false_slashes = books.honest_false_slashes()
+        rate = round(detected / trials, 4) if trials else 0.0
+        for line in table(books, attacks):  # printed now: the sections below take minutes
+            print(line)
+        print(
+            f"honest batches {len(honest_subs)}: false slashes {false_slashes}, "
+            f"lost {lost}, double-counted {double} (accepted, not trained when the trainer "
+            f"stopped: {untrained})"
+        )
+        print(
+            f"detected {detected} of {trials} attacks ({rate:.0%}) against 0% with no "
+            f"checking; matrix {matrix_seconds:.0f} s",
+            flush=True,
+        )
+        fuzz = (
+            optional_section("fuzz", lambda m: m.run(args.fuzz)) if args.fuzz else {"skipped": True}
+        )
+        crashes = sum(int(v.get("crashes", 0)) for v in fuzz.values() if isinstance(v, dict))
+        inputs = sum(int(v.get("inputs", 0)) for v in fuzz.values() if isinstance(v, dict))
+        print(f"fuzz: {len(fuzz) if inputs else 0} decoders, {inputs} inputs, {crashes} crashes")
+        chaos: dict[str, Any] = {"skipped": True}
+        if args.faults:
+            print(f"faults: the chaos run, seed {args.seed} (minutes)", flush=True)
+            chaos = optional_section(
+                "chaos",
+                lambda m: m.run(
+                    args.seed, steps=args.fault_steps, model=model, timeout=args.timeout
+                ),
+            )
+        for line in fault_table(chaos):
+            print(line)
+    fault_books = {k: chaos.get(k) for k in FAULT_FIGURES if k in chaos}
     out: dict[str, Any] = {
         "attacks": attacks,
-        "honest_false_slashes": books.honest_false_slashes(),
-        "lost_work": lost,
-        "double_counted_work": double,
+        # the matrix's and the chaos run's together (each also below on its own)
+        "honest_false_slashes": false_slashes + int(chaos.get("honest_false_slashes") or 0),
+        "lost_work": lost + int(chaos.get("lost_work") or 0),
+        "double_counted_work": double + int(chaos.get("double_counted_work") or 0),
         "honest_batches": len(honest_subs),
         "honest_not_trained_yet": untrained,
-        "detection_rate": round(detected / trials, 4) if trials else 0.0,
+        "detection_rate": rate,
         "baseline_detection_rate": 0.0,  # no checking: every batch accepted
+        "matrix": {
+            "honest_false_slashes": false_slashes,
+            "lost_work": lost,
+            "double_counted_work": double,
+            "seconds": matrix_seconds,
+        },
+        "fuzz": fuzz,
+        # kind -> times injected (or why there is none)
+        "faults": chaos.get("faults", chaos),
+        "fault_books": fault_books,
         "seconds": round(time.monotonic() - started, 1),
     }
-    out["fuzz"] = (
-        optional_section("fuzz", lambda m: m.run(args.fuzz)) if args.fuzz else {"skipped": True}
-    )
-    out["faults"] = (
-        optional_section("chaos", lambda m: m.run(args.seed)) if args.faults else {"skipped": True}
-    )
-    for line in table(books, attacks):
-        print(line)
     print(
-        f"honest batches {len(honest_subs)}: false slashes {out['honest_false_slashes']}, "
-        f"lost {lost}, double-counted {double} (accepted, not trained when the trainer "
-        f"stopped: {untrained})"
+        f"total: false slashes {out['honest_false_slashes']}, lost {out['lost_work']}, "
+        f"double-counted {out['double_counted_work']}; {out['seconds']:.0f} s"
     )
-    print(
-        f"detected {detected} of {trials} attacks ({out['detection_rate']:.0%}) against "
-        f"{out['baseline_detection_rate']:.0%} with no checking; {out['seconds']:.0f} s"
-    )
-    for section in ("fuzz", "faults"):
-        print(f"{section}: {json.dumps(out[section])}")
     if args.json:
         print(json.dumps(out))
-    return 0
+    ok = (
+        detected == trials
+        and out["honest_false_slashes"] == out["lost_work"] == out["double_counted_work"] == 0
+        and crashes == 0
+        and not chaos.get("violations")
+    )
+    return 0 if ok else 1
+
+
+FAULT_FIGURES = (
+    "ok",
+    "violations",
+    "submitted",
+    "accepted",
+    "trained_on",
+    "steps",
+    "lost_work",
+    "double_counted_work",
+    "honest_false_slashes",
+    "exits",
+    "seconds",
+)
+
+
+def fault_table(chaos: dict[str, Any]) -> list[str]:
+    """The chaos run's rows: fault -> injected; then its books."""
+    if "faults" not in chaos:
+        return [f"faults: {json.dumps(chaos)}"]
+    rows = [f"{'fault':<18} {'injected':>8}"]
+    rows += [f"{kind:<18} {n:>8}" for kind, n in chaos["faults"].items()]
+    books = "exact" if chaos.get("ok") else f"{len(chaos.get('violations', []))} violations"
+    rows.append(
+        f"faults' books: {books}; submitted {chaos.get('submitted')}, accepted "
+        f"{chaos.get('accepted')}, trained on {chaos.get('trained_on')}; false slashes "
+        f"{chaos.get('honest_false_slashes')}, lost {chaos.get('lost_work')}, double-counted "
+        f"{chaos.get('double_counted_work')}; {chaos.get('seconds')} s"
+    )
+    rows += [f"  {v}" for v in chaos.get("violations", [])]
+    return rows
 
 
 def tiny_model(base: Path) -> Path:

@@ -80,6 +80,10 @@ class LedgerError(RuntimeError):
     """A ledger operation that could not be done, with a message for the user."""
 
 
+class LedgerUnreachable(LedgerError):
+    """The chain did not answer (down, restarting): nothing was refused; try again later."""
+
+
 class LedgerRevert(LedgerError):
     """The contract refused: ``reason`` is its revert reason."""
 
@@ -191,7 +195,7 @@ def _retry(fn: Callable[[], T]) -> T:
             return fn()
         except (ConnectionError, TimeoutError, OSError) as exc:
             if attempt == RETRIES - 1:
-                raise LedgerError(f"chain unreachable after {RETRIES} tries: {exc}") from exc
+                raise LedgerUnreachable(f"chain unreachable after {RETRIES} tries: {exc}") from exc
             time.sleep(delay)
             delay *= 2
     raise AssertionError("unreachable")

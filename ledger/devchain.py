@@ -8,14 +8,22 @@ ABI-encoded ``Error(string)`` data, as geth and anvil report it. Besides the ``e
 methods it serves ``evm_increaseTime`` and ``evm_mine`` for tests. It holds unlocked
 development keys, so it listens on 127.0.0.1 only and refuses any request that is not
 ``application/json`` (a browser page could otherwise drive it with a simple POST).
+
+Its state can outlive the process (``save`` / ``load``, ``intellect-node chain --state``):
+py-evm keeps every block, receipt and state trie node in one key-value store, so the store
+(as hex JSON: nothing in the file is executed when it is read) plus the clock's offset is
+the whole chain. A restarted chain answers with the same blocks, logs, balances and nonces,
+and mines on from the last block.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 from eth_abi import encode as abi_encode
@@ -25,6 +33,11 @@ from web3.providers.eth_tester.middleware import request_formatters, result_form
 from ledger.chain import ERROR_SELECTOR
 
 MAX_BODY = 4 * 1024 * 1024
+STATE_FORMAT = "intellect-devchain/1"
+
+
+class StateError(ValueError):
+    """A chain state file that cannot be loaded (one line for the user)."""
 
 
 class RpcError(Exception):
@@ -62,6 +75,55 @@ class DevChain:
     def call(self, method: str, params: list[Any]) -> Any:
         with self.lock:
             return self._call(method, params)
+
+    def _store(self) -> dict[bytes, bytes]:
+        """py-evm's key-value store: blocks, receipts, state (an in-memory dict)."""
+        db = self.tester.backend.chain.chaindb.db
+        return db.wrapped_db.kv_store  # type: ignore[no-any-return]
+
+    def save(self, path: Path, extra: dict[str, Any] | None = None) -> None:
+        """Write the whole chain to ``path`` (atomically: a crash mid-write keeps the old
+        file); ``extra`` (e.g. the deployment's chain.json) is kept alongside."""
+        with self.lock:
+            doc = {
+                "format": STATE_FORMAT,
+                "offset": self.offset,
+                "extra": extra or {},
+                "db": {k.hex(): v.hex() for k, v in self._store().items()},
+            }
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.unlink(missing_ok=True)
+        # ``extra`` may hold the development keys: the file is the owner's only
+        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
+            f.write(json.dumps(doc))
+        os.replace(tmp, path)
+
+    @classmethod
+    def load(cls, path: Path) -> tuple[DevChain, dict[str, Any]]:
+        """A chain from a file ``save`` wrote, and the ``extra`` saved with it."""
+        from eth.db.atomic import AtomicDB
+        from eth.db.backends.memory import MemoryDB
+
+        try:
+            doc = json.loads(path.read_text())
+            if not isinstance(doc, dict) or doc.get("format") != STATE_FORMAT:
+                raise StateError(f"{path} is not a development chain state ({STATE_FORMAT})")
+            kv = {bytes.fromhex(k): bytes.fromhex(v) for k, v in doc["db"].items()}
+            offset, extra = int(doc["offset"]), dict(doc["extra"])
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            if isinstance(exc, StateError):
+                raise
+            raise StateError(f"cannot read the chain state {path}: {exc}") from exc
+        chain = cls()
+        backend = chain.tester.backend
+        # the same chain class (its VM schedule and chain id), over the saved store: the
+        # canonical head is read from it and the next block is built on that head
+        try:
+            backend.chain = type(backend.chain)(AtomicDB(MemoryDB(kv)))
+        except Exception as exc:  # py-evm's lookups raise their own errors on a bad store
+            raise StateError(f"the chain state {path} is damaged: {exc!r}") from exc
+        chain.offset = offset
+        return chain, extra
 
     def _follow_wall_clock(self) -> None:
         """The next block's timestamp is at least now (plus the time travelled): like a real

@@ -1,8 +1,8 @@
 """Faults with exact books (issue #28, item 2): the reconciliation of a run's books
 (``tests/helpers/books.py``) on hand-made books, each protection broken on its own; and a
-short chaos run of real processes (``bench/chaos.py``): every worker, the validator, the
-trainer and the bootstrap killed and frozen at seeded random moments, after which the
-books still add up."""
+short chaos run of real processes (``bench/chaos.py``): a worker, the validator, the
+trainer and the bootstrap killed and frozen, and the served chain restarted from its saved
+state, at seeded random moments, after which the books still add up."""
 
 import copy
 
@@ -131,6 +131,8 @@ def test_an_accepted_batch_left_unused_while_it_was_usable_is_caught():
     assert reconcile(books) == []
     books.outages = [Outage("worker-0", "sigkill_worker", T0 + 5, T0 + 30)]  # another worker
     assert reconcile(books) != []
+    books.outages = [Outage("chain", "restart_chain", T0 + 5, T0 + 30)]  # no chain: no step
+    assert reconcile(books) == []
 
 
 def test_a_submitted_batch_missing_from_its_store_or_differing_is_caught():
@@ -175,10 +177,10 @@ def test_trainer_state_that_disagrees_with_its_metrics_is_caught():
 # ---- one real run ------------------------------------------------------------------------
 
 
-# Behind the slow marker: about 25 min at load 25-43, and the final code has had no clean
-# end-to-end run yet (issue #28 stays open); the books' unit tests above run by default.
-@pytest.mark.slow
-@pytest.mark.timeout(900)
+# In the default run: it passed twice in a row on this code (bench/chaos.py seed 7 in
+# 1,225 s, then this test in 721 s, at load 30-50 on 2 cores shared with other runs; most
+# of it nodes starting). The deadline is generous: it only catches a hang.
+@pytest.mark.timeout(2400)
 def test_a_chaos_run_keeps_exact_books(tmp_path, tiny_model_dir):
     from bench.chaos import KINDS, run
 

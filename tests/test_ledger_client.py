@@ -13,7 +13,7 @@ from eth_tester.backends.pyevm.main import get_default_account_keys
 
 from ledger.accounts import create_account, load_account
 from ledger.chain import connect, start_anvil
-from ledger.client import LedgerOutOfGas, LedgerPending, LedgerRevert
+from ledger.client import LedgerError, LedgerOutOfGas, LedgerPending, LedgerRevert
 from ledger.devchain import DevChain, serve
 from ledger.history import EventIndex
 from node.cli.devnet import free_port
@@ -275,3 +275,58 @@ def test_event_index_confirmation_lag_per_account_retention_and_fields(tmp_path)
     for evs in state["accounts"].values():  # cached once each
         assert len({(e["block"], e["log"]) for e in evs}) == len(evs)
     assert [e["event"] for e in events if not e["confirmed"]] == ["Claimed", "StakeAdded"]
+
+
+def test_the_development_chain_keeps_its_state_across_a_restart(tmp_path):
+    """``intellect-node chain --state``: the whole chain (blocks, events, balances, nonces,
+    the contract and its storage) is written at stop and served again from the file on the
+    same port, and a client that was talking to it before carries on."""
+    from ledger.devchain import StateError
+
+    port = free_port()
+    state = tmp_path / "state.json"
+    chain = DevChain()
+    server = serve(chain, port)
+    keys = [k.to_hex() for k in get_default_account_keys()]
+    ledger = Ledger(connect(f"http://127.0.0.1:{port}", dev_keys=keys))
+    c = ledger.client(ledger.stranger)
+    c.add_stake(ETH)
+    c.contract.functions.policy_version().call()
+    head = ledger.chain.w3.eth.block_number
+    events = list(c.contract.events.Funded.get_logs(from_block=0))
+    balance = ledger.balance(ledger.stranger)
+    server.shutdown()
+    server.server_close()
+    chain.save(state, {"contract": ledger.address})
+    assert state.stat().st_mode & 0o777 == 0o600  # it may hold development keys
+    with pytest.raises(LedgerError, match="chain unreachable"):  # down: tried, no hang
+        c.worker(ledger.stranger.address)
+
+    again, extra = DevChain.load(state)
+    server = serve(again, port)
+    try:
+        assert extra == {"contract": ledger.address}
+        assert ledger.chain.w3.eth.block_number == head
+        assert list(c.contract.events.Funded.get_logs(from_block=0)) == events and events
+        assert ledger.balance(ledger.stranger) == balance
+        assert c.worker(ledger.stranger.address).stake == ETH
+        c.add_stake(ETH)  # the nonce and the contract's storage carry on
+        assert c.worker(ledger.stranger.address).stake == 2 * ETH
+        assert ledger.chain.w3.eth.block_number == head + 1
+        latest = ledger.chain.w3.eth.get_block("latest")
+        assert latest["parentHash"] == ledger.chain.w3.eth.get_block(head)["hash"]
+    finally:
+        server.shutdown()
+        server.server_close()
+
+    state.write_text('{"format": "something else"}')
+    with pytest.raises(StateError, match="not a development chain state"):
+        DevChain.load(state)
+    state.write_text("{")
+    with pytest.raises(StateError, match="cannot read"):
+        DevChain.load(state)
+    state.write_text(
+        json.dumps({"format": "intellect-devchain/1", "offset": 0, "extra": {}, "db": {}})
+    )
+    with pytest.raises(StateError, match="damaged"):
+        DevChain.load(state)

@@ -8,6 +8,7 @@ batch was stored is restarted, and the validator still fetches and judges that b
 import json
 import os
 import signal
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -51,8 +52,12 @@ class Loop:
         }
         self.nodes = {}
         self.addresses = {}
-        self.boot = self.spawn("bootstrap", "bootstrap", listen=None)
-        self.boot_addr = p2p_addr(wait_ready(self.boot))
+        try:
+            self.boot = self.spawn("bootstrap", "bootstrap", listen=None)
+            self.boot_addr = p2p_addr(wait_ready(self.boot))
+        except BaseException:  # nothing it started outlives a failed start
+            self.close()
+            raise
 
     def spawn(self, name, role, *, listen="/ip4/127.0.0.1/tcp/0", env=None):
         from node.cli.devnet import free_port
@@ -99,7 +104,11 @@ class Loop:
             node.stop()
         if self.chain_proc.poll() is None:
             self.chain_proc.send_signal(signal.SIGTERM)
-            self.chain_proc.wait(20)
+            try:  # a chain with --state writes it first: slow on a loaded machine
+                self.chain_proc.wait(120)
+            except subprocess.TimeoutExpired:
+                self.chain_proc.kill()
+                self.chain_proc.wait()
 
 
 def submissions(client):

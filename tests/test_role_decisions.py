@@ -116,6 +116,16 @@ def test_a_refused_verdict_is_posted_again_after_the_retry_time_and_given_up_at_
     assert len(posts) == 0
 
 
+def test_a_verdict_the_chain_could_not_take_while_down_is_never_given_up_for_it():
+    """A chain restarting for minutes is no refusal: the post waits for it however long."""
+    posts = VerdictPosts(attempts=3, retry_s=2.0)
+    v = Verdict.accept()
+    for i in range(50):
+        assert posts.refused(k(1), v, now=2.0 * i, counted=False) == 0
+    assert posts.due(100.0) == [(k(1), v)] and posts.given_up == 0
+    assert posts.refused(k(1), v, now=100.0) == 1  # a real refusal still counts
+
+
 def test_the_trainer_asks_again_for_a_batch_after_the_retry_time():
     retry = FetchRetry(retry_s=2.0)
     assert retry.due([k(1), k(2)], now=0.0) == [k(1), k(2)]

@@ -116,7 +116,9 @@ def spawn_node(
     return NodeProcess(name, role, data_dir, proc, log_path)
 
 
-def wait_ready(node: NodeProcess, timeout: float = 60) -> dict[str, Any]:
+def wait_ready(node: NodeProcess, timeout: float = 300) -> dict[str, Any]:
+    """The node's status once its admin endpoint answers (a generous deadline: a node
+    starting on a loaded machine imports torch and libp2p for minutes)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if node.proc.poll() is not None:
@@ -136,19 +138,22 @@ def p2p_addr(status: dict[str, Any]) -> str:
 
 
 def start_chain(
-    data_dir: Path, timeout: float = 60, extra: list[str] | None = None
+    data_dir: Path, timeout: float = 300, extra: list[str] | None = None, port: int | None = None
 ) -> tuple[subprocess.Popen[bytes], dict[str, str]]:
-    """``intellect-node chain`` as a process; returns it and the env that points nodes at it."""
+    """``intellect-node chain`` as a process; returns it and the env that points nodes at it.
+    ``port``: listen there (a chain restarted with ``--state`` where the nodes look for it),
+    else on a free port. The chain's output is appended to ``chain.log`` beside ``data_dir``."""
+    data_dir.mkdir(parents=True, exist_ok=True)  # the log goes beside it
     info_path = data_dir / "chain.json"
     info_path.unlink(missing_ok=True)
-    log = open(data_dir.parent / "chain.log", "wb")  # noqa: SIM115 - handed to the child
+    log = open(data_dir.parent / "chain.log", "ab")  # noqa: SIM115 - handed to the child
     cmd = [
         sys.executable,
         "-m",
         "node.cli",
         "chain",
         "--port",
-        str(free_port()),
+        str(port or free_port()),
         "--data-dir",
         str(data_dir),
         *(extra or []),

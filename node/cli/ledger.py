@@ -72,6 +72,15 @@ def add_ledger_parsers(sub: Any) -> None:
         default=DEV_CHAIN_DIR,
         help=f"where chain.json goes (default {DEV_CHAIN_DIR})",
     )
+    chain.add_argument(
+        "--state",
+        type=Path,
+        metavar="FILE",
+        help="keep the chain in FILE (embedded chain only): if FILE exists the chain resumes "
+        "from it (same contract, blocks and balances; nothing is deployed), and it is written "
+        "when the chain stops (Ctrl-C or SIGTERM; a SIGKILL loses what happened since the "
+        "start). Restart on the same --port so running nodes find it again",
+    )
     chain.add_argument("--pool", default="1000", help="ETH put in the reward pool (default 1000)")
     chain.add_argument("--verdict-window", type=int, default=3600, help="seconds (default 3600)")
     chain.add_argument(
@@ -306,57 +315,79 @@ def cmd_chain(args: argparse.Namespace) -> int:
         if len(args.action) != 3 or args.action[0] != "fund":
             raise ValueError("usage: intellect-node chain fund ADDRESS AMOUNT")
         return cmd_chain_fund(args, args.action[1], args.action[2])
-    from eth_account import Account
-
-    from ledger.chain import connect
-    from ledger.client import LedgerClient, deploy
-
+    if args.state is not None and args.backend != "embedded":
+        raise ValueError("--state keeps the embedded chain only (anvil has its own --state)")
     params = dev_params(args)
-    stop_chain, url, keys, kind = _start_dev_chain(args.backend, args.port)
+    stop_chain, url, keys, kind, saved = _start_dev_chain(args.backend, args.port, args.state)
+    info_path = args.data_dir / CHAIN_FILE
+    info: dict[str, Any] | None = None
     try:
-        chain = connect(url, dev_keys=keys)
-        owner = Account.from_key(keys[0])
-        validators = [Account.from_key(k) for k in keys[1 : 1 + DEV_VALIDATORS]]
-        address, block = deploy(chain, owner, params, [v.address for v in validators])
-        as_owner = LedgerClient(chain, address, owner)
-        as_owner.fund(parse_eth(args.pool))
-        # a validator's bond is its stake (at least the largest collateral, to vote at all);
-        # each reject that is a first verdict locks part of it
-        bond = max(DEV_VALIDATOR_BOND, as_owner.validator_bond())
-        for v in validators:
-            LedgerClient(chain, address, v).add_stake(bond)
+        if saved is not None:  # resumed: the deployment is the saved one
+            info = {**saved, "url": url}
+            print(f"development chain at {url} (chain id {info['chain_id']}), {kind}")
+            print(f"  resumed from {args.state}: contract {info['contract']}")
+        else:
+            info = _deploy_dev(url, keys, params, args)
+            info_path_note = "" if args.state is None else f"; kept in {args.state}"
+            print(f"development chain at {url} (chain id {info['chain_id']}), {kind}")
+            print(
+                f"  contract   {info['contract']} (block {info['block']}), reward pool "
+                f"{args.pool} ETH{info_path_note}"
+            )
+            print(f"  owner      {info['owner_address']}")
+            for v in info["validator_addresses"]:
+                print(f"  validator  {v} (bond {fmt_eth(info['validator_bond'])})")
         args.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        info_path = args.data_dir / CHAIN_FILE
-        info = {
-            "url": url,
-            "chain_id": chain.chain_id,
-            "contract": address,
-            "block": block,
-            "owner_key": keys[0],
-            "validator_key": keys[1],
-            "validator_keys": keys[1 : 1 + DEV_VALIDATORS],
-            "funder_key": keys[-1],
-            "dev_keys": keys,
-        }
         info_path.write_text(json.dumps(info, indent=1))
         info_path.chmod(0o600)
-        print(f"development chain at {url} (chain id {chain.chain_id}), {kind}")
-        print(f"  contract   {address} (block {block}), reward pool {args.pool} ETH")
-        print(f"  owner      {owner.address}")
-        for v in validators:
-            print(f"  validator  {v.address} (bond {fmt_eth(bond)})")
         print(f"  details and development keys: {info_path}")
         print("  fund an account: intellect-node chain fund ADDRESS AMOUNT")
-        print("Ctrl-C stops the chain (its state is not kept)", flush=True)
+        kept = "its state is not kept" if args.state is None else f"its state goes to {args.state}"
+        print(f"Ctrl-C stops the chain ({kept})", flush=True)
         stop = threading.Event()
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda *_: stop.set())
         stop.wait()
         info_path.unlink(missing_ok=True)
     finally:
-        stop_chain()
-    print("chain stopped")
+        stop_chain(info)
+    print("chain stopped" + ("" if args.state is None else f"; state saved to {args.state}"))
     return 0
+
+
+def _deploy_dev(url: str, keys: list[str], params: Any, args: argparse.Namespace) -> dict[str, Any]:
+    """Deploy the contract on a new development chain, fund its pool, appoint and bond its
+    validators; the chain.json record of it."""
+    from eth_account import Account
+
+    from ledger.chain import connect
+    from ledger.client import LedgerClient, deploy
+
+    chain = connect(url, dev_keys=keys)
+    owner = Account.from_key(keys[0])
+    validators = [Account.from_key(k) for k in keys[1 : 1 + DEV_VALIDATORS]]
+    address, block = deploy(chain, owner, params, [v.address for v in validators])
+    as_owner = LedgerClient(chain, address, owner)
+    as_owner.fund(parse_eth(args.pool))
+    # a validator's bond is its stake (at least the largest collateral, to vote at all);
+    # each reject that is a first verdict locks part of it
+    bond = max(DEV_VALIDATOR_BOND, as_owner.validator_bond())
+    for v in validators:
+        LedgerClient(chain, address, v).add_stake(bond)
+    return {
+        "url": url,
+        "chain_id": chain.chain_id,
+        "contract": address,
+        "block": block,
+        "owner_key": keys[0],
+        "validator_key": keys[1],
+        "validator_keys": keys[1 : 1 + DEV_VALIDATORS],
+        "funder_key": keys[-1],
+        "dev_keys": keys,
+        "owner_address": owner.address,
+        "validator_addresses": [v.address for v in validators],
+        "validator_bond": bond,
+    }
 
 
 def cmd_chain_fund(args: argparse.Namespace, address: str, amount_text: str) -> int:
@@ -395,22 +426,34 @@ def cmd_chain_fund(args: argparse.Namespace, address: str, amount_text: str) -> 
     return 0
 
 
-def _start_dev_chain(backend: str, port: int) -> tuple[Any, str, list[str], str]:
-    """(stop function, URL, prefunded keys, description) of a new development chain."""
+def _start_dev_chain(
+    backend: str, port: int, state: Path | None = None
+) -> tuple[Any, str, list[str], str, dict[str, Any] | None]:
+    """(stop function, URL, prefunded keys, description, the saved chain.json record when
+    the chain resumed from ``state``) of a development chain. The stop function takes the
+    chain.json record to save with the state."""
     if backend == "anvil":
         from ledger.chain import start_anvil
 
         node = start_anvil(port)
-        return node.stop, node.url, node.keys, "anvil"
+        return lambda _info: node.stop(), node.url, node.keys, "anvil", None
     from eth_tester.backends.pyevm.main import get_default_account_keys
 
     from ledger.devchain import DevChain, serve
 
-    server = serve(DevChain(), port)
+    saved = None
+    if state is not None and state.exists():
+        chain, saved = DevChain.load(state)
+    else:
+        chain = DevChain()
+    server = serve(chain, port)
 
-    def stop() -> None:
+    def stop(info: dict[str, Any] | None) -> None:
         server.shutdown()
         server.server_close()
+        if state is not None and info is not None:
+            chain.save(state, info)
 
     url = f"http://127.0.0.1:{server.server_address[1]}"
-    return stop, url, [k.to_hex() for k in get_default_account_keys()], "embedded py-evm"
+    keys = [k.to_hex() for k in get_default_account_keys()]
+    return stop, url, keys, "embedded py-evm", saved

@@ -218,10 +218,13 @@ class VerdictPosts:
         """The verdicts to post again now."""
         return [(k, u.verdict) for k, u in self.waiting.items() if u.due <= now]
 
-    def refused(self, key: Key, verdict: Verdict, now: float) -> int:
+    def refused(self, key: Key, verdict: Verdict, now: float, *, counted: bool = True) -> int:
         """The chain refused the post of ``verdict`` on ``key``; returns how many times it
-        has now (at ``attempts`` the verdict is given up)."""
-        tries = self.waiting[key].attempts + 1 if key in self.waiting else 1
+        has now (at ``attempts`` the verdict is given up). ``counted=False``: the chain did
+        not answer at all (down, restarting), which is no refusal: posted again, never
+        given up for it."""
+        before = self.waiting[key].attempts if key in self.waiting else 0
+        tries = before + 1 if counted else before
         if tries < self.attempts:
             self.waiting[key] = _Unposted(verdict, now + self.retry_s, tries)
         else:

@@ -42,6 +42,7 @@ from typing import Any
 
 import trio
 
+from ledger.client import LedgerUnreachable
 from node.config import NodeConfig
 from node.net.runtime import Node
 from node.roles.chain import ChainSetupError, WorkWatcher, open_ledger
@@ -74,6 +75,7 @@ METRICS_FILE = "metrics.jsonl"
 POLL_S = 0.5
 ANNOUNCE_EVERY = 5.0  # the step notice is repeated (gossip can miss, nodes join late)
 KEEP_CHECKPOINTS = 2
+CHAIN_RETRY_S = 2.0  # a chain that does not answer is asked again this often
 
 
 class TrainerRole:
@@ -233,9 +235,7 @@ class TrainerRole:
             return
         if self.weights.model_dir(version) is None and version > self.weights.newest_known:
             await self.weights.publish(self.checkpoint_dir(version), version=version, step=version)
-        on_chain = await trio.to_thread.run_sync(self.ledger.policy_version)
-        if on_chain < version:
-            await trio.to_thread.run_sync(self.ledger.set_policy_version, version)
+        await publish_on_chain(self.ledger, version)
         log.info("policy version %d published (SHARDCAST and on-chain)", version)
 
     def _announce(self, step: int, version: int) -> None:
@@ -374,6 +374,20 @@ class TrainerRole:
             self.book.fetched[key] = batch.policy_version
             return True
         return False
+
+
+async def publish_on_chain(ledger: Any, version: int) -> None:
+    """Set the contract's policy version to ``version`` unless it is there already; no
+    worker can submit work of it before that, so a chain that does not answer (down,
+    restarting) is waited for, not a reason for the role to fail."""
+    while True:
+        try:
+            if await trio.to_thread.run_sync(ledger.policy_version) < version:
+                await trio.to_thread.run_sync(ledger.set_policy_version, version)
+            return
+        except LedgerUnreachable as exc:  # nothing was refused: ask again
+            log.warning("publishing version %d on-chain: %s; trying again", version, exc)
+            await trio.sleep(CHAIN_RETRY_S)
 
 
 def registered_peer(ledger: Any, worker: str) -> str | None:

@@ -37,10 +37,12 @@ from typing import Any
 
 import trio
 
+from ledger.client import LedgerUnreachable
 from node.config import NodeConfig
 from node.net.requests import RemoteRefusal
 from node.net.runtime import Node
 from node.roles.busy import BusyTime
+from node.roles.catchup import History, read_history
 from node.roles.chain import (
     ChainSetupError,
     Registrations,
@@ -90,6 +92,7 @@ class ValidatorRole:
         self.busy = BusyTime()  # fetching, judging, posting
         self.unposted = VerdictPosts()
         self.until = 0  # when this validator was removed on-chain (0: it was not)
+        self.history = History(upto=-1)  # the chain before this start (node/roles/catchup.py)
         self.not_ours = 0  # submissions after the removal, left to the other validators
         self.ledger: Any = None
         self.address = ""
@@ -114,6 +117,7 @@ class ValidatorRole:
             )
         self.queue.fetch_deadline_s = float(self.ledger.params().fetch_deadline)
         self.registrations = Registrations(self.ledger)
+        self.history = read_history(self.ledger, self.address, self.cfg.contract_block)
         self.watcher = SubmissionWatcher(
             self.ledger, self.cfg.contract_block, registrations=self.registrations
         )
@@ -177,8 +181,13 @@ class ValidatorRole:
                     self.not_ours += 1  # not ours to judge: submitted after our removal
                     continue
                 key = (sub.worker, sub.key)
+                if self.history.covers(sub.block):  # submitted before this start
+                    if key in self.history.voted:
+                        continue  # voted on before: the chain refuses a second vote
+                    self.clock_at[key] = self.history.clock_at(sub.block)  # not today's
+                else:
+                    self.clock_at[key] = (self.clock.step, self.clock.policy_version)
                 self.submissions[key] = sub
-                self.clock_at[key] = (self.clock.step, self.clock.policy_version)
                 self.seen_at[key] = trio.current_time()
                 assert self.registrations is not None
                 holder = await trio.to_thread.run_sync(
@@ -313,7 +322,8 @@ class ValidatorRole:
             else:
                 await trio.to_thread.run_sync(self.ledger.reject, worker, work_key, v.reason)
         except Exception as exc:  # e.g. the chain's clock lags ours: posted again later
-            tries = self.unposted.refused(key, v, trio.current_time())
+            down = isinstance(exc, LedgerUnreachable)  # no refusal: never given up for it
+            tries = self.unposted.refused(key, v, trio.current_time(), counted=not down)
             log.error(
                 "posting the verdict on %s failed (attempt %d of %d): %s",
                 work_key.hex()[:16],

@@ -16,8 +16,9 @@ found, as one line each (an empty list: the books add up):
   on, each inside the async window of its step, the steps were each recorded once and in
   order, and the trainer's state agrees with its metrics;
 - no accepted batch inside the window was lost: an accepted batch that was not trained on
-  must not have been available (accepted, its worker, the trainer and the bootstrap all up
-  for ``slack_s`` seconds) when a step it was in the window of began waiting for batches;
+  must not have been available (accepted, its worker, the trainer, the bootstrap and the
+  chain all up for ``slack_s`` seconds) when a step it was in the window of began waiting
+  for batches;
 - no honest stake was slashed: no reject vote on an honest worker's batch, and the chain
   counts no slash for it;
 - no node hangs: each exited 0 on SIGTERM within its deadline.
@@ -177,7 +178,7 @@ def _lost(b: Books, slack_s: float) -> list[str]:
         accepted_at = next((v.time for v in b.votes.get(key, []) if v.accepted), None)
         if accepted_at is None:
             continue
-        nodes = {b.names.get(key[0], key[0]), "trainer", "bootstrap"}
+        nodes = {b.names.get(key[0], key[0]), "trainer", "bootstrap", "chain"}
         for step, t in began:
             if work.policy_version + b.async_level < step:
                 continue  # outside this step's window
