@@ -1,5 +1,6 @@
 import json
 import os
+import re
 import stat
 import subprocess
 import sys
@@ -162,7 +163,8 @@ def test_start_status_and_sigint(tmp_path):
             "/ip4/127.0.0.1/tcp/"
         )
         table = run("status", "--data-dir", str(node.data_dir)).stdout
-        assert st["peer_id"] in table and "peers     0" in table
+        assert st["peer_id"] in table and re.search(r"^peers +0 ", table, re.M), table
+        assert re.search(r"^reachability +(unknown|public|private) ", table, re.M), table
         peers = {
             s.labels["role"]: s.value
             for f in text_string_to_metric_families(metrics(node))
