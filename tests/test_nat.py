@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from node.cli.devnet import wait_ready
 from tests.helpers.netns import HOME_IP, PUBLIC_IP, WAN_IP, HomeNat, NsNode, nat_reason
 
 REASON = nat_reason()
@@ -21,17 +22,17 @@ def test_a_worker_behind_nat_knows_it_is_private_and_public_nodes_know_they_are_
     nat = HomeNat()
     nodes: list[NsNode] = []
     try:
-        boot = NsNode(nat.public, "bootstrap", tmp_path, "bootstrap", PUBLIC_IP, FLAGS)
+        boot = NsNode.start(nat.public, "bootstrap", tmp_path, "bootstrap", PUBLIC_IP, FLAGS)
         nodes.append(boot)
-        st = boot.wait_ready()
+        st = wait_ready(boot, 120)
         addr = next(a for a in st["addrs"] if f"/ip4/{PUBLIC_IP}/" in a)
         entry = ["--bootstrap", f"{addr}/p2p/{st['peer_id']}", *FLAGS]
         for name, role in (("validator", "validator"), ("trainer", "trainer")):
-            nodes.append(NsNode(nat.public, name, tmp_path, role, PUBLIC_IP, entry))
-        home = NsNode(nat.home, "worker", tmp_path, "inference", "0.0.0.0", entry)
+            nodes.append(NsNode.start(nat.public, name, tmp_path, role, PUBLIC_IP, entry))
+        home = NsNode.start(nat.home, "worker", tmp_path, "inference", "0.0.0.0", entry)
         nodes.append(home)
         for n in nodes:
-            n.wait_ready()
+            wait_ready(n, 120)
 
         def states() -> dict[str, dict]:
             return {n.name: (n.status() or {}).get("reachability", {}) for n in nodes}
@@ -56,6 +57,6 @@ def test_a_worker_behind_nat_knows_it_is_private_and_public_nodes_know_they_are_
         tried = sum(seen[n.name]["answered"].get("not reached", 0) for n in nodes if n is not home)
         assert tried >= 2, seen
     finally:
-        codes = {n.name: n.stop() for n in nodes}
+        codes = {n.name: n.stop(grace=20) for n in nodes}
         nat.close()
     assert all(c == 0 for c in codes.values()), codes

@@ -14,11 +14,11 @@ import os
 import shutil
 import subprocess
 import sys
-import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from node.cli.devnet import REPO_ROOT
+from node.cli.devnet import REPO_ROOT, NodeProcess
 from node.net.adminfile import read_admin_file
 
 PUBLIC_IP, WAN_IP, LAN_GW, HOME_IP = "203.0.113.1", "203.0.113.2", "198.18.0.1", "198.18.0.2"
@@ -98,55 +98,41 @@ class HomeNat:
         self.made.clear()
 
 
-class NsNode:
+@dataclass
+class NsNode(NodeProcess):
     """A node process inside a namespace; its status read from inside it too (the admin
-    endpoint listens on that namespace's 127.0.0.1)."""
+    endpoint listens on that namespace's 127.0.0.1). ``wait_ready`` and ``stop`` are the
+    devnet's, as for any node process."""
 
-    def __init__(self, ns: str, name: str, base: Path, role: str, listen_ip: str, args: list[str]):
-        self.ns, self.name = ns, name
-        self.data_dir = base / name
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        self.log_path = self.data_dir / "node.log"
+    ns: str
+
+    @classmethod
+    def start(
+        cls, ns: str, name: str, base: Path, role: str, listen_ip: str, args: list[str]
+    ) -> NsNode:
+        data_dir = base / name
+        data_dir.mkdir(parents=True, exist_ok=True)
+        log_path = data_dir / "node.log"
         cmd = ["ip", "netns", "exec", ns, sys.executable, "-m", "node.cli", "start"]
-        cmd += ["--role", role, "--data-dir", str(self.data_dir), "--run-id", "nat-run"]
+        cmd += ["--role", role, "--data-dir", str(data_dir), "--run-id", "nat-run"]
         cmd += ["--listen", f"/ip4/{listen_ip}/tcp/0", *args]
         env = dict(os.environ, PYTHONUNBUFFERED="1", INTELLECT_NODE_NETWORK_ONLY="true")
         env["INTELLECT_NODE_PRESENCE_RATE"] = "1000"
-        with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen(
                 cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO_ROOT
             )
+        return cls(name, role, data_dir, proc, log_path, ns)
 
-    def status(self) -> dict[str, Any] | None:
+    def status(self, timeout: float = 5) -> dict[str, Any] | None:
         try:
             port = read_admin_file(self.data_dir)["port"]
         except Exception:  # not written yet
             return None
-        code = "import sys,urllib.request;print(urllib.request.urlopen(sys.argv[1],timeout=5).read().decode())"
+        code = "import sys,urllib.request;print(urllib.request.urlopen(sys.argv[1],timeout=float(sys.argv[2])).read().decode())"
         res = subprocess.run(
             ["ip", "netns", "exec", self.ns, sys.executable, "-S", "-c", code,
-             f"http://127.0.0.1:{port}/status"],
+             f"http://127.0.0.1:{port}/status", str(timeout)],
             capture_output=True, text=True, timeout=30,
         )  # fmt: skip
         return json.loads(res.stdout) if res.returncode == 0 else None
-
-    def wait_ready(self, timeout: float = 120) -> dict[str, Any]:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.name} exited: {self.log_path.read_text()[-3000:]}")
-            st = self.status()
-            if st is not None:
-                return st
-            time.sleep(0.5)
-        raise TimeoutError(f"{self.name} did not come up within {timeout} s")
-
-    def stop(self, grace: float = 20) -> int:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(grace)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode
