@@ -238,7 +238,20 @@ def test_a_version_cheat_between_identical_weights_is_no_cheat(tiny_model_dir, v
     """A training step that changed nothing (all rewards equal: no gradient) publishes the
     same weights again; generating with the older copy is then the honest work (the matrix
     run met this: versions 1-4 were byte-identical)."""
+    from node.training.grpo import GRPOConfig
+    from node.training.policy import Policy
+
     copy = tmp_path / "copy"
     shutil.copytree(tiny_model_dir, copy)
     assert CheatPlan.same_weights(str(tiny_model_dir), str(copy))
     assert not CheatPlan.same_weights(str(tiny_model_dir), str(version_1))
+    # published the trainer's way (no step taken): other bytes (the tied lm_head is left
+    # out of the file), the same weights. A byte comparison called this a cheat, and the
+    # matrix then counted a batch honestly accepted as a stale_weights cheat undetected.
+    published = Policy(tiny_model_dir, GRPOConfig()).save(tmp_path / "v5")
+    assert published is not None
+    assert (published / "model.safetensors").read_bytes() != (
+        tiny_model_dir / "model.safetensors"
+    ).read_bytes()
+    assert CheatPlan.same_weights(str(tiny_model_dir), str(published))
+    assert not CheatPlan.same_weights(str(version_1), str(published))

@@ -103,16 +103,18 @@ class CheatPlan:
 
     @staticmethod
     def same_weights(dir_a: str, dir_b: str) -> bool:
-        """Whether two model directories hold byte-identical weights (a training step that
-        changed nothing: then a version cheat between them is no cheat, SPEC §12.1)."""
-        import hashlib
-        from pathlib import Path
+        """Whether two model directories compute with the same weights, tensor by tensor
+        (a training step that changed nothing: then a version cheat between them is no
+        cheat, SPEC §12.1). The loaded models are compared, not the files: a saved version
+        leaves out tied weights the base file holds (``lm_head.weight``), so equal weights
+        can be different bytes."""
+        import torch
 
-        def digest(d: str) -> list[tuple[str, bytes]]:
-            files = sorted(Path(d).glob("*.safetensors"))
-            return [(f.name, hashlib.blake2b(f.read_bytes()).digest()) for f in files]
+        from node.engine.models import load_model
 
-        return digest(dir_a) == digest(dir_b)
+        a = load_model(dir_a, dtype="float32", device="cpu").model.state_dict()
+        b = load_model(dir_b, dtype="float32", device="cpu").model.state_dict()
+        return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
     def registered_identity(self, own: Any) -> Any:
         """The identity registered on-chain: another one than the node signs with for
