@@ -1,6 +1,7 @@
 """Benchmark: the first half of the loop (work generated and judged), measured in one run.
 
-    .venv/bin/python bench/loop.py [--seconds 240] [--step-wait 4] [--spot-check 1.0] [--json]
+    .venv/bin/python bench/loop.py [--seconds 240] [--step-wait 4] [--spot-check 1.0]
+        [--heartbeats production|test] [--json]
 
 Real processes on 127.0.0.1 and the served development chain, the tiny base model: a
 bootstrap, the trainer (GRPO steps on what is accepted), one validator (full verification by default: every rollout
@@ -90,6 +91,13 @@ def main() -> None:
         default=1.0,
         help="share of each batch's rollouts the validator recomputes (SPEC section 14)",
     )
+    ap.add_argument(
+        "--heartbeats",
+        choices=("production", "test"),
+        default="production",
+        help="presence heartbeats and discovery rounds: the defaults (every 5 s) or the "
+        "tests' (every second: more always-on cost on every node)",
+    )
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
 
@@ -98,7 +106,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-loop-") as tmp:
         base = Path(tmp)
         model = prepare_model(base / "model")
-        loop = Loop(base, model, step_wait=args.step_wait)
+        loop = Loop(base, model, step_wait=args.step_wait, fast=args.heartbeats == "test")
         loop.env.update(
             {
                 "INTELLECT_NODE_TASKS_PER_BATCH": "4",
@@ -182,6 +190,7 @@ def main() -> None:
         "validator_node_cpu_s_per_batch": round(validator_node_per_batch, 3),
         "worker_node_cpu_s_per_batch": round(worker_node_per_batch, 3),
         "load_average": round(os.getloadavg()[0], 2),
+        "heartbeats": args.heartbeats,
         "validator_judged": v["judged"] if v else None,
         "worker_batches": worker_batches,
         "seconds": round(minutes * 60, 1),

@@ -29,10 +29,15 @@ FAST = ["--heartbeat-interval", "1", "--peer-ttl", "8", "--discovery-interval", 
 
 
 class Loop:
-    def __init__(self, base: Path, model: Path, *, step_wait: float = 20, chain_args=None) -> None:
+    def __init__(
+        self, base: Path, model: Path, *, step_wait: float = 20, chain_args=None, fast=True
+    ) -> None:
+        """``fast``: the tests' heartbeats and discovery rounds (every second); otherwise
+        the production defaults (every 5 s), as a benchmark of always-on cost wants."""
         from node.keystore import load_or_create_identity
 
         self.base = base
+        self.fast = fast
         self.chain_proc, ledger_env = start_chain(base / "chain", extra=chain_args)
         self.chain_info = json.loads((base / "chain" / "chain.json").read_text())
         trainer_id = load_or_create_identity(base / "trainer").peer_id
@@ -69,7 +74,7 @@ class Loop:
             run_id=RUN,
             listen=listen or f"/ip4/127.0.0.1/tcp/{free_port()}",
             bootstrap=[] if role == "bootstrap" else [self.boot_addr],
-            extra=FAST,
+            extra=FAST if self.fast else [],
             env_extra={**self.env, **(env or {})},
         )
         self.nodes[name] = node

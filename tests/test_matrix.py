@@ -8,10 +8,14 @@ is taken from the cheater's stake; the trainer never trains on it; and every hon
 the same run (the honest workers', and a version cheater's before there is a version to
 lie about) is accepted, and nothing of an honest worker is slashed."""
 
+from collections import Counter
+
 import pytest
 
+from ledger.client import REASON_NAMES
 from node.rollouts.cheats import CATALOGUE
-from tests.helpers.matrix import CHAIN_ARGS, CHEATERS, HONEST, run_matrix
+from tests.helpers.matrix import CHAIN_ARGS, CHEATERS, HONEST, MatrixBooks, run_matrix
+from tests.helpers.net import counter, metrics
 from tests.test_loop import Loop
 
 
@@ -33,6 +37,7 @@ def test_every_cheat_is_rejected_for_its_reason_and_slashed_and_no_honest_work_i
     loop = Loop(tmp_path, tiny_model_dir, chain_args=CHAIN_ARGS)
     try:
         books = run_matrix(loop)
+        own_counts_and_metrics_agree_with_the_chain(loop, books)
     finally:
         loop.close()
     assert books.made and all(n == 1 for n in books.verdicts.values()), books.verdicts
@@ -59,3 +64,30 @@ def test_every_cheat_is_rejected_for_its_reason_and_slashed_and_no_honest_work_i
             books.collateral[s] for s, c in books.made.items() if s[0] == address and c != "none"
         )
         assert owed > 0 and books.stake_lost[name] == owed, name
+
+
+def own_counts_and_metrics_agree_with_the_chain(loop: Loop, books: MatrixBooks) -> None:
+    """Each node's own counts are the chain's; /metrics times each verdict and each
+    generated batch; honest work earned rewards (claimable or maturing) after settlement."""
+    client = loop.client()
+    for address, name in books.worker_of.items():
+        own = loop.section(name, "inference")
+        mine = [s for s in books.made if s[0] == address]
+        assert own["submitted"] == len(mine), name
+        for outcome in ("accepted", "rejected"):
+            assert own[outcome] == sum(books.status[s] == outcome for s in mine), (name, outcome)
+    v = loop.section("validator", "validator")
+    assert v["accepted"] == sum(s == "accepted" for s in books.status.values())
+    by_reason = Counter(r for r in books.reason.values() if r is not None)
+    assert {r: n for r, n in v["rejected_by_reason"].items() if n} == dict(by_reason)
+    assert set(by_reason) <= set(REASON_NAMES.values())
+    for name, section, figure, histogram in (
+        ("validator", "validator", "judged", "intellect_verdict_latency_seconds_count"),
+        ("honest-0", "inference", "generated", "intellect_generation_tokens_per_second_count"),
+    ):
+        before = loop.section(name, section)[figure]
+        observed = counter(metrics(loop.nodes[name]), histogram)
+        assert 1 <= before <= observed <= loop.section(name, section)[figure], (name, observed)
+    for name in HONEST:
+        address = loop.addresses[name]
+        assert client.claimable(address) + client.matured(address) > 0, name

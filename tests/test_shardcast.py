@@ -4,6 +4,7 @@ trio's MockClock, progress output."""
 
 import os
 import random
+import time
 
 import blake3
 import msgpack
@@ -351,6 +352,43 @@ def test_retention_keeps_the_newest_k_versions(tmp_path):
     assert sorted(p.name for p in store.root.iterdir()) == ["v00000003", "v00000004", "v00000005"]
     # a version below the window goes even if fewer than keep are held
     assert store.retain(3, floor=5) == [3, 4] and sorted(store.complete) == [5]
+
+
+def test_retention_from_several_threads_at_once_drops_each_version_once(tmp_path, monkeypatch):
+    """Downloads finish in worker threads and each retains: two retains at once both saw
+    version 2 and both dropped it (KeyError: a worker of the matrix run died of it)."""
+    import threading
+
+    from node.shardcast.store import ShardSource
+
+    store = make_store(tmp_path, "origin")
+    src = checkpoint(tmp_path, {"w.bin": 1000})
+    for v in range(1, 7):
+        publish(
+            store, src, identity=TRAINER, version=v, step=v, shard_size=64 * KiB, seq=v, ts_ms=1
+        )
+    close = ShardSource.close
+
+    def slow_close(self):  # the other thread runs while this one closes a version
+        time.sleep(0.05)
+        close(self)
+
+    monkeypatch.setattr(ShardSource, "close", slow_close)
+    dropped, errors = [], []
+
+    def retain():
+        try:
+            dropped.extend(store.retain(2))
+        except Exception as exc:  # noqa: BLE001 - the test reports whatever a thread raised
+            errors.append(exc)
+
+    threads = [threading.Thread(target=retain) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert not errors, errors
+    assert sorted(dropped) == [1, 2, 3, 4] and sorted(store.complete) == [5, 6]
 
 
 def test_publish_refuses_bad_checkpoints(tmp_path):

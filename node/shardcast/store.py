@@ -199,6 +199,9 @@ class WeightStore:
     run_id: str
     trainer: str | None
     complete: dict[int, ShardSource] = field(default_factory=dict)
+    # downloads finish and retain in worker threads, several at once: one at a time
+    # changes ``complete`` (two retains once dropped the same version twice: KeyError)
+    lock: threading.RLock = field(default_factory=threading.RLock, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
@@ -254,20 +257,26 @@ class WeightStore:
         partial.close()
         (partial.root / "done").unlink()
         (partial.root / "lock").unlink()
-        final = self.root / version_dir_name(m.version)
-        if final.exists():
-            shutil.rmtree(final)
-        os.rename(partial.root, final)
-        _fsync_dir(self.root)
-        src = ShardSource(final, m, partial.envelope, _open_files(final, m, create=False))
-        src.held = set(range(m.num_shards))
-        self.complete[m.version] = src
-        return src
+        with self.lock:
+            final = self.root / version_dir_name(m.version)
+            if final.exists():
+                shutil.rmtree(final)
+            os.rename(partial.root, final)
+            _fsync_dir(self.root)
+            src = ShardSource(final, m, partial.envelope, _open_files(final, m, create=False))
+            src.held = set(range(m.num_shards))
+            self.complete[m.version] = src
+            return src
 
     def retain(self, keep: int, floor: int = 0) -> list[int]:
         """Delete all but the newest ``keep`` complete versions, every version below
         ``floor`` (outside the retention window), and partial downloads older than the
-        oldest kept version. Returns the deleted versions."""
+        oldest kept version. Returns the deleted versions. Safe to call from several
+        threads at once: each version is deleted (and returned) once."""
+        with self.lock:
+            return self._retain(keep, floor)
+
+    def _retain(self, keep: int, floor: int) -> list[int]:
         versions = sorted(self.complete)
         drop = [v for i, v in enumerate(versions) if i < len(versions) - keep or v < floor]
         for v in drop:
