@@ -94,6 +94,7 @@ GROUPS: list[tuple[str, str, list[str]]] = [
             "max_new_tokens",
             "temperature",
             "engine_batch",
+            "torch_threads",
             "max_unjudged",
             "spot_check",
         ],

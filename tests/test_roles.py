@@ -8,6 +8,7 @@ import trio
 
 from node.config import ConfigError, load_config
 from node.net.metrics import Metrics
+from node.roles.cheating import CheatPlan
 from node.roles.clock import StepClock
 from node.roles.offload import Offload, OffloadError
 from protocol.batches import BatchNotice, StepNotice
@@ -95,6 +96,28 @@ async def test_offload_answers_from_a_child_process_and_reports_errors():
             await broken.ready()
     finally:
         broken.close()
+
+
+class Threads:
+    """Answers with the torch threads its process computes with."""
+
+    def __init__(self, spec: None) -> None:
+        pass
+
+    def __call__(self, call: None) -> int:
+        import torch
+
+        return torch.get_num_threads()
+
+
+async def test_offload_sets_the_torch_threads_of_its_child():
+    for threads in (1, 3):
+        off = Offload(Threads, None, threads=threads)
+        try:
+            await off.ready()
+            assert await off.call(None) == threads
+        finally:
+            off.close()
 
 
 async def test_offload_as_a_context_is_closed_also_when_it_fails_to_start():
@@ -206,14 +229,17 @@ async def test_a_batch_the_window_moved_past_while_it_was_generated_is_not_submi
             return MadeBatch(a_batch(identity, step=3).encode())
 
     role.maker, role.ledger = Maker(), Ledger()
+    role.cheats = CheatPlan(("greedy",))  # a test cheat: the dropped one comes again
     await role._work(3, 1, str(tmp_path))
     assert role.done_step == 3  # either way, step 3 is not worked on again
     if trainer_moves_on:
         assert (submitted, announced, role.store.keys()) == ([], [], [])
         assert role.counts.stale == 1 and role.status().as_dict()["stale"] == 1
+        assert role.cheats.made == 0 and role.cheats.by_key == {}
     else:
         assert len(submitted) == 1 and submitted[0][1] == 1 and len(announced) == 1
         assert role.store.keys() == [submitted[0][0]] and role.counts.stale == 0
+        assert role.cheats.made == 1 and role.cheats.by_key == {submitted[0][0].hex(): "greedy"}
 
 
 async def test_a_validator_reads_the_chain_at_once_after_a_notice_and_less_often_when_idle(

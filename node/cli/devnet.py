@@ -258,6 +258,9 @@ DEVNET_WORK = {
     "INTELLECT_NODE_MAX_NEW_TOKENS": "24",
     "INTELLECT_NODE_TEMPERATURE": "1.0",
     "INTELLECT_NODE_ENGINE_BATCH": "64",
+    # every node shares this machine's cores: one torch thread per engine and checker
+    # (measured: a batch checked on 2 threads took twice the CPU of 1, in the same time)
+    "INTELLECT_NODE_TORCH_THREADS": "1",
     # every node computes in fp32 on a CPU: the exact profile (SPEC section 11.1)
     "INTELLECT_NODE_VERIFY_PROFILE": "strict-fp32",
 }

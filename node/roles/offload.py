@@ -37,9 +37,17 @@ def _resolve(module: str, qualname: str) -> Any:
 
 
 def _serve(
-    conn: multiprocessing.connection.Connection, module: str, qualname: str, spec: Any
+    conn: multiprocessing.connection.Connection,
+    module: str,
+    qualname: str,
+    spec: Any,
+    threads: int = 0,
 ) -> None:
     try:
+        if threads:
+            import torch
+
+            torch.set_num_threads(threads)
         handler = _resolve(module, qualname)(spec)
     except Exception as exc:
         conn.send((False, f"{type(exc).__name__}: {exc}"))
@@ -61,14 +69,15 @@ def _serve(
 class Offload:
     """``handler(spec)`` in a child process; ``await call(c)`` is ``handler(c)`` there."""
 
-    def __init__(self, handler: type, spec: Any) -> None:
+    def __init__(self, handler: type, spec: Any, *, threads: int = 0) -> None:
+        """``threads``: torch's intra-op threads in the child (0: torch's default)."""
         if "<locals>" in handler.__qualname__:
             raise TypeError(f"{handler.__qualname__} is not importable by the child process")
         ctx = multiprocessing.get_context("spawn")
         self._conn, child = ctx.Pipe()
         self._proc = ctx.Process(
             target=_serve,
-            args=(child, handler.__module__, handler.__qualname__, spec),
+            args=(child, handler.__module__, handler.__qualname__, spec, threads),
             daemon=True,
         )
         self._proc.start()
