@@ -85,6 +85,13 @@ class ConfigError(ValueError):
 Multiaddrs = Annotated[list[str], NoDecode]
 
 
+TORCH_THREADS = (
+    "Threads torch computes with in the engine's and the batch checker's processes (0: "
+    "torch's default, one per core). Where several nodes share a machine's cores (the "
+    "devnet), 1 each: more threads than cores spin against each other and burn CPU for nothing."
+)
+
+
 class CoreConfig(BaseSettings):
     """Every setting of a node but the DiLoCo group's (``NodeConfig`` adds those)."""
 
@@ -261,15 +268,7 @@ class CoreConfig(BaseSettings):
     engine_batch: int = Field(
         32, ge=1, le=1024, description="Sequences the engine decodes together."
     )
-    torch_threads: int = Field(
-        0,
-        ge=0,
-        le=1024,
-        description="Threads torch computes with in the engine's and the batch checker's "
-        "processes (0: torch's default, one per core). Where several nodes share a "
-        "machine's cores (the devnet), 1 each: more threads than cores spin against each "
-        "other and burn CPU for nothing.",
-    )
+    torch_threads: int = Field(0, ge=0, le=1024, description=TORCH_THREADS)
     stake: float = Field(
         2.0, gt=0, le=1e6, description="ETH an inference node stakes when it registers."
     )

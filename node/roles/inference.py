@@ -147,9 +147,7 @@ class InferenceRole:
         self, *, task_status: trio.TaskStatus[InferenceRole] = trio.TASK_STATUS_IGNORED
     ) -> None:
         await trio.to_thread.run_sync(self._setup)
-        async with Offload(
-            BatchMaker, MakerSpec.of(self.cfg), threads=self.cfg.torch_threads
-        ) as self.maker:
+        async with Offload.of(BatchMaker, MakerSpec, self.cfg) as self.maker:
             await self._serve(task_status)
 
     async def _serve(self, task_status: trio.TaskStatus[InferenceRole]) -> None:

@@ -84,6 +84,11 @@ class Offload:
         child.close()
         self._lock = trio.Lock()
 
+    @classmethod
+    def of(cls, handler: type, spec_type: Any, cfg: Any) -> Offload:
+        """``handler(spec_type.of(cfg))`` on the node's ``torch_threads``."""
+        return cls(handler, spec_type.of(cfg), threads=cfg.torch_threads)
+
     def _recv(self) -> Any:
         try:
             ok, value = self._conn.recv()

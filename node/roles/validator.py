@@ -212,9 +212,7 @@ class ValidatorRole:
         self, *, task_status: trio.TaskStatus[ValidatorRole] = trio.TASK_STATUS_IGNORED
     ) -> None:
         await trio.to_thread.run_sync(self._setup)
-        async with Offload(
-            BatchChecker, CheckerSpec.of(self.cfg), threads=self.cfg.torch_threads
-        ) as self.checker:
+        async with Offload.of(BatchChecker, CheckerSpec, self.cfg) as self.checker:
             await self._serve(task_status)
 
     async def _serve(self, task_status: trio.TaskStatus[ValidatorRole]) -> None:
