@@ -324,6 +324,10 @@ class LedgerClient:
         r[15] = str(r[15])
         return SubmissionInfo(*r)
 
+    def head(self) -> int:
+        """The chain's newest block number."""
+        return int(_retry(lambda: self.w3.eth.block_number))
+
     def claimable(self, account: str) -> int:
         return int(self._view("claimable", self._addr(account)))
 

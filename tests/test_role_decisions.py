@@ -18,7 +18,7 @@ from node.roles.status import (
 )
 from node.roles.work import Verdict
 from node.roles.workbook import FetchRetry, prune_checkpoints, recorded_curve, step_batches
-from node.roles.working import PendingVerdicts, VersionChoice
+from node.roles.working import ChainReads, PendingVerdicts, VersionChoice
 
 W = "0x" + "22" * 20
 
@@ -72,6 +72,66 @@ def test_pending_verdicts_count_rejections_by_the_ledgers_reason():
     p.settle(b"\x03", "accepted", "invalid")  # an acceptance has no reason
     assert dict(p.rejected_by_reason) == {"invalid": 2, "unavailable": 1}
     assert (p.accepted, p.rejected) == (1, 3)
+
+
+def test_a_worker_reads_statuses_after_a_new_block_and_its_money_after_verdicts():
+    reads = ChainReads(money_every=15)
+    assert reads.statuses_due(7) and not reads.statuses_due(7) and reads.statuses_due(8)
+    assert reads.money_due(0.0, verdicts=False)  # never read yet
+    assert not reads.money_due(1.0, verdicts=False) and not reads.money_due(14.9, False)
+    assert reads.money_due(2.0, verdicts=True)  # a verdict changes the money
+    assert not reads.money_due(16.9, False) and reads.money_due(17.0, False)
+
+
+async def test_the_worker_role_reads_the_chain_only_when_it_can_have_changed(tmp_path):
+    """Per poll: one block-number read; the pending batches' statuses only in a new block;
+    the money after a verdict (else every 15 s)."""
+    from node.config import load_config
+    from node.net.metrics import Metrics
+    from node.roles.inference import InferenceRole
+
+    cfg = load_config(
+        environ={"INTELLECT_NODE_MODEL": str(tmp_path), "INTELLECT_NODE_DATA_DIR": str(tmp_path)}
+    )
+
+    class Node:
+        metrics = Metrics()
+
+    calls = []
+
+    class Ledger:
+        block, status = 5, "pending"
+
+        def head(self):
+            calls.append("head")
+            return self.block
+
+        def submission(self, worker, key):
+            calls.append("submission")
+            return type("Info", (), {"status": self.status, "reason": 0})()
+
+        def worker(self, address):
+            calls.append("money")
+            return type("W", (), {"stake": 1, "locked": 0, "slashed": 0})()
+
+        pending = claimable = lambda self, a: 0  # noqa: E731 - part of the money
+
+    role = InferenceRole(Node(), cfg.model_copy(update={"trainer_peer_id": "12D3KooW" + "A" * 44}))
+    role.ledger, role.address = Ledger(), "0x" + "11" * 20
+    role.pending.submitted(b"k" * 32, 3)
+    await role._refresh_verdicts()
+    assert calls == ["head", "submission", "money"]
+    calls.clear()
+    for _ in range(3):  # no new block: nothing but the head
+        await role._refresh_verdicts()
+    assert calls == ["head"] * 3
+    calls.clear()
+    role.ledger.block, role.ledger.status = 6, "accepted"
+    await role._refresh_verdicts()  # a new block with the verdict: statuses, then money
+    assert calls == ["head", "submission", "money"] and role.pending.accepted == 1
+    calls.clear()
+    await role._refresh_verdicts()  # nothing pending: no reads until the money is due
+    assert calls == []
 
 
 def test_verdict_latency_over_a_window_of_the_last_verdicts():

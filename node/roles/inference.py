@@ -54,7 +54,7 @@ from node.roles.clock import StepClock, follow_steps
 from node.roles.exchange import serve_batches
 from node.roles.offload import Offload, OffloadError
 from node.roles.status import InferenceStatus, Stake
-from node.roles.working import PendingVerdicts, VersionChoice
+from node.roles.working import ChainReads, PendingVerdicts, VersionChoice
 from node.rollouts.maker import BatchMaker, MadeBatch, MakeBatch, MakerSpec
 from node.rollouts.store import BatchStore
 from protocol.batches import BATCH_TOPIC, BatchNotice
@@ -95,6 +95,7 @@ class InferenceRole:
         self.done_step: int | None = None
         self.busy = BusyTime()  # generating, signing, storing, submitting
         self.stake: Stake | None = None
+        self.reads = ChainReads()
         self.cheats = CheatPlan.of(cfg.cheat)  # tests only: empty for an honest worker
         self.served = ServedStore(self.store)
         self.notices: dict[bytes, bytes] = {}  # submitted key -> its encoded notice
@@ -216,19 +217,19 @@ class InferenceRole:
         write_atomic(self.state_path, json.dumps({"done_step": self.done_step}).encode())
 
     async def _refresh_verdicts(self) -> None:
-        if not self.pending:
-            if self.stake is None:
-                self.stake = await trio.to_thread.run_sync(self._money)
-            return
-        keys = self.pending.keys()
-        infos = await trio.to_thread.run_sync(
-            lambda: [self.ledger.submission(self.address, k) for k in keys]
-        )
-        for key, info in zip(keys, infos, strict=True):
-            reason = REASON_NAMES.get(info.reason, "rejected")
-            if self.pending.settle(key, info.status, reason):
-                await self._resubmit(key)  # stored, but a crash came before the submission
-        self.stake = await trio.to_thread.run_sync(self._money)
+        waiting = len(self.pending)
+        head = await trio.to_thread.run_sync(self.ledger.head) if waiting else None
+        if head is not None and self.reads.statuses_due(head):
+            keys = self.pending.keys()
+            infos = await trio.to_thread.run_sync(
+                lambda: [self.ledger.submission(self.address, k) for k in keys]
+            )
+            for key, info in zip(keys, infos, strict=True):
+                reason = REASON_NAMES.get(info.reason, "rejected")
+                if self.pending.settle(key, info.status, reason):
+                    await self._resubmit(key)  # stored, but a crash came before the submission
+        if self.reads.money_due(time.monotonic(), len(self.pending) < waiting):
+            self.stake = await trio.to_thread.run_sync(self._money)
 
     def _money(self) -> Stake:
         w = self.ledger.worker(self.address)

@@ -4,8 +4,9 @@ submitted batches still wait for their verdict.
 ``VersionChoice``: for step n the newest version held that the async window admits
 (version ≥ n − ``async_level``, and not newer than the trainer announced); it reports when
 the worker switches. ``PendingVerdicts``: the batches submitted and not judged yet (the
-worker's back-pressure), settled by what the ledger says of each. Pure: the role reads the
-weights held and the ledger, and feeds them in.
+worker's back-pressure), settled by what the ledger says of each. ``ChainReads``: when
+the worker reads the chain at all. Pure: the role reads the weights held and the ledger,
+and feeds them in.
 """
 
 from __future__ import annotations
@@ -71,4 +72,30 @@ class PendingVerdicts:
             self.rejected += 1
             self.rejected_by_reason[reason] += 1
             del self.steps[key]
+        return False
+
+
+@dataclass
+class ChainReads:
+    """When the worker reads the chain: its pending batches' statuses only after a new
+    block (a verdict is a transaction: no block, no verdict), its stake and rewards after a
+    verdict, and every ``money_every`` seconds in any case (a settlement or a claim by
+    anyone changes them too). Reading every status and four money figures every second cost
+    a third of an idle worker's CPU (web3 encodes each call afresh) and that many calls a
+    second on the chain's RPC per worker."""
+
+    money_every: float = 15.0
+    head: int | None = None
+    money_at: float | None = None
+
+    def statuses_due(self, head: int) -> bool:
+        """Whether the chain has a block we have not read statuses at (then: it is read)."""
+        due, self.head = head != self.head, head
+        return due
+
+    def money_due(self, now: float, verdicts: bool) -> bool:
+        """Whether to read the money now (then: it is read); ``verdicts``: some came."""
+        if verdicts or self.money_at is None or now - self.money_at >= self.money_every:
+            self.money_at = now
+            return True
         return False
