@@ -277,6 +277,66 @@ def test_event_index_confirmation_lag_per_account_retention_and_fields(tmp_path)
     assert [e["event"] for e in events if not e["confirmed"]] == ["Claimed", "StakeAdded"]
 
 
+def test_the_development_chains_log_index_answers_as_eth_tester_does():
+    """``eth_getLogs`` comes from an index built as blocks are mined (eth-tester reads
+    every block of the range on every call, holding the chain's lock): for every kind of
+    filter it gives exactly eth-tester's answer, also for blocks mined after a first call."""
+    from web3.providers.eth_tester.middleware import request_formatters
+
+    port = free_port()
+    chain = DevChain()
+    server = serve(chain, port)
+    try:
+        keys = [k.to_hex() for k in get_default_account_keys()]
+        ledger = Ledger(connect(f"http://127.0.0.1:{port}", dev_keys=keys))
+        c = ledger.client(ledger.stranger)
+        c.add_stake(ETH)
+        c.fund(ETH // 10)
+        w3 = ledger.chain.w3
+        staked = w3.keccak(text="StakeAdded(address,uint256)").hex()
+        funded = w3.keccak(text="Funded(address,uint256)").hex()
+        me = "0x" + "00" * 12 + ledger.stranger.address[2:].lower()
+
+        def same(flt):
+            params = request_formatters["eth_getLogs"]([flt])
+            with chain.lock:
+                ours = chain.logs(params[0])
+                theirs = list(chain.provider.make_request("eth_getLogs", params)["result"])
+            assert ours == theirs, flt
+            return len(ours)
+
+        def all_filters():
+            head = w3.eth.block_number
+            return [
+                same(f)
+                for f in (
+                    {"fromBlock": "0x0"},
+                    {"fromBlock": "0x1", "toBlock": "latest"},
+                    {"fromBlock": hex(head - 1), "toBlock": hex(head)},
+                    {"fromBlock": hex(head), "toBlock": hex(head - 1)},  # an empty range
+                    {"fromBlock": "0x0", "address": c.contract.address},
+                    {"fromBlock": "0x0", "address": [c.contract.address.lower(), me[-40:]]},
+                    {"fromBlock": "0x0", "address": "0x" + "12" * 20},
+                    {"fromBlock": "0x0", "topics": [staked]},
+                    {"fromBlock": "0x0", "topics": [[staked, funded]]},
+                    {"fromBlock": "0x0", "topics": [None, me]},
+                    {"fromBlock": "0x0", "topics": [funded, None, None, me]},
+                )
+            ]
+
+        with chain.lock:  # "earliest" is block 0, as geth and anvil read it (eth-tester: none)
+            earliest = chain.logs({"from_block": "earliest", "to_block": "latest"})
+            assert earliest == chain.logs({"from_block": 0}) and earliest
+        counts = all_filters()
+        assert counts[0] >= 2 and counts[4] == counts[0] and 0 in counts  # filters that bite
+        c.add_stake(ETH)  # mined after the index was built: it grows with the chain
+        again = all_filters()
+        assert again[0] > counts[0]
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 def test_the_development_chain_keeps_its_state_across_a_restart(tmp_path):
     """``intellect-node chain --state``: the whole chain (blocks, events, balances, nonces,
     the contract and its storage) is written at stop and served again from the file on the
