@@ -1,9 +1,9 @@
 """Work flows and is judged: real node processes on 127.0.0.1, the served development chain,
-the tiny model. A worker killed with SIGKILL after its batch was stored is restarted, and
-the validator still fetches and judges that batch; a removed validator restarts and judges
-only work from before its removal. ``Loop`` here runs the devnets of the other end-to-end
-tests: honest and cheating work, its verdicts, slashing and rewards are
-``tests/test_matrix.py``'s (every cheat of SPEC §12.1 beside two honest workers)."""
+the tiny model. Two honest workers and one that cheats (other weights), one validator: every
+batch gets exactly one verdict, honest ones are accepted, the cheater's are rejected and its
+stake is slashed at settlement, honest rewards become claimable, and the chain's figures
+equal the validator's and the workers' own counts. A worker killed with SIGKILL after its
+batch was stored is restarted, and the validator still fetches and judges that batch."""
 
 import json
 import os
@@ -22,7 +22,7 @@ from node.cli.devnet import (
     start_chain,
     wait_ready,
 )
-from tests.helpers.net import wait_until
+from tests.helpers.net import counter, metrics, wait_until
 
 RUN = "loop-run"
 FAST = ["--heartbeat-interval", "1", "--peer-ttl", "8", "--discovery-interval", "1"]
@@ -154,6 +154,89 @@ def loop(tmp_path, tiny_model_dir):
 
 
 @pytest.mark.timeout(900)
+def test_honest_work_is_accepted_and_cheating_work_rejected_and_slashed(loop):
+    loop.spawn("trainer", "trainer")
+    loop.validator()
+    for name, cheat in (("honest-0", None), ("honest-1", None), ("cheater", "other_weights")):
+        loop.worker(name, cheat)
+    for node in loop.nodes.values():
+        wait_ready(node, timeout=120)
+
+    def judged_enough():
+        counts = [loop.section(n, "inference") or {} for n in ("honest-0", "honest-1", "cheater")]
+        return (
+            all(c.get("accepted", 0) >= 1 for c in counts[:2]) and counts[2].get("rejected", 0) >= 1
+        )
+
+    wait_until(judged_enough, 600, "a verdict for every worker", interval=2)
+    loop.nodes["trainer"].stop()  # the clock stops: no new steps, so no new batches
+    client = loop.client()
+
+    def all_judged():
+        subs = submissions(client)
+        workers = [loop.section(n, "inference") for n in ("honest-0", "honest-1", "cheater")]
+        return (
+            subs
+            and all(client.submission(w, k).status != "pending" for w, k in subs)
+            and all(w is not None and w["unjudged"] == 0 for w in workers)
+        )
+
+    wait_until(all_judged, 180, "every submitted batch to be judged", interval=2)
+    subs = submissions(client)
+    verdicts = verdict_events(client)
+    assert set(verdicts) == set(subs) and all(len(v) == 1 for v in verdicts.values())
+    by_worker = {name: loop.addresses[name] for name in ("honest-0", "honest-1", "cheater")}
+    for name, address in by_worker.items():
+        keys = [k for (w, k) in subs if w == address]
+        statuses = {client.submission(address, k).status for k in keys}
+        assert keys and statuses == ({"rejected"} if name == "cheater" else {"accepted"}), name
+        own = loop.section(name, "inference")
+        assert own["accepted"] == sum(
+            1 for k in keys if client.submission(address, k).status == "accepted"
+        )
+        assert own["rejected"] == sum(
+            1 for k in keys if client.submission(address, k).status == "rejected"
+        )
+        assert own["submitted"] == len(keys)
+        for k in keys:  # the on-chain units are the batch's tokens
+            assert subs[(address, k)] > 0
+    v = loop.section("validator", "validator")
+    assert v["judged"] == len(subs)
+    # /metrics times each verdict (from the submission seen to the verdict posted) and each
+    # generated batch's tokens/s: one observation per verdict, per batch generated
+    for name, section, figure, histogram in (
+        ("validator", "validator", "judged", "intellect_verdict_latency_seconds_count"),
+        ("honest-0", "inference", "generated", "intellect_generation_tokens_per_second_count"),
+    ):
+        before = loop.section(name, section)[figure]
+        observed = counter(metrics(loop.nodes[name]), histogram)
+        assert before <= observed <= loop.section(name, section)[figure], (name, observed)
+        assert observed >= 1
+    assert v["accepted"] == sum(1 for s in verdicts.values() if s == ["WorkAccepted"])
+    assert (
+        v["rejected"]
+        == v["rejected_by_reason"].get("invalid", 0)
+        == sum(1 for (w, _) in subs if w == by_worker["cheater"])
+    )
+    # after the window and the lock: the cheater's stake is slashed, honest rewards claimable
+    params = client.params()
+    stake_before = client.worker(by_worker["cheater"]).stake
+    client.chain.advance_time(params.verdict_window + params.reward_lock + 10)
+    from eth_account import Account
+
+    from ledger.client import LedgerClient
+
+    anyone = LedgerClient(
+        client.chain, client.contract.address, Account.from_key(loop.chain_info["funder_key"])
+    )
+    anyone.settle(by_worker["cheater"])
+    assert client.worker(by_worker["cheater"]).stake < stake_before
+    assert client.worker(by_worker["cheater"]).slashed >= 1
+    for name in ("honest-0", "honest-1"):
+        assert client.claimable(by_worker[name]) + client.matured(by_worker[name]) > 0, name
+
+
+@pytest.mark.timeout(900)
 def test_a_worker_killed_after_storing_its_batch_still_gets_it_judged(loop):
     loop.spawn("trainer", "trainer")
     validator = loop.validator()
@@ -243,3 +326,37 @@ def test_a_removed_validator_restarts_and_judges_only_work_from_before_its_remov
     assert loop.nodes["validator"].proc.poll() is None
     v = loop.section("validator", "validator")
     assert v["judged"] == 0 and v["unposted"] == 0, v  # it did not even try
+
+
+@pytest.mark.timeout(600)
+def test_a_batch_nobody_serves_is_rejected_as_unavailable_after_the_fetch_deadline(
+    tmp_path, tiny_model_dir
+):
+    """A worker that submits and announces but never serves: after the chain's fetch
+    deadline (here 60 s // 6 = 10 s) the validator rejects it as unavailable, on-chain."""
+    loop = Loop(tmp_path, tiny_model_dir, chain_args=["--verdict-window", "60"])
+    try:
+        loop.spawn("trainer", "trainer")
+        loop.validator()
+        loop.worker("withholder", cheat="withhold")
+        for node in loop.nodes.values():
+            wait_ready(node, timeout=120)
+        client = loop.client()
+        assert client.params().fetch_deadline == 10
+        address = loop.addresses["withholder"]
+        wait_until(lambda: submissions(client), 300, "the withholder's submission", interval=1)
+        (worker, key), *_ = submissions(client)
+        assert worker == address
+        wait_until(
+            lambda: client.submission(address, key).status != "pending",
+            120,
+            "the verdict on the withheld batch",
+            interval=1,
+        )
+        assert client.submission(address, key).status == "rejected"
+        (event,) = client.contract.events.WorkRejected.get_logs(from_block=0)
+        assert event["args"]["reason"] == 2  # unavailable (SPEC section 12)
+        v = loop.section("validator", "validator")
+        assert v["rejected_by_reason"] == {"unavailable": 1} and v["fetch_failures"] >= 1
+    finally:
+        loop.close()
