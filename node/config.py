@@ -288,7 +288,11 @@ class CoreConfig(BaseSettings):
         "(at least one) instead of waiting for batches_per_step.",
     )
     learning_rate: float | None = Field(
-        None, gt=0, le=1, description="Trainer: AdamW learning rate (default: GRPO's default)."
+        None,
+        gt=0,
+        le=1,
+        description="Trainer: AdamW learning rate (default: GRPO's default; with objective "
+        "pretrain, 3e-4).",
     )
     train_procs: int = Field(
         1,
@@ -400,8 +404,9 @@ class NodeConfig(CoreConfig):
         4,
         ge=1,
         le=10_000,
-        description="Trainer, DiLoCo: inner GRPO steps (H) per outer step, each on its own "
-        "slice of the member's samples of the step.",
+        description="Trainer, DiLoCo: inner steps (H) per outer step: GRPO steps, each on its "
+        "own slice of the member's samples of the step, or (objective pretrain) AdamW steps on "
+        "the next batches of its shard.",
     )
     diloco_outer_lr: float = Field(
         0.7, gt=0, le=10, description="Trainer, DiLoCo: the outer (Nesterov SGD) learning rate."
@@ -426,6 +431,25 @@ class NodeConfig(CoreConfig):
         json_schema_extra={"metavar": "PEER_ID"},
     )
 
+    objective: Literal["grpo", "pretrain"] = Field(
+        "grpo",
+        description="Trainer: what it trains on: grpo (the run's accepted rollouts) or "
+        "pretrain (next-token loss on the text file data, in a DiLoCo group: needs diloco; "
+        "SPEC §17.2).",
+    )
+    data: Path | None = Field(
+        None,
+        description="Trainer, pretrain: the UTF-8 text file to pretrain on (tokenized with "
+        "the model's tokenizer; each member of the group reads its own contiguous shard).",
+        json_schema_extra={"metavar": "PATH"},
+    )
+    pretrain_seq_len: int = Field(
+        64, ge=2, le=1_000_000, description="Trainer, pretrain: tokens per training sequence."
+    )
+    pretrain_batch: int = Field(
+        8, ge=1, le=4096, description="Trainer, pretrain: sequences per inner step."
+    )
+
     @model_validator(mode="after")
     def _cheats_need_the_dev_flag(self) -> Self:
         if self.cheat != "none" and not self.dev_cheats:
@@ -446,6 +470,19 @@ class NodeConfig(CoreConfig):
                 "diloco with train_procs > 1 is not supported yet: a DiLoCo member trains in "
                 "one process (train_procs = 1); run one member per machine or GPU instead"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _pretrain_needs_a_group_and_data(self) -> Self:
+        if self.objective == "pretrain" and not self.diloco:
+            raise ValueError(
+                "objective pretrain trains in a DiLoCo group: add diloco = true (--diloco; "
+                "a group of one, diloco_members = 1, trains alone)"
+            )
+        if self.objective == "pretrain" and self.data is None:
+            raise ValueError("objective pretrain needs the text to train on: data = PATH (--data)")
+        if self.data is not None and self.objective != "pretrain":
+            raise ValueError("data is the pretraining corpus: it needs objective = pretrain")
         return self
 
 
