@@ -13,7 +13,7 @@ import subprocess
 import pytest
 
 from node.config import ConfigError, NodeConfig, load_config
-from node.diloco.corpus import CorpusError, Shard, check_readable, read_text
+from node.diloco.corpus import CorpusError, Shard, check_readable, read_text, spans
 from tests.helpers.net import CLI
 
 WORDS = (
@@ -133,15 +133,21 @@ def test_shards_are_disjoint_cover_the_text_and_are_read_in_order():
         seen = [x for p in range(m) for x in s.starts(p)][:m]  # one pass, sequence by sequence
         assert seen == [s.lo + j * t for j in range(m)]
         assert all(s.lo <= x and x + t + 1 <= s.hi for p in range(3 * m) for x in s.starts(p))
+
         # the ranges read: contiguous, then wrapping round the shard
-        assert s.read(0, 1) == [[s.lo, s.lo + b * t + 1]]
-        assert s.read(2, 4) == [[s.lo + 2 * b * t, s.lo + 4 * b * t + 1]]
-        assert s.read(0, m) == [[s.lo, s.lo + m * t + 1]]
-        assert s.read(5, 5) == []
+        def read(first, end, s=s):
+            return spans([x for p in range(first, end) for x in s.starts(p)], t)
+
+        assert read(0, 1) == [[s.lo, s.lo + b * t + 1]]
+        assert read(2, 4) == [[s.lo + 2 * b * t, s.lo + 4 * b * t + 1]]
+        assert read(0, m) == [[s.lo, s.lo + m * t + 1]]
+        assert read(5, 5) == []
         assert s.tokens_seen(4) == 4 * b * t
     # batch 10 of shard 0 wraps (m = 33 sequences: sequences 30..32 then 0..2 in batch 10, 11)
     s = shards[0]
-    assert s.read(10, 12) == [[0, 3 * t + 1], [30 * t, 33 * t + 1]]
+    assert s.starts(10) == [300, 310, 320] and s.starts(11) == [0, 10, 20]
+    assert spans(s.starts(10) + s.starts(11), t) == [[0, 3 * t + 1], [30 * t, 33 * t + 1]]
+    assert spans([0, 50], t) == [[0, 11], [50, 61]]
     assert s.passes(11) == pytest.approx(1.0)
     with pytest.raises(CorpusError, match="fewer than one sequence"):
         Shard.of(30, 2, 3, 10, 1)
@@ -213,6 +219,10 @@ def test_a_member_trains_its_shard_and_resumes_at_its_data_position(tiny_model_d
     # the other member's shard is the other half; a text too short for the group is refused
     other = PretrainWorker(spec_for(tiny_model_dir, tmp_path / "o", data))
     assert other(UseShard(0, 2)).shard["tokens"] == [0, lo]
+    assert other(PseudoGradient()).layout == delta.layout  # the leader admits it
+    (tmp_path / "c2.txt").write_text(corpus(600, seed=2))
+    stranger = PretrainWorker(spec_for(tiny_model_dir, tmp_path / "x", tmp_path / "c2.txt"))
+    assert stranger(PseudoGradient()).layout != delta.layout  # another text: refused
     (tmp_path / "short.txt").write_text("a few words\n")
     with pytest.raises(CorpusError, match="fewer than one sequence"):
         PretrainWorker(spec_for(tiny_model_dir, tmp_path / "s", tmp_path / "short.txt"))
@@ -355,7 +365,11 @@ def test_two_trainers_pretrain_as_one_group_on_disjoint_shards_and_resume(tmp_pa
         for n in names:
             own = load_file(tmp_path / n / "checkpoints" / f"v{v}" / "model.safetensors")
             assert set(pub) == set(own) and all(torch.equal(pub[k], own[k]) for k in pub)
-    assert "published" not in (tmp_path / "member" / "node.log").read_text()
+    logs = {n: (tmp_path / n / "node.log").read_text() for n in names}
+    assert "published" not in logs["member"] and "policy version 3 published" in logs["lead"]
+    for n in names:  # progress in the node's log, as /status has it
+        assert "pretrain: outer step 3 with 2 members" in logs[n]
+        assert f"data position {3 * H}" in logs[n]
     # and they learned the language: held-out loss falls from the base model's
     base = heldout_loss(tiny_model_dir, heldout)
     v2 = heldout_loss(published(tmp_path / "member", 2), heldout)

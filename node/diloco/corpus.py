@@ -114,20 +114,6 @@ class Shard:
         first = position * self.batch
         return [self.lo + ((first + j) % self.per_pass) * self.seq_len for j in range(self.batch)]
 
-    def read(self, first: int, end: int) -> list[list[int]]:
-        """The token ranges ``[a, b)`` that batches ``first … end − 1`` read (merged)."""
-        m, t = self.per_pass, self.seq_len
-        count = (end - first) * self.batch
-        if count <= 0:
-            return []
-        if count >= m:
-            return [[self.lo, self.lo + m * t + 1]]
-        s0 = (first * self.batch) % m
-        if s0 + count <= m:
-            return [[self.lo + s0 * t, self.lo + (s0 + count) * t + 1]]
-        wrapped = s0 + count - m
-        return [[self.lo, self.lo + wrapped * t + 1], [self.lo + s0 * t, self.lo + m * t + 1]]
-
     def tokens_seen(self, position: int) -> int:
         return position * self.batch * self.seq_len
 
@@ -142,3 +128,15 @@ class Shard:
             "tokens": [self.lo, self.hi],
             "per_pass": self.per_pass,
         }
+
+
+def spans(starts: list[int], seq_len: int) -> list[list[int]]:
+    """The token ranges ``[a, b)`` that sequences starting at ``starts`` cover, merged
+    (what a member reports it read: computed from the starts it actually used)."""
+    out: list[list[int]] = []
+    for s in sorted(starts):
+        if out and s <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], s + seq_len + 1)
+        else:
+            out.append([s, s + seq_len + 1])
+    return out

@@ -110,8 +110,9 @@ class PretrainRole:
         self.policy: Any = None
         self.info: ShardInfo | None = None
         self.position = 0
-        self.last: dict[str, Any] = {}
-        self.curve: deque[dict[str, Any]] = deque(maxlen=CURVE_POINTS)
+        recorded = recorded_lines(self.dir / METRICS_FILE)  # a restarted member shows them
+        self.last: dict[str, Any] = recorded[-1] if recorded else {}
+        self.curve = deque((curve_point(x) for x in recorded), maxlen=CURVE_POINTS)
         self.idle_s = self.busy_s = 0.0
         self.done = False
 
@@ -187,7 +188,7 @@ class PretrainRole:
         self.busy_s += time.monotonic() - began - reduce_s
         line = self._line(stats, red, digest, reduce_s, began)
         self.last = line
-        self.curve.append({k: line[k] for k in ("step", "loss", "tokens_trained_total")})
+        self.curve.append(curve_point(line))
         await trio.to_thread.run_sync(append_line, self.dir / METRICS_FILE, line)
         log.info(
             "pretrain: outer step %d with %d members: loss %.4f, data position %d "
@@ -279,6 +280,25 @@ class PretrainRole:
             "roster": self.state.roster,
             "last": self.last.get("diloco", {}),
         }
+
+
+def curve_point(line: dict[str, Any]) -> dict[str, Any]:
+    return {k: line.get(k) for k in ("step", "loss", "tokens_trained_total")}
+
+
+def recorded_lines(path: Path) -> list[dict[str, Any]]:
+    """The lines of ``metrics.jsonl`` (one a crash cut short is skipped)."""
+    try:
+        raw = path.read_text().splitlines()
+    except FileNotFoundError:
+        return []
+    out = []
+    for text in raw:
+        try:
+            out.append(json.loads(text))
+        except ValueError:
+            continue
+    return out
 
 
 async def run(

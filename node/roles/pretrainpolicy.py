@@ -23,12 +23,13 @@ Where the weights go next: the leader publishes ``v{n+1}`` over SHARDCAST.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from node.config import NodeConfig
-from node.diloco.corpus import CorpusError, Shard, read_text
+from node.diloco.corpus import CorpusError, Shard, read_text, spans
 from node.roles.grouppolicy import Delta, OuterApply, PseudoGradient
 
 DEFAULT_LR = 3e-4
@@ -100,6 +101,12 @@ class InnerStats:
     seconds: float
 
 
+def group_layout(params_layout: str, text_digest: str) -> str:
+    """The layout a pretraining member declares to the leader: the parameters' and the
+    tokenized text's together, so a member with another text (or tokenizer) is refused."""
+    return hashlib.sha256(f"{params_layout}|text:{text_digest}".encode()).hexdigest()[:32]
+
+
 def state_path(checkpoints: Path, version: int) -> Path:
     return checkpoints / f"v{version}.diloco"
 
@@ -135,6 +142,7 @@ class PretrainWorker:
                 raise ValueError(f"{saved} is the state of outer step {self.outer.step}")
         ids = self.policy.tokenizer(read_text(Path(spec.data)), add_special_tokens=False)
         self.tokens = torch.tensor(ids["input_ids"], dtype=torch.long)
+        self.text_digest = hashlib.sha256(self.tokens.numpy().astype("<i8").tobytes()).hexdigest()
         Shard.of(len(self.tokens), 0, spec.min_shards, spec.seq_len, spec.batch)  # the smallest
         self.shard: Shard | None = None
 
@@ -157,19 +165,18 @@ class PretrainWorker:
             return Delta(
                 self.outer.pseudo_gradient(self.model),
                 params_hash(self.outer.params),
-                layout_of(self.model),
+                group_layout(layout_of(self.model), self.text_digest),
             )
         if isinstance(call, OuterApply):
             return self.apply(call)
         raise TypeError(f"PretrainWorker does not take {type(call).__name__}")
 
-    def batch(self, position: int) -> Any:
-        """Batch ``position`` of the shard: ``[B, T + 1]`` token ids."""
+    def batch(self, starts: list[int]) -> Any:
+        """The sequences at ``starts``: ``[B, T + 1]`` token ids."""
         import torch
 
-        assert self.shard is not None
         t = self.spec.seq_len + 1
-        rows = [self.tokens[s : s + t] for s in self.shard.starts(position)]
+        rows = [self.tokens[s : s + t] for s in starts]
         return torch.stack(rows).to(self.policy.device)
 
     def inner(self, call: PretrainInner) -> InnerStats:
@@ -184,17 +191,18 @@ class PretrainWorker:
                 f"inner phase of step {call.step} asked, the model is at {self.outer.step}"
             )
         began, first = time.perf_counter(), self.position
-        losses = []
+        losses: list[float] = []
+        used: list[int] = []  # the starts of every sequence trained on
         for _ in range(self.spec.inner_steps):
-            losses.append(
-                inner_step(self.model, self.opt, self.batch(self.position), self.inner_cfg)
-            )
+            starts = self.shard.starts(self.position)
+            losses.append(inner_step(self.model, self.opt, self.batch(starts), self.inner_cfg))
+            used += starts
             self.position += 1
         return InnerStats(
             loss=sum(losses) / len(losses),
             tokens=self.shard.tokens_seen(self.position - first),
             position=self.position,
-            read=self.shard.read(first, self.position),
+            read=spans(used, self.spec.seq_len),  # from the starts it used, not recomputed
             seconds=time.perf_counter() - began,
         )
 
