@@ -288,11 +288,7 @@ class CoreConfig(BaseSettings):
         "(at least one) instead of waiting for batches_per_step.",
     )
     learning_rate: float | None = Field(
-        None,
-        gt=0,
-        le=1,
-        description="Trainer: AdamW learning rate (default: GRPO's default; with objective "
-        "pretrain, 3e-4).",
+        None, gt=0, le=1, description="Trainer: AdamW learning rate (default: GRPO's default)."
     )
     train_procs: int = Field(
         1,
@@ -447,7 +443,11 @@ class NodeConfig(CoreConfig):
         64, ge=2, le=1_000_000, description="Trainer, pretrain: tokens per training sequence."
     )
     pretrain_batch: int = Field(
-        8, ge=1, le=4096, description="Trainer, pretrain: sequences per inner step."
+        8,
+        ge=1,
+        le=4096,
+        description="Trainer, pretrain: sequences per inner step (its AdamW learning rate is "
+        "learning_rate, default 3e-4 with this objective).",
     )
 
     @model_validator(mode="after")
