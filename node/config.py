@@ -408,8 +408,9 @@ class NodeConfig(CoreConfig):
         4,
         ge=1,
         le=10_000,
-        description="Trainer, DiLoCo: inner GRPO steps (H) per outer step, each on its own "
-        "slice of the member's samples of the step.",
+        description="Trainer, DiLoCo: inner steps (H) per outer step: GRPO steps, each on its "
+        "own slice of the member's samples of the step, or (objective pretrain) AdamW steps on "
+        "the next batches of its shard.",
     )
     diloco_outer_lr: float = Field(
         0.7, gt=0, le=10, description="Trainer, DiLoCo: the outer (Nesterov SGD) learning rate."
@@ -434,6 +435,29 @@ class NodeConfig(CoreConfig):
         json_schema_extra={"metavar": "PEER_ID"},
     )
 
+    objective: Literal["grpo", "pretrain"] = Field(
+        "grpo",
+        description="Trainer: what it trains on: grpo (the run's accepted rollouts) or "
+        "pretrain (next-token loss on the text file data, in a DiLoCo group: needs diloco; "
+        "SPEC §17.2).",
+    )
+    data: Path | None = Field(
+        None,
+        description="Trainer, pretrain: the UTF-8 text file to pretrain on (tokenized with "
+        "the model's tokenizer; each member of the group reads its own contiguous shard).",
+        json_schema_extra={"metavar": "PATH"},
+    )
+    pretrain_seq_len: int = Field(
+        64, ge=2, le=1_000_000, description="Trainer, pretrain: tokens per training sequence."
+    )
+    pretrain_batch: int = Field(
+        8,
+        ge=1,
+        le=4096,
+        description="Trainer, pretrain: sequences per inner step (its AdamW learning rate is "
+        "learning_rate, default 3e-4 with this objective).",
+    )
+
     @model_validator(mode="after")
     def _cheats_need_the_dev_flag(self) -> Self:
         if self.cheat != "none" and not self.dev_cheats:
@@ -454,6 +478,19 @@ class NodeConfig(CoreConfig):
                 "diloco with train_procs > 1 is not supported yet: a DiLoCo member trains in "
                 "one process (train_procs = 1); run one member per machine or GPU instead"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _pretrain_needs_a_group_and_data(self) -> Self:
+        if self.objective == "pretrain" and not self.diloco:
+            raise ValueError(
+                "objective pretrain trains in a DiLoCo group: add diloco = true (--diloco; "
+                "a group of one, diloco_members = 1, trains alone)"
+            )
+        if self.objective == "pretrain" and self.data is None:
+            raise ValueError("objective pretrain needs the text to train on: data = PATH (--data)")
+        if self.data is not None and self.objective != "pretrain":
+            raise ValueError("data is the pretraining corpus: it needs objective = pretrain")
         return self
 
 

@@ -72,6 +72,8 @@ def test_every_setting_has_a_generated_flag_that_sets_it() -> None:
         argv = ["start", flag_name(name), *words]
         if name == "cheat":
             argv += ["--dev-cheats"]  # refused without it
+        if name in ("objective", "data"):  # each needs the other, and a DiLoCo group
+            argv += ["--diloco", "--objective", "pretrain", "--data", "/tmp/flag-path"]
         args = start.parse_args(argv)
         cfg = load_config(flags=flags_given(args), environ={})
         assert getattr(cfg, name) == value, (name, argv)

@@ -280,5 +280,5 @@ def test_the_status_sections_keep_their_keys():
     )  # fmt: skip
     assert list(trainer.as_dict()) == [
         "step", "policy_version", "train_steps", "done", "accepted", "rejected", "slashed",
-        "usable", "batches_used", "tokens_trained", "idle_share", "last", "curve",
+        "usable", "batches_used", "tokens_trained", "idle_share", "last", "curve", "objective",
     ]  # fmt: skip

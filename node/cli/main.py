@@ -32,6 +32,9 @@ ROLE_NOTES = {
     "trainer": "the run owner's node: takes the batches validators accepted on-chain, trains "
     "the policy with GRPO, publishes each new version over SHARDCAST and on-chain, announces "
     "the training step, evaluates held-out accuracy (metrics.jsonl in its data dir).",
+    "pretrain": "a member of the run's DiLoCo trainer group pretraining on --data: next-token "
+    "loss on its own shard of the text, averaging with the group every diloco_inner_steps; "
+    "the member trainer_peer_id names leads and alone publishes each version (SHARDCAST).",
     "diloco": "a member of the run's DiLoCo trainer group: trains with GRPO on its share of "
     "the accepted batches and averages with the group every diloco_inner_steps; the member "
     "trainer_peer_id names leads, announces steps and alone publishes each version.",
@@ -222,6 +225,10 @@ def cmd_start(args: argparse.Namespace) -> int:
         from node.engine.modeldir import check_model_dir
 
         check_model_dir(cfg.model)  # a wrong path fails now, not when the role needs it
+    if cfg.data is not None and cfg.role == "trainer":
+        from node.diloco.corpus import check_readable
+
+        check_readable(cfg.data)  # so does a missing, unreadable or empty corpus
     data_dir = ensure_data_dir(cfg.resolved_data_dir)
     identity = load_or_create_identity(data_dir)
 
@@ -260,7 +267,11 @@ def cmd_start(args: argparse.Namespace) -> int:
                     pages=dashboard_routes(cfg, node.status),  # the page at /
                 )
                 port = await nursery.start(admin.serve)
-                role = None if cfg.network_only else role_service(cfg.role, diloco=cfg.diloco)
+                role = (
+                    None
+                    if cfg.network_only
+                    else role_service(cfg.role, diloco=cfg.diloco, objective=cfg.objective)
+                )
                 if role is not None:
                     try:
                         await nursery.start(role, node, cfg, weights)
@@ -275,7 +286,9 @@ def cmd_start(args: argparse.Namespace) -> int:
                     print(f"  address : {a}/p2p/{node.peer_id}")
                 print(f"  admin   : http://127.0.0.1:{port}/status (metrics at /metrics)")
                 print(f"  page    : http://127.0.0.1:{port}/ (intellect-node dashboard)")
-                note = "diloco" if cfg.role == "trainer" and cfg.diloco else cfg.role
+                note = cfg.role
+                if cfg.role == "trainer" and cfg.diloco:
+                    note = "pretrain" if cfg.objective == "pretrain" else "diloco"
                 print(f"  role    : {ROLE_NOTES[note]}", flush=True)
                 async for _sig in signals:
                     print(

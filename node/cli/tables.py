@@ -128,6 +128,16 @@ def status_view(st: dict[str, Any]) -> list[RenderableType]:
 
 
 def trainer_line(t: dict[str, Any]) -> str:
+    if t.get("objective") == "pretrain":
+        loss, data = t.get("loss"), t.get("data") or {}
+        return (
+            f"trainer (pretrain): step {t['step']}"
+            + (f"/{t['train_steps']}" if t.get("train_steps") else "")
+            + f", loss {'-' if loss is None else f'{loss:.4f}'}"
+            + f", data position {data.get('position', 0)}"
+            + (f" in shard {data['shard']}/{data['shards']}" if "shard" in data else "")
+            + f", tokens seen {t['tokens_trained']}"
+        )
     last = t.get("last") or {}
     acc, reward = last.get("heldout_accuracy"), last.get("reward_mean")
     return (

@@ -1,6 +1,7 @@
 """The roles a node plays, each a service the runtime starts: ``inference`` generates and
 submits rollout batches, ``validator`` judges them, ``trainer`` turns accepted batches
-into new policies (alone, or with ``--diloco`` as one member of a DiLoCo group). The
+into new policies (alone, or with ``--diloco`` as one member of a DiLoCo group; with
+``--objective pretrain`` the group pretrains on a text file instead). The
 decisions each role makes live in small pure classes beside it."""
 
 from __future__ import annotations
@@ -9,9 +10,12 @@ from collections.abc import Callable
 from typing import Any
 
 
-def role_service(role: str, *, diloco: bool = False) -> Callable[..., Any] | None:
+def role_service(
+    role: str, *, diloco: bool = False, objective: str = "grpo"
+) -> Callable[..., Any] | None:
     """``run(node, cfg, *, task_status)`` of a role, None for the bootstrap (network only);
-    ``diloco``: the trainer as a member of a DiLoCo group (``node/roles/grouptrainer.py``).
+    ``diloco``: the trainer as a member of a DiLoCo group (``node/roles/grouptrainer.py``),
+    with ``objective`` ``pretrain`` on a text corpus (``node/roles/pretrainer.py``).
     Imported here, on start, so that ``--help`` stays instant."""
     if role == "inference":
         from node.roles.inference import run
@@ -21,6 +25,10 @@ def role_service(role: str, *, diloco: bool = False) -> Callable[..., Any] | Non
         from node.roles.validator import run as run_validator
 
         return run_validator
+    if role == "trainer" and diloco and objective == "pretrain":
+        from node.roles.pretrainer import run as run_pretrainer
+
+        return run_pretrainer
     if role == "trainer" and diloco:
         from node.roles.grouptrainer import run as run_group_trainer
 

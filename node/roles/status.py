@@ -97,7 +97,29 @@ class TrainerStatus:
     curve: list[dict[str, Any]] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**asdict(self), "objective": "grpo"}
+
+
+@dataclass(frozen=True)
+class PretrainStatus:
+    """A pretraining DiLoCo member (``--objective pretrain``): the trainer section's keys
+    (what the CLI's table and the dashboard read; no rollouts, so no verdicts) and its own."""
+
+    step: int  # outer steps taken = the policy version its parameters are
+    policy_version: int
+    train_steps: int
+    done: bool
+    loss: float | None  # mean next-token loss of the last inner phase
+    data: dict[str, Any]  # path, shard, shards, tokens [lo, hi), position, tokens_seen, passes
+    batches_used: int  # batches of the text consumed (the data position)
+    tokens_trained: int  # tokens seen
+    idle_share: float  # of its time, waiting for the group (the formation and all-reduces)
+    last: dict[str, Any] = field(default_factory=dict)
+    curve: list[dict[str, Any]] = field(default_factory=list)  # step, loss, tokens seen
+
+    def as_dict(self) -> dict[str, Any]:
+        compat = {"accepted": 0, "rejected": 0, "slashed": 0, "usable": 0}
+        return {**asdict(self), **compat, "objective": "pretrain"}
 
 
 class VerdictLatency:

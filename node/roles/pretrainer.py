@@ -1,0 +1,313 @@
+"""The trainer role pretraining in a DiLoCo group (``--diloco --objective pretrain --data
+PATH``, SPEC §17.2): INTELLECT-1's objective, next-token loss on a text corpus.
+
+Where the data comes from: not from the network. Every member reads the same local text
+file, each its own contiguous shard of it (``node/diloco/corpus.py``: shard i of k, i the
+member's index in the roster that formed the group); there are no rollouts, so the role
+reads no chain, fetches no batch and announces no step to workers.
+
+One outer step n (policy version n, the same on every member, bit for bit):
+
+1. the inner phase: ``diloco_inner_steps`` (H) AdamW steps on the next H batches of the
+   member's shard, in the role's child process (``node/roles/pretrainpolicy.py``);
+2. the outer step: ``θ − θ_after`` through the group's ring all-reduce
+   (``node/diloco/group.py``, int8 or fp32) and one Nesterov step on the average; the child
+   writes checkpoint n + 1: the model directory and the member's DiLoCo state (θ, b, AdamW,
+   step, data position);
+3. ``pretrain-state.json`` records step n + 1 and the member's shard (a restarted member
+   resumes there, at the data position its state holds);
+4. the leader (the member the run's ``trainer_peer_id`` names) publishes version n + 1 over
+   SHARDCAST; every member appends its line to ``metrics.jsonl`` (``loss``, ``position``,
+   the token ranges it ``read``, ``diloco.params_hash``) and logs it.
+
+Before its first outer step the group forms (an all-reduce of a zero vector, as with GRPO):
+its roster fixes the shards. Where the weights go next: any node of the run pulls them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections import deque
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import trio
+
+from node.config import NodeConfig
+from node.diloco.group import DilocoGroup, GroupConfig, GroupError, Reduced
+from node.files import write_atomic
+from node.net.runtime import Node
+from node.roles.chain import ChainSetupError
+from node.roles.grouppolicy import Delta, OuterApply, PseudoGradient
+from node.roles.offload import Offload
+from node.roles.pretrainpolicy import (
+    InnerStats,
+    PretrainInner,
+    PretrainSpec,
+    PretrainWorker,
+    ShardInfo,
+    UseShard,
+)
+from node.roles.status import CURVE_POINTS, PretrainStatus
+from node.roles.workbook import append_line, prune_checkpoints
+
+log = logging.getLogger("intellect.trainer")
+STATE_FILE = "pretrain-state.json"
+METRICS_FILE = "metrics.jsonl"
+KEEP_CHECKPOINTS = 2
+FORMATION_VALUES = 16  # the zero vector the formation all-reduces
+
+
+@dataclass
+class PretrainState:
+    """What the role needs after a restart besides the child's checkpoint: the outer step
+    reached and the shard the group gave this member (``pretrain-state.json``)."""
+
+    step: int = 0
+    shard: int = -1  # -1: the group has not formed yet
+    shards: int = 0
+    roster: list[str] = field(default_factory=list)  # the formation's
+
+    @classmethod
+    def load(cls, path: Path) -> PretrainState:
+        try:
+            raw = json.loads(path.read_text())
+        except FileNotFoundError:
+            return cls()
+        return cls(int(raw["step"]), int(raw["shard"]), int(raw["shards"]), list(raw["roster"]))
+
+    def save(self, path: Path) -> None:
+        write_atomic(path, json.dumps(asdict(self)).encode())
+
+
+class PretrainRole:
+    def __init__(self, node: Node, cfg: NodeConfig, weights: Any = None) -> None:
+        if cfg.model is None:
+            raise ChainSetupError("pretraining needs the base model (--model DIR)")
+        if weights is None:
+            raise ChainSetupError("the trainer role needs the weight service (SHARDCAST)")
+        if cfg.trainer_peer_id is None:
+            raise ChainSetupError("a DiLoCo group needs the run's trainer_peer_id (its leader)")
+        self.node, self.cfg, self.weights = node, cfg, weights
+        self.dir = cfg.resolved_data_dir
+        self.state = PretrainState.load(self.dir / STATE_FILE)
+        self.leading = node.peer_id == cfg.trainer_peer_id
+        self.group = DilocoGroup(
+            node,
+            GroupConfig(
+                leader=cfg.trainer_peer_id,
+                encoding=cfg.diloco_quant,
+                min_members=cfg.diloco_members,
+                admit=frozenset(cfg.diloco_admit) or None,
+                sync_timeout=600.0,
+                step_timeout=900.0,
+            ),
+        )
+        self.policy: Any = None
+        self.info: ShardInfo | None = None
+        self.position = 0
+        recorded = recorded_lines(self.dir / METRICS_FILE)  # a restarted member shows them
+        self.last: dict[str, Any] = recorded[-1] if recorded else {}
+        self.curve = deque((curve_point(x) for x in recorded), maxlen=CURVE_POINTS)
+        self.idle_s = self.busy_s = 0.0
+        self.done = False
+
+    @property
+    def step(self) -> int:
+        return self.state.step
+
+    def checkpoint_dir(self, version: int) -> Path:
+        return self.dir / "checkpoints" / f"v{version}"
+
+    # ---- the loop ----------------------------------------------------------------------
+
+    async def serve(self, *, task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED) -> None:
+        spec = PretrainSpec.of(self.cfg, self.dir / "checkpoints", self.step)
+        async with Offload(PretrainWorker, spec) as self.policy:
+            self.node.add_status("trainer", lambda: self.status().as_dict())
+            self.node.add_status("diloco", self.group_status)
+            async with trio.open_nursery() as nursery:
+                await nursery.start(self.group.serve)
+                await self._publish(self.step)  # after a restart: what a crash left unpublished
+                task_status.started(self)
+                if self.state.shards == 0:
+                    await self._form()
+                self.info = await self.policy.call(UseShard(self.state.shard, self.state.shards))
+                self.position = self.info.position
+                log.info(
+                    "pretraining on shard %d of %d (tokens %d..%d of %d), data position %d",
+                    self.state.shard,
+                    self.state.shards,
+                    *self.info.shard["tokens"],
+                    self.info.text_tokens,
+                    self.position,
+                )
+                while self.cfg.train_steps == 0 or self.step < self.cfg.train_steps:
+                    await self._outer_step()
+                self.done = True
+                log.info("pretrained %d outer steps: done (still serving weights)", self.step)
+                await trio.sleep_forever()
+
+    async def _form(self) -> None:
+        """The group's first roster; this member's index in it is its shard."""
+        n = self.step
+        log.info("DiLoCo: forming the pretraining group at version %d", n)
+        began = time.monotonic()
+        delta: Delta = await self.policy.call(PseudoGradient())
+        red = await self._reduce(n, torch.zeros(FORMATION_VALUES), delta)
+        self.idle_s += time.monotonic() - began
+        me = red.roster.index(self.node.peer_id)
+        self.state = PretrainState(n, me, len(red.roster), list(red.roster))
+        await trio.to_thread.run_sync(self.state.save, self.dir / STATE_FILE)
+        log.info("DiLoCo: group formed: %s", ", ".join(p[-8:] for p in red.roster))
+
+    async def _reduce(self, step: int, vector: torch.Tensor, delta: Delta) -> Reduced:
+        try:
+            return await self.group.all_reduce(step, vector, delta.state, delta.layout)
+        except GroupError as exc:
+            log.error("DiLoCo: outer step %d: %s", step, exc)
+            raise
+
+    async def _outer_step(self) -> None:
+        n, began = self.step, time.monotonic()
+        stats: InnerStats = await self.policy.call(PretrainInner(n))
+        delta: Delta = await self.policy.call(PseudoGradient())
+        reducing = time.monotonic()
+        red = await self._reduce(n + 1, delta.vector, delta)
+        reduce_s = time.monotonic() - reducing
+        digest = await self.policy.call(OuterApply(n, red.average, len(red.roster) == 1))
+        self.position = stats.position
+        self.state.step = n + 1
+        await trio.to_thread.run_sync(self.state.save, self.dir / STATE_FILE)
+        await self._publish(n + 1)
+        self.idle_s += reduce_s
+        self.busy_s += time.monotonic() - began - reduce_s
+        line = self._line(stats, red, digest, reduce_s, began)
+        self.last = line
+        self.curve.append(curve_point(line))
+        await trio.to_thread.run_sync(append_line, self.dir / METRICS_FILE, line)
+        log.info(
+            "pretrain: outer step %d with %d members: loss %.4f, data position %d "
+            "(%d tokens seen, read %s), params %s",
+            n + 1,
+            len(red.roster),
+            stats.loss,
+            stats.position,
+            line["tokens_trained_total"],
+            stats.read,
+            digest[:16],
+        )
+        prune_checkpoints(self.dir / "checkpoints", self.step, KEEP_CHECKPOINTS)
+
+    def _line(
+        self, stats: InnerStats, red: Reduced, digest: str, reduce_s: float, began: float
+    ) -> dict[str, Any]:
+        """The step's line of ``metrics.jsonl``."""
+        return {
+            "step": self.step,
+            "policy_version": self.step,
+            "objective": "pretrain",
+            "loss": stats.loss,
+            "shard": self.state.shard,
+            "shards": self.state.shards,
+            "position": stats.position,
+            "read": stats.read,
+            "tokens_trained": stats.tokens,
+            "tokens_trained_total": self._tokens_seen(),
+            "inner_seconds": round(stats.seconds, 3),
+            "diloco": {
+                "params_hash": digest,
+                "roster": red.roster,
+                "inner_steps": self.cfg.diloco_inner_steps,
+                "attempts": red.attempts,
+                "reduce_s": round(reduce_s, 3),
+                "received_bytes": red.received,
+                "leader": self.leading,
+            },
+            "seconds": round(time.monotonic() - began, 3),
+            "time": time.time(),
+        }
+
+    async def _publish(self, version: int) -> None:
+        """The leader alone: version ``version`` over SHARDCAST, unless it already is. A
+        pretraining run has no rollouts to judge or pay: nothing goes on-chain."""
+        if version == 0 or not self.leading:
+            return
+        if self.weights.model_dir(version) is None and version > self.weights.newest_known:
+            await self.weights.publish(self.checkpoint_dir(version), version=version, step=version)
+        log.info("policy version %d published (SHARDCAST)", version)
+
+    # ---- /status -------------------------------------------------------------------------
+
+    def _tokens_seen(self) -> int:
+        return self.position * self.cfg.pretrain_batch * self.cfg.pretrain_seq_len
+
+    def status(self) -> PretrainStatus:
+        total = self.idle_s + self.busy_s
+        data: dict[str, Any] = {"path": str(self.cfg.data), "position": self.position}
+        if self.info is not None:
+            per_pass = self.info.shard["per_pass"]
+            data |= {
+                **self.info.shard,
+                "text_tokens": self.info.text_tokens,
+                "tokens_seen": self._tokens_seen(),
+                "passes": round(self.position * self.cfg.pretrain_batch / per_pass, 4),
+                "read": self.last.get("read", []),
+            }
+        return PretrainStatus(
+            step=self.step,
+            policy_version=self.step,
+            train_steps=self.cfg.train_steps,
+            done=self.done,
+            loss=self.last.get("loss"),
+            data=data,
+            batches_used=self.position,
+            tokens_trained=self._tokens_seen(),
+            idle_share=round(self.idle_s / total, 3) if total else 0.0,
+            last={k: v for k, v in self.last.items() if k != "read"},
+            curve=list(self.curve),
+        )
+
+    def group_status(self) -> dict[str, Any]:
+        return {
+            **self.group.status(),
+            "objective": "pretrain",
+            "inner_steps": self.cfg.diloco_inner_steps,
+            "roster": self.state.roster,
+            "last": self.last.get("diloco", {}),
+        }
+
+
+def curve_point(line: dict[str, Any]) -> dict[str, Any]:
+    return {k: line.get(k) for k in ("step", "loss", "tokens_trained_total")}
+
+
+def recorded_lines(path: Path) -> list[dict[str, Any]]:
+    """The lines of ``metrics.jsonl`` (one a crash cut short is skipped)."""
+    try:
+        raw = path.read_text().splitlines()
+    except FileNotFoundError:
+        return []
+    out = []
+    for text in raw:
+        try:
+            out.append(json.loads(text))
+        except ValueError:
+            continue
+    return out
+
+
+async def run(
+    node: Node,
+    cfg: NodeConfig,
+    weights: Any = None,
+    *,
+    task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """The role as a service the runtime starts (``--role trainer --diloco --objective
+    pretrain``)."""
+    await PretrainRole(node, cfg, weights).serve(task_status=task_status)

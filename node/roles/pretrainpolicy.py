@@ -1,0 +1,222 @@
+"""A pretraining DiLoCo member's model: the child process of ``--objective pretrain`` (SPEC
+§17.2).
+
+Where the data comes from: the text file ``--data``, tokenized here once with the model's
+tokenizer (``node/diloco/corpus.py`` cuts it into the group's shards). The child holds the
+model in fp32 (``node/training/policy.py``: loading and complete model directories), its
+inner AdamW, the outer copy ``θ`` and momentum ``b`` (``node/diloco/outer.py``), and the data
+position. The role (``node/roles/pretrainer.py``) calls, per outer step n:
+
+1. ``UseShard`` once, after the group formed (or from the role's record after a restart):
+   which shard this member reads;
+2. ``PretrainInner``: ``H`` AdamW steps of next-token cross-entropy (``node/diloco/inner.py``'s
+   ``inner_step``) on the next ``H`` batches of the shard; the data position advances by H;
+3. ``PseudoGradient`` / ``OuterApply`` as in the GRPO objective (``node/roles/grouppolicy.py``):
+   ``Δ = θ − θ_after``; then the group's average makes the Nesterov step and checkpoint
+   ``n + 1`` is written: the model directory ``v{n+1}`` (what the leader publishes) and the
+   member's whole DiLoCo state ``v{n+1}.diloco`` (``node/diloco/state.py``: θ, b, AdamW,
+   the outer step and the data position). A restarted child loads both: it continues
+   exactly where it stopped, in the same place of its shard.
+
+Where the weights go next: the leader publishes ``v{n+1}`` over SHARDCAST.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from node.config import NodeConfig
+from node.diloco.corpus import CorpusError, Shard, read_text, spans
+from node.roles.grouppolicy import Delta, OuterApply, PseudoGradient
+
+DEFAULT_LR = 3e-4
+
+
+@dataclass(frozen=True)
+class PretrainSpec:
+    base: str  # the base model directory (version 0; tokenizer files)
+    checkpoints: str  # where ``v{n}`` and ``v{n}.diloco`` are written
+    step: int  # the outer step (version) to start from
+    data: str  # the text file
+    lr: float
+    seq_len: int
+    batch: int
+    inner_steps: int  # H
+    outer_lr: float
+    outer_momentum: float
+    seed: int
+    min_shards: int  # the members the group forms with at least (checked before it forms)
+    device: str = "cpu"
+
+    @classmethod
+    def of(cls, cfg: NodeConfig, checkpoints: Path, step: int) -> PretrainSpec:
+        return cls(
+            base=str(cfg.model),
+            checkpoints=str(checkpoints),
+            step=step,
+            data=str(cfg.data),
+            lr=DEFAULT_LR if cfg.learning_rate is None else cfg.learning_rate,
+            seq_len=cfg.pretrain_seq_len,
+            batch=cfg.pretrain_batch,
+            inner_steps=cfg.diloco_inner_steps,
+            outer_lr=cfg.diloco_outer_lr,
+            outer_momentum=cfg.diloco_momentum,
+            seed=cfg.seed,
+            min_shards=cfg.diloco_members,
+            device=cfg.train_device,
+        )
+
+
+@dataclass(frozen=True)
+class UseShard:
+    """Read shard ``index`` of ``count``; the answer is ``ShardInfo``."""
+
+    index: int
+    count: int
+
+
+@dataclass(frozen=True)
+class ShardInfo:
+    shard: dict[str, Any]  # Shard.as_dict(): shard, shards, tokens [lo, hi)
+    text_tokens: int
+    position: int
+
+
+@dataclass(frozen=True)
+class PretrainInner:
+    """The inner phase of outer step ``step``."""
+
+    step: int
+
+
+@dataclass(frozen=True)
+class InnerStats:
+    loss: float  # mean next-token loss over the H inner steps (before each step)
+    tokens: int  # target tokens trained on
+    position: int  # batches of the shard consumed after the phase
+    read: list[list[int]]  # the token ranges [a, b) of the text the phase read
+    seconds: float
+
+
+def group_layout(params_layout: str, text_digest: str) -> str:
+    """The layout a pretraining member declares to the leader: the parameters' and the
+    tokenized text's together, so a member with another text (or tokenizer) is refused."""
+    return hashlib.sha256(f"{params_layout}|text:{text_digest}".encode()).hexdigest()[:32]
+
+
+def state_path(checkpoints: Path, version: int) -> Path:
+    return checkpoints / f"v{version}.diloco"
+
+
+class PretrainWorker:
+    """The model, its optimizers and its place in the text, in the role's child process."""
+
+    def __init__(self, spec: PretrainSpec) -> None:
+        import torch
+
+        from node.diloco.inner import InnerConfig
+        from node.diloco.outer import OuterConfig, OuterState
+        from node.diloco.state import load_state
+        from node.training.grpo import GRPOConfig
+        from node.training.policy import Policy
+
+        torch.manual_seed(spec.seed)
+        self.spec = spec
+        self.root = Path(spec.checkpoints)
+        self.inner_cfg = InnerConfig(lr=spec.lr, batch=spec.batch, seq_len=spec.seq_len)
+        start = Path(spec.base) if spec.step == 0 else self.root / f"v{spec.step}"
+        self.policy = Policy(start, GRPOConfig(lr=spec.lr), device=spec.device, seed=spec.seed)
+        self.policy.base_dir = Path(spec.base)  # tokenizer files come from the base
+        self.model = self.policy.model
+        self.outer = OuterState.of(self.model, OuterConfig(spec.outer_lr, spec.outer_momentum))
+        self.position = 0
+        if spec.step > 0:
+            saved = state_path(self.root, spec.step)
+            if not saved.exists():
+                raise CorpusError(f"checkpoint {spec.step} has no DiLoCo state ({saved})")
+            self.position = load_state(saved.read_bytes(), self.model, self.outer, self.opt)
+            if self.outer.step != spec.step:
+                raise ValueError(f"{saved} is the state of outer step {self.outer.step}")
+        ids = self.policy.tokenizer(read_text(Path(spec.data)), add_special_tokens=False)
+        self.tokens = torch.tensor(ids["input_ids"], dtype=torch.long)
+        self.text_digest = hashlib.sha256(self.tokens.numpy().astype("<i8").tobytes()).hexdigest()
+        Shard.of(len(self.tokens), 0, spec.min_shards, spec.seq_len, spec.batch)  # the smallest
+        self.shard: Shard | None = None
+
+    @property
+    def opt(self) -> Any:
+        return self.policy.optimizer
+
+    def __call__(self, call: Any) -> Any:
+        if isinstance(call, UseShard):
+            spec = self.spec
+            self.shard = Shard.of(
+                len(self.tokens), call.index, call.count, spec.seq_len, spec.batch
+            )
+            return ShardInfo(self.shard.as_dict(), len(self.tokens), self.position)
+        if isinstance(call, PretrainInner):
+            return self.inner(call)
+        if isinstance(call, PseudoGradient):
+            from node.diloco.outer import layout_of, params_hash
+
+            return Delta(
+                self.outer.pseudo_gradient(self.model),
+                params_hash(self.outer.params),
+                group_layout(layout_of(self.model), self.text_digest),
+            )
+        if isinstance(call, OuterApply):
+            return self.apply(call)
+        raise TypeError(f"PretrainWorker does not take {type(call).__name__}")
+
+    def batch(self, starts: list[int]) -> Any:
+        """The sequences at ``starts``: ``[B, T + 1]`` token ids."""
+        import torch
+
+        t = self.spec.seq_len + 1
+        rows = [self.tokens[s : s + t] for s in starts]
+        return torch.stack(rows).to(self.policy.device)
+
+    def inner(self, call: PretrainInner) -> InnerStats:
+        import time
+
+        from node.diloco.inner import inner_step
+
+        if self.shard is None:
+            raise ValueError("no shard chosen yet (UseShard)")
+        if call.step != self.outer.step:
+            raise ValueError(
+                f"inner phase of step {call.step} asked, the model is at {self.outer.step}"
+            )
+        began, first = time.perf_counter(), self.position
+        losses: list[float] = []
+        used: list[int] = []  # the starts of every sequence trained on
+        for _ in range(self.spec.inner_steps):
+            starts = self.shard.starts(self.position)
+            losses.append(inner_step(self.model, self.opt, self.batch(starts), self.inner_cfg))
+            used += starts
+            self.position += 1
+        return InnerStats(
+            loss=sum(losses) / len(losses),
+            tokens=self.shard.tokens_seen(self.position - first),
+            position=self.position,
+            read=spans(used, self.spec.seq_len),  # from the starts it used, not recomputed
+            seconds=time.perf_counter() - began,
+        )
+
+    def apply(self, call: OuterApply) -> str:
+        """The outer step; checkpoint ``step + 1`` (model directory and state); the hash of
+        the new parameters."""
+        from node.diloco.outer import params_hash
+        from node.diloco.state import pack_state, save_checkpoint
+
+        if self.outer.step != call.step:
+            raise ValueError(f"outer step {call.step} asked, the model is at {self.outer.step}")
+        self.outer.apply(self.model, call.average, alone=call.alone)
+        version = call.step + 1
+        self.policy.save(self.root / f"v{version}")
+        state = pack_state(self.model, self.outer, self.opt, self.position)
+        save_checkpoint(state_path(self.root, version), state)
+        return params_hash(p for p in self.model.parameters())
