@@ -127,7 +127,7 @@ class PretrainRole:
 
     async def serve(self, *, task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED) -> None:
         spec = PretrainSpec.of(self.cfg, self.dir / "checkpoints", self.step)
-        async with Offload(PretrainWorker, spec) as self.policy:
+        async with Offload(PretrainWorker, spec, threads=self.cfg.torch_threads) as self.policy:
             self.node.add_status("trainer", lambda: self.status().as_dict())
             self.node.add_status("diloco", self.group_status)
             async with trio.open_nursery() as nursery:
