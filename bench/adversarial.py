@@ -30,8 +30,8 @@ chaos run's (each part also on its own: ``matrix``, ``fault_books``).
 
 ``--json``: the last line is one JSON object with ``attacks`` (name -> {trials, detected,
 slashed, trained}), ``honest_false_slashes``, ``lost_work``, ``double_counted_work``,
-``honest_batches``, ``detection_rate``, ``matrix``, ``fuzz``, ``faults``, ``fault_books``
-and ``seconds``. Exit status 1 unless every attack was detected, nothing honest was
+``honest_batches``, ``detection_rate``, ``untried_attacks``, ``matrix``, ``fuzz``, ``faults``, ``fault_books``
+and ``seconds``. Exit status 1 unless every attack was tried on-chain and detected, nothing honest was
 slashed, lost or counted twice, no fuzz input crashed and the chaos run's books are exact.
 """
 
@@ -160,8 +160,12 @@ def main() -> int:
         detected = sum(a["detected"] for a in attacks.values())
         false_slashes = books.honest_false_slashes()
         rate = round(detected / trials, 4) if trials else 0.0
+        # an attack the chain never saw (each submission refused) was not tried at all
+        untried = [a for a in attacks_wanted if attacks.get(a, {}).get("trials", 0) < args.trials]
         for line in table(books, attacks):  # printed now: the sections below take minutes
             print(line)
+        if untried:
+            print(f"not tried {args.trials} time(s) on-chain: {', '.join(untried)}")
         print(
             f"honest batches {len(honest_subs)}: false slashes {false_slashes}, "
             f"lost {lost}, double-counted {double} (accepted, not trained when the trainer "
@@ -197,6 +201,7 @@ def main() -> int:
         "lost_work": lost + int(chaos.get("lost_work") or 0),
         "double_counted_work": double + int(chaos.get("double_counted_work") or 0),
         "honest_batches": len(honest_subs),
+        "untried_attacks": untried,
         "honest_not_trained_yet": untrained,
         "detection_rate": rate,
         "baseline_detection_rate": 0.0,  # no checking: every batch accepted
@@ -220,6 +225,7 @@ def main() -> int:
         print(json.dumps(out))
     ok = (
         detected == trials
+        and not untried
         and out["honest_false_slashes"] == out["lost_work"] == out["double_counted_work"] == 0
         and crashes == 0
         and not chaos.get("violations")

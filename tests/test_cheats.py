@@ -255,3 +255,22 @@ def test_a_version_cheat_between_identical_weights_is_no_cheat(tiny_model_dir, v
     ).read_bytes()
     assert CheatPlan.same_weights(str(tiny_model_dir), str(published))
     assert not CheatPlan.same_weights(str(version_1), str(published))
+
+
+def test_a_cheat_whose_submission_the_chain_refused_is_not_counted_and_comes_again():
+    """The chain refused the submission (e.g. a version gone stale under load): nobody
+    judges it, so it leaves the worker's record of cheats made (the matrix waits for what
+    the chain saw) and the next batch makes it again; an honest batch refused changes
+    nothing."""
+    plan = CheatPlan(("older_version", "greedy"))
+    served = ServedStore(None)
+    cheat = plan.next()
+    plan.serve(served, cheat, b"\x01" * 32, b"envelope")
+    assert cheat == "older_version" and plan.by_key == {("01" * 32): "older_version"}
+    plan.refused(b"\x01" * 32)
+    assert plan.by_key == {} and plan.next() == "older_version"
+    plan.serve(served, "older_version", b"\x02" * 32, b"envelope")
+    assert plan.next() == "greedy"
+    plan.serve(served, "none", b"\x03" * 32, b"envelope")  # made honest: nothing to undo
+    plan.refused(b"\x03" * 32)
+    assert plan.made == 2 and plan.by_key == {("02" * 32): "older_version"}

@@ -85,6 +85,13 @@ class CheatPlan:
         one pass over the cheats makes each of them."""
         self.made -= 1
 
+    def refused(self, key: bytes) -> None:
+        """The chain refused the submission of ``key``: nobody will judge it, so it is no
+        cheat made (the matrix counts only what the chain saw), and the next batch makes
+        the cheat again."""
+        if self.by_key.pop(key.hex(), "none") != "none":
+            self.not_made()
+
     @staticmethod
     def for_maker(cheat: str) -> str:
         return cheat if cheat in MAKER_CHEATS else "none"

@@ -331,8 +331,7 @@ class InferenceRole:
         try:
             await trio.to_thread.run_sync(self.ledger.submit_work, key, notice.units, version)
         except LedgerError:
-            if cheat != "none":  # a test cheat the chain never saw: the next batch makes it
-                self.cheats.not_made()
+            self.cheats.refused(key)  # a test cheat the chain never saw: made again
             raise
         self.counts.submitted += 1
         self.pending.submitted(key, step)
