@@ -33,14 +33,13 @@ import logging
 import time
 from typing import Any
 
-import torch
 import trio
 
 from node.config import NodeConfig
-from node.diloco.group import DilocoGroup, GroupConfig, GroupError
+from node.diloco.group import DilocoGroup, GroupConfig
 from node.net.runtime import Node
 from node.roles.chain import ChainSetupError, WorkWatcher, open_ledger
-from node.roles.grouping import Rosters, share, step_ready
+from node.roles.grouping import Rosters, form, reduce, share, step_ready
 from node.roles.grouppolicy import (
     Delta,
     GroupPolicyWorker,
@@ -56,7 +55,6 @@ from node.training.worker import PolicySpec, StepStats
 
 log = logging.getLogger("intellect.trainer")
 ROSTERS_FILE = "diloco-rosters.json"
-FORMATION_VALUES = 16  # the zero vector the formation all-reduces
 
 
 class GroupTrainerRole(TrainerRole):
@@ -128,25 +126,17 @@ class GroupTrainerRole(TrainerRole):
             self.cfg.trainer_peer_id,
             self.cfg.diloco_members,
         )
-        delta: Delta = await self.policy.call(PseudoGradient())
-        red = await self._reduce(n, torch.zeros(FORMATION_VALUES), delta)
+        red = await form(self.group, self.policy, n)
         self.rosters.record(n, red.roster)
         await trio.to_thread.run_sync(self.rosters.save, self.dir / ROSTERS_FILE)
         log.info("DiLoCo: group formed: %s", ", ".join(p[-8:] for p in red.roster))
-
-    async def _reduce(self, step: int, vector: torch.Tensor, delta: Delta) -> Any:
-        try:
-            return await self.group.all_reduce(step, vector, delta.state, delta.layout)
-        except GroupError as exc:
-            log.error("DiLoCo: outer step %d: %s", step, exc)
-            raise
 
     async def _step(self, n: int, envelopes: list[bytes]) -> StepStats:
         """Inner phase, all-reduce, outer step: checkpoint ``n + 1`` is written."""
         stats: StepStats = await self.policy.call(InnerSteps(n, envelopes))
         delta: Delta = await self.policy.call(PseudoGradient())
         began = time.monotonic()
-        red = await self._reduce(n + 1, delta.vector, delta)
+        red = await reduce(self.group, n + 1, delta.vector, delta)
         reduce_s = time.monotonic() - began
         self.rosters.record(n + 1, red.roster)
         self.rosters.forget_before(n - self.cfg.async_level)

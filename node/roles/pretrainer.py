@@ -34,14 +34,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
 import trio
 
 from node.config import NodeConfig
-from node.diloco.group import DilocoGroup, GroupConfig, GroupError, Reduced
+from node.diloco.group import DilocoGroup, GroupConfig, Reduced
 from node.files import write_atomic
 from node.net.runtime import Node
 from node.roles.chain import ChainSetupError
+from node.roles.grouping import form, reduce
 from node.roles.grouppolicy import Delta, OuterApply, PseudoGradient
 from node.roles.offload import Offload
 from node.roles.pretrainpolicy import (
@@ -59,7 +59,6 @@ log = logging.getLogger("intellect.trainer")
 STATE_FILE = "pretrain-state.json"
 METRICS_FILE = "metrics.jsonl"
 KEEP_CHECKPOINTS = 2
-FORMATION_VALUES = 16  # the zero vector the formation all-reduces
 
 
 @dataclass
@@ -157,27 +156,19 @@ class PretrainRole:
         n = self.step
         log.info("DiLoCo: forming the pretraining group at version %d", n)
         began = time.monotonic()
-        delta: Delta = await self.policy.call(PseudoGradient())
-        red = await self._reduce(n, torch.zeros(FORMATION_VALUES), delta)
+        red = await form(self.group, self.policy, n)
         self.idle_s += time.monotonic() - began
         me = red.roster.index(self.node.peer_id)
         self.state = PretrainState(n, me, len(red.roster), list(red.roster))
         await trio.to_thread.run_sync(self.state.save, self.dir / STATE_FILE)
         log.info("DiLoCo: group formed: %s", ", ".join(p[-8:] for p in red.roster))
 
-    async def _reduce(self, step: int, vector: torch.Tensor, delta: Delta) -> Reduced:
-        try:
-            return await self.group.all_reduce(step, vector, delta.state, delta.layout)
-        except GroupError as exc:
-            log.error("DiLoCo: outer step %d: %s", step, exc)
-            raise
-
     async def _outer_step(self) -> None:
         n, began = self.step, time.monotonic()
         stats: InnerStats = await self.policy.call(PretrainInner(n))
         delta: Delta = await self.policy.call(PseudoGradient())
         reducing = time.monotonic()
-        red = await self._reduce(n + 1, delta.vector, delta)
+        red = await reduce(self.group, n + 1, delta.vector, delta)
         reduce_s = time.monotonic() - reducing
         digest = await self.policy.call(OuterApply(n, red.average, len(red.roster) == 1))
         self.position = stats.position
