@@ -12,7 +12,7 @@ import pytest
 
 from crypto.identity import Identity
 from node.config import CHEATS, NodeConfig, parse_cheats
-from node.roles.cheating import MAKER_CHEATS, CheatPlan, ServedStore
+from node.roles.cheating import DETECTABLE_APART, MAKER_CHEATS, CheatPlan, ServedStore
 from node.roles.checking import BatchChecker, CheckBatch, CheckerSpec
 from node.rollouts.cheats import CATALOGUE, pick
 from node.rollouts.maker import BatchMaker, MakeBatch, MakerSpec
@@ -152,7 +152,8 @@ def test_older_weights_claimed_as_a_newer_version_are_rejected(
 def test_the_role_picks_the_weights_the_version_cheats_use():
     held = [0, 3, 4, 5]
     assert CheatPlan.generation_version("stale_weights", 5, held, oldest=3) == 0
-    assert CheatPlan.generation_version("older_version", 5, held, oldest=3) == 4
+    assert CheatPlan.generation_version("older_version", 5, held, oldest=3) == 3
+    assert CheatPlan.generation_version("older_version", 5, held, oldest=4) == 4
     assert CheatPlan.generation_version("older_version", 3, held, oldest=3) == 3  # none older
     assert CheatPlan.generation_version("stale_weights", 0, [0], oldest=0) == 0  # cannot cheat
     assert CheatPlan.generation_version("greedy", 5, held, oldest=3) == 5
@@ -234,17 +235,37 @@ def test_a_body_under_another_key_is_a_mismatch_only_when_the_worker_signed_it()
     assert served_under_another_key(unverified, batch_by(worker_id), WORKER) is None
 
 
-def test_a_version_cheat_between_identical_weights_is_no_cheat(tiny_model_dir, version_1, tmp_path):
+def moved(base, delta: float, out):
+    """``base``'s weights with every one moved by ±``delta`` (as one AdamW step of learning
+    rate ``delta`` moves them), saved to ``out``."""
+    import torch
+
+    from node.engine.models import load_model
+
+    shutil.copytree(base, out)
+    loaded = load_model(str(base), dtype="float32", device="cpu")
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in loaded.model.parameters():
+            p.add_(delta * torch.sign(torch.randn(p.shape, generator=g)))
+    loaded.model.save_pretrained(out, safe_serialization=True)
+    return out
+
+
+def test_a_version_cheat_is_made_only_beyond_the_bound_of_what_verification_can_tell(
+    tiny_model_dir, version_1, tmp_path
+):
     """A training step that changed nothing (all rewards equal: no gradient) publishes the
-    same weights again; generating with the older copy is then the honest work (the matrix
-    run met this: versions 1-4 were byte-identical)."""
+    same weights again (0 apart), and one step at the devnet's learning rate moves them less
+    than the verification can tell (SPEC §12.1): generating with the older copy is then no
+    cheat the matrix may count."""
     from node.training.grpo import GRPOConfig
     from node.training.policy import Policy
 
     copy = tmp_path / "copy"
     shutil.copytree(tiny_model_dir, copy)
-    assert CheatPlan.same_weights(str(tiny_model_dir), str(copy))
-    assert not CheatPlan.same_weights(str(tiny_model_dir), str(version_1))
+    assert CheatPlan.apart(str(tiny_model_dir), str(copy)) == 0.0
+    assert CheatPlan.apart(str(tiny_model_dir), str(version_1)) > DETECTABLE_APART
     # published the trainer's way (no step taken): other bytes (the tied lm_head is left
     # out of the file), the same weights. A byte comparison called this a cheat, and the
     # matrix then counted a batch honestly accepted as a stale_weights cheat undetected.
@@ -253,8 +274,26 @@ def test_a_version_cheat_between_identical_weights_is_no_cheat(tiny_model_dir, v
     assert (published / "model.safetensors").read_bytes() != (
         tiny_model_dir / "model.safetensors"
     ).read_bytes()
-    assert CheatPlan.same_weights(str(tiny_model_dir), str(published))
-    assert not CheatPlan.same_weights(str(version_1), str(published))
+    assert CheatPlan.apart(str(tiny_model_dir), str(published)) == 0.0
+    assert CheatPlan.apart(str(version_1), str(published)) > DETECTABLE_APART
+    one_step = moved(tiny_model_dir, 3e-5, tmp_path / "one-step")  # the devnet's lr
+    assert 0 < CheatPlan.apart(str(one_step), str(tiny_model_dir)) < DETECTABLE_APART
+
+
+def test_weights_at_the_bound_are_told_apart(maker, checker, tiny_model_dir, tmp_path):
+    """The bound is where verification tells versions apart (measured: every weight ±3e-4,
+    7.6e-3 apart, was rejected in 6 of 6 batches; ±1e-4, 2.5e-3 apart, in 2 of 3): batches
+    generated with weights exactly ``DETECTABLE_APART`` away, claimed as the base, are all
+    rejected. (A bound set lower than verification can tell fails here.)"""
+    unit = CheatPlan.apart(str(moved(tiny_model_dir, 1e-4, tmp_path / "unit")), str(tiny_model_dir))
+    at_bound = moved(tiny_model_dir, 1e-4 * DETECTABLE_APART / unit, tmp_path / "at-bound")
+    assert CheatPlan.apart(str(at_bound), str(tiny_model_dir)) == pytest.approx(
+        DETECTABLE_APART, rel=1e-3
+    )
+    for step in (3, 4, 5):
+        _, envelope = make(maker, at_bound, "none", version=0, step=step)
+        verdict = checker(CheckBatch(str(tiny_model_dir), 0, envelope))
+        assert not verdict.accepted and "toploc" in verdict.detail, (step, verdict.detail)
 
 
 def test_a_cheat_whose_submission_the_chain_refused_is_not_counted_and_comes_again():

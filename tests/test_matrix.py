@@ -23,16 +23,9 @@ def test_the_run_covers_every_cheat_of_the_catalogue():
     assert {c for spec in CHEATERS.values() for c in spec.split(",")} == set(CATALOGUE)
 
 
-# Behind the slow marker: of its three runs on this code one passed (11 min 48 s at load
-# ~15). Fixed on the way: a worker killed by two SHARDCAST retentions at once
-# (node/shardcast/store.py); version cheats between equal weights counted as undetected
-# cheats (compared as files, not tensors). Still failing: an older_version batch generated
-# with v13 and claimed as v14 (one GRPO step on 24 tokens apart) was accepted: the two
-# versions' outputs agree within strict-fp32's tolerances (TOPLOC mantissa mean 0.2, median
-# 0; sampling noise 0.1 / 0.5), so a version cheat is detectable only when the versions are
-# far enough apart (SPEC §12.1). Before it can leave the marker the matrix must make its
-# version cheats only beyond that bound, and pass twice in a row.
-@pytest.mark.slow
+# Not behind the slow marker since version cheats are made only beyond what verification
+# can tell apart (an older_version batch one devnet step from the claimed version was once
+# accepted: SPEC §12.1's bound); passed twice in a row on this code before it joined CI.
 @pytest.mark.timeout(2700)  # a hang guard: ~30 min measured at load 35-45 on 2 cores
 def test_every_cheat_is_rejected_for_its_reason_and_slashed_and_no_honest_work_is(
     tmp_path, tiny_model_dir

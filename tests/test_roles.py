@@ -2,6 +2,7 @@
 the inference role's cheats and the validator's refusal of settings it cannot serve."""
 
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import pytest
 import trio
@@ -240,6 +241,100 @@ async def test_a_batch_the_window_moved_past_while_it_was_generated_is_not_submi
         assert len(submitted) == 1 and submitted[0][1] == 1 and len(announced) == 1
         assert role.store.keys() == [submitted[0][0]] and role.counts.stale == 0
         assert role.cheats.made == 1 and role.cheats.by_key == {submitted[0][0].hex(): "greedy"}
+
+
+@pytest.mark.parametrize("far", [False, True])
+async def test_a_version_cheat_is_made_only_with_weights_verification_can_tell_apart(
+    tmp_path, tiny_model_dir, far
+):
+    """``older_version`` generates with the version before the claimed one only when their
+    weights are at least ``DETECTABLE_APART`` apart (SPEC §12.1); closer, the worker makes
+    the batch with the claimed version's weights, records no cheat, and cheats next time."""
+    import shutil
+
+    from crypto.identity import Identity
+    from node.roles.inference import InferenceRole
+    from node.rollouts.maker import MadeBatch, MakeBatch
+    from tests.helpers.batches import a_batch
+    from tests.test_cheats import moved
+
+    identity = Identity.generate()
+    versions = {1: moved(tiny_model_dir, 4e-4 if far else 3e-5, tmp_path / "v1")}
+    versions[2] = tmp_path / "v2"
+    shutil.copytree(tiny_model_dir, versions[2])
+    cfg = load_config(
+        environ={
+            "INTELLECT_NODE_MODEL": str(tiny_model_dir),
+            "INTELLECT_NODE_DATA_DIR": str(tmp_path),
+        }
+    )
+    submitted, made = [], []
+
+    class Node:
+        def __init__(self):
+            self.identity = identity
+            self.metrics = Metrics()
+
+        def header(self):
+            return {}
+
+        def announce(self, topic, body):
+            pass
+
+    class Ledger:
+        def submit_work(self, key, units, version):
+            submitted.append((key, version))
+
+    class Weights:
+        store = SimpleNamespace(complete={1: None, 2: None})
+
+        def model_dir(self, v):
+            return versions[v]
+
+    class Maker:
+        async def call(self, call):
+            assert isinstance(call, MakeBatch) and (call.step, call.version) == (3, 2)
+            made.append((call.model_dir, call.cheat))
+            return MadeBatch(a_batch(identity, step=3).encode())
+
+    role = InferenceRole(Node(), cfg.model_copy(update={"trainer_peer_id": TRAINER}))
+    role.clock.observe(TRAINER, StepNotice(step=3, policy_version=2))
+    role.maker, role.ledger, role.weights = Maker(), Ledger(), Weights()
+    role.cheats = CheatPlan(("older_version",))
+    await role._work(3, 2, str(versions[2]))
+    assert len(submitted) == 1 and submitted[0][1] == 2
+    if far:
+        assert made == [(str(versions[1]), "none")]  # the role's cheat: the maker works honestly
+        assert role.cheats.by_key == {submitted[0][0].hex(): "older_version"}
+    else:
+        assert made == [(str(versions[2]), "none")]
+        assert role.cheats.made == 0 and role.cheats.by_key == {submitted[0][0].hex(): "none"}
+        assert role.cheats.next() == "older_version"
+
+
+@pytest.mark.parametrize("chain_staleness", [2, 5, 7])
+def test_a_worker_never_generates_with_a_version_the_chain_would_refuse_as_stale(
+    tmp_path, chain_staleness
+):
+    """A worker configured with an async window (5) wider than the chain's
+    ``max_staleness`` (2) used version 2 at step 7, and the chain refused the batch as stale:
+    the step was lost and the run stalled (the matrix met it). The narrower window rules."""
+    from node.roles.inference import InferenceRole
+
+    cfg = load_config(
+        environ={"INTELLECT_NODE_MODEL": str(tmp_path), "INTELLECT_NODE_DATA_DIR": str(tmp_path)}
+    )
+    role = InferenceRole(
+        SimpleNamespace(metrics=Metrics()),
+        cfg.model_copy(update={"trainer_peer_id": TRAINER, "async_level": 5}),
+    )
+    role.clock.observe(TRAINER, StepNotice(step=7, policy_version=7))
+    role.adopt_window(chain_staleness)
+    window = min(5, chain_staleness)
+    assert role.clock.oldest_version() == 7 - window
+    assert role.versions.pick(7, [2, 3, 4, 5, 6], announced=7) == 6
+    assert role.versions.pick(7, [2, 3, 4], announced=7) == (None if window == 2 else 4)
+    assert role.versions.pick(7, [2], announced=7) == (2 if window >= 5 else None)
 
 
 async def test_a_validator_reads_the_chain_at_once_after_a_notice_and_less_often_when_idle(

@@ -36,6 +36,10 @@ MAKER_CHEATS = frozenset(
     }
 )
 VERSION_CHEATS = frozenset({"stale_weights", "older_version"})  # the role picks the weights
+# A version cheat is made only between weights at least this far ``apart`` (SPEC §12.1:
+# closer versions are within the verification's noise, undetectable by design, and the
+# batch is generated honestly instead; the cheat comes again on a later batch).
+DETECTABLE_APART = 1e-2
 EARLY_KEY_DOMAIN = b"intellect-node/test-cheat/key-before-work/v1"
 
 
@@ -100,28 +104,30 @@ class CheatPlan:
     def generation_version(cheat: str, picked: int, held: list[int], oldest: int) -> int:
         """The version whose weights generate a batch claimed as ``picked``: the oldest
         held (``stale_weights``: the base model, beyond the window once the run moves on),
-        or the newest held below ``picked`` and not below ``oldest`` (``older_version``);
+        or the oldest held below ``picked`` and not below ``oldest`` (``older_version``: the
+        weights a worker that skips downloads keeps using while the window admits them);
         ``picked`` when there is none (then the cheat cannot be made: the batch is honest)."""
         if cheat == "stale_weights":
             return min(held, default=picked)
         if cheat == "older_version":
-            return max((v for v in held if oldest <= v < picked), default=picked)
+            return min((v for v in held if oldest <= v < picked), default=picked)
         return picked
 
     @staticmethod
-    def same_weights(dir_a: str, dir_b: str) -> bool:
-        """Whether two model directories compute with the same weights, tensor by tensor
-        (a training step that changed nothing: then a version cheat between them is no
-        cheat, SPEC §12.1). The loaded models are compared, not the files: a saved version
+    def apart(dir_a: str, dir_b: str) -> float:
+        """How far the weights of model directory ``dir_a`` are from ``dir_b``'s: the mean
+        over tensors of ``‖a − b‖ / ‖b‖`` (SPEC §12.1 states the verification's bound in
+        this measure). The loaded models are compared, not the files: a saved version
         leaves out tied weights the base file holds (``lm_head.weight``), so equal weights
-        can be different bytes."""
-        import torch
-
+        can be different bytes (0.0 then: a training step that changed nothing)."""
         from node.engine.models import load_model
 
         a = load_model(dir_a, dtype="float32", device="cpu").model.state_dict()
         b = load_model(dir_b, dtype="float32", device="cpu").model.state_dict()
-        return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+        if a.keys() != b.keys():
+            return float("inf")
+        changes = [float((a[k] - b[k]).norm() / b[k].norm().clamp_min(1e-12)) for k in sorted(a)]
+        return sum(changes) / max(1, len(changes))
 
     def registered_identity(self, own: Any) -> Any:
         """The identity registered on-chain: another one than the node signs with for

@@ -49,7 +49,7 @@ from node.files import write_atomic
 from node.net.runtime import Node
 from node.roles.busy import BusyTime
 from node.roles.chain import WEI, ChainSetupError, open_ledger
-from node.roles.cheating import VERSION_CHEATS, CheatPlan, ServedStore
+from node.roles.cheating import DETECTABLE_APART, VERSION_CHEATS, CheatPlan, ServedStore
 from node.roles.clock import StepClock, follow_steps
 from node.roles.exchange import serve_batches
 from node.roles.offload import Offload, OffloadError
@@ -107,6 +107,7 @@ class InferenceRole:
         """Blocking: the ledger account, registration with stake."""
         self.ledger = open_ledger(self.cfg)
         self.address = self.ledger.address.lower()
+        self.adopt_window(self.ledger.params().max_staleness)
         info = self.ledger.worker(self.address)
         if not info.registered:
             identity = self.cheats.registered_identity(self.node.identity)
@@ -116,6 +117,19 @@ class InferenceRole:
             raise ChainSetupError(
                 f"{self.address} is registered for another peer key; this node cannot work for it"
             )
+
+    def adopt_window(self, chain_staleness: int) -> None:
+        """The chain refuses a submission whose version lags the newest by more than its
+        ``max_staleness``: a wider ``async_level`` here would generate batches only to have
+        them refused (and their step lost), so the narrower of the two is the window."""
+        if chain_staleness < self.cfg.async_level:
+            log.warning(
+                "async_level %d is wider than the chain's max_staleness %d: using %d",
+                self.cfg.async_level,
+                chain_staleness,
+                chain_staleness,
+            )
+            self.clock.async_level = self.versions.async_level = chain_staleness
 
     def status(self) -> InferenceStatus:
         c = self.counts
@@ -281,10 +295,11 @@ class InferenceRole:
         )
         if used != version:  # a test cheat: other weights than the version claimed
             used_dir = str(self.cfg.model if used == 0 else self.weights.model_dir(used))
-            if self.cheats.same_weights(used_dir, model_dir):
-                cheat = "none"  # the versions' weights are the same: nothing to lie about
+            if self.cheats.apart(used_dir, model_dir) < DETECTABLE_APART:
+                cheat = "none"  # too close to tell apart (SPEC §12.1): work honestly
                 self.cheats.not_made()
-            model_dir = used_dir
+            else:
+                model_dir = used_dir
         elif cheat in VERSION_CHEATS:  # no older version held: this batch is honest
             cheat = "none"
             self.cheats.not_made()

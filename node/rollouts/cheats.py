@@ -55,7 +55,7 @@ CATALOGUE: dict[str, Cheat] = {
     "older_version": Cheat(
         "compute",
         "invalid",
-        "generates with an older version inside the window, claims the newest it holds",
+        "generates with the oldest version inside the window, claims the newest it holds",
     ),
     "foreign_proofs": Cheat(
         "evidence", "invalid", "each rollout carries the proofs of another prompt's rollout"

@@ -85,6 +85,10 @@ class MatrixBooks:
 def start(loop: Loop, cheaters: dict[str, str], honest: tuple[str, ...]) -> None:
     loop.env["INTELLECT_NODE_BATCHES_PER_STEP"] = str(len(honest))
     loop.env["INTELLECT_NODE_EVAL_EVERY"] = "0"  # the books need no held-out accuracy
+    # a step that trains moves the policy ~2e-2 apart at this rate, beyond what verification
+    # tells apart (DETECTABLE_APART, SPEC §12.1); at the devnet's 3e-5 an older version is
+    # within the noise and ``older_version`` could never be made
+    loop.env["INTELLECT_NODE_LEARNING_RATE"] = "1e-3"
     # a loaded machine (each worker and its engine compete for the CPU) may answer a fetch
     # slowly: an honest batch must not end "unavailable" for it, nor a cheat's
     loop.env["INTELLECT_NODE_READ_TIMEOUT"] = "30"
