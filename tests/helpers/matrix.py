@@ -23,13 +23,17 @@ Sub = tuple[str, bytes]  # (worker address, work key)
 
 # few processes (the machine is small), each making its cheats in turn, one batch each (one
 # pass: one batch per trainer step, so the run lasts as many steps as the longest list).
-# The version cheats come last in theirs: by then the trainer has published a version to lie
-# about (before, such a batch is honest, must be accepted, and the cheat comes again on the
-# next batch). ``withhold`` comes first in its list: its verdict waits for the fetch deadline,
-# which then passes while the other cheats are made.
+# A version cheat is made only once the trainer has published a version far enough from an
+# older one in the window to tell apart (SPEC §12.1; before, the batch is honest, must be
+# accepted, and the cheat comes again on the next batch): ``stale_weights`` (the base model)
+# comes last in its list, by when some step has trained; ``older_version`` comes first in
+# its, while the run's first steps train (at the matrix's learning rate the tiny policy soon
+# stops earning rewards, then trains nothing, and every version in the window is the same).
+# ``withhold`` comes first in its list: its verdict waits for the fetch deadline, which then
+# passes while the other cheats are made.
 CHEATERS = {
     "c-compute": "other_weights,int8_weights,fewer_layers,foreign_proofs,edit_token,stale_weights",
-    "c-sampling": "greedy,other_temperature,early_stop,truncated,inflate_reward,older_version",
+    "c-sampling": "older_version,greedy,other_temperature,early_stop,truncated,inflate_reward",
     "c-claims": "withhold,inflate_units,easy_tasks,replay_step,replay_other,key_mismatch",
     "c-key": "other_key",
 }
