@@ -27,8 +27,8 @@ Sub = tuple[str, bytes]  # (worker address, work key)
 # older one in the window to tell apart (SPEC §12.1; before, the batch is honest, must be
 # accepted, and the cheat comes again on the next batch): ``stale_weights`` (the base model)
 # comes last in its list, by when some step has trained; ``older_version`` comes first in
-# its, while the run's first steps train (at the matrix's learning rate the tiny policy soon
-# stops earning rewards, then trains nothing, and every version in the window is the same).
+# its, and is made once the worker holds an older version in the window that a step trained
+# away from.
 # ``withhold`` comes first in its list: its verdict waits for the fetch deadline, which then
 # passes while the other cheats are made.
 CHEATERS = {
@@ -39,8 +39,10 @@ CHEATERS = {
 }
 HONEST = ("honest-0", "honest-1")
 # fetch deadline = verdict window // 6 = 120 s: a withheld batch is rejected as unavailable
-# then (and a loaded machine's slow fetches still land before it)
-CHAIN_ARGS = ["--verdict-window", "720"]
+# then (and a loaded machine's slow fetches still land before it); the chain's window is the
+# nodes' (the tests' ASYNC_LEVEL 5): a loaded machine's slow downloads and generation still
+# submit in time, and a worker holds older versions inside it for ``older_version``
+CHAIN_ARGS = ["--verdict-window", "720", "--max-staleness", "5"]
 
 
 @dataclass
@@ -91,8 +93,11 @@ def start(loop: Loop, cheaters: dict[str, str], honest: tuple[str, ...]) -> None
     loop.env["INTELLECT_NODE_EVAL_EVERY"] = "0"  # the books need no held-out accuracy
     # a step that trains moves the policy ~2e-2 apart at this rate, beyond what verification
     # tells apart (DETECTABLE_APART, SPEC §12.1); at the devnet's 3e-5 an older version is
-    # within the noise and ``older_version`` could never be made
+    # within the noise and ``older_version`` could never be made. A step trains only on
+    # groups with unequal rewards: on level 1 the tiny policy is right about 60% of the time
+    # (on levels 1-5, 10-25%: most steps trained nothing, every version stayed the same)
     loop.env["INTELLECT_NODE_LEARNING_RATE"] = "1e-3"
+    loop.env["INTELLECT_NODE_TASKSET"] = "arithmetic:1-1"
     # a loaded machine (each worker and its engine compete for the CPU) may answer a fetch
     # slowly: an honest batch must not end "unavailable" for it, nor a cheat's
     loop.env["INTELLECT_NODE_READ_TIMEOUT"] = "30"
