@@ -54,6 +54,8 @@ GROUPS: list[tuple[str, str, list[str]]] = [
             "peer_max_streams",
             "peer_request_rate",
             "peer_request_burst",
+            "peer_presence_rate",
+            "peer_presence_streams",
             "peer_shun_cooldown",
             "max_clock_skew",
             "gossip_rate",
