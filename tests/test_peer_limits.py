@@ -139,9 +139,19 @@ def test_a_shunned_peer_is_held_for_the_cooldown_then_comes_back_with_one_token(
     limits.close("greedy", "presence")
     assert limits.open("greedy", "p", now=5.0) == "rate"
     assert [limits.refusal("greedy", now=5.0) for _ in range(2)] == [True, False]
-    assert limits.shunned("greedy", now=5.0)  # flooding on: held again at once
-    assert limits.held("greedy", now=5.0) == pytest.approx(5.0)
+    assert limits.shunned("greedy", now=5.0)  # flooding on: held again at once, twice as long
+    assert limits.held("greedy", now=5.0) == pytest.approx(10.0)
     assert limits.refused == {"shunned": 3, "rate": 1}
+    now = 15.0
+    for hold in (20.0, 40.0, 40.0):  # again and again: doubled up to 8 cooldowns
+        assert not limits.shunned("greedy", now)  # back, with a refusal token
+        assert limits.refusal("greedy", now) and not limits.refusal("greedy", now)
+        assert limits.shunned("greedy", now) and limits.held("greedy", now) == hold
+        now += hold
+    assert not limits.shunned("greedy", now)
+    now += 5.0  # behaved for a cooldown since its hold ended: the next hold is one cooldown
+    assert [limits.refusal("greedy", now) for _ in range(3)] == [True, True, False]
+    assert limits.shunned("greedy", now) and limits.held("greedy", now) == 5.0
     never = PeerLimits(max_streams=100, rate=10.0, burst=1)  # cooldown 0: shunned, not held
     assert never.open("p", "p", now=0.0) == ""
     assert [never.refusal("p", now=0.0) for _ in range(2)] == [True, False]

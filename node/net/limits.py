@@ -30,7 +30,9 @@ instead of answered, and empties the peer's request bucket: the peer is *shunned
 new streams on arrival, before protocol negotiation (counted as the limit ``shunned``),
 and the network stops reading its connections for ``cooldown`` seconds (``held``), so a
 flood costs the listener nothing until then; the peer comes back with one token in each
-bucket, not a full burst, so one that floods on is held again at once.
+bucket, not a full burst, so one that floods on is held again at once, and for twice as
+long each time it is held again within a cooldown of its last hold's end (up to
+``MAX_HOLD`` times the cooldown).
 
 Buckets of at most ``max_peers`` peers are kept (least recently seen forgotten first: a
 forgotten peer only starts again with full buckets); a peer with streams open or held is
@@ -46,6 +48,7 @@ from node.net.pacing import TokenBucket
 
 LIMITS = ("rate", "protocol_rate", "streams", "protocol", "shunned")
 REFUSALS = 0.1  # a peer's signed refusals: this share of its request rate and burst
+MAX_HOLD = 8  # a peer held again and again: the cooldown doubles each time, up to this many
 
 
 @dataclass
@@ -54,6 +57,8 @@ class _Peer:
     refusals: TokenBucket  # signed refusals sent
     protocols: dict[str, TokenBucket] = field(default_factory=dict)  # protocol_rates'
     held_until: float | None = None  # shunned: its connections are not read until then
+    released: float | None = None  # when its last hold ended
+    holds: int = 0  # holds in a row, each starting within a cooldown of the last one's end
 
 
 @dataclass
@@ -130,14 +135,17 @@ class PeerLimits:
         if state.held_until is not None and now >= state.held_until:
             # back from its hold: one token in each bucket, not the burst it would have
             # saved up meanwhile (a peer that floods on is shunned again at once)
-            state.held_until = None
+            state.held_until, state.released = None, now
             for bucket in (state.requests, state.refusals, *state.protocols.values()):
                 _empty(bucket, now, keep=1.0)
         if state.held_until is None:
             if state.refusals.delay(now) == 0 or state.requests.delay(now) == 0:
                 return False
             if self.cooldown > 0:
-                state.held_until = now + self.cooldown
+                again = state.released is not None and now - state.released < self.cooldown
+                state.holds = state.holds + 1 if again else 1
+                factor = min(MAX_HOLD, 2 ** (state.holds - 1))
+                state.held_until = now + self.cooldown * factor
         self.refused["shunned"] += 1
         return True
 
