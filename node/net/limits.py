@@ -128,7 +128,8 @@ class PeerLimits:
         """Whether a new stream of ``peer`` is reset on arrival, before its protocol is
         negotiated: it is held (``held``), or its refusals are used up and its request
         bucket is empty (so ``open`` would refuse it for ``rate``), which holds it for
-        ``cooldown`` seconds from now. Counted in ``refused`` as ``shunned``."""
+        ``cooldown`` seconds from now (doubled for each hold in a row, up to ``MAX_HOLD``
+        times). Counted in ``refused`` as ``shunned``."""
         state = self._buckets.get(peer)
         if state is None:
             return False
