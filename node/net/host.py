@@ -246,7 +246,8 @@ def hold_reads(muxed_conn: Any, seconds: float) -> None:
             wait = secured._intellect_held_until - trio.current_time()
             if wait > 0:
                 await trio.sleep(wait)
-            return await read(n)
+            data: bytes = await read(n)
+            return data
 
         secured.read = held_read
         secured._intellect_held_until = until
