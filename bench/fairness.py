@@ -44,7 +44,13 @@ import trio  # noqa: E402
 
 RUN = "bench-fairness"
 READ_TIMEOUT = 2.0
-UNLIMITED = {"peer_max_streams": 4096, "peer_request_rate": 1e5, "peer_request_burst": 10**6}
+UNLIMITED = {
+    "peer_max_streams": 4096,
+    "peer_request_rate": 1e5,
+    "peer_request_burst": 10**6,
+    "peer_presence_rate": 1e5,
+    "peer_presence_streams": 4096,
+}
 
 
 def config(data_dir: Path, limits: dict):  # type: ignore[no-untyped-def]

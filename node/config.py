@@ -175,6 +175,9 @@ class CoreConfig(BaseSettings):
     peer_max_streams: int = Field(16, ge=1, le=4096, description="Requests of a peer at once.")
     peer_request_rate: float = Field(100.0, ge=0.1, le=1e5, description="Requests/s of a peer.")
     peer_request_burst: int = Field(200, ge=1, le=10**6, description="Burst above that rate.")
+    peer_presence_rate: float = Field(20.0, ge=0.1, le=1e5, description="Presence requests/s.")
+    peer_presence_streams: int = Field(4, ge=1, le=4096, description="Presence requests at once.")
+    peer_shun_cooldown: float = Field(10.0, ge=0, le=3600, description="Seconds unread if shunned.")
     max_clock_skew: float = Field(
         300.0, ge=1, le=86400, description="Messages whose timestamp is further off are stale."
     )

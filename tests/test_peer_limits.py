@@ -95,20 +95,99 @@ def test_a_peer_that_ignores_busy_gets_no_more_signed_refusals_and_is_shunned_me
     assert [defaults.refusal("p", now=0.0) for _ in range(21)] == [True] * 20 + [False]
 
 
+def test_a_protocol_with_its_own_rate_is_refused_past_it_while_others_are_not():
+    limits = PeerLimits(max_streams=100, rate=100.0, burst=100)
+    limits.limit_protocol("presence", rate=2.0, burst=3)
+    for _ in range(3):
+        assert limits.open("greedy", "presence", now=0.0) == ""
+        limits.close("greedy", "presence")
+    assert limits.open("greedy", "presence", now=0.0) == "protocol_rate"
+    assert limits.open("greedy", "fetch", now=0.0) == ""  # its request bucket is not spent
+    # an admission takes a request token, a refusal for protocol_rate none: 3 + 1 taken
+    assert limits._buckets["greedy"].requests.tokens == 96
+    assert limits.open("honest", "presence", now=0.0) == ""  # its own presence bucket
+    assert limits.open("greedy", "presence", now=0.4) == "protocol_rate"  # 0.8 of a token
+    assert limits.open("greedy", "presence", now=0.5) == ""
+    assert limits.refused == {"protocol_rate": 2}
+
+
+def test_a_refusal_past_the_refusal_bucket_empties_the_request_bucket():
+    limits = PeerLimits(max_streams=1, rate=100.0, burst=100)  # refusals: 10 in a row
+    assert limits.open("greedy", "p", now=0.0) == ""  # held open: the next are "streams"
+    assert [limits.refusal("greedy", now=0.0) for _ in range(11)] == [True] * 10 + [False]
+    assert limits.shunned("greedy", now=0.0)  # it ignored busy: no token left either
+    assert not limits.shunned("greedy", now=0.1)  # 10 request tokens and one refusal again
+    assert not limits.shunned("honest", now=0.0)
+
+
+def test_a_shunned_peer_is_held_for_the_cooldown_then_comes_back_with_one_token():
+    limits = PeerLimits(max_streams=100, rate=10.0, burst=20, cooldown=5.0)  # refusals: 2, 1/s
+    limits.limit_protocol("presence", rate=5.0, burst=5)
+    for _ in range(20):
+        assert limits.open("greedy", "p", now=0.0) == ""
+        limits.close("greedy", "p")
+    assert limits.held("greedy", now=0.0) == 0
+    assert [limits.refusal("greedy", now=0.0) for _ in range(3)] == [True, True, False]
+    assert limits.shunned("greedy", now=0.0)
+    assert limits.held("greedy", now=1.0) == pytest.approx(4.0)
+    # held: shunned whatever its buckets hold meanwhile (they would have refilled by now)
+    assert limits.shunned("greedy", now=4.9) and limits.held("greedy", now=4.9) > 0
+    assert not limits.shunned("honest", now=4.9) and limits.held("honest", now=4.9) == 0
+    # back: one token in each bucket, not the full burst saved up over the hold
+    assert not limits.shunned("greedy", now=5.0) and limits.held("greedy", now=5.0) == 0
+    assert limits.open("greedy", "presence", now=5.0) == ""
+    limits.close("greedy", "presence")
+    assert limits.open("greedy", "p", now=5.0) == "rate"
+    assert [limits.refusal("greedy", now=5.0) for _ in range(2)] == [True, False]
+    assert limits.shunned("greedy", now=5.0)  # flooding on: held again at once, twice as long
+    assert limits.held("greedy", now=5.0) == pytest.approx(10.0)
+    assert limits.refused == {"shunned": 3, "rate": 1}
+    now = 15.0
+    for hold in (20.0, 40.0, 40.0):  # again and again: doubled up to 8 cooldowns
+        assert not limits.shunned("greedy", now)  # back, with a refusal token
+        assert limits.refusal("greedy", now) and not limits.refusal("greedy", now)
+        assert limits.shunned("greedy", now) and limits.held("greedy", now) == hold
+        now += hold
+    assert not limits.shunned("greedy", now)
+    now += 5.0  # behaved for a cooldown since its hold ended: the next hold is one cooldown
+    assert [limits.refusal("greedy", now) for _ in range(3)] == [True, True, False]
+    assert limits.shunned("greedy", now) and limits.held("greedy", now) == 5.0
+    never = PeerLimits(max_streams=100, rate=10.0, burst=1)  # cooldown 0: shunned, not held
+    assert never.open("p", "p", now=0.0) == ""
+    assert [never.refusal("p", now=0.0) for _ in range(2)] == [True, False]
+    assert never.shunned("p", now=0.0) and never.held("p", now=0.0) == 0
+
+
+def test_a_held_peer_is_never_forgotten():
+    limits = PeerLimits(max_streams=10, rate=1.0, burst=1, max_peers=2, cooldown=60.0)
+    assert limits.open("greedy", "p", 0.0) == ""
+    assert [limits.refusal("greedy", 0.0) for _ in range(2)] == [True, False]
+    limits.close("greedy", "p")
+    assert limits.shunned("greedy", 0.0)
+    for i in range(10):
+        limits.open(f"p{i}", "p", 1.0)
+        limits.close(f"p{i}", "p")
+    assert limits.held("greedy", 1.0) == pytest.approx(59.0)  # not forgotten: still held
+
+
 def test_bad_limits_are_refused():
     with pytest.raises(ValueError, match="max_streams"):
         PeerLimits(max_streams=0, rate=1.0, burst=1)
     with pytest.raises(ValueError, match="rate"):
         PeerLimits(max_streams=1, rate=0.0, burst=1)
+    with pytest.raises(ValueError, match="cooldown"):
+        PeerLimits(max_streams=1, rate=1.0, burst=1, cooldown=-1.0)
+    with pytest.raises(ValueError, match="rate"):
+        PeerLimits(max_streams=1, rate=1.0, burst=1).limit_protocol("p", 0.0, 1)
 
 
 # ---- through the network -------------------------------------------------------------
 
 
 @asynccontextmanager
-async def three_nodes(tmp_path, **limits):
-    """The target (with ``limits`` in its config), a greedy peer and an honest peer, both
-    connected to the target."""
+async def three_nodes(tmp_path, dialers: dict | None = None, **limits):
+    """The target (with ``limits`` in its config), a greedy peer and an honest peer (with
+    ``dialers`` in theirs), both connected to the target."""
     nodes = []
     async with trio.open_nursery() as nursery:
         for name in ("target", "greedy", "honest"):
@@ -118,7 +197,7 @@ async def three_nodes(tmp_path, **limits):
                 "data_dir": tmp_path / name,
                 "read_timeout": 1.0,
                 "discovery_interval": 600.0,
-                **(limits if name == "target" else {}),
+                **(limits if name == "target" else dialers or {}),
             }
             cfg = load_config(environ={}, flags=flags)
             nodes.append(await nursery.start(Node(cfg, Identity.generate()).serve))
@@ -163,7 +242,10 @@ async def ping(node: Node, target: Node) -> str:
 async def test_a_flood_of_small_requests_is_refused_past_the_burst_and_others_still_served(
     tmp_path,
 ):
-    async with three_nodes(tmp_path, peer_request_rate=0.1, peer_request_burst=10) as (
+    # (cooldown 0: shunned streams reset, its connection never held: see the test below)
+    async with three_nodes(
+        tmp_path, peer_request_rate=0.1, peer_request_burst=10, peer_shun_cooldown=0
+    ) as (
         target,
         greedy,
         honest,
@@ -289,7 +371,9 @@ async def test_a_peer_that_ignores_busy_has_its_streams_reset_before_negotiation
     protocol is negotiated (counted as ``shunned`` under ``unknown``), without a signed
     refusal; another peer is served meanwhile, and once its bucket holds a token again
     it is served too."""
-    async with three_nodes(tmp_path, peer_request_rate=0.1, peer_request_burst=1) as (
+    async with three_nodes(
+        tmp_path, peer_request_rate=0.1, peer_request_burst=1, peer_shun_cooldown=0
+    ) as (
         target,
         greedy,
         honest,
@@ -320,8 +404,16 @@ async def test_a_peer_that_ignores_busy_has_its_streams_reset_before_negotiation
 
 async def test_a_refusal_past_the_refusal_bucket_is_a_reset_not_a_signed_busy(tmp_path):
     """Refused after negotiation (here for ``streams``: its request bucket is full, so it
-    is not shunned) with no refusal left: the stream is reset, the refusal counted."""
-    async with three_nodes(tmp_path, peer_max_streams=1) as (target, greedy, honest):
+    is not shunned) with no refusal left: the stream is reset, the refusal counted, and
+    its request bucket emptied: its next stream is shunned, reset before negotiation."""
+    # (a request token per 10 s: once emptied, its bucket stays empty through the test)
+    async with three_nodes(
+        tmp_path, peer_max_streams=1, peer_request_rate=0.1, peer_shun_cooldown=0
+    ) as (
+        target,
+        greedy,
+        honest,
+    ):
         release = trio.Event()
 
         async def hold(req, responder):
@@ -336,10 +428,90 @@ async def test_a_refusal_past_the_refusal_bucket_is_a_reset_not_a_signed_busy(tm
                 nursery.start_soon(greedy.request, target.peer_id, HOLD, msg, BatchReply)
                 await until(lambda: limits.streams(greedy.peer_id) >= 1)
                 assert await ping(greedy, target) == Reason.BUSY.value  # signed
-                while limits.refusal(greedy.peer_id, trio.current_time()):
-                    pass
+                # its signed refusals used up (without the emptying of its request bucket
+                # that a refusal asked for past them does: that is what the ping checks)
+                limits._buckets[greedy.peer_id].refusals.tokens = 0.0
+                assert limited(target, "shunned", "unknown") == 0
                 assert await ping(greedy, target) == "reset"  # refused, not signed
+                assert limited(target, "streams", ids.PRESENCE) == 2
+                assert limits.shunned(greedy.peer_id, trio.current_time())
+                assert await ping(greedy, target) == "reset"  # shunned: not negotiated
+                assert limited(target, "streams", ids.PRESENCE) == 2
+                assert limited(target, "shunned", "unknown") >= 1
                 assert await ping(honest, target) == "ok"
                 release.set()
-        assert limited(target, "streams", ids.PRESENCE) == 2
-        assert limited(target, "shunned", "unknown") == 0
+
+
+async def test_presence_has_a_rate_of_its_own_per_peer(tmp_path):
+    """Past its presence bucket a peer is refused ``busy`` (``protocol_rate``) for presence
+    only: its other requests and another peer's presence requests are still served."""
+    async with three_nodes(tmp_path) as (target, greedy, honest):
+
+        async def hold(req, responder):  # answers at once
+            await responder.send(BatchReply(**target.header(), work_key=req.work_key, size=1))
+
+        target.serve_requests(HOLD, BatchRequest, hold)
+        limits = target.requests.limits
+        assert limits.protocol_rates[ids.PRESENCE] == (20.0, 20.0)  # the default
+        limits.limit_protocol(ids.PRESENCE, rate=0.01, burst=2)  # two, then one per 100 s
+        with trio.fail_after(120):
+            assert [await ping(greedy, target) for _ in range(3)] == ["ok", "ok", "busy"]
+            msg = BatchRequest(**greedy.header(), work_key=bytes(32))
+            assert (await greedy.request(target.peer_id, HOLD, msg, BatchReply)).size == 1
+            assert await ping(honest, target) == "ok"
+        assert limited(target, "protocol_rate", ids.PRESENCE) == 1
+        assert target.status()["peer_limited"] == {"protocol_rate": 1}
+
+
+async def test_a_shunned_peer_is_not_read_until_its_cooldown_ends(tmp_path):
+    """Shunned (its refusals and its requests used up, through the state machine), a
+    peer's connection is not read for ``peer_shun_cooldown``: a stream it opens meanwhile
+    is not even seen (no ``shunned`` counted for it) while another peer is served; once
+    the cooldown is over the stream is read and, a token back in its bucket, served."""
+    cooldown = 15.0
+    async with three_nodes(
+        tmp_path,
+        dialers={"connect_timeout": 120.0},  # the held stream's negotiation waits it out
+        peer_request_rate=0.1,
+        peer_request_burst=1,
+        peer_shun_cooldown=cooldown,
+    ) as (target, greedy, honest):
+        limits = target.requests.limits
+        with trio.fail_after(120):
+            assert await ping(greedy, target) == "ok"  # its one token
+            while limits.open(greedy.peer_id, "drain", trio.current_time()) == "":
+                limits.close(greedy.peer_id, "drain")
+            while limits.refusal(greedy.peer_id, trio.current_time()):
+                pass
+            assert await ping(greedy, target) == "reset"  # shunned: held from now on
+            assert limits.held(greedy.peer_id, trio.current_time()) > 0
+            shunned = limited(target, "shunned", "unknown")
+            outcome: list[str] = []
+
+            async def held_ping() -> None:
+                outcome.append(await ping(greedy, target))
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(held_ping)
+                assert await ping(honest, target) == "ok"  # (its one token)
+                assert outcome == []  # its stream waits, unread
+                assert limited(target, "shunned", "unknown") == shunned  # not even seen
+                assert limits.held(greedy.peer_id, trio.current_time()) > 0
+                await until(lambda: outcome)
+            assert limits.held(greedy.peer_id, trio.current_time()) == 0
+            assert outcome == ["ok"]  # read after the cooldown, and served
+
+
+async def test_presence_requests_of_a_peer_at_once_are_capped(tmp_path):
+    """``peer_presence_streams``: past that many presence requests of one peer at once,
+    the next is refused (``protocol``); the peer's other protocols are not."""
+    async with three_nodes(tmp_path, peer_presence_streams=1) as (target, greedy, honest):
+        limits = target.requests.limits
+        with trio.fail_after(60):
+            # one presence stream of the greedy peer held open, as if it read slowly
+            assert limits.open(greedy.peer_id, ids.PRESENCE, trio.current_time(), 1) == ""
+            assert await ping(greedy, target) == Reason.BUSY.value
+            assert await ping(honest, target) == "ok"
+            limits.close(greedy.peer_id, ids.PRESENCE)
+            assert await ping(greedy, target) == "ok"
+        assert limited(target, "protocol", ids.PRESENCE) == 1

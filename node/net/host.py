@@ -206,24 +206,52 @@ def build_host(identity: Identity, *, open_stream_s: float = 0.0) -> IHost:
     return host
 
 
-def gate_inbound_streams(host: IHost, admits: Callable[[str], bool]) -> None:
-    """Reset a new inbound stream of a peer (base58 id) that ``admits`` refuses as soon as
-    the muxer hands it over, before py-libp2p negotiates its protocol (multistream-select:
-    two messages each way, all through Noise): the cheapest refusal there is, for a peer
-    that keeps opening streams after ``busy`` (``node/net/limits.py``)."""
+def gate_inbound_streams(host: IHost, gate: Callable[[str], float | None]) -> None:
+    """Reset a new inbound stream of a peer (base58 id) for which ``gate`` answers a number
+    as soon as the muxer hands it over, before py-libp2p negotiates its protocol
+    (multistream-select: two messages each way, all through Noise): the cheapest refusal
+    there is, for a peer that keeps opening streams after ``busy`` (``node/net/limits.py``).
+    The number is how long its connection is then not read (``hold_reads``): even a
+    stream reset on arrival costs ~2 ms of py-libp2p's work, a held connection nothing."""
     swarm: Any = host.get_network()
     negotiate = swarm.common_stream_handler
 
     async def gated(stream: Any) -> None:
-        if admits(stream.muxed_conn.peer_id.to_base58()):
+        hold = gate(stream.muxed_conn.peer_id.to_base58())
+        if hold is None:
             await negotiate(stream)
             return
+        if hold > 0:
+            hold_reads(stream.muxed_conn, hold)
         try:
             await stream.reset()
         except Exception:  # the connection went meanwhile: nothing to reset
             pass
 
     swarm.set_stream_handler(gated)
+
+
+def hold_reads(muxed_conn: Any, seconds: float) -> None:
+    """Read nothing more from ``muxed_conn`` (a yamux connection) for ``seconds`` from now
+    (or until a later hold ends): its muxer's one reader waits before each read of the
+    secured connection, so the peer's frames stay in the socket buffers, its new streams
+    and writes stall on TCP's flow control, and it costs us no CPU meanwhile. Our writes
+    to it stall too once its window is spent (their own deadlines end them)."""
+    secured = muxed_conn.secured_conn
+    until = trio.current_time() + seconds
+    if getattr(secured, "_intellect_held_until", None) is None:
+        read = secured.read
+
+        async def held_read(n: int | None = None) -> bytes:
+            wait = secured._intellect_held_until - trio.current_time()
+            if wait > 0:
+                await trio.sleep(wait)
+            data: bytes = await read(n)
+            return data
+
+        secured.read = held_read
+        secured._intellect_held_until = until
+    secured._intellect_held_until = max(secured._intellect_held_until, until)
 
 
 def cache_addrs(host: IHost, ttl: float = ADDRS_TTL) -> None:

@@ -46,8 +46,9 @@ class Network:
         self.pubsub: Any = None
         self.dht: Any = None
         self.addrs: list[str] = []  # what we advertise, once listening
-        # peer id -> whether its new inbound stream is negotiated (``Requests`` sets it)
-        self.inbound_gate: Callable[[str], bool] | None = None
+        # peer id -> None if its new inbound stream is negotiated, else seconds to hold
+        # its connection's reads after resetting the stream (``Requests`` sets it)
+        self.inbound_gate: Callable[[str], float | None] | None = None
 
     @asynccontextmanager
     async def running(self) -> AsyncIterator[Network]:
@@ -56,7 +57,7 @@ class Network:
         replayed whole to every new peer) and the DHT; stop them all on exit."""
         host = self.host = build_host(self.identity, open_stream_s=self.cfg.connect_timeout)
         gate_inbound_streams(
-            host, lambda peer: self.inbound_gate is None or self.inbound_gate(peer)
+            host, lambda peer: None if self.inbound_gate is None else self.inbound_gate(peer)
         )
         self.pubsub = build_pubsub(
             host, replay_newest={ids.presence_topic(self.cfg.run_id): REPLAY_PRESENCE}

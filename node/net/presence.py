@@ -93,7 +93,21 @@ class Presence:
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Answer greetings, take heartbeats from gossip, beat, and expire silent peers."""
-        self.requests.serve(ids.PRESENCE, NodeInfo, self._handle_presence)
+        # Presence requests of one peer answered per second and at once (SPEC §6): an
+        # honest node sends one per connection (the greeting), one per silence of
+        # ``peer_ttl`` (the probe, never two at once), one when leaving, and one per
+        # ``intellect-node ping`` its operator types: a few a minute, rarely two at a time.
+        # The defaults (20/s, 4) are twice bench/fairness.py's honest peer (one every
+        # 100 ms) and a fifth of ``peer_request_rate``: presence is the cheapest request to
+        # flood, and each still costs ~5 ms of py-libp2p's stream set-up and a signature.
+        rate = self.cfg.peer_presence_rate
+        self.requests.serve(
+            ids.PRESENCE,
+            NodeInfo,
+            self._handle_presence,
+            per_peer=self.cfg.peer_presence_streams,
+            rate=(rate, rate),
+        )
         assert self.network.host is not None
         own = self.network.host.get_id().to_bytes()
         validator = topic_validator(self.requests, own, "gossip-presence", self._on_gossip)

@@ -99,7 +99,10 @@ class Requests:
         self.peers, self.metrics, self.header = peers, metrics, header
         self.admission = Admission(cfg.run_id, max_skew_ms=int(cfg.max_clock_skew * 1000))
         self.limits = PeerLimits(
-            cfg.peer_max_streams, cfg.peer_request_rate, float(cfg.peer_request_burst)
+            cfg.peer_max_streams,
+            cfg.peer_request_rate,
+            float(cfg.peer_request_burst),
+            cooldown=cfg.peer_shun_cooldown,
         )
         network.inbound_gate = self.admits_stream
 
@@ -138,6 +141,7 @@ class Requests:
         *,
         deadline: float | None = None,
         per_peer: int | None = None,
+        rate: tuple[float, float] | None = None,
     ) -> None:
         """Serve request/response ``protocol``: each stream's one request envelope is read,
         verified and admitted (every rejection counted under ``protocol``), then
@@ -146,9 +150,12 @@ class Requests:
         whole exchange (default 3 × ``read_timeout``); a handler that streams bulk data
         passes a longer one and bounds each write itself. Streams beyond the per-peer
         limits (``node/net/limits.py``; ``per_peer``: this protocol's streams of one peer
-        at once) are refused ``busy`` before their request is read."""
+        at once; ``rate``: (rate, burst) of this protocol's streams per peer) are refused
+        ``busy`` before their request is read."""
         host = self.network.host
         assert host is not None, "serving requests needs a running node"
+        if rate is not None:
+            self.limits.limit_protocol(protocol, *rate)
 
         async def handle(stream: INetStream, peer: str) -> None:
             msg = await self._read_request(stream, peer, protocol, request_type)
@@ -205,15 +212,17 @@ class Requests:
 
         return guarded
 
-    def admits_stream(self, peer: str) -> bool:
+    def admits_stream(self, peer: str) -> float | None:
         """Whether a new inbound stream of ``peer`` (any protocol) is negotiated at all:
-        False while the peer is shunned (``PeerLimits.shunned``: it ignored ``busy``), and
+        None if so; while the peer is shunned (``PeerLimits.shunned``: it ignored ``busy``)
+        the seconds its connections are not to be read (``PeerLimits.held``, 0: none), and
         the network resets the stream on arrival (counted under the protocol ``unknown``)."""
-        if not self.limits.shunned(peer, trio.current_time()):
-            return True
+        now = trio.current_time()
+        if not self.limits.shunned(peer, now):
+            return None
         self.metrics.inc("peer_limited", protocol=UNNEGOTIATED, limit="shunned")
         self.metrics.inc("rejected", reason=Reason.BUSY.value, protocol=UNNEGOTIATED)
-        return False
+        return self.limits.held(peer, now)
 
     async def _refuse(self, stream: INetStream, err: WireError) -> None:
         refusal = Refusal(**self.header(), reason=err.reason.value, detail=err.detail[:256])
