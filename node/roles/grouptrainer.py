@@ -24,7 +24,9 @@ One outer step n (policy version n, the same on every member, bit for bit):
 
 Before its first outer step (or after a restart without a recorded roster) the group
 forms: an all-reduce of a zero vector whose roster decides the owners of version n's
-batches. Where the weights go next: as from a single trainer, the workers pull them.
+batches. A member started after the group formed joins it instead (``node/roles/joining.py``:
+the leader's state over SHARDCAST, then its first outer step with no batch of its own); the
+leader offers its state at every boundary for that. Where the weights go next: as from a single trainer, the workers pull them.
 """
 
 from __future__ import annotations

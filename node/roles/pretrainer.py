@@ -21,7 +21,12 @@ One outer step n (policy version n, the same on every member, bit for bit):
    the token ranges it ``read``, ``diloco.params_hash``) and logs it.
 
 Before its first outer step the group forms (an all-reduce of a zero vector, as with GRPO):
-its roster fixes the shards. Where the weights go next: any node of the run pulls them.
+its roster fixes the shards. A member started after that joins instead
+(``node/roles/joining.py``): it recovers the leader's state, data position included, sits
+its first outer step out with a zero pseudo-gradient (it has no shard yet) and is admitted
+by that step's roster. Whenever an outer step's roster differs from the recorded one, every
+member cuts the text again over it and reads its new shard from the group's data position
+on (SPEC §17.2). Where the weights go next: any node of the run pulls them.
 """
 
 from __future__ import annotations
