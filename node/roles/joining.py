@@ -132,7 +132,7 @@ async def join(group: DilocoGroup, policy: Offload, reply: Any = None) -> Joined
         }
         log.info(
             "DiLoCo: recovered version %d (%d bytes in %d shards, state %s, params %s); "
-            "admitted at outer step %d",
+            "expected at outer step %d",
             got.version,
             len(pulled.data),
             pulled.shards,
