@@ -304,7 +304,7 @@ def test_two_trainers_train_as_one_group_on_disjoint_batches_and_only_the_leader
     assert max((pub[k].float() - base[k].float()).abs().max().item() for k in base) > 1e-4
 
 
-@pytest.mark.timeout(1800)  # a deadline only (several minutes on a loaded 2-core machine)
+@pytest.mark.timeout(2400)  # a deadline only: 12 minutes on a 2-core machine at load 20
 def test_a_trainer_started_later_joins_the_running_group_and_trains_its_share(
     tmp_path, tiny_model_dir
 ):
