@@ -190,6 +190,44 @@ def test_a_member_alone_with_outer_lr_1_trains_exactly_as_its_inner_steps(tiny_m
     assert (tmp_path / "s" / "v1" / "model.safetensors").exists()
 
 
+def test_a_joiners_child_takes_the_leaders_state_into_both_parameter_copies(
+    tiny_model_dir, tmp_path
+):
+    """``PackState`` on the leader's child after an outer step, ``Recover`` in a fresh one:
+    the same state packed again, the model's parameters θ's, checkpoint 1 written (model,
+    AdamW state, outer momentum) so that a restarted child resumes from it; another
+    version's state is refused."""
+    import torch
+
+    from node.diloco.outer import params_hash
+    from node.diloco.state import state_hash
+    from node.roles.grouppolicy import (
+        GroupPolicyWorker,
+        OuterApply,
+        PackState,
+        PseudoGradient,
+        Recover,
+    )
+
+    kw = {"outer_lr": 0.7, "outer_momentum": 0.9}
+    leader = GroupPolicyWorker(spec_for(tiny_model_dir, tmp_path / "l", **kw))
+    n = leader(PseudoGradient()).vector.numel()
+    leader(OuterApply(0, torch.linspace(-1e-3, 1e-3, n), False))
+    packed = leader(PackState())
+    joiner = GroupPolicyWorker(spec_for(tiny_model_dir, tmp_path / "j", **kw))
+    assert joiner(PseudoGradient()).state != leader(PseudoGradient()).state
+    with pytest.raises(ValueError, match="a state of version 1, not 3"):
+        joiner(Recover(packed, 3))
+    got = joiner(Recover(packed, 1))
+    assert got.state_hash == state_hash(packed) and got.version == 1
+    assert got.params_hash == params_hash(leader.policy.model.parameters())
+    assert joiner(PseudoGradient()).state == leader(PseudoGradient()).state  # θ too
+    for x, y in zip(joiner.outer.momentum, leader.outer.momentum, strict=True):
+        assert torch.equal(x, y)
+    again = GroupPolicyWorker(spec_for(tiny_model_dir, tmp_path / "j", step=1, **kw))
+    assert again(PackState()) == packed  # its checkpoint is the leader's state
+
+
 # ---- one real run -------------------------------------------------------------------------
 
 STEPS = 2  # outer steps (policy versions)
