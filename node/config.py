@@ -405,7 +405,8 @@ class NodeConfig(CoreConfig):
         description="Trainer: train in a DiLoCo group with the run's other trainers (SPEC "
         "§17.1): each takes inner steps on its share of the accepted batches, the group "
         "averages every diloco_inner_steps; the member trainer_peer_id names leads and "
-        "publishes.",
+        "publishes. A trainer started after its group formed (with an empty data_dir) joins "
+        "it: it recovers the leader's state and is admitted at the next outer step.",
     )
     diloco_inner_steps: int = Field(
         4,

@@ -190,6 +190,44 @@ def test_a_member_alone_with_outer_lr_1_trains_exactly_as_its_inner_steps(tiny_m
     assert (tmp_path / "s" / "v1" / "model.safetensors").exists()
 
 
+def test_a_joiners_child_takes_the_leaders_state_into_both_parameter_copies(
+    tiny_model_dir, tmp_path
+):
+    """``PackState`` on the leader's child after an outer step, ``Recover`` in a fresh one:
+    the same state packed again, the model's parameters θ's, checkpoint 1 written (model,
+    AdamW state, outer momentum) so that a restarted child resumes from it; another
+    version's state is refused."""
+    import torch
+
+    from node.diloco.outer import params_hash
+    from node.diloco.state import state_hash
+    from node.roles.grouppolicy import (
+        GroupPolicyWorker,
+        OuterApply,
+        PackState,
+        PseudoGradient,
+        Recover,
+    )
+
+    kw = {"outer_lr": 0.7, "outer_momentum": 0.9}
+    leader = GroupPolicyWorker(spec_for(tiny_model_dir, tmp_path / "l", **kw))
+    n = leader(PseudoGradient()).vector.numel()
+    leader(OuterApply(0, torch.linspace(-1e-3, 1e-3, n), False))
+    packed = leader(PackState())
+    joiner = GroupPolicyWorker(spec_for(tiny_model_dir, tmp_path / "j", **kw))
+    assert joiner(PseudoGradient()).state != leader(PseudoGradient()).state
+    with pytest.raises(ValueError, match="a state of version 1, not 3"):
+        joiner(Recover(packed, 3))
+    got = joiner(Recover(packed, 1))
+    assert got.state_hash == state_hash(packed) and got.version == 1
+    assert got.params_hash == params_hash(leader.policy.model.parameters())
+    assert joiner(PseudoGradient()).state == leader(PseudoGradient()).state  # θ too
+    for x, y in zip(joiner.outer.momentum, leader.outer.momentum, strict=True):
+        assert torch.equal(x, y)
+    again = GroupPolicyWorker(spec_for(tiny_model_dir, tmp_path / "j", step=1, **kw))
+    assert again(PackState()) == packed  # its checkpoint is the leader's state
+
+
 # ---- one real run -------------------------------------------------------------------------
 
 STEPS = 2  # outer steps (policy versions)
@@ -302,3 +340,119 @@ def test_two_trainers_train_as_one_group_on_disjoint_batches_and_only_the_leader
     own = load_file(tmp_path / "trainer-1" / "checkpoints" / f"v{STEPS}" / "model.safetensors")
     assert set(pub) == set(own) and all(torch.equal(pub[k], own[k]) for k in pub)
     assert max((pub[k].float() - base[k].float()).abs().max().item() for k in base) > 1e-4
+
+
+@pytest.mark.timeout(2400)  # a deadline only: 12 minutes on a 2-core machine at load 20
+def test_a_trainer_started_later_joins_the_running_group_and_trains_its_share(
+    tmp_path, tiny_model_dir
+):
+    """Two trainers train as a group; once it took an outer step a third trainer process
+    starts knowing only the bootstrap node: it finds the leader in the DHT, recovers
+    version s − 1's whole state over SHARDCAST (the leader's state hash, the leader's
+    parameters in its model), is admitted at outer step s, holds the same parameters as
+    the others after every step, and from version s on trains its own share: no batch is
+    trained on twice or by two members."""
+    from node.keystore import load_or_create_identity
+    from tests.test_loop import Loop
+
+    names = ("trainer", "trainer-1", "trainer-2")
+    loop = Loop(tmp_path, tiny_model_dir, step_wait=20)
+    ids = {n: load_or_create_identity(tmp_path / n).peer_id for n in names}
+    group = {
+        "INTELLECT_NODE_DILOCO_ADMIT": f"{ids['trainer-1']},{ids['trainer-2']}",
+        "INTELLECT_NODE_DILOCO": "true",
+        "INTELLECT_NODE_DILOCO_MEMBERS": "2",
+        "INTELLECT_NODE_DILOCO_INNER_STEPS": str(H),
+        "INTELLECT_NODE_TRAIN_STEPS": "0",  # on until the test stops it
+        "INTELLECT_NODE_EVAL_EVERY": "0",
+    }
+    try:
+        loop.env.update(
+            {
+                "INTELLECT_NODE_ASYNC_LEVEL": "2",
+                "INTELLECT_NODE_MAX_UNJUDGED": "2",
+                "INTELLECT_NODE_TASKSET": "arithmetic:1-1",
+                "INTELLECT_NODE_TASKS_PER_BATCH": "6",
+                "INTELLECT_NODE_GROUP_SIZE": "4",
+                "INTELLECT_NODE_BATCHES_PER_STEP": "3",
+                "INTELLECT_NODE_LEARNING_RATE": "0.001",
+            }
+        )
+        loop.spawn("trainer", "trainer", env=group)
+        loop.spawn("trainer-1", "trainer", env=group)
+        loop.validator()
+        loop.worker("honest-0")
+        loop.worker("honest-1")
+
+        def alive():
+            for node in loop.nodes.values():
+                assert node.proc.poll() is None, f"{node.name} died: {node.log_path}"
+
+        def step_of(name):
+            alive()
+            return (loop.section(name, "trainer") or {}).get("step", 0)
+
+        wait_until(lambda: step_of("trainer") >= 1, 900, "the group's first outer step")
+        loop.spawn("trainer-2", "trainer", env=group)  # it knows only the bootstrap node
+
+        def joined_and_two_more():
+            alive()
+            path = tmp_path / "trainer-2" / "metrics.jsonl"
+            got = lines_of(tmp_path, "trainer-2") if path.exists() else []
+            # the recovery, two outer steps, and one in which it trained on its own batches
+            trained = [x["step"] for x in got[2:] if x["used"]]
+            if len(got) < 3 or not trained:
+                return False
+            return min(lines_of(tmp_path, n)[-1]["step"] for n in names[:2]) >= trained[0]
+
+        wait_until(joined_and_two_more, 1200, "the joiner's recovery and its own batches")
+        subs = {k: int(v) for k, v in submission_versions(loop.client()).items()}
+    finally:
+        loop.close()
+
+    lines = {n: {x["step"]: x for x in lines_of(tmp_path, n)} for n in names}
+    first = min(lines["trainer-2"])
+    s = first + 1
+    rec = lines["trainer-2"][first]["diloco"]["recovered"]
+    lead = lines["trainer"]
+    assert first >= 1 and rec["version"] == first and rec["from"] == ids["trainer"]
+    assert rec["via"] == "shardcast" and rec["bytes"] > 0
+    # its state is the leader's exactly (θ, momentum, AdamW, step), its model holds θ
+    assert rec["donor_state_hash"] == rec["state_hash"] == lead[first]["diloco"]["state_hash"]
+    assert rec["params_hash"] == lead[first]["diloco"]["params_hash"]
+    common = set(lead) & set(lines["trainer-1"])
+    joined = {k: v for k, v in lines["trainer-2"].items() if k > first and k in common}
+    assert sorted(joined)[:2] == [s, s + 1]
+    for k, mine in joined.items():  # admitted at step s; identical after every step
+        assert sorted(mine["diloco"]["roster"]) == sorted(ids.values())
+        for n in names:
+            assert lines[n][k]["diloco"]["params_hash"] == mine["diloco"]["params_hash"], (n, k)
+            assert lines[n][k]["diloco"]["roster"] == mine["diloco"]["roster"]
+    for k in range(1, s):
+        assert sorted(lead[k]["diloco"]["roster"]) == sorted([ids["trainer"], ids["trainer-1"]])
+    assert joined[s]["used"] == []  # version s − 1's batches were split without it
+
+    # disjoint shares: no batch twice, none by two members; each owned over the roster of
+    # the version it was made with (from s on, the roster that admitted the joiner)
+    roster_of = {k: lead[k]["diloco"]["roster"] for k in lead if k >= 1}
+    used = {n: [k for x in lines[n].values() for k in x.get("used", [])] for n in names}
+    everything = [k for n in names for k in used[n]]
+    assert len(everything) == len(set(everything))
+    for n in names:
+        for text in used[n]:
+            worker, key = text.split(":")
+            version = subs[(worker.lower(), bytes.fromhex(key))]
+            if version >= 1:
+                assert owner(bytes.fromhex(key), roster_of[version]) == ids[n], (n, version)
+    assert used["trainer-2"] and all(
+        subs[(w.lower(), bytes.fromhex(k))] >= s
+        for w, k in (t.split(":") for t in used["trainer-2"])
+    )
+
+
+def submission_versions(client):
+    """(worker, key) -> the policy version of every WorkSubmitted event so far."""
+    return {
+        (str(e["args"]["worker"]).lower(), bytes(e["args"]["key"])): e["args"]["policy_version"]
+        for e in client.contract.events.WorkSubmitted.get_logs(from_block=0)
+    }

@@ -228,6 +228,46 @@ def test_a_member_trains_its_shard_and_resumes_at_its_data_position(tiny_model_d
         PretrainWorker(spec_for(tiny_model_dir, tmp_path / "s", tmp_path / "short.txt"))
 
 
+@pytest.mark.timeout(900)  # a deadline only (three tiny models on a loaded machine)
+def test_a_joiner_recovers_a_members_whole_state_and_reads_on_exactly_as_it(
+    tiny_model_dir, tmp_path
+):
+    """``PackState`` on a member after an outer step, ``Recover`` in a fresh child: the
+    same state packed again (θ, momentum, AdamW, step, data position), the model's
+    parameters set from θ, checkpoint written; its next inner phase on the member's shard
+    is the member's bit for bit. A state of another version is refused."""
+    from node.diloco.outer import params_hash
+    from node.diloco.state import state_hash
+    from node.roles.grouppolicy import OuterApply, PackState, PseudoGradient, Recover
+    from node.roles.pretrainpolicy import PretrainInner, PretrainWorker, UseShard
+
+    data = tmp_path / "c.txt"
+    data.write_text(corpus(600, seed=1))
+    donor = PretrainWorker(spec_for(tiny_model_dir, tmp_path / "d", data))
+    donor(UseShard(0, 2))
+    donor(PretrainInner(0))
+    donor(OuterApply(0, donor(PseudoGradient()).vector, False))
+    packed = donor(PackState())
+    joiner = PretrainWorker(spec_for(tiny_model_dir, tmp_path / "j", data))
+    with pytest.raises(ValueError, match="a state of version 1, not 2"):
+        joiner(Recover(packed, 2))
+    got = joiner(Recover(packed, 1))
+    assert got.state_hash == state_hash(packed) and got.version == 1 and got.position == 3
+    assert got.params_hash == params_hash(donor.model.parameters())
+    assert (tmp_path / "j" / "v1.diloco").read_bytes() == packed
+    assert (tmp_path / "j" / "v1" / "model.safetensors").exists()
+    joiner(UseShard(0, 2))
+    one, two = donor(PretrainInner(1)), joiner(PretrainInner(1))
+    assert (one.loss, one.read, one.position) == (two.loss, two.read, two.position)
+    assert params_hash(donor.model.parameters()) == params_hash(joiner.model.parameters())
+    # a joiner's first inner phase (no shard yet): nothing read, the position moves by H
+    idle = PretrainWorker(spec_for(tiny_model_dir, tmp_path / "i", data))
+    idle(Recover(packed, 1))
+    sat = idle(PretrainInner(1, train=False))
+    assert (sat.read, sat.loss, sat.tokens, sat.position) == ([], None, 0, 6)
+    assert float(idle(PseudoGradient()).vector.abs().max()) == 0.0
+
+
 def test_the_status_line_of_a_pretraining_trainer():
     from node.cli.tables import trainer_line
     from node.roles.status import PretrainStatus
@@ -376,3 +416,108 @@ def test_two_trainers_pretrain_as_one_group_on_disjoint_shards_and_resume(tmp_pa
     v3 = heldout_loss(published(tmp_path / "member", 3), heldout)
     print(f"held-out loss: base {base:.3f}, v2 {v2:.3f}, v3 {v3:.3f}")
     assert v2 < base - 0.5 and v3 < v2, (base, v2, v3)
+
+
+@pytest.mark.timeout(2400)  # a deadline only: 4 minutes on a quiet 2-core machine, 20 at load 25
+def test_a_trainer_started_later_joins_the_running_pretraining_group(tmp_path, tiny_model_dir):
+    """Two members pretrain; once they took an outer step a third trainer process starts
+    knowing only the member's address: it finds the leader in the DHT, recovers version
+    s − 1's whole state over SHARDCAST (its state hash is the leader's, its data position
+    the group's), is admitted at outer step s, and from then on the text is cut in three:
+    every member reads its own shard from the group's data position on, the ranges of each
+    step are disjoint, and all three hold the same parameters after every step."""
+    from node.keystore import load_or_create_identity
+    from tests.helpers.net import Cluster, addr_of, wait_until
+
+    text = tmp_path / "corpus.txt"
+    text.write_text(corpus(3000, seed=1))
+    names = ("lead", "member", "joiner")
+    ids = {n: load_or_create_identity(tmp_path / n).peer_id for n in names}
+    env = {
+        "INTELLECT_NODE_NETWORK_ONLY": "false",
+        "INTELLECT_NODE_MODEL": str(tiny_model_dir),
+        "INTELLECT_NODE_TRAINER_PEER_ID": ids["lead"],
+        "INTELLECT_NODE_DILOCO": "true",
+        "INTELLECT_NODE_OBJECTIVE": "pretrain",
+        "INTELLECT_NODE_DATA": str(text),
+        "INTELLECT_NODE_DILOCO_MEMBERS": "2",
+        "INTELLECT_NODE_DILOCO_ADMIT": f"{ids['member']},{ids['joiner']}",
+        "INTELLECT_NODE_DILOCO_INNER_STEPS": str(H),
+        "INTELLECT_NODE_PRETRAIN_SEQ_LEN": str(SEQ),
+        "INTELLECT_NODE_PRETRAIN_BATCH": str(BATCH),
+        "INTELLECT_NODE_LEARNING_RATE": "0.003",
+        "INTELLECT_NODE_TRAIN_STEPS": "0",  # on until the test stops it
+    }
+    cluster = Cluster(tmp_path, run_id="pretrain-join")
+    try:
+        _, lead_st = cluster.start("trainer", name="lead", env=env)
+        _, member_st = cluster.start("trainer", [addr_of(lead_st)], name="member", env=env)
+
+        def alive():
+            for n in cluster.nodes:
+                assert n.proc.poll() is None, f"{n.name} died: {n.log_path.read_text()[-3000:]}"
+
+        def at_step(name, k):
+            alive()
+            st = next(n for n in cluster.nodes if n.name == name).status() or {}
+            return (st.get("trainer") or {}).get("step", 0) >= k
+
+        wait_until(lambda: at_step("lead", 1), 600, "the group's first outer step")
+        cluster.start("trainer", [addr_of(member_st)], name="joiner", env=env)
+
+        def joined_and_two_more():
+            alive()
+            path = tmp_path / "joiner" / "metrics.jsonl"
+            got = lines_of(path) if path.exists() else []
+            if len(got) < 3:  # the recovery, then two outer steps
+                return None
+            others = [lines_of(tmp_path / n / "metrics.jsonl")[-1]["step"] for n in names[:2]]
+            return min(others) >= got[2]["step"]  # and the others recorded them too
+
+        wait_until(joined_and_two_more, 1500, "the joiner's recovery and two outer steps")
+    finally:
+        cluster.close()
+    lines = {n: {x["step"]: x for x in lines_of(tmp_path / n / "metrics.jsonl")} for n in names}
+
+    # the recovery: version s − 1's whole state, exactly the leader's
+    first = min(lines["joiner"])
+    rec = lines["joiner"][first]["diloco"]["recovered"]
+    s = first + 1
+    assert first >= 1 and rec["version"] == first and rec["from"] == ids["lead"]
+    assert rec["via"] == "shardcast" and rec["shards"] >= 1
+    offered = lines["lead"][first]["diloco"]["state_hash"]  # what the leader offered then
+    assert rec["donor_state_hash"] == offered and rec["state_hash"] == offered
+    assert rec["params_hash"] == lines["lead"][first]["diloco"]["params_hash"]  # the model too
+    assert rec["position"] == first * H  # the group's data position
+    common = set(lines["lead"]) & set(lines["member"])
+    joined = {k: v for k, v in lines["joiner"].items() if k > first and k in common}
+    assert sorted(joined)[:2] == [s, s + 1]
+
+    # admitted at the next outer step: every roster from s on has three members
+    for k, mine in joined.items():
+        for n in names:
+            assert lines[n][k]["diloco"]["params_hash"] == mine["diloco"]["params_hash"], (n, k)
+            assert lines[n][k]["diloco"]["roster"] == mine["diloco"]["roster"]
+        assert sorted(mine["diloco"]["roster"]) == sorted(ids.values())
+        assert all(lines[n][k]["position"] == k * H for n in names)  # monotone, common
+    for k in range(1, s):
+        assert sorted(lines["lead"][k]["diloco"]["roster"]) == sorted([ids["lead"], ids["member"]])
+    # its first step: nothing of its own to read (the shards of s − 1 were cut in two)
+    assert joined[s]["read"] == [] and joined[s]["shard"] == -1
+    # from s + 1 on: the text cut in three over the roster that admitted it, each member
+    # reading its shard from the group's data position: disjoint ranges, none twice
+    from node.engine.models import load_model
+
+    tok = load_model(tiny_model_dir, dtype="float32", device="cpu").tokenizer
+    n_tokens = len(tok(text.read_text(), add_special_tokens=False)["input_ids"])
+    for k in sorted(joined)[1:]:
+        roster = joined[k]["diloco"]["roster"]
+        read = []
+        for n in names:
+            line = lines[n][k]
+            assert (line["shard"], line["shards"]) == (roster.index(ids[n]), 3), (n, line)
+            shard = Shard.of(n_tokens, line["shard"], 3, SEQ, BATCH)
+            starts = [x for p in range((k - 1) * H, k * H) for x in shard.starts(p)]
+            assert line["read"] == spans(starts, SEQ), (n, k)
+            read.append({t for a, b in line["read"] for t in range(a, b - 1)})
+        assert sum(map(len, read)) == len(set().union(*read)) == 3 * PER_STEP

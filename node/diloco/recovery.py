@@ -47,20 +47,26 @@ def request(node: Node, op: str, step: int = 0) -> DilocoRequest:
     )
 
 
+async def ask_join(node: Node, leader: str, at_least: int = 0) -> DilocoRoster | None:
+    """One ``join`` request to ``leader``: its reply (``ready``: the step it expects us at,
+    and its last roster in ``members``; ``wait``: it has no boundary ≥ ``at_least`` yet),
+    or ``None`` if the stream failed (ask again)."""
+    try:
+        reply = await node.request(leader, DILOCO, request(node, "join", at_least), DilocoRoster)
+    except RemoteRefusal as exc:
+        raise JoinRefused(f"the leader refused us: {exc}") from exc
+    except Exception as exc:  # a slow or lost stream (py-libp2p raises many types)
+        log.info("join request failed (retrying): %r", exc)
+        return None
+    if reply.sender != leader:
+        raise JoinRefused("a join reply not from the leader")
+    return reply
+
+
 async def announce_join(node: Node, leader: str, at_least: int = 0) -> int:
     """Ask ``leader`` to expect us at step ``at_least`` or later; the step it expects us at."""
     while True:
-        try:
-            reply = await node.request(
-                leader, DILOCO, request(node, "join", at_least), DilocoRoster
-            )
-        except RemoteRefusal as exc:
-            raise JoinRefused(f"the leader refused us: {exc}") from exc
-        except Exception as exc:  # a slow or lost stream (py-libp2p raises many types)
-            log.info("join request failed (retrying): %r", exc)
-            reply = None
-        if reply is not None and reply.sender != leader:
-            raise JoinRefused("a join reply not from the leader")
+        reply = await ask_join(node, leader, at_least)
         if reply is not None and reply.state == "ready":
             return int(reply.step)
         await trio.sleep(POLL)

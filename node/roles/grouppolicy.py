@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from node.diloco.outer import OuterConfig, OuterState, layout_of, params_hash
+from node.diloco.state import load_state, pack_state, state_hash
 from node.files import write_atomic
 from node.training.worker import Evaluate, PolicySpec, PolicyWorker, StepStats, TrainStep
 
@@ -67,6 +68,30 @@ class OuterApply:
     alone: bool  # the average is this member's own (a group of one)
 
 
+@dataclass(frozen=True)
+class PackState:
+    """The member's whole DiLoCo state (``node/diloco/state.py``) as bytes: what the leader
+    offers joiners at the boundary it stands at."""
+
+
+@dataclass(frozen=True)
+class Recover:
+    """Continue from a peer's state (a joiner, ``node/roles/joining.py``): load ``data``
+    into both parameter copies (the model and ``θ``), the momentum and the inner optimizer;
+    it must be the state of policy version ``version``, whose checkpoint is then written."""
+
+    data: bytes
+    version: int
+
+
+@dataclass(frozen=True)
+class Recovered:
+    version: int
+    state_hash: str  # sha256 of the state packed again after loading (the donor's if whole)
+    params_hash: str  # of the model's parameters after loading (θ's if both copies were set)
+    position: int  # the data position the state held
+
+
 def momentum_path(checkpoints: Path, version: int) -> Path:
     return checkpoints / f"v{version}.outer"
 
@@ -99,6 +124,10 @@ class GroupPolicyWorker:
             )
         if isinstance(call, OuterApply):
             return self.apply(call)
+        if isinstance(call, PackState):
+            return pack_state(self.policy.model, self.outer, self.policy.optimizer, 0)
+        if isinstance(call, Recover):
+            return self.recover(call)
         if isinstance(call, (Evaluate, TrainStep)):
             return self.worker(call)
         raise TypeError(f"GroupPolicyWorker does not take {type(call).__name__}")
@@ -130,17 +159,32 @@ class GroupPolicyWorker:
             dropped_heldout_groups=self.worker.dropped_heldout,
         )
 
+    def recover(self, call: Recover) -> Recovered:
+        """A joiner's state from the leader: loaded, checked, written as checkpoint
+        ``call.version`` (a restart resumes from it as from its own)."""
+        position = load_state(call.data, self.policy.model, self.outer, self.policy.optimizer)
+        if self.outer.step != call.version:
+            raise ValueError(f"a state of version {self.outer.step}, not {call.version}")
+        self._save(call.version)
+        packed = pack_state(self.policy.model, self.outer, self.policy.optimizer, position)
+        model_hash = params_hash(p for p in self.policy.model.parameters())
+        return Recovered(call.version, state_hash(packed), model_hash, position)
+
     def apply(self, call: OuterApply) -> str:
         """The outer step; checkpoint ``step + 1``; the hash of the new parameters."""
-        from safetensors.torch import save
-
         if self.outer.step != call.step:
             raise ValueError(f"outer step {call.step} asked, the policy is at {self.outer.step}")
         self.outer.apply(self.policy.model, call.average, alone=call.alone)
+        self._save(call.step + 1)
+        return params_hash(p for p in self.policy.model.parameters())
+
+    def _save(self, version: int) -> None:
+        """Checkpoint ``version``: the model directory, the inner optimizer's state and the
+        outer momentum (``v{n}.outer``)."""
+        from safetensors.torch import save
+
         root = Path(self.spec.policy.checkpoints)
-        version = call.step + 1
         self.policy.save(root / f"v{version}")
         self.policy.save_state(root / f"v{version}.state")
         momentum = {f"momentum.{i}": b.contiguous() for i, b in enumerate(self.outer.momentum)}
         write_atomic(momentum_path(root, version), save(momentum))
-        return params_hash(p for p in self.policy.model.parameters())

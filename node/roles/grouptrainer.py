@@ -24,7 +24,9 @@ One outer step n (policy version n, the same on every member, bit for bit):
 
 Before its first outer step (or after a restart without a recorded roster) the group
 forms: an all-reduce of a zero vector whose roster decides the owners of version n's
-batches. Where the weights go next: as from a single trainer, the workers pull them.
+batches. A member started after the group formed joins it instead (``node/roles/joining.py``:
+the leader's state over SHARDCAST, then its first outer step with no batch of its own); the
+leader offers its state at every boundary for that. Where the weights go next: as from a single trainer, the workers pull them.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from typing import Any
 import trio
 
 from node.config import NodeConfig
-from node.diloco.group import DilocoGroup, GroupConfig
+from node.diloco.group import DilocoGroup, GroupConfig, GroupError
 from node.net.runtime import Node
 from node.roles.chain import ChainSetupError, WorkWatcher, open_ledger
 from node.roles.grouping import Rosters, form, reduce, share, step_ready
@@ -48,6 +50,7 @@ from node.roles.grouppolicy import (
     OuterApply,
     PseudoGradient,
 )
+from node.roles.joining import Joined, enter, join, offer
 from node.roles.offload import Offload
 from node.roles.trainer import POLL_S, TrainerRole
 from node.roles.work import Key
@@ -100,6 +103,8 @@ class GroupTrainerRole(TrainerRole):
         async with trio.open_nursery() as nursery:
             # the group's protocols, and its DHT provider record (the leader's from the start)
             await nursery.start(self.group.serve)
+            if self._fresh():  # started after the group formed: recover its state first
+                await self._joined(await enter(self.group, self.policy))
             await super()._serve(task_status)
             nursery.cancel_scope.cancel()
 
@@ -113,9 +118,31 @@ class GroupTrainerRole(TrainerRole):
 
     # ---- one outer step ------------------------------------------------------------------
 
+    def _fresh(self) -> bool:
+        """A member with nothing of its own yet: it forms the group or joins it."""
+        return not self.leading and self.step == 0 and not self.rosters.by_version
+
+    async def _joined(self, joined: Joined | None) -> None:
+        """Continue from the state a join recovered (``None``: the group forms with us)."""
+        if joined is None:
+            return
+        self.state.step = joined.version
+        await trio.to_thread.run_sync(self.state.save, self.state_path)
+        self.rosters.record(joined.version, joined.roster)  # its batches are not ours
+        await trio.to_thread.run_sync(self.rosters.save, self.dir / ROSTERS_FILE)
+        self.outer = {"recovered": joined.record, "leader": False}
+
     async def _train_one(self) -> None:
         if self.step not in self.rosters.by_version:
-            await self._form(self.step)
+            try:
+                await self._form(self.step)
+            except GroupError:
+                if not self._fresh():
+                    raise
+                log.info("DiLoCo: the group formed without us: joining it")
+                await self._joined(await join(self.group, self.policy))
+        if self.leading and (self.group.snapshot or (-1,))[0] != self.step + 1:
+            await offer(self.group, self.policy, self.step)  # at start-up: the version we hold
         await super()._train_one()
 
     async def _form(self, n: int) -> None:
@@ -142,7 +169,9 @@ class GroupTrainerRole(TrainerRole):
         self.rosters.forget_before(n - self.cfg.async_level)
         await trio.to_thread.run_sync(self.rosters.save, self.dir / ROSTERS_FILE)
         digest = await self.policy.call(OuterApply(n, red.average, len(red.roster) == 1))
+        offered = await offer(self.group, self.policy, n + 1) if self.leading else None
         self.outer = {
+            "state_hash": offered,
             "params_hash": digest,
             "roster": red.roster,
             "inner_steps": min(self.cfg.diloco_inner_steps, stats.samples),
@@ -164,6 +193,8 @@ class GroupTrainerRole(TrainerRole):
         """This member's share of step ``n``'s batches; after ``step_wait``, what it has if
         the group has anything new (possibly nothing of its own: it still takes part in the
         outer step, with a zero pseudo-gradient); with nothing new anywhere, it waits on."""
+        if self.me not in self.rosters.by_version.get(n, [self.me]):
+            return []  # a joiner's first step: version n's batches were split without it
         started = time.monotonic()
         want = share(self.cfg.batches_per_step, len(self.rosters.latest()))
         while True:

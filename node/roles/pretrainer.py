@@ -21,7 +21,12 @@ One outer step n (policy version n, the same on every member, bit for bit):
    the token ranges it ``read``, ``diloco.params_hash``) and logs it.
 
 Before its first outer step the group forms (an all-reduce of a zero vector, as with GRPO):
-its roster fixes the shards. Where the weights go next: any node of the run pulls them.
+its roster fixes the shards. A member started after that joins instead
+(``node/roles/joining.py``): it recovers the leader's state, data position included, sits
+its first outer step out with a zero pseudo-gradient (it has no shard yet) and is admitted
+by that step's roster. Whenever an outer step's roster differs from the recorded one, every
+member cuts the text again over it and reads its new shard from the group's data position
+on (SPEC §17.2). Where the weights go next: any node of the run pulls them.
 """
 
 from __future__ import annotations
@@ -37,12 +42,13 @@ from typing import Any
 import trio
 
 from node.config import NodeConfig
-from node.diloco.group import DilocoGroup, GroupConfig, Reduced
+from node.diloco.group import DilocoGroup, GroupConfig, GroupError, Reduced
 from node.files import write_atomic
 from node.net.runtime import Node
 from node.roles.chain import ChainSetupError
 from node.roles.grouping import form, reduce
 from node.roles.grouppolicy import Delta, OuterApply, PseudoGradient
+from node.roles.joining import Joined, enter, join, offer
 from node.roles.offload import Offload
 from node.roles.pretrainpolicy import (
     InnerStats,
@@ -107,6 +113,7 @@ class PretrainRole:
             ),
         )
         self.policy: Any = None
+        self.recovered: dict[str, Any] | None = None  # how a joiner got the group's state
         self.info: ShardInfo | None = None
         self.position = 0
         recorded = recorded_lines(self.dir / METRICS_FILE)  # a restarted member shows them
@@ -133,23 +140,70 @@ class PretrainRole:
                 await nursery.start(self.group.serve)
                 await self._publish(self.step)  # after a restart: what a crash left unpublished
                 task_status.started(self)
-                if self.state.shards == 0:
-                    await self._form()
-                self.info = await self.policy.call(UseShard(self.state.shard, self.state.shards))
-                self.position = self.info.position
-                log.info(
-                    "pretraining on shard %d of %d (tokens %d..%d of %d), data position %d",
-                    self.state.shard,
-                    self.state.shards,
-                    *self.info.shard["tokens"],
-                    self.info.text_tokens,
-                    self.position,
-                )
+                if self.state.shards == 0 and self.state.shard < 0:
+                    await self._enter()
+                if self.state.shard >= 0:
+                    await self._use_shard()
                 while self.cfg.train_steps == 0 or self.step < self.cfg.train_steps:
                     await self._outer_step()
                 self.done = True
                 log.info("pretrained %d outer steps: done (still serving weights)", self.step)
                 await trio.sleep_forever()
+
+    async def _use_shard(self) -> None:
+        """Read the shard ``state`` names from the data position on."""
+        self.info = await self.policy.call(UseShard(self.state.shard, self.state.shards))
+        self.position = self.info.position
+        log.info(
+            "pretraining on shard %d of %d (tokens %d..%d of %d), data position %d",
+            self.state.shard,
+            self.state.shards,
+            *self.info.shard["tokens"],
+            self.info.text_tokens,
+            self.position,
+        )
+
+    async def _enter(self) -> None:
+        """A member with no state of its own: form the group, or join it if it runs
+        already (``node/roles/joining.py``)."""
+        joined = await enter(self.group, self.policy) if not self.leading else None
+        if joined is None:
+            try:
+                await self._form()
+                return
+            except GroupError:
+                if self.leading:
+                    raise
+                log.info("DiLoCo: the group formed without us: joining it")
+            joined = await join(self.group, self.policy)
+        await self._joined(joined)
+
+    async def _joined(self, joined: Joined) -> None:
+        """Continue from the recovered state: its version and data position; no shard until
+        the roster that admits us (shard -1: the first inner phase reads nothing)."""
+        self.state = PretrainState(joined.version, -1, 0, list(joined.roster))
+        await trio.to_thread.run_sync(self.state.save, self.dir / STATE_FILE)
+        self.position = int(joined.record["position"])
+        self.recovered = joined.record
+        self.last = {"step": joined.version, "diloco": {"recovered": joined.record}}
+        await trio.to_thread.run_sync(append_line, self.dir / METRICS_FILE, self.last)
+
+    async def _recut(self, roster: list[str]) -> None:
+        """The roster changed (a member joined or left): the text is cut again over it,
+        each member reads its new shard from the group's data position on."""
+        if roster == self.state.roster and self.state.shard >= 0:
+            return
+        me = roster.index(self.node.peer_id)
+        log.info(
+            "DiLoCo: the roster changed at version %d (%d members): reading shard %d of %d",
+            self.step,
+            len(roster),
+            me,
+            len(roster),
+        )
+        self.state = PretrainState(self.step, me, len(roster), list(roster))
+        await trio.to_thread.run_sync(self.state.save, self.dir / STATE_FILE)
+        await self._use_shard()
 
     async def _form(self) -> None:
         """The group's first roster; this member's index in it is its shard."""
@@ -165,7 +219,9 @@ class PretrainRole:
 
     async def _outer_step(self) -> None:
         n, began = self.step, time.monotonic()
-        stats: InnerStats = await self.policy.call(PretrainInner(n))
+        if self.leading and (self.group.snapshot or (-1,))[0] != n + 1:
+            await offer(self.group, self.policy, n)  # at start-up: the version we hold
+        stats: InnerStats = await self.policy.call(PretrainInner(n, self.state.shard >= 0))
         delta: Delta = await self.policy.call(PseudoGradient())
         reducing = time.monotonic()
         red = await reduce(self.group, n + 1, delta.vector, delta)
@@ -174,19 +230,22 @@ class PretrainRole:
         self.position = stats.position
         self.state.step = n + 1
         await trio.to_thread.run_sync(self.state.save, self.dir / STATE_FILE)
+        offered = await offer(self.group, self.policy, n + 1) if self.leading else None
         await self._publish(n + 1)
         self.idle_s += reduce_s
         self.busy_s += time.monotonic() - began - reduce_s
         line = self._line(stats, red, digest, reduce_s, began)
+        line["diloco"]["state_hash"] = offered
+        await self._recut(red.roster)  # the next inner phase reads the new roster's shard
         self.last = line
         self.curve.append(curve_point(line))
         await trio.to_thread.run_sync(append_line, self.dir / METRICS_FILE, line)
         log.info(
-            "pretrain: outer step %d with %d members: loss %.4f, data position %d "
+            "pretrain: outer step %d with %d members: loss %s, data position %d "
             "(%d tokens seen, read %s), params %s",
             n + 1,
             len(red.roster),
-            stats.loss,
+            "-" if stats.loss is None else f"{stats.loss:.4f}",
             stats.position,
             line["tokens_trained_total"],
             stats.read,

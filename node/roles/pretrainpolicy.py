@@ -30,7 +30,14 @@ from typing import Any
 
 from node.config import NodeConfig
 from node.diloco.corpus import CorpusError, Shard, read_text, spans
-from node.roles.grouppolicy import Delta, OuterApply, PseudoGradient
+from node.roles.grouppolicy import (
+    Delta,
+    OuterApply,
+    PackState,
+    PseudoGradient,
+    Recover,
+    Recovered,
+)
 
 DEFAULT_LR = 3e-4
 
@@ -87,14 +94,17 @@ class ShardInfo:
 
 @dataclass(frozen=True)
 class PretrainInner:
-    """The inner phase of outer step ``step``."""
+    """The inner phase of outer step ``step``; ``train`` False: a joiner's first outer step
+    (it has no shard before the roster that admits it): nothing is read or trained, the
+    data position advances by H as every member's does (a zero pseudo-gradient)."""
 
     step: int
+    train: bool = True
 
 
 @dataclass(frozen=True)
 class InnerStats:
-    loss: float  # mean next-token loss over the H inner steps (before each step)
+    loss: float | None  # mean next-token loss over the H inner steps (None: none taken)
     tokens: int  # target tokens trained on
     position: int  # batches of the shard consumed after the phase
     read: list[list[int]]  # the token ranges [a, b) of the text the phase read
@@ -169,6 +179,12 @@ class PretrainWorker:
             )
         if isinstance(call, OuterApply):
             return self.apply(call)
+        if isinstance(call, PackState):
+            from node.diloco.state import pack_state
+
+            return pack_state(self.model, self.outer, self.opt, self.position)
+        if isinstance(call, Recover):
+            return self.recover(call)
         raise TypeError(f"PretrainWorker does not take {type(call).__name__}")
 
     def batch(self, starts: list[int]) -> Any:
@@ -184,12 +200,15 @@ class PretrainWorker:
 
         from node.diloco.inner import inner_step
 
-        if self.shard is None:
-            raise ValueError("no shard chosen yet (UseShard)")
         if call.step != self.outer.step:
             raise ValueError(
                 f"inner phase of step {call.step} asked, the model is at {self.outer.step}"
             )
+        if not call.train:
+            self.position += self.spec.inner_steps
+            return InnerStats(None, 0, self.position, [], 0.0)
+        if self.shard is None:
+            raise ValueError("no shard chosen yet (UseShard)")
         began, first = time.perf_counter(), self.position
         losses: list[float] = []
         used: list[int] = []  # the starts of every sequence trained on
@@ -205,6 +224,22 @@ class PretrainWorker:
             read=spans(used, self.spec.seq_len),  # from the starts it used, not recomputed
             seconds=time.perf_counter() - began,
         )
+
+    def recover(self, call: Recover) -> Recovered:
+        """A joiner's state from the leader (θ, b, AdamW, step, data position): loaded into
+        both parameter copies, checked, written as checkpoint ``call.version``."""
+        from node.diloco.outer import params_hash
+        from node.diloco.state import load_state, pack_state, save_checkpoint, state_hash
+
+        position = load_state(call.data, self.model, self.outer, self.opt)
+        if self.outer.step != call.version:
+            raise ValueError(f"a state of version {self.outer.step}, not {call.version}")
+        self.position = position
+        self.policy.save(self.root / f"v{call.version}")
+        packed = pack_state(self.model, self.outer, self.opt, self.position)
+        save_checkpoint(state_path(self.root, call.version), packed)
+        model_hash = params_hash(p for p in self.model.parameters())
+        return Recovered(call.version, state_hash(packed), model_hash, self.position)
 
     def apply(self, call: OuterApply) -> str:
         """The outer step; checkpoint ``step + 1`` (model directory and state); the hash of
