@@ -72,6 +72,7 @@ def optional_section(module: str, call: Any) -> dict[str, Any]:
     spec = importlib.util.spec_from_file_location(f"bench_{module}", path)
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dataclasses look their module up while it executes
     spec.loader.exec_module(mod)
     return dict(call(mod))
 
