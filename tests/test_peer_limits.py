@@ -496,15 +496,20 @@ async def test_a_shunned_peer_is_not_read_until_its_cooldown_ends(tmp_path):
                         break
                     await trio.sleep(0.5)
                 served_while_held.append(limits.held(greedy.peer_id, trio.current_time()))
+                seen.append(limited(target, "shunned", "unknown") - shunned)
 
+            seen: list[int] = []  # its streams the target reset while it was held
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(held_ping)
                 assert await ping(honest, target) == "ok"  # (its one token)
                 assert served_while_held == []  # its streams wait, unread
-                assert limited(target, "shunned", "unknown") == shunned  # not even seen
                 assert limits.held(greedy.peer_id, trio.current_time()) > 0
                 await until(lambda: served_while_held)
             assert served_while_held == [0]  # read after the cooldown, and served
+            # not read while held: at most the stream py-libp2p retried for the ping that
+            # was shunned (counted a moment after it returned; the full suite met it),
+            # where reading on would have reset one every half second of the cooldown
+            assert seen[0] <= 1, seen
 
 
 async def test_presence_requests_of_a_peer_at_once_are_capped(tmp_path):

@@ -221,7 +221,12 @@ def gate_inbound_streams(host: IHost, gate: Callable[[str], float | None]) -> No
         if hold is None:
             await negotiate(stream)
             return
-        if hold > 0:
+        if hold > 0:  # every connection of the peer: its next stream may come on another
+            conns = swarm.get_connections(stream.muxed_conn.peer_id)
+            for muxed in {id(c.muxed_conn): c.muxed_conn for c in conns}.values() or [
+                stream.muxed_conn
+            ]:
+                hold_reads(muxed, hold)
             hold_reads(stream.muxed_conn, hold)
         try:
             await stream.reset()
