@@ -187,6 +187,27 @@ def test_the_window_as_the_clock_stood_at_submission():
     assert clock.window(41, 40, at=(11, 11)) is not None  # ahead of the trainer even now
 
 
+def worker_node(identity, announced: list):
+    """What the inference role asks of its node in ``_work``: the announcements it makes
+    go to ``announced``."""
+    return SimpleNamespace(
+        identity=identity,
+        metrics=Metrics(),
+        header=lambda: {},
+        announce=lambda topic, body: announced.append(topic),
+    )
+
+
+@dataclass
+class WorkLedger:
+    """The chain as ``_work`` uses it: submissions go to ``submitted`` (key, version)."""
+
+    submitted: list
+
+    def submit_work(self, key, units, version):
+        self.submitted.append((key, version))
+
+
 @pytest.mark.parametrize("trainer_moves_on", [False, True])
 async def test_a_batch_the_window_moved_past_while_it_was_generated_is_not_submitted(
     tmp_path, trainer_moves_on
@@ -204,22 +225,8 @@ async def test_a_batch_the_window_moved_past_while_it_was_generated_is_not_submi
     )
     announced, submitted = [], []
 
-    class Node:
-        def __init__(self):
-            self.identity = identity
-            self.metrics = Metrics()
-
-        def header(self):
-            return {}
-
-        def announce(self, topic, body):
-            announced.append(topic)
-
-    class Ledger:
-        def submit_work(self, key, units, version):
-            submitted.append((key, version))
-
-    role = InferenceRole(Node(), cfg.model_copy(update={"trainer_peer_id": TRAINER}))
+    node, ledger = worker_node(identity, announced), WorkLedger(submitted)
+    role = InferenceRole(node, cfg.model_copy(update={"trainer_peer_id": TRAINER}))
     role.clock.observe(TRAINER, StepNotice(step=3, policy_version=1))
 
     class Maker:
@@ -229,7 +236,7 @@ async def test_a_batch_the_window_moved_past_while_it_was_generated_is_not_submi
                 role.clock.observe(TRAINER, StepNotice(step=5, policy_version=4))
             return MadeBatch(a_batch(identity, step=3).encode())
 
-    role.maker, role.ledger = Maker(), Ledger()
+    role.maker, role.ledger = Maker(), ledger
     role.cheats = CheatPlan(("greedy",))  # a test cheat: the dropped one comes again
     await role._work(3, 1, str(tmp_path))
     assert role.done_step == 3  # either way, step 3 is not worked on again
@@ -247,7 +254,7 @@ async def test_a_batch_the_window_moved_past_while_it_was_generated_is_not_submi
 async def test_a_version_cheat_is_made_only_with_weights_verification_can_tell_apart(
     tmp_path, tiny_model_dir, far
 ):
-    """``older_version`` generates with the version before the claimed one only when their
+    """``older_version`` generates with an older version held in the window only when their
     weights are at least ``DETECTABLE_APART`` apart (SPEC §12.1); closer, the worker makes
     the batch with the claimed version's weights, records no cheat, and cheats next time."""
     import shutil
@@ -270,20 +277,7 @@ async def test_a_version_cheat_is_made_only_with_weights_verification_can_tell_a
     )
     submitted, made = [], []
 
-    class Node:
-        def __init__(self):
-            self.identity = identity
-            self.metrics = Metrics()
-
-        def header(self):
-            return {}
-
-        def announce(self, topic, body):
-            pass
-
-    class Ledger:
-        def submit_work(self, key, units, version):
-            submitted.append((key, version))
+    node, ledger = worker_node(identity, []), WorkLedger(submitted)
 
     class Weights:
         store = SimpleNamespace(complete={1: None, 2: None})
@@ -297,9 +291,9 @@ async def test_a_version_cheat_is_made_only_with_weights_verification_can_tell_a
             made.append((call.model_dir, call.cheat))
             return MadeBatch(a_batch(identity, step=3).encode())
 
-    role = InferenceRole(Node(), cfg.model_copy(update={"trainer_peer_id": TRAINER}))
+    role = InferenceRole(node, cfg.model_copy(update={"trainer_peer_id": TRAINER}))
     role.clock.observe(TRAINER, StepNotice(step=3, policy_version=2))
-    role.maker, role.ledger, role.weights = Maker(), Ledger(), Weights()
+    role.maker, role.ledger, role.weights = Maker(), ledger, Weights()
     role.cheats = CheatPlan(("older_version",))
     await role._work(3, 2, str(versions[2]))
     assert len(submitted) == 1 and submitted[0][1] == 2
