@@ -222,12 +222,11 @@ def gate_inbound_streams(host: IHost, gate: Callable[[str], float | None]) -> No
             await negotiate(stream)
             return
         if hold > 0:  # every connection of the peer: its next stream may come on another
-            conns = swarm.get_connections(stream.muxed_conn.peer_id)
-            for muxed in {id(c.muxed_conn): c.muxed_conn for c in conns}.values() or [
-                stream.muxed_conn
-            ]:
+            held = {id(stream.muxed_conn): stream.muxed_conn}
+            for conn in swarm.get_connections(stream.muxed_conn.peer_id):
+                held[id(conn.muxed_conn)] = conn.muxed_conn
+            for muxed in held.values():
                 hold_reads(muxed, hold)
-            hold_reads(stream.muxed_conn, hold)
         try:
             await stream.reset()
         except Exception:  # the connection went meanwhile: nothing to reset
