@@ -235,8 +235,37 @@ H = 2  # inner steps per outer step
 
 
 def lines_of(base, name):
+    """The member's metrics lines written so far (a line still being written is not one)."""
     path = base / name / "metrics.jsonl"
-    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    return [json.loads(x) for x in path.read_text().split("\n")[:-1] if x.strip()]
+
+
+def group_env(*admitted: str, steps: int) -> dict[str, str]:
+    """A two-member GRPO group's settings: the leader admits ``admitted``; ``steps`` outer
+    steps (0: on until the test stops it); no held-out evaluation."""
+    return {
+        "INTELLECT_NODE_DILOCO_ADMIT": ",".join(admitted),
+        "INTELLECT_NODE_DILOCO": "true",
+        "INTELLECT_NODE_DILOCO_MEMBERS": "2",
+        "INTELLECT_NODE_DILOCO_INNER_STEPS": str(H),
+        "INTELLECT_NODE_TRAIN_STEPS": str(steps),
+        "INTELLECT_NODE_EVAL_EVERY": "0",
+    }
+
+
+def grpo_run_env(*, batches_per_step: int) -> dict[str, str]:
+    """The run the groups train on. Level-1 tasks, six a batch: the tiny base answers about
+    half of them right, so nearly every group has mixed rewards (a GRPO signal); on levels
+    2-3 a whole batch is often wrong and trains nothing."""
+    return {
+        "INTELLECT_NODE_ASYNC_LEVEL": "2",
+        "INTELLECT_NODE_MAX_UNJUDGED": "2",
+        "INTELLECT_NODE_TASKSET": "arithmetic:1-1",
+        "INTELLECT_NODE_TASKS_PER_BATCH": "6",
+        "INTELLECT_NODE_GROUP_SIZE": "4",
+        "INTELLECT_NODE_BATCHES_PER_STEP": str(batches_per_step),
+        "INTELLECT_NODE_LEARNING_RATE": "0.001",
+    }
 
 
 @pytest.mark.timeout(1500)  # 11.5 minutes on a 2-core machine at load 40; a deadline only
@@ -251,29 +280,9 @@ def test_two_trainers_train_as_one_group_on_disjoint_batches_and_only_the_leader
 
     loop = Loop(tmp_path, tiny_model_dir, step_wait=20)
     member_id = load_or_create_identity(tmp_path / "trainer-1").peer_id
-    group = {
-        "INTELLECT_NODE_DILOCO_ADMIT": member_id,  # the leader admits only this member
-        "INTELLECT_NODE_DILOCO": "true",
-        "INTELLECT_NODE_DILOCO_MEMBERS": "2",
-        "INTELLECT_NODE_DILOCO_INNER_STEPS": str(H),
-        "INTELLECT_NODE_TRAIN_STEPS": str(STEPS),
-        "INTELLECT_NODE_EVAL_EVERY": "0",
-    }
+    group = group_env(member_id, steps=STEPS)  # the leader admits only this member
     try:
-        loop.env.update(
-            {
-                "INTELLECT_NODE_ASYNC_LEVEL": "2",
-                "INTELLECT_NODE_MAX_UNJUDGED": "2",
-                # level-1 tasks, six a batch: the tiny base answers about half of them right,
-                # so nearly every group has mixed rewards (a GRPO signal); on levels 2-3 a
-                # whole batch is often wrong and trains nothing
-                "INTELLECT_NODE_TASKSET": "arithmetic:1-1",
-                "INTELLECT_NODE_TASKS_PER_BATCH": "6",
-                "INTELLECT_NODE_GROUP_SIZE": "4",
-                "INTELLECT_NODE_BATCHES_PER_STEP": "2",
-                "INTELLECT_NODE_LEARNING_RATE": "0.001",
-            }
-        )
+        loop.env.update(grpo_run_env(batches_per_step=2))
         leader = loop.spawn("trainer", "trainer", env=group)
         member = loop.spawn("trainer-1", "trainer", env=group)
         loop.validator()
@@ -358,26 +367,9 @@ def test_a_trainer_started_later_joins_the_running_group_and_trains_its_share(
     names = ("trainer", "trainer-1", "trainer-2")
     loop = Loop(tmp_path, tiny_model_dir, step_wait=20)
     ids = {n: load_or_create_identity(tmp_path / n).peer_id for n in names}
-    group = {
-        "INTELLECT_NODE_DILOCO_ADMIT": f"{ids['trainer-1']},{ids['trainer-2']}",
-        "INTELLECT_NODE_DILOCO": "true",
-        "INTELLECT_NODE_DILOCO_MEMBERS": "2",
-        "INTELLECT_NODE_DILOCO_INNER_STEPS": str(H),
-        "INTELLECT_NODE_TRAIN_STEPS": "0",  # on until the test stops it
-        "INTELLECT_NODE_EVAL_EVERY": "0",
-    }
+    group = group_env(ids["trainer-1"], ids["trainer-2"], steps=0)  # on until stopped
     try:
-        loop.env.update(
-            {
-                "INTELLECT_NODE_ASYNC_LEVEL": "2",
-                "INTELLECT_NODE_MAX_UNJUDGED": "2",
-                "INTELLECT_NODE_TASKSET": "arithmetic:1-1",
-                "INTELLECT_NODE_TASKS_PER_BATCH": "6",
-                "INTELLECT_NODE_GROUP_SIZE": "4",
-                "INTELLECT_NODE_BATCHES_PER_STEP": "3",
-                "INTELLECT_NODE_LEARNING_RATE": "0.001",
-            }
-        )
+        loop.env.update(grpo_run_env(batches_per_step=3))
         loop.spawn("trainer", "trainer", env=group)
         loop.spawn("trainer-1", "trainer", env=group)
         loop.validator()
@@ -406,11 +398,13 @@ def test_a_trainer_started_later_joins_the_running_group_and_trains_its_share(
             return min(lines_of(tmp_path, n)[-1]["step"] for n in names[:2]) >= trained[0]
 
         wait_until(joined_and_two_more, 1200, "the joiner's recovery and its own batches")
+        # the members train on while the chain is read: their lines first, so that every
+        # batch they name was submitted before the chain's events are read
+        lines = {n: {x["step"]: x for x in lines_of(tmp_path, n)} for n in names}
         subs = {k: int(v) for k, v in submission_versions(loop.client()).items()}
     finally:
         loop.close()
 
-    lines = {n: {x["step"]: x for x in lines_of(tmp_path, n)} for n in names}
     first = min(lines["trainer-2"])
     s = first + 1
     rec = lines["trainer-2"][first]["diloco"]["recovered"]
