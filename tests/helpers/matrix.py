@@ -133,7 +133,10 @@ def run_matrix(
                 return False
         return all((loop.section(n, "inference") or {}).get("accepted", 0) >= 1 for n in honest)
 
-    wait_until(enough, timeout, f"every cheat made {trials} time(s)", interval=3)
+    try:
+        wait_until(enough, timeout, f"every cheat made {trials} time(s)", interval=3)
+    except AssertionError as exc:  # say where the run stood: which cheat, which node
+        raise AssertionError(f"{exc}\n{where(loop, cheaters, honest, trials)}") from None
     loop.nodes["trainer"].stop()  # the clock stops: no new steps, so no new batches
     client = loop.client()
     workers = (*honest, *cheaters)
@@ -146,6 +149,24 @@ def run_matrix(
 
     wait_until(all_judged, 300, "every submitted batch to be judged", interval=3)
     return books(loop, client, workers)
+
+
+def where(loop: Loop, cheaters: dict[str, str], honest: tuple[str, ...], trials: int) -> str:
+    """The run's state when it timed out: each worker's step, versions, counts and the
+    cheats it has still to make, and the trainer's step."""
+    keys = ("step", "policy_version", "version_used", "weights_held", "last_batch_step")
+    keys += ("generated", "submitted", "accepted", "rejected", "unjudged", "stale", "errors")
+    trainer = loop.section("trainer", "trainer") or {}
+    out = [f"trainer: { {k: v for k, v in trainer.items() if k not in ('curve', 'last')} }"]
+    out.append(f"validator: {loop.section('validator', 'validator')}")
+    for name in (*honest, *cheaters):
+        got = loop.section(name, "inference") or {}
+        row = {k: got.get(k) for k in keys}
+        if name in cheaters:
+            counts = Counter(made_by(loop, name).values())
+            row["missing"] = [c for c in cheaters[name].split(",") if counts[c] < trials]
+        out.append(f"{name}: {row}")
+    return "\n".join(out)
 
 
 def books(loop: Loop, client, workers: tuple[str, ...]) -> MatrixBooks:
