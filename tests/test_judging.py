@@ -159,3 +159,23 @@ def test_announced_keys_never_submitted_are_forgotten_after_the_fetch_deadline()
     assert q.dropped == 1 and len(q.entries) == 2
     q.noticed((WORKER, b"\x03" * 32), "flooder", now=31)  # the first two expired
     assert q.expired == 2 and list(q.entries) == [(WORKER, b"\x03" * 32)]
+
+
+def test_the_versions_of_work_not_judged_yet_are_the_weights_to_keep():
+    """``versions``: the policy versions of submitted keys still to fetch or retry (the
+    validator keeps their weights however far the run moves on); a key announced but not
+    submitted has none yet, a fetched or unavailable key needs none any more."""
+    q = JudgingQueue(fetch_deadline_s=60)
+    q.noticed(K1, "A", now=0)
+    assert q.versions() == set()  # not on-chain: no version known
+    q.submitted(K1, units=1, policy_version=3, now=0)
+    q.submitted(K2, units=1, policy_version=5, now=0)
+    assert q.versions() == {3, 5}
+    assert q.next_fetch(0) == (K1, "A")
+    q.fetch_failed(K1, now=1)
+    assert q.versions() == {3, 5}  # retried later: still needed
+    assert q.next_fetch(2) == (K1, "A")
+    q.fetched(K1)
+    assert q.versions() == {5}
+    assert q.unavailable(61) == [K2]  # nobody announced it: rejected, its weights not needed
+    assert q.versions() == set()

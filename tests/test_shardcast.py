@@ -354,6 +354,46 @@ def test_retention_keeps_the_newest_k_versions(tmp_path):
     assert store.retain(3, floor=5) == [3, 4] and sorted(store.complete) == [5]
 
 
+async def test_versions_still_needed_are_kept_and_fetchable_below_the_window(tmp_path):
+    """A validator's versions of work it has not judged yet (``needed``) outlive the
+    retention window: the store keeps them, the book still accepts their manifests and a
+    pull of one is not refused as too old (the matrix stalled when a late batch's version
+    was gone: left unjudged, its worker waited for the verdict forever)."""
+    from node.shardcast.versions import VersionBook
+
+    store = make_store(tmp_path, "origin")
+    src = checkpoint(tmp_path, {"w.bin": 1000})
+    sources = {
+        v: publish(
+            store, src, identity=TRAINER, version=v, step=v, shard_size=64 * KiB, seq=v, ts_ms=1
+        )
+        for v in range(1, 8)
+    }
+    assert sorted(store.retain(4, floor=4, needed={2})) == [1, 3]
+    assert sorted(store.complete) == [2, 4, 5, 6, 7]
+
+    book = VersionBook(
+        make_store(tmp_path, "follower"), run_id="run-1", trainer=TRAINER.peer_id, async_level=2
+    )
+    book.accept(sources[7].envelope)  # the newest: the window is 5..7
+    with pytest.raises(WireError, match="below the retention window"):
+        book.accept(sources[3].envelope)
+    assert book.outside(3) and book.outside(2)
+    book.needed = lambda: {3}
+    assert not book.outside(3) and book.outside(2)
+    manifest, new = book.accept(sources[3].envelope)
+    assert manifest.version == 3 and new and book.knows(3)
+
+    kept = VersionBook(store, run_id="run-1", trainer=TRAINER.peer_id, async_level=2)
+    await kept.load()
+    kept.needed = lambda: {4}
+    await kept.retain(downloading=())
+    assert sorted(store.complete) == [4, 5, 6, 7]  # keep = 4: 2 went, 4 stays as needed
+    kept.needed = frozenset
+    await kept.retain(downloading=())
+    assert sorted(store.complete) == [5, 6, 7]  # the window's floor: 7 - 2
+
+
 def test_retention_from_several_threads_at_once_drops_each_version_once(tmp_path, monkeypatch):
     """Downloads finish in worker threads and each retains: two retains at once both saw
     version 2 and both dropped it (KeyError: a worker of the matrix run died of it)."""

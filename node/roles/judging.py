@@ -143,6 +143,14 @@ class JudgingQueue:
             back_off = self.retry_s * 2 ** (entry.attempts - 1)
         entry.next_try = now + min(self.retry_max_s, back_off)
 
+    def versions(self) -> set[int]:
+        """The policy versions of submitted keys not judged yet: the weights to keep."""
+        return {
+            e.policy_version
+            for e in self.entries.values()
+            if not e.done and e.policy_version is not None
+        }
+
     def fetched(self, key: Key) -> None:
         """The batch arrived and goes to judgement; it is never fetched again."""
         entry = self.entries[key]

@@ -88,6 +88,7 @@ class ValidatorRole:
         self.verdicts: Counter[str] = Counter()  # accepted, invalid, mismatch, unavailable
         self.recent: deque[dict[str, Any]] = deque(maxlen=20)
         self.fetch_failures = 0
+        self.judging: int | None = None  # the policy version of the batch being judged
         self.judge_seconds = 0.0
         self.busy = BusyTime()  # fetching, judging, posting
         self.unposted = VerdictPosts()
@@ -141,6 +142,13 @@ class ValidatorRole:
             recent=list(self.recent),
             latency_s=self.latency.summary(),
         )
+
+    def needed_versions(self) -> set[int]:
+        """The policy versions of submitted work not judged yet, and of the batch being
+        judged: SHARDCAST keeps their weights however far the run moved on meanwhile (a
+        batch this validator gets to late was left unjudged when they were gone)."""
+        judging = set() if self.judging is None else {self.judging}
+        return self.queue.versions() | judging
 
     # ---- inputs ------------------------------------------------------------------------
 
@@ -219,6 +227,8 @@ class ValidatorRole:
         follow_steps(self.node, self.clock)
         follow_notices(self.node, self.on_notice)
         self.node.add_status("validator", lambda: self.status().as_dict())
+        if self.weights is not None:  # the weights of work still to judge are kept
+            self.weights.keep_needed(self.needed_versions)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._watch_chain)
             self.busy.since = time.monotonic()
@@ -245,7 +255,11 @@ class ValidatorRole:
                     self.work = trio.Event()
                     continue
                 began = time.monotonic()
-                await self._fetch_and_judge(*got)
+                self.judging = self.submissions[got[0]].policy_version
+                try:
+                    await self._fetch_and_judge(*got)
+                finally:
+                    self.judging = None
                 self.busy.add(time.monotonic() - began)
 
     async def _fetch_and_judge(self, key: Key, peer: str) -> None:
@@ -276,7 +290,7 @@ class ValidatorRole:
         self.queue.fetched(key)
         verdict = await trio.to_thread.run_sync(self.judge, batch, self.submissions[key])
         if verdict is None:  # the cheap checks passed: tasks, rewards and proofs
-            model_dir = await self._model_dir(batch.policy_version)
+            model_dir = await weights_of(batch.policy_version, self.cfg.model, self.weights)
             if model_dir is None:
                 log.error(
                     "no weights of version %d: %s left unjudged",
@@ -292,27 +306,6 @@ class ValidatorRole:
                 log.error("checking %s failed: %s", key[1].hex()[:16], exc)
                 return
         await self._post(key, verdict)
-
-    async def _model_dir(self, version: int) -> str | None:
-        """The weights a batch was generated with: the base model for version 0, else the
-        version from SHARDCAST (pulled if it is not here yet, waited for while it downloads,
-        at most ``WEIGHTS_WAIT_S``)."""
-        if version == 0:
-            return str(self.cfg.model)
-        if self.weights is None:
-            return None
-        with trio.move_on_after(WEIGHTS_WAIT_S):
-            asked = False
-            while (path := self.weights.model_dir(version)) is None:
-                if not asked:
-                    try:
-                        await self.weights.pull(version)
-                        asked = True
-                    except ValueError as exc:  # no manifest yet: gossip brings it
-                        log.debug("policy version %d not available yet: %s", version, exc)
-                await trio.sleep(0.5)
-            return str(path)
-        return None
 
     async def _post(self, key: Key, v: Verdict) -> None:
         worker, work_key = key
@@ -371,6 +364,28 @@ class ValidatorRole:
                 "mismatch", f"units {sub.units} on-chain, {batch.num_tokens} tokens"
             )
         return None
+
+
+async def weights_of(version: int, base: Any, weights: Any) -> str | None:
+    """The weights a batch was generated with: the base model for version 0, else the
+    version from SHARDCAST (pulled if it is not here yet, waited for while it downloads,
+    at most ``WEIGHTS_WAIT_S``); None when it cannot be had."""
+    if version == 0:
+        return str(base)
+    if weights is None:
+        return None
+    with trio.move_on_after(WEIGHTS_WAIT_S):
+        asked = False
+        while (path := weights.model_dir(version)) is None:
+            if not asked:
+                try:
+                    await weights.pull(version)
+                    asked = True
+                except ValueError as exc:  # no manifest yet: gossip brings it
+                    log.debug("policy version %d not available yet: %s", version, exc)
+            await trio.sleep(0.5)
+        return str(path)
+    return None
 
 
 def registered_peer(registrations: Any, worker: str) -> str | None:

@@ -86,7 +86,7 @@ class Follower:
             version = self.book.newest_known
             if version == 0:
                 raise ValueError("no version known: no peer holds a verified manifest")
-        if version < self.book.floor:
+        if self.book.outside(version):
             raise ValueError(
                 f"version {version} is outside the retention window "
                 f"({self.book.newest_known} - {self.cfg.async_level})"

@@ -23,6 +23,7 @@ arguments and public methods only:
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
@@ -84,6 +85,12 @@ class WeightService:
     def model_dir(self, version: int) -> Path | None:
         """The files of a complete, verified version (a model directory); None if not held."""
         return self.book.model_dir(version)
+
+    def keep_needed(self, needed: Callable[[], Collection[int]]) -> None:
+        """Keep (and still fetch) every version ``needed()`` names, however old: the
+        validator's versions of submitted work it has not judged yet (a batch it gets to
+        late is judged with the weights it was made with, not left unjudged)."""
+        self.book.needed = needed
 
     def weights_status(self) -> WeightsStatus:
         return WeightsStatus(self.book.status(), self.downloads.status(), self.server.status())

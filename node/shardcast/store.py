@@ -31,6 +31,7 @@ import os
 import shutil
 import struct
 import threading
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -268,17 +269,22 @@ class WeightStore:
             self.complete[m.version] = src
             return src
 
-    def retain(self, keep: int, floor: int = 0) -> list[int]:
+    def retain(self, keep: int, floor: int = 0, needed: Collection[int] = frozenset()) -> list[int]:
         """Delete all but the newest ``keep`` complete versions, every version below
         ``floor`` (outside the retention window), and partial downloads older than the
-        oldest kept version. Returns the deleted versions. Safe to call from several
-        threads at once: each version is deleted (and returned) once."""
+        oldest kept version; never a version in ``needed`` (work made with it is still to
+        be judged). Returns the deleted versions. Safe to call from several threads at
+        once: each version is deleted (and returned) once."""
         with self.lock:
-            return self._retain(keep, floor)
+            return self._retain(keep, floor, frozenset(needed))
 
-    def _retain(self, keep: int, floor: int) -> list[int]:
+    def _retain(self, keep: int, floor: int, needed: frozenset[int]) -> list[int]:
         versions = sorted(self.complete)
-        drop = [v for i, v in enumerate(versions) if i < len(versions) - keep or v < floor]
+        drop = [
+            v
+            for i, v in enumerate(versions)
+            if (i < len(versions) - keep or v < floor) and v not in needed
+        ]
         for v in drop:
             self.complete.pop(v).close()
             shutil.rmtree(self.root / version_dir_name(v), ignore_errors=True)

@@ -3,14 +3,15 @@ the versions held complete in the store, the downloads in progress (as shard sou
 and retention. No network here: the parts that talk to peers ask it and tell it.
 
 A manifest is remembered only verified (the trainer's signature, this run) and inside the
-retention window (newest known − ``async_level``); a second, different manifest for a
-version we know is refused. The store keeps the newest ``async_level + 2`` versions.
+retention window (newest known − ``async_level``) or still needed (``needed``: a validator's
+versions of work it has still to judge); a second, different manifest for a version we know
+is refused. The store keeps the newest ``async_level + 2`` versions and every needed one.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -72,6 +73,9 @@ class VersionBook:
         self.async_level = async_level
         # one more than the window: a validator still judges work of the version just left
         self.keep = async_level + 2
+        # the versions this node must keep whatever their age (set by its role): a
+        # validator's versions of submitted work it has not judged yet
+        self.needed: Callable[[], Collection[int]] = frozenset
         self._manifests: dict[int, tuple[WeightManifest, bytes]] = {}
         self._partials: dict[int, Partial] = {}
 
@@ -90,6 +94,10 @@ class VersionBook:
     def floor(self) -> int:
         """The oldest version inside the retention window."""
         return self.newest_known - self.async_level
+
+    def outside(self, version: int) -> bool:
+        """Whether ``version`` is below the retention window and not needed here."""
+        return version < self.floor and version not in self.needed()
 
     def knows(self, version: int) -> bool:
         return version in self._manifests
@@ -154,7 +162,7 @@ class VersionBook:
                     Reason.MALFORMED, f"a second, different manifest for version {m.version}"
                 )
             return m, False
-        if m.version < self.floor:
+        if self.outside(m.version):
             raise WireError(
                 Reason.REPLAY,
                 f"version {m.version} is below the retention window "
@@ -185,7 +193,8 @@ class VersionBook:
     async def retain(self, downloading: Collection[int]) -> None:
         """Delete versions beyond the newest ``keep`` or below the window; the manifests of
         versions still ``downloading`` stay known."""
-        dropped = await trio.to_thread.run_sync(self.store.retain, self.keep, self.floor)
+        needed = frozenset(self.needed())
+        dropped = await trio.to_thread.run_sync(self.store.retain, self.keep, self.floor, needed)
         for v in dropped:
             if v not in downloading:
                 self._manifests.pop(v, None)
