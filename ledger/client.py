@@ -328,6 +328,10 @@ class LedgerClient:
         """The chain's newest block number."""
         return int(_retry(lambda: self.w3.eth.block_number))
 
+    def chain_time(self) -> int:
+        """The timestamp of the chain's newest block (the contract's clock)."""
+        return int(_retry(lambda: self.w3.eth.get_block("latest")["timestamp"]))
+
     def claimable(self, account: str) -> int:
         return int(self._view("claimable", self._addr(account)))
 

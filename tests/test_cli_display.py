@@ -114,6 +114,7 @@ def _status() -> dict:
         accepted=5,
         rejected=1,
         unjudged=2,
+        expired=0,
         tokens=900,
         errors=0,
         stale=0,

@@ -4,6 +4,7 @@ a refused verdict again, when the trainer asks again for a batch; how busy a rol
 the keys of each role's /status section."""
 
 import json
+import time
 
 import pytest
 
@@ -74,6 +75,66 @@ def test_pending_verdicts_count_rejections_by_the_ledgers_reason():
     assert (p.accepted, p.rejected) == (1, 3)
 
 
+def test_a_pending_batch_whose_verdict_window_passed_waits_no_more():
+    """No validator can judge it after its window (it is never paid): the worker stops
+    waiting for it (with ``max_unjudged`` 1 it would never generate again)."""
+    p = PendingVerdicts()
+    p.submitted(b"a", 1)
+    assert not p.settle(b"a", "pending") and len(p) == 1  # within its window: wait
+    assert not p.settle(b"a", "pending", window_passed=True)
+    assert (len(p), p.expired, p.accepted, p.rejected) == (0, 1, 0, 0)
+    p.submitted(b"b", 2)
+    p.settle(b"b", "accepted", window_passed=True)  # a verdict came: it counts as that
+    assert (p.expired, p.accepted) == (1, 1)
+
+
+async def test_the_worker_role_stops_waiting_for_a_batch_the_chain_says_is_past_its_window(
+    tmp_path,
+):
+    """The chain's clock decides: by our clock the window passed, by the chain's not yet
+    (still waited for); once the chain's time passes it, the batch is expired."""
+    from node.config import load_config
+    from node.net.metrics import Metrics
+    from node.roles.inference import InferenceRole
+
+    cfg = load_config(
+        environ={"INTELLECT_NODE_MODEL": str(tmp_path), "INTELLECT_NODE_DATA_DIR": str(tmp_path)}
+    )
+
+    class Node:
+        metrics = Metrics()
+
+    class Ledger:
+        block, now, until = 5, 0, time.time() - 10  # our clock: 10 s past the window
+
+        def head(self):
+            self.block += 1  # a new block every read: statuses are read every time
+            return self.block
+
+        def chain_time(self):
+            return self.now
+
+        def submission(self, worker, key):
+            info = {"status": "pending", "reason": 0, "verdict_until": self.until}
+            return type("Info", (), info)()
+
+        def worker(self, address):
+            return type("W", (), {"stake": 1, "locked": 0, "slashed": 0})()
+
+        pending = claimable = lambda self, a: 0  # noqa: E731 - part of the money
+
+    role = InferenceRole(Node(), cfg.model_copy(update={"trainer_peer_id": "12D3KooW" + "A" * 44}))
+    ledger = Ledger()
+    role.ledger, role.address = ledger, "0x" + "11" * 20
+    role.pending.submitted(b"k" * 32, 3)
+    ledger.now = int(ledger.until) - 5  # the chain's clock lags ours: not yet
+    await role._refresh_verdicts()
+    assert len(role.pending) == 1 and role.status().expired == 0
+    ledger.now = int(ledger.until) + 1
+    await role._refresh_verdicts()
+    assert len(role.pending) == 0 and role.status().expired == 1 and role.status().unjudged == 0
+
+
 def test_a_worker_reads_statuses_after_a_new_block_and_its_money_after_verdicts():
     reads = ChainReads(money_every=15)
     assert reads.statuses_due(7) and not reads.statuses_due(7) and reads.statuses_due(8)
@@ -108,7 +169,8 @@ async def test_the_worker_role_reads_the_chain_only_when_it_can_have_changed(tmp
 
         def submission(self, worker, key):
             calls.append("submission")
-            return type("Info", (), {"status": self.status, "reason": 0})()
+            info = {"status": self.status, "reason": 0, "verdict_until": time.time() + 600}
+            return type("Info", (), info)()
 
         def worker(self, address):
             calls.append("money")
@@ -236,7 +298,7 @@ def test_idle_share_with_given_times():
 
 def test_the_status_sections_keep_their_keys():
     """The devnet, the CLI, the bench and the tests read these keys from /status."""
-    counts = dict(generated=1, submitted=1, accepted=0, rejected=0, unjudged=1, tokens=8)
+    counts = dict(generated=1, submitted=1, accepted=0, rejected=0, unjudged=1, expired=0)
     inference = InferenceStatus(
         address=W,
         step=3,
@@ -247,6 +309,7 @@ def test_the_status_sections_keep_their_keys():
         cheat="none",
         idle_share=0.5,
         **counts,
+        tokens=8,
         errors=0,
         stale=0,
         tokens_per_s=4.0,
@@ -254,7 +317,7 @@ def test_the_status_sections_keep_their_keys():
     keys = [
         "address", "step", "policy_version", "version_used", "weights_held",
         "last_batch_step", "cheat", "idle_share", "generated", "submitted", "accepted",
-        "rejected", "unjudged", "tokens", "errors", "stale", "tokens_per_s",
+        "rejected", "unjudged", "expired", "tokens", "errors", "stale", "tokens_per_s",
     ]  # fmt: skip
     assert list(inference.as_dict()) == [*keys, "rejected_by_reason", "cheat_keys"]
     money = Stake(stake_wei=5, locked_wei=1, slashed=0, pending_wei=2, claimable_wei=3)

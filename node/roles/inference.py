@@ -147,6 +147,7 @@ class InferenceRole:
             accepted=self.pending.accepted,
             rejected=self.pending.rejected,
             unjudged=len(self.pending),
+            expired=self.pending.expired,
             tokens=c.tokens,
             errors=c.errors,
             stale=c.stale,
@@ -238,9 +239,10 @@ class InferenceRole:
             infos = await trio.to_thread.run_sync(
                 lambda: [self.ledger.submission(self.address, k) for k in keys]
             )
-            for key, info in zip(keys, infos, strict=True):
+            late = await windows_passed(self.ledger, keys, infos)
+            for key, info, gone in zip(keys, infos, late, strict=True):
                 reason = REASON_NAMES.get(info.reason, "rejected")
-                if self.pending.settle(key, info.status, reason):
+                if self.pending.settle(key, info.status, reason, window_passed=gone):
                     await self._resubmit(key)  # stored, but a crash came before the submission
         if self.reads.money_due(time.monotonic(), len(self.pending) < waiting):
             self.stake = await trio.to_thread.run_sync(self._money)
@@ -383,3 +385,18 @@ async def run(
 ) -> None:
     """The role as a service the runtime starts."""
     await InferenceRole(node, cfg, weights).serve(task_status=task_status)
+
+
+async def windows_passed(ledger: Any, keys: list[bytes], infos: list[Any]) -> list[bool]:
+    """For each pending submission: whether its verdict window has passed without a
+    verdict (no validator can judge it now). The chain's clock decides; it is read only
+    when our clock says some window has passed."""
+    late = [i.status == "pending" and time.time() > i.verdict_until for i in infos]
+    if not any(late):
+        return late
+    now = int(await trio.to_thread.run_sync(ledger.chain_time))
+    out = [was and now > i.verdict_until for was, i in zip(late, infos, strict=True)]
+    for key, gone in zip(keys, out, strict=True):
+        if gone:
+            log.warning("batch %s got no verdict within its verdict window", key.hex()[:16])
+    return out

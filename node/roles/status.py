@@ -41,6 +41,7 @@ class InferenceStatus:
     accepted: int
     rejected: int
     unjudged: int  # submitted, no verdict yet
+    expired: int  # submitted, no verdict within the verdict window (never paid)
     tokens: int
     errors: int
     stale: int  # generated, then left unsubmitted: the window had moved past it

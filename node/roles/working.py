@@ -42,6 +42,7 @@ class PendingVerdicts:
     accepted: int = 0
     rejected: int = 0
     rejected_by_reason: Counter[str] = field(default_factory=Counter)
+    expired: int = 0  # no verdict within the verdict window: never paid, never judged now
 
     def __len__(self) -> int:
         return len(self.steps)
@@ -57,14 +58,22 @@ class PendingVerdicts:
     def submitted(self, key: bytes, step: int) -> None:
         self.steps[key] = step
 
-    def settle(self, key: bytes, status: str, reason: str = "rejected") -> bool:
-        """The ledger's status of ``key``: accepted or rejected settle it; True when it must
-        be submitted (again): a restored batch the ledger never heard of, a crash came
-        between storing it and submitting it. It is no longer pending then, until
-        ``submitted``. ``reason``: why the ledger rejected it (``invalid``, ...)."""
+    def settle(
+        self, key: bytes, status: str, reason: str = "rejected", *, window_passed: bool = False
+    ) -> bool:
+        """The ledger's status of ``key``: accepted or rejected settle it, and so does a
+        pending one whose verdict window passed (``window_passed``: no validator can judge
+        it any more; it is never paid, and waiting for it would stop the worker for good).
+        True when it must be submitted (again): a restored batch the ledger never heard
+        of, a crash came between storing it and submitting it. It is no longer pending
+        then, until ``submitted``. ``reason``: why the ledger rejected it (``invalid``,
+        ...)."""
         if status == "none" and self.steps.get(key) == RESTORED:
             del self.steps[key]
             return True
+        if status == "pending" and window_passed:
+            self.expired += 1
+            del self.steps[key]
         if status == "accepted":
             self.accepted += 1
             del self.steps[key]
