@@ -88,11 +88,41 @@ def test_a_pending_batch_whose_verdict_window_passed_waits_no_more():
     assert (p.expired, p.accepted) == (1, 1)
 
 
-async def test_the_worker_role_stops_waiting_for_a_batch_the_chain_says_is_past_its_window(
-    tmp_path,
-):
-    """The chain's clock decides: by our clock the window passed, by the chain's not yet
-    (still waited for); once the chain's time passes it, the batch is expired."""
+class StatusChain:
+    """The chain as a worker reads it for its pending batches and its money; every read
+    is recorded in ``calls``. Each submission has ``status`` and ends its verdict window at
+    ``until``; the chain's clock reads ``now``."""
+
+    def __init__(self, status: str = "pending", until: float | None = None) -> None:
+        self.block, self.status, self.now = 5, status, 0
+        self.until = time.time() + 600 if until is None else until
+        self.calls: list[str] = []
+
+    def head(self):
+        self.calls.append("head")
+        return self.block
+
+    def chain_time(self):
+        self.calls.append("time")
+        return self.now
+
+    def submission(self, worker, key):
+        self.calls.append("submission")
+        info = {"status": self.status, "reason": 0, "verdict_until": self.until}
+        return type("Info", (), info)()
+
+    def worker(self, address):
+        self.calls.append("money")
+        return type("W", (), {"stake": 1, "locked": 0, "slashed": 0})()
+
+    def pending(self, account):  # part of the money
+        return 0
+
+    claimable = pending
+
+
+def worker_role(tmp_path, ledger: StatusChain):
+    """An inference role reading ``ledger``, with one batch submitted and pending."""
     from node.config import load_config
     from node.net.metrics import Metrics
     from node.roles.inference import InferenceRole
@@ -104,33 +134,23 @@ async def test_the_worker_role_stops_waiting_for_a_batch_the_chain_says_is_past_
     class Node:
         metrics = Metrics()
 
-    class Ledger:
-        block, now, until = 5, 0, time.time() - 10  # our clock: 10 s past the window
-
-        def head(self):
-            self.block += 1  # a new block every read: statuses are read every time
-            return self.block
-
-        def chain_time(self):
-            return self.now
-
-        def submission(self, worker, key):
-            info = {"status": "pending", "reason": 0, "verdict_until": self.until}
-            return type("Info", (), info)()
-
-        def worker(self, address):
-            return type("W", (), {"stake": 1, "locked": 0, "slashed": 0})()
-
-        pending = claimable = lambda self, a: 0  # noqa: E731 - part of the money
-
     role = InferenceRole(Node(), cfg.model_copy(update={"trainer_peer_id": "12D3KooW" + "A" * 44}))
-    ledger = Ledger()
     role.ledger, role.address = ledger, "0x" + "11" * 20
     role.pending.submitted(b"k" * 32, 3)
+    return role
+
+
+async def test_the_worker_role_stops_waiting_for_a_batch_the_chain_says_is_past_its_window(
+    tmp_path,
+):
+    """The chain's clock decides: by our clock the window passed, by the chain's not yet
+    (still waited for); once the chain's time passes it, the batch is expired."""
+    ledger = StatusChain(until=time.time() - 10)  # our clock: 10 s past the window
+    role = worker_role(tmp_path, ledger)
     ledger.now = int(ledger.until) - 5  # the chain's clock lags ours: not yet
     await role._refresh_verdicts()
     assert len(role.pending) == 1 and role.status().expired == 0
-    ledger.now = int(ledger.until) + 1
+    ledger.block, ledger.now = ledger.block + 1, int(ledger.until) + 1  # a new block: read
     await role._refresh_verdicts()
     assert len(role.pending) == 0 and role.status().expired == 1 and role.status().unjudged == 0
 
@@ -147,40 +167,8 @@ def test_a_worker_reads_statuses_after_a_new_block_and_its_money_after_verdicts(
 async def test_the_worker_role_reads_the_chain_only_when_it_can_have_changed(tmp_path):
     """Per poll: one block-number read; the pending batches' statuses only in a new block;
     the money after a verdict (else every 15 s)."""
-    from node.config import load_config
-    from node.net.metrics import Metrics
-    from node.roles.inference import InferenceRole
-
-    cfg = load_config(
-        environ={"INTELLECT_NODE_MODEL": str(tmp_path), "INTELLECT_NODE_DATA_DIR": str(tmp_path)}
-    )
-
-    class Node:
-        metrics = Metrics()
-
-    calls = []
-
-    class Ledger:
-        block, status = 5, "pending"
-
-        def head(self):
-            calls.append("head")
-            return self.block
-
-        def submission(self, worker, key):
-            calls.append("submission")
-            info = {"status": self.status, "reason": 0, "verdict_until": time.time() + 600}
-            return type("Info", (), info)()
-
-        def worker(self, address):
-            calls.append("money")
-            return type("W", (), {"stake": 1, "locked": 0, "slashed": 0})()
-
-        pending = claimable = lambda self, a: 0  # noqa: E731 - part of the money
-
-    role = InferenceRole(Node(), cfg.model_copy(update={"trainer_peer_id": "12D3KooW" + "A" * 44}))
-    role.ledger, role.address = Ledger(), "0x" + "11" * 20
-    role.pending.submitted(b"k" * 32, 3)
+    role = worker_role(tmp_path, StatusChain())
+    calls = role.ledger.calls
     await role._refresh_verdicts()
     assert calls == ["head", "submission", "money"]
     calls.clear()

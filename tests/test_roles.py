@@ -331,15 +331,20 @@ def test_a_worker_never_generates_with_a_version_the_chain_would_refuse_as_stale
     assert role.versions.pick(7, [2], announced=7) == (2 if window >= 5 else None)
 
 
-def test_a_validator_keeps_the_weights_of_work_it_has_not_judged_yet(tmp_path):
-    """``needed_versions``: the on-chain versions of submissions still to judge and the
-    version of the batch being judged, whatever the window (SHARDCAST keeps them)."""
+def validator_role(tmp_path):
+    """A validator role of this run (no node, no chain: its decisions only)."""
     from node.roles.validator import ValidatorRole
 
     cfg = load_config(
         environ={"INTELLECT_NODE_MODEL": str(tmp_path), "INTELLECT_NODE_DATA_DIR": str(tmp_path)}
     )
-    role = ValidatorRole(None, cfg.model_copy(update={"trainer_peer_id": TRAINER}))
+    return ValidatorRole(None, cfg.model_copy(update={"trainer_peer_id": TRAINER}))
+
+
+def test_a_validator_keeps_the_weights_of_work_it_has_not_judged_yet(tmp_path):
+    """``needed_versions``: the on-chain versions of submissions still to judge and the
+    version of the batch being judged, whatever the window (SHARDCAST keeps them)."""
+    role = validator_role(tmp_path)
     old, new = ("0x" + "12" * 20, b"\x01" * 32), ("0x" + "12" * 20, b"\x02" * 32)
     role.queue.submitted(old, 10, 2, now=0.0, holder="peerA")
     role.queue.submitted(new, 10, 9, now=1.0, holder="peerA")
@@ -357,12 +362,7 @@ async def test_a_validator_reads_the_chain_at_once_after_a_notice_and_less_often
     """Its chain reads (``_read_chain``) back off 0.25 → 0.5 → 1 → 2 → 4 s while nothing new
     is submitted, a batch notice brings the next read forward to now, and a read that finds
     work starts again at 0.25 s."""
-    from node.roles.validator import ValidatorRole
-
-    cfg = load_config(
-        environ={"INTELLECT_NODE_MODEL": str(tmp_path), "INTELLECT_NODE_DATA_DIR": str(tmp_path)}
-    )
-    role = ValidatorRole(None, cfg.model_copy(update={"trainer_peer_id": TRAINER}))
+    role = validator_role(tmp_path)
     reads, found = [], {5}  # the 6th read finds a submission
 
     async def read_chain():
