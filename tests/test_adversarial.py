@@ -213,6 +213,39 @@ async def test_bad_gossip_is_rejected_and_counted(target, channel):
         assert (await trio.to_thread.run_sync(status, node))["peer_id"] == st["peer_id"]
 
 
+async def test_garbage_on_the_gossipsub_stream_drops_that_stream_not_the_node(target):
+    """py-libp2p's pubsub reads each varint-prefixed RPC and parses it with protobuf; a
+    frame protobuf cannot parse raised ``DecodeError`` out of its stream handler, and a
+    worker of the matrix died of it. The node must count it, drop that peer's stream, and
+    go on gossiping with everyone else."""
+    from libp2p.utils.varint import encode_varint_prefixed
+
+    node, st = target
+    async with connected_client(st) as client:
+        for garbage in (b"\x0a\xff\xff\xff\xff\x0f", bytes([0xFF] * 40)):
+            stream = await client.host.new_stream(client.peer, [ids.GOSSIPSUB])
+            await stream.write(encode_varint_prefixed(garbage))
+            with trio.move_on_after(10):  # the node resets it: the read ends
+                try:
+                    while await stream.read(1024):
+                        pass
+                except Exception:  # noqa: S110 - a reset is the expected end
+                    pass
+    text = await read_metrics(node)
+    assert counter(text, "intellect_rejected_total", protocol="gossip-rpc", reason="malformed") == 2
+    # still up, and its gossip still works: a new peer's heartbeat reaches it
+    async with connected_client(st, with_pubsub=True) as other:
+        topic = ids.presence_topic(RUN)
+        await other.pubsub.subscribe(topic)
+        await other.pubsub.wait_for_subscription(other.peer, topic, timeout=10)
+        await other.pubsub.publish(topic, seal(other.identity, other.node_info()))
+        await trio.to_thread.run_sync(
+            lambda: wait_until(
+                lambda: other.identity.peer_id in peer_roles(node), 15, "the heartbeat to arrive"
+            )
+        )
+
+
 async def test_plaintext_dialer_is_refused(target):
     node, st = target
     identity = Identity.generate()

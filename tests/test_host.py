@@ -9,6 +9,7 @@ import os
 
 import pytest
 import trio
+import trio.lowlevel
 import trio.testing
 from libp2p.io.trio import TrioTCPStream
 from libp2p.peer.peerstore import PeerStoreError
@@ -409,3 +410,100 @@ def test_a_node_sends_larger_yamux_frames_and_a_stock_py_libp2p_peer_reads_them(
         peer.wait()
         if peer.stdout is not None:
             peer.stdout.close()
+
+
+class Windowed:
+    """A stream written as yamux writes when the peer's window runs short: in pieces, with
+    other tasks run between them."""
+
+    def __init__(self) -> None:
+        self.data = bytearray()
+
+    async def write(self, data: bytes) -> None:
+        for i in range(0, len(data), 1000):
+            self.data += data[i : i + 1000]
+            await trio.lowlevel.checkpoint()
+
+
+def read_rpcs(data: bytes) -> list:
+    """The varint-prefixed RPCs in ``data``; protobuf's ``DecodeError`` if one is garbled."""
+    from libp2p.pubsub.pb import rpc_pb2
+
+    out, pos = [], 0
+    while pos < len(data):
+        size, shift = 0, 0
+        while True:
+            byte = data[pos]
+            pos += 1
+            size |= (byte & 0x7F) << shift
+            shift += 7
+            if byte < 0x80:
+                break
+        rpc = rpc_pb2.RPC()
+        rpc.ParseFromString(bytes(data[pos : pos + size]))
+        out.append(rpc)
+        pos += size
+    return out
+
+
+@pytest.mark.trio
+async def test_gossip_rpcs_written_at_once_to_one_stream_arrive_whole():
+    """Forwarding, the heartbeat and a replay can each write to one peer's gossip stream;
+    py-libp2p's yamux takes its lock per piece, so without a lock per RPC their pieces
+    interleave and the peer reads garbage (``DecodeError``)."""
+    from libp2p.pubsub.pb import rpc_pb2
+
+    from crypto.identity import Identity
+    from node.net.host import build_host, build_pubsub
+
+    pubsub = build_pubsub(build_host(Identity.generate()))
+    stream = Windowed()
+    rpcs = [
+        rpc_pb2.RPC(publish=[rpc_pb2.Message(data=bytes([i]) * 5000, topicIDs=["t"])])
+        for i in range(3)
+    ]
+    async with trio.open_nursery() as nursery:
+        for rpc in rpcs:
+            nursery.start_soon(pubsub.write_msg, stream, rpc)
+    got = read_rpcs(bytes(stream.data))
+    assert sorted(r.publish[0].data for r in got) == sorted(r.publish[0].data for r in rpcs)
+
+
+@pytest.mark.trio
+async def test_a_stream_handler_that_raises_loses_its_stream_not_the_host():
+    """py-libp2p lets a handler's error end the connection's task group and the host with
+    it; behind the node's gate (``gate_inbound_streams``) it resets that stream only."""
+    import multiaddr
+    from libp2p.peer.peerinfo import info_from_p2p_addr
+
+    from crypto.identity import Identity
+    from node.net.host import build_host, gate_inbound_streams
+
+    server, client = build_host(Identity.generate()), build_host(Identity.generate())
+    gate_inbound_streams(server, lambda peer: None)
+    served = []
+
+    async def handler(stream):
+        data = await stream.read(100)
+        if data == b"boom":
+            raise ValueError("a handler's bug")
+        served.append(data)
+        await stream.write(b"ok")
+        await stream.close()
+
+    server.set_stream_handler("/intellect/test-raise/1.0.0", handler)
+    listen = [multiaddr.Multiaddr("/ip4/127.0.0.1/tcp/0")]
+    async with server.run(listen), client.run(listen):
+        addr = f"{server.get_addrs()[0]}"
+        info = info_from_p2p_addr(multiaddr.Multiaddr(addr))
+        with trio.fail_after(20):
+            await client.connect(info)
+            for data in (b"boom", b"hello", b"boom", b"again"):
+                stream = await client.new_stream(info.peer_id, ["/intellect/test-raise/1.0.0"])
+                await stream.write(data)
+                try:
+                    reply = await stream.read(100)
+                except Exception:  # the failed handler's stream was reset
+                    reply = b""
+                assert reply == (b"" if data == b"boom" else b"ok"), data
+    assert served == [b"hello", b"again"]

@@ -41,6 +41,16 @@
   wrapper reads ahead up to ``READ_AHEAD`` bytes per ``recv`` and serves the small reads
   from that buffer: a bare py-libp2p stream between two processes here goes from ~174 to
   ~370 MB/s (``bench/shardcast.py`` measures against an unpatched host, ``plain_host``).
+- Whole gossip RPCs (``GuardedPubsub``): py-libp2p writes an RPC with one ``write``, but
+  yamux sends it in pieces as the receiver's window allows, taking its lock per piece; two
+  tasks writing to one peer's gossip stream (forwarding, the heartbeat's control messages,
+  a replay) can interleave their pieces once the window runs short, and the receiver
+  reads a garbled RPC. Our pubsub writes one RPC at a time per stream. An RPC protobuf
+  cannot parse raised ``DecodeError`` out of py-libp2p's stream handler and took the whole
+  node down (a worker of the adversarial matrix died of it): the guard resets that peer's
+  stream, drops it from gossip as py-libp2p does for its own parse errors, and reports it.
+- Any other stream handler (``gate_inbound_streams``) that raises loses its stream, never
+  the host: py-libp2p lets the error end the connection's task group, and with it the node.
 - Advertised addresses (``cache_addrs``): py-libp2p rebuilds them on every call, and calls
   it for every gossip RPC and Kademlia reply; the node's host keeps them ``ADDRS_TTL`` s.
 - Wire bytes: py-libp2p counts no traffic; the same wrapper counts in ``WIRE`` every byte
@@ -50,14 +60,17 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import time
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
 import multiaddr
 import trio
+from google.protobuf.message import DecodeError
 from libp2p import new_host
 from libp2p.abc import IHost
 from libp2p.crypto.ed25519 import create_new_key_pair
@@ -90,6 +103,7 @@ from libp2p.stream_muxer.yamux import yamux as yamux_module
 from crypto.identity import Identity
 from protocol.ids import GOSSIPSUB, KAD
 
+log = logging.getLogger("intellect.node")
 SUBSCRIPTION_QUEUE = 4096
 READ_AHEAD = 256 * 1024  # bytes per recv at most (tune_tcp_streams)
 YAMUX_FRAME = 1024 * 1024  # most bytes per yamux frame we send, header in (larger_yamux_frames)
@@ -217,9 +231,19 @@ def gate_inbound_streams(host: IHost, gate: Callable[[str], float | None]) -> No
     negotiate = swarm.common_stream_handler
 
     async def gated(stream: Any) -> None:
-        hold = gate(stream.muxed_conn.peer_id.to_base58())
+        peer = stream.muxed_conn.peer_id.to_base58()
+        hold = gate(peer)
         if hold is None:
-            await negotiate(stream)
+            try:
+                await negotiate(stream)
+            except Exception as exc:  # one peer's stream must never end the host
+                log.warning(
+                    "stream handler failed peer=%s protocol=%s error=%r (stream reset)",
+                    peer[-8:],
+                    stream.get_protocol(),
+                    exc,
+                )
+                await _reset(stream)
             return
         if hold > 0:  # every connection of the peer: its next stream may come on another
             held = {id(stream.muxed_conn): stream.muxed_conn}
@@ -227,12 +251,16 @@ def gate_inbound_streams(host: IHost, gate: Callable[[str], float | None]) -> No
                 held[id(conn.muxed_conn)] = conn.muxed_conn
             for muxed in held.values():
                 hold_reads(muxed, hold)
-        try:
-            await stream.reset()
-        except Exception:  # the connection went meanwhile: nothing to reset
-            pass
+        await _reset(stream)
 
     swarm.set_stream_handler(gated)
+
+
+async def _reset(stream: Any) -> None:
+    try:
+        await stream.reset()
+    except Exception:  # the connection went meanwhile: nothing to reset
+        pass
 
 
 def hold_reads(muxed_conn: Any, seconds: float) -> None:
@@ -426,9 +454,38 @@ class Router(GossipSub):
                 return
 
 
+class GuardedPubsub(Pubsub):
+    """py-libp2p's pubsub, writing one RPC at a time on each stream, and dropping the stream
+    of a peer whose RPC cannot be parsed (``on_bad_rpc(peer, detail)`` is told) instead of
+    letting ``DecodeError`` end the node."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.on_bad_rpc: Callable[[ID, str], None] | None = None
+        self._write_locks: weakref.WeakKeyDictionary[Any, trio.Lock] = weakref.WeakKeyDictionary()
+
+    async def write_msg(self, stream: Any, rpc_msg: rpc_pb2.RPC) -> bool:
+        lock = self._write_locks.get(stream)
+        if lock is None:
+            lock = self._write_locks[stream] = trio.Lock()
+        async with lock:
+            ok: bool = await super().write_msg(stream, rpc_msg)
+            return ok
+
+    async def stream_handler(self, stream: Any) -> None:
+        try:
+            await super().stream_handler(stream)
+        except DecodeError as exc:
+            peer = stream.muxed_conn.peer_id
+            if self.on_bad_rpc is not None:
+                self.on_bad_rpc(peer, f"gossip RPC not parsed: {exc}")
+            await _reset(stream)
+            self._handle_dead_peer(peer)
+
+
 def build_pubsub(
     host: IHost, heartbeat_interval: int = 1, replay_newest: dict[str, int] | None = None
-) -> Pubsub:
+) -> GuardedPubsub:
     pubsub_module.SUBSCRIPTION_CHANNEL_SIZE = SUBSCRIPTION_QUEUE
     _gossip_records_verified_once()
     router = Router(
@@ -441,7 +498,7 @@ def build_pubsub(
         max_pending_messages_per_peer=1000,
     )
     router.replay_newest = replay_newest or {}
-    return Pubsub(host, router, strict_signing=True)
+    return GuardedPubsub(host, router, strict_signing=True)
 
 
 async def providers_nearby(

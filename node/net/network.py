@@ -49,6 +49,8 @@ class Network:
         # peer id -> None if its new inbound stream is negotiated, else seconds to hold
         # its connection's reads after resetting the stream (``Requests`` sets it)
         self.inbound_gate: Callable[[str], float | None] | None = None
+        # told (peer id, detail) of a gossip RPC that could not be parsed (``Requests``)
+        self.on_bad_gossip: Callable[[str, str], None] | None = None
 
     @asynccontextmanager
     async def running(self) -> AsyncIterator[Network]:
@@ -61,6 +63,9 @@ class Network:
         )
         self.pubsub = build_pubsub(
             host, replay_newest={ids.presence_topic(self.cfg.run_id): REPLAY_PRESENCE}
+        )
+        self.pubsub.on_bad_rpc = lambda peer, detail: (
+            None if self.on_bad_gossip is None else self.on_bad_gossip(peer.to_base58(), detail)
         )
         self.dht = build_dht(host)
         async with AsyncExitStack() as stack:

@@ -105,6 +105,9 @@ class Requests:
             cooldown=cfg.peer_shun_cooldown,
         )
         network.inbound_gate = self.admits_stream
+        network.on_bad_gossip = lambda peer, detail: self.reject(
+            "gossip-rpc", peer, WireError(Reason.MALFORMED, detail)
+        )
 
     # ---- counting ---------------------------------------------------------------------
 
