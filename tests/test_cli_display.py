@@ -205,6 +205,7 @@ def test_devnet_table_has_a_row_per_role_and_the_trainer_line() -> None:
         judge_seconds=1.0,
         idle_share=0.5,
         waiting=1,
+        given_up=0,
     ).as_dict()
     trainer = TrainerStatus(
         step=2,

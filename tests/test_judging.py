@@ -176,6 +176,57 @@ def test_the_versions_of_work_not_judged_yet_are_the_weights_to_keep():
     assert q.versions() == {3, 5}  # retried later: still needed
     assert q.next_fetch(2) == (K1, "A")
     q.fetched(K1)
+    assert q.versions() == {3, 5}  # in judgement: it may have to be judged again
+    q.judged(K1)
     assert q.versions() == {5}
     assert q.unavailable(61) == [K2]  # nobody announced it: rejected, its weights not needed
     assert q.versions() == set()
+
+
+def test_a_batch_that_could_not_be_judged_is_fetched_again_later_then_given_up():
+    """No weights of its version here, or the batch checker failed: the batch is fetched
+    and judged again after 30 s, then 60 s (also past the fetch deadline, where a key never
+    fetched gets its last tries at once), and given up after the third failure."""
+    q = JudgingQueue(fetch_deadline_s=60, check_retry_s=30, check_tries=3)
+    q.submitted(K1, units=1, policy_version=3, now=0)
+    q.noticed(K1, "A", now=0)
+    assert q.next_fetch(0) == (K1, "A")
+    q.fetched(K1)
+    assert q.check_failed(K1, now=5) == 35
+    assert q.next_fetch(34) is None and q.wake_at(34) == 35
+    assert q.versions() == {3}  # its weights are still needed
+    assert q.next_fetch(35) == (K1, "A")
+    q.fetched(K1)
+    assert q.check_failed(K1, now=70) == 130  # past the deadline: the back-off still decides
+    assert q.next_fetch(71) is None and q.unavailable(71) == [] and q.wake_at(71) == 130
+    assert q.next_fetch(130) == (K1, "A")
+    q.fetched(K1)
+    assert q.check_failed(K1, now=131) is None
+    assert q.given_up == 1 and q.versions() == set() and q.waiting() == 0
+    q.noticed(K1, "A", now=132)
+    q.submitted(K1, units=1, policy_version=3, now=132)
+    assert q.next_fetch(500) is None and q.unavailable(500) == []  # never again
+
+
+def test_judged_keys_keep_no_entry_and_their_announcements_cost_nothing():
+    """A judged key leaves the queue (its walks stay as short as the backlog) but is still
+    never judged again; workers announce a batch again until they see its verdict, and
+    those announcements neither wait as unsubmitted keys nor fill the peer's share."""
+    q = JudgingQueue(per_peer_unsubmitted=4)
+    keys = [(WORKER, bytes([i]) * 32) for i in range(50)]
+    for i, key in enumerate(keys):
+        q.noticed(key, "A", now=i)
+        q.submitted(key, units=1, policy_version=0, now=i)
+        assert q.next_fetch(i)[0] == key
+        q.fetched(key)
+        q.judged(key)
+    assert q.entries == {} and q.waiting() == 0
+    for key in keys:  # announced again
+        q.noticed(key, "A", now=60)
+    assert q.entries == {} and q.dropped == 0
+    fresh = [(WORKER, bytes([200 + i]) * 32) for i in range(4)]
+    for key in fresh:  # new batches of the same peer are still taken, up to its share
+        q.noticed(key, "A", now=61)
+    assert list(q.entries) == fresh
+    q.noticed(keys[0], "A", now=62)  # a judged key: not a refusal of the full share either
+    assert q.dropped == 0

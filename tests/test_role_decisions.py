@@ -317,12 +317,12 @@ def test_the_status_sections_keep_their_keys():
     validator = ValidatorStatus(
         address=W, step=1, judged=2, accepted=1, rejected=1,
         rejected_by_reason={"invalid": 1}, fetch_failures=0, unposted=0, removed_at=None,
-        not_ours=0, judge_seconds=0.1, idle_share=0.9, waiting=0, recent=[],
+        not_ours=0, judge_seconds=0.1, idle_share=0.9, waiting=0, given_up=0, recent=[],
     )  # fmt: skip
     assert list(validator.as_dict()) == [
         "address", "step", "judged", "accepted", "rejected", "rejected_by_reason",
         "fetch_failures", "unposted", "removed_at", "not_ours", "judge_seconds",
-        "idle_share", "waiting", "recent", "latency_s",
+        "idle_share", "waiting", "given_up", "recent", "latency_s",
     ]  # fmt: skip
     trainer = TrainerStatus(
         step=1, policy_version=1, train_steps=3, done=False, accepted=2, rejected=0,

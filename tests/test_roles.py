@@ -352,8 +352,81 @@ def test_a_validator_keeps_the_weights_of_work_it_has_not_judged_yet(tmp_path):
     role.queue.fetched(old)  # fetched: being judged now
     role.judging = 2
     assert role.needed_versions() == {2, 9}
+    role.queue.judged(old)
     role.judging = None
     assert role.needed_versions() == {9}
+
+
+async def test_a_batch_a_validator_cannot_judge_now_is_judged_later_not_dropped(
+    tmp_path, monkeypatch
+):
+    """Without the weights of the batch's version, or when the batch checker fails a call,
+    the batch goes back to the queue (``check_failed``) instead of being dropped without a
+    verdict; a checker process that died ends the role (every batch would fail so)."""
+    import node.roles.validator as validator_module
+    from node.roles.work import Verdict
+
+    role = validator_role(tmp_path)
+    key = ("0x" + "12" * 20, b"\x01" * 32)
+    batch = SimpleNamespace(policy_version=4)
+
+    async def fetch_batch(node, peer, work_key, expected_size=None):
+        return batch, b"envelope"
+
+    weights = {"dir": None}
+
+    async def weights_of(version, base, store):
+        return weights["dir"]
+
+    class Checker:
+        def __init__(self):
+            self.fail, self.dead = None, False
+
+        async def call(self, call):
+            if self.fail:
+                raise OffloadError(self.fail)
+            return Verdict.accept()
+
+        def alive(self):
+            return not self.dead
+
+    posted = []
+
+    async def post(k, verdict):
+        posted.append((k, verdict.reason))
+
+    monkeypatch.setattr(validator_module, "fetch_batch", fetch_batch)
+    monkeypatch.setattr(validator_module, "weights_of", weights_of)
+    monkeypatch.setattr(validator_module, "cheap_checks", lambda *args: None)
+    role.checker, role._post = Checker(), post
+    role.submissions[key] = SimpleNamespace(policy_version=4)
+    role.queue.submitted(key, 10, 4, now=trio.current_time(), holder="peerA")
+
+    async def fetch_and_judge():
+        got = role.queue.next_fetch(trio.current_time() + 10_000)
+        assert got == (key, "peerA")
+        await role._fetch_and_judge(*got)
+
+    await fetch_and_judge()  # no weights of version 4 here
+    assert posted == [] and role.queue.entries[key].check_failures == 1
+    assert role.needed_versions() == {4}
+    weights["dir"] = str(tmp_path)
+    role.checker.fail = "RuntimeError: out of memory"
+    await fetch_and_judge()  # the checker failed the call
+    assert posted == [] and role.queue.entries[key].check_failures == 2
+    role.checker.fail = None
+    await fetch_and_judge()
+    assert posted == [(key, "accepted")] and role.queue.waiting() == 0
+    role.queue.submitted(key, 10, 4, now=0.0, holder="peerA")
+    assert role.queue.next_fetch(10_000) is None  # judged once only
+
+    other = ("0x" + "12" * 20, b"\x02" * 32)
+    role.submissions[other] = SimpleNamespace(policy_version=4)
+    role.queue.submitted(other, 10, 4, now=trio.current_time(), holder="peerA")
+    role.checker.fail, role.checker.dead = "the worker process died (exit code -9)", True
+    got = role.queue.next_fetch(trio.current_time())
+    with pytest.raises(OffloadError, match="died"):
+        await role._fetch_and_judge(*got)
 
 
 async def test_a_validator_reads_the_chain_at_once_after_a_notice_and_less_often_when_idle(

@@ -14,6 +14,12 @@ The clock alone never makes a key unavailable: time the validator spent elsewher
 a backlog, waiting for a step announcement or for weights) is not the worker's fault, and
 a key it gets to only after the deadline is fetched and judged on its merits (the worker
 serves it for the whole verdict window, SPEC §14). Every key is judged at most once.
+A fetched batch that could not be judged now (the weights of its version are not here, or
+the batch checker failed) is fetched and judged again after ``check_retry_s``, doubling,
+up to ``check_tries`` times in all; then it is given up, left without a verdict (its worker
+stops waiting once the verdict window passes). Only keys still to judge keep an entry:
+a judged key is remembered by its key alone, so the queue's walks stay as short as the
+backlog however long the run.
 Announcements of keys never submitted are bounded: each peer may have at most
 ``per_peer_unsubmitted`` of them waiting, and each waits at most ``fetch_deadline_s`` for
 its submission before it is forgotten (a flood from one peer cannot crowd out the others'
@@ -38,7 +44,8 @@ class _Entry:
     next_try: float = 0.0
     late_failures: int = 0  # fetches that failed at or after the fetch deadline
     in_flight: bool = False
-    done: bool = False
+    done: bool = False  # fetched, in judgement now
+    check_failures: int = 0  # judgements that could not finish (check_failed)
 
 
 @dataclass
@@ -49,17 +56,24 @@ class JudgingQueue:
     last_tries: int = 3  # failed fetches per peer after the deadline: then unavailable
     max_pending: int = 4096  # keys tracked but not yet judged (announcement floods stop here)
     per_peer_unsubmitted: int = 64  # announced by one peer and not (yet) submitted on-chain
-    entries: dict[Key, _Entry] = field(default_factory=dict)
+    check_retry_s: float = 30.0  # first wait before a batch that could not be judged is retried
+    check_tries: int = 3  # judgements that could not finish: then it is given up
+    entries: dict[Key, _Entry] = field(default_factory=dict)  # keys still to judge
+    closed: set[Key] = field(default_factory=set)  # judged, unavailable or given up
     dropped: int = 0  # notices refused because the queue or the peer's share was full
     expired: int = 0  # announced keys never submitted within the fetch deadline
+    given_up: int = 0  # batches that could not be judged check_tries times
 
-    def _pending(self) -> int:
-        return sum(1 for e in self.entries.values() if not e.done)
+    def waiting(self) -> int:
+        """Keys tracked and not yet judged (the one in judgement now too)."""
+        return len(self.entries)
 
     def _entry(self, key: Key) -> _Entry | None:
+        if key in self.closed:
+            return None
         entry = self.entries.get(key)
         if entry is None:
-            if self._pending() >= self.max_pending:
+            if len(self.entries) >= self.max_pending:
                 self.dropped += 1
                 return None
             entry = self.entries[key] = _Entry()
@@ -86,6 +100,8 @@ class JudgingQueue:
     def noticed(self, key: Key, peer: str, now: float) -> None:
         """``peer`` announced that it holds the batch."""
         self._expire(now)
+        if key in self.closed:
+            return
         if key not in self.entries and self._unsubmitted_by(peer) >= self.per_peer_unsubmitted:
             self.dropped += 1
             return
@@ -122,8 +138,11 @@ class JudgingQueue:
             and e.peers
             and e.submitted_at is not None
             and not self._gave_up(e)
-            # past the deadline: the last tries, the first at once
-            and (e.next_try <= now or (now >= self._deadline(e) and not e.late_failures))
+            # past the deadline: the last tries, the first at once (not a judgement's retry)
+            and (
+                e.next_try <= now
+                or (now >= self._deadline(e) and not e.late_failures and not e.check_failures)
+            )
         ]
         if not ready:
             return None
@@ -145,17 +164,32 @@ class JudgingQueue:
 
     def versions(self) -> set[int]:
         """The policy versions of submitted keys not judged yet: the weights to keep."""
-        return {
-            e.policy_version
-            for e in self.entries.values()
-            if not e.done and e.policy_version is not None
-        }
+        return {e.policy_version for e in self.entries.values() if e.policy_version is not None}
 
     def fetched(self, key: Key) -> None:
-        """The batch arrived and goes to judgement; it is never fetched again."""
+        """The batch arrived and goes to judgement; it is not fetched again unless the
+        judgement cannot finish (``check_failed``)."""
         entry = self.entries[key]
         entry.in_flight = False
         entry.done = True
+
+    def judged(self, key: Key) -> None:
+        """A verdict on ``key`` was reached: it is never fetched nor judged again."""
+        self.entries.pop(key, None)
+        self.closed.add(key)
+
+    def check_failed(self, key: Key, now: float) -> float | None:
+        """The fetched batch could not be judged now: it is fetched again after a back-off;
+        returns when, or None when it has failed ``check_tries`` times and is given up."""
+        entry = self.entries[key]
+        entry.check_failures += 1
+        if entry.check_failures >= self.check_tries:
+            self.judged(key)
+            self.given_up += 1
+            return None
+        entry.done = False
+        entry.next_try = now + self.check_retry_s * 2 ** (entry.check_failures - 1)
+        return entry.next_try
 
     def _deadline(self, e: _Entry) -> float:
         assert e.submitted_at is not None
@@ -179,8 +213,9 @@ class JudgingQueue:
                 and now >= self._deadline(e)
                 and (not e.peers or self._gave_up(e))
             ):
-                e.done = True
                 out.append(key)
+        for key in out:
+            self.judged(key)
         return out
 
     def wake_at(self, now: float) -> float | None:
@@ -194,7 +229,7 @@ class JudgingQueue:
                 times.append(now)  # unavailable now
             elif not e.peers:
                 times.append(deadline)
-            elif e.late_failures:  # the next of the last tries
+            elif e.late_failures or e.check_failures:  # the next of the last tries, a retry
                 times.append(max(now, e.next_try))
             else:  # the next try, or the first of the last ones at the deadline
                 times.append(max(now, min(e.next_try, deadline)))

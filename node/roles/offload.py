@@ -100,6 +100,10 @@ class Offload:
             raise OffloadError(value)
         return value
 
+    def alive(self) -> bool:
+        """Whether the child process still runs (a failed call leaves it running)."""
+        return self._proc.is_alive()
+
     async def ready(self) -> None:
         """Wait until the child built its handler (its error if it could not)."""
         async with self._lock:

@@ -71,6 +71,7 @@ class ValidatorStatus:
     judge_seconds: float
     idle_share: float
     waiting: int  # keys tracked, not judged yet
+    given_up: int  # batches that could not be judged (JudgingQueue.check_tries times)
     recent: list[dict[str, Any]] = field(default_factory=list)  # the last verdicts posted
     # seconds from seeing a submission on-chain to posting its verdict (VerdictLatency)
     latency_s: dict[str, float | int | None] = field(default_factory=dict)

@@ -7,7 +7,7 @@ the worker's registered peer (a validator restarted after a batch was announced 
 finds it), and
 ``JudgingQueue`` (``node/roles/judging.py``) decides what to fetch next, when to retry and
 when a batch is unavailable. A fetched batch (``node/roles/exchange.py``) is judged
-cheapest checks first: 1-3 here in a worker thread (``judge``), 4-5 in the batch checker,
+cheapest checks first: 1-3 here in a worker thread (``cheap_checks``), 4-5 in the batch checker,
 a child process (``Offload(BatchChecker, CheckerSpec.of(cfg))``, ``node/roles/checking.py``):
 
 1. the batch is the worker's: signed by the peer key the worker registered on-chain, with a
@@ -138,7 +138,8 @@ class ValidatorRole:
             not_ours=self.not_ours,
             judge_seconds=round(self.judge_seconds, 3),
             idle_share=self.busy.idle_share(time.monotonic()),
-            waiting=sum(1 for e in self.queue.entries.values() if not e.done),
+            waiting=self.queue.waiting(),
+            given_up=self.queue.given_up,
             recent=list(self.recent),
             latency_s=self.latency.summary(),
         )
@@ -273,7 +274,7 @@ class ValidatorRole:
                 served_under_another_key, self.ledger, exc.batch, key[0]
             )
             if verdict is not None:
-                self.queue.fetched(key)
+                self.queue.judged(key)
                 await self._post(key, verdict)
                 return
             self.fetch_failures += 1
@@ -288,24 +289,38 @@ class ValidatorRole:
                 await self.node.disconnect(peer)  # a stuck connection: dial afresh next time
             return
         self.queue.fetched(key)
-        verdict = await trio.to_thread.run_sync(self.judge, batch, self.submissions[key])
-        if verdict is None:  # the cheap checks passed: tasks, rewards and proofs
+        sub = self.submissions[key]
+        args = (batch, sub, self.registrations, self.clock, self.clock_at.get(key))
+        verdict = await trio.to_thread.run_sync(cheap_checks, *args)
+        if verdict is None:  # they passed: tasks, rewards and proofs
             model_dir = await weights_of(batch.policy_version, self.cfg.model, self.weights)
             if model_dir is None:
-                log.error(
-                    "no weights of version %d: %s left unjudged",
-                    batch.policy_version,
-                    key[1].hex()[:16],
-                )
+                self._not_judged(key, f"no weights of version {batch.policy_version} here")
                 return
             try:
                 verdict = await self.checker.call(
                     CheckBatch(model_dir, batch.policy_version, envelope)
                 )
             except OffloadError as exc:
-                log.error("checking %s failed: %s", key[1].hex()[:16], exc)
+                if not self.checker.alive():  # every batch would fail so: the node stops
+                    raise
+                self._not_judged(key, f"checking failed: {exc}")
                 return
+        self.queue.judged(key)
         await self._post(key, verdict)
+
+    def _not_judged(self, key: Key, why: str) -> None:
+        """The fetched batch could not be judged now: again later, or given up."""
+        again = self.queue.check_failed(key, trio.current_time())
+        if again is None:
+            log.error("%s: %s; given up, left unjudged", key[1].hex()[:16], why)
+        else:
+            log.warning(
+                "%s: %s; judged again in %.0f s",
+                key[1].hex()[:16],
+                why,
+                again - trio.current_time(),
+            )
 
     async def _post(self, key: Key, v: Verdict) -> None:
         worker, work_key = key
@@ -343,27 +358,31 @@ class ValidatorRole:
         self.recent.append(entry)
         (log.info if v.accepted else log.warning)("verdict %s", entry)
 
-    def judge(self, batch: RolloutBatch, sub: Submission) -> Verdict | None:
-        """Checks 1-3 of the module docstring (blocking: ledger reads); None when they pass
-        and the batch goes on to ``BatchChecker``."""
-        from crypto.identity import public_key_of_peer_id
 
-        if batch.worker != sub.worker:
-            return Verdict.reject("mismatch", "the batch names another worker")
-        assert self.registrations is not None
-        peer_key, valid = self.registrations.get(sub.worker)  # as new as the submission
-        if peer_key != public_key_of_peer_id(batch.sender) or not valid:
-            return Verdict.reject("invalid", "not signed by the worker's registered peer key")
-        at = self.clock_at.get((sub.worker, sub.key))
-        if why := self.clock.window(batch.step, batch.policy_version, at):
-            return Verdict.reject("invalid", why)
-        if batch.policy_version != sub.policy_version:
-            return Verdict.reject("mismatch", "policy version differs from the submission")
-        if batch.num_tokens != sub.units:
-            return Verdict.reject(
-                "mismatch", f"units {sub.units} on-chain, {batch.num_tokens} tokens"
-            )
-        return None
+def cheap_checks(
+    batch: RolloutBatch,
+    sub: Submission,
+    registrations: Any,
+    clock: StepClock,
+    at: tuple[int | None, int] | None,
+) -> Verdict | None:
+    """Checks 1-3 of the module docstring (blocking: ledger reads through
+    ``registrations``); ``at``: the trainer's clock when the batch was submitted. None
+    when they pass and the batch goes on to ``BatchChecker``."""
+    from crypto.identity import public_key_of_peer_id
+
+    if batch.worker != sub.worker:
+        return Verdict.reject("mismatch", "the batch names another worker")
+    peer_key, valid = registrations.get(sub.worker)  # as new as the submission
+    if peer_key != public_key_of_peer_id(batch.sender) or not valid:
+        return Verdict.reject("invalid", "not signed by the worker's registered peer key")
+    if why := clock.window(batch.step, batch.policy_version, at):
+        return Verdict.reject("invalid", why)
+    if batch.policy_version != sub.policy_version:
+        return Verdict.reject("mismatch", "policy version differs from the submission")
+    if batch.num_tokens != sub.units:
+        return Verdict.reject("mismatch", f"units {sub.units} on-chain, {batch.num_tokens} tokens")
+    return None
 
 
 async def weights_of(version: int, base: Any, weights: Any) -> str | None:
