@@ -246,6 +246,69 @@ async def test_garbage_on_the_gossipsub_stream_drops_that_stream_not_the_node(ta
         )
 
 
+def odd_rpcs(topic):
+    """Gossipsub RPCs that parse but hold what no honest peer sends (seeded)."""
+    import random
+
+    from libp2p.pubsub.pb import rpc_pb2 as pb
+
+    r = random.Random(7).randbytes
+    msg, ctl = pb.Message, pb.ControlMessage
+    return {
+        "empty message": pb.RPC(publish=[msg()]),
+        "no sender": pb.RPC(publish=[msg(data=b"x", topicIDs=[topic])]),
+        # a key that is no public key: py-libp2p's signature check raised DecodeError in
+        # a task of the pubsub service, and one such message stopped the node
+        "garbage key": pb.RPC(
+            publish=[msg(from_id=r(38), seqno=r(8), data=r(50), topicIDs=[topic], signature=r(64))]
+        ),
+        "long seqno": pb.RPC(publish=[msg(from_id=r(38), seqno=r(4000), topicIDs=[topic])]),
+        "many topics": pb.RPC(publish=[msg(from_id=r(38), seqno=r(8), topicIDs=[topic] * 500)]),
+        "subscriptions": pb.RPC(
+            subscriptions=[pb.RPC.SubOpts(subscribe=True, topicid=r(10).hex()) for _ in range(50)]
+        ),
+        "ihave": pb.RPC(
+            control=ctl(ihave=[pb.ControlIHave(topicID=topic, messageIDs=[r(30), b"", b"\xff"])])
+        ),
+        "iwant": pb.RPC(control=ctl(iwant=[pb.ControlIWant(messageIDs=[r(30)] * 200)])),
+        "graft": pb.RPC(control=ctl(graft=[pb.ControlGraft(topicID=t) for t in (topic, "", "z")])),
+        "prune": pb.RPC(
+            control=ctl(
+                prune=[
+                    pb.ControlPrune(
+                        topicID=topic,
+                        peers=[pb.PeerInfo(peerID=r(38), signedPeerRecord=r(100)), pb.PeerInfo()],
+                        backoff=2**63,
+                    )
+                ]
+            )
+        ),
+        "sender record": pb.RPC(senderRecord=r(200)),
+    }
+
+
+async def test_gossip_rpcs_that_parse_but_make_no_sense_never_stop_the_node(target):
+    from libp2p.utils.varint import encode_varint_prefixed
+
+    node, st = target
+    rpcs = odd_rpcs(ids.presence_topic(RUN))
+    rpcs["garbage key"].publish[0].key = os.urandom(36)
+    async with connected_client(st) as client:
+        for name, rpc in rpcs.items():
+            stream = await client.host.new_stream(client.peer, [ids.GOSSIPSUB])
+            await stream.write(encode_varint_prefixed(rpc.SerializeToString()))
+            await trio.sleep(0.3)
+            await stream.reset()
+            alive = await trio.to_thread.run_sync(node.status)
+            assert alive is not None, f"{name}: {node.log_path.read_text()[-3000:]}"
+        text = await read_metrics(node)
+        assert counter(text, "intellect_rejected_total", protocol="gossip-rpc") >= 1
+        reply = await client.send_raw(
+            ids.PRESENCE, frame(seal(client.identity, client.node_info()))
+        )
+        assert open_message(reply, NodeInfo).sender == st["peer_id"]
+
+
 async def test_plaintext_dialer_is_refused(target):
     node, st = target
     identity = Identity.generate()

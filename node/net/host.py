@@ -49,6 +49,9 @@
   cannot parse raised ``DecodeError`` out of py-libp2p's stream handler and took the whole
   node down (a worker of the adversarial matrix died of it): the guard resets that peer's
   stream, drops it from gossip as py-libp2p does for its own parse errors, and reports it.
+  Each message received is checked in a task of its own (``push_msg``), outside the stream
+  handler: a message whose ``key`` is no public key raised there and stopped the node; such
+  a message is dropped and reported too.
 - Any other stream handler (``gate_inbound_streams``) that raises loses its stream, never
   the host: py-libp2p lets the error end the connection's task group, and with it the node.
 - Advertised addresses (``cache_addrs``): py-libp2p rebuilds them on every call, and calls
@@ -475,12 +478,27 @@ class GuardedPubsub(Pubsub):
     async def stream_handler(self, stream: Any) -> None:
         try:
             await super().stream_handler(stream)
-        except DecodeError as exc:
+        except Exception as exc:  # DecodeError, or py-libp2p choking on what parsed
             peer = stream.muxed_conn.peer_id
+            what = "not parsed" if isinstance(exc, DecodeError) else "not processed"
             if self.on_bad_rpc is not None:
-                self.on_bad_rpc(peer, f"gossip RPC not parsed: {exc}")
+                self.on_bad_rpc(peer, f"gossip RPC {what}: {exc!r}")
             await _reset(stream)
             self._handle_dead_peer(peer)
+
+    async def push_msg(self, msg_forwarder: ID, msg: rpc_pb2.Message) -> None:
+        """py-libp2p runs this as a task of the pubsub service for each message received,
+        so an error in it (a ``key`` field that is no public key raised ``DecodeError`` from
+        the signature check) stopped the service and the node: one message killed a node.
+        A peer's message that raises is dropped and reported; our own publish still
+        raises to its caller."""
+        try:
+            await super().push_msg(msg_forwarder, msg)
+        except Exception as exc:
+            if msg_forwarder == self.my_id:
+                raise
+            if self.on_bad_rpc is not None:
+                self.on_bad_rpc(msg_forwarder, f"gossip message not processed: {exc!r}")
 
 
 def build_pubsub(
