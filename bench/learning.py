@@ -17,9 +17,12 @@ settings (tasks x samples per step, token budget, temperature) and the same GRPO
   network, no proofs, no chain.
 
 Each step trains on ``--tasks`` tasks x ``--group`` samples (the devnet: two workers with
-half the tasks each, ``batches_per_step`` 2). The held-out set is evaluated greedily at
-every step. "Final accuracy" is the mean of the last 5 evaluations of a run, averaged over
-seeds (per-seed values printed too). It also reports each devnet role's share of
+half the tasks each, ``batches_per_step`` 2). The held-out set is evaluated at every step
+(``HeldOut.evaluate``): sampled accuracy, the mean reward of ``--heldout-draws`` seeded
+draws per task at the training temperature (the headline figure, as RL papers report it),
+greedy accuracy beside it, and pass@k with k = ``--heldout-draws``. "Final accuracy" is the
+mean of the last 5 evaluations of a run, averaged over seeds (per-seed and per-level values
+printed too). It also reports each devnet role's share of
 wall-clock time spent idle (the trainer waiting for accepted batches, workers waiting for
 a step, back-pressure or weights, the validator waiting for work), from the nodes' last
 status. Targets (issue #13): k2 lifts final held-out accuracy on levels 1-3 by >= 20
@@ -48,6 +51,10 @@ Writes ``learning.png`` and ``learning.json`` into ``--out`` (default
 accuracy: ``final.diloco2`` beside ``final.k2`` when both run), ``final_per_seed``,
 ``steps``, ``seconds`` (config -> mean wall-clock per run), ``base_sampling`` (level ->
 the figures above) and ``idle_share`` (role -> share, k2 runs; ``idle_share_k0`` for k0).
+``base_accuracy``, ``accuracy``, ``final`` and ``final_per_seed`` are sampled accuracy;
+``greedy`` has the greedy figure (``base`` and config -> final), ``pass_at_k`` pass@k
+(``base`` and config -> final) and ``per_level`` (config -> level -> final sampled
+accuracy). The measurements above predate the sampled figure: their accuracies are greedy.
 """
 
 from __future__ import annotations
@@ -81,6 +88,7 @@ def run_devnet_config(
     group: int,
     tokens: int,
     per_level: int,
+    draws: int,
     lr: float,
     inner_steps: int = 2,
 ) -> tuple[list[dict[str, Any]], dict[str, float], float]:
@@ -107,6 +115,7 @@ def run_devnet_config(
                 "INTELLECT_NODE_GROUP_SIZE": str(group),
                 "INTELLECT_NODE_MAX_NEW_TOKENS": str(tokens),
                 "INTELLECT_NODE_HELDOUT_PER_LEVEL": str(per_level),
+                "INTELLECT_NODE_HELDOUT_DRAWS": str(draws),
                 "INTELLECT_NODE_EVAL_EVERY": "1",
                 "INTELLECT_NODE_SEED": str(seed),
                 "INTELLECT_NODE_LEARNING_RATE": str(lr),
@@ -132,7 +141,14 @@ def run_devnet_config(
 
 
 def run_central_config(
-    seed: int, steps: int, tasks: int, group: int, tokens: int, per_level: int, lr: float
+    seed: int,
+    steps: int,
+    tasks: int,
+    group: int,
+    tokens: int,
+    per_level: int,
+    draws: int,
+    lr: float,
 ) -> tuple[list[dict[str, Any]], float]:
     from node.training.central import CentralConfig, GenerationConfig, run
     from node.training.grpo import GRPOConfig
@@ -145,6 +161,7 @@ def run_central_config(
         grpo=GRPOConfig(lr=lr),
         eval_every=1,
         heldout_per_level=per_level,
+        heldout_draws=draws,
         heldout_max_new_tokens=tokens,
     )
     return run(cfg), time.monotonic() - started
@@ -170,12 +187,18 @@ def base_sampling(model: Path, args: argparse.Namespace) -> dict[str, dict[str, 
     return {lv: {k: round(v, 4) for k, v in st.items()} for lv, st in stats.items()}
 
 
-def curve(lines: list[dict[str, Any]]) -> dict[int, float]:
-    return {
-        int(m["step"]): float(m["heldout_accuracy"])
-        for m in lines
-        if m.get("heldout_accuracy") is not None
-    }
+def curve(lines: list[dict[str, Any]], key: str = "heldout_sampled") -> dict[int, float]:
+    """A run's evaluations: step -> the figure of ``metrics.jsonl`` field ``key``."""
+    return {int(m["step"]): float(m[key]) for m in lines if m.get(key) is not None}
+
+
+def level_curves(lines: list[dict[str, Any]]) -> dict[str, dict[int, float]]:
+    """A run's sampled accuracy per level: level -> step -> accuracy."""
+    out: dict[str, dict[int, float]] = {}
+    for m in lines:
+        for level, v in (m.get("heldout_by_level") or {}).items():
+            out.setdefault(level, {})[int(m["step"])] = float(v["sampled"])
+    return out
 
 
 def final(c: dict[int, float]) -> float:
@@ -206,6 +229,12 @@ def main() -> None:
     ap.add_argument("--group", type=int, default=gen.group_size, help="samples per task")
     ap.add_argument("--max-new-tokens", type=int, default=gen.max_new_tokens)
     ap.add_argument("--heldout-per-level", type=int, default=50)
+    ap.add_argument(
+        "--heldout-draws",
+        type=int,
+        default=8,
+        help="draws per held-out task for sampled accuracy and pass@k (default 8)",
+    )
     ap.add_argument("--lr", type=float, default=GRPOConfig().lr)
     ap.add_argument(
         "--base-samples",
@@ -242,7 +271,7 @@ def main() -> None:
             ok = False
         if not ok:
             ap.error(f"unknown configuration {c!r}: kN, dilocoT or central")
-    curves: dict[str, list[dict[int, float]]] = {c: [] for c in configs}
+    runs: dict[str, list[list[dict[str, Any]]]] = {c: [] for c in configs}  # lines per seed
     seconds: dict[str, list[float]] = {c: [] for c in configs}
     idle: dict[str, list[dict[str, float]]] = {c: [] for c in configs}
     shape = (
@@ -251,8 +280,10 @@ def main() -> None:
         args.group,
         args.max_new_tokens,
         args.heldout_per_level,
+        args.heldout_draws,
         args.lr,
     )
+    nan = float("nan")
     for seed in range(args.seeds):
         for c in configs:
             print(f"learning: {c} seed {seed} ({args.steps} steps) ...", flush=True)
@@ -261,53 +292,76 @@ def main() -> None:
             else:
                 lines, shares, secs = run_devnet_config(c, seed, *shape, args.inner_steps)
                 idle[c].append(shares)
-            curves[c].append(curve(lines))
+            runs[c].append(lines)
             seconds[c].append(secs)
-            acc = curve(lines)
+            acc, greedy = curve(lines), curve(lines, "heldout_greedy")
             print(
-                f"learning: {c} seed {seed}: base {acc.get(0, float('nan')):.3f}, "
-                f"final {final(acc):.3f} ({secs:.0f} s)",
+                f"learning: {c} seed {seed}: sampled base {acc.get(0, nan):.3f}, final "
+                f"{final(acc):.3f}; greedy base {greedy.get(0, nan):.3f}, final "
+                f"{final(greedy):.3f} ({secs:.0f} s)",
                 flush=True,
             )
 
-    base_values = [c[0] for runs in curves.values() for c in runs if 0 in c]
-    base = sum(base_values) / len(base_values)
-    mean_curve = {
-        c: [
-            sum(run[s] for run in runs) / len(runs)
-            for s in sorted(set.intersection(*(set(r) for r in runs)))
-        ]
-        for c, runs in curves.items()
-    }
-    finals = {c: sum(final(r) for r in runs) / len(runs) for c, runs in curves.items()}
-    per_seed = {c: [round(final(r), 4) for r in runs] for c, runs in curves.items()}
+    def figures(key: str) -> tuple[float, dict[str, float], dict[str, list[dict[int, float]]]]:
+        """The base figure (step 0, every run), each config's final (mean over seeds), and
+        the runs' curves of ``metrics.jsonl`` field ``key``."""
+        curves = {c: [curve(r, key) for r in rs] for c, rs in runs.items()}
+        base_values = [r[0] for rs in curves.values() for r in rs if 0 in r]
+        finals = {c: sum(final(r) for r in rs) / len(rs) for c, rs in curves.items()}
+        return sum(base_values) / len(base_values), finals, curves
+
+    base, finals, curves = figures("heldout_sampled")
+    base_greedy, finals_greedy, greedy_curves = figures("heldout_greedy")
+    base_pass, finals_pass, _ = figures("heldout_pass_at_k")
+    per_level: dict[str, dict[str, float]] = {}
+    for c, rs in runs.items():
+        by_level = [level_curves(r) for r in rs]
+        levels = sorted(set.intersection(*(set(b) for b in by_level)))
+        per_level[c] = {lv: sum(final(b[lv]) for b in by_level) / len(rs) for lv in levels}
+
+    def mean_curve(cs: list[dict[int, float]]) -> tuple[list[int], list[float]]:
+        steps = sorted(set.intersection(*(set(r) for r in cs)))
+        return steps, [sum(r[s] for r in cs) / len(cs) for s in steps]
+
+    mean_sampled = {c: mean_curve(curves[c]) for c in configs}
+    mean_greedy = {c: mean_curve(greedy_curves[c]) for c in configs}
+    per_seed = {c: [round(final(r), 4) for r in rs] for c, rs in curves.items()}
 
     def mean_shares(rows: list[dict[str, float]]) -> dict[str, float]:
         roles = {r for row in rows for r in row}
         return {r: round(sum(row.get(r, 0.0) for row in rows) / len(rows), 3) for r in roles}
 
+    k = args.heldout_draws
     print()
-    print(f"held-out accuracy (levels 1-3, greedy), {args.steps} steps, {args.seeds} seeds")
-    print(f"base policy: {base:.3f}")
-    print(f"{'config':<8} {'final':>7} {'vs base':>8}  per seed          s/run")
+    print(
+        f"held-out accuracy (levels 1-3), {args.steps} steps, {args.seeds} seeds: sampled "
+        f"({k} draws per task at the training temperature; the headline), greedy beside it, "
+        f"pass@{k}"
+    )
+    print(f"base policy: sampled {base:.3f}, greedy {base_greedy:.3f}, pass@{k} {base_pass:.3f}")
+    print(
+        f"{'config':<8} {'sampled':>7} {'vs base':>8}  {'greedy':>6} {'vs base':>8}  "
+        f"{'pass@' + str(k):>7}  sampled per seed  s/run"
+    )
     for c in configs:
         print(
             f"{c:<8} {finals[c]:>7.3f} {100 * (finals[c] - base):>+7.1f}pt  "
-            f"{str(per_seed[c]):<17} {sum(seconds[c]) / len(seconds[c]):>5.0f}"
+            f"{finals_greedy[c]:>6.3f} {100 * (finals_greedy[c] - base_greedy):>+7.1f}pt  "
+            f"{finals_pass[c]:>7.3f}  {str(per_seed[c]):<17} "
+            f"{sum(seconds[c]) / len(seconds[c]):>5.0f}"
         )
-    if "k2" in finals and "k0" in finals:
-        print(f"k2 - k0: {100 * (finals['k2'] - finals['k0']):+.1f} points")
-    if "k2" in finals and "diloco2" in finals:
-        print(f"diloco2 - k2: {100 * (finals['diloco2'] - finals['k2']):+.1f} points")
-    if "k2" in finals and "central" in finals:
-        print(f"k2 - central: {100 * (finals['k2'] - finals['central']):+.1f} points")
+    print("final sampled accuracy per level:")
+    for c in configs:
+        print(f"  {c:<8} " + "  ".join(f"level {lv} {v:.3f}" for lv, v in per_level[c].items()))
+    for a, b in (("k2", "k0"), ("diloco2", "k2"), ("k2", "central")):
+        if a in finals and b in finals:
+            print(f"{a} - {b}: {100 * (finals[a] - finals[b]):+.1f} points (sampled)")
     for c in configs:
         if idle[c]:
             print(f"idle share ({c}): {mean_shares(idle[c])}")
-    steps_axis = {c: sorted(set.intersection(*(set(r) for r in curves[c]))) for c in configs}
-    print("per step (mean over seeds):")
+    print("sampled accuracy per step (mean over seeds):")
     for c in configs:
-        print(f"  {c:<8} " + " ".join(f"{v:.2f}" for v in mean_curve[c]))
+        print(f"  {c:<8} " + " ".join(f"{v:.2f}" for v in mean_sampled[c][1]))
 
     args.out.mkdir(parents=True, exist_ok=True)
     from node.cli.devnet import plot_curves
@@ -315,19 +369,26 @@ def main() -> None:
     png = plot_curves(
         {
             c: [
-                {"step": s, "heldout_accuracy": v, "reward_mean": None}
-                for s, v in zip(steps_axis[c], mean_curve[c], strict=True)
+                {"step": s, "heldout_sampled": v, "heldout_greedy": g}
+                for s, v, g in zip(*mean_sampled[c], mean_greedy[c][1], strict=True)
             ]
             for c in configs
         },
         args.out / "learning.png",
-        title=f"held-out accuracy, mean of {args.seeds} seeds",
+        title=f"held-out accuracy (sampled, greedy), mean of {args.seeds} seeds",
     )
     result = {
         "base_accuracy": round(base, 4),
-        "accuracy": {c: [round(v, 4) for v in mean_curve[c]] for c in configs},
+        "accuracy": {c: [round(v, 4) for v in mean_sampled[c][1]] for c in configs},
         "final": {c: round(v, 4) for c, v in finals.items()},
         "final_per_seed": per_seed,
+        "greedy": {"base": round(base_greedy, 4)}
+        | {c: round(v, 4) for c, v in finals_greedy.items()},
+        "pass_at_k": {"base": round(base_pass, 4)}
+        | {c: round(v, 4) for c, v in finals_pass.items()},
+        "per_level": {
+            c: {lv: round(v, 4) for lv, v in levels.items()} for c, levels in per_level.items()
+        },
         "steps": args.steps,
         "seeds": args.seeds,
         "seconds": {c: round(sum(v) / len(v), 1) for c, v in seconds.items()},
@@ -339,6 +400,7 @@ def main() -> None:
             "group_size": args.group,
             "max_new_tokens": args.max_new_tokens,
             "heldout_per_level": args.heldout_per_level,
+            "heldout_draws": args.heldout_draws,
             "lr": args.lr,
         },
     }

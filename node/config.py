@@ -311,22 +311,7 @@ class CoreConfig(BaseSettings):
     train_device: Literal["cpu", "cuda"] = Field(
         "cpu", description="Trainer: where the policy trains (cuda: NCCL between the ranks)."
     )
-    eval_every: int = Field(
-        1,
-        ge=0,
-        le=100_000,
-        description="Trainer: held-out evaluation every this many steps (0: never).",
-    )
-    heldout_per_level: int = Field(
-        32, ge=1, le=10_000, description="Trainer: held-out tasks per difficulty level."
-    )
     seed: int = Field(0, ge=0, description="Trainer: the seed of its optimizer (torch RNG).")
-    heldout_seed: int = Field(
-        0,
-        ge=0,
-        description="Trainer: the seed that draws the held-out task set (the same set for "
-        "every run that compares against another).",
-    )
     spot_check: float = Field(
         1.0,
         gt=0,
@@ -397,8 +382,8 @@ class CoreConfig(BaseSettings):
 class NodeConfig(CoreConfig):
     """Every setting of a node. Constructed directly it takes its keyword arguments only;
     ``load_config`` adds the TOML file and the environment and reports errors for a user.
-    The trainer's DiLoCo group settings (SPEC §17) and the test-only cheat rule are declared
-    here, after the others (one class of them all would be over 300 lines)."""
+    The trainer's held-out evaluation, its DiLoCo group settings (SPEC §17) and the test-only
+    cheat rule are declared here, after the others (one class of them all would be over 300 lines)."""
 
     diloco: bool = Field(
         False,
@@ -437,6 +422,30 @@ class NodeConfig(CoreConfig):
         description="Trainer, DiLoCo (leader): peer ids of the members it admits to the group "
         "(comma-separated in the environment; empty: any trainer of the run).",
         json_schema_extra={"metavar": "PEER_ID"},
+    )
+
+    eval_every: int = Field(
+        1,
+        ge=0,
+        le=100_000,
+        description="Trainer: held-out evaluation every this many steps (0: never).",
+    )
+    heldout_per_level: int = Field(
+        32, ge=1, le=10_000, description="Trainer: held-out tasks per difficulty level."
+    )
+    heldout_draws: int = Field(
+        8,
+        ge=1,
+        le=1024,
+        description="Trainer: seeded draws per held-out task at the run's temperature: the "
+        "sampled accuracy (their mean reward, the headline figure) and pass@k with k this "
+        "many; greedy accuracy is reported beside them.",
+    )
+    heldout_seed: int = Field(
+        0,
+        ge=0,
+        description="Trainer: the seed that draws the held-out task set (the same set for "
+        "every run that compares against another).",
     )
 
     objective: Literal["grpo", "pretrain"] = Field(

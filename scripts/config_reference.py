@@ -125,6 +125,7 @@ GROUPS: list[tuple[str, str, list[str]]] = [
             "pretrain_batch",
             "eval_every",
             "heldout_per_level",
+            "heldout_draws",
             "seed",
         ],
     ),

@@ -210,6 +210,12 @@ def test_devnet_main_job(tmp_path):
     )
     lines = [json.loads(x) for x in (report / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in lines] == [0, 1]
-    assert lines[1]["batches_used"] >= 1 and lines[1]["heldout_accuracy"] is not None
+    assert lines[1]["batches_used"] >= 1
+    for m in lines:  # both figures: sampled (the headline) and greedy, with pass@k
+        assert m["heldout_draws"] == 8
+        for key in ("heldout_sampled", "heldout_greedy", "heldout_pass_at_k"):
+            assert 0 <= m[key] <= 1, (key, m[key])
+        assert set(m["heldout_by_level"]["1"]) == {"sampled", "greedy", "pass_at_k"}
+    assert "devnet: held-out accuracy, step 0 -> 1: sampled (8 draws per task) " in out
     assert (report / "learning.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "all nodes and the chain stopped" in out

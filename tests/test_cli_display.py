@@ -219,7 +219,7 @@ def test_devnet_table_has_a_row_per_role_and_the_trainer_line() -> None:
         batches_used=3,
         tokens_trained=288,
         idle_share=0.2,
-        last={"step": 2, "reward_mean": 0.047, "heldout_accuracy": 0.146},
+        last={"step": 2, "reward_mean": 0.047, "heldout_sampled": 0.146, "heldout_greedy": 0.3},
     ).as_dict()
     named = [
         ("bootstrap", {"weights": {}}),
@@ -231,8 +231,8 @@ def test_devnet_table_has_a_row_per_role_and_the_trainer_line() -> None:
     text = rendered(*work_view(named))
     lines = text.splitlines()
     assert lines[0] == (
-        "trainer: step 2/10, reward 0.047, held-out accuracy 0.146, accepted 4, rejected 2, "
-        "slashed 1, batches used 3, tokens trained 288"
+        "trainer: step 2/10, reward 0.047, held-out accuracy sampled 0.146 (greedy 0.300), "
+        "accepted 4, rejected 2, slashed 1, batches used 3, tokens trained 288"
     )
     rows = {line.split()[0]: line for line in lines[1:] if line.split()}
     assert "bootstrap" not in rows  # no role section, no row

@@ -379,16 +379,76 @@ def test_heldout_batch_filter_recomputes_the_assignment():
         assert [drop(Group(i)) for i in range(8)] == [h.contains(t.prompt) for t in tasks]
 
 
-def test_heldout_evaluate_greedy_per_level(tiny_model_dir):
+def test_heldout_evaluate_per_level(tiny_model_dir):
     from node.training.heldout import HeldOut
 
     torch.set_num_threads(2)
     h = HeldOut("arithmetic", per_level=8, seed=0)
-    acc = h.evaluate_dir(tiny_model_dir, max_new_tokens=40)
-    assert set(acc) == {"1", "2", "3", "all"}
-    assert acc["all"] == pytest.approx((acc["1"] + acc["2"] + acc["3"]) / 3)
-    assert acc["1"] >= 0.5  # the base policy knows most one-digit sums
-    assert acc == h.evaluate_dir(tiny_model_dir, max_new_tokens=40)  # greedy: deterministic
+    scores = h.evaluate_dir(tiny_model_dir, draws=2, max_new_tokens=40)
+    assert set(scores) == {"sampled", "greedy", "pass_at_k"}
+    for acc in scores.values():
+        assert set(acc) == {"1", "2", "3", "all"}
+        assert acc["all"] == pytest.approx((acc["1"] + acc["2"] + acc["3"]) / 3)
+    assert scores["greedy"]["1"] >= 0.5  # the base policy knows most one-digit sums
+    assert scores["sampled"]["1"] <= scores["pass_at_k"]["1"]
+    # seeded draws, greedy: deterministic
+    assert scores == h.evaluate_dir(tiny_model_dir, draws=2, max_new_tokens=40)
+
+
+class CharTokenizer:
+    def __call__(self, text):
+        return {"input_ids": [ord(c) for c in text]}
+
+    def decode(self, tokens, skip_special_tokens=True):
+        return "".join(map(chr, tokens))
+
+
+def test_heldout_evaluate_sampled_greedy_and_pass_at_k_on_a_scripted_engine():
+    """Sampled at the training temperature (0.7 here), 8 draws: level-1 tasks are right on
+    seeds 0 and 1, the first level-2 task on every seed, level 3 never. Greedy: the first
+    two level-1 tasks and the first level-3 task are right."""
+    from types import SimpleNamespace
+
+    from node.training.heldout import HeldOut, metrics_fields
+
+    h = HeldOut("arithmetic", per_level=4, seed=0)
+    by_prompt = {t.prompt: t for t in h.tasks}
+    level = {lv: [t for t in h.tasks if t.difficulty == lv] for lv in (1, 2, 3)}
+    greedy_right = {*level[1][:2], level[3][0]}
+    calls = []
+
+    class Engine:
+        def generate(self, requests, params):
+            assert not params.prove
+            calls.append((params.temperature, [r.seed for r in requests]))
+            out = []
+            for r in requests:
+                t = by_prompt["".join(map(chr, r.prompt))]
+                if params.temperature == 0.0:
+                    right = t in greedy_right
+                else:
+                    right = (t.difficulty == 1 and r.seed < 2) or t is level[2][0]
+                answer = t.answer if right else str(int(t.answer) + 1)
+                out.append(SimpleNamespace(tokens=[ord(c) for c in f" \\boxed{{{answer}}}"]))
+            return out
+
+    scores = h.evaluate(Engine(), CharTokenizer(), draws=8, temperature=0.7)
+    assert sorted(t for t, _ in calls) == [0.0, 0.7]
+    seeds = dict(calls)
+    assert seeds[0.7] == list(range(8)) * len(h.tasks) and seeds[0.0] == [0] * len(h.tasks)
+    assert scores == {
+        "sampled": {"1": 0.25, "2": 0.25, "3": 0.0, "all": pytest.approx(2 / 12)},
+        "greedy": {"1": 0.5, "2": 0.0, "3": 0.25, "all": 0.25},
+        "pass_at_k": {"1": 1.0, "2": 0.25, "3": 0.0, "all": pytest.approx(5 / 12)},
+    }
+    fields = metrics_fields(scores, 8)
+    assert fields["heldout_sampled"] == pytest.approx(2 / 12)
+    assert fields["heldout_greedy"] == 0.25
+    assert fields["heldout_pass_at_k"] == pytest.approx(5 / 12)
+    assert fields["heldout_draws"] == 8
+    assert fields["heldout_by_level"]["3"] == {"sampled": 0.0, "greedy": 0.25, "pass_at_k": 0.0}
+    with pytest.raises(ValueError, match="draws must be >= 1"):
+        h.evaluate(Engine(), CharTokenizer(), draws=0)
 
 
 def test_train_sample_is_plain_data():
@@ -418,13 +478,6 @@ def test_heldout_sample_stats_counts_right_draws_per_task():
     by_prompt = {t.prompt: t for t in h.tasks}
     first_l2 = next(t for t in h.tasks if t.difficulty == 2)
 
-    class Tok:
-        def __call__(self, text):
-            return {"input_ids": [ord(c) for c in text]}
-
-        def decode(self, tokens, skip_special_tokens=True):
-            return "".join(map(chr, tokens))
-
     class Engine:
         def __init__(self):
             self.requests = []
@@ -441,7 +494,7 @@ def test_heldout_sample_stats_counts_right_draws_per_task():
             return out
 
     engine = Engine()
-    stats = h.sample_stats(engine, Tok(), samples=8, k=2)
+    stats = h.sample_stats(engine, CharTokenizer(), samples=8, k=2)
     assert len(engine.requests) == 8 * len(h.tasks)
     assert sorted({r.seed for r in engine.requests}) == list(range(8))
     assert set(stats) == {"1", "2", "3"}
@@ -455,7 +508,7 @@ def test_heldout_sample_stats_counts_right_draws_per_task():
     assert three["sampled"] == three["pass_at_k"] == three["best_task"] == 0.0
     assert one["best_task"] == pytest.approx(2 / 8) and two["best_task"] == 1.0
     with pytest.raises(ValueError, match="k <= samples"):
-        h.sample_stats(engine, Tok(), samples=4, k=5)
+        h.sample_stats(engine, CharTokenizer(), samples=4, k=5)
 
 
 def test_heldout_sample_stats_on_the_base_policy(tiny_model_dir):

@@ -202,14 +202,26 @@ def test_the_learning_curve_is_read_back_from_metrics_jsonl(tmp_path):
     path = tmp_path / "metrics.jsonl"
     assert recorded_curve(path) == []
     lines = [
-        {"step": 0, "reward_mean": None, "heldout_accuracy": 0.25, "batches_used": 0, "x": 1},
-        {"step": 1, "reward_mean": 0.5, "heldout_accuracy": None, "batches_used": 2},
-        {"step": 1, "reward_mean": 0.75, "heldout_accuracy": 0.5, "batches_used": 2},
+        {"step": 0, "heldout_sampled": 0.25, "heldout_greedy": 0.5, "batches_used": 0, "x": 1},
+        {"step": 1, "reward_mean": 0.5, "heldout_sampled": None, "batches_used": 2},
+        {"step": 1, "reward_mean": 0.75, "heldout_sampled": 0.5, "heldout_greedy": 0.25},
     ]  # step 1 recorded twice (a crash between checkpoint and record): the last wins
     path.write_text("\n".join(json.dumps(x) for x in lines) + '\n{"step": 2, "rew')
     assert recorded_curve(path) == [
-        {"step": 0, "reward_mean": None, "heldout_accuracy": 0.25, "batches_used": 0},
-        {"step": 1, "reward_mean": 0.75, "heldout_accuracy": 0.5, "batches_used": 2},
+        {
+            "step": 0,
+            "reward_mean": None,
+            "heldout_sampled": 0.25,
+            "heldout_greedy": 0.5,
+            "batches_used": 0,
+        },
+        {
+            "step": 1,
+            "reward_mean": 0.75,
+            "heldout_sampled": 0.5,
+            "heldout_greedy": 0.25,
+            "batches_used": None,
+        },
     ]
 
 

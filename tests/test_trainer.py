@@ -155,6 +155,7 @@ def test_a_devnet_learns_for_a_few_steps_and_a_killed_trainer_resumes_exactly(
                 "INTELLECT_NODE_TASKS_PER_BATCH": "4",
                 "INTELLECT_NODE_GROUP_SIZE": "4",
                 "INTELLECT_NODE_HELDOUT_PER_LEVEL": "4",
+                "INTELLECT_NODE_HELDOUT_DRAWS": "2",
                 "INTELLECT_NODE_BATCHES_PER_STEP": "2",
             }
         )
@@ -209,7 +210,10 @@ def test_a_devnet_learns_for_a_few_steps_and_a_killed_trainer_resumes_exactly(
     # every step recorded exactly once, the restart included
     assert [m["step"] for m in lines] == list(range(STEPS + 1)), [m["step"] for m in lines]
     assert 1 <= killed_at <= STEPS
-    assert all(m["heldout_accuracy"] is not None for m in lines)
+    for m in lines:  # every figure of the held-out evaluation, over all levels and per level
+        assert m["heldout_draws"] == 2
+        assert None not in (m["heldout_sampled"], m["heldout_greedy"], m["heldout_pass_at_k"])
+        assert set(m["heldout_by_level"]) == {"1", "2", "3"}
     # the steps before the kill ran on two ranks, the steps after it in one process
     ranks = [m["train_ranks"] for m in lines[1:]]
     assert ranks == [2] * killed_at + [1] * (STEPS - killed_at), (killed_at, ranks)

@@ -10,10 +10,12 @@ the bootstrap.
 Workers stake and register, generate a batch per trainer step with the newest policy they
 hold, validators judge each on-chain, the trainer trains on the accepted ones with GRPO
 and publishes every new policy over SHARDCAST. A live table shows the step, the policy
-version each node holds, mean reward, held-out accuracy, verdicts, slashes, rewards and
-bytes of weights moved. With ``--steps S`` it stops by itself once the trainer has taken S
-steps and every node holds the final version; ``--report DIR`` gets ``metrics.jsonl`` and
-a PNG of reward and held-out accuracy against step. Every process it starts it also stops
+version each node holds, mean reward, held-out accuracy (sampled at the run's temperature,
+the headline, then greedy), verdicts, slashes, rewards and bytes of weights moved. With
+``--steps S`` it stops by itself once the trainer has taken S steps and every node holds the
+final version; ``--report DIR`` gets ``metrics.jsonl`` and a PNG of reward and held-out
+accuracy against step, and a line printed with it gives the held-out figures at the first
+and the last evaluation. Every process it starts it also stops
 (SIGTERM, then SIGKILL after a grace period); Ctrl-C stops it cleanly.
 """
 
@@ -322,8 +324,36 @@ def write_report(
     )
 
 
+def heldout_summary(metrics: Path) -> str | None:
+    """Held-out accuracy at the first and the last evaluation in ``metrics``, the sampled
+    figure (the headline) first; None before any evaluation."""
+    if not metrics.exists():
+        return None
+    lines = [json.loads(x) for x in metrics.read_text().splitlines() if x.strip()]
+    evals = [m for m in lines if m.get("heldout_sampled") is not None]
+    if not evals:
+        return None
+    first, last = evals[0], evals[-1]
+    return (
+        f"held-out accuracy, step {first['step']} -> {last['step']}: "
+        f"sampled ({last['heldout_draws']} draws per task) "
+        f"{first['heldout_sampled']:.3f} -> {last['heldout_sampled']:.3f}, "
+        f"greedy {first['heldout_greedy']:.3f} -> {last['heldout_greedy']:.3f}, "
+        f"pass@{last['heldout_draws']} "
+        f"{first['heldout_pass_at_k']:.3f} -> {last['heldout_pass_at_k']:.3f}"
+    )
+
+
+CURVES: list[tuple[str, dict[str, Any], str]] = [  # metrics.jsonl key, line style, label
+    ("heldout_sampled", {"marker": "o", "ms": 3}, "held-out accuracy, sampled"),
+    ("heldout_greedy", {"ls": ":", "marker": "x", "ms": 3}, "held-out accuracy, greedy"),
+    ("reward_mean", {"ls": "--", "alpha": 0.7}, "mean reward"),
+]
+
+
 def plot_curves(runs: dict[str, list[dict[str, Any]]], out: Path, *, title: str) -> Path:
-    """Reward (dashed) and held-out accuracy (solid) against step, one colour per run."""
+    """Reward (dashed), held-out sampled accuracy (solid: the headline) and held-out greedy
+    accuracy (dotted) against step, one colour per run."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -332,34 +362,16 @@ def plot_curves(runs: dict[str, list[dict[str, Any]]], out: Path, *, title: str)
     fig, ax = plt.subplots(figsize=(7, 4.2), dpi=110)
     for i, (name, lines) in enumerate(runs.items()):
         colour = f"C{i}"
-        acc = [
-            (m["step"], m["heldout_accuracy"])
-            for m in lines
-            if m.get("heldout_accuracy") is not None
-        ]
-        rew = [(m["step"], m["reward_mean"]) for m in lines if m.get("reward_mean") is not None]
-        if acc:
-            ax.plot(
-                *zip(*acc, strict=True),
-                color=colour,
-                marker="o",
-                ms=3,
-                label=f"{name}: held-out accuracy",
-            )
-        if rew:
-            ax.plot(
-                *zip(*rew, strict=True),
-                color=colour,
-                ls="--",
-                alpha=0.7,
-                label=f"{name}: mean reward",
-            )
+        for key, style, label in CURVES:
+            points = [(m["step"], m[key]) for m in lines if m.get(key) is not None]
+            if points:
+                ax.plot(*zip(*points, strict=True), color=colour, label=f"{name}: {label}", **style)
     ax.set_xlabel("trainer step")
     ax.set_ylabel("accuracy / reward")
     ax.set_ylim(0, 1)
     ax.grid(alpha=0.3)
     ax.set_title(title)
-    ax.legend(fontsize=7, loc="lower right")
+    ax.legend(fontsize=7, loc="best")
     fig.tight_layout()
     fig.savefig(out)
     plt.close(fig)
@@ -533,8 +545,11 @@ def run_devnet(
             )
         if report is not None:
             statuses = {n.name: n.status() for n in nodes}
-            png = write_report(report, base_dir / "trainer" / "metrics.jsonl", statuses)
+            metrics = base_dir / "trainer" / "metrics.jsonl"
+            png = write_report(report, metrics, statuses)
             say(f"devnet: report in {report}" + (f" ({png.name})" if png else ""), flush=True)
+            if (line := heldout_summary(metrics)) is not None:
+                say(f"devnet: {line}", flush=True)
         if steps and not finished and not stopping:
             say(f"devnet: stopped after {duration:.0f} s before step {steps}", flush=True)
             return 1

@@ -139,12 +139,14 @@ def trainer_line(t: dict[str, Any]) -> str:
             + f", tokens seen {t['tokens_trained']}"
         )
     last = t.get("last") or {}
-    acc, reward = last.get("heldout_accuracy"), last.get("reward_mean")
+    sampled, greedy = last.get("heldout_sampled"), last.get("heldout_greedy")
+    reward = last.get("reward_mean")
     return (
         f"trainer: step {t['step']}"
         + (f"/{t['train_steps']}" if t.get("train_steps") else "")
         + f", reward {'-' if reward is None else f'{reward:.3f}'}"
-        + f", held-out accuracy {'-' if acc is None else f'{acc:.3f}'}"
+        + f", held-out accuracy sampled {'-' if sampled is None else f'{sampled:.3f}'}"
+        + f" (greedy {'-' if greedy is None else f'{greedy:.3f}'})"
         + f", accepted {t['accepted']}, rejected {t['rejected']}, slashed {t['slashed']}"
         + f", batches used {t['batches_used']}, tokens trained {t['tokens_trained']}"
     )
@@ -196,8 +198,8 @@ def _work_row(name: str, st: dict[str, Any]) -> list[str] | None:
 
 
 def work_view(named: Sequence[tuple[str, dict[str, Any]]]) -> list[RenderableType]:
-    """The trainer's line (step, reward, held-out accuracy, verdicts it saw) and a table
-    with a row per node that has a role section; empty when none has."""
+    """The trainer's line (step, reward, held-out accuracy sampled then greedy, verdicts it
+    saw) and a table with a row per node that has a role section; empty when none has."""
     out: list[RenderableType] = [
         trainer_line(st["trainer"]) for _, st in named if st.get("trainer") is not None
     ]

@@ -93,9 +93,10 @@ class TrainerStatus:
     batches_used: int
     tokens_trained: int
     idle_share: float
-    last: dict[str, Any] = field(default_factory=dict)  # step, reward_mean, heldout_accuracy
-    # per step, oldest first (the last CURVE_POINTS): step, reward_mean, heldout_accuracy,
-    # batches_used: the learning curve the dashboard draws
+    # step, reward_mean, heldout_sampled (the headline), heldout_greedy
+    last: dict[str, Any] = field(default_factory=dict)
+    # per step, oldest first (the last CURVE_POINTS): step, reward_mean, heldout_sampled,
+    # heldout_greedy, batches_used: the learning curve the dashboard draws
     curve: list[dict[str, Any]] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
@@ -155,4 +156,5 @@ class VerdictLatency:
 
 def curve_point(line: dict[str, Any]) -> dict[str, Any]:
     """A step's point of the learning curve, from its ``metrics.jsonl`` line."""
-    return {k: line.get(k) for k in ("step", "reward_mean", "heldout_accuracy", "batches_used")}
+    keys = ("step", "reward_mean", "heldout_sampled", "heldout_greedy", "batches_used")
+    return {k: line.get(k) for k in keys}

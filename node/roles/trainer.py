@@ -26,8 +26,8 @@ One training step n (the policy is version n; version 0 is the base ``--model``)
 5. publish version n + 1 over SHARDCAST (``node/shardcast/service.py``) and on-chain
    (``set_policy_version``, so workers may submit work made with it), announce
    ``StepNotice(n + 1, n + 1)``;
-6. evaluate the held-out set greedily (every ``eval_every`` steps) and append one line to
-   ``metrics.jsonl``.
+6. evaluate the held-out set (sampled and greedy, every ``eval_every`` steps) and append
+   one line to ``metrics.jsonl``.
 
 Where it goes next: workers pull the new version and switch at their next batch.
 """
@@ -265,7 +265,10 @@ class TrainerRole:
             "step": self.step,
             "policy_version": self.step,
             "reward_mean": stats.reward_mean,
-            "heldout_accuracy": None,
+            "heldout_sampled": None,
+            "heldout_greedy": None,
+            "heldout_pass_at_k": None,
+            "heldout_draws": self.cfg.heldout_draws,
             "heldout_by_level": {},
             "accepted": len(self.book.accepted),
             "rejected": len(self.book.rejected),
@@ -292,15 +295,15 @@ class TrainerRole:
         line = dict(line)
         if self.cfg.eval_every and self.step % self.cfg.eval_every == 0:
             scores = await self.policy.call(Evaluate(str(self.checkpoint_dir(self.step))))
-            line["heldout_accuracy"] = scores.accuracy
-            line["heldout_by_level"] = scores.by_level
+            line |= scores.fields()
         self.curve.append(curve_point(line))
         await trio.to_thread.run_sync(append_line, self.dir / METRICS_FILE, line)
         log.info(
-            "step %d: reward %s, held-out %s, %d batches, %d tokens",
+            "step %d: reward %s, held-out sampled %s (greedy %s), %d batches, %d tokens",
             self.step,
             "-" if line["reward_mean"] is None else f"{line['reward_mean']:.3f}",
-            "-" if line["heldout_accuracy"] is None else f"{line['heldout_accuracy']:.3f}",
+            "-" if line["heldout_sampled"] is None else f"{line['heldout_sampled']:.3f}",
+            "-" if line["heldout_greedy"] is None else f"{line['heldout_greedy']:.3f}",
             line["batches_used"],
             line["tokens_trained"],
         )

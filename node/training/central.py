@@ -7,8 +7,11 @@ the same seeded sampler, temperature and token budget), scores them, drops group
 prompt is held out and groups with zero advantage, and takes one GRPO step
 (``node.training.policy``) on the rest; the engine shares the policy's weights, so the
 next step samples from the new policy (synchronous, on-policy: async level 0). The
-held-out set (``node.training.heldout``) is evaluated greedily before the first step and
-every ``eval_every`` steps.
+held-out set (``node.training.heldout``) is evaluated before the first step and every
+``eval_every`` steps: sampled accuracy (``heldout_draws`` draws per task at the training
+temperature; ``base_accuracy`` and ``final_accuracy`` in the summary) and greedy accuracy
+beside it (``base_greedy``, ``final_greedy``). The measurements below predate the sampled
+figure: their accuracies are greedy.
 
 ``python -m node.training.central --steps N --seed S [--json]`` prints one line per step
 (with ``--json``: one JSON object per step, then a summary object as the last line).
@@ -112,6 +115,7 @@ class CentralConfig:
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
     eval_every: int = 5
     heldout_per_level: int = 50
+    heldout_draws: int = 8  # sampled accuracy and pass@k: draws per task at gen.temperature
     heldout_seed: int = 0
     heldout_max_new_tokens: int = 40
     threads: int = 2
@@ -138,7 +142,7 @@ def run(
     from node.rollouts.generate import generate_groups
     from node.tasks import load_taskset
     from node.training.grpo import samples_from_groups
-    from node.training.heldout import HeldOut
+    from node.training.heldout import HeldOut, metrics_fields
     from node.training.policy import Policy
 
     torch.set_num_threads(cfg.threads)
@@ -157,9 +161,14 @@ def run(
 
     def evaluate(metrics: dict[str, Any]) -> None:
         t0 = time.perf_counter()
-        acc = heldout.evaluate(engine, policy.tokenizer, max_new_tokens=cfg.heldout_max_new_tokens)
-        metrics["heldout_accuracy"] = acc["all"]
-        metrics["heldout"] = acc
+        scores = heldout.evaluate(
+            engine,
+            policy.tokenizer,
+            draws=cfg.heldout_draws,
+            temperature=g.temperature,
+            max_new_tokens=cfg.heldout_max_new_tokens,
+        )
+        metrics |= metrics_fields(scores, cfg.heldout_draws)
         metrics["eval_seconds"] = time.perf_counter() - t0
 
     def emit(metrics: dict[str, Any]) -> None:
@@ -238,17 +247,20 @@ def base_model_dir() -> Path:
 
 
 def summary(history: list[dict[str, Any]], cfg: CentralConfig) -> dict[str, Any]:
-    evals = [m for m in history if "heldout_accuracy" in m]
+    evals = [m for m in history if "heldout_sampled" in m]
     steps = [m for m in history if m["step"] > 0]
     return {
         "config": {
             **asdict(cfg),
             "grpo": {**asdict(cfg.grpo), "betas": list(cfg.grpo.betas)},
         },
-        "base_accuracy": evals[0]["heldout_accuracy"],
-        "final_accuracy": evals[-1]["heldout_accuracy"],
-        "accuracy": {m["step"]: m["heldout_accuracy"] for m in evals},
-        "heldout": {m["step"]: m["heldout"] for m in evals},
+        "base_accuracy": evals[0]["heldout_sampled"],
+        "final_accuracy": evals[-1]["heldout_sampled"],
+        "base_greedy": evals[0]["heldout_greedy"],
+        "final_greedy": evals[-1]["heldout_greedy"],
+        "accuracy": {m["step"]: m["heldout_sampled"] for m in evals},
+        "greedy": {m["step"]: m["heldout_greedy"] for m in evals},
+        "heldout": {m["step"]: m["heldout_by_level"] for m in evals},
         "seconds_per_step": sum(m["seconds"] for m in steps) / max(len(steps), 1),
         "seconds": history[-1]["elapsed"],
     }
@@ -269,6 +281,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--micro-batch", type=int, default=dr.micro_batch)
     ap.add_argument("--eval-every", type=int, default=d.eval_every)
     ap.add_argument("--heldout-per-level", type=int, default=d.heldout_per_level)
+    ap.add_argument("--heldout-draws", type=int, default=d.heldout_draws)
     ap.add_argument("--threads", type=int, default=d.threads)
     ap.add_argument("--json", action="store_true", help="one JSON object per line")
     a = ap.parse_args(argv)
@@ -280,6 +293,7 @@ def main(argv: list[str] | None = None) -> int:
         grpo=GRPOConfig(lr=a.lr, micro_batch=a.micro_batch),
         eval_every=a.eval_every,
         heldout_per_level=a.heldout_per_level,
+        heldout_draws=a.heldout_draws,
         threads=a.threads,
     )
 
@@ -287,8 +301,11 @@ def main(argv: list[str] | None = None) -> int:
         if a.json:
             print(json.dumps(m), flush=True)
             return
-        acc = m.get("heldout")
-        held = " ".join(f"{k}:{v:.2f}" for k, v in acc.items()) if acc else ""
+        held = ""
+        if "heldout_sampled" in m:  # sampled (greedy) per level, then over every level
+            levels = m["heldout_by_level"].items()
+            held = " ".join(f"{k}:{v['sampled']:.2f}({v['greedy']:.2f})" for k, v in levels)
+            held += f" all:{m['heldout_sampled']:.2f}({m['heldout_greedy']:.2f})"
         print(
             f"step {m['step']:3d}  reward {m.get('reward_mean', float('nan')):.3f}  "
             f"tokens {m['tokens_trained']:7d}  {m['seconds']:5.1f}s  {held}",
@@ -301,7 +318,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(s), flush=True)
     else:
         print(
-            f"held-out accuracy {s['base_accuracy']:.3f} -> {s['final_accuracy']:.3f} "
+            f"held-out accuracy sampled {s['base_accuracy']:.3f} -> {s['final_accuracy']:.3f}, "
+            f"greedy {s['base_greedy']:.3f} -> {s['final_greedy']:.3f} "
             f"in {cfg.steps} steps, {s['seconds_per_step']:.1f} s/step, {s['seconds']:.0f} s"
         )
     return 0

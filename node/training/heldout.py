@@ -1,4 +1,5 @@
-"""A fixed held-out task set, disjoint from every training assignment, evaluated greedily.
+"""A fixed held-out task set, disjoint from every training assignment, evaluated as RL
+papers report it: sampled from the policy, with greedy decoding beside it.
 
 Training tasks come from ``node.tasks.assign``: keys are digests under the assignment
 domain. The held-out keys are digests under their own domain (``HELDOUT_DOMAIN``) and a
@@ -7,9 +8,12 @@ where a level has few problems (arithmetic level 1 has 100), so the trainer also
 every training group whose prompt ``contains`` reports as held out: the held-out prompts
 are never trained on.
 
-``evaluate`` decodes greedily (temperature 0 through the engine, no proofs) and reports
-the accuracy per level and overall (``"all"``: the mean over every held-out task, so with
-equal counts per level the mean of the levels).
+``evaluate`` reports, per level and overall (``"all"``: the mean over every held-out task,
+so with equal counts per level the mean of the levels), three figures (no proofs):
+``sampled``, the mean reward over ``draws`` seeded draws per task at the run's training
+temperature (the headline figure: what the policy does when it samples, which GRPO moves
+first); ``greedy``, the accuracy of the temperature-0 answer (the policy's mode, which
+sharpening moves last); and ``pass_at_k`` with k = ``draws`` (whether any draw was right).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from node.tasks import Task, TaskSet, load_taskset
 
 HELDOUT_DOMAIN = b"intellect-node/heldout/v1"
 DEFAULT_MAX_NEW_TOKENS = 40
+DEFAULT_DRAWS = 8  # k >= 8, as RL papers sample
 
 
 def heldout_key(seed: int, level: int, index: int) -> int:
@@ -68,11 +73,29 @@ class HeldOut:
         return sorted({t.difficulty for t in self.tasks})
 
     def evaluate(
-        self, engine: Any, tokenizer: Any, *, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
-    ) -> dict[str, float]:
-        """Greedy accuracy: ``{"1": ..., "2": ..., "all": ...}`` (levels as strings)."""
-        rewards = self._rewards(engine, tokenizer, 1, 0.0, max_new_tokens)
-        return accuracy_by_level(self.tasks, [r[0] for r in rewards])
+        self,
+        engine: Any,
+        tokenizer: Any,
+        *,
+        draws: int = DEFAULT_DRAWS,
+        temperature: float = 1.0,
+        max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+    ) -> dict[str, dict[str, float]]:
+        """``{"sampled": {"1": ..., "all": ...}, "greedy": {...}, "pass_at_k": {...}}``
+        (levels as strings): ``draws`` draws per task at ``temperature`` (seeds
+        0..draws-1) and one greedy answer; pass@k with k = ``draws``."""
+        if draws < 1:
+            raise ValueError("draws must be >= 1")
+        sampled = self._rewards(engine, tokenizer, draws, temperature, max_new_tokens)
+        greedy = self._rewards(engine, tokenizer, 1, 0.0, max_new_tokens)
+        return {
+            "sampled": accuracy_by_level(self.tasks, [sum(r) / draws for r in sampled]),
+            "greedy": accuracy_by_level(self.tasks, [r[0] for r in greedy]),
+            "pass_at_k": accuracy_by_level(
+                self.tasks,
+                [pass_at_k(draws, sum(1 for x in r if x > 0), draws) for r in sampled],
+            ),
+        }
 
     def sample_stats(
         self,
@@ -134,13 +157,38 @@ class HeldOut:
         ]
 
     def evaluate_dir(
-        self, model_dir: str | Path, *, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
-    ) -> dict[str, float]:
+        self,
+        model_dir: str | Path,
+        *,
+        draws: int = DEFAULT_DRAWS,
+        temperature: float = 1.0,
+        max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+    ) -> dict[str, dict[str, float]]:
         """``evaluate`` on the model in ``model_dir`` (the torch engine)."""
         from node.engine import open_engine
 
         engine, tokenizer = open_engine(str(model_dir), backend="torch", max_batch=64)
-        return self.evaluate(engine, tokenizer, max_new_tokens=max_new_tokens)
+        return self.evaluate(
+            engine, tokenizer, draws=draws, temperature=temperature, max_new_tokens=max_new_tokens
+        )
+
+
+def metrics_fields(scores: dict[str, dict[str, float]], draws: int) -> dict[str, Any]:
+    """An evaluation's fields of a ``metrics.jsonl`` line (the trainer's and the baseline's):
+    each figure over every level (``heldout_sampled`` first: the headline), the draws per
+    task (pass@k's k), then per level."""
+    sampled, greedy, passed = scores["sampled"], scores["greedy"], scores["pass_at_k"]
+    return {
+        "heldout_sampled": sampled["all"],
+        "heldout_greedy": greedy["all"],
+        "heldout_pass_at_k": passed["all"],
+        "heldout_draws": draws,
+        "heldout_by_level": {
+            level: {"sampled": v, "greedy": greedy[level], "pass_at_k": passed[level]}
+            for level, v in sampled.items()
+            if level != "all"
+        },
+    }
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:

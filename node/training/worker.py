@@ -42,6 +42,7 @@ class PolicySpec:
     max_new_tokens: int
     temperature: float
     device: str = "cpu"
+    heldout_draws: int = 8
 
     @classmethod
     def of(cls, cfg: NodeConfig, checkpoints: Path, step: int) -> PolicySpec:
@@ -57,6 +58,7 @@ class PolicySpec:
             max_new_tokens=cfg.max_new_tokens,
             temperature=cfg.temperature,
             device=cfg.train_device,
+            heldout_draws=cfg.heldout_draws,
         )
 
 
@@ -95,8 +97,21 @@ class Evaluate:
 
 @dataclass(frozen=True)
 class HeldOutScores:
-    accuracy: float | None  # every level together
-    by_level: dict[str, float]
+    """Per level and ``"all"`` (``HeldOut.evaluate``): ``sampled`` (the mean reward of
+    ``draws`` draws per task at the run's temperature: the headline figure), ``greedy``,
+    and ``pass_at_k`` with k = ``draws``."""
+
+    sampled: dict[str, float]
+    greedy: dict[str, float]
+    pass_at_k: dict[str, float]
+    draws: int
+
+    def fields(self) -> dict[str, Any]:
+        """Its fields of the step's ``metrics.jsonl`` line."""
+        from node.training.heldout import metrics_fields
+
+        scores = {"sampled": self.sampled, "greedy": self.greedy, "pass_at_k": self.pass_at_k}
+        return metrics_fields(scores, self.draws)
 
 
 class PolicyWorker:
@@ -181,7 +196,10 @@ class PolicyWorker:
         )
 
     def evaluate(self, call: Evaluate) -> HeldOutScores:
-        scores = self.heldout.evaluate_dir(call.model_dir, max_new_tokens=self.spec.max_new_tokens)
-        return HeldOutScores(
-            accuracy=scores.get("all"), by_level={k: v for k, v in scores.items() if k != "all"}
+        scores = self.heldout.evaluate_dir(
+            call.model_dir,
+            draws=self.spec.heldout_draws,
+            temperature=self.spec.temperature,
+            max_new_tokens=self.spec.max_new_tokens,
         )
+        return HeldOutScores(**scores, draws=self.spec.heldout_draws)

@@ -129,7 +129,7 @@
           fig("batches used", "trainer.batches_used"), fig("usable now", "trainer.usable"), fig("tokens trained", "trainer.tokens_trained"),
           fig("accepted", "trainer.accepted"), fig("rejected", "trainer.rejected"))));
       grid.append(wide(card("Learning curve",
-        legend(["#4f7cff", "reward (mean)"], ["#2e9e5b", "held-out accuracy"]),
+        legend(["#4f7cff", "reward (mean)"], ["#2e9e5b", "held-out accuracy, sampled"], ["#a3c9b0", "held-out accuracy, greedy"]),
         this.curve, h("h4", {}, "Batches used per step"), this.batchChart)));
     }
 
@@ -225,7 +225,8 @@
       const c = t.curve || [];
       Charts.line(this.curve, [
         { name: "reward", color: "#4f7cff", points: c.map((p) => [p.step, p.reward_mean]) },
-        { name: "held-out", color: "#2e9e5b", points: c.map((p) => [p.step, p.heldout_accuracy]) }],
+        { name: "held-out, sampled", color: "#2e9e5b", points: c.map((p) => [p.step, p.heldout_sampled]) },
+        { name: "held-out, greedy", color: "#a3c9b0", points: c.map((p) => [p.step, p.heldout_greedy]) }],
         { yMin: 0, yMax: 1, xPrefix: "step ", empty: "no step trained yet" });
       Charts.bars(this.batchChart, c.filter((p) => p.step > 0).slice(-60).map((p) => ({ label: String(p.step), value: p.batches_used || 0 })), { empty: "no step trained yet" });
     }
