@@ -311,16 +311,12 @@ class ValidatorRole:
 
     def _not_judged(self, key: Key, why: str) -> None:
         """The fetched batch could not be judged now: again later, or given up."""
-        again = self.queue.check_failed(key, trio.current_time())
+        now = trio.current_time()
+        again = self.queue.check_failed(key, now)
         if again is None:
             log.error("%s: %s; given up, left unjudged", key[1].hex()[:16], why)
         else:
-            log.warning(
-                "%s: %s; judged again in %.0f s",
-                key[1].hex()[:16],
-                why,
-                again - trio.current_time(),
-            )
+            log.warning("%s: %s; judged again in %.0f s", key[1].hex()[:16], why, again - now)
 
     async def _post(self, key: Key, v: Verdict) -> None:
         worker, work_key = key
