@@ -169,7 +169,7 @@ def test_the_role_claims_and_serves_what_its_cheats_say(tmp_path):
     ]
     versions = CheatPlan.of("older_version,greedy")
     assert versions.next() == "older_version"
-    versions.not_made()  # no older version held yet: this batch was honest
+    versions.not_made("older_version")  # no older version held yet: this batch was honest
     assert [versions.next() for _ in range(3)] == ["older_version", "greedy", "older_version"]
     key = bytes(range(32))
     assert CheatPlan.claim("inflate_units", key, 40) == (key, 80)
@@ -196,6 +196,28 @@ def test_a_run_at_another_temperature_accepts_its_own_batches(tiny_model_dir):
     judge = BatchChecker(dataclasses.replace(CHECKER, temperature=1.5))
     assert judge(CheckBatch(str(tiny_model_dir), 0, envelope)).accepted
     assert not BatchChecker(CHECKER)(CheckBatch(str(tiny_model_dir), 0, envelope)).accepted
+
+
+def test_a_greedy_batch_that_drew_what_sampling_draws_is_honest_work_and_made_again(
+    maker, checker, tiny_model_dir
+):
+    """Greedy decoding of a policy so peaked that every seeded draw is its argmax is the
+    honest batch (the matrix saw such a batch accepted once the policy had learned level
+    1): the maker says so, and the worker counts no cheat made."""
+    cold = dataclasses.replace(MAKER, temperature=1e-4)
+    identity = Identity.generate()
+    call = MakeBatch(str(tiny_model_dir), WORKER, 3, 0, {**HEADER, "sender": identity.peer_id})
+    cheated = BatchMaker(cold)(dataclasses.replace(call, cheat="greedy"))
+    assert cheated.unchanged
+    assert cheated.encoded == BatchMaker(cold)(call).encoded  # byte for byte the honest one
+    judge = BatchChecker(dataclasses.replace(CHECKER, temperature=1e-4))
+    assert judge(
+        CheckBatch(str(tiny_model_dir), 0, seal(identity, RolloutBatch.decode(cheated.encoded)))
+    ).accepted
+    warm = maker(dataclasses.replace(call, cheat="greedy"))
+    assert not warm.unchanged and not maker(call).unchanged
+    plan = CheatPlan(("greedy", "truncated"))
+    assert plan.not_made(plan.next()) == "none" and plan.next() == "greedy"
 
 
 class Registrations:

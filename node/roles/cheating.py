@@ -83,18 +83,20 @@ class CheatPlan:
         self.made += 1
         return cheat
 
-    def not_made(self) -> None:
-        """The cheat ``next`` gave could not be made (a version cheat with no other version
-        to lie about yet): the batch is honest, and the next one tries the cheat again, so
-        one pass over the cheats makes each of them."""
-        self.made -= 1
+    def not_made(self, cheat: str) -> str:
+        """The ``cheat`` ``next`` gave could not be made (a version cheat with no other
+        version to lie about yet, a greedy draw that came out as honest sampling's) or
+        nobody saw it: the batch is honest ("none", returned), and the next one tries the
+        cheat again, so one pass over the cheats makes each of them."""
+        if cheat != "none":
+            self.made -= 1
+        return "none"
 
     def refused(self, key: bytes) -> None:
         """The chain refused the submission of ``key``: nobody will judge it, so it is no
         cheat made (the matrix counts only what the chain saw), and the next batch makes
         the cheat again."""
-        if self.by_key.pop(key.hex(), "none") != "none":
-            self.not_made()
+        self.not_made(self.by_key.pop(key.hex(), "none"))
 
     @staticmethod
     def for_maker(cheat: str) -> str:

@@ -298,13 +298,11 @@ class InferenceRole:
         if used != version:  # a test cheat: other weights than the version claimed
             used_dir = str(self.cfg.model if used == 0 else self.weights.model_dir(used))
             if self.cheats.apart(used_dir, model_dir) < DETECTABLE_APART:
-                cheat = "none"  # too close to tell apart (SPEC §12.1): work honestly
-                self.cheats.not_made()
+                cheat = self.cheats.not_made(cheat)  # too close to tell apart (SPEC §12.1)
             else:
                 model_dir = used_dir
         elif cheat in VERSION_CHEATS:  # no older version held: this batch is honest
-            cheat = "none"
-            self.cheats.not_made()
+            cheat = self.cheats.not_made(cheat)
         made: MadeBatch = await self.maker.call(
             MakeBatch(
                 model_dir,
@@ -315,6 +313,8 @@ class InferenceRole:
                 cheat=self.cheats.for_maker(cheat),
             )
         )
+        if made.unchanged:  # a test cheat that drew what honest work draws: made again
+            cheat = self.cheats.not_made(cheat)
         if self.versions.use(version):
             log.info("generating with policy version %d (%s)", version, model_dir)
         batch = RolloutBatch.decode(made.encoded)
@@ -322,8 +322,7 @@ class InferenceRole:
             # the trainer moved on while we generated: a validator would reject it as
             # invalid (and slash the stake for it), so it is neither stored nor submitted
             self.counts.stale += 1
-            if cheat != "none":  # a test cheat nobody saw: the next batch makes it
-                self.cheats.not_made()
+            self.cheats.not_made(cheat)  # a test cheat nobody saw: the next batch makes it
             self.done_step = step
             self._save_state()
             log.warning("batch of step %d v%d not submitted: %s", step, version, why)

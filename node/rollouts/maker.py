@@ -60,6 +60,10 @@ class MakeBatch:
 @dataclass(frozen=True)
 class MadeBatch:
     encoded: bytes  # a ``RolloutBatch``, unsigned (the node signs it)
+    # the cheat asked for changed nothing: every token is what honest sampling draws (greedy
+    # decoding of a policy so peaked that each seeded draw was its argmax), so the batch is
+    # honest work, and the worker makes the cheat again on its next batch
+    unchanged: bool = False
 
 
 class BatchMaker:
@@ -104,19 +108,29 @@ class BatchMaker:
         engine, tokenizer = self._engine(call.model_dir, cheat)
         worker, step = cheats.source(cheat, call.worker, call.step)
         count = self.spec.tasks_per_batch
-        groups = generate_groups(
-            engine,
-            tokenizer,
-            self.taskset,
-            worker=worker,
-            step=step,
-            count=count,
-            group_size=self.spec.group_size,
-            params=cheats.sampled_with(cheat, self.params),
-            tasks=cheats.easy_tasks(self.taskset, worker, step, count)
-            if cheat == "easy_tasks"
-            else None,
+        tasks = (
+            cheats.easy_tasks(self.taskset, worker, step, count) if cheat == "easy_tasks" else None
         )
+
+        def generate(params: Any) -> list[Any]:
+            return generate_groups(
+                engine,
+                tokenizer,
+                self.taskset,
+                worker=worker,
+                step=step,
+                count=count,
+                group_size=self.spec.group_size,
+                params=params,
+                tasks=tasks,
+            )
+
+        groups = generate(cheats.sampled_with(cheat, self.params))
+        unchanged = False
+        if cheat == "greedy":  # drew what sampling draws? then it is the honest batch
+            honest = generate(self.params)
+            if unchanged := cheats.same_tokens(groups, honest):
+                groups = honest
         if (worker, step) != (call.worker, call.step):
             cheats.reseed(groups, call.worker, call.step)
         if cheat != "none":
@@ -137,4 +151,4 @@ class BatchMaker:
             taskset=self.taskset.name,
             params=cheats.claimed_params(cheat, self.params),
         )
-        return MadeBatch(batch.encode())
+        return MadeBatch(batch.encode(), unchanged=unchanged)
