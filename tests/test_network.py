@@ -141,6 +141,7 @@ def test_gossip_three_publishers_300_each_none_lost_none_twice(cluster):
         return quiet
 
     wait_until(settled, 30, "arrivals to settle")
+    by_gossip = total = 0
     for j, p in enumerate(procs):
         a = status(p)["announcements"]
         got = a["delivered"]
@@ -150,9 +151,14 @@ def test_gossip_three_publishers_300_each_none_lost_none_twice(cluster):
         assert ids[j] not in got  # own announcements are not delivered back to oneself
         # every arrival beyond the first of each was counted as a duplicate, not delivered
         assert sum(a["delivered_via"].values()) == sum(got.values())
-        # gossip carried them: the sync-by-request fallback only fills gaps
+        # gossip carried them: the sync-by-request fallback only fills gaps. How much gossip
+        # leaves to sync depends on the machine's load (gossip that lags more than a grace
+        # period is overtaken): loaded with two busy loops, a node got 51-73% by gossip, and
+        # CI's end of the chain 48% once. A node whose gossip is dead gets none.
         via = a["delivered_via"]
-        assert via.get("gossip", 0) > 0.5 * sum(got.values()), (j, via)
+        assert via.get("gossip", 0) > 0.25 * sum(got.values()), (j, via)
+        by_gossip, total = by_gossip + via.get("gossip", 0), total + sum(got.values())
+    assert by_gossip > 0.5 * total, (by_gossip, total)
 
 
 def test_late_joiner_fetches_announcements_gossip_never_gave_it(cluster):
