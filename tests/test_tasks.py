@@ -77,6 +77,28 @@ def test_checker_on_tricky_answers(gold, completion, expected):
     assert score(gold, completion) == expected
 
 
+def test_integers_are_compared_as_math_verify_compares_them_without_it(monkeypatch):
+    """The integer fast path reaches math-verify's verdict on every pair of plain integers
+    (leading zeros, signs, large values) and never calls it; anything else still goes
+    through math-verify."""
+    import node.tasks.answers as answers
+
+    rng = random.Random(5)
+    pairs = [("7", "007"), ("-0", "0"), ("12", "-12"), ("3" * 40, "3" * 40), ("10", "1")]
+    for _ in range(40):
+        a = rng.choice([rng.randint(-20, 20), rng.randint(-(10**12), 10**12)])
+        b = a if rng.random() < 0.5 else a + rng.choice([-1, 1, 10, -100])
+        pairs.append((str(a), rng.choice(["", "0", "00"]) + str(b) if b >= 0 else str(b)))
+    slow = {(g, p): bool(answers.verify(answers._parse(g), answers._parse(p))) for g, p in pairs}
+    answers.answers_match.cache_clear()
+    calls = []
+    monkeypatch.setattr(answers, "verify", lambda *a, **k: calls.append(a))
+    assert {(g, p): answers_match(g, p) for g, p in pairs} == slow
+    assert not calls and sum(slow.values()) >= 10 and not all(slow.values())
+    assert not answers_match("12", "12.0") and calls  # not an integer: math-verify judged
+    answers.answers_match.cache_clear()
+
+
 def test_extract_answer():
     assert extract_answer("blah \\boxed{a{b}c} tail") == "a{b}c"
     assert extract_answer("x. The answer is: 42.") == "42"
