@@ -323,7 +323,7 @@ def proofs_from_entries(entries: list[tuple[np.ndarray, np.ndarray]], topk: int)
     return proofs
 
 
-def _decode(proof: bytes, topk: int) -> tuple[int, np.ndarray] | None:
+def _decode(proof: bytes | None, topk: int) -> tuple[int, np.ndarray] | None:
     """(m, coefficients) or None for a null, short, long or out-of-field proof."""
     if not isinstance(proof, bytes | bytearray) or len(proof) != proof_size(topk):
         return None
@@ -354,15 +354,46 @@ def verify_proofs(
     A missing, extra-short or malformed proof gives a failed result for its chunk; never
     an exception.
     """
+    return verify_proofs_batch(
+        [activations],
+        [proofs],
+        chunk_size=chunk_size,
+        topk=topk,
+        skip_prefill=skip_prefill,
+        thresholds=thresholds,
+    )[0]
+
+
+def verify_proofs_batch(
+    sequences: list[list[torch.Tensor]],
+    proofs: list[list[bytes]],
+    *,
+    chunk_size: int = DEFAULT_CHUNK,
+    topk: int = DEFAULT_TOPK,
+    skip_prefill: bool = False,
+    thresholds: Thresholds | None = None,
+) -> list[list[ProofResult]]:
+    """``verify_proofs`` for several sequences at once (``proofs[i]`` are sequence i's):
+    the chunks of every sequence share a few top-k calls and one evaluation per k, and
+    the statistics are array operations over all chunks (what a validator judging a
+    batch calls; per sequence, the results are the same)."""
+    if len(proofs) != len(sequences):
+        raise ValueError("need the proofs of every sequence")
     th = thresholds or Thresholds()
-    chunks = chunks_of(activations, chunk_size, skip_prefill)
+    per_seq = [chunks_of(acts, chunk_size, skip_prefill) for acts in sequences]
+    chunks = [c for seq in per_seq for c in seq]
+    given = [
+        seq_proofs[i] if i < len(seq_proofs) else None
+        for seq, seq_proofs in zip(per_seq, proofs, strict=True)
+        for i in range(len(seq))
+    ]
     results: list[ProofResult] = [_failed(min(topk, c.numel())) for c in chunks]
     selected = _top_entries(chunks, topk)
     by_k: dict[int, list[int]] = {}
     for n, chunk in enumerate(chunks):
         by_k.setdefault(min(topk, chunk.numel()), []).append(n)
     for k, members in by_k.items():
-        decoded = {n: _decode(proofs[n], topk) if n < len(proofs) else None for n in members}
+        decoded = {n: _decode(given[n], topk) for n in members}
         valid = [n for n in members if decoded[n] is not None]
         if not valid:
             continue
@@ -373,18 +404,35 @@ def verify_proofs(
         theirs = _evaluate(coeffs, idx % moduli[:, None])
         exp_match = (theirs >> 7) == (ours >> 7)  # sign and exponent
         mant_err = np.abs((theirs & 0x7F) - (ours & 0x7F))
+        matches = exp_match.sum(axis=1)
+        means, medians = _matched_mean_median(mant_err, exp_match, matches)
         need = math.ceil(th.min_exp_matches * k / DEFAULT_TOPK)
+        passed = (
+            (matches >= need)
+            & (means <= th.max_mant_err_mean)
+            & (medians <= th.max_mant_err_median)
+        )
         for row, n in enumerate(valid):
-            matches = int(exp_match[row].sum())
-            if matches:
-                err = mant_err[row][exp_match[row]]
-                mean, median = float(err.mean()), float(np.median(err))
-            else:
-                mean = median = math.inf
-            passed = (
-                matches >= need
-                and mean <= th.max_mant_err_mean
-                and median <= th.max_mant_err_median
+            results[n] = ProofResult(
+                k - int(matches[row]), float(means[row]), float(medians[row]), bool(passed[row])
             )
-            results[n] = ProofResult(k - matches, mean, median, passed)
-    return results
+    out, start = [], 0
+    for seq in per_seq:
+        out.append(results[start : start + len(seq)])
+        start += len(seq)
+    return out
+
+
+def _matched_mean_median(
+    err: np.ndarray, matched: np.ndarray, counts: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per row, the mean and the median of ``err`` over the ``matched`` entries (inf for a
+    row with none). Errors are small integers, so the sums are exact and the mean is the
+    one ``np.mean`` of the matched entries gives."""
+    safe = np.maximum(counts, 1)
+    means = np.where(counts > 0, (err * matched).sum(axis=1) / safe, math.inf)
+    ordered = np.sort(np.where(matched, err, np.iinfo(np.int64).max), axis=1)
+    lo = np.take_along_axis(ordered, ((safe - 1) // 2)[:, None], axis=1)[:, 0]
+    hi = np.take_along_axis(ordered, (safe // 2)[:, None], axis=1)[:, 0]
+    medians = np.where(counts > 0, (lo.astype(np.float64) + hi) / 2, math.inf)
+    return means, medians

@@ -49,7 +49,7 @@ from crypto.toploc import (
     STRICT_FP32,
     ProofResult,
     Thresholds,
-    verify_proofs,
+    verify_proofs_batch,
 )
 
 
@@ -176,15 +176,38 @@ def check_rollout(
     """``activations`` and ``logits`` [n, V] are the validator's own recomputation, on any
     device and in any float dtype; ``rollouts``: the size of the batch it is judged in."""
     cfg = config or GPU_BF16
+    _check_shape(claim, logits)
+    (toploc,) = _toploc([claim], [activations], cfg)
+    return _judge(claim, toploc, logits, eos_token_id=eos_token_id, cfg=cfg, rollouts=rollouts)
+
+
+def _check_shape(claim: RolloutClaim, logits: torch.Tensor) -> None:
     if not claim.tokens or logits.shape[0] != len(claim.tokens):
         raise ValueError("logits must have one row per output token")
-    toploc = verify_proofs(
+
+
+def _toploc(
+    claims: list[RolloutClaim], activations: list[list[torch.Tensor]], cfg: VerifyConfig
+) -> list[list[ProofResult]]:
+    """The TOPLOC results of every claim's chunks, all chunks checked together."""
+    return verify_proofs_batch(
         activations,
-        claim.proofs,
+        [c.proofs for c in claims],
         chunk_size=cfg.chunk_size,
         topk=cfg.topk,
         thresholds=cfg.thresholds,
     )
+
+
+def _judge(
+    claim: RolloutClaim,
+    toploc: list[ProofResult],
+    logits: torch.Tensor,
+    *,
+    eos_token_id: int,
+    cfg: VerifyConfig,
+    rollouts: int,
+) -> RolloutVerdict:
     sampling = check_sampling(
         logits,
         torch.tensor(claim.tokens, device=logits.device),
@@ -242,9 +265,12 @@ def check_batch(
     cfg = config or GPU_BF16
     if not claims or len(claims) != len(recomputed):
         raise ValueError("need one recomputation per claim, and at least one claim")
+    for c, (_, logits) in zip(claims, recomputed, strict=True):
+        _check_shape(c, logits)
+    toploc = _toploc(claims, [acts for acts, _ in recomputed], cfg)
     verdicts = [
-        check_rollout(c, acts, logits, eos_token_id=eos_token_id, config=cfg, rollouts=len(claims))
-        for c, (acts, logits) in zip(claims, recomputed, strict=True)
+        _judge(c, t, logits, eos_token_id=eos_token_id, cfg=cfg, rollouts=len(claims))
+        for c, t, (_, logits) in zip(claims, toploc, recomputed, strict=True)
     ]
     statistic = sum(v.sampling.excess for v in verdicts)
     bound = honest_bound(

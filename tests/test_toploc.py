@@ -263,6 +263,75 @@ def test_batched_building_equals_one_by_one():
     assert toploc.build_proofs_batch(seqs) == [build_proofs(a) for a in seqs]
 
 
+def reference_results(acts, proofs, thresholds=PAPER, topk=128):
+    """Each chunk's result the plain way (one chunk at a time, ``np.mean`` / ``np.median``
+    of the matched entries): the oracle of the batched verification."""
+    out = []
+    for n, chunk in enumerate(chunks_of(acts, 32, False)):
+        k = min(topk, chunk.numel())
+        decoded = toploc._decode(proofs[n], topk) if n < len(proofs) else None
+        if decoded is None:
+            out.append(toploc._failed(k))
+            continue
+        ((idx, ours),) = toploc._top_entries([chunk], topk)
+        m, coeffs = decoded
+        theirs = toploc._evaluate(coeffs[None, :], (idx % m)[None, :])[0]
+        match = (theirs >> 7) == (ours >> 7)
+        err = np.abs((theirs & 0x7F) - (ours & 0x7F))[match]
+        mean = float(err.mean()) if match.any() else float("inf")
+        median = float(np.median(err)) if match.any() else float("inf")
+        need = -(-thresholds.min_exp_matches * k // 128)
+        passed = bool(
+            match.sum() >= need
+            and mean <= thresholds.max_mant_err_mean
+            and median <= thresholds.max_mant_err_median
+        )
+        out.append(toploc.ProofResult(k - int(match.sum()), mean, median, passed))
+    return out
+
+
+def test_batched_verification_equals_one_chunk_at_a_time():
+    """A batch of sequences of many shapes, verified together, gets each chunk's result
+    of verifying it alone: honest, noisy (even and odd numbers of matches), other
+    activations, a garbage, a null and a missing proof, chunks of fewer than k entries."""
+    rng = np.random.default_rng(11)
+    seqs, proofs = [], []
+    for i in range(9):
+        acts = random_acts(prompt_len=2 + 3 * i, steps=7 * i + 1, hidden=8 + 24 * (i % 3), seed=i)
+        given = build_proofs(acts)
+        if i % 3 == 1:  # noisy recomputation: some exponents and mantissas off
+            acts = [a + (0.01 * i) * torch.randn_like(a) for a in acts]
+        if i == 4:
+            acts = random_acts(prompt_len=14, steps=29, hidden=32, seed=99)
+        if i == 5:
+            given[0] = b"\xff\xd0" + rng.integers(0, P, size=128).astype(">u2").tobytes()
+        if i == 7:
+            given = given[:-1]  # the last chunk's proof missing
+        if i == 8:
+            given[-1] = bytes(258)  # a null proof
+        seqs.append(acts)
+        proofs.append(given)
+    # 128 entries (all selected), half recomputed one bf16 step up: errors 0 x 64, 1 x 64
+    exact = (1 + (torch.arange(128) % 64) / 128).reshape(4, 32)
+    seqs.append([exact + torch.where(torch.arange(128) < 64, 1 / 128, 0.0).reshape(4, 32)])
+    proofs.append(build_proofs([exact]))
+    for th in (PAPER, STRICT_FP32):
+        batched = toploc.verify_proofs_batch(seqs, proofs, thresholds=th)
+        expected = [reference_results(a, p, th) for a, p in zip(seqs, proofs, strict=True)]
+        assert batched == expected
+        outcomes = {r.passed for seq in batched for r in seq}
+        assert outcomes == {True, False}
+    assert batched[-1][0].mant_err_median == 0.5 and batched[-1][0].mant_err_mean == 0.5
+    # medians of both an odd and an even count of matched entries (k = 128 and the
+    # smaller chunks' k have both parities of mismatches among them)
+    assert {(r.exp_mismatches % 2) for seq in batched for r in seq if r.exp_mismatches < 64} == {
+        0,
+        1,
+    }
+    with pytest.raises(ValueError, match="proofs of every sequence"):
+        toploc.verify_proofs_batch(seqs, proofs[:-1])
+
+
 def test_coefficients_match_the_reference_implementation():
     """Golden vectors produced by the reference (toploc 0.1.6's C++ ndd module): the same
     points give the same monomial coefficients, so the 258-byte proofs interoperate."""
