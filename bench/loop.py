@@ -1,18 +1,19 @@
 """Benchmark: the first half of the loop (work generated and judged), measured in one run.
 
     .venv/bin/python bench/loop.py [--seconds 240] [--step-wait 4] [--spot-check 1.0]
-        [--heartbeats production|test] [--json]
+        [--workers 2] [--heartbeats production|test] [--json]
 
 Real processes on 127.0.0.1 and the served development chain, the tiny base model: a
 bootstrap, the trainer (GRPO steps on what is accepted), one validator (full verification by default: every rollout
-recomputed) and 2 inference workers (4 tasks x 4 samples x 48 tokens a batch, at most one
-batch without a verdict). For ``--seconds`` after the first verdict it counts:
+recomputed) and ``--workers`` inference workers (2; 4 tasks x 4 samples x 48 tokens a batch,
+at most one batch without a verdict). For ``--seconds`` after the first verdict it counts:
 
 - batches generated and judged per minute (from the chain's events);
 - ``validator_to_worker_time``: the validator's CPU-seconds per judged batch over a worker's
   CPU-seconds per generated batch (each node process and its engine process, from
   /proc; the node's networking is included on both sides). Target <= 0.25: one validator
-  keeps up with four workers of the same hardware;
+  keeps up with four workers of the same hardware (``--workers 4`` runs that many: the
+  validator's always-on cost is then shared by twice the batches of the default's 2);
 - verdict latency p50 / p95: from the moment a submission is first seen on-chain (the
   worker announces just before it submits) to its verdict, polled every 0.25 s;
 - gas per rollout: (submit_work + accept gas) / rollouts, from the receipts;
@@ -98,8 +99,13 @@ def main() -> None:
         help="presence heartbeats and discovery rounds: the defaults (every 5 s) or the "
         "tests' (every second: more always-on cost on every node)",
     )
+    ap.add_argument(
+        "--workers", type=int, default=2, help="inference workers the one validator judges"
+    )
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
+    if args.workers < 1:
+        ap.error("--workers must be at least 1")
 
     from node.cli.devnet import prepare_model
 
@@ -118,8 +124,9 @@ def main() -> None:
         try:
             loop.spawn("trainer", "trainer")
             loop.validator()
-            for i in range(2):
-                loop.worker(f"worker-{i}")
+            workers = [f"worker-{i}" for i in range(args.workers)]
+            for name in workers:
+                loop.worker(name)
             for node in loop.nodes.values():
                 wait_ready(node, timeout=180)
             client = loop.client()
@@ -137,10 +144,7 @@ def main() -> None:
                     judged_at.setdefault(key, now)
                 if start is None and judged_at:
                     start = now  # steady state: everyone is up and the validator works
-                    cpu0 = {
-                        n: cpu_seconds(loop.nodes[n].proc.pid)
-                        for n in ("validator", "worker-0", "worker-1")
-                    }
+                    cpu0 = {n: cpu_seconds(loop.nodes[n].proc.pid) for n in ("validator", *workers)}
                     own0 = {n: own_cpu_seconds(loop.nodes[n].proc.pid) for n in cpu0}
                     base_subs, base_judged = len(first_seen), len(judged_at)
                 if start is not None and now - start >= args.seconds:
@@ -156,7 +160,7 @@ def main() -> None:
             generated = len(first_seen) - base_subs
             judged = len(judged_at) - base_judged
             latencies = sorted(judged_at[k] - first_seen[k] for k in judged_at if k in first_seen)
-            w = [loop.section(f"worker-{i}", "inference") for i in range(2)]
+            w = [loop.section(name, "inference") for name in workers]
             worker_batches = sum(x["generated"] for x in w)
             v = loop.section("validator", "validator")
             gas, rollouts = 0, 0
@@ -165,10 +169,10 @@ def main() -> None:
                 rollouts += 16
             for ev in client.contract.events.WorkAccepted.get_logs(from_block=0):
                 gas += client.w3.eth.get_transaction_receipt(ev["transactionHash"]).gasUsed
-            worker_cpu_per_batch = (cpu["worker-0"] + cpu["worker-1"]) / max(1, generated)
+            worker_cpu_per_batch = sum(cpu[n] for n in workers) / max(1, generated)
             validator_cpu_per_batch = cpu["validator"] / max(1, judged)
             validator_node_per_batch = own["validator"] / max(1, judged)
-            worker_node_per_batch = (own["worker-0"] + own["worker-1"]) / max(1, generated)
+            worker_node_per_batch = sum(own[n] for n in workers) / max(1, generated)
         finally:
             loop.close()
 
@@ -191,12 +195,14 @@ def main() -> None:
         "worker_node_cpu_s_per_batch": round(worker_node_per_batch, 3),
         "load_average": round(os.getloadavg()[0], 2),
         "heartbeats": args.heartbeats,
+        "workers": args.workers,
         "validator_judged": v["judged"] if v else None,
         "worker_batches": worker_batches,
         "seconds": round(minutes * 60, 1),
     }
     print(
-        f"loop, {out['seconds']} s steady state: 2 workers, 1 validator, tiny model, 16 rollouts a batch"
+        f"loop, {out['seconds']} s steady state: {args.workers} workers, 1 validator, tiny model, "
+        "16 rollouts a batch"
     )
     print(
         f"  generated {out['batches_per_min']} batches/min ({out['rollouts_per_min']} rollouts/min), judged {out['judged_per_min']}/min"
