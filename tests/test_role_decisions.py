@@ -238,6 +238,63 @@ def test_a_refused_verdict_is_posted_again_after_the_retry_time_and_given_up_at_
     assert len(posts) == 0
 
 
+def test_the_chain_saying_a_verdict_stands_already_or_comes_too_late_is_told_apart():
+    """The real contract's refusals (embedded chain, three validators, quorum 2): a second
+    validator's vote that agrees with the standing verdict, and a vote repeated after a
+    restart, say it stands (``refusal``: counted as posted, not posted again 30 times); a
+    vote after the verdict window says it is too late (given up at once); anything else
+    is posted again."""
+    from ledger.chain import connect
+    from ledger.client import LedgerRevert
+    from node.roles.judging import refusal
+    from tests.helpers.ledger import ETH, Ledger, key
+
+    ledger = Ledger(connect("embedded"))
+    w = ledger.register(ledger.worker, 2 * ETH)
+    me = ledger.worker.address
+    v1, v2, v3 = (ledger.client(v) for v in (ledger.v1, ledger.v2, ledger.v3))
+    for i in (1, 2, 3):
+        w.submit_work(key(i), 10, 0)
+    v1.accept(me, key(1))
+    v1.reject(me, key(2), "invalid")
+
+    def refused(call, *args):
+        with pytest.raises(LedgerRevert) as info:
+            call(me, *args)
+        return refusal(info.value), info.value.reason
+
+    assert refused(v2.accept, key(1)) == ("stands", "work already accepted")
+    assert refused(v2.reject, key(2), "invalid") == ("stands", "work already rejected")
+    assert refused(v1.accept, key(1)) == ("stands", "already voted on this work")
+    assert refused(ledger.client(ledger.stranger).accept, key(3))[0] is None
+    assert refusal(RuntimeError("work already accepted")) is None  # a revert only
+    ledger.chain.advance_time(ledger.params.verdict_window + 1)
+    assert refused(v3.accept, key(3)) == ("too late", "verdict window closed")
+
+
+async def test_a_validator_counts_a_verdict_that_stands_already_as_posted(tmp_path):
+    """The role's post: "stands" is a verdict posted (counted, nothing left to post),
+    "too late" is given up at once, any other refusal waits to be posted again."""
+    from ledger.client import LedgerRevert
+    from tests.test_roles import validator_role
+
+    role = validator_role(tmp_path)
+    answers = {}
+
+    class FakeLedger:
+        def accept(self, worker, work_key):
+            raise LedgerRevert("accept", answers[work_key])
+
+    role.ledger = FakeLedger()
+    role.node = type("N", (), {"metrics": type("M", (), {"inc": lambda *a, **k: None})()})()
+    for i, reason in enumerate(("work already accepted", "verdict window closed", "paused")):
+        answers[bytes([i]) * 32] = reason
+        await role._post(("0x" + "12" * 20, bytes([i]) * 32), Verdict.accept())
+    assert role.verdicts["accepted"] == 1
+    assert (len(role.unposted), role.unposted.given_up) == (1, 1)
+    assert [k[1][0] for k in role.unposted.waiting] == [2]
+
+
 def test_a_verdict_the_chain_could_not_take_while_down_is_never_given_up_for_it():
     """A chain restarting for minutes is no refusal: the post waits for it however long."""
     posts = VerdictPosts(attempts=3, retry_s=2.0)

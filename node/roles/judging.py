@@ -20,6 +20,11 @@ up to ``check_tries`` times in all; then it is given up, left without a verdict 
 stops waiting once the verdict window passes). Only keys still to judge keep an entry:
 a judged key is remembered by its key alone, so the queue's walks stay as short as the
 backlog however long the run.
+A verdict the chain refuses is posted again after ``retry_s``, up to ``attempts`` refusals,
+unless the refusal says it stands already (``STANDS``: another validator posted the same
+verdict first, and the contract takes no vote that agrees with the standing one; or this
+validator voted before a restart): then it counts as posted. A refusal no later post can
+change (``TOO_LATE``: final, window closed, matured) gives the post up at once.
 Announcements of keys never submitted are bounded: each peer may have at most
 ``per_peer_unsubmitted`` of them waiting, and each waits at most ``fetch_deadline_s`` for
 its submission before it is forgotten (a flood from one peer cannot crowd out the others'
@@ -30,7 +35,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ledger.client import LedgerRevert
 from node.roles.work import Key, Verdict
+
+# the contract's refusals of a vote that say the verdict stands already (WorkLedger._vote)
+STANDS = ("work already accepted", "work already rejected", "already voted on this work")
+# and those after which no post can be taken
+TOO_LATE = ("verdict is final", "verdict window closed", "work has matured")
+
+
+def refusal(exc: Exception) -> str | None:
+    """ "stands" or "too late" for a revert that says so, else None (post it again)."""
+    reason = getattr(exc, "reason", None)
+    if not isinstance(exc, LedgerRevert) or reason is None:
+        return None
+    return "stands" if reason in STANDS else "too late" if reason in TOO_LATE else None
 
 
 @dataclass
@@ -261,14 +280,16 @@ class VerdictPosts:
         """The verdicts to post again now."""
         return [(k, u.verdict) for k, u in self.waiting.items() if u.due <= now]
 
-    def refused(self, key: Key, verdict: Verdict, now: float, *, counted: bool = True) -> int:
+    def refused(
+        self, key: Key, verdict: Verdict, now: float, *, counted: bool = True, last: bool = False
+    ) -> int:
         """The chain refused the post of ``verdict`` on ``key``; returns how many times it
-        has now (at ``attempts`` the verdict is given up). ``counted=False``: the chain did
-        not answer at all (down, restarting), which is no refusal: posted again, never
-        given up for it."""
+        has now (at ``attempts``, or at once when ``last``, the verdict is given up).
+        ``counted=False``: the chain did not answer at all (down, restarting), which is no
+        refusal: posted again, never given up for it."""
         before = self.waiting[key].attempts if key in self.waiting else 0
         tries = before + 1 if counted else before
-        if tries < self.attempts:
+        if tries < self.attempts and not last:
             self.waiting[key] = _Unposted(verdict, now + self.retry_s, tries)
         else:
             self.waiting.pop(key, None)

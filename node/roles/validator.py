@@ -53,7 +53,7 @@ from node.roles.chain import (
 from node.roles.checking import BatchChecker, CheckBatch, CheckerSpec
 from node.roles.clock import StepClock, follow_steps
 from node.roles.exchange import WorkKeyMismatch, fetch_batch, follow_notices
-from node.roles.judging import JudgingQueue, VerdictPosts
+from node.roles.judging import JudgingQueue, VerdictPosts, refusal
 from node.roles.offload import Offload, OffloadError
 from node.roles.status import ValidatorStatus, VerdictLatency
 from node.roles.work import ACCEPTED, Key, Verdict
@@ -326,16 +326,15 @@ class ValidatorRole:
             else:
                 await trio.to_thread.run_sync(self.ledger.reject, worker, work_key, v.reason)
         except Exception as exc:  # e.g. the chain's clock lags ours: posted again later
-            down = isinstance(exc, LedgerUnreachable)  # no refusal: never given up for it
-            tries = self.unposted.refused(key, v, trio.current_time(), counted=not down)
-            log.error(
-                "posting the verdict on %s failed (attempt %d of %d): %s",
-                work_key.hex()[:16],
-                tries,
-                self.unposted.attempts,
-                exc,
-            )
-            return
+            if (why := refusal(exc)) != "stands":  # else another validator's vote said it
+                down = isinstance(exc, LedgerUnreachable)  # no refusal: never given up for it
+                now, last = trio.current_time(), why == "too late"
+                tries = self.unposted.refused(key, v, now, counted=not down, last=last)
+                log.error(
+                    "posting the verdict on %s failed (attempt %d of %d): %s",
+                    *(work_key.hex()[:16], tries, self.unposted.attempts, exc),
+                )
+                return
         self.unposted.posted(key)
         self.verdicts[v.reason] += 1
         self.node.metrics.inc("verdicts", verdict=v.reason)
