@@ -28,6 +28,7 @@ MAKER = MakerSpec(
     max_new_tokens=24,
     temperature=1.0,
     engine_batch=8,
+    verify_profile="strict-fp32",
 )
 CHECKER = CheckerSpec(
     keep=3, taskset="arithmetic:1-5", verify_profile="strict-fp32", spot_check=1.0
@@ -198,12 +199,14 @@ def test_a_run_at_another_temperature_accepts_its_own_batches(tiny_model_dir):
     assert not BatchChecker(CHECKER)(CheckBatch(str(tiny_model_dir), 0, envelope)).accepted
 
 
-def test_a_greedy_batch_that_drew_what_sampling_draws_is_honest_work_and_made_again(
+def test_a_greedy_batch_no_check_can_tell_from_sampling_is_not_made_and_comes_again(
     maker, checker, tiny_model_dir
 ):
-    """Greedy decoding of a policy so peaked that every seeded draw is its argmax is the
-    honest batch (the matrix saw such a batch accepted once the policy had learned level
-    1): the maker says so, and the worker counts no cheat made."""
+    """Greedy decoding that no check can tell from the seeded draws (a policy so peaked
+    that they differ only at near-ties within the noise, or nowhere: the matrix saw such
+    batches accepted once the policy had learned level 1) is undetectable by design: the
+    maker checks it as the run's validators would, sends the honest batch instead and
+    says so, and the worker counts no cheat made."""
     cold = dataclasses.replace(MAKER, temperature=1e-4)
     identity = Identity.generate()
     call = MakeBatch(str(tiny_model_dir), WORKER, 3, 0, {**HEADER, "sender": identity.peer_id})

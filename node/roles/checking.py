@@ -122,33 +122,17 @@ class BatchChecker:
         return None
 
     def _check_proofs(self, batch: RolloutBatch) -> Verdict:
-        from crypto.verdict import RolloutClaim, check_batch
-        from node.engine.torch_engine import recompute_batch
+        from node.rollouts.recheck import judge_rollouts
 
         started = time.perf_counter()
         samples = [(g, s) for g in batch.groups for s in g.samples]
         if self.spec.spot_check < 1:
             count = max(1, round(self.spec.spot_check * len(samples)))
             samples = random.SystemRandom().sample(samples, count)  # unpredictable to workers
-        claims = [
-            RolloutClaim(
-                tokens=unpack_tokens(s.tokens),
-                proofs=list(s.proofs),
-                seed=s.seed,
-                finish_reason=s.finish_reason,
-                max_new_tokens=batch.max_new_tokens,
-                temperature=batch.temperature,
-                top_p=batch.top_p,
-            )
-            for _, s in samples
-        ]
-        recomputed = recompute_batch(
-            self.model, [unpack_tokens(g.prompt) for g, _ in samples], [c.tokens for c in claims]
+        evidence = judge_rollouts(
+            self.model, int(self.tokenizer.eos_token_id), batch, samples, self.config
         )
-        evidence = check_batch(
-            claims, recomputed, eos_token_id=int(self.tokenizer.eos_token_id), config=self.config
-        )
-        spent = {"rollouts": len(claims), "seconds": time.perf_counter() - started}
+        spent = {"rollouts": len(samples), "seconds": time.perf_counter() - started}
         if evidence.passed:
             return Verdict.accept(evidence.reason, **spent)
         return Verdict.reject("invalid", evidence.reason, **spent)

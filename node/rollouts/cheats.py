@@ -141,15 +141,6 @@ def sampled_with(cheat: str, run: SamplingParams) -> SamplingParams:
     return run
 
 
-def same_tokens(made: list[ScoredGroup], honest: list[ScoredGroup]) -> bool:
-    """Whether the cheat's groups hold exactly the tokens honest sampling drew: a greedy
-    batch of a policy so peaked that every seeded draw was its argmax is honest work, and
-    no check can (or should) reject it."""
-    return [[r.tokens for r in g.results] for g in made] == [
-        [r.tokens for r in g.results] for g in honest
-    ]
-
-
 def claimed_params(cheat: str, run: SamplingParams) -> SamplingParams:
     """The sampling parameters the batch states (greedy claims the run's; the other
     temperature is stated as what it is: the validator compares it with the run's)."""

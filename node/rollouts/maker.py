@@ -32,6 +32,7 @@ class MakerSpec:
     max_new_tokens: int
     temperature: float
     engine_batch: int  # sequences the engine generates at once
+    verify_profile: str = "gpu-bf16"  # the run's: tells a test cheat that no check can see
 
     @classmethod
     def of(cls, cfg: NodeConfig) -> MakerSpec:
@@ -42,6 +43,7 @@ class MakerSpec:
             max_new_tokens=cfg.max_new_tokens,
             temperature=cfg.temperature,
             engine_batch=cfg.engine_batch,
+            verify_profile=cfg.verify_profile,
         )
 
 
@@ -60,9 +62,10 @@ class MakeBatch:
 @dataclass(frozen=True)
 class MadeBatch:
     encoded: bytes  # a ``RolloutBatch``, unsigned (the node signs it)
-    # the cheat asked for changed nothing: every token is what honest sampling draws (greedy
-    # decoding of a policy so peaked that each seeded draw was its argmax), so the batch is
-    # honest work, and the worker makes the cheat again on its next batch
+    # the cheat asked for could not be made: no check could tell it from honest work (greedy
+    # decoding of a policy so peaked that it differs from the seeded draws only at near-ties
+    # within the noise, or nowhere), so this is the honest batch, and the worker makes the
+    # cheat again on its next batch
     unchanged: bool = False
 
 
@@ -126,11 +129,7 @@ class BatchMaker:
             )
 
         groups = generate(cheats.sampled_with(cheat, self.params))
-        unchanged = False
-        if cheat == "greedy":  # drew what sampling draws? then it is the honest batch
-            honest = generate(self.params)
-            if unchanged := cheats.same_tokens(groups, honest):
-                groups = honest
+        honest = generate(self.params) if cheat == "greedy" else None
         if (worker, step) != (call.worker, call.step):
             cheats.reseed(groups, call.worker, call.step)
         if cheat != "none":
@@ -142,13 +141,35 @@ class BatchMaker:
                 vocab=engine.vocab_size,
                 chunk=self.params.proof_chunk,
             )
-        batch = to_batch(
-            groups,
-            **call.header,
-            worker=call.worker,
-            step=call.step,
-            policy_version=call.version,
-            taskset=self.taskset.name,
-            params=cheats.claimed_params(cheat, self.params),
-        )
-        return MadeBatch(batch.encode(), unchanged=unchanged)
+
+        def batch_of(groups: list[Any]) -> Any:
+            return to_batch(
+                groups,
+                **call.header,
+                worker=call.worker,
+                step=call.step,
+                policy_version=call.version,
+                taskset=self.taskset.name,
+                params=cheats.claimed_params(cheat, self.params),
+            )
+
+        batch = batch_of(groups)
+        if honest is not None and self._undetectable(batch, engine, tokenizer):
+            return MadeBatch(batch_of(honest).encode(), unchanged=True)
+        return MadeBatch(batch.encode())
+
+    def _undetectable(self, batch: Any, engine: Any, tokenizer: Any) -> bool:
+        """Whether the run's verification accepts ``batch``, checked as a validator would
+        (every rollout recomputed with the engine's model): a greedy batch of a policy so
+        peaked that greedy decoding differs from the seeded draws only at near-ties within
+        the profile's noise (or nowhere) is undetectable by design (SPEC §12.1), so the
+        worker sends the honest batch and makes the cheat again later, as it does for a
+        version too close to tell apart."""
+        from crypto.verdict import profile
+        from node.engine.calibration import model_layers
+        from node.rollouts.recheck import judge_rollouts
+
+        config = profile(self.spec.verify_profile).for_layers(model_layers(engine.model))
+        samples = [(g, s) for g in batch.groups for s in g.samples]
+        eos = int(tokenizer.eos_token_id)
+        return bool(judge_rollouts(engine.model, eos, batch, samples, config).passed)
