@@ -27,13 +27,15 @@ Sub = tuple[str, bytes]  # (worker address, work key)
 # older one in the window to tell apart (SPEC §12.1; before, the batch is honest, must be
 # accepted, and the cheat comes again on the next batch): ``stale_weights`` (the base model)
 # comes last in its list, by when some step has trained; ``older_version`` comes first in
-# its, and is made once the worker holds an older version in the window that a step trained
-# away from.
+# its (after ``greedy``), and is made once the worker holds an older version in the window
+# that a step trained away from. ``greedy`` comes first of all in its list: it is made only
+# while verification can tell it (SPEC §12.1), and a policy that learned level 1 at this
+# learning rate soon decodes greedily what its seeded draws would give, near-ties aside.
 # ``withhold`` comes first in its list: its verdict waits for the fetch deadline, which then
 # passes while the other cheats are made.
 CHEATERS = {
     "c-compute": "other_weights,int8_weights,fewer_layers,foreign_proofs,edit_token,stale_weights",
-    "c-sampling": "older_version,greedy,other_temperature,early_stop,truncated,inflate_reward",
+    "c-sampling": "greedy,older_version,other_temperature,early_stop,truncated,inflate_reward",
     "c-claims": "withhold,inflate_units,easy_tasks,replay_step,replay_other,key_mismatch",
     "c-key": "other_key",
 }
