@@ -85,7 +85,7 @@ class CheatPlan:
 
     def not_made(self, cheat: str) -> str:
         """The ``cheat`` ``next`` gave could not be made (a version cheat with no other
-        version to lie about yet, a greedy draw that came out as honest sampling's) or
+        version to lie about yet, a greedy batch no check could tell from sampling) or
         nobody saw it: the batch is honest ("none", returned), and the next one tries the
         cheat again, so one pass over the cheats makes each of them."""
         if cheat != "none":

@@ -313,7 +313,7 @@ class InferenceRole:
                 cheat=self.cheats.for_maker(cheat),
             )
         )
-        if made.unchanged:  # a test cheat that drew what honest work draws: made again
+        if made.unchanged:  # a test cheat no check could tell from honest work: made again
             cheat = self.cheats.not_made(cheat)
         if self.versions.use(version):
             log.info("generating with policy version %d (%s)", version, model_dir)

@@ -46,10 +46,9 @@ TOO_LATE = ("verdict is final", "verdict window closed", "work has matured")
 
 def refusal(exc: Exception) -> str | None:
     """ "stands" or "too late" for a revert that says so, else None (post it again)."""
-    reason = getattr(exc, "reason", None)
-    if not isinstance(exc, LedgerRevert) or reason is None:
+    if not isinstance(exc, LedgerRevert):
         return None
-    return "stands" if reason in STANDS else "too late" if reason in TOO_LATE else None
+    return "stands" if exc.reason in STANDS else "too late" if exc.reason in TOO_LATE else None
 
 
 @dataclass

@@ -129,7 +129,6 @@ class BatchMaker:
             )
 
         groups = generate(cheats.sampled_with(cheat, self.params))
-        honest = generate(self.params) if cheat == "greedy" else None
         if (worker, step) != (call.worker, call.step):
             cheats.reseed(groups, call.worker, call.step)
         if cheat != "none":
@@ -154,8 +153,8 @@ class BatchMaker:
             )
 
         batch = batch_of(groups)
-        if honest is not None and self._undetectable(batch, engine, tokenizer):
-            return MadeBatch(batch_of(honest).encode(), unchanged=True)
+        if cheat == "greedy" and self._undetectable(batch, engine, tokenizer):
+            return MadeBatch(batch_of(generate(self.params)).encode(), unchanged=True)
         return MadeBatch(batch.encode())
 
     def _undetectable(self, batch: Any, engine: Any, tokenizer: Any) -> bool:

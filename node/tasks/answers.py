@@ -10,7 +10,7 @@ used there and off elsewhere.
 
 Two plain integers (the arithmetic tasks' answers, and what a policy learning them writes)
 are compared as integers without math-verify, which reaches the same verdict on them at
-a hundred times the cost: scoring was half of a validator's CPU per batch. Verdicts are
+a hundred times the cost: scoring was 45% of the batch checker's CPU per batch. Verdicts are
 cached by (gold, predicted): a group's samples often give the same answer.
 """
 
