@@ -471,6 +471,33 @@ class NodeConfig(CoreConfig):
         "learning_rate, default 3e-4 with this objective).",
     )
 
+    relay: bool | None = Field(
+        None,
+        description="Relay circuits (circuit relay v2 HOP) for nodes behind NAT while "
+        "publicly reachable (SPEC §20). Default: on for the bootstrap role, off for others.",
+    )
+    relay_max_reservations: int = Field(
+        64, ge=1, le=100_000, description="Relay: reservations held for other peers at most."
+    )
+    relay_reservation_ttl: int = Field(
+        900, ge=30, le=86_400, description="Relay: seconds a reservation lasts (renewed before)."
+    )
+    relay_circuits_per_reservation: int = Field(
+        8, ge=1, le=1024, description="Relay: circuits open at once to one reserved peer."
+    )
+    relay_circuits_per_peer: int = Field(
+        4, ge=1, le=1024, description="Relay: circuits one peer may open through us at once."
+    )
+    relay_circuit_bytes: int = Field(
+        32 * 1024 * 1024,
+        ge=1024,
+        le=2**40,
+        description="Relay: bytes one circuit may carry (both ways) before it is cut.",
+    )
+    relay_circuit_seconds: int = Field(
+        600, ge=1, le=86_400, description="Relay: seconds a circuit may last before it is cut."
+    )
+
     @model_validator(mode="after")
     def _cheats_need_the_dev_flag(self) -> Self:
         if self.cheat != "none" and not self.dev_cheats:

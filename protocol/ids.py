@@ -42,6 +42,11 @@ def role_key(run_id: str, role: str) -> str:
     return f"/intellect/{check_run_id(run_id)}/role/{role}"
 
 
+def relay_key(run_id: str) -> str:
+    """DHT provider key under which the run's circuit relays provide themselves (SPEC §20)."""
+    return f"/intellect/{check_run_id(run_id)}/relay"
+
+
 # SHARDCAST (protocol/shardcast.py): holdings/manifest queries and the shard exchange.
 WEIGHTS = "/intellect/weights/1.0.0"
 SHARDCAST = "/intellect/shardcast/1.0.0"

@@ -14,6 +14,7 @@ import trio.testing
 from libp2p.io.trio import TrioTCPStream
 from libp2p.peer.peerstore import PeerStoreError
 
+from crypto.identity import Identity
 from node.net.host import (
     READ_AHEAD,
     RECORD_RECHECK,
@@ -113,6 +114,17 @@ def test_advertised_addresses_are_kept_for_the_ttl_once_there_are_some(monkeypat
     now[0] += 5.5
     host.addrs = ["/ip4/10.0.0.1/tcp/4001/p2p/me"]
     assert host.get_addrs() == host.addrs and host.calls == 4  # past the ttl: recomputed
+    # circuit addresses: added whole, with our id, from the moment the cache is dropped
+    relay, me = Identity.generate().peer_id, Identity.generate().peer_id
+    host.get_id = lambda: me
+    host.extra_addrs = [f"/ip4/203.0.113.1/tcp/4001/p2p/{relay}/p2p-circuit"]
+    assert host.get_addrs() == host.addrs  # kept for the ttl
+    host.forget_addrs()
+    got = [str(a) for a in host.get_addrs()]
+    assert got == [*host.addrs, f"{host.extra_addrs[0]}/p2p/{me}"]
+    host.extra_addrs = []
+    host.forget_addrs()
+    assert host.get_addrs() == host.addrs
 
 
 class Rpc:

@@ -119,6 +119,18 @@ def test_connections_close_the_surplus_down_to_low_sparing_peers_in_use_and_new_
     assert set(c.to_dial(20, conns, random.Random(0))) <= set(remaining)
 
 
+def test_pinned_links_are_never_closed_even_of_a_crowded_role_or_transient():
+    c = ConnectionPlan(low=1, high=2, grace=0, cooldown=60, keep_per_role=1)
+    conns = {f"w{i}": "inference" for i in range(5)} | {"r1": "bootstrap", "r2": None}
+    c.update(0, conns)
+    c.pin({"r1", "r2"})  # the relays a node behind NAT holds reservations on
+    closing = c.to_close(1, transient={"r2"})
+    assert set(closing) == {"w1", "w2", "w3", "w4"}  # w0 and r1: the peers in use
+    c.pin(set())  # reservations given up: ordinary links again
+    c.update(2, {p: conns[p] for p in ("w0", "r1", "r2")})
+    assert "r2" in c.to_close(3, transient={"r2"})
+
+
 def test_connections_dial_up_to_low_a_missing_role_first_and_cool_peers_that_dropped_us():
     c = ConnectionPlan(low=3, high=6, grace=3, cooldown=60)
     known = {"b": "bootstrap", "t": "trainer", "w1": "inference", "w2": "inference"}

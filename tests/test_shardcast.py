@@ -487,6 +487,23 @@ def test_plan_asks_the_origin_only_for_what_nobody_else_holds():
     assert sorted(q.assign(0)) == [(0, "trainer"), (1, "trainer")]
 
 
+def test_plan_asks_a_holder_behind_a_relay_only_for_what_no_direct_holder_has():
+    p = plan(4, max_inflight=4, per_peer=4, explore=0.0)
+    p.update_peer("home", {0, 1, 2, 3})
+    p.update_peer("near", {0, 1})
+    p.peers["home"].relayed = True  # only a circuit relay joins us to it
+    p.peers["home"].rate, p.peers["near"].rate = 1e9, 1.0  # faster, and still not asked
+    got = dict(p.assign(0))
+    assert got == {0: "near", 1: "near", 2: "home", 3: "home"}
+    # once hole punching made it direct, it is one holder among others
+    q = plan(2, max_inflight=2, per_peer=2, explore=0.0)
+    q.update_peer("home", {0, 1})
+    q.update_peer("near", {0, 1})
+    q.peers["near"].relayed = True
+    q.peers["near"].rate, q.peers["home"].rate = 1e9, 1.0
+    assert dict(q.assign(0)) == {0: "home", 1: "home"}
+
+
 def test_downloaders_split_the_origins_shards_and_take_the_rest_from_each_other():
     ids = ["peer-a", "peer-b", "peer-c"]
     plans = {}

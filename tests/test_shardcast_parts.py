@@ -23,6 +23,8 @@ NODE_API = {
     "connected_peers",
     "provide",
     "find_providers",
+    "relayed",
+    "direct_path",
     "disconnect",
     "connect",
     "metrics",

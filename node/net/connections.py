@@ -9,6 +9,7 @@ are connected now (with their roles, where known) and acts on what it answers.
 - Grace: a connection younger than ``grace`` seconds is neither closed nor counted against
   ``high`` (a greeting may be running on it; a DHT query opens links to peers close to a
   key for one round and the runtime closes them after it, as ``transient``).
+- Pinned peers (the relays a node behind NAT holds reservations on) are never closed.
 - Peers in use: for every role, up to ``keep_per_role`` connected peers of that role are
   protected from closing; the choice is sticky (a peer stays in use while it is
   connected), so the gossip mesh over these links stays stable.
@@ -38,6 +39,7 @@ class ConnectionPlan:
     roles: dict[str, str | None] = field(default_factory=dict)  # connected peer -> role
     in_use: dict[str, list[str]] = field(default_factory=dict)  # role -> protected peers
     cooling: dict[str, float] = field(default_factory=dict)  # peer -> not dialed before
+    pinned: set[str] = field(default_factory=set)  # never closed (relays we reserve on)
     _closing: set[str] = field(default_factory=set)
 
     def __post_init__(self) -> None:
@@ -82,7 +84,12 @@ class ConnectionPlan:
         )
 
     def protected(self) -> set[str]:
-        return {p for peers in self.in_use.values() for p in peers}
+        return {p for peers in self.in_use.values() for p in peers} | self.pinned
+
+    def pin(self, peers: set[str]) -> None:
+        """Keep the connections to ``peers`` whatever the watermarks say (replaces the
+        previous set)."""
+        self.pinned = set(peers)
 
     def to_close(self, now: float, transient: set[str] | frozenset[str] = frozenset()) -> list[str]:
         """Connections to close now (their peers cool down: not dialed again soon).

@@ -56,6 +56,8 @@
   the host: py-libp2p lets the error end the connection's task group, and with it the node.
 - Advertised addresses (``cache_addrs``): py-libp2p rebuilds them on every call, and calls
   it for every gossip RPC and Kademlia reply; the node's host keeps them ``ADDRS_TTL`` s.
+- Yamux resets (``wake_readers_on_reset``): a local reset wakes a reader already waiting
+  on the stream (py-libp2p 0.8.1 leaves it waiting for ever).
 - Wire bytes: py-libp2p counts no traffic; the same wrapper counts in ``WIRE`` every byte
   this process wrote to or read from a TCP socket (Noise, yamux, gossipsub, Kademlia and
   our protocols alike).
@@ -209,6 +211,29 @@ def larger_yamux_frames(size: int = YAMUX_FRAME) -> None:
     yamux_module.MAX_MESSAGE_SIZE = size
 
 
+def wake_readers_on_reset() -> None:
+    """Wake a reader blocked on a yamux stream when the stream is reset locally.
+
+    py-libp2p 0.8.1's ``YamuxStream.reset`` drops the stream's read event without setting
+    it, so a task already waiting in ``read`` waits for ever. A circuit relay copies each
+    direction in a task of its own; when one direction cuts the circuit (a relay limit) it
+    resets both streams, and the other direction's task never ended: the circuit's slot
+    was never released (found probing the relay, issue #29)."""
+    stream_cls = yamux_module.YamuxStream
+    if getattr(stream_cls, "_intellect_reset_wakes", False):
+        return
+    reset = stream_cls.reset
+
+    async def reset_and_wake(self: Any) -> None:
+        event = self.conn.stream_events.get(self.stream_id)
+        await reset(self)
+        if event is not None:
+            event.set()
+
+    stream_cls.reset = reset_and_wake  # type: ignore[method-assign]
+    stream_cls._intellect_reset_wakes = True  # type: ignore[attr-defined]
+
+
 def build_host(identity: Identity, *, open_stream_s: float = 0.0) -> IHost:
     """The node's host: ``plain_host`` over TCP streams tuned by ``tune_tcp_streams``,
     yamux window updates batched (``batch_yamux_window_updates``) and sent in larger
@@ -218,6 +243,7 @@ def build_host(identity: Identity, *, open_stream_s: float = 0.0) -> IHost:
     tune_tcp_streams()
     batch_yamux_window_updates()
     larger_yamux_frames()
+    wake_readers_on_reset()
     host = plain_host(identity, negotiate_s=open_stream_s)
     cache_addrs(host)
     return host
@@ -303,8 +329,18 @@ def cache_addrs(host: IHost, ttl: float = ADDRS_TTL) -> None:
     per message it replays to a newly subscribed peer) and every Kademlia reply: 15% of an
     idle inference node's CPU in a 30-node network (``bench/scale.py``). An empty answer
     (not listening yet) is never kept."""
-    compute = host.get_addrs
+    listening = host.get_addrs
     kept: list[multiaddr.Multiaddr] = []
+
+    def compute() -> list[multiaddr.Multiaddr]:
+        # py-libp2p's own list cannot hold a circuit address: it cuts every address at its
+        # first /p2p/ (there, the relay's) before appending ours
+        extra: list[str] = getattr(host, "extra_addrs", [])
+        if not extra:
+            return listening()
+        own = f"/p2p/{host.get_id()}"
+        return [*listening(), *(multiaddr.Multiaddr(a + own) for a in extra)]
+
     stamp = 0.0
 
     def get_addrs() -> list[multiaddr.Multiaddr]:
@@ -314,7 +350,12 @@ def cache_addrs(host: IHost, ttl: float = ADDRS_TTL) -> None:
             kept, stamp = compute(), now
         return list(kept)
 
+    def forget() -> None:  # ``extra_addrs`` changed (``Network.set_circuit_addrs``)
+        nonlocal kept
+        kept = []
+
     host.get_addrs = get_addrs  # type: ignore[method-assign]
+    host.forget_addrs = forget  # type: ignore[attr-defined]
 
 
 def plain_host(identity: Identity, *, negotiate_s: float = 0.0) -> IHost:

@@ -55,6 +55,14 @@ COUNTERS: dict[str, tuple[str, tuple[str, ...]]] = {
         "AutoNAT questions of other peers answered, by outcome (SPEC §19).",
         ("outcome",),
     ),
+    "relay_reservations": ("Relay: reservations asked of us, by outcome (SPEC §20).", ("outcome",)),
+    "relay_circuits": (
+        "Relay: circuits asked of us, by outcome: opened, refused (by which limit), cut.",
+        ("outcome",),
+    ),
+    "relay_bytes": ("Relay: bytes we copied between the two ends of circuits.", ()),
+    "hole_punch_attempts": ("DCUtR hole punches, by outcome (direct / failed).", ("outcome",)),
+    "hole_punches": ("Relayed connections that hole punching made direct.", ()),
 }
 
 _SECONDS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)

@@ -9,7 +9,7 @@ a presence message or an announcement is.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
 
@@ -45,7 +45,11 @@ class Network:
         self.host: IHost | None = None
         self.pubsub: Any = None
         self.dht: Any = None
-        self.addrs: list[str] = []  # what we advertise, once listening
+        self.listen_addrs: list[str] = []  # where we listen, as peers would dial it
+        self.circuit_addrs: list[str] = []  # ``<relay>/p2p-circuit``: reservations we hold
+        self.addrs: list[str] = []  # what we advertise: circuit addresses first, then those
+        # dials ``<relay>/p2p-circuit/p2p/<peer>`` (``Relays``, once running)
+        self.circuit_dialer: Callable[[str], Awaitable[None]] | None = None
         # peer id -> None if its new inbound stream is negotiated, else seconds to hold
         # its connection's reads after resetting the stream (``Requests`` sets it)
         self.inbound_gate: Callable[[str], float | None] | None = None
@@ -74,9 +78,10 @@ class Network:
             await stack.enter_async_context(background_trio_service(self.pubsub.router))
             await stack.enter_async_context(background_trio_service(self.dht))
             await self.pubsub.wait_until_ready()
-            self.addrs = advertised_addrs(
+            self.listen_addrs = advertised_addrs(
                 [str(a) for a in host.get_transport_addrs()], local_ipv4s()
             )
+            self.addrs = list(self.listen_addrs)
             yield self
 
     def connected_peers(self) -> set[str]:
@@ -85,9 +90,56 @@ class Network:
             return set()
         return {pid.to_base58() for pid in self.host.get_connected_peers()}
 
-    async def connect(self, info: PeerInfo) -> None:
-        """Dial ``info`` within ``connect_timeout`` (``trio.TooSlowError`` past it)."""
+    def set_circuit_addrs(self, circuits: list[str]) -> None:
+        """Advertise ``circuits`` (``<relay>/p2p/<relay id>/p2p-circuit``) from now on: in
+        ``addrs`` (presence, ``/status``) and in the host's own addresses, which identify,
+        our signed peer record and our DHT provider records carry."""
         assert self.host is not None
+        self.circuit_addrs = list(circuits)
+        self.addrs = [*self.circuit_addrs, *self.listen_addrs]
+        self.host.extra_addrs = list(circuits)  # type: ignore[attr-defined]
+        forget = getattr(self.host, "forget_addrs", None)
+        if forget is not None:
+            forget()
+
+    def relayed(self, peer: str) -> bool:
+        """True if every connection we hold to ``peer`` goes through a relay (False if we
+        hold none, or a direct one)."""
+        conns = self._connections(peer)
+        return bool(conns) and all(_is_relayed(c) for c in conns)
+
+    def direct_addr(self, peer: str) -> str | None:
+        """The address our direct connection to ``peer`` reaches it at, if we hold one."""
+        for conn in self._connections(peer):
+            if not _is_relayed(conn):
+                for addr in _transport_addrs(conn):
+                    return addr
+        return None
+
+    def _connections(self, peer: str) -> list[Any]:
+        if self.host is None:
+            return []
+        conns = self.host.get_network().get_connections(ID.from_base58(peer))
+        return list(conns or [])
+
+    async def connect(self, info: PeerInfo) -> None:
+        """Dial ``info`` within ``connect_timeout`` (``trio.TooSlowError`` past it). A peer
+        that advertises circuit addresses is behind NAT: it is dialed through its relays
+        first, then at its other addresses."""
+        assert self.host is not None
+        peer = info.peer_id.to_base58()
+        circuits = [str(a) for a in info.addrs if "/p2p-circuit" in str(a)]
+        if circuits and self.circuit_dialer is not None and peer not in self.connected_peers():
+            suffix = f"/p2p/{peer}"
+            for circuit in circuits:
+                base = circuit[: -len(suffix)] if circuit.endswith(suffix) else circuit
+                try:
+                    with trio.fail_after(self.cfg.connect_timeout):
+                        await self.circuit_dialer(base + suffix)
+                    return
+                except Exception as exc:  # that relay is gone or refused: the next
+                    log.debug("dialing %s through %s failed: %r", peer[-8:], base, exc)
+            info = PeerInfo(info.peer_id, [a for a in info.addrs if "/p2p-circuit" not in str(a)])
         with trio.fail_after(self.cfg.connect_timeout):
             await self.host.connect(info)
 
@@ -132,3 +184,14 @@ class Network:
 
     async def publish(self, topic: str, data: bytes) -> None:
         await self.pubsub.publish(topic, data)
+
+
+def _is_relayed(conn: Any) -> bool:
+    return any("/p2p-circuit" in a for a in _transport_addrs(conn))
+
+
+def _transport_addrs(conn: Any) -> list[str]:
+    try:
+        return [str(a) for a in conn.get_transport_addresses()]
+    except Exception:  # a connection closing meanwhile
+        return []

@@ -202,7 +202,7 @@ class Reachability:
 
     def _candidates(self) -> list[bytes]:
         out = []
-        for addr in [*self.network.addrs, *self.observed.values()]:
+        for addr in [*self.network.listen_addrs, *self.observed.values()]:
             try:
                 out.append(multiaddr.Multiaddr(addr).to_bytes())
             except Exception:  # multiaddr raises several unrelated types

@@ -7,6 +7,8 @@ work is done by services, each in its own file under ``node/net/``:
 - ``presence.py``: heartbeats, greetings, liveness probes, leaving;
 - ``discovery.py``: DHT lookups and provides of our role, connection watermarks;
 - ``reachability.py``: AutoNAT: whether peers can dial us, and dial-backs for peers;
+- ``relay.py``: circuit relay v2 (relaying for others, reservations while behind NAT) and
+  DCUtR hole punching;
 - ``announcements.py``: paced gossip announcements, delivered once, gaps fetched by request;
 - ``status.py``: the ``/status`` view assembled from each service's typed status, and
   the gauges of ``/metrics`` (``metrics.py``: ``prometheus_client`` on the node's registry).
@@ -42,6 +44,7 @@ from node.net.network import Network
 from node.net.peers import PeerTable
 from node.net.presence import Presence
 from node.net.reachability import Reachability
+from node.net.relay import Relays
 from node.net.requests import Exchange, RequestHandler, Requests, now_ms
 from node.net.status import StatusGauges, StatusView, node_status
 from protocol.errors import WireError
@@ -78,6 +81,9 @@ class Node:
         )
         self.discovery = Discovery(cfg, self.network, peers, self.presence, self.metrics)
         self.reachability = Reachability(self.network, self.metrics)
+        self.relays = Relays(
+            cfg, self.network, self.reachability, self.metrics, pin=self.discovery.links.pin
+        )
         self._view = StatusView(
             cfg,
             self.network,
@@ -85,6 +91,7 @@ class Node:
             self.presence,
             self.discovery,
             self.reachability,
+            self.relays,
             self.announcements,
             self.metrics,
             self._status_sections,
@@ -105,6 +112,7 @@ class Node:
                 await nursery.start(self.announcements.serve)
                 await nursery.start(self.discovery.serve)
                 await nursery.start(self.reachability.serve)
+                await nursery.start(self.relays.serve)
                 log.info(
                     "node up peer_id=%s role=%s run=%s addrs=%s",
                     self.peer_id,
@@ -209,6 +217,16 @@ class Node:
     async def find_providers(self, key: str) -> set[str]:
         """Peers that provide ``key`` in the DHT, dialed where needed (see ``Network``)."""
         return await self.network.find_providers(key)
+
+    def relayed(self, peer: str) -> bool:
+        """True if only a circuit relay joins us to ``peer`` now (SPEC §20)."""
+        return self.network.relayed(peer)
+
+    async def direct_path(self, peer: str) -> bool:
+        """Before a bulk transfer: if only a relay joins us to ``peer`` and hole punching
+        may still make a direct connection, wait for it (a few seconds at most); True if
+        the connection is direct (or not relayed) now."""
+        return await self.relays.direct_path(peer)
 
     async def ping(self, peer: str) -> dict[str, Any]:
         """A presence round trip to ``peer``: its role and the time taken, or the error."""

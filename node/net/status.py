@@ -23,6 +23,7 @@ from node.net.network import Network
 from node.net.peers import PeerTable
 from node.net.presence import Presence
 from node.net.reachability import Reachability
+from node.net.relay import Relays
 from protocol import ids
 
 STATUS_FULL_LIST = 32  # /status lists every known peer up to this many, else the peers in use
@@ -38,6 +39,7 @@ class StatusView:
     presence: Presence
     discovery: Discovery
     reachability: Reachability
+    relays: Relays
     announcements: Announcements
     metrics: Metrics
     sections: dict[str, Callable[[], dict[str, Any]]]  # the roles' own (``add_status``)
@@ -56,6 +58,7 @@ def node_status(v: StatusView) -> dict[str, Any]:
         "model": str(v.cfg.model) if v.cfg.model else None,
         "addrs": v.network.addrs,
         "reachability": asdict(v.reachability.status()),  # SPEC §19
+        "relay": asdict(v.relays.status()),  # SPEC §20
         "peers": [asdict(r) for r in v.presence.rows(connected, in_use, STATUS_FULL_LIST)],
         "peer_count": count,
         "peers_listed": "all" if count <= STATUS_FULL_LIST else "in use",

@@ -112,6 +112,7 @@ async def fetch_batch(
     started = trio.current_time()
     try:
         with trio.fail_after(TRANSFER_DEADLINE_S):
+            await node.direct_path(peer)  # over a relay only if hole punching cannot help
             async with node.open_request(peer, ids.BATCH, request, BatchReply) as exchange:
                 reply: BatchReply = exchange.reply
                 if reply.work_key != work_key:

@@ -283,6 +283,7 @@ class Downloads:
         req = ShardRequest(**self.node.header(), version=m.version, index=shard)
         buf = bytearray(length)
         view = memoryview(buf)
+        await self.node.direct_path(peer)  # a hole punch under way: wait for it a little
         async with self.node.open_request(peer, ids.SHARDCAST, req, ShardReply) as ex:
             r: ShardReply = ex.reply
             if (r.version, r.index, r.size) != (m.version, shard, length):
@@ -346,6 +347,7 @@ class Downloads:
                     plan.remove_peer(peer)
                     return
                 plan.update_peer(peer, unbitmap(holding.have, m.num_shards))
+                plan.peers[peer].relayed = self.node.relayed(peer)
                 self.holders.saw(m.version, peer)
                 return
             except WireError as err:

@@ -17,6 +17,9 @@ The download loop tells it what each peer holds (``update_peer``), asks it for w
   that left or is slow does not hold the rest up). Without it, downloaders starting
   together pick the same rare shards and the origin sends 1.66 copies for 6 downloaders
   (``bench/shardcast.py``).
+- **Direct first**: a holder only a circuit relay joins us to (behind NAT, hole punching
+  failed) is asked for a shard only when no holder reachable directly has it: a relay's
+  limits are small and its bandwidth is somebody else's.
 - **Peers**: a moving average (EWMA, ``alpha``) of measured throughput and of success,
   scored ``rate × success / (1 + in flight)``; a peer never measured is tried first
   (optimism), and with probability ``explore`` a random holder is taken, so a new fast
@@ -48,6 +51,7 @@ class PeerState:
     backoff_until: float = 0.0
     banned: bool = False
     joined: bool = False  # it answered holdings for this version (holds or downloads it)
+    relayed: bool = False  # only a circuit relay joins us to it (it is behind NAT)
     fetched_bytes: int = 0
 
     def score(self) -> float:
@@ -179,6 +183,7 @@ class DownloadPlan:
             live = [p for p in holders[shard] if self._available(p, now)]
             others = [p for p in live if p.peer != self.origin]
             pool = others or live  # the origin only when nobody else can serve this shard
+            pool = [p for p in pool if not p.relayed] or pool  # a relay only when no other
             usable = [p for p in pool if p.inflight < self.per_peer]
             if not usable:
                 continue

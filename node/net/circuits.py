@@ -1,0 +1,150 @@
+"""py-libp2p 0.8.1's circuit relay v2 and DCUtR, adapted for ``node/net/relay.py``.
+
+Like ``host.py`` for the host, this is the one place that reaches into the library's relay
+internals (each reach says why); ``Relays`` uses only what is defined here.
+- ``CountingRelay``: the HOP and STOP handlers, with a per-peer circuit limit, a hard end to
+  idle circuits, and counts of every outcome (the library counts nothing);
+- ``reserve``: one RESERVE exchange, without the library's own refresh task (``Relays``
+  renews, and drops what it cannot renew);
+- ``CountingDCUtR``: the hole-punching service, counting its outcomes and telling whether a
+  punch to a peer runs or may still run.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import trio
+from libp2p.abc import IHost
+from libp2p.peer.id import ID
+from libp2p.relay.circuit_v2.dcutr import MAX_HOLE_PUNCH_ATTEMPTS, DCUtRProtocol
+from libp2p.relay.circuit_v2.protocol import PROTOCOL_ID as HOP
+from libp2p.relay.circuit_v2.protocol import CircuitV2Protocol
+from libp2p.relay.circuit_v2.protocol_buffer import StatusCode
+from libp2p.relay.circuit_v2.resources import RelayLimits
+from libp2p.relay.circuit_v2.transport import CircuitV2Transport
+
+from node.net.metrics import Metrics
+
+
+class CountingRelay(CircuitV2Protocol):
+    """py-libp2p's circuit relay v2 HOP and STOP handlers, with what the library lacks:
+    a limit on the circuits one peer opens at once (``per_peer``), a hard end to a
+    circuit at ``limits.duration`` even when idle (the library checks it only when
+    bytes flow), and counts of every reservation and circuit accepted, refused or cut
+    (``relay_reservations``, ``relay_circuits``, ``relay_bytes``)."""
+
+    def __init__(self, host: Any, limits: RelayLimits, hop: bool, per_peer: int, metrics: Metrics):
+        super().__init__(host, limits=limits, allow_hop=hop)
+        self.per_peer = per_peer
+        self.metrics = metrics
+        self.open_from: dict[ID, int] = {}  # circuits open now, by the peer that opened them
+        accept = self.resource_manager.can_accept_reservation
+
+        def counted(peer_id: ID) -> bool:
+            ok = bool(accept(peer_id))
+            self.metrics.inc("relay_reservations", outcome="accepted" if ok else "refused")
+            return ok
+
+        self.resource_manager.can_accept_reservation = counted  # type: ignore[method-assign]
+
+    def reservations_held(self) -> int:
+        """Reservations this relay holds for others now (expired ones may linger until
+        the library cleans them on the next reservation)."""
+        return len(self.resource_manager._reservations)
+
+    async def _handle_connect(self, stream: Any, msg: Any) -> None:
+        source = stream.muxed_conn.peer_id
+        if self.open_from.get(source, 0) >= self.per_peer:
+            self.metrics.inc("relay_circuits", outcome="refused: circuits per peer")
+            await self._send_status(
+                stream, StatusCode.RESOURCE_LIMIT_EXCEEDED, "too many circuits from this peer"
+            )
+            await _reset(stream)
+            return
+        self.open_from[source] = self.open_from.get(source, 0) + 1
+        try:
+            # the library checks a circuit's duration only when bytes flow: an idle circuit
+            # would hold its slot for ever
+            with trio.move_on_after(self.limits.duration + 1) as scope:
+                await super()._handle_connect(stream, msg)
+            if scope.cancelled_caught:
+                self.metrics.inc("relay_circuits", outcome="cut: duration")
+                await _reset(stream)
+        finally:
+            left = self.open_from.get(source, 1) - 1
+            if left > 0:
+                self.open_from[source] = left
+            else:
+                self.open_from.pop(source, None)
+
+    async def _send_status(
+        self, stream: Any, status_code: Any, message: str, *args: Any, **kw: Any
+    ) -> None:
+        outcome = _CIRCUIT_OUTCOMES.get(message)
+        if outcome is not None:
+            self.metrics.inc("relay_circuits", outcome=outcome)
+        await super()._send_status(stream, status_code, message, *args, **kw)
+
+    async def _read_stream_with_retry(self, stream: Any, *args: Any, **kw: Any) -> bytes:
+        data: bytes = await super()._read_stream_with_retry(stream, *args, **kw)
+        if data:
+            self.metrics.inc("relay_bytes", len(data))
+        return data
+
+
+# the library's status messages on a circuit, and what each counts as
+_CIRCUIT_OUTCOMES = {
+    "Connection established": "opened",
+    "Destination peer has no active reservation on this relay": "refused: no reservation",
+    "Source peer has exceeded its connection limit": "refused: circuits per reservation",
+    "Data transfer limit exceeded": "cut: bytes",
+    "Circuit duration limit exceeded": "cut: duration",
+    "Invalid reservation": "refused: invalid reservation",
+}
+
+
+async def _reset(stream: Any) -> None:
+    with trio.CancelScope(shield=True), trio.move_on_after(2):
+        try:
+            await stream.reset()
+        except Exception:  # already gone
+            pass
+
+
+async def reserve(host: IHost, transport: CircuitV2Transport, relay: ID) -> float | None:
+    """Reserve (or renew) a slot on ``relay``: when it expires (Unix time), or None if the
+    relay refused. The library's ``reserve`` would also start its own refresh task."""
+    stream = await host.new_stream(relay, [HOP])
+    try:
+        if not await transport._make_reservation(stream, relay):
+            return None
+    finally:
+        with trio.CancelScope(shield=True), trio.move_on_after(2):
+            try:
+                await stream.close()
+            except Exception:  # the relay closed it first
+                pass
+    return float(transport._reservations.get(relay, 0))
+
+
+class CountingDCUtR(DCUtRProtocol):
+    """py-libp2p's DCUtR, counting hole punches (``hole_punch_attempts``, ``hole_punches``)."""
+
+    def __init__(self, host: IHost, metrics: Metrics) -> None:
+        super().__init__(host)
+        self.metrics = metrics
+
+    async def _perform_hole_punch(
+        self, peer_id: ID, addrs: list[Any], as_responder: bool = False
+    ) -> bool:
+        ok = bool(await super()._perform_hole_punch(peer_id, addrs, as_responder))
+        self.metrics.inc("hole_punch_attempts", outcome="direct" if ok else "failed")
+        if ok:
+            self.metrics.inc("hole_punches")
+        return ok
+
+    def punching(self, peer: ID) -> tuple[bool, bool]:
+        """(a punch to ``peer`` runs now, we have tries left for it)."""
+        tried = self._hole_punch_attempts.get(peer, 0)
+        return peer in self._in_progress, tried < MAX_HOLE_PUNCH_ATTEMPTS

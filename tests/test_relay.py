@@ -1,0 +1,259 @@
+"""Circuit relay v2 and hole punching (SPEC §20, issue #29 items 2-3), on 127.0.0.1: a node
+that calls itself private reserves on a relay it found through the DHT, advertises its
+circuit address, and is dialed through it; the relay's limits refuse and cut, and count
+what they did. Through real NATs (no fake reachability) in ``test_nat.py``."""
+
+from __future__ import annotations
+
+from contextlib import asynccontextmanager
+from types import SimpleNamespace
+
+import multiaddr
+import pytest
+import trio
+from libp2p.custom_types import TProtocol
+from libp2p.network.stream.exceptions import StreamError
+from libp2p.peer.id import ID
+from libp2p.peer.peerinfo import PeerInfo
+from libp2p.relay.circuit_v2.config import RelayConfig, RelayRole
+from libp2p.relay.circuit_v2.protocol import CircuitV2Protocol
+from libp2p.relay.circuit_v2.resources import RelayLimits
+from libp2p.relay.circuit_v2.transport import CircuitV2Transport
+from libp2p.tools.anyio_service import background_trio_service
+
+from crypto.identity import Identity
+from node.config import load_config
+from node.net.circuits import CountingRelay, reserve
+from node.net.host import build_host, parse_addrs
+from node.net.metrics import Metrics
+from node.net.reachability import PRIVATE, PUBLIC
+from node.net.runtime import Node
+
+ECHO = TProtocol("/test/echo/1.0.0")
+
+
+async def _start(nursery, tmp_path, name, role, **flags):
+    cfg = load_config(
+        environ={},
+        flags={
+            "role": role,
+            "listen": ["/ip4/127.0.0.1/tcp/0"],
+            "data_dir": tmp_path / name,
+            "read_timeout": 3.0,
+            "connect_timeout": 3.0,
+            "discovery_interval": 0.5,
+            "heartbeat_interval": 0.5,
+            "peer_ttl": 6.0,
+            **flags,
+        },
+    )
+    return await nursery.start(Node(cfg, Identity.generate()).serve)
+
+
+def _info(node, addrs=None):
+    return PeerInfo(ID.from_base58(node.peer_id), parse_addrs(addrs or node.addrs))
+
+
+async def _until(check, seconds, what):
+    with trio.fail_after(seconds):
+        while not check():  # noqa: ASYNC110 (polls the nodes' state)
+            await trio.sleep(0.1)
+    return what
+
+
+@pytest.mark.timeout(180)
+async def test_a_private_node_reserves_on_a_relay_found_in_the_dht_and_is_reached_through_it(
+    tmp_path,
+):
+    async with trio.open_nursery() as nursery:
+        relay = await _start(nursery, tmp_path, "relay", "bootstrap")
+        relay.reachability.state = lambda: PUBLIC  # its AutoNAT peers: see test_reachability
+        home = await _start(nursery, tmp_path, "home", "inference")
+        home.reachability.state = lambda: PRIVATE
+        dialer = await _start(nursery, tmp_path, "dialer", "validator")
+        for n in (home, dialer):
+            await n.connect(_info(relay))
+        assert relay.relays.serving and not home.relays.serving
+
+        await _until(lambda: home.relays.held, 60, "a reservation")
+        st = home.status()["relay"]
+        assert list(st["reservations"]) == [relay.peer_id] and st["reservations"][relay.peer_id] > 0
+        circuit = f"/p2p/{relay.peer_id}/p2p-circuit"
+        assert [a for a in home.addrs if circuit in a] == st["circuit_addrs"] != []
+        # every place our addresses go: identify, signed peer record, DHT provider records
+        assert any(circuit in str(a) for a in home.network.host.get_addrs())
+        assert relay.status()["relay"]["reservations_held_for_others"] == 1
+        assert relay.status()["relay"]["counts"]["reservations accepted"] >= 1
+        # the relay's connection is pinned: never trimmed by the watermarks
+        assert home.discovery.links.pinned == {relay.peer_id}
+        assert relay.peer_id in home.discovery.links.protected()
+
+        # a circuit through the relay (on one machine the dialer may also have dialed the
+        # home node directly meanwhile: the DHT's walks do; through real NATs in test_nat)
+        target = f"{st['circuit_addrs'][0]}/p2p/{home.peer_id}"
+        await dialer.network.circuit_dialer(target)
+        counts = relay.status()["relay"]["counts"]
+        assert counts.get("circuits opened") == 1 and counts["relayed_bytes"] > 0, counts
+        assert relay.status()["relay"]["circuits_open"] == 1
+        reply = await dialer.ping(home.peer_id)
+        assert reply.get("role") == "inference", reply
+
+        # public again: the reservation is given up and the circuit address withdrawn
+        home.reachability.state = lambda: PUBLIC
+        await _until(lambda: not home.network.circuit_addrs, 30, "no circuit address")
+        assert not any(circuit in str(a) for a in home.network.host.get_addrs())
+        assert home.discovery.links.pinned == set()
+        for n in (relay, home, dialer):
+            n.request_stop()
+        nursery.cancel_scope.cancel()
+
+
+async def _echo(stream):
+    try:
+        while data := await stream.read(1 << 16):
+            await stream.write(data)
+    except Exception:
+        pass
+
+
+@asynccontextmanager
+async def relay_lab(limits, per_peer):
+    """A counting relay, a target holding a reservation on it, a dialer and one more host
+    (plain py-libp2p hosts, no DCUtR: every circuit stays a circuit)."""
+    metrics = Metrics()
+    relay_host, target, dialer, other = (build_host(Identity.generate()) for _ in range(4))
+    lo = [multiaddr.Multiaddr("/ip4/127.0.0.1/tcp/0")]
+    async with (
+        relay_host.run(lo),
+        target.run(lo),
+        dialer.run(lo),
+        other.run(lo),
+        trio.open_nursery() as nursery,
+    ):
+        relay = CountingRelay(relay_host, limits, True, per_peer, metrics)
+        protos = {h: CircuitV2Protocol(h, limits=limits) for h in (target, dialer, other)}
+        cfg = RelayConfig(roles=RelayRole.STOP | RelayRole.CLIENT, limits=limits)
+        transports = {h: CircuitV2Transport(h, protos[h], cfg) for h in protos}
+        async with (
+            background_trio_service(relay),
+            background_trio_service(protos[target]),
+            background_trio_service(protos[dialer]),
+            background_trio_service(protos[other]),
+        ):
+            target.set_stream_handler(ECHO, _echo)
+            relay_addr = relay_host.get_addrs()[0]
+
+            async def reserve_on_relay(h):
+                await h.connect(PeerInfo(relay_host.get_id(), [relay_addr]))
+                return await reserve(h, transports[h], relay_host.get_id()) is not None
+
+            assert await reserve_on_relay(target)
+            circuit = multiaddr.Multiaddr(f"{relay_addr}/p2p-circuit/p2p/{target.get_id()}")
+            yield SimpleNamespace(
+                relay=relay,
+                metrics=metrics,
+                reserve=reserve_on_relay,
+                target=target,
+                dialer=dialer,
+                other=other,
+                dial=lambda: transports[dialer].dial(circuit),
+            )
+        nursery.cancel_scope.cancel()
+
+
+@pytest.mark.timeout(120)
+async def test_relay_limits_refuse_and_cut_and_count():
+    """A relay allowing 1 reservation, 1 circuit per peer, 64 KiB per circuit: a second
+    reservation is refused, a second circuit from one peer refused, a circuit carrying more
+    than 64 KiB cut, and its slot released for the next circuit; each counted."""
+    limits = RelayLimits(
+        duration=600, data=64 * 1024, max_circuit_conns=4, max_reservations=1, reservation_ttl=60
+    )
+    async with relay_lab(limits, per_peer=1) as lab:
+        metrics, relay = lab.metrics, lab.relay
+        assert not await lab.reserve(lab.other)  # the one reservation is taken
+        assert metrics.get("relay_reservations", outcome="refused") == 1
+
+        await lab.dial()
+        stream = await lab.dialer.new_stream(lab.target.get_id(), [ECHO])
+        await stream.write(b"x" * 1000)
+        assert len(await stream.read(1 << 16)) == 1000
+        assert metrics.get("relay_circuits", outcome="opened") == 1
+        assert relay.open_from == {lab.dialer.get_id(): 1}
+
+        with pytest.raises(ConnectionError):  # a second circuit from one peer at once
+            await lab.dial()
+        assert metrics.get("relay_circuits", outcome="refused: circuits per peer") == 1
+
+        async def flood():
+            for _ in range(200):
+                await stream.write(b"y" * 4096)
+                await stream.read(1 << 16)
+
+        with trio.fail_after(20), pytest.raises(StreamError):  # cut past 64 KiB
+            await flood()
+        assert metrics.get("relay_circuits", outcome="cut: bytes") == 1
+        await _until(lambda: not relay.open_from, 20, "the cut circuit's slot released")
+        reservation = relay.resource_manager.get_reservation(lab.target.get_id())
+        assert reservation is not None and reservation.active_connections == 0
+        assert 64 * 1024 <= metrics.get("relay_bytes") < 64 * 1024 + 256 * 1024
+
+
+@pytest.mark.timeout(120)
+async def test_an_idle_circuit_is_cut_at_its_duration_and_its_slot_released():
+    """py-libp2p checks a circuit's duration only when bytes flow; ours ends it anyway."""
+    limits = RelayLimits(
+        duration=2, data=1 << 30, max_circuit_conns=1, max_reservations=4, reservation_ttl=60
+    )
+    async with relay_lab(limits, per_peer=4) as lab:
+        await lab.dial()
+        assert lab.relay.open_from == {lab.dialer.get_id(): 1}
+        await _until(lambda: not lab.relay.open_from, 30, "the idle circuit cut")
+        assert lab.metrics.get("relay_circuits", outcome="cut: duration") == 1
+        reservation = lab.relay.resource_manager.get_reservation(lab.target.get_id())
+        assert reservation is not None and reservation.active_connections == 0
+
+
+class _Host:
+    """Records what ``Network.connect`` dials directly; holds no connection."""
+
+    def __init__(self):
+        self.dialed = []
+
+    def get_connected_peers(self):
+        return []
+
+    async def connect(self, info):
+        self.dialed.append([str(a) for a in info.addrs])
+
+
+async def test_a_peer_with_circuit_addresses_is_dialed_through_its_relays_first(tmp_path):
+    from node.net.network import Network
+
+    cfg = load_config(environ={}, flags={"data_dir": tmp_path, "connect_timeout": 1.0})
+    net = Network(cfg, Identity.generate())
+    net.host = host = _Host()
+    peer, relay_a, relay_b = (Identity.generate().peer_id for _ in range(3))
+    lan = f"/ip4/198.18.1.2/tcp/4001/p2p/{peer}"
+    via_a = f"/ip4/203.0.113.1/tcp/4001/p2p/{relay_a}/p2p-circuit"
+    via_b = f"/ip4/203.0.113.2/tcp/4001/p2p/{relay_b}/p2p-circuit/p2p/{peer}"
+    circuits = []
+
+    async def dial(circuit):
+        circuits.append(circuit)
+        if relay_a in circuit:
+            raise ConnectionError("relay a refused")
+
+    net.circuit_dialer = dial
+    await net.connect(PeerInfo(ID.from_base58(peer), parse_addrs([lan, via_a, via_b])))
+    assert circuits == [f"{via_a}/p2p/{peer}", via_b]  # a refused, b reached it
+    assert host.dialed == []  # its LAN address is never tried once a relay reached it
+
+    async def refuse(circuit):
+        raise ConnectionError("no relay")
+
+    net.circuit_dialer = refuse  # every relay failing: its other addresses, without circuits
+    await net.connect(PeerInfo(ID.from_base58(peer), parse_addrs([lan, via_a])))
+    assert host.dialed == [[lan]]
+    await net.connect(PeerInfo(ID.from_base58(peer), parse_addrs([lan])))  # no circuit
+    assert host.dialed == [[lan], [lan]]
