@@ -18,7 +18,7 @@ went direct 8 times in 8 (0.31-0.36 s after the relayed link with B's explicit h
 link; cone-random 0/4, random-cone 0/2, random-random 0/3 (each side's SYN reaches the other
 router on a port no mapping holds). With routers that answer such SYNs with a reset (Linux
 with no firewall), cone-cone 0/5: the first SYN to arrive is refused, the reset also ends the
-sendersender's own mapping, and the two SYNs would have to cross within microseconds here.
+sender's own mapping, and the two SYNs would have to cross within microseconds here.
 Identify gave each home its router's address 0.25-0.3 s after connecting to the relay, and
 DCUtR advertised the right prediction (WAN address, listen port) every time.
 """
