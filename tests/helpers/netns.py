@@ -1,19 +1,35 @@
-"""A home behind a real NAT, built with Linux network namespaces (root only).
+"""Homes behind real NATs, built with Linux network namespaces (root only).
 
-    public (203.0.113.1) ── (203.0.113.2) router (198.18.0.1) ── home (198.18.0.2)
+    public (203.0.113.1, a bridge) ─┬─ (203.0.113.2) router 1 (198.18.1.1) ── home 1 (198.18.1.2)
+                                    ├─ (203.0.113.3) router 2 (198.18.2.1) ── home 2 (198.18.2.2)
+                                    └─ ...
 
-The router masquerades the home network behind its public address with nftables; the public
-namespace has no route to 198.18.0.0/24, so a node at home can dial out but nobody can dial
-it. Addresses are from the documentation and benchmarking ranges and live only inside the
-namespaces: nothing leaves them. ``nat_reason()`` says why a machine cannot build this."""
+Each router masquerades its home network behind its public address with nftables: a
+``cone`` router keeps a connection's source port where it can (Linux's plain
+``masquerade``), so a node at home is seen from outside at WAN_IP:its_port and TCP hole
+punching can predict it; a ``random`` router maps every connection to a random port
+(``masquerade random``), as symmetric NATs do, which defeats that prediction. Neither the
+public namespace nor any other home has a route to a home's network, so a node at home can
+dial out but nobody can dial it. Addresses are from the documentation and benchmarking
+ranges and live only inside the namespaces: nothing leaves them. ``nat_reason()`` says why a
+machine cannot build this.
+
+A connection attempt from outside that no mapping expects reaches the router itself. Linux
+answers it with a reset, and the reset also ends the mapping that the dialer's own router had
+just made: two homes punching a TCP hole then each refuse the other's SYN unless both SYNs
+cross in flight (here, within microseconds). Most home routers drop such attempts silently
+instead; ``drop_unsolicited=True`` builds routers that do, and only there can TCP hole
+punching succeed in this lab (bench/nat_probe.py)."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,7 +37,11 @@ from typing import Any
 from node.cli.devnet import REPO_ROOT, NodeProcess
 from node.net.adminfile import read_admin_file
 
-PUBLIC_IP, WAN_IP, LAN_GW, HOME_IP = "203.0.113.1", "203.0.113.2", "198.18.0.1", "198.18.0.2"
+PUBLIC_IP = "203.0.113.1"
+# the first home's addresses, as HomeNat builds it
+WAN_IP, HOME_IP = "203.0.113.2", "198.18.1.2"
+NATS = {"cone": "masquerade", "random": "masquerade random"}
+_LABS = itertools.count()
 
 
 def nat_reason() -> str | None:
@@ -47,55 +67,114 @@ def sh(*cmd: str, ns: str | None = None, stdin: str | None = None) -> str:
     return res.stdout
 
 
-class HomeNat:
-    """The three namespaces and their links; ``close`` removes them."""
+@dataclass(frozen=True)
+class Home:
+    """One home network: its namespace, its router's, their addresses and the NAT kind."""
 
-    def __init__(self) -> None:
-        tag = f"{os.getpid() % 100000}"
-        self.public, self.router, self.home = f"pub{tag}", f"rtr{tag}", f"home{tag}"
+    ns: str
+    router: str
+    ip: str
+    gateway: str
+    wan_ip: str
+    nat: str
+
+
+class NatLab:
+    """The public namespace and one home per entry of ``nats`` ("cone" or "random"), each
+    router dropping unsolicited inbound SYNs or answering them with a reset;
+    ``close`` removes them all, and so does a build that fails half way. Names carry the pid
+    and a per-process count, so labs of several processes, or several of one, never meet."""
+
+    def __init__(self, nats: Sequence[str], *, drop_unsolicited: bool = False) -> None:
+        if not nats or any(n not in NATS for n in nats):
+            raise ValueError(f"each home's NAT must be one of {sorted(NATS)}: {nats}")
+        self.tag = f"{os.getpid()}n{next(_LABS)}"
+        self.public = f"pub{self.tag}"
+        self.homes = [
+            Home(
+                f"home{i}_{self.tag}",
+                f"rtr{i}_{self.tag}",
+                f"198.18.{i}.2",
+                f"198.18.{i}.1",
+                f"203.0.113.{i + 1}",
+                nat,
+            )
+            for i, nat in enumerate(nats, start=1)
+        ]
+        self.drop_unsolicited = drop_unsolicited
         self.made: list[str] = []
         try:
-            self._build(tag)
+            self._build()
         except BaseException:
             self.close()
             raise
 
-    def _build(self, tag: str) -> None:
-        for ns in (self.public, self.router, self.home):
-            sh("ip", "netns", "add", ns)
-            self.made.append(ns)
-            sh("ip", "link", "set", "lo", "up", ns=ns)
-        self._link(f"w{tag}a", self.public, PUBLIC_IP, f"w{tag}b", self.router, WAN_IP)
-        self._link(f"l{tag}a", self.home, HOME_IP, f"l{tag}b", self.router, LAN_GW)
-        sh("ip", "route", "add", "default", "via", LAN_GW, ns=self.home)
-        sh("sysctl", "-q", "-w", "net.ipv4.ip_forward=1", ns=self.router)
-        wan = f"w{tag}b"
-        sh(
-            "nft",
-            "-f",
-            "-",
-            ns=self.router,
-            stdin=(
-                "table ip nat {\n"
-                "  chain postrouting {\n"
-                "    type nat hook postrouting priority srcnat; policy accept;\n"
-                f'    oifname "{wan}" masquerade\n'
-                "  }\n"
-                "}\n"
-            ),
+    def _build(self) -> None:
+        self._add_ns(self.public)
+        bridge = f"br{self.tag}"  # interface names: at most 15 characters
+        sh("ip", "link", "add", bridge, "type", "bridge", ns=self.public)
+        sh("ip", "addr", "add", f"{PUBLIC_IP}/24", "dev", bridge, ns=self.public)
+        sh("ip", "link", "set", bridge, "up", ns=self.public)
+        for i, home in enumerate(self.homes, start=1):
+            self._add_ns(home.router)
+            self._add_ns(home.ns)
+            wan, port = f"w{i}r{self.tag}", f"w{i}p{self.tag}"
+            self._veth(wan, home.router, port, self.public)
+            sh("ip", "link", "set", port, "master", bridge, "up", ns=self.public)
+            self._address(wan, home.router, f"{home.wan_ip}/24")
+            lan, inside = f"l{i}r{self.tag}", f"l{i}h{self.tag}"
+            self._veth(lan, home.router, inside, home.ns)
+            self._address(lan, home.router, f"{home.gateway}/24")
+            self._address(inside, home.ns, f"{home.ip}/24")
+            sh("ip", "route", "add", "default", "via", home.gateway, ns=home.ns)
+            sh("sysctl", "-q", "-w", "net.ipv4.ip_forward=1", ns=home.router)
+            sh("nft", "-f", "-", ns=home.router, stdin=self._ruleset(wan, home.nat))
+
+    def _ruleset(self, wan: str, nat: str) -> str:
+        drop = (
+            "  chain input {\n"
+            "    type filter hook input priority filter; policy accept;\n"
+            f'    iifname "{wan}" ct state new drop\n'
+            "  }\n"
+        )
+        return (
+            "table ip nat {\n"
+            "  chain postrouting {\n"
+            "    type nat hook postrouting priority srcnat; policy accept;\n"
+            f'    oifname "{wan}" {NATS[nat]}\n'
+            "  }\n"
+            f"{drop if self.drop_unsolicited else ''}"
+            "}\n"
         )
 
-    def _link(self, a: str, ns_a: str, ip_a: str, b: str, ns_b: str, ip_b: str) -> None:
-        sh("ip", "link", "add", a, "type", "veth", "peer", "name", b)
-        for dev, ns, ip in ((a, ns_a, ip_a), (b, ns_b, ip_b)):
-            sh("ip", "link", "set", dev, "netns", ns)
-            sh("ip", "addr", "add", f"{ip}/24", "dev", dev, ns=ns)
-            sh("ip", "link", "set", dev, "up", ns=ns)
+    def _add_ns(self, ns: str) -> None:
+        sh("ip", "netns", "add", ns)
+        self.made.append(ns)
+        sh("ip", "link", "set", "lo", "up", ns=ns)
+
+    @staticmethod
+    def _veth(a: str, ns_a: str, b: str, ns_b: str) -> None:
+        """A veth pair made with its ends already in their namespaces: nothing is left in
+        the root namespace if the build stops half way."""
+        sh("ip", "link", "add", a, "netns", ns_a, "type", "veth", "peer", "name", b, "netns", ns_b)
+
+    @staticmethod
+    def _address(dev: str, ns: str, cidr: str) -> None:
+        sh("ip", "addr", "add", cidr, "dev", dev, ns=ns)
+        sh("ip", "link", "set", dev, "up", ns=ns)
 
     def close(self) -> None:
         for ns in reversed(self.made):
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)
         self.made.clear()
+
+
+class HomeNat(NatLab):
+    """One home behind a cone NAT: ``public``, ``router`` and ``home`` name the namespaces."""
+
+    def __init__(self) -> None:
+        super().__init__(["cone"])
+        self.router, self.home = self.homes[0].router, self.homes[0].ns
 
 
 @dataclass
