@@ -8,7 +8,7 @@ import time
 import pytest
 
 from node.cli.devnet import wait_ready
-from tests.helpers.netns import HOME_IP, PUBLIC_IP, WAN_IP, HomeNat, NsNode, nat_reason
+from tests.helpers.netns import HOME_IP, PUBLIC_IP, WAN_IP, HomeNat, NatLab, NsNode, nat_reason
 
 REASON = nat_reason()
 FLAGS = ["--heartbeat-interval", "0.5", "--peer-ttl", "6", "--discovery-interval", "0.5"]
@@ -59,4 +59,92 @@ def test_a_worker_behind_nat_knows_it_is_private_and_public_nodes_know_they_are_
     finally:
         codes = {n.name: n.stop(grace=20) for n in nodes}
         nat.close()
+    assert all(c == 0 for c in codes.values()), codes
+
+
+@pytest.mark.skipif(REASON is not None, reason=REASON or "")
+@pytest.mark.timeout(900)
+def test_workers_at_home_reserve_on_two_relays_and_cone_homes_punch_a_direct_path(tmp_path):
+    """Two relays in public (the bootstrap by default, the validator with --relay), and
+    three workers at home: two behind port-preserving NATs, one behind a NAT that maps
+    ports at random. Routers drop unsolicited connections, as home routers do (tests/
+    helpers/netns.py says why TCP hole punching needs it). Each worker finds it is private,
+    reserves on both relays and advertises circuit addresses; the workers meet through the
+    relays; the two cone homes end up joined directly by hole punching; the random home
+    stays reachable through a relay only, and its hole punches are counted as failed."""
+    lab = NatLab(["cone", "cone", "random"], drop_unsolicited=True)
+    nodes: list[NsNode] = []
+    try:
+        boot = NsNode.start(lab.public, "bootstrap", tmp_path, "bootstrap", PUBLIC_IP, FLAGS)
+        nodes.append(boot)
+        st = wait_ready(boot, 120)
+        addr = next(a for a in st["addrs"] if f"/ip4/{PUBLIC_IP}/" in a)
+        entry = ["--bootstrap", f"{addr}/p2p/{st['peer_id']}", *FLAGS]
+        nodes.append(
+            NsNode.start(
+                lab.public,
+                "validator",
+                tmp_path,
+                "validator",
+                PUBLIC_IP,
+                [*entry, "--relay", "true"],
+            )
+        )
+        nodes.append(NsNode.start(lab.public, "trainer", tmp_path, "trainer", PUBLIC_IP, entry))
+        workers = [
+            NsNode.start(home.ns, f"worker{i}", tmp_path, "inference", "0.0.0.0", entry)
+            for i, home in enumerate(lab.homes, start=1)
+        ]
+        nodes += workers
+        ids = {n.name: wait_ready(n, 120)["peer_id"] for n in nodes}
+        relays = {ids["bootstrap"], ids["validator"]}
+        cone1, cone2, rand = workers
+
+        def relay_of(n: NsNode) -> dict:
+            return (n.status() or {}).get("relay", {})
+
+        def settled() -> bool:
+            seen = {w.name: relay_of(w) for w in workers}
+            if any(set(s.get("reservations", {})) != relays for s in seen.values()):
+                return False
+            punched = ids[cone2.name] not in seen[cone1.name]["relayed_peers"] and (
+                seen[cone1.name]["direct_upgrades"] + seen[cone2.name]["direct_upgrades"] >= 1
+            )
+            rand_relayed = ids[rand.name] in seen[cone1.name]["relayed_peers"]
+            failed = sum(s["punches_failed"] for s in seen.values())
+            return punched and rand_relayed and failed >= 1
+
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and not settled():
+            time.sleep(2)
+        seen = {n.name: n.status() or {} for n in nodes}
+        for w in workers:
+            rs = seen[w.name]["relay"]
+            assert seen[w.name]["reachability"]["state"] == "private", (w.name, seen[w.name])
+            assert set(rs["reservations"]) == relays, (w.name, rs)
+            assert len(rs["circuit_addrs"]) == 2 and all(
+                "/p2p-circuit" in a for a in rs["circuit_addrs"]
+            )
+            assert seen[w.name]["addrs"][:2] == rs["circuit_addrs"]  # what presence carries
+        for name in ("bootstrap", "validator"):
+            rs = seen[name]["relay"]
+            assert rs["serving"] and rs["reservations_held_for_others"] == 3, (name, rs)
+        assert not seen["trainer"]["relay"]["serving"]
+        # the cone homes: joined directly, by a hole punch (no route joins homes otherwise)
+        c1, c2 = seen[cone1.name]["relay"], seen[cone2.name]["relay"]
+        assert ids[cone1.name] in {p["peer_id"] for p in seen[cone2.name]["peers"]}
+        assert ids[cone2.name] not in c1["relayed_peers"], c1
+        assert ids[cone1.name] not in c2["relayed_peers"], c2
+        assert c1["direct_upgrades"] + c2["direct_upgrades"] >= 1, (c1, c2)
+        # the random home: through a relay only; its punches failed and were counted
+        assert ids[rand.name] in c1["relayed_peers"], c1
+        failed = sum(seen[n.name]["relay"]["punches_failed"] for n in workers)
+        assert failed >= 1, {n.name: seen[n.name]["relay"] for n in workers}
+        circuits = sum(
+            seen[r]["relay"]["counts"].get("circuits opened", 0) for r in ("bootstrap", "validator")
+        )
+        assert circuits >= 2, {r: seen[r]["relay"]["counts"] for r in ("bootstrap", "validator")}
+    finally:
+        codes = {n.name: n.stop(grace=20) for n in nodes}
+        lab.close()
     assert all(c == 0 for c in codes.values()), codes

@@ -65,6 +65,8 @@ class RelayStatus:
     reservations: dict[str, float]  # relays we hold a reservation on: seconds left
     circuit_addrs: list[str]  # what we advertise through them
     direct_upgrades: int  # relayed connections that hole punching made direct
+    punches_failed: int  # hole punches that found no direct path
+    relayed_peers: list[str]  # peers only a relay joins us to now
 
 
 class Relays:
@@ -136,6 +138,10 @@ class Relays:
             reservations={p: round(exp - now, 1) for p, (exp, _a) in self.held.items()},
             circuit_addrs=list(self.network.circuit_addrs),
             direct_upgrades=self.metrics.get("hole_punches"),
+            punches_failed=self.metrics.get("hole_punch_attempts", outcome="failed"),
+            relayed_peers=sorted(
+                p for p in self.network.connected_peers() if self.network.relayed(p)
+            ),
         )
 
     async def direct_path(self, peer: str, limit: float = DIRECT_WAIT) -> bool:
