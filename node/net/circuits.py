@@ -12,6 +12,8 @@ internals (each reach says why); ``Relays`` uses only what is defined here.
 
 from __future__ import annotations
 
+import time
+from collections import deque
 from typing import Any
 
 import trio
@@ -134,14 +136,17 @@ class CountingDCUtR(DCUtRProtocol):
     def __init__(self, host: IHost, metrics: Metrics) -> None:
         super().__init__(host)
         self.metrics = metrics
+        self.seconds: deque[float] = deque(maxlen=32)  # how long each successful punch took
 
     async def _perform_hole_punch(
         self, peer_id: ID, addrs: list[Any], as_responder: bool = False
     ) -> bool:
+        started = time.monotonic()
         ok = bool(await super()._perform_hole_punch(peer_id, addrs, as_responder))
         self.metrics.inc("hole_punch_attempts", outcome="direct" if ok else "failed")
         if ok:
             self.metrics.inc("hole_punches")
+            self.seconds.append(round(time.monotonic() - started, 3))
         return ok
 
     def punching(self, peer: ID) -> tuple[bool, bool]:

@@ -66,6 +66,7 @@ class RelayStatus:
     circuit_addrs: list[str]  # what we advertise through them
     direct_upgrades: int  # relayed connections that hole punching made direct
     punches_failed: int  # hole punches that found no direct path
+    punch_seconds: list[float]  # how long the last successful ones took (dials to direct)
     relayed_peers: list[str]  # peers only a relay joins us to now
 
 
@@ -139,6 +140,7 @@ class Relays:
             circuit_addrs=list(self.network.circuit_addrs),
             direct_upgrades=self.metrics.get("hole_punches"),
             punches_failed=self.metrics.get("hole_punch_attempts", outcome="failed"),
+            punch_seconds=list(self.dcutr.seconds) if self.dcutr else [],
             relayed_peers=sorted(
                 p for p in self.network.connected_peers() if self.network.relayed(p)
             ),
