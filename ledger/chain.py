@@ -115,7 +115,9 @@ class LocalNode:
             self.proc.stderr.close()
 
 
-def start_anvil(port: int, *, accounts: int = 10, timeout: float = 30) -> LocalNode:
+def start_anvil(
+    port: int, *, host: str = "127.0.0.1", accounts: int = 10, timeout: float = 30
+) -> LocalNode:
     binary = anvil_binary()
     if binary is None:
         raise RuntimeError(
@@ -124,7 +126,7 @@ def start_anvil(port: int, *, accounts: int = 10, timeout: float = 30) -> LocalN
     cmd = [
         str(binary),
         "--host",
-        "127.0.0.1",
+        host,
         "--port",
         str(port),
         "--accounts",
@@ -134,7 +136,7 @@ def start_anvil(port: int, *, accounts: int = 10, timeout: float = 30) -> LocalN
         "--silent",
     ]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    node = LocalNode(proc, f"http://127.0.0.1:{port}", mnemonic_keys(ANVIL_MNEMONIC, accounts))
+    node = LocalNode(proc, f"http://{host}:{port}", mnemonic_keys(ANVIL_MNEMONIC, accounts))
     _wait_for_rpc(node, timeout)
     return node
 

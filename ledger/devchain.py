@@ -6,7 +6,8 @@ eth-tester formatters, results are turned into JSON-RPC wire form (integers as h
 quantities, bytes as hex), and a revert becomes the standard error (code 3) carrying the
 ABI-encoded ``Error(string)`` data, as geth and anvil report it. Besides the ``eth_``
 methods it serves ``evm_increaseTime`` and ``evm_mine`` for tests. It holds unlocked
-development keys, so it listens on 127.0.0.1 only and refuses any request that is not
+development keys, so it listens on 127.0.0.1 unless told otherwise (a test lab's private
+address, ``intellect-node chain --host``) and refuses any request that is not
 ``application/json`` (a browser page could otherwise drive it with a simple POST).
 
 Its state can outlive the process (``save`` / ``load``, ``intellect-node chain --state``):
@@ -314,8 +315,8 @@ def _handler(chain: DevChain) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
-def serve(chain: DevChain, port: int = 8545) -> ThreadingHTTPServer:
-    """Start serving on 127.0.0.1 in a background thread; ``shutdown()`` stops it."""
-    server = ThreadingHTTPServer(("127.0.0.1", port), _handler(chain))
+def serve(chain: DevChain, port: int = 8545, host: str = "127.0.0.1") -> ThreadingHTTPServer:
+    """Start serving on ``host`` in a background thread; ``shutdown()`` stops it."""
+    server = ThreadingHTTPServer((host, port), _handler(chain))
     threading.Thread(target=server.serve_forever, name="devchain-rpc", daemon=True).start()
     return server

@@ -140,16 +140,23 @@ def p2p_addr(status: dict[str, Any]) -> str:
 
 
 def start_chain(
-    data_dir: Path, timeout: float = 300, extra: list[str] | None = None, port: int | None = None
+    data_dir: Path,
+    timeout: float = 300,
+    extra: list[str] | None = None,
+    port: int | None = None,
+    prefix: list[str] | None = None,
 ) -> tuple[subprocess.Popen[bytes], dict[str, str]]:
     """``intellect-node chain`` as a process; returns it and the env that points nodes at it.
     ``port``: listen there (a chain restarted with ``--state`` where the nodes look for it),
-    else on a free port. The chain's output is appended to ``chain.log`` beside ``data_dir``."""
+    else on a free port. ``prefix`` runs the command under another one (the NAT tests: ``ip
+    netns exec NS``, with ``--host`` in ``extra``). The chain's output is appended to
+    ``chain.log`` beside ``data_dir``."""
     data_dir.mkdir(parents=True, exist_ok=True)  # the log goes beside it
     info_path = data_dir / "chain.json"
     info_path.unlink(missing_ok=True)
     log = open(data_dir.parent / "chain.log", "ab")  # noqa: SIM115 - handed to the child
     cmd = [
+        *(prefix or []),
         sys.executable,
         "-m",
         "node.cli",
@@ -220,10 +227,12 @@ def make_account(data_dir: Path, private_key: str | None = None) -> str:
     return account_address(data_dir).lower()
 
 
-def fund(chain_dir: Path, address: str, amount: str) -> None:
-    """``intellect-node chain fund`` from the development chain's funder key."""
+def fund(chain_dir: Path, address: str, amount: str, prefix: list[str] | None = None) -> None:
+    """``intellect-node chain fund`` from the development chain's funder key; ``prefix`` runs
+    it where the chain can be reached (``start_chain``'s)."""
     subprocess.run(
         [
+            *(prefix or []),
             sys.executable,
             "-m",
             "node.cli",

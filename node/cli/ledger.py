@@ -49,7 +49,7 @@ def fmt_eth(wei: int) -> str:
 
 def add_ledger_parsers(sub: Any) -> None:
     chain = sub.add_parser(
-        "chain", help="run a local development chain on 127.0.0.1 with the contract deployed"
+        "chain", help="run a local development chain (127.0.0.1) with the contract deployed"
     )
     chain.add_argument(
         "--chain",
@@ -66,6 +66,12 @@ def add_ledger_parsers(sub: Any) -> None:
         "key of the running development chain",
     )
     chain.add_argument("--port", type=int, default=8545)
+    chain.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="the address to listen on (default 127.0.0.1); chain.json's URL names it. The "
+        "chain holds unlocked development keys: give only a private test network's address",
+    )
     chain.add_argument(
         "--data-dir",
         type=Path,
@@ -318,7 +324,9 @@ def cmd_chain(args: argparse.Namespace) -> int:
     if args.state is not None and args.backend != "embedded":
         raise ValueError("--state keeps the embedded chain only (anvil has its own --state)")
     params = dev_params(args)
-    stop_chain, url, keys, kind, saved = _start_dev_chain(args.backend, args.port, args.state)
+    stop_chain, url, keys, kind, saved = _start_dev_chain(
+        args.backend, args.host, args.port, args.state
+    )
     info_path = args.data_dir / CHAIN_FILE
     info: dict[str, Any] | None = None
     try:
@@ -427,7 +435,7 @@ def cmd_chain_fund(args: argparse.Namespace, address: str, amount_text: str) -> 
 
 
 def _start_dev_chain(
-    backend: str, port: int, state: Path | None = None
+    backend: str, host: str, port: int, state: Path | None = None
 ) -> tuple[Any, str, list[str], str, dict[str, Any] | None]:
     """(stop function, URL, prefunded keys, description, the saved chain.json record when
     the chain resumed from ``state``) of a development chain. The stop function takes the
@@ -435,7 +443,7 @@ def _start_dev_chain(
     if backend == "anvil":
         from ledger.chain import start_anvil
 
-        node = start_anvil(port)
+        node = start_anvil(port, host=host)
         return lambda _info: node.stop(), node.url, node.keys, "anvil", None
     from eth_tester.backends.pyevm.main import get_default_account_keys
 
@@ -446,7 +454,7 @@ def _start_dev_chain(
         chain, saved = DevChain.load(state)
     else:
         chain = DevChain()
-    server = serve(chain, port)
+    server = serve(chain, port, host)
 
     def stop(info: dict[str, Any] | None) -> None:
         server.shutdown()
@@ -454,6 +462,6 @@ def _start_dev_chain(
         if state is not None and info is not None:
             chain.save(state, info)
 
-    url = f"http://127.0.0.1:{server.server_address[1]}"
+    url = f"http://{host}:{server.server_address[1]}"
     keys = [k.to_hex() for k in get_default_account_keys()]
     return stop, url, keys, "embedded py-evm", saved

@@ -187,23 +187,40 @@ class NsNode(NodeProcess):
 
     @classmethod
     def start(
-        cls, ns: str, name: str, base: Path, role: str, listen_ip: str, args: list[str]
+        cls,
+        ns: str,
+        name: str,
+        base: Path,
+        role: str,
+        listen_ip: str,
+        args: list[str],
+        *,
+        network_only: bool = True,
+        env: dict[str, str] | None = None,
     ) -> NsNode:
+        """``network_only``: no ledger, no model, no work (the network tests); otherwise
+        ``env`` carries the run's ledger, model and work settings, as the devnet's."""
         data_dir = base / name
         data_dir.mkdir(parents=True, exist_ok=True)
         log_path = data_dir / "node.log"
         cmd = ["ip", "netns", "exec", ns, sys.executable, "-m", "node.cli", "start"]
         cmd += ["--role", role, "--data-dir", str(data_dir), "--run-id", "nat-run"]
         cmd += ["--listen", f"/ip4/{listen_ip}/tcp/0", *args]
-        env = dict(os.environ, PYTHONUNBUFFERED="1", INTELLECT_NODE_NETWORK_ONLY="true")
-        env["INTELLECT_NODE_PRESENCE_RATE"] = "1000"
+        full_env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
+        full_env["INTELLECT_NODE_NETWORK_ONLY"] = "true" if network_only else "false"
+        full_env["INTELLECT_NODE_PRESENCE_RATE"] = "1000"
         with open(log_path, "wb") as log:
             proc = subprocess.Popen(
-                cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO_ROOT
+                cmd, stdout=log, stderr=subprocess.STDOUT, env=full_env, cwd=REPO_ROOT
             )
         return cls(name, role, data_dir, proc, log_path, ns)
 
     def status(self, timeout: float = 5) -> dict[str, Any] | None:
+        return self.get("/status", timeout)
+
+    def get(self, path: str, timeout: float = 5) -> Any:
+        """A GET of the admin endpoint (``/status``, ``/weights``), or None while it does
+        not answer."""
         try:
             port = read_admin_file(self.data_dir)["port"]
         except Exception:  # not written yet
@@ -211,7 +228,7 @@ class NsNode(NodeProcess):
         code = "import sys,urllib.request;print(urllib.request.urlopen(sys.argv[1],timeout=float(sys.argv[2])).read().decode())"
         res = subprocess.run(
             ["ip", "netns", "exec", self.ns, sys.executable, "-S", "-c", code,
-             f"http://127.0.0.1:{port}/status", str(timeout)],
+             f"http://127.0.0.1:{port}{path}", str(timeout)],
             capture_output=True, text=True, timeout=30,
         )  # fmt: skip
         return json.loads(res.stdout) if res.returncode == 0 else None
