@@ -20,9 +20,13 @@ Figures:
   (random-random), in the same run: the comparison, as ``relayed_over_direct``;
 - ``relay_cpu_s_per_circuit``: the relay process's CPU seconds over the circuits it opened
   (its whole CPU: an upper bound, its idle work included);
-- ``relayed_bulk_bytes`` and ``accepted_from_nat``: the devnet step through NATs
-  (tests/test_nat.py's work-loop test) measures those; this network-only run moves no bulk
-  bytes and submits no batch, so it reports them as null rather than invent them.
+- then one devnet step through NATs (``tests/helpers/natloop.py``, as tests/test_nat.py
+  runs it: chain, bootstrap, validator-relay and trainer in public, a worker in two cone
+  homes and a random one, the tiny model): ``accepted_from_nat``, accepted / judged
+  batches of the NATed workers once each has one accepted and holds the trainer's new
+  weights; ``relayed_bulk_bytes``, shard bytes a worker fetched from a peer only a relay
+  joined it to (target 0), beside ``shard_bytes`` and ``relay_bytes`` (all a relay
+  copied: gossip, presence, DHT). ``--no-devnet`` skips it (both then null).
 """
 
 from __future__ import annotations
@@ -126,6 +130,32 @@ def one_try(pair: tuple[str, str], wait: float, pings: int) -> dict:
         lab.close()
 
 
+def devnet_step() -> dict:
+    """One trainer step of the work loop through NATs, and what it moved."""
+    from node.cli.devnet import prepare_model
+    from tests.helpers.natloop import nat_work_loop
+
+    base = Path(tempfile.mkdtemp(prefix="natdevnet"))
+    model = prepare_model(base / "model")
+    started = time.monotonic()
+    with nat_work_loop(base / "run", model) as loop:
+        deadline = time.monotonic() + 900
+        while loop.looped() is None and time.monotonic() < deadline:
+            time.sleep(5)
+        seen = {n.name: n.status() or {} for n in loop.nodes}
+        work = [seen[w.name].get("inference") or {} for w in loop.workers]
+        bulk = loop.bulk(seen)
+    accepted = sum(w.get("accepted", 0) for w in work)
+    judged = accepted + sum(w.get("rejected", 0) + w.get("expired", 0) for w in work)
+    return {
+        "accepted_from_nat": round(accepted / judged, 3) if judged else None,
+        "relayed_bulk_bytes": bulk["relayed_shard_bytes"],
+        "shard_bytes": bulk["shard_bytes"],
+        "relay_bytes": bulk["relay_bytes"],
+        "devnet_s": round(time.monotonic() - started, 1),
+    }
+
+
 def percentile(xs: list[float], q: float) -> float | None:
     if not xs:
         return None
@@ -138,6 +168,7 @@ def main() -> int:
     ap.add_argument("--tries", type=int, default=3, help="fresh labs per NAT pair")
     ap.add_argument("--wait", type=float, default=30, help="seconds for a direct path once met")
     ap.add_argument("--pings", type=int, default=20, help="round trips timed per try")
+    ap.add_argument("--no-devnet", action="store_true", help="skip the devnet step through NATs")
     ap.add_argument("--json", action="store_true", help="last line: one JSON object of figures")
     args = ap.parse_args()
     if (reason := nat_reason()) is not None:
@@ -181,6 +212,8 @@ def main() -> int:
         "accepted_from_nat": None,
         "tries": args.tries,
     }
+    if not args.no_devnet:
+        out.update(devnet_step())
     print(f"direct paths by NAT pair: {rate}")
     print(f"hole punch time: p50 {out['punch_s_p50']} s, p95 {out['punch_s_p95']} s")
     print(
@@ -188,6 +221,13 @@ def main() -> int:
         f"(relayed / direct = {out['relayed_over_direct']})"
     )
     print(f"relay CPU per circuit (upper bound): {out['relay_cpu_s_per_circuit']} s")
+    if not args.no_devnet:
+        print(
+            f"devnet step through NATs: accepted/judged batches of NATed workers "
+            f"{out['accepted_from_nat']}; shard bytes from relayed peers "
+            f"{out['relayed_bulk_bytes']} of {out['shard_bytes']}; relays copied "
+            f"{out['relay_bytes']} B in all ({out['devnet_s']} s)"
+        )
     if args.json:
         print(json.dumps(out))
     return 0

@@ -257,3 +257,42 @@ async def test_a_peer_with_circuit_addresses_is_dialed_through_its_relays_first(
     assert host.dialed == [[lan]]
     await net.connect(PeerInfo(ID.from_base58(peer), parse_addrs([lan])))  # no circuit
     assert host.dialed == [[lan], [lan]]
+
+
+class _Relayed:
+    """A network with one peer joined only by a relay; a DCUtR that records new budgets."""
+
+    def __init__(self, peer):
+        self.peer, self.relayed_now, self.budgets = peer, True, []
+
+    def connected_peers(self):
+        return {self.peer}
+
+    def relayed(self, peer):
+        return self.relayed_now
+
+    def try_again(self, pid):
+        self.budgets.append(trio.current_time())
+        return True
+
+
+async def test_a_peer_still_relayed_gets_new_hole_punches_later_and_less_often(
+    tmp_path, autojump_clock
+):
+    from node.net.relay import PUNCH_RETRY, Relays
+
+    cfg = load_config(environ={}, flags={"data_dir": tmp_path})
+    fake = _Relayed(Identity.generate().peer_id)
+    relays = Relays(cfg, fake, None, Metrics(), pin=lambda peers: None)
+    relays.dcutr = fake
+    start = trio.current_time()
+    for _ in range(int(8 * PUNCH_RETRY)):  # one upkeep round a second, for 8 minutes
+        relays._punch_again()
+        await trio.sleep(1)
+    gaps = [round(b - a) for a, b in zip([start, *fake.budgets], fake.budgets, strict=False)]
+    assert gaps == [60, 120, 240], gaps  # 60 s after meeting it relayed, then doubling
+    fake.relayed_now = False  # direct at last: left alone
+    for _ in range(int(10 * PUNCH_RETRY)):
+        relays._punch_again()
+        await trio.sleep(1)
+    assert len(fake.budgets) == 3

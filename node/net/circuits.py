@@ -12,6 +12,7 @@ internals (each reach says why); ``Relays`` uses only what is defined here.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import deque
 from typing import Any
@@ -27,6 +28,8 @@ from libp2p.relay.circuit_v2.resources import RelayLimits
 from libp2p.relay.circuit_v2.transport import CircuitV2Transport
 
 from node.net.metrics import Metrics
+
+log = logging.getLogger("intellect.node")
 
 
 class CountingRelay(CircuitV2Protocol):
@@ -144,10 +147,25 @@ class CountingDCUtR(DCUtRProtocol):
         started = time.monotonic()
         ok = bool(await super()._perform_hole_punch(peer_id, addrs, as_responder))
         self.metrics.inc("hole_punch_attempts", outcome="direct" if ok else "failed")
+        log.info(
+            "hole punch to %s: %s after %.2f s",
+            str(peer_id)[-8:],
+            "direct" if ok else "failed",
+            time.monotonic() - started,
+        )
         if ok:
             self.metrics.inc("hole_punches")
             self.seconds.append(round(time.monotonic() - started, 3))
         return ok
+
+    def try_again(self, peer: ID) -> bool:
+        """Give ``peer`` a new budget of hole punches if it used its last; True if so. The
+        library resets it only when the connection closes, and a relayed connection to a
+        busy peer (a worker generating) may stay up for hours after three mistimed tries."""
+        if self._hole_punch_attempts.get(peer, 0) < MAX_HOLE_PUNCH_ATTEMPTS:
+            return False
+        self._hole_punch_attempts.pop(peer, None)
+        return True
 
     def punching(self, peer: ID) -> tuple[bool, bool]:
         """(a punch to ``peer`` runs now, we have tries left for it)."""

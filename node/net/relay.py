@@ -53,6 +53,8 @@ FIND_AGAIN = 15.0  # seconds between DHT lookups for relays while short of RESER
 RESERVE_TIMEOUT = 15.0  # one reservation: stream, request, answer
 DIRECT_WAIT = 10.0  # seconds a bulk transfer waits for a hole punch under way
 PUNCH_WINDOW = 60.0  # seconds after meeting a peer relayed that a hole punch may still come
+PUNCH_RETRY = 60.0  # seconds before a peer still relayed gets new hole punches (doubling)
+PUNCH_RETRY_MAX = 1800.0  # ... up to this
 
 
 @dataclass(frozen=True)
@@ -104,6 +106,7 @@ class Relays:
         self.held: dict[str, tuple[float, str]] = {}  # relay peer -> (expires, its address)
         self._last_find = -1e18
         self._relayed_since: dict[str, float] = {}  # peers met through a relay, since when
+        self._retried: dict[str, tuple[float, float]] = {}  # peer: last new budget, next gap
         self._provided_at: float | None = None
 
     # ---- status -----------------------------------------------------------------------
@@ -197,6 +200,7 @@ class Relays:
                 await trio.sleep(TEND)
 
     async def _tend(self) -> None:
+        self._punch_again()
         state = self.reachability.state()
         if self.serving and state == PUBLIC:
             await self._provide()
@@ -204,6 +208,26 @@ class Relays:
             await self._keep_reservations()
         elif self.held and state == PUBLIC:  # reachable: nobody needs a circuit to us
             self._drop(list(self.held))
+
+    def _punch_again(self) -> None:
+        """Peers still joined only by a relay after their hole punches get a new budget,
+        ``PUNCH_RETRY`` s later, then twice as long each time up to ``PUNCH_RETRY_MAX``: a
+        punch mistimed on a busy machine may well succeed later, one behind a NAT that maps
+        ports at random never will."""
+        if self.dcutr is None:
+            return
+        now = trio.current_time()
+        for peer in self.network.connected_peers():
+            if not self.network.relayed(peer):
+                continue
+            at, gap = self._retried.setdefault(peer, (now, PUNCH_RETRY))  # first met relayed
+            if now - at < gap:
+                continue
+            if self.dcutr.try_again(ID.from_base58(peer)):
+                self._retried[peer] = (now, min(2 * gap, PUNCH_RETRY_MAX))
+                log.info("hole punching %s again", peer[-8:])
+        if len(self._retried) > 4096:
+            self._retried = {p: v for p, v in self._retried.items() if now - v[0] < v[1]}
 
     async def _provide(self) -> None:
         now = self.clock()
