@@ -23,7 +23,7 @@ from libp2p.tools.anyio_service import background_trio_service
 
 from crypto.identity import Identity
 from node.config import load_config
-from node.net.circuits import CountingRelay, reserve
+from node.net.circuits import CountingRelay, dial_circuit, reserve
 from node.net.host import build_host, parse_addrs
 from node.net.metrics import Metrics
 from node.net.reachability import PRIVATE, PUBLIC
@@ -94,6 +94,8 @@ async def test_a_private_node_reserves_on_a_relay_found_in_the_dht_and_is_reache
         await dialer.network.circuit_dialer(target)
         counts = relay.status()["relay"]["counts"]
         assert counts.get("circuits opened") == 1 and counts["relayed_bytes"] > 0, counts
+        # dialing through a relay takes no reservation on it: only the home node's
+        assert relay.status()["relay"]["reservations_held_for_others"] == 1
         assert relay.status()["relay"]["circuits_open"] == 1
         reply = await dialer.ping(home.peer_id)
         assert reply.get("role") == "inference", reply
@@ -132,7 +134,7 @@ async def relay_lab(limits, per_peer):
     ):
         relay = CountingRelay(relay_host, limits, True, per_peer, metrics)
         protos = {h: CircuitV2Protocol(h, limits=limits) for h in (target, dialer, other)}
-        cfg = RelayConfig(roles=RelayRole.STOP | RelayRole.CLIENT, limits=limits)
+        cfg = RelayConfig(roles=RelayRole.STOP, limits=limits)
         transports = {h: CircuitV2Transport(h, protos[h], cfg) for h in protos}
         async with (
             background_trio_service(relay),
@@ -156,7 +158,7 @@ async def relay_lab(limits, per_peer):
                 target=target,
                 dialer=dialer,
                 other=other,
-                dial=lambda: transports[dialer].dial(circuit),
+                dial=lambda: dial_circuit(dialer, transports[dialer], circuit, target.get_id()),
             )
         nursery.cancel_scope.cancel()
 
@@ -208,8 +210,15 @@ async def test_an_idle_circuit_is_cut_at_its_duration_and_its_slot_released():
     async with relay_lab(limits, per_peer=4) as lab:
         await lab.dial()
         assert lab.relay.open_from == {lab.dialer.get_id(): 1}
+        assert lab.target.get_network().get_connections(lab.dialer.get_id())
         await _until(lambda: not lab.relay.open_from, 30, "the idle circuit cut")
         assert lab.metrics.get("relay_circuits", outcome="cut: duration") == 1
+        # both ends were reset: the target's relayed connection to the dialer ended too
+        await _until(
+            lambda: not lab.target.get_network().get_connections(lab.dialer.get_id()),
+            30,
+            "the far end closed",
+        )
         reservation = lab.relay.resource_manager.get_reservation(lab.target.get_id())
         assert reservation is not None and reservation.active_connections == 0
 

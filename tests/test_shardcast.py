@@ -495,7 +495,7 @@ def test_plan_asks_a_holder_behind_a_relay_only_for_what_no_direct_holder_has():
     p.peers["home"].rate, p.peers["near"].rate = 1e9, 1.0  # faster, and still not asked
     got = dict(p.assign(0))
     assert got == {0: "near", 1: "near", 2: "home", 3: "home"}
-    # once hole punching made it direct, it is one holder among others
+    # whichever holder is the relayed one: the direct one serves, the faster relayed one not
     q = plan(2, max_inflight=2, per_peer=2, explore=0.0)
     q.update_peer("home", {0, 1})
     q.update_peer("near", {0, 1})

@@ -20,7 +20,9 @@ from typing import Any
 import trio
 from libp2p.abc import IHost
 from libp2p.peer.id import ID
+from libp2p.peer.peerinfo import PeerInfo
 from libp2p.relay.circuit_v2.dcutr import MAX_HOLE_PUNCH_ATTEMPTS, DCUtRProtocol
+from libp2p.relay.circuit_v2.exceptions import RelayConnectionError
 from libp2p.relay.circuit_v2.protocol import PROTOCOL_ID as HOP
 from libp2p.relay.circuit_v2.protocol import CircuitV2Protocol
 from libp2p.relay.circuit_v2.protocol_buffer import StatusCode
@@ -65,23 +67,34 @@ class CountingRelay(CircuitV2Protocol):
             await self._send_status(
                 stream, StatusCode.RESOURCE_LIMIT_EXCEEDED, "too many circuits from this peer"
             )
+            await trio.sleep(0.5)  # as the library does: the dialer reads the status first
             await _reset(stream)
             return
         self.open_from[source] = self.open_from.get(source, 0) + 1
         try:
-            # the library checks a circuit's duration only when bytes flow: an idle circuit
-            # would hold its slot for ever
-            with trio.move_on_after(self.limits.duration + 1) as scope:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._end_at_duration, stream, ID(msg.peer.id))
                 await super()._handle_connect(stream, msg)
-            if scope.cancelled_caught:
-                self.metrics.inc("relay_circuits", outcome="cut: duration")
-                await _reset(stream)
+                nursery.cancel_scope.cancel()
         finally:
             left = self.open_from.get(source, 1) - 1
             if left > 0:
                 self.open_from[source] = left
             else:
                 self.open_from.pop(source, None)
+
+    async def _end_at_duration(self, stream: Any, target: ID) -> None:
+        """The library checks a circuit's duration only when bytes flow: an idle circuit
+        would hold its slot, and both its streams, for ever. At the duration this resets
+        both ends as the library's own cut does (``host.wake_readers_on_reset`` wakes its
+        copy tasks), and the library's cleanup then closes them and frees the slot.
+        Cancelling the library's handler instead would skip that cleanup."""
+        await trio.sleep(self.limits.duration + 1)
+        self.metrics.inc("relay_circuits", outcome="cut: duration")
+        ends = self._active_relays.get(target)
+        await _reset(stream)
+        if ends is not None and ends[0] is stream and ends[1] is not None:
+            await _reset(ends[1])
 
     async def _send_status(
         self, stream: Any, status_code: Any, message: str, *args: Any, **kw: Any
@@ -117,6 +130,22 @@ async def _reset(stream: Any) -> None:
             pass
 
 
+async def dial_circuit(
+    host: IHost, transport: CircuitV2Transport, circuit: Any, target: ID
+) -> None:
+    """Open a connection to ``target`` through ``circuit`` (``<relay>/p2p-circuit/p2p/<target>``;
+    the relay dialed first if need be): one CONNECT, and the connection joins the swarm. The
+    library's ``dial`` would also take a reservation on the relay first (its client role)."""
+    relay_addr, _ = transport.parse_circuit_ma(circuit)
+    relay = ID.from_base58(str(relay_addr.get_peer_id()))
+    await host.connect(PeerInfo(relay, [relay_addr]))  # at once if connected already
+    try:
+        raw = await transport._dial_via_circuit_addr(circuit, PeerInfo(target, [circuit]))
+    except RelayConnectionError as exc:  # the relay answered CONNECT with a refusal
+        raise ConnectionError(f"the relay refused the circuit: {exc}") from exc
+    await host.upgrade_outbound_connection(raw, target)
+
+
 async def reserve(host: IHost, transport: CircuitV2Transport, relay: ID) -> float | None:
     """Reserve (or renew) a slot on ``relay``: when it expires (Unix time), or None if the
     relay refused. The library's ``reserve`` would also start its own refresh task."""
@@ -134,7 +163,7 @@ async def reserve(host: IHost, transport: CircuitV2Transport, relay: ID) -> floa
 
 
 class CountingDCUtR(DCUtRProtocol):
-    """py-libp2p's DCUtR, counting hole punches (``hole_punch_attempts``, ``hole_punches``)."""
+    """py-libp2p's DCUtR, counting hole punches by outcome (``hole_punch_attempts``)."""
 
     def __init__(self, host: IHost, metrics: Metrics) -> None:
         super().__init__(host)
@@ -154,7 +183,6 @@ class CountingDCUtR(DCUtRProtocol):
             time.monotonic() - started,
         )
         if ok:
-            self.metrics.inc("hole_punches")
             self.seconds.append(round(time.monotonic() - started, 3))
         return ok
 

@@ -226,9 +226,11 @@ def wake_readers_on_reset() -> None:
 
     async def reset_and_wake(self: Any) -> None:
         event = self.conn.stream_events.get(self.stream_id)
-        await reset(self)
-        if event is not None:
-            event.set()
+        try:
+            await reset(self)
+        finally:
+            if event is not None:
+                event.set()
 
     stream_cls.reset = reset_and_wake  # type: ignore[method-assign]
     stream_cls._intellect_reset_wakes = True  # type: ignore[attr-defined]

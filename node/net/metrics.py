@@ -62,7 +62,6 @@ COUNTERS: dict[str, tuple[str, tuple[str, ...]]] = {
     ),
     "relay_bytes": ("Relay: bytes we copied between the two ends of circuits.", ()),
     "hole_punch_attempts": ("DCUtR hole punches, by outcome (direct / failed).", ("outcome",)),
-    "hole_punches": ("Relayed connections that hole punching made direct.", ()),
 }
 
 _SECONDS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)

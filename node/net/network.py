@@ -125,7 +125,8 @@ class Network:
     async def connect(self, info: PeerInfo) -> None:
         """Dial ``info`` within ``connect_timeout`` (``trio.TooSlowError`` past it). A peer
         that advertises circuit addresses is behind NAT: it is dialed through its relays
-        first, then at its other addresses."""
+        first, then at its other addresses, each try within ``connect_timeout`` (so a call
+        may take that long once per relay, and once more)."""
         assert self.host is not None
         peer = info.peer_id.to_base58()
         circuits = [str(a) for a in info.addrs if "/p2p-circuit" in str(a)]

@@ -37,7 +37,7 @@ from libp2p.relay.circuit_v2.transport import CircuitV2Transport
 from libp2p.tools.anyio_service import background_trio_service
 
 from node.config import NodeConfig
-from node.net.circuits import CountingDCUtR, CountingRelay, reserve
+from node.net.circuits import CountingDCUtR, CountingRelay, dial_circuit, reserve
 from node.net.metrics import Metrics
 from node.net.network import Network
 from node.net.reachability import PRIVATE, PUBLIC, Reachability
@@ -49,6 +49,7 @@ RESERVE_ON = 2  # relays a private node holds reservations on
 TEND = 3.0  # seconds between reservation upkeep rounds
 RENEW_BEFORE = 60.0  # renew a reservation this many seconds before it expires
 PROVIDE_AGAIN = 1800.0  # seconds between provides of the relay key (a relay)
+PROVIDE_LIMIT = 60.0  # seconds one provide (a DHT walk, then stores) may take
 FIND_AGAIN = 15.0  # seconds between DHT lookups for relays while short of RESERVE_ON
 RESERVE_TIMEOUT = 15.0  # one reservation: stream, request, answer
 DIRECT_WAIT = 10.0  # seconds a bulk transfer waits for a hole punch under way
@@ -141,7 +142,7 @@ class Relays:
             counts=counts,
             reservations={p: round(exp - now, 1) for p, (exp, _a) in self.held.items()},
             circuit_addrs=list(self.network.circuit_addrs),
-            direct_upgrades=self.metrics.get("hole_punches"),
+            direct_upgrades=self.metrics.get("hole_punch_attempts", outcome="direct"),
             punches_failed=self.metrics.get("hole_punch_attempts", outcome="failed"),
             punch_seconds=list(self.dcutr.seconds) if self.dcutr else [],
             relayed_peers=sorted(
@@ -179,25 +180,28 @@ class Relays:
         self.protocol = CountingRelay(
             host, self.limits, self.serving, self.cfg.relay_circuits_per_peer, self.metrics
         )
-        roles = (
-            RelayRole.STOP | RelayRole.CLIENT | (RelayRole.HOP if self.serving else RelayRole(0))
-        )
+        # no CLIENT role: with it the library reserves on a relay before every dial through
+        # it; we reserve only when private (``_keep_reservations``)
+        roles = RelayRole.STOP | (RelayRole.HOP if self.serving else RelayRole(0))
         self.transport = CircuitV2Transport(
             host, self.protocol, RelayConfig(roles=roles, limits=self.limits)
         )
         self.dcutr = CountingDCUtR(host, self.metrics)
         self.network.circuit_dialer = self._dial_circuit
-        async with (
-            background_trio_service(self.protocol),
-            background_trio_service(self.dcutr),
-        ):
-            task_status.started()
-            while True:
-                try:
-                    await self._tend()
-                except Exception as exc:  # one round's failure must not end the service
-                    log.warning("relay upkeep failed: %r", exc)
-                await trio.sleep(TEND)
+        try:
+            async with (
+                background_trio_service(self.protocol),
+                background_trio_service(self.dcutr),
+            ):
+                task_status.started()
+                while True:
+                    try:
+                        await self._tend()
+                    except Exception as exc:  # one round's failure must not end the service
+                        log.warning("relay upkeep failed: %r", exc)
+                    await trio.sleep(TEND)
+        finally:
+            self.network.circuit_dialer = None
 
     async def _tend(self) -> None:
         self._punch_again()
@@ -208,6 +212,8 @@ class Relays:
             await self._keep_reservations()
         elif self.held and state == PUBLIC:  # reachable: nobody needs a circuit to us
             self._drop(list(self.held))
+        elif self.held:  # unknown again: keep what we hold alive, reserve nothing new
+            await self._keep_reservations(new=False)
 
     def _punch_again(self) -> None:
         """Peers still joined only by a relay after their hole punches get a new budget,
@@ -219,6 +225,8 @@ class Relays:
         now = trio.current_time()
         for peer in self.network.connected_peers():
             if not self.network.relayed(peer):
+                self._retried.pop(peer, None)  # direct (or gone): met relayed again, anew
+                self._relayed_since.pop(peer, None)
                 continue
             at, gap = self._retried.setdefault(peer, (now, PUNCH_RETRY))  # first met relayed
             if now - at < gap:
@@ -233,23 +241,24 @@ class Relays:
         now = self.clock()
         if self._provided_at is not None and now - self._provided_at < PROVIDE_AGAIN:
             return
-        with trio.move_on_after(60):
+        with trio.move_on_after(PROVIDE_LIMIT):
             if await self.network.provide(ids.relay_key(self.cfg.run_id)):
                 self._provided_at = now
                 log.info("providing relay service (DHT)")
 
-    async def _keep_reservations(self) -> None:
+    async def _keep_reservations(self, new: bool = True) -> None:
         """Drop reservations whose relay connection went, renew those close to expiry,
-        and reserve on new relays while we hold fewer than ``RESERVE_ON``."""
+        and (``new``) reserve on new relays while we hold fewer than ``RESERVE_ON``."""
         now = self.clock()
         connected = self.network.connected_peers()
         self._drop([p for p, (exp, _a) in self.held.items() if p not in connected or exp <= now])
         for relay, (exp, addr) in list(self.held.items()):
             if exp - now <= RENEW_BEFORE and not await self._reserve(relay, addr):
                 self._drop([relay])
-        if len(self.held) >= RESERVE_ON or now - self._last_find < FIND_AGAIN:
+        if not new or len(self.held) >= RESERVE_ON or now - self._last_find < FIND_AGAIN:
             return
         self._last_find = now
+        relays: set[str] = set()
         with trio.move_on_after(self.cfg.read_timeout * 2):
             relays = await self.network.find_providers(ids.relay_key(self.cfg.run_id))
         for relay in sorted(relays - set(self.held)):
@@ -298,11 +307,11 @@ class Relays:
         """Dial ``<relay>/p2p-circuit/p2p/<peer>``; the connection joins the swarm."""
         assert self.transport is not None
         addr = multiaddr.Multiaddr(circuit)
-        relay_part, _target = self.transport.parse_circuit_ma(addr)
+        relay_part, target = self.transport.parse_circuit_ma(addr)
         relay = relay_part.get_peer_id()
         host = self.network.host
         assert host is not None
         if relay is not None and str(relay) not in self.network.connected_peers():
             direct = relay_part.decapsulate(multiaddr.Multiaddr(f"/p2p/{relay}"))
             await self.network.connect(PeerInfo(ID.from_base58(str(relay)), [direct]))
-        await self.transport.dial(addr)
+        await dial_circuit(host, self.transport, addr, target)
