@@ -4,6 +4,7 @@ own IP only; questions that are garbage or about another peer are refused and ch
 nothing. Real nodes on 127.0.0.1 here; through a real NAT in ``test_nat.py``."""
 
 import socket
+from types import SimpleNamespace
 
 import multiaddr
 import pytest
@@ -12,14 +13,18 @@ from libp2p.host.autonat.pb.autonat_pb2 import Message
 from libp2p.peer.id import ID
 from libp2p.utils import encode_varint_prefixed, read_varint_prefixed_bytes_limited
 
+from crypto.identity import Identity
+from node.net.metrics import Metrics
 from node.net.reachability import (
     MAX_PORTS,
     PRIVATE,
     PROTOCOL,
     PUBLIC,
     UNKNOWN,
+    Reachability,
     Verdicts,
     _question,
+    _watch_observations,
     dial_back_targets,
 )
 from tests.helpers.net import two_nodes
@@ -153,3 +158,123 @@ async def test_an_oversized_question_is_cut_off_and_the_node_keeps_answering(tmp
             assert answer is None, answer
             await stream.close()
             assert await a.reachability.ask(b_.peer_id) is True
+
+
+async def test_dial_backs_go_to_every_port_at_once_so_a_slow_port_does_not_hide_the_asker(
+    tmp_path, monkeypatch
+):
+    """Three ports that accept TCP but never answer the handshake come first: tried one after
+    another they would take 3 × 10 s, past the 15 s deadline; all at once, the asker's real
+    port answers at once."""
+    import node.net.reachability as reach
+
+    monkeypatch.setattr(reach, "DIAL_BACK_TIMEOUT", 10.0)
+    silent = [socket.socket() for _ in range(3)]
+    try:
+        for s in silent:
+            s.bind(("127.0.0.1", 0))
+            s.listen(8)
+        ports = [s.getsockname()[1] for s in silent]
+        async with two_nodes(tmp_path, ("a", "b")) as (a, b_):
+            candidates = [b(f"/ip4/127.0.0.1/tcp/{p}") for p in [*ports, port_of(a)]]
+            with trio.fail_after(15):
+                status = await _question(a.network.host, b_.peer_id, candidates)
+            assert status == Message.OK
+            assert b_.reachability.answered == {"reached": 1}
+    finally:
+        for s in silent:
+            s.close()
+
+
+class _Conn:
+    """A swarm connection as the reachability code sees it: its addresses, its peer."""
+
+    def __init__(self, peer_id, relayed: bool):
+        self.muxed_conn = SimpleNamespace(peer_id=peer_id)
+        via = f"/ip4/203.0.113.1/tcp/4001/p2p/{peer_id.to_base58()}/p2p-circuit" if relayed else ""
+        self.addrs = [multiaddr.Multiaddr(via or "/ip4/127.0.0.1/tcp/4001")]
+
+    def get_transport_addresses(self):
+        return self.addrs
+
+
+class _Stream:
+    """One inbound AutoNAT stream carrying ``question``, from ``peer_id`` at 127.0.0.1."""
+
+    def __init__(self, peer_id, question: bytes, relayed: bool):
+        self.swarm_conn = _Conn(peer_id, relayed)
+        self.muxed_conn = self.swarm_conn.muxed_conn
+        self.inbox, self.sent = bytearray(question), bytearray()
+
+    async def read(self, n=None):
+        n = len(self.inbox) if n is None else n
+        out, self.inbox[:n] = bytes(self.inbox[:n]), b""
+        return out
+
+    async def write(self, data):
+        self.sent += data
+
+    async def close(self):
+        pass
+
+    def get_remote_address(self):
+        return ("127.0.0.1", 4001)
+
+
+async def test_a_question_over_a_relayed_connection_is_refused_without_dialing(tmp_path):
+    """Over a circuit the IP we see is the relay's: dialing it back would test the relay.
+    The same question over a direct connection is dialed (to a closed port: not reached)."""
+    async with two_nodes(tmp_path, ("a", "b")) as (a, b_):
+        asker = ID.from_base58(a.peer_id)
+        q = Message(type=Message.DIAL)
+        q.dial.peer.id = asker.to_bytes()
+        q.dial.peer.addrs.append(b(f"/ip4/127.0.0.1/tcp/{closed_port()}"))
+        question = encode_varint_prefixed(q.SerializeToString())
+        answers = []
+        with trio.fail_after(30):
+            for relayed in (True, False):
+                stream = _Stream(asker, question, relayed)
+                await b_.reachability._answer(stream)
+                answer = Message()
+                answer.ParseFromString(
+                    await read_varint_prefixed_bytes_limited(
+                        _Stream(asker, bytes(stream.sent), False), 4096
+                    )
+                )
+                answers.append((answer.dialResponse.status, answer.dialResponse.statusText))
+        assert answers == [
+            (Message.E_DIAL_REFUSED, "relayed connection"),
+            (Message.E_DIAL_ERROR, "not reached"),
+        ]
+        assert b_.reachability.answered == {"relayed connection": 1, "not reached": 1}
+
+
+def test_observations_over_relayed_connections_are_ignored():
+    """Identify over a circuit reports the relay's view of us: not a candidate address."""
+    recorded, seen = [], {}
+    manager = SimpleNamespace(record_observation=lambda *args: recorded.append(args))
+    _watch_observations(SimpleNamespace(_observed_addr_manager=manager), seen.__setitem__)
+    peers = [Identity.generate().peer_id for _ in range(2)]
+    relay_view = multiaddr.Multiaddr("/ip4/203.0.113.1/tcp/4001")
+    router = multiaddr.Multiaddr("/ip4/198.51.100.7/tcp/61234")
+    manager.record_observation(_Conn(ID.from_base58(peers[0]), True), relay_view, [])
+    manager.record_observation(_Conn(ID.from_base58(peers[1]), False), router, [])
+    assert seen == {peers[1]: str(router)}
+    assert len(recorded) == 2  # the library still hears both
+
+
+async def test_only_peers_joined_directly_are_asked():
+    peers = {Identity.generate().peer_id for _ in range(4)}
+    through_relay = set(sorted(peers)[:2])
+    network = SimpleNamespace(
+        connected_peers=lambda: set(peers), relayed=lambda p: p in through_relay
+    )
+    r = Reachability(network, Metrics())
+    asked = []
+
+    async def ask(peer):
+        asked.append(peer)
+
+    r.ask = ask
+    await r.ask_round()
+    assert sorted(asked) == sorted(peers - through_relay)

@@ -106,12 +106,12 @@ class Network:
         """True if every connection we hold to ``peer`` goes through a relay (False if we
         hold none, or a direct one)."""
         conns = self._connections(peer)
-        return bool(conns) and all(_is_relayed(c) for c in conns)
+        return bool(conns) and all(is_relayed(c) for c in conns)
 
     def direct_addr(self, peer: str) -> str | None:
         """The address our direct connection to ``peer`` reaches it at, if we hold one."""
         for conn in self._connections(peer):
-            if not _is_relayed(conn):
+            if not is_relayed(conn):
                 for addr in _transport_addrs(conn):
                     return addr
         return None
@@ -187,7 +187,8 @@ class Network:
         await self.pubsub.publish(topic, data)
 
 
-def _is_relayed(conn: Any) -> bool:
+def is_relayed(conn: Any) -> bool:
+    """True if ``conn`` (a swarm connection) goes through a relay."""
     return any("/p2p-circuit" in a for a in _transport_addrs(conn))
 
 

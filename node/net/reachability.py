@@ -4,16 +4,20 @@ A worker at home behind a router's NAT can dial out but cannot be dialed, and in
 design validators and SHARDCAST pullers dial the holder of what they want. So every node
 finds out which it is, with AutoNAT v1 (``/libp2p/autonat/1.0.0``, libp2p's protobuf
 messages, so any libp2p peer can answer or ask):
-- **asking:** every round the node asks up to ``ASK`` connected peers to dial it back on its
+- **asking:** every round the node asks up to ``ASK`` peers it holds a direct connection to
+  (a peer joined through a relay would dial back the relay's IP) to dial it back on its
   candidate addresses. It is ``public`` once ``CONFIRMATIONS`` peers reached it, ``private``
   once that many tried and failed (and none reached it), else ``unknown``;
 - **answering:** a dial-back is a new TCP connection on which the Noise handshake proves
   the asker's peer id, closed right after; an existing connection to the asker proves
   nothing. Only the asker's own IP, as we see it, is ever dialed (the ports of its
-  candidates on that IP): a peer cannot make us dial a third party. One dial-back per peer
-  at a time and ``SERVE_AT_ONCE`` in all; more are refused, and counted.
+  candidates on that IP, all at once, so the answer comes within ``DIAL_BACK_TIMEOUT``): a
+  peer cannot make us dial a third party. A question over a relayed connection is refused
+  (we would see the relay's IP). One dial-back per peer at a time and ``SERVE_AT_ONCE`` in
+  all; more are refused, and counted.
 The addresses peers observe us at come from identify (each peer tells us the address our
-connection to it came from); behind NAT they are the router's.
+connection to it came from; over a relayed connection that is the relay's view, ignored);
+behind NAT they are the router's.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from libp2p.peer.id import ID
 from libp2p.utils import encode_varint_prefixed, read_varint_prefixed_bytes_limited
 
 from node.net.metrics import Metrics
-from node.net.network import Network
+from node.net.network import Network, is_relayed
 
 log = logging.getLogger("intellect.node")
 
@@ -107,6 +111,7 @@ class ReachabilityStatus:
     reached_by: int  # peers that dialed us back, within the TTL
     not_reached_by: int  # peers that tried and failed
     refused: int  # questions the answering peer refused (it would not dial)
+    unanswered: int  # questions that got no answer (timed out, or the stream failed)
     answered: dict[str, int]  # dial-backs we made for others, by outcome
 
 
@@ -124,6 +129,7 @@ class Reachability:
         self.clock = clock
         self.verdicts = Verdicts()
         self.refused = 0
+        self.unanswered = 0
         self.answered: dict[str, int] = {}
         self.observed: dict[str, str] = {}  # peer: the address it saw us at
         self._asking: set[str] = set()  # peers we are asking now
@@ -143,6 +149,7 @@ class Reachability:
             reached_by=reached,
             not_reached_by=failed,
             refused=self.refused,
+            unanswered=self.unanswered,
             answered=dict(self.answered),
         )
 
@@ -169,8 +176,10 @@ class Reachability:
     # ---- asking -----------------------------------------------------------------------
 
     async def ask_round(self) -> None:
-        """Ask up to ``ASK`` connected peers, those not asked recently first."""
-        peers = sorted(self.network.connected_peers() - self._asking)
+        """Ask up to ``ASK`` directly connected peers, those not asked recently first."""
+        peers = sorted(
+            p for p in self.network.connected_peers() - self._asking if not self.network.relayed(p)
+        )
         random.shuffle(peers)
         peers.sort(key=lambda p: self.verdicts.results.get(p, (False, -1e18))[1])
         async with trio.open_nursery() as nursery:
@@ -193,12 +202,13 @@ class Reachability:
                     self.verdicts.record(peer, reached, self.clock())
                 log.debug("autonat peer=%s status=%s", peer, status)
                 return reached
-            return None
+            log.debug("autonat ask %s: no answer in %.0f s", peer, ASK_TIMEOUT)
         except Exception as exc:  # the peer left, or does not speak AutoNAT
             log.debug("autonat ask %s failed: %r", peer, exc)
-            return None
         finally:
             self._asking.discard(peer)
+        self.unanswered += 1
+        return None
 
     def _candidates(self) -> list[bytes]:
         out = []
@@ -217,7 +227,10 @@ class Reachability:
         try:
             with trio.move_on_after(ASK_TIMEOUT):
                 raw = await read_varint_prefixed_bytes_limited(stream, MAX_MESSAGE)
-                status, text, addr = await self._dial_back(peer, raw, _remote_ip(stream))
+                if is_relayed(getattr(stream, "swarm_conn", None)):
+                    status, text, addr = Message.E_DIAL_REFUSED, "relayed connection", None
+                else:
+                    status, text, addr = await self._dial_back(peer, raw, _remote_ip(stream))
                 self.answered[text] = self.answered.get(text, 0) + 1
                 self.metrics.inc("autonat_answers", outcome=text)
                 reply = Message(type=Message.DIAL_RESPONSE)
@@ -251,9 +264,9 @@ class Reachability:
         self._dialing.add(name)  # one dial-back per peer at a time
         try:
             async with self._serving:
-                for target in targets:
-                    if await _verify_dial(self.network, peer, target):
-                        return Message.OK, "reached", target
+                reached = await _first_reached(self.network, peer, targets)
+            if reached:
+                return Message.OK, "reached", reached
             return Message.E_DIAL_ERROR, "not reached", None
         finally:
             self._dialing.discard(name)
@@ -282,6 +295,21 @@ async def _question(host: IHost, peer: str, candidates: list[bytes]) -> int:
     if answer.type != Message.DIAL_RESPONSE:
         raise ValueError("not a dial response")
     return int(answer.dialResponse.status)
+
+
+async def _first_reached(network: Network, peer: ID, targets: list[str]) -> str | None:
+    """Dial every target at once; the first that proves ``peer`` (the others are cut)."""
+    reached: list[str] = []
+
+    async def one(target: str, nursery: trio.Nursery) -> None:
+        if await _verify_dial(network, peer, target):
+            reached.append(target)
+            nursery.cancel_scope.cancel()
+
+    async with trio.open_nursery() as nursery:
+        for target in targets:
+            nursery.start_soon(one, target, nursery)
+    return reached[0] if reached else None
 
 
 async def _verify_dial(network: Network, peer: ID, target: str) -> bool:
@@ -333,7 +361,8 @@ def _watch_observations(host: IHost, seen: Callable[[str, str], None]) -> None:
     """Hear what identify tells us: each peer reports the address our connection to it
     came from. py-libp2p keeps these in its observed-address manager only past a threshold
     of distinct observer networks (never reached on one machine); we wrap its recorder to
-    see every report. Without the manager (identify address discovery off) nothing is heard."""
+    see every report, except over relayed connections (the relay's view of us, not the
+    router's). Without the manager (identify address discovery off) nothing is heard."""
     manager = getattr(host, "_observed_addr_manager", None)
     if manager is None:
         return
@@ -341,8 +370,8 @@ def _watch_observations(host: IHost, seen: Callable[[str, str], None]) -> None:
 
     def recorded(conn: Any, observed: multiaddr.Multiaddr, local: list[Any]) -> None:
         try:
-            peer = conn.muxed_conn.peer_id.to_base58()
-            seen(peer, str(observed))
+            if not is_relayed(conn):
+                seen(conn.muxed_conn.peer_id.to_base58(), str(observed))
         except Exception:  # a connection without a peer id: nothing to note
             pass
         record(conn, observed, local)
