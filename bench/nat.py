@@ -25,8 +25,9 @@ Figures:
   homes and a random one, the tiny model): ``accepted_from_nat``, accepted / judged
   batches of the NATed workers once each has one accepted and holds the trainer's new
   weights; ``relayed_bulk_bytes``, shard bytes a worker fetched from a peer only a relay
-  joined it to (target 0), beside ``shard_bytes`` and ``relay_bytes`` (all a relay
-  copied: gossip, presence, DHT). ``--no-devnet`` skips it (both then null).
+  joined it to (target 0), beside ``shard_bytes``, ``home_to_home_shard_bytes`` (what the
+  two cone homes fetched from each other) and ``relay_bytes`` (all a relay copied:
+  gossip, presence, DHT). ``--no-devnet`` skips it (both then null).
 """
 
 from __future__ import annotations
@@ -145,6 +146,7 @@ def devnet_step() -> dict:
         seen = {n.name: n.status() or {} for n in loop.nodes}
         work = [seen[w.name].get("inference") or {} for w in loop.workers]
         bulk = loop.bulk(seen)
+        traded = loop.traded(loop.workers[0], loop.workers[1]) or {}
     accepted = sum(w.get("accepted", 0) for w in work)
     judged = accepted + sum(w.get("rejected", 0) + w.get("expired", 0) for w in work)
     return {
@@ -152,6 +154,7 @@ def devnet_step() -> dict:
         "relayed_bulk_bytes": bulk["relayed_shard_bytes"],
         "shard_bytes": bulk["shard_bytes"],
         "relay_bytes": bulk["relay_bytes"],
+        "home_to_home_shard_bytes": sum(traded.values()),
         "devnet_s": round(time.monotonic() - started, 1),
     }
 
@@ -225,7 +228,8 @@ def main() -> int:
         print(
             f"devnet step through NATs: accepted/judged batches of NATed workers "
             f"{out['accepted_from_nat']}; shard bytes from relayed peers "
-            f"{out['relayed_bulk_bytes']} of {out['shard_bytes']}; relays copied "
+            f"{out['relayed_bulk_bytes']} of {out['shard_bytes']} "
+            f"({out['home_to_home_shard_bytes']} between the cone homes); relays copied "
             f"{out['relay_bytes']} B in all ({out['devnet_s']} s)"
         )
     if args.json:

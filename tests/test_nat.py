@@ -164,7 +164,8 @@ def test_workers_behind_nat_get_batches_judged_and_paid_and_pull_new_weights(
     cone homes and one random-port home. Each worker's batches are fetched by the
     validator, accepted on-chain, and its account credited; the trainer steps on them and
     every worker pulls the new weights over SHARDCAST; the cone homes, joined by a hole
-    punch, stay joined directly, and no shard crosses a relay."""
+    punch, stay joined directly and pull shards from each other, and no shard crosses a
+    relay."""
     with nat_work_loop(tmp_path, tiny_model_dir) as loop:
         wait_until(loop.looped, 600, "every NATed worker paid and holding new weights", interval=5)
         cone1, cone2, _rand = loop.workers
@@ -182,6 +183,10 @@ def test_workers_behind_nat_get_batches_judged_and_paid_and_pull_new_weights(
         # busy workers may mistime their first punches; they are given more (SPEC §20)
         wait_until(
             lambda: loop.joined_directly(cone1, cone2), 300, "the cone homes direct", interval=3
+        )
+        # ... and pulling shards from each other (a version published once they are direct)
+        traded = wait_until(
+            lambda: loop.traded(cone1, cone2), 300, "the cone homes trading shards", interval=3
         )
         seen = {n.name: n.status() or {} for n in loop.nodes}
         ids, workers = loop.ids, loop.workers
@@ -206,5 +211,43 @@ def test_workers_behind_nat_get_batches_judged_and_paid_and_pull_new_weights(
         bulk = loop.bulk(seen)
         assert bulk["relayed_shard_bytes"] == 0, bulk
         print(f"relayed {bulk['relay_bytes']} B; shards fetched {bulk['shard_bytes']} B: {bulk}")
+        print(f"between the cone homes: {traded}")
         assert bulk["relay_bytes"] < bulk["shard_bytes"] / 2, bulk
+    assert all(c == 0 for c in loop.codes.values()), loop.codes
+
+
+@pytest.mark.skipif(REASON is not None, reason=REASON or "")
+@pytest.mark.timeout(900)
+def test_a_validator_behind_nat_judges_batches_from_a_cone_home_and_through_a_relay(
+    tmp_path, tiny_model_dir
+):
+    """The validator at home (issue #29 item 4): in a cone home of its own, the trainer the
+    second relay, one worker behind a cone NAT and one behind a random one. The validator
+    finds it is private and reserves on both relays; it fetches and judges both workers'
+    batches, which are accepted on-chain and paid: the random home's through a relay (no
+    direct path can join a random NAT to a router that drops unsolicited connections), the
+    cone home's over the path a hole punch made."""
+    with nat_work_loop(
+        tmp_path, tiny_model_dir, nats=("cone", "random"), validator_at="cone"
+    ) as loop:
+        wait_until(loop.looped, 600, "both NATed workers paid and holding new weights", interval=5)
+        validator = loop.node("validator")
+        cone, rand = loop.workers
+        wait_until(
+            lambda: loop.joined_directly(cone, validator), 300, "cone home direct", interval=3
+        )
+        seen = {n.name: n.status() or {} for n in loop.nodes}
+        ids, v = loop.ids, seen["validator"]
+        assert v["reachability"]["state"] == "private", v["reachability"]
+        assert set(v["relay"]["reservations"]) == {ids["bootstrap"], ids["trainer"]}, v["relay"]
+        assert v["validator"]["accepted"] >= 2 and v["validator"]["rejected"] == 0, v["validator"]
+        for w in loop.workers:
+            inf = seen[w.name]["inference"]
+            assert inf["accepted"] >= 1 and inf["rejected"] == 0, (w.name, inf)
+            assert inf["pending_wei"] + inf["claimable_wei"] > 0, (w.name, inf)  # paid
+        # the random home and the validator: only ever joined through a relay
+        assert ids[rand.name] in v["relay"]["relayed_peers"], v["relay"]
+        circuits = sum(seen[r]["relay"]["counts"].get("circuits opened", 0) for r in loop.relays)
+        assert circuits >= 1, {r: seen[r]["relay"]["counts"] for r in loop.relays}
+        assert ids[cone.name] not in v["relay"]["relayed_peers"], v["relay"]
     assert all(c == 0 for c in loop.codes.values()), loop.codes

@@ -504,6 +504,44 @@ def test_plan_asks_a_holder_behind_a_relay_only_for_what_no_direct_holder_has():
     assert dict(q.assign(0)) == {0: "home", 1: "home"}
 
 
+def test_the_origin_reached_directly_serves_before_a_holder_behind_a_relay():
+    """'Origin last' yields to 'direct first': bulk bytes never ride a relay while a direct
+    path holds the shard, even when that direct holder is busy for a moment."""
+    p = plan(2, origin="trainer", max_inflight=2, per_peer=2, explore=0.0)
+    p.update_peer("trainer", {0, 1})
+    p.update_peer("home", {0, 1})
+    p.peers["home"].relayed = True
+    assert dict(p.assign(0)) == {0: "trainer", 1: "trainer"}
+    p.busy(0, "trainer", now=0.0)  # every upload slot taken: asked again shortly
+    p.busy(1, "trainer", now=0.0)
+    assert p.assign(0.1) == []  # waited out, not fetched through the relay
+    assert dict(p.assign(1.0)) == {0: "trainer", 1: "trainer"}
+    # with no direct holder at all, the relayed one serves
+    q = plan(2, origin="trainer", max_inflight=2, per_peer=2, explore=0.0)
+    q.update_peer("home", {0, 1})
+    q.peers["home"].relayed = True
+    assert dict(q.assign(0)) == {0: "home", 1: "home"}
+
+
+def test_a_downloader_behind_a_relay_is_left_out_of_the_origin_shares():
+    """Two downloaders joined directly split the origin's shards; the third, joined to them
+    only through a relay, is no share-holder for them (they would never fetch its share from
+    it) and, seeing both through the relay, takes its whole copy from the origin."""
+    ids = ["peer-a", "peer-b", "peer-c"]
+    taken = {}
+    for me in ids:
+        p = plan(6, origin="trainer", me=me, max_inflight=6, per_peer=6)
+        p.update_peer("trainer", set(range(6)))
+        for other in ids:
+            if other != me:
+                p.update_peer(other, set())
+                p.peers[other].relayed = "peer-c" in (me, other)
+        taken[me] = dict(p.assign(0))
+    assert set(taken["peer-a"]) == {0, 2, 4} and set(taken["peer-b"]) == {1, 3, 5}
+    assert set(taken["peer-c"]) == set(range(6))
+    assert {v for t in taken.values() for v in t.values()} == {"trainer"}
+
+
 def test_downloaders_split_the_origins_shards_and_take_the_rest_from_each_other():
     ids = ["peer-a", "peer-b", "peer-c"]
     plans = {}

@@ -18,8 +18,10 @@ The download loop tells it what each peer holds (``update_peer``), asks it for w
   together pick the same rare shards and the origin sends 1.66 copies for 6 downloaders
   (``bench/shardcast.py``).
 - **Direct first**: a holder only a circuit relay joins us to (behind NAT, hole punching
-  failed) is asked for a shard only when no holder reachable directly has it: a relay's
-  limits are small and its bandwidth is somebody else's.
+  failed) is asked for a shard only when no holder reachable directly has it, the origin
+  included, and is left out of the origin shares (it takes its own copy from the origin;
+  the others do not wait for its share): a relay's limits are small and its bandwidth is
+  somebody else's, so bulk bytes never ride a relay where a direct path exists.
 - **Peers**: a moving average (EWMA, ``alpha``) of measured throughput and of success,
   scored ``rate × success / (1 + in flight)``; a peer never measured is tried first
   (optimism), and with probability ``explore`` a random holder is taken, so a new fast
@@ -180,10 +182,11 @@ class DownloadPlan:
         mine = self._share()
         deferred: tuple[int, list[PeerState]] | None = None  # the rarest of another's share
         for shard in order:
-            live = [p for p in holders[shard] if self._available(p, now)]
+            # a holder behind a relay only when no direct holder has it, even a busy one
+            reach = [p for p in holders[shard] if not p.relayed] or holders[shard]
+            live = [p for p in reach if self._available(p, now)]
             others = [p for p in live if p.peer != self.origin]
             pool = others or live  # the origin only when nobody else can serve this shard
-            pool = [p for p in pool if not p.relayed] or pool  # a relay only when no other
             usable = [p for p in pool if p.inflight < self.per_peer]
             if not usable:
                 continue
@@ -202,7 +205,11 @@ class DownloadPlan:
             return lambda shard: True
         group = sorted(
             {self.me}
-            | {p.peer for p in self.peers.values() if p.joined and not p.banned} - {self.origin}
+            | {
+                p.peer
+                for p in self.peers.values()
+                if p.joined and not p.banned and not p.relayed and p.peer != self.origin
+            }
         )
         n, rank = len(group), group.index(self.me)
         return lambda shard: shard % n == rank

@@ -20,6 +20,9 @@ from node.cli.devnet import DEVNET_PASSWORD, fund, make_account, start_chain, wa
 from tests.helpers.netns import PUBLIC_IP, NatLab, NsNode
 
 FAST = ["--heartbeat-interval", "1", "--peer-ttl", "8", "--discovery-interval", "1"]  # test_loop's
+# the tiny model's ~3 MB in 256 KiB shards, the trainer's uploads capped at 2 MB/s: the workers
+# pulling a version together split its shards and trade them (SHARDCAST's origin shares)
+TRAINER = ["--shard-size", "262144", "--upload-rate", "2"]
 
 
 def work_env(base: Path, ledger_env: dict[str, str], model: Path) -> dict[str, str]:
@@ -89,6 +92,20 @@ class NatLoop:
             and self.ids[a.name] not in sb.get("relay", {}).get("relayed_peers", [None])
         )
 
+    def traded(self, a: NsNode, b: NsNode) -> dict[str, int] | None:
+        """Shard bytes ``a`` fetched from ``b`` and ``b`` from ``a``, once either is > 0."""
+        got = {
+            a.name: peer_bytes(a).get(self.ids[b.name], 0),
+            b.name: peer_bytes(b).get(self.ids[a.name], 0),
+        }
+        return got if any(got.values()) else None
+
+    @property
+    def relays(self) -> tuple[str, str]:
+        """The two public nodes serving circuit relay v2."""
+        at_home = any(h.ns == self.node("validator").ns for h in self.lab.homes)
+        return ("bootstrap", "trainer") if at_home else ("bootstrap", "validator")
+
     def bulk(self, seen: dict[str, dict[str, Any]]) -> dict[str, Any]:
         """Bytes moved, from the nodes' statuses ``seen``: shard bytes the workers fetched,
         those fetched from a peer only a relay joined them to, what the relays copied."""
@@ -104,8 +121,7 @@ class NatLoop:
             "shard_bytes": sum(seen[w.name]["weights"]["downloaded_bytes"] for w in self.workers),
             "relayed_shard_bytes": relayed_shards,
             "relay_bytes": sum(
-                seen[r]["relay"]["counts"].get("relayed_bytes", 0)
-                for r in ("bootstrap", "validator")
+                seen[r]["relay"]["counts"].get("relayed_bytes", 0) for r in self.relays
             ),
             "by_source": {
                 w: {names.get(p, p): b for p, b in f.items() if b} for w, f in fetched.items()
@@ -115,9 +131,15 @@ class NatLoop:
 
 @contextmanager
 def nat_work_loop(
-    base: Path, model: Path, nats: tuple[str, ...] = ("cone", "cone", "random")
+    base: Path,
+    model: Path,
+    nats: tuple[str, ...] = ("cone", "cone", "random"),
+    validator_at: str | None = None,
 ) -> Iterator[NatLoop]:
-    lab = NatLab(list(nats), drop_unsolicited=True)
+    """A worker in a home behind each NAT of ``nats``; the validator in public (and a relay),
+    or, with ``validator_at`` ("cone" or "random"), in a home of its own behind that NAT,
+    the trainer then the second relay."""
+    lab = NatLab([*nats, *([validator_at] if validator_at else [])], drop_unsolicited=True)
     loop = NatLoop(lab)
     in_public = ["ip", "netns", "exec", lab.public]
     chain = None
@@ -139,9 +161,14 @@ def nat_work_loop(
         st = wait_ready(boot, 120)
         addr = next(a for a in st["addrs"] if f"/ip4/{PUBLIC_IP}/" in a)
         entry = ["--bootstrap", f"{addr}/p2p/{st['peer_id']}", *FAST]
-        start(lab.public, "trainer", "trainer", PUBLIC_IP, entry)
-        start(lab.public, "validator", "validator", PUBLIC_IP, [*entry, "--relay", "true"])
-        for i, home in enumerate(lab.homes, start=1):
+        relay = ["--relay", "true"]
+        trainer = [*entry, *TRAINER, *(relay if validator_at else [])]
+        start(lab.public, "trainer", "trainer", PUBLIC_IP, trainer)
+        if validator_at:
+            start(lab.homes[-1].ns, "validator", "validator", "0.0.0.0", entry)
+        else:
+            start(lab.public, "validator", "validator", PUBLIC_IP, [*entry, *relay])
+        for i, home in enumerate(lab.homes[: len(nats)], start=1):
             name = f"worker{i}"
             fund(base / "chain", make_account(base / name), "10", prefix=in_public)
             loop.workers.append(start(home.ns, name, "inference", "0.0.0.0", entry))
