@@ -1,7 +1,9 @@
 """Reachability through a real NAT (SPEC §19, issue #29 item 1): a worker at home behind
 an nftables masquerade finds out it is private, and sees the router's public address as
-its observed address, while the public nodes that answered it find themselves public.
-Skips, with the reason, only where network namespaces cannot be built."""
+its observed address, while the public nodes that answered it find themselves public;
+relays, their limits and hole punching between homes (SPEC §20, items 2-3); the work loop
+with workers, and with the validator, at home (item 4). Skips, with the reason, only where
+network namespaces cannot be built."""
 
 import time
 
@@ -251,3 +253,57 @@ def test_a_validator_behind_nat_judges_batches_from_a_cone_home_and_through_a_re
         assert circuits >= 1, {r: seen[r]["relay"]["counts"] for r in loop.relays}
         assert ids[cone.name] not in v["relay"]["relayed_peers"], v["relay"]
     assert all(c == 0 for c in loop.codes.values()), loop.codes
+
+
+@pytest.mark.skipif(REASON is not None, reason=REASON or "")
+@pytest.mark.timeout(600)
+def test_a_relay_past_its_reservation_limit_refuses_a_home_and_counts_it(tmp_path):
+    """The relay limits through real NATs: the bootstrap relays with room for one
+    reservation; of two workers at home, each private, one holds it and the other is
+    refused, and the relay counts the refusal. (Every limit, on 127.0.0.1: test_relay.)"""
+    lab = NatLab(["cone", "cone"], drop_unsolicited=True)
+    nodes: list[NsNode] = []
+    try:
+        boot = NsNode.start(
+            lab.public,
+            "bootstrap",
+            tmp_path,
+            "bootstrap",
+            PUBLIC_IP,
+            [*FLAGS, "--relay-max-reservations", "1"],
+        )
+        nodes.append(boot)
+        st = wait_ready(boot, 120)
+        addr = next(a for a in st["addrs"] if f"/ip4/{PUBLIC_IP}/" in a)
+        entry = ["--bootstrap", f"{addr}/p2p/{st['peer_id']}", *FLAGS]
+        # a second public peer: a worker is private once two peers failed to dial it back
+        nodes.append(NsNode.start(lab.public, "trainer", tmp_path, "trainer", PUBLIC_IP, entry))
+        workers = [
+            NsNode.start(home.ns, f"worker{i}", tmp_path, "inference", "0.0.0.0", entry)
+            for i, home in enumerate(lab.homes, start=1)
+        ]
+        nodes += workers
+        ids = {n.name: wait_ready(n, 120)["peer_id"] for n in nodes}
+
+        def settled() -> dict | None:
+            seen = {n.name: n.status() or {} for n in nodes}
+            relay = seen["bootstrap"].get("relay", {})
+            holders = [
+                w.name
+                for w in workers
+                if ids["bootstrap"] in seen[w.name].get("relay", {}).get("reservations", {})
+            ]
+            refused = relay.get("counts", {}).get("reservations refused", 0)
+            return seen if len(holders) == 1 and refused >= 1 else None
+
+        seen = wait_until(settled, 240, "one reservation held and one refused", interval=2)
+        for w in workers:
+            assert seen[w.name]["reachability"]["state"] == "private", seen[w.name]
+        relay = seen["bootstrap"]["relay"]
+        assert relay["reservations_held_for_others"] == 1, relay
+        assert relay["counts"]["reservations accepted"] >= 1, relay
+        assert relay["limits"]["max_reservations"] == 1, relay["limits"]
+    finally:
+        codes = {n.name: n.stop(grace=20) for n in nodes}
+        lab.close()
+    assert all(c == 0 for c in codes.values()), codes
