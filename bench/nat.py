@@ -48,7 +48,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from node.cli.devnet import wait_ready  # noqa: E402
-from tests.helpers.netns import PUBLIC_IP, NatLab, NsNode, nat_reason  # noqa: E402
+from tests.helpers.netns import PUBLIC_IP, NatLab, NsNode, joining, nat_reason  # noqa: E402
 
 IDLE_S = 5.0  # seconds the relay's idle CPU is measured, per try
 PAIRS = (("cone", "cone"), ("cone", "random"), ("random", "random"))
@@ -88,9 +88,7 @@ def one_try(pair: tuple[str, str], wait: float, pings: int) -> dict:
     try:
         boot = NsNode.start(lab.public, "relay", base, "bootstrap", PUBLIC_IP, FLAGS)
         nodes.append(boot)
-        st = wait_ready(boot, 120)
-        addr = next(a for a in st["addrs"] if f"/ip4/{PUBLIC_IP}/" in a)
-        entry = ["--bootstrap", f"{addr}/p2p/{st['peer_id']}", *FLAGS]
+        entry = joining(boot, FLAGS)
         # AutoNAT calls a node private once two peers failed to dial it back: a second
         # public node (the run's validator, say) besides the relay
         nodes.append(NsNode.start(lab.public, "public", base, "validator", PUBLIC_IP, entry))

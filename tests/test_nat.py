@@ -12,7 +12,16 @@ import pytest
 from node.cli.devnet import wait_ready
 from tests.helpers.natloop import nat_work_loop
 from tests.helpers.net import wait_until
-from tests.helpers.netns import HOME_IP, PUBLIC_IP, WAN_IP, HomeNat, NatLab, NsNode, nat_reason
+from tests.helpers.netns import (
+    HOME_IP,
+    PUBLIC_IP,
+    WAN_IP,
+    HomeNat,
+    NatLab,
+    NsNode,
+    joining,
+    nat_reason,
+)
 
 REASON = nat_reason()
 FLAGS = ["--heartbeat-interval", "0.5", "--peer-ttl", "6", "--discovery-interval", "0.5"]
@@ -28,9 +37,7 @@ def test_a_worker_behind_nat_knows_it_is_private_and_public_nodes_know_they_are_
     try:
         boot = NsNode.start(nat.public, "bootstrap", tmp_path, "bootstrap", PUBLIC_IP, FLAGS)
         nodes.append(boot)
-        st = wait_ready(boot, 120)
-        addr = next(a for a in st["addrs"] if f"/ip4/{PUBLIC_IP}/" in a)
-        entry = ["--bootstrap", f"{addr}/p2p/{st['peer_id']}", *FLAGS]
+        entry = joining(boot, FLAGS)
         for name, role in (("validator", "validator"), ("trainer", "trainer")):
             nodes.append(NsNode.start(nat.public, name, tmp_path, role, PUBLIC_IP, entry))
         home = NsNode.start(nat.home, "worker", tmp_path, "inference", "0.0.0.0", entry)
@@ -81,9 +88,7 @@ def test_workers_at_home_reserve_on_two_relays_and_cone_homes_punch_a_direct_pat
     try:
         boot = NsNode.start(lab.public, "bootstrap", tmp_path, "bootstrap", PUBLIC_IP, FLAGS)
         nodes.append(boot)
-        st = wait_ready(boot, 120)
-        addr = next(a for a in st["addrs"] if f"/ip4/{PUBLIC_IP}/" in a)
-        entry = ["--bootstrap", f"{addr}/p2p/{st['peer_id']}", *FLAGS]
+        entry = joining(boot, FLAGS)
         nodes.append(
             NsNode.start(
                 lab.public,
@@ -273,9 +278,7 @@ def test_a_relay_past_its_reservation_limit_refuses_a_home_and_counts_it(tmp_pat
             [*FLAGS, "--relay-max-reservations", "1"],
         )
         nodes.append(boot)
-        st = wait_ready(boot, 120)
-        addr = next(a for a in st["addrs"] if f"/ip4/{PUBLIC_IP}/" in a)
-        entry = ["--bootstrap", f"{addr}/p2p/{st['peer_id']}", *FLAGS]
+        entry = joining(boot, FLAGS)
         # a second public peer: a worker is private once two peers failed to dial it back
         nodes.append(NsNode.start(lab.public, "trainer", tmp_path, "trainer", PUBLIC_IP, entry))
         workers = [

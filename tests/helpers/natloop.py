@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from node.cli.devnet import DEVNET_PASSWORD, fund, make_account, start_chain, wait_ready
-from tests.helpers.netns import PUBLIC_IP, NatLab, NsNode
+from tests.helpers.netns import PUBLIC_IP, NatLab, NsNode, joining
 
 FAST = ["--heartbeat-interval", "1", "--peer-ttl", "8", "--discovery-interval", "1"]  # test_loop's
 # the tiny model's ~3 MB in 256 KiB shards, the trainer's uploads capped at 2 MB/s: the workers
@@ -158,9 +158,7 @@ def nat_work_loop(
             return node
 
         boot = start(lab.public, "bootstrap", "bootstrap", PUBLIC_IP, FAST)
-        st = wait_ready(boot, 120)
-        addr = next(a for a in st["addrs"] if f"/ip4/{PUBLIC_IP}/" in a)
-        entry = ["--bootstrap", f"{addr}/p2p/{st['peer_id']}", *FAST]
+        entry = joining(boot, FAST)
         relay = ["--relay", "true"]
         trainer = [*entry, *TRAINER, *(relay if validator_at else [])]
         start(lab.public, "trainer", "trainer", PUBLIC_IP, trainer)

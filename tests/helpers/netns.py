@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from node.cli.devnet import REPO_ROOT, NodeProcess
+from node.cli.devnet import REPO_ROOT, NodeProcess, wait_ready
 from node.net.adminfile import read_admin_file
 
 PUBLIC_IP = "203.0.113.1"
@@ -233,3 +233,12 @@ class NsNode(NodeProcess):
             capture_output=True, text=True, timeout=30,
         )  # fmt: skip
         return json.loads(res.stdout) if res.returncode == 0 else None
+
+
+def joining(boot: NsNode, flags: list[str]) -> list[str]:
+    """Once the bootstrap ``boot`` (in the public namespace) is ready: the arguments that
+    join a node to the network through it (``--bootstrap`` at its public address), then
+    ``flags``."""
+    st = wait_ready(boot, 120)
+    addr = next(a for a in st["addrs"] if f"/ip4/{PUBLIC_IP}/" in a)
+    return ["--bootstrap", f"{addr}/p2p/{st['peer_id']}", *flags]
