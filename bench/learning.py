@@ -90,6 +90,7 @@ def run_devnet_config(
     per_level: int,
     draws: int,
     lr: float,
+    taskset: str,
     inner_steps: int = 2,
 ) -> tuple[list[dict[str, Any]], dict[str, float], float]:
     """One devnet run: its metrics lines, the roles' idle shares, its wall-clock."""
@@ -111,6 +112,7 @@ def run_devnet_config(
             trainers=trainers,
             inner_steps=inner_steps,
             env_extra={
+                "INTELLECT_NODE_TASKSET": taskset,
                 "INTELLECT_NODE_TASKS_PER_BATCH": str(max(1, tasks // 2)),
                 "INTELLECT_NODE_GROUP_SIZE": str(group),
                 "INTELLECT_NODE_MAX_NEW_TOKENS": str(tokens),
@@ -149,6 +151,7 @@ def run_central_config(
     per_level: int,
     draws: int,
     lr: float,
+    taskset: str,
 ) -> tuple[list[dict[str, Any]], float]:
     from node.training.central import CentralConfig, GenerationConfig, run
     from node.training.grpo import GRPOConfig
@@ -157,6 +160,7 @@ def run_central_config(
     cfg = CentralConfig(
         steps=steps,
         seed=seed,
+        taskset=taskset,
         gen=GenerationConfig(tasks_per_step=tasks, group_size=group, max_new_tokens=tokens),
         grpo=GRPOConfig(lr=lr),
         eval_every=1,
@@ -176,7 +180,7 @@ def base_sampling(model: Path, args: argparse.Namespace) -> dict[str, dict[str, 
 
     torch.set_num_threads(2)
     engine, tokenizer = open_engine(str(model), backend="torch", max_batch=64)
-    heldout = HeldOut("arithmetic", per_level=args.heldout_per_level)
+    heldout = HeldOut(args.taskset, per_level=args.heldout_per_level)
     stats = heldout.sample_stats(
         engine,
         tokenizer,
@@ -207,6 +211,7 @@ def final(c: dict[int, float]) -> float:
 
 
 def main() -> None:
+    from node.tasks import RL_TASKSET
     from node.training.central import GenerationConfig
     from node.training.grpo import GRPOConfig
 
@@ -237,6 +242,11 @@ def main() -> None:
     )
     ap.add_argument("--lr", type=float, default=GRPOConfig().lr)
     ap.add_argument(
+        "--taskset",
+        default=RL_TASKSET,
+        help=f"the runs' task set (default {RL_TASKSET}: what the base policy is built for)",
+    )
+    ap.add_argument(
         "--base-samples",
         type=int,
         default=64,
@@ -252,6 +262,15 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         model = prepare_model(Path(tmp) / "model")  # built once per machine, then cached
         sampling = base_sampling(model, args)
+    print(
+        f"task set {args.taskset}"
+        + (
+            " (arithmetic's levels 2-3, two thirds of its draws: level 1 is left out, as "
+            "INTELLECT-2 left out tasks its base solved more than 80% of the time)"
+            if args.taskset == "arithmetic:2-3"
+            else ""
+        )
+    )
     print(
         f"base policy sampled at T = 1 ({args.base_samples} draws per held-out task), "
         f"pass@{args.group} = the chance a group of {args.group} holds a right answer:"
@@ -282,6 +301,7 @@ def main() -> None:
         args.heldout_per_level,
         args.heldout_draws,
         args.lr,
+        args.taskset,
     )
     nan = float("nan")
     for seed in range(args.seeds):
@@ -334,7 +354,7 @@ def main() -> None:
     k = args.heldout_draws
     print()
     print(
-        f"held-out accuracy (levels 1-3), {args.steps} steps, {args.seeds} seeds: sampled "
+        f"held-out accuracy ({args.taskset}), {args.steps} steps, {args.seeds} seeds: sampled "
         f"({k} draws per task at the training temperature; the headline), greedy beside it, "
         f"pass@{k}"
     )
@@ -396,6 +416,7 @@ def main() -> None:
         "idle_share": mean_shares(idle.get("k2") or []),
         "idle_share_k0": mean_shares(idle.get("k0") or []),
         "settings": {
+            "taskset": args.taskset,
             "tasks_per_step": args.tasks,
             "group_size": args.group,
             "max_new_tokens": args.max_new_tokens,

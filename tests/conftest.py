@@ -9,7 +9,26 @@ def autojump_clock():
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
-    """The `model init` base policy, built once per machine (cached under .cache/)."""
+    """The suite's base policy (`model init --steps 300 --schedule 0`: ``QUICK``, quicker to
+    build than the default), built once per machine (cached under .cache/)."""
+    import fcntl
+    from pathlib import Path
+
+    from node.engine.tinymodel import QUICK, build_tiny_model
+
+    cache = Path(__file__).resolve().parent.parent / ".cache" / "models"
+    cache.mkdir(parents=True, exist_ok=True)
+    # pytest-xdist runs one session per worker: the first builds, the others wait and copy
+    with open(cache / ".build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        out, _ = build_tiny_model(tmp_path_factory.mktemp("model") / "tiny", QUICK, cache_dir=cache)
+    return out
+
+
+@pytest.fixture(scope="session")
+def base_model_dir(tmp_path_factory):
+    """The default `model init` base policy (what the devnet runs), built once per machine
+    into the cache under .cache/ that the devnet tests share."""
     import fcntl
     from pathlib import Path
 
@@ -17,11 +36,10 @@ def tiny_model_dir(tmp_path_factory):
 
     cache = Path(__file__).resolve().parent.parent / ".cache" / "models"
     cache.mkdir(parents=True, exist_ok=True)
-    # pytest-xdist runs one session per worker: the first builds, the others wait and copy
     with open(cache / ".build.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         out, _ = build_tiny_model(
-            tmp_path_factory.mktemp("model") / "tiny", Recipe(), cache_dir=cache
+            tmp_path_factory.mktemp("model") / "base", Recipe(), cache_dir=cache
         )
     return out
 

@@ -282,8 +282,8 @@ def test_a_version_cheat_is_made_only_beyond_the_bound_of_what_verification_can_
 ):
     """A training step that changed nothing (all rewards equal: no gradient) publishes the
     same weights again (0 apart), and one step at the devnet's learning rate moves them less
-    than the verification can tell (SPEC §12.1): generating with the older copy is then no
-    cheat the matrix may count."""
+    than the bound where verification surely tells them apart (DETECTABLE_APART, SPEC §12.1):
+    generating with the older copy is then no cheat the matrix may count."""
     from node.training.grpo import GRPOConfig
     from node.training.policy import Policy
 
@@ -301,7 +301,7 @@ def test_a_version_cheat_is_made_only_beyond_the_bound_of_what_verification_can_
     ).read_bytes()
     assert CheatPlan.apart(str(tiny_model_dir), str(published)) == 0.0
     assert CheatPlan.apart(str(version_1), str(published)) > DETECTABLE_APART
-    one_step = moved(tiny_model_dir, 3e-5, tmp_path / "one-step")  # the devnet's lr
+    one_step = moved(tiny_model_dir, GRPOConfig().lr, tmp_path / "one-step")  # the devnet's lr
     assert 0 < CheatPlan.apart(str(one_step), str(tiny_model_dir)) < DETECTABLE_APART
 
 

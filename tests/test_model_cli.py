@@ -28,9 +28,10 @@ def run(*args, check=True, timeout=300):
 
 
 def test_model_init_then_rollouts(tiny_model_dir, tmp_path):
-    # tiny_model_dir filled the cache with the default recipe: init reuses it
+    # tiny_model_dir filled the cache with the suite's recipe (QUICK): init reuses it
     out = tmp_path / "base"
-    first = json.loads(run("model", "init", str(out), "--json").stdout.splitlines()[-1])
+    quick = ["--steps", "300", "--schedule", "0"]
+    first = json.loads(run("model", "init", str(out), *quick, "--json").stdout.splitlines()[-1])
     assert first["built"] is False and first["task"] == "arithmetic"
     assert 0 < first["accuracy_greedy"] < 0.5  # a weak policy, not a useless one
     assert {p.name for p in out.iterdir()} >= {
@@ -39,7 +40,7 @@ def test_model_init_then_rollouts(tiny_model_dir, tmp_path):
         "tokenizer.json",
         "intellect-model.json",
     }
-    again = run("model", "init", str(out))
+    again = run("model", "init", str(out), *quick)
     assert "already built" in again.stdout
 
     data = tmp_path / "node"
@@ -81,6 +82,11 @@ def test_model_cli_errors(tmp_path):
     res = run("model", "init", str(tmp_path / "m"), "--task", "arithmetic:9", check=False)
     assert res.returncode == 1 and "difficulty" in res.stderr
     assert "SFT" in run("model", "init", "--help").stdout
+    res = run(
+        "model", "init", str(tmp_path / "m"), "--steps", "900", "--schedule", "600", check=False
+    )
+    assert res.returncode != 0 and "schedule must be 0 or >= steps" in res.stderr
+    assert "Traceback" not in res.stderr and not (tmp_path / "m").exists()
 
 
 def test_ctrl_c_during_init_leaves_no_half_built_model(tmp_path):
@@ -92,7 +98,7 @@ def test_ctrl_c_during_init_leaves_no_half_built_model(tmp_path):
     env = {**os.environ, "INTELLECT_NODE_CACHE": str(tmp_path / "cache"), "TMPDIR": str(scratch)}
     out = tmp_path / "m"
     proc = subprocess.Popen(
-        [*CLI, "model", "init", str(out), "--steps", "3000"],
+        [*CLI, "model", "init", str(out), "--steps", "3000", "--schedule", "0"],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

@@ -225,7 +225,7 @@ def test_a_devnet_learns_for_a_few_steps_and_a_killed_trainer_resumes_exactly(
     assert set(base) <= set(last)  # (a checkpoint may also write the tied lm_head)
     moved = max((last[k].float() - base[k].float()).abs().max().item() for k in base)
     # one AdamW step moves a parameter with a gradient by about the learning rate (GRPO's
-    # default 3e-5), whatever the gradient's size; 4 steps moved 9e-5 to 1.2e-4 in CI runs.
+    # default), whatever the gradient's size (at 3e-5, 4 steps moved 9e-5 to 1.2e-4 in CI runs).
     # Without optimizer.step the checkpoint is the base model bitwise (moved 0.0).
     assert moved > GRPOConfig().lr / 3, f"the weights of version {STEPS} are the base model's"
     # what the trainer used: accepted batches, each once, each inside the async window

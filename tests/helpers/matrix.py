@@ -94,7 +94,7 @@ def start(loop: Loop, cheaters: dict[str, str], honest: tuple[str, ...]) -> None
     loop.env["INTELLECT_NODE_BATCHES_PER_STEP"] = str(len(honest))
     loop.env["INTELLECT_NODE_EVAL_EVERY"] = "0"  # the books need no held-out accuracy
     # a step that trains moves the policy ~2e-2 apart at this rate, beyond what verification
-    # tells apart (DETECTABLE_APART, SPEC §12.1); at the devnet's 3e-5 an older version is
+    # tells apart (DETECTABLE_APART, SPEC §12.1); at the devnet's 1e-4 an older version is
     # within the noise and ``older_version`` could never be made. A step trains only on
     # groups with unequal rewards: on level 1 the tiny policy is right about 60% of the time
     # (on levels 1-5, 10-25%: most steps trained nothing, every version stayed the same)
