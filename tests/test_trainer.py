@@ -46,7 +46,7 @@ def test_only_accepted_fetched_unused_batches_in_the_window_are_usable():
         book.fetched[key(n)] = book.submitted[key(n)].policy_version
     assert book.usable(3) == [key(2), key(3)]  # oldest submission first
     assert book.usable(2) == [key(1), key(2), key(3)]
-    assert book.stale(3) == [key(1)]
+    assert book.stale(3) == 1  # key(1): accepted, out of the window, never trained on
     book.consume([key(2)], 3)
     assert book.usable(3) == [key(3)] and key(2) not in book.wanted(3)
 
@@ -72,6 +72,26 @@ def test_consumed_batches_are_forgotten_once_outside_the_window():
     assert set(book.consumed) == {key_text(key(1)), key_text(key(2))}
     book.consume([], 2)  # version 0 < 2 - 1: never usable again, no need to remember
     assert set(book.consumed) == {key_text(key(2))}
+
+
+def test_batches_trained_on_are_never_counted_stale_once_forgotten():
+    """``stale`` counts accepted batches that left the window unused; a batch trained on
+    and then forgotten (out of the window) is not one of them, nor after a restart."""
+    book = WorkBook(async_level=1)
+    for n in range(1, 7):  # two batches a step: versions 0, 0, 1, 1, 2, 2
+        book.on_submission(sub(n, (n - 1) // 2))
+        book.on_ruling(ruling(n, True))
+    book.consume([key(1), key(2)], 1)
+    book.consume([key(3)], 2)  # key(4) is left unused
+    book.consume([key(5), key(6)], 3)
+    assert book.consumed.keys() == {key_text(key(5)), key_text(key(6))}
+    assert book.stale(3) == 1  # key(4): version 1 left step 3's window unused
+    assert book.stale(4) == 1  # versions 2 leave the window: trained on, not stale
+    restarted = WorkBook(1, consumed=dict(book.consumed), used_total=book.used_total)
+    for n in range(1, 7):
+        restarted.on_submission(sub(n, (n - 1) // 2))
+        restarted.on_ruling(ruling(n, True))
+    assert restarted.stale(3) == 1
 
 
 def test_the_clock_takes_a_newer_version_of_the_same_step_but_never_goes_back():

@@ -88,7 +88,11 @@ class TrainerRole:
         self.dir = cfg.resolved_data_dir
         self.state_path = self.dir / STATE_FILE
         self.state = TrainerState.load(self.state_path)
-        self.book = WorkBook(cfg.async_level, consumed=dict(self.state.consumed))
+        self.book = WorkBook(
+            cfg.async_level,
+            consumed=dict(self.state.consumed),
+            used_total=self.state.batches_used,
+        )
         self.inbox = BatchStore(self.dir / "trainer-inbox")
         self.holders: dict[Key, list[str]] = {}  # peers that announced a batch
         self.announced: tuple[int, int] = (-1, -1)
@@ -278,7 +282,7 @@ class TrainerRole:
             "tokens_trained": stats.tokens,
             "tokens_trained_total": self.state.tokens_trained,
             "samples": stats.samples,
-            "stale_unused": len(self.book.stale(self.step)),
+            "stale_unused": self.book.stale(self.step),
             "loss": stats.loss,
             "grad_norm": stats.grad_norm,
             "clip_frac": stats.clip_frac,

@@ -94,7 +94,9 @@ class WorkBook:
     feeds it chain events and fetched batches.
 
     ``consumed`` maps every batch trained on to its policy version; entries older than the
-    async window are forgotten (they can never be usable again)."""
+    async window are forgotten (they can never be usable again). ``used_total`` counts every
+    batch trained on, forgotten or not (``stale`` needs it: a forgotten batch is out of the
+    window and no longer in ``consumed``, yet it was trained on)."""
 
     async_level: int
     submitted: dict[Key, Submission] = field(default_factory=dict)
@@ -102,6 +104,7 @@ class WorkBook:
     rejected: set[Key] = field(default_factory=set)
     fetched: dict[Key, int] = field(default_factory=dict)  # in the inbox -> policy version
     consumed: dict[str, int] = field(default_factory=dict)  # key_text -> policy version
+    used_total: int = 0  # batches trained on, ever
 
     def in_window(self, version: int, step: int) -> bool:
         """Step ``step`` may train on work made with ``version``."""
@@ -139,19 +142,22 @@ class WorkBook:
         ]
         return sorted(keys, key=lambda k: (self.submitted[k].block, k[1]))
 
-    def stale(self, step: int) -> list[Key]:
-        """Accepted batches that fell out of the window unused (not trained on)."""
-        return [
-            k
+    def stale(self, step: int) -> int:
+        """How many accepted batches fell out of the window unused (never trained on): the
+        accepted ones out of the window, less those trained on (``used_total``, less the
+        ones still in the window, which ``consumed`` remembers)."""
+        out = sum(
+            1
             for k in self.accepted
-            if key_text(k) not in self.consumed
-            and k in self.submitted
-            and not self.in_window(self.submitted[k].policy_version, step)
-        ]
+            if k in self.submitted and not self.in_window(self.submitted[k].policy_version, step)
+        )
+        used_in_window = sum(1 for v in self.consumed.values() if self.in_window(v, step))
+        return out - (self.used_total - used_in_window)
 
     def consume(self, keys: list[Key], step: int) -> None:
         for k in keys:
             self.consumed[key_text(k)] = self.submitted[k].policy_version
+        self.used_total += len(keys)
         floor = step - self.async_level
         self.consumed = {k: v for k, v in self.consumed.items() if v >= floor}
 
