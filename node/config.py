@@ -57,6 +57,7 @@ CHEATS = (
     "key_mismatch",
     "other_key",
     "withhold",
+    "serve_some",  # not punishable: SPEC §12.1's availability paragraph
 )
 WORKER_WIDE_CHEATS = ("other_key",)
 

@@ -14,7 +14,7 @@ from crypto.identity import Identity
 from node.config import CHEATS, NodeConfig, parse_cheats
 from node.roles.cheating import DETECTABLE_APART, MAKER_CHEATS, CheatPlan, ServedStore
 from node.roles.checking import BatchChecker, CheckBatch, CheckerSpec
-from node.rollouts.cheats import CATALOGUE, pick
+from node.rollouts.cheats import CATALOGUE, UNPUNISHED, pick
 from node.rollouts.maker import BatchMaker, MakeBatch, MakerSpec
 from node.rollouts.store import BatchStore
 from protocol.rollouts import RolloutBatch
@@ -93,7 +93,7 @@ def make(maker, model_dir, cheat, *, version=0, step=3):
 
 
 def test_the_catalogue_names_every_cheat_the_setting_takes():
-    assert tuple(CATALOGUE) == CHEATS
+    assert tuple(CATALOGUE) + tuple(UNPUNISHED) == CHEATS
     assert len(CHEATS) >= 12
     assert MAKER_CHEATS <= set(CHEATS) and set(EVIDENCE) == MAKER_CHEATS
     assert {c.reason for c in CATALOGUE.values()} == {"invalid", "mismatch", "unavailable"}
@@ -338,3 +338,23 @@ def test_a_cheat_whose_submission_the_chain_refused_is_not_counted_and_comes_aga
     plan.serve(served, "none", b"\x03" * 32, b"envelope")  # made honest: nothing to undo
     plan.refused(b"\x03" * 32)
     assert plan.made == 2 and plan.by_key == {("02" * 32): "older_version"}
+
+
+class _Held:
+    """A store that holds every key (``ServedStore`` only reads it)."""
+
+    def get(self, work_key: bytes) -> bytes:
+        return b"body:" + work_key
+
+
+def test_serve_some_serves_the_trainer_and_the_first_other_asker_only():
+    served = ServedStore(_Held(), trainer="trainer")
+    plan = CheatPlan.of("serve_some")
+    key, other = bytes(32), bytes([1]) * 32
+    plan.serve(served, plan.next(), key, b"unused")
+    assert served.get(key, "validator-a") == b"body:" + key  # the first other asker
+    assert served.get(key, "validator-b") is None  # anyone else: not found
+    assert served.get(key, "validator-a") == b"body:" + key  # the first one again
+    assert served.get(key, "trainer") == b"body:" + key  # the trainer, always
+    assert served.get(other, "validator-b") == b"body:" + other  # an honest batch: everyone
+    assert served.refused == 1 and plan.by_key == {key.hex(): "serve_some"}

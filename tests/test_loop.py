@@ -88,11 +88,12 @@ class Loop:
         env = {"INTELLECT_NODE_CHEAT": cheat, "INTELLECT_NODE_DEV_CHEATS": "true"} if cheat else {}
         return self.spawn(name, "inference", env=env)
 
-    def validator(self):
-        self.addresses["validator"] = make_account(
-            self.base / "validator", self.chain_info["validator_key"]
-        )
-        return self.spawn("validator", "validator")
+    def validator(self, i=0):
+        """The chain's ``i``-th appointed validator (``validator``, then ``validator-1``...)."""
+        name = "validator" if i == 0 else f"validator-{i}"
+        key = self.chain_info["validator_keys"][i]
+        self.addresses[name] = make_account(self.base / name, key)
+        return self.spawn(name, "validator")
 
     def client(self):
         from ledger.chain import connect
@@ -358,5 +359,69 @@ def test_a_batch_nobody_serves_is_rejected_as_unavailable_after_the_fetch_deadli
         assert event["args"]["reason"] == 2  # unavailable (SPEC section 12)
         v = loop.section("validator", "validator")
         assert v["rejected_by_reason"] == {"unavailable": 1} and v["fetch_failures"] >= 1
+    finally:
+        loop.close()
+
+
+@pytest.mark.timeout(600)
+def test_a_batch_served_to_one_validator_of_two_stands_accepted_and_is_trained_on(
+    tmp_path, tiny_model_dir
+):
+    """Partial availability (SPEC section 12.1): a worker that serves each batch to the
+    run's trainer and the first other peer that asks only. The validator that got it judges
+    the real work and accepts it; the other one, refused, votes ``unavailable`` after the
+    fetch deadline: an unbonded overturn vote, one of the quorum's two, so the accept stands
+    and nothing is slashed; the trainer, served, trains on it."""
+    loop = Loop(tmp_path, tiny_model_dir, chain_args=["--verdict-window", "60"])
+    try:
+        loop.spawn("trainer", "trainer")
+        loop.validator(0)
+        loop.validator(1)
+        loop.worker("partial", cheat="serve_some")
+        for node in loop.nodes.values():
+            wait_ready(node, timeout=120)
+        client = loop.client()
+        address = loop.addresses["partial"]
+        wait_until(lambda: submissions(client), 300, "the worker's submission", interval=1)
+        (worker, key), *_ = sorted(submissions(client))
+        assert worker == address
+
+        def both_voted():
+            sub = client.submission(address, key)
+            return sub.accept_votes >= 1 and sub.reject_votes >= 1
+
+        wait_until(both_voted, 180, "an accept and an unavailable vote", interval=1)
+        sub = client.submission(address, key)
+        assert sub.status == "accepted" and not sub.final, sub
+        assert sub.accept_votes == 1 and sub.reject_votes == 1, sub
+        (vote,) = [
+            e
+            for e in client.contract.events.WorkRejected.get_logs(from_block=0)
+            if bytes(e["args"]["key"]) == key
+        ]
+        assert vote["args"]["reason"] == 2  # unavailable (SPEC section 12)
+        (accept,) = [
+            e
+            for e in client.contract.events.WorkAccepted.get_logs(from_block=0)
+            if bytes(e["args"]["key"]) == key
+        ]
+        voters = {str(accept["args"]["validator"]).lower(), str(vote["args"]["validator"]).lower()}
+        assert voters == {
+            loop.addresses["validator"].lower(),
+            loop.addresses["validator-1"].lower(),
+        }
+        rejecter = str(vote["args"]["validator"])
+        assert client.worker(rejecter).locked == 0  # the unavailable vote locked no bond
+        assert client.worker(address).slashed == 0
+        assert loop.section("partial", "inference")["cheat_keys"] == {key.hex(): "serve_some"}
+
+        def trained():
+            path = tmp_path / "trainer" / "metrics.jsonl"
+            if not path.exists():
+                return False
+            used = (json.loads(x)["used"] for x in path.read_text().splitlines() if x.strip())
+            return f"{address}:{key.hex()}".lower() in {u.lower() for us in used for u in us}
+
+        wait_until(trained, 180, "the trainer to train on the batch", interval=1)
     finally:
         loop.close()

@@ -5,7 +5,8 @@ The batch maker makes most cheats (other weights, sampling, tasks, edits); the r
 the ones that are about what it claims and serves rather than what it generates: which
 held policy version generates the batch (``stale_weights``, ``older_version``), the units
 (``inflate_units``) and the work key (``key_mismatch``) it submits, the peer key it
-registers (``other_key``), and what it serves (``withhold``, ``key_mismatch``). Pure but
+registers (``other_key``), and what it serves (``withhold``, ``key_mismatch``,
+``serve_some``). Pure but
 for the store it wraps: the role asks, then acts.
 """
 
@@ -45,18 +46,29 @@ EARLY_KEY_DOMAIN = b"intellect-node/test-cheat/key-before-work/v1"
 
 class ServedStore:
     """What a cheating worker serves: its store, less the withheld keys, plus bodies
-    served under keys they do not hash to."""
+    served under keys they do not hash to, and the keys served to some peers only (the
+    run's trainer and the first other peer that asks: ``serve_some``)."""
 
-    def __init__(self, store: BatchStore) -> None:
+    def __init__(self, store: BatchStore, trainer: str | None = None) -> None:
         self.store = store
+        self.trainer = trainer
         self.withheld: set[bytes] = set()
         self.forged: dict[bytes, bytes] = {}  # submitted key -> envelope of another body
+        self.some: dict[bytes, str | None] = {}  # key served to some -> the first other asker
+        self.refused = 0  # requests for such a key from anyone else
 
-    def get(self, work_key: bytes) -> bytes | None:
+    def get(self, work_key: bytes, peer: str | None = None) -> bytes | None:
         if work_key in self.withheld:
             return None
         if work_key in self.forged:
             return self.forged[work_key]
+        if work_key in self.some and peer != self.trainer:
+            first = self.some[work_key]
+            if first is None:
+                self.some[work_key] = peer
+            elif peer != first:
+                self.refused += 1
+                return None
         return self.store.get(work_key)
 
 
@@ -154,3 +166,5 @@ class CheatPlan:
             served.withheld.add(submitted)
         elif cheat == "key_mismatch":
             served.forged[submitted] = envelope
+        elif cheat == "serve_some":
+            served.some[submitted] = None

@@ -63,9 +63,10 @@ def follow_notices(node: Node, on_notice: Callable[[str, BatchNotice], None]) ->
 
 
 class Served(Protocol):
-    """Where served batches come from: a ``BatchStore`` (or a test cheat's view of one)."""
+    """What is served to whom: a test cheat's view of a ``BatchStore`` (which serves every
+    peer alike)."""
 
-    def get(self, work_key: bytes) -> bytes | None: ...
+    def get(self, work_key: bytes, peer: str | None = None) -> bytes | None: ...
 
 
 def serve_batches(
@@ -78,7 +79,11 @@ def serve_batches(
 
     async def handle(req: BatchRequest, responder: Responder) -> None:
         try:
-            envelope = store.get(req.work_key)
+            envelope = (
+                store.get(req.work_key)
+                if isinstance(store, BatchStore)
+                else store.get(req.work_key, responder.peer)
+            )
         except BatchStoreError as exc:
             log.error("cannot serve %s: %s", req.work_key.hex()[:16], exc)
             raise WireError(Reason.INTERNAL, "stored batch is damaged") from exc

@@ -97,7 +97,7 @@ class InferenceRole:
         self.stake: Stake | None = None
         self.reads = ChainReads()
         self.cheats = CheatPlan.of(cfg.cheat)  # tests only: empty for an honest worker
-        self.served = ServedStore(self.store)
+        self.served = ServedStore(self.store, cfg.trainer_peer_id)
         self.notices: dict[bytes, bytes] = {}  # submitted key -> its encoded notice
         self.announced_at = 0.0
 

@@ -94,6 +94,16 @@ CATALOGUE: dict[str, Cheat] = {
     ),
     "withhold": Cheat("availability", "unavailable", "submits and announces, never serves"),
 }
+# Shortcuts no validator can punish (SPEC §12.1, "Availability"): the batch is real work, so
+# those who fetch it accept it, and the others' ``unavailable`` votes are unbonded, one each,
+# below the quorum that would overturn the accept. What it saves is upload bandwidth alone.
+UNPUNISHED: dict[str, Cheat] = {
+    "serve_some": Cheat(
+        "availability",
+        "none",
+        "serves each batch to the run's trainer and the first other peer that asks, nobody else",
+    ),
+}
 WEIGHT_CHEATS = ("other_weights", "int8_weights", "fewer_layers")
 
 
