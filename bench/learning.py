@@ -42,20 +42,25 @@ spread evenly over the tasks, and the best task's share of right draws. Measured
 ``model init`` base: level 2 0.156 / 0.71 / 0.93 / 0.72, level 3 0.277 / 0.78 / 0.99 / 0.92:
 the right answers are concentrated on tasks the policy nearly knows, which RL sharpens.
 
-Measured on this 2-core machine, alone (80 steps, 1 seed, 32 tasks x 16 samples a step, lr
-1e-4, held-out 50 per level, 8 draws; 31 minutes in all: k2 706 s, k0 741 s, central 365 s):
+Measured on this 2-core machine, alone, at the default length (80 steps, 2 seeds, 32 tasks
+x 16 samples a step, lr 1e-4, held-out 50 per level, 8 draws; 79 min 46 s in all: k2 973 s,
+k0 953 s, central 449 s per run):
 
-    config   sampled (vs base)   greedy (vs base)   pass@8   level 2   level 3
-    base     0.210               0.290              0.700
-    k2       0.419 (+20.9)       0.486 (+19.6)      0.808    0.410     0.428
-    k0       0.464 (+25.4)       0.532 (+24.2)      0.846    0.441     0.487
-    central  0.464 (+25.4)       0.564 (+27.4)      0.816    0.444     0.484
+    config   sampled (vs base)   per seed         greedy (vs base)   pass@8   level 2   level 3
+    base     0.210                                0.290              0.700
+    k2       0.429 (+21.9)       0.435, 0.423     0.514 (+22.4)      0.794    0.409     0.448
+    k0       0.434 (+22.4)       0.424, 0.444     0.541 (+25.1)      0.767    0.425     0.442
+    central  0.451 (+24.1)       0.464, 0.438     0.540 (+25.0)      0.801    0.439     0.463
 
-k2 - k0 and k2 - central: -4.5 points each, on this one seed. Idle share with k = 2:
-inference 0.76, validator 0.66, trainer 0.03 (k = 0: 0.77, 0.68, 0.17). Before the base
-policy and the settings were chosen (issue #27; the old base answered levels 2-3 like lucky
-guesses, lr 3e-5, levels 1-3, greedy figures, 2 seeds), every configuration lost 3-6 points:
-base 0.313, k2 0.275, k0 0.280, central 0.257.
+k2 - k0: -0.5 points, k2 - central: -2.2 points (sampled). Idle share with k = 2: inference
+0.75, validator 0.67, trainer 0.02 (k = 0: 0.75, 0.68, 0.08). The devnet runs are not
+repeatable to the point (the async timing differs run to run): seed 0 gave k2 0.419 and k0
+0.464 in an earlier run of the same code, 0.435 and 0.424 in this one; central (one
+process) gives 0.464 both times. With k = 2 the trainer trained on batches one version old
+(``versions_used``) and clipped almost nothing (``clip_frac`` below 0.4% over 20 steps).
+Before the base policy and the settings were chosen (issue #27; the old base answered
+levels 2-3 like lucky guesses, lr 3e-5, levels 1-3, greedy figures, 2 seeds), every
+configuration lost 3-6 points: base 0.313, k2 0.275, k0 0.280, central 0.257.
 
 Writes ``learning.png`` and ``learning.json`` into ``--out`` (default
 ``bench-learning/``). ``--json``: the last line is one JSON object with ``base_accuracy``,
@@ -66,7 +71,7 @@ the figures above) and ``idle_share`` (role -> share, k2 runs; ``idle_share_k0``
 ``base_accuracy``, ``accuracy``, ``final`` and ``final_per_seed`` are sampled accuracy;
 ``greedy`` has the greedy figure (``base`` and config -> final), ``pass_at_k`` pass@k
 (``base`` and config -> final) and ``per_level`` (config -> level -> final sampled
-accuracy). The measurements above predate the sampled figure: their accuracies are greedy.
+accuracy).
 """
 
 from __future__ import annotations
