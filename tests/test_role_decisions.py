@@ -295,6 +295,31 @@ async def test_a_validator_counts_a_verdict_that_stands_already_as_posted(tmp_pa
     assert [k[1][0] for k in role.unposted.waiting] == [2]
 
 
+async def test_a_verdict_refused_before_the_chains_fetch_deadline_is_never_given_up_for_it(
+    tmp_path,
+):
+    """A busy development chain's clock can run ahead of the validator's: an unavailable
+    reject it refuses as "fetch deadline not reached" is posted again, however often, and
+    counted as no refusal (the verdict window still ends it: "too late")."""
+    from ledger.client import LedgerRevert
+    from node.roles.judging import refusal
+    from tests.test_roles import validator_role
+
+    assert refusal(LedgerRevert("reject", "fetch deadline not reached")) == "not yet"
+    role = validator_role(tmp_path)
+
+    class FakeLedger:
+        def reject(self, worker, work_key, reason):
+            raise LedgerRevert("reject", "fetch deadline not reached")
+
+    role.ledger = FakeLedger()
+    key = ("0x" + "12" * 20, bytes(32))
+    for _ in range(role.unposted.attempts + 5):
+        await role._post(key, Verdict.reject("unavailable", "nobody served the batch"))
+    assert list(role.unposted.waiting) == [key] and role.unposted.given_up == 0
+    assert role.unposted.waiting[key].attempts == 0
+
+
 def test_a_verdict_the_chain_could_not_take_while_down_is_never_given_up_for_it():
     """A chain restarting for minutes is no refusal: the post waits for it however long."""
     posts = VerdictPosts(attempts=3, retry_s=2.0)

@@ -87,7 +87,8 @@ def test_batches_trained_on_are_never_counted_stale_once_forgotten():
     assert book.consumed.keys() == {key_text(key(5)), key_text(key(6))}
     assert book.stale(3) == 1  # key(4): version 1 left step 3's window unused
     assert book.stale(4) == 1  # versions 2 leave the window: trained on, not stale
-    restarted = WorkBook(1, consumed=dict(book.consumed), used_total=book.used_total)
+    state = TrainerState(step=3, consumed=dict(book.consumed), batches_used=book.used_total)
+    restarted = WorkBook.resumed(1, state)
     for n in range(1, 7):
         restarted.on_submission(sub(n, (n - 1) // 2))
         restarted.on_ruling(ruling(n, True))

@@ -42,12 +42,19 @@ from node.roles.work import Key, Verdict
 STANDS = ("work already accepted", "work already rejected", "already voted on this work")
 # and those after which no post can be taken
 TOO_LATE = ("verdict is final", "verdict window closed", "work has matured")
+# and those that only say the chain's clock has not got there yet: a busy development chain
+# stamps each block at least a second after the last, so its clock can run a minute or more
+# ahead of ours, and a verdict counted out by them before then was never posted
+NOT_YET = ("fetch deadline not reached",)
 
 
 def refusal(exc: Exception) -> str | None:
-    """ "stands" or "too late" for a revert that says so, else None (post it again)."""
+    """ "stands", "too late" or "not yet" for a revert that says so, else None (post it
+    again; "not yet" is posted again without counting as a refusal, until it is too late)."""
     if not isinstance(exc, LedgerRevert):
         return None
+    if exc.reason in NOT_YET:
+        return "not yet"
     return "stands" if exc.reason in STANDS else "too late" if exc.reason in TOO_LATE else None
 
 

@@ -88,11 +88,7 @@ class TrainerRole:
         self.dir = cfg.resolved_data_dir
         self.state_path = self.dir / STATE_FILE
         self.state = TrainerState.load(self.state_path)
-        self.book = WorkBook(
-            cfg.async_level,
-            consumed=dict(self.state.consumed),
-            used_total=self.state.batches_used,
-        )
+        self.book = WorkBook.resumed(cfg.async_level, self.state)
         self.inbox = BatchStore(self.dir / "trainer-inbox")
         self.holders: dict[Key, list[str]] = {}  # peers that announced a batch
         self.announced: tuple[int, int] = (-1, -1)

@@ -327,9 +327,10 @@ class ValidatorRole:
                 await trio.to_thread.run_sync(self.ledger.reject, worker, work_key, v.reason)
         except Exception as exc:  # e.g. the chain's clock lags ours: posted again later
             if (why := refusal(exc)) != "stands":  # else another validator's vote said it
-                down = isinstance(exc, LedgerUnreachable)  # no refusal: never given up for it
+                # the chain down, or its clock not there yet: no refusal, never given up for it
+                counted = not isinstance(exc, LedgerUnreachable) and why != "not yet"
                 now, last = trio.current_time(), why == "too late"
-                tries = self.unposted.refused(key, v, now, counted=not down, last=last)
+                tries = self.unposted.refused(key, v, now, counted=counted, last=last)
                 log.error(
                     "posting the verdict on %s failed (attempt %d of %d): %s",
                     *(work_key.hex()[:16], tries, self.unposted.attempts, exc),

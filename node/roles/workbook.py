@@ -106,6 +106,11 @@ class WorkBook:
     consumed: dict[str, int] = field(default_factory=dict)  # key_text -> policy version
     used_total: int = 0  # batches trained on, ever
 
+    @classmethod
+    def resumed(cls, async_level: int, state: TrainerState) -> WorkBook:
+        """The book of a trainer that resumes from ``state`` (empty: a fresh start)."""
+        return cls(async_level, consumed=dict(state.consumed), used_total=state.batches_used)
+
     def in_window(self, version: int, step: int) -> bool:
         """Step ``step`` may train on work made with ``version``."""
         return version + self.async_level >= step
