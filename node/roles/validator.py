@@ -331,6 +331,9 @@ class ValidatorRole:
                 counted = not isinstance(exc, LedgerUnreachable) and why != "not yet"
                 now, last = trio.current_time(), why == "too late"
                 tries = self.unposted.refused(key, v, now, counted=counted, last=last)
+                if why == "not yet":  # no failure: the chain's clock gets there
+                    log.info("the chain is not at %s's fetch deadline yet", work_key.hex()[:16])
+                    return
                 log.error(
                     "posting the verdict on %s failed (attempt %d of %d): %s",
                     *(work_key.hex()[:16], tries, self.unposted.attempts, exc),
