@@ -19,8 +19,10 @@ and mines on from the last block.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -34,6 +36,7 @@ from web3.providers.eth_tester.middleware import request_formatters, result_form
 from ledger.chain import ERROR_SELECTOR
 
 MAX_BODY = 4 * 1024 * 1024
+IDLE_CONNECTION_S = 60.0  # a kept-alive RPC connection idle this long is closed
 STATE_FORMAT = "intellect-devchain/1"
 
 
@@ -258,6 +261,12 @@ def _hex(topic: str | bytes) -> str:
 
 def _handler(chain: DevChain) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
+        # HTTP/1.1: a client keeps its connection for many calls (HTTP/1.0 closed it after
+        # each, so every call of every node paid a TCP connect and a new server thread);
+        # a connection idle for ``timeout`` seconds is closed, and an error closes it
+        protocol_version = "HTTP/1.1"
+        timeout = IDLE_CONNECTION_S
+
         def log_message(self, format: str, *args: Any) -> None:  # quiet
             pass
 
@@ -315,8 +324,40 @@ def _handler(chain: DevChain) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
-def serve(chain: DevChain, port: int = 8545, host: str = "127.0.0.1") -> ThreadingHTTPServer:
+class RpcServer(ThreadingHTTPServer):
+    """The chain's JSON-RPC server: a thread per connection, connections kept alive.
+    ``server_close()`` also ends the kept-alive connections, so that no call reaches the
+    chain after it (it is saved next)."""
+
+    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler]) -> None:
+        super().__init__(address, handler)
+        self._open: set[socket.socket] = set()
+        self._open_lock = threading.Lock()
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        with self._open_lock:
+            self._open.add(request)
+        super().process_request(request, client_address)
+
+    def shutdown_request(self, request: Any) -> None:
+        with self._open_lock:
+            self._open.discard(request)
+        super().shutdown_request(request)
+
+    def server_close(self) -> None:
+        super().server_close()
+        with self._open_lock:
+            kept = list(self._open)
+        for conn in kept:  # a handler waiting for the next request reads EOF and ends
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        pass  # a client gone mid-answer (or closed at shutdown) is not the chain's error
+
+
+def serve(chain: DevChain, port: int = 8545, host: str = "127.0.0.1") -> RpcServer:
     """Start serving on ``host`` in a background thread; ``shutdown()`` stops it."""
-    server = ThreadingHTTPServer((host, port), _handler(chain))
+    server = RpcServer((host, port), _handler(chain))
     threading.Thread(target=server.serve_forever, name="devchain-rpc", daemon=True).start()
     return server

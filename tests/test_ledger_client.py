@@ -2,6 +2,7 @@
 and fails on chain, out of gas, a lost answer to a send, a stuck transaction, concurrent
 senders; the development chain's content-type rule, keystore backups, the event index."""
 
+import http.client
 import json
 import threading
 import urllib.error
@@ -175,6 +176,48 @@ def test_the_development_chain_refuses_requests_that_are_not_json():
             url, body.encode(), {"Content-Type": "application/json; charset=utf-8"}
         )
         assert json.loads(urllib.request.urlopen(req, timeout=5).read())["result"]
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_the_development_chain_keeps_a_connection_for_many_calls_and_closes_it_on_errors_and_stop():
+    server = serve(DevChain(), free_port())
+    port = server.server_address[1]
+    body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "eth_blockNumber", "params": []})
+    json_headers = {"Content-Type": "application/json"}
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+        answers = []
+        for _ in range(3):
+            conn.request("POST", "/", body, json_headers)
+            resp = conn.getresponse()
+            answers.append(json.loads(resp.read())["result"])
+            assert not resp.will_close  # HTTP/1.1: the connection stays open
+            if not answers[1:]:
+                sock = conn.sock
+        assert answers == ["0x0"] * 3 and conn.sock is sock  # one socket served all three
+
+        # an error answer closes the connection: the body it did not read is never taken
+        # for a request of its own
+        bad = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+        bad.request("POST", "/", "POST / HTTP/1.1\r\n\r\n", {"Content-Type": "text/plain"})
+        resp = bad.getresponse()
+        assert resp.status == 415 and resp.will_close
+        resp.read()
+        bad.close()
+
+        server.shutdown()
+        server.server_close()
+
+        # the kept connection is ended with the server: no call reaches the chain after it
+        def call() -> bytes:
+            conn.request("POST", "/", body, json_headers)
+            return conn.getresponse().read()
+
+        with pytest.raises((http.client.HTTPException, OSError)):
+            call()
+        conn.close()
     finally:
         server.shutdown()
         server.server_close()
