@@ -307,7 +307,9 @@ class CoreConfig(BaseSettings):
         ge=1,
         le=64,
         description="Trainer: processes its GRPO step runs in; above 1, torchrun ranks that "
-        "shard the policy with FSDP2 (with train_device cuda, one per GPU of this machine).",
+        "shard the policy with FSDP2 (with train_device cuda, one per GPU of this machine). "
+        "A DiLoCo member too (FSDP2 inside it, DiLoCo across members); not with objective "
+        "pretrain.",
     )
     train_device: Literal["cpu", "cuda"] = Field(
         "cpu", description="Trainer: where the policy trains (cuda: NCCL between the ranks)."
@@ -513,11 +515,12 @@ class NodeConfig(CoreConfig):
         return v
 
     @model_validator(mode="after")
-    def _diloco_in_one_process(self) -> Self:
-        if self.diloco and self.train_procs > 1:
+    def _pretrain_in_one_process(self) -> Self:
+        if self.objective == "pretrain" and self.train_procs > 1:
             raise ValueError(
-                "diloco with train_procs > 1 is not supported yet: a DiLoCo member trains in "
-                "one process (train_procs = 1); run one member per machine or GPU instead"
+                "objective pretrain with train_procs > 1 is not supported yet: a pretraining "
+                "member trains in one process (train_procs = 1); a GRPO member (objective "
+                "grpo) may shard over several"
             )
         return self
 

@@ -1,7 +1,8 @@
 """The trainer role as a DiLoCo group (``--diloco``, SPEC §17.1): who trains on which batch
 (pure), the member's policy process (inner steps, pseudo-gradient, outer step, checkpoint),
-and one real run: chain, bootstrap, two trainers in one group, a validator and two workers
-as processes on 127.0.0.1 for two outer steps."""
+in one process and over two torchrun ranks, and one real run: chain, bootstrap, two trainers
+in one group (the second on two ranks), a validator and two workers as processes on
+127.0.0.1 for two outer steps."""
 
 from __future__ import annotations
 
@@ -81,9 +82,12 @@ def test_a_member_with_nothing_to_train_on_does_not_make_the_others_outliers():
     assert m2.rejected["norm"] == 1
 
 
-def test_diloco_refuses_several_training_processes_with_a_clear_error():
-    with pytest.raises(ValueError, match="diloco with train_procs > 1 is not supported"):
-        NodeConfig(role="trainer", diloco=True, train_procs=2)
+def test_only_pretraining_refuses_several_training_processes_with_a_clear_error():
+    NodeConfig(role="trainer", diloco=True, train_procs=2)  # a GRPO member over 2 ranks
+    with pytest.raises(ValueError, match="objective pretrain with train_procs > 1"):
+        NodeConfig(
+            role="trainer", diloco=True, objective="pretrain", data="corpus.txt", train_procs=2
+        )
     NodeConfig(role="trainer", diloco=True, diloco_quant="fp32", diloco_inner_steps=3)
     with pytest.raises(ValueError, match="diloco_quant"):
         NodeConfig(diloco_quant="int4")
@@ -228,6 +232,89 @@ def test_a_joiners_child_takes_the_leaders_state_into_both_parameter_copies(
     assert again(PackState()) == packed  # its checkpoint is the leader's state
 
 
+def test_a_member_over_two_torchrun_ranks_is_the_member_in_one_process(tiny_model_dir, tmp_path):
+    """``--diloco --train-procs 2``: the member's calls go to two gloo ranks that shard the
+    policy with FSDP2 and keep θ and the momentum of their own rows. From the same start and
+    the same group average, the outer step gives the one-process member's parameters bit for
+    bit (hash, checkpoint, momentum file); the pseudo-gradient is the one-process one up to
+    the order in which the ranks' gradients add; the packed state is whole, loads into a
+    member in one process, and a state loaded into the ranks packs back byte for byte, also
+    after the ranks are restarted from its checkpoint."""
+    import torch
+    from safetensors.torch import load, load_file
+
+    from node.diloco.state import state_hash
+    from node.roles.grouppolicy import (
+        GroupPolicyWorker,
+        InnerSteps,
+        OuterApply,
+        PackState,
+        PseudoGradient,
+        Recover,
+    )
+    from node.training.ranks import RankedPolicyWorker, RanksSpec
+
+    envelopes = made_envelopes(tiny_model_dir)
+    kw = {"outer_lr": 0.7, "outer_momentum": 0.9}
+    one = GroupPolicyWorker(spec_for(tiny_model_dir, tmp_path / "one", **kw))
+    two_spec = spec_for(tiny_model_dir, tmp_path / "two", **kw)
+    two = RankedPolicyWorker(RanksSpec(2, two_spec))
+    try:
+        start1, start2 = one(PseudoGradient()), two(PseudoGradient())
+        assert (start2.state, start2.layout) == (start1.state, start1.layout)
+        assert start2.vector.numel() == start1.vector.numel()
+        assert float(start2.vector.abs().max()) == 0.0
+
+        s1, s2 = one(InnerSteps(0, envelopes)), two(InnerSteps(0, envelopes))
+        assert (s1.ranks, s2.ranks) == (1, 2)  # sharded across both ranks
+        assert (s2.samples, s2.tokens) == (s1.samples, s1.tokens) and s1.samples > 0
+        assert abs(s2.loss - s1.loss) <= 1e-4 * max(1.0, abs(s1.loss))
+        d1, d2 = one(PseudoGradient()), two(PseudoGradient())
+        assert d2.state == d1.state  # θ did not move in the inner phase
+        # whole and in the same order: a rank's rows missing, doubled or misplaced would be
+        # off by about a step (lr 1e-3) on most values; summation order moves few (AdamW)
+        moved = float(d1.vector.abs().sum())
+        assert float((d2.vector - d1.vector).abs().max()) <= 2e-4
+        assert float((d2.vector - d1.vector).abs().sum()) <= 0.01 * moved
+
+        average = (d1.vector + d2.vector) / 2  # as a group of the two would average them
+        h1 = one(OuterApply(0, average, False))
+        h2 = two(OuterApply(0, average, False))
+        assert h2 == h1  # θ − lr·d from the same θ and average: bit for bit
+        for name in ("v1/model.safetensors", "v1.outer"):
+            a, b = load_file(tmp_path / "one" / name), load_file(tmp_path / "two" / name)
+            assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), name
+
+        packed2 = two(PackState())
+        t1, t2 = load(one(PackState())), load(packed2)
+        assert t1.keys() == t2.keys()
+        for k in t1:  # θ and b bit for bit, AdamW's moments up to the summation order
+            if k.startswith(("outer.", "momentum.", "meta.")) or k.endswith(".step"):
+                assert torch.equal(t1[k], t2[k]), k
+            else:
+                assert t1[k].shape == t2[k].shape and torch.allclose(t1[k], t2[k], atol=1e-5), k
+
+        # the sharded state is whole: a member in one process continues from it
+        joiner = GroupPolicyWorker(spec_for(tiny_model_dir, tmp_path / "j", **kw))
+        got = joiner(Recover(packed2, 1))
+        assert got.params_hash == h2 and got.state_hash == state_hash(packed2)
+
+        # and a whole state loads into the ranks' rows: packed again byte for byte
+        packed1 = one(PackState())
+        assert packed1 != packed2
+        back = two(Recover(packed1, 1))
+        assert back.state_hash == state_hash(packed1) and back.params_hash == h1
+    finally:
+        two.close()
+    restarted = RankedPolicyWorker(
+        RanksSpec(2, spec_for(tiny_model_dir, tmp_path / "two", step=1, **kw))
+    )
+    try:  # its checkpoint 1 (written by the recovery) is that state: model, AdamW, momentum
+        assert restarted(PackState()) == packed1
+    finally:
+        restarted.close()
+
+
 # ---- one real run -------------------------------------------------------------------------
 
 STEPS = 2  # outer steps (policy versions)
@@ -284,7 +371,10 @@ def test_two_trainers_train_as_one_group_on_disjoint_batches_and_only_the_leader
     try:
         loop.env.update(grpo_run_env(batches_per_step=2))
         leader = loop.spawn("trainer", "trainer", env=group)
-        member = loop.spawn("trainer-1", "trainer", env=group)
+        # the member shards its policy over two torchrun ranks (FSDP2 inside, DiLoCo across)
+        member = loop.spawn(
+            "trainer-1", "trainer", env={**group, "INTELLECT_NODE_TRAIN_PROCS": "2"}
+        )
         loop.validator()
         loop.worker("honest-0")
         loop.worker("honest-1")
@@ -312,7 +402,9 @@ def test_two_trainers_train_as_one_group_on_disjoint_batches_and_only_the_leader
     a, b = lines_of(tmp_path, "trainer"), lines_of(tmp_path, "trainer-1")
     assert [m["step"] for m in a] == [m["step"] for m in b] == list(range(STEPS + 1))
     for x, y in zip(a[1:], b[1:], strict=True):
-        # after every outer step both hold bitwise-identical parameters; both took part
+        # after every outer step both hold bitwise-identical parameters (one process and
+        # two ranks alike); both took part
+        assert (x["train_ranks"], y["train_ranks"]) == (1, 2)
         assert x["diloco"]["params_hash"] == y["diloco"]["params_hash"], (x, y)
         assert (
             sorted(x["diloco"]["roster"]) == sorted(ids)

@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from node.diloco.shards import ParamShards
+
 
 @dataclass(frozen=True)
 class OuterConfig:
@@ -67,40 +69,63 @@ def params_hash(tensors: Iterable[torch.Tensor]) -> str:
 
 @dataclass
 class OuterState:
-    """The outer copy ``θ`` (fp32), the momentum ``b``, and the outer steps taken."""
+    """The outer copy ``θ`` (fp32), the momentum ``b``, the outer steps taken, and which
+    rows of each parameter this process holds (all of them unless the model is sharded)."""
 
     params: list[torch.Tensor]
     momentum: list[torch.Tensor]
     step: int = 0
     cfg: OuterConfig = field(default_factory=OuterConfig)
+    shards: ParamShards = field(default_factory=lambda: ParamShards([]))  # set by ``of``
 
     @classmethod
     def of(cls, model: torch.nn.Module, cfg: OuterConfig | None = None) -> OuterState:
-        params = [p.detach().float().clone() for p in model.parameters()]
-        return cls(params, [torch.zeros_like(p) for p in params], 0, cfg or OuterConfig())
+        """θ from the model's parameters: of this rank's rows when the model is sharded
+        (``node/diloco/shards.py``), whole otherwise."""
+        shards = ParamShards.of(model)
+        params = [shards.local(p).detach().float().clone() for p in model.parameters()]
+        momentum = [torch.zeros_like(p) for p in params]
+        return cls(params, momentum, 0, cfg or OuterConfig(), shards)
 
     @property
     def numel(self) -> int:
-        return sum(p.numel() for p in self.params)
+        """Values of the whole parameters (those of every rank when sharded)."""
+        return self.shards.numel
+
+    def whole_params(self) -> list[torch.Tensor]:
+        """θ whole (a collective when sharded: every rank calls)."""
+        return list(self.shards.wholes(self.params))
+
+    def whole_momentum(self) -> list[torch.Tensor]:
+        """b whole (a collective when sharded)."""
+        return list(self.shards.wholes(self.momentum))
 
     def pseudo_gradient(self, model: torch.nn.Module) -> torch.Tensor:
-        """``Δ = θ − θ_after`` as one flat fp32 vector (the model's parameter order)."""
-        return flat(
-            o - p.detach().float() for o, p in zip(self.params, model.parameters(), strict=True)
-        )
+        """``Δ = θ − θ_after`` as one flat fp32 vector (the model's parameter order), whole
+        (gathered from every rank when sharded: a collective)."""
+        local = ParamShards.local
+        deltas = [
+            o - local(p).detach().float()
+            for o, p in zip(self.params, model.parameters(), strict=True)
+        ]
+        return flat(self.shards.wholes(deltas))
 
     def apply(self, model: torch.nn.Module, avg_delta: torch.Tensor, *, alone: bool) -> None:
-        """One outer step with the group's averaged pseudo-gradient (flat fp32); sets the
-        model's parameters from the new ``θ``. ``alone``: the average is our own (see the
-        module docstring)."""
+        """One outer step with the group's averaged pseudo-gradient (flat fp32, whole); sets
+        the model's parameters from the new ``θ``. ``alone``: the average is our own (see the
+        module docstring). Sharded, each rank steps its own rows of θ, b and the model."""
         if avg_delta.numel() != self.numel:
             raise ValueError(f"pseudo-gradient has {avg_delta.numel()} values, not {self.numel}")
         lr, mu = self.cfg.lr, self.cfg.momentum
         offset = 0
         with torch.no_grad():
-            for theta, buf, p in zip(self.params, self.momentum, model.parameters(), strict=True):
-                g = avg_delta[offset : offset + theta.numel()].view_as(theta)
-                offset += theta.numel()
+            for i, (theta, buf, param, slot) in enumerate(
+                zip(self.params, self.momentum, model.parameters(), self.shards.slots, strict=True)
+            ):
+                size = slot.numel
+                g = self.shards.part(i, avg_delta[offset : offset + size].view(slot.shape))
+                offset += size
+                p = ParamShards.local(param)
                 buf.mul_(mu).add_(g)
                 d = g + mu * buf
                 if alone:

@@ -8,7 +8,8 @@ executable; never pickle), tensors named ``outer.{i}``, ``momentum.{i}``,
 ``adam.{i}.{field}`` and ``meta.step`` / ``meta.position`` (int64), ``i`` the parameter's
 index in ``model.parameters()``. ``load_state`` checks every name, shape and dtype against
 the local model before it changes anything; both parameter copies (the model and θ) are
-set from it.
+set from it. A member sharded over several processes (``node/diloco/shards.py``) packs and
+loads the same whole tensors: every rank gathers its rows into them, or takes its rows.
 """
 
 from __future__ import annotations
@@ -36,15 +37,19 @@ def pack_state(
         "meta.step": torch.tensor([outer.step], dtype=torch.int64),
         "meta.position": torch.tensor([position], dtype=torch.int64),
     }
+    shards = outer.shards  # sharded: every rank gathers (a collective), rank 0's bytes count
     for i, (p, theta, buf) in enumerate(
         zip(model.parameters(), outer.params, outer.momentum, strict=True)
     ):
-        tensors[f"outer.{i}"] = theta.contiguous()
-        tensors[f"momentum.{i}"] = buf.contiguous()
+        tensors[f"outer.{i}"] = shards.whole(i, theta).contiguous()
+        tensors[f"momentum.{i}"] = shards.whole(i, buf).contiguous()
         st = opt.state.get(p, {})
         for f in ADAM_FIELDS:
             if f in st:
-                tensors[f"adam.{i}.{f}"] = st[f].detach().reshape(st[f].shape).contiguous()
+                value = shards.local(st[f].detach())
+                if f != "step":
+                    value = shards.whole(i, value)
+                tensors[f"adam.{i}.{f}"] = value.reshape(value.shape).contiguous()
     return save(tensors)
 
 
@@ -78,13 +83,21 @@ def load_state(
                     raise StateError(f"{name}: shape {tuple(tensors[name].shape)}")
     if set(tensors) != expected:
         raise StateError(f"unexpected tensors: {sorted(set(tensors) - expected)[:4]}")
+    shards = outer.shards  # sharded: each rank takes its own rows of every whole tensor
     with torch.no_grad():
         for i, p in enumerate(params):
-            outer.params[i].copy_(tensors[f"outer.{i}"])
-            outer.momentum[i].copy_(tensors[f"momentum.{i}"])
-            p.copy_(outer.params[i].to(p.dtype))
+            outer.params[i].copy_(shards.part(i, tensors[f"outer.{i}"]))
+            outer.momentum[i].copy_(shards.part(i, tensors[f"momentum.{i}"]))
+            shards.local(p).copy_(outer.params[i].to(p.dtype))
             if f"adam.{i}.step" in tensors:
-                opt.state[p] = {f: tensors[f"adam.{i}.{f}"].clone() for f in ADAM_FIELDS}
+                opt.state[p] = {
+                    f: (
+                        tensors[f"adam.{i}.{f}"].clone()
+                        if f == "step"
+                        else shards.spread(i, shards.part(i, tensors[f"adam.{i}.{f}"]).clone())
+                    )
+                    for f in ADAM_FIELDS
+                }
             else:
                 opt.state.pop(p, None)
     outer.step = int(tensors["meta.step"][0])

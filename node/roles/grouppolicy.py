@@ -17,6 +17,14 @@ copy of the parameters (``node/diloco/outer.py``: ``θ`` in fp32 and the Nestero
 The policy is kept in fp32 (``Policy`` loads it so), so the model's parameters are ``θ``
 bit for bit after each outer step, and equal on every member. The pipe to the role carries
 only this process's own tensors, never anything from the network.
+
+A member with ``train_procs`` > 1: the same worker on every torchrun rank
+(``node/training/ranks.py``, which forwards the role's calls and returns rank 0's answers),
+over the FSDP2-sharded policy. Each rank trains on its share of every inner step's samples
+and keeps ``θ`` and ``b`` of its own rows of each parameter (``node/diloco/shards.py``):
+``PseudoGradient`` gathers the whole ``Δ``, ``OuterApply`` steps each rank's rows of the
+whole average, the momentum file and ``PackState`` are whole, ``Recover`` cuts them to the
+rows. So the role, the ring and a joiner see the same tensors as from one process.
 """
 
 from __future__ import annotations
@@ -97,13 +105,24 @@ def momentum_path(checkpoints: Path, version: int) -> Path:
 
 
 class GroupPolicyWorker:
-    """``PolicyWorker`` and the outer state, in the role's child process."""
+    """``PolicyWorker`` and the outer state, in the role's child process (or on each
+    torchrun rank, over a sharded policy)."""
 
-    def __init__(self, spec: GroupSpec) -> None:
+    CALLS: tuple[type, ...] = (
+        InnerSteps,
+        PseudoGradient,
+        OuterApply,
+        PackState,
+        Recover,
+        Evaluate,
+        TrainStep,
+    )
+
+    def __init__(self, spec: GroupSpec, *, distributed: bool = False) -> None:
         from safetensors.torch import load_file
 
         self.spec = spec
-        self.worker = PolicyWorker(spec.policy)
+        self.worker = PolicyWorker(spec.policy, distributed=distributed)
         self.policy = self.worker.policy
         cfg = OuterConfig(spec.outer_lr, spec.outer_momentum)
         self.outer = OuterState.of(self.policy.model, cfg)
@@ -112,16 +131,15 @@ class GroupPolicyWorker:
         if spec.policy.step > 0 and saved.exists():
             tensors = load_file(saved)
             for i, buf in enumerate(self.outer.momentum):
-                buf.copy_(tensors[f"momentum.{i}"])
+                buf.copy_(self.outer.shards.part(i, tensors[f"momentum.{i}"]))
 
     def __call__(self, call: Any) -> Any:
         if isinstance(call, InnerSteps):
             return self.inner(call)
         if isinstance(call, PseudoGradient):
             model = self.policy.model
-            return Delta(
-                self.outer.pseudo_gradient(model), params_hash(self.outer.params), layout_of(model)
-            )
+            vector = self.outer.pseudo_gradient(model)
+            return Delta(vector, params_hash(self.outer.whole_params()), layout_of(model))
         if isinstance(call, OuterApply):
             return self.apply(call)
         if isinstance(call, PackState):
@@ -155,7 +173,7 @@ class GroupPolicyWorker:
             seconds=sum(s["seconds"] for s in steps) if steps else None,
             reward_mean=sum(rewards) / len(rewards) if rewards else None,
             skipped_batches=skipped,
-            ranks=1,
+            ranks=self.policy.ranks.world,
             dropped_heldout_groups=self.worker.dropped_heldout,
         )
 
@@ -167,7 +185,7 @@ class GroupPolicyWorker:
             raise ValueError(f"a state of version {self.outer.step}, not {call.version}")
         self._save(call.version)
         packed = pack_state(self.policy.model, self.outer, self.policy.optimizer, position)
-        model_hash = params_hash(p for p in self.policy.model.parameters())
+        model_hash = params_hash(self.outer.shards.model_wholes(self.policy.model))
         return Recovered(call.version, state_hash(packed), model_hash, position)
 
     def apply(self, call: OuterApply) -> str:
@@ -176,7 +194,7 @@ class GroupPolicyWorker:
             raise ValueError(f"outer step {call.step} asked, the policy is at {self.outer.step}")
         self.outer.apply(self.policy.model, call.average, alone=call.alone)
         self._save(call.step + 1)
-        return params_hash(p for p in self.policy.model.parameters())
+        return params_hash(self.outer.shards.model_wholes(self.policy.model))
 
     def _save(self, version: int) -> None:
         """Checkpoint ``version``: the model directory, the inner optimizer's state and the
@@ -186,5 +204,7 @@ class GroupPolicyWorker:
         root = Path(self.spec.policy.checkpoints)
         self.policy.save(root / f"v{version}")
         self.policy.save_state(root / f"v{version}.state")
-        momentum = {f"momentum.{i}": b.contiguous() for i, b in enumerate(self.outer.momentum)}
-        write_atomic(momentum_path(root, version), save(momentum))
+        whole = self.outer.whole_momentum()  # every rank gathers; rank 0 writes
+        if self.policy.ranks.main:
+            momentum = {f"momentum.{i}": b.contiguous() for i, b in enumerate(whole)}
+            write_atomic(momentum_path(root, version), save(momentum))

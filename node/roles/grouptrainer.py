@@ -54,6 +54,7 @@ from node.roles.joining import Joined, enter, join, offer
 from node.roles.offload import Offload
 from node.roles.trainer import POLL_S, TrainerRole
 from node.roles.work import Key
+from node.training.ranks import RankedPolicyWorker, RanksSpec
 from node.training.worker import PolicySpec, StepStats
 
 log = logging.getLogger("intellect.trainer")
@@ -92,11 +93,13 @@ class GroupTrainerRole(TrainerRole):
         self.watcher = WorkWatcher(self.ledger, self.cfg.contract_block)
 
     def _child(self, spec: PolicySpec) -> Offload:
+        """The member's policy: in the child, or with ``train_procs`` > 1 on that many
+        torchrun ranks the child drives (FSDP2 inside the member, DiLoCo across)."""
         cfg = self.cfg
-        return Offload(
-            GroupPolicyWorker,
-            GroupSpec(spec, cfg.diloco_inner_steps, cfg.diloco_outer_lr, cfg.diloco_momentum),
-        )
+        group = GroupSpec(spec, cfg.diloco_inner_steps, cfg.diloco_outer_lr, cfg.diloco_momentum)
+        if cfg.train_procs > 1:
+            return Offload(RankedPolicyWorker, RanksSpec(cfg.train_procs, group))
+        return Offload(GroupPolicyWorker, group)
 
     async def _serve(self, task_status: trio.TaskStatus[TrainerRole]) -> None:
         self.node.add_status("diloco", self.group_status)

@@ -12,7 +12,9 @@ call to every rank (``torch.distributed.broadcast_object_list``) and every rank 
 same ``PolicyWorker`` on its FSDP2 shard of the policy (``node/training/policy.py``):
 ``TrainStep`` is collective (each rank trains on every N-th sample, gradients are averaged,
 rank 0 writes the checkpoint and the optimizer state), ``Evaluate`` (the held-out set, on the
-checkpoint directory rank 0 wrote) runs on rank 0 alone. Rank 0 sends the result back.
+checkpoint directory rank 0 wrote) runs on rank 0 alone. Rank 0 sends the result back. A
+DiLoCo member's ranks hold a ``GroupPolicyWorker`` instead (``node/roles/grouppolicy.py``),
+whose calls are all collective but ``Evaluate``.
 
 The process group is gloo on the CPU and NCCL with ``train_device`` cuda (rank r on GPU r
 of this machine); their sockets are kept on the loopback interface. When the role's child
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import secrets
 import signal
 import socket
@@ -44,7 +47,7 @@ from multiprocessing.connection import Connection, answer_challenge, deliver_cha
 from pathlib import Path
 from typing import Any, NoReturn
 
-from node.training.worker import Evaluate, HeldOutScores, PolicySpec, StepStats, TrainStep
+from node.training.worker import Evaluate, PolicySpec, PolicyWorker, TrainStep
 
 ADDR_ENV = "INTELLECT_RANKS_ADDR"
 KEY_ENV = "INTELLECT_RANKS_KEY"
@@ -52,7 +55,18 @@ START_TIMEOUT = 600.0  # seconds for torchrun to start, rank 0 to connect, every
 CHALLENGE_TIMEOUT = 10.0  # seconds a connecting process has to answer our key challenge
 GROUP_TIMEOUT = timedelta(days=7)  # ranks wait in a broadcast while the role waits for batches
 STOP = None  # rank 0 broadcasts it when the role's process is gone
-COLLECTIVE = (TrainStep,)  # calls every rank runs; any other runs on rank 0 alone
+LOCAL = (Evaluate,)  # calls rank 0 runs alone; every other call is collective
+
+
+def _send(conn: Connection, obj: Any) -> None:
+    """Plain pickle, not ``Connection.send``'s: that one passes a torch tensor as a handle
+    to this process's shared memory, which rank 0 and the role's child (not parent and
+    child) cannot open; pickle copies its values."""
+    conn.send_bytes(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
+
+
+def _recv(conn: Connection) -> Any:
+    return pickle.loads(conn.recv_bytes())  # noqa: S301 - our own ranks, key-authenticated
 
 
 def _parent_death_signal() -> Any:
@@ -83,18 +97,51 @@ def torchrun_command(procs: int) -> list[str]:
 
 @dataclass(frozen=True)
 class RanksSpec:
-    """``procs`` torchrun ranks, each with a ``PolicyWorker`` built from ``policy``
-    (``policy.device``: cpu, or cuda with rank r on GPU r)."""
+    """``procs`` torchrun ranks, each with a ``PolicyWorker`` built from ``policy``, or with
+    a DiLoCo member's ``GroupPolicyWorker`` (``node/roles/grouppolicy.py``) when ``policy``
+    is a ``GroupSpec`` (its policy's ``device``: cpu, or cuda with rank r on GPU r)."""
 
     procs: int
-    policy: PolicySpec
+    policy: Any  # PolicySpec or GroupSpec
+
+    def policy_spec(self) -> PolicySpec:
+        return self.policy if isinstance(self.policy, PolicySpec) else self.policy.policy
+
+    def argument(self) -> str:
+        """The ranks' command-line argument: the spec as JSON, named by its kind."""
+        kind = "policy" if isinstance(self.policy, PolicySpec) else "group"
+        return json.dumps({kind: asdict(self.policy)})
+
+    def calls(self) -> tuple[type, ...]:
+        """The calls the ranks' worker takes."""
+        if isinstance(self.policy, PolicySpec):
+            return (TrainStep, Evaluate)
+        from node.roles.grouppolicy import GroupPolicyWorker
+
+        return GroupPolicyWorker.CALLS
+
+
+def _build_worker(argument: str) -> tuple[Any, str]:
+    """On a rank: the worker ``RanksSpec.argument`` names (sharded), and its device."""
+    spec = json.loads(argument)
+    if "group" in spec:
+        from node.roles.grouppolicy import GroupPolicyWorker, GroupSpec
+
+        group = dict(spec["group"])
+        policy = PolicySpec(**group.pop("policy"))
+        return lambda: GroupPolicyWorker(
+            GroupSpec(policy, **group), distributed=True
+        ), policy.device
+    policy = PolicySpec(**spec["policy"])
+    return lambda: PolicyWorker(policy, distributed=True), policy.device
 
 
 class RankedPolicyWorker:
     """``PolicyWorker``'s interface (``TrainStep``, ``Evaluate``) over torchrun ranks."""
 
     def __init__(self, spec: RanksSpec) -> None:
-        procs, device = spec.procs, spec.policy.device
+        procs, device = spec.procs, spec.policy_spec().device
+        self.calls = spec.calls()
         if procs < 2:
             raise ValueError("RankedPolicyWorker is for 2 or more processes")
         key = secrets.token_bytes(32)
@@ -117,7 +164,7 @@ class RankedPolicyWorker:
                 *torchrun_command(procs),
                 "-m",
                 "node.training.ranks",
-                json.dumps(asdict(spec.policy)),
+                spec.argument(),
             ],
             env=env,  # the node's working directory: relative paths mean the same there
             start_new_session=True,  # close() stops torchrun and every rank as one group
@@ -147,7 +194,7 @@ class RankedPolicyWorker:
                 self.conn = conn
             while not self.conn.poll(1.0):  # every rank builds its PolicyWorker
                 self._still_starting(deadline, "the ranks were not ready")
-            ok, detail = self.conn.recv()
+            ok, detail = _recv(self.conn)
             if not ok:
                 raise RuntimeError(detail)
         except BaseException:
@@ -163,14 +210,14 @@ class RankedPolicyWorker:
         if time.monotonic() > deadline:
             raise RuntimeError(f"{late} within {START_TIMEOUT:.0f} s")
 
-    def __call__(self, call: TrainStep | Evaluate) -> StepStats | HeldOutScores:
+    def __call__(self, call: Any) -> Any:
         if self.conn is None:
             raise RuntimeError("the ranks are closed")
-        if not isinstance(call, TrainStep | Evaluate):
+        if not isinstance(call, self.calls):
             raise TypeError(f"RankedPolicyWorker does not take {type(call).__name__}")
         try:
-            self.conn.send(call)
-            ok, value = self.conn.recv()
+            _send(self.conn, call)
+            ok, value = _recv(self.conn)
         except (EOFError, OSError) as exc:
             status = self.proc.poll()
             raise RuntimeError(f"the training ranks are gone (torchrun status {status})") from exc
@@ -219,10 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     import torch.distributed as dist
 
-    from node.training.worker import PolicyWorker
-
-    spec = PolicySpec(**json.loads((argv or sys.argv[1:])[0]))
-    device = spec.device
+    build, device = _build_worker((argv or sys.argv[1:])[0])
     if device.startswith("cuda"):
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     dist.init_process_group(
@@ -236,31 +280,31 @@ def main(argv: list[str] | None = None) -> int:
         torchrun stops them once one rank has failed."""
         if conn is not None:
             try:
-                conn.send((False, detail))
+                _send(conn, (False, detail))
             except OSError:
                 pass
         os._exit(1)
 
     try:
-        worker = PolicyWorker(spec, distributed=True)
+        worker = build()
     except Exception as exc:
         fail(f"rank {rank}: {type(exc).__name__}: {exc}")
     dist.barrier()  # every rank built its worker
     if conn is not None:
-        conn.send((True, "ready"))
+        _send(conn, (True, "ready"))
     try:
         while True:
             box: list[Any] = [None]
             if conn is not None:
                 try:
-                    box[0] = conn.recv()
+                    box[0] = _recv(conn)
                 except (EOFError, OSError):
                     box[0] = STOP  # the role's process is gone
             dist.broadcast_object_list(box, src=0)
             call = box[0]
             if call is STOP:
                 break
-            collective = isinstance(call, COLLECTIVE)
+            collective = not isinstance(call, LOCAL)
             if not collective and rank != 0:
                 continue
             try:
@@ -272,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
                 result = (False, detail)
             if conn is not None:
                 try:
-                    conn.send(result)
+                    _send(conn, result)
                 except OSError:
                     pass  # the role's process is gone: the next receive fails, a stop
     finally:
