@@ -258,7 +258,7 @@ def test_a_member_over_two_torchrun_ranks_is_the_member_in_one_process(tiny_mode
     kw = {"outer_lr": 0.7, "outer_momentum": 0.9}
     one = GroupPolicyWorker(spec_for(tiny_model_dir, tmp_path / "one", **kw))
     two_spec = spec_for(tiny_model_dir, tmp_path / "two", **kw)
-    two = RankedPolicyWorker(RanksSpec(2, two_spec))
+    two = RankedPolicyWorker(RanksSpec(2, two_spec, GroupPolicyWorker))
     try:
         start1, start2 = one(PseudoGradient()), two(PseudoGradient())
         assert (start2.state, start2.layout) == (start1.state, start1.layout)
@@ -307,7 +307,7 @@ def test_a_member_over_two_torchrun_ranks_is_the_member_in_one_process(tiny_mode
     finally:
         two.close()
     restarted = RankedPolicyWorker(
-        RanksSpec(2, spec_for(tiny_model_dir, tmp_path / "two", step=1, **kw))
+        RanksSpec(2, spec_for(tiny_model_dir, tmp_path / "two", step=1, **kw), GroupPolicyWorker)
     )
     try:  # its checkpoint 1 (written by the recovery) is that state: model, AdamW, momentum
         assert restarted(PackState()) == packed1

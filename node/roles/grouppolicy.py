@@ -46,6 +46,14 @@ class GroupSpec:
     outer_lr: float
     outer_momentum: float
 
+    @property
+    def device(self) -> str:
+        return self.policy.device
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> GroupSpec:
+        return cls(**{**d, "policy": PolicySpec.from_dict(d["policy"])})
+
 
 @dataclass(frozen=True)
 class InnerSteps:
@@ -108,6 +116,7 @@ class GroupPolicyWorker:
     """``PolicyWorker`` and the outer state, in the role's child process (or on each
     torchrun rank, over a sharded policy)."""
 
+    SPEC = GroupSpec
     CALLS: tuple[type, ...] = (
         InnerSteps,
         PseudoGradient,

@@ -98,7 +98,7 @@ class GroupTrainerRole(TrainerRole):
         cfg = self.cfg
         group = GroupSpec(spec, cfg.diloco_inner_steps, cfg.diloco_outer_lr, cfg.diloco_momentum)
         if cfg.train_procs > 1:
-            return Offload(RankedPolicyWorker, RanksSpec(cfg.train_procs, group))
+            return Offload(RankedPolicyWorker, RanksSpec(cfg.train_procs, group, GroupPolicyWorker))
         return Offload(GroupPolicyWorker, group)
 
     async def _serve(self, task_status: trio.TaskStatus[TrainerRole]) -> None:

@@ -31,6 +31,7 @@ random port) while the ranks start.
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import pickle
@@ -47,7 +48,7 @@ from multiprocessing.connection import Connection, answer_challenge, deliver_cha
 from pathlib import Path
 from typing import Any, NoReturn
 
-from node.training.worker import Evaluate, PolicySpec, PolicyWorker, TrainStep
+from node.training.worker import Evaluate, PolicyWorker
 
 ADDR_ENV = "INTELLECT_RANKS_ADDR"
 KEY_ENV = "INTELLECT_RANKS_KEY"
@@ -97,51 +98,39 @@ def torchrun_command(procs: int) -> list[str]:
 
 @dataclass(frozen=True)
 class RanksSpec:
-    """``procs`` torchrun ranks, each with a ``PolicyWorker`` built from ``policy``, or with
-    a DiLoCo member's ``GroupPolicyWorker`` (``node/roles/grouppolicy.py``) when ``policy``
-    is a ``GroupSpec`` (its policy's ``device``: cpu, or cuda with rank r on GPU r)."""
+    """``procs`` torchrun ranks, each with a ``worker`` built from ``policy`` (sharded:
+    ``worker(policy, distributed=True)``): a ``PolicyWorker`` from a ``PolicySpec``, or a
+    DiLoCo member's ``GroupPolicyWorker`` (``node/roles/grouppolicy.py``) from its
+    ``GroupSpec``. ``policy.device``: cpu, or cuda with rank r on GPU r. The worker class
+    names its spec class (``SPEC``, with ``from_dict``) and the calls it takes (``CALLS``)."""
 
     procs: int
-    policy: Any  # PolicySpec or GroupSpec
-
-    def policy_spec(self) -> PolicySpec:
-        return self.policy if isinstance(self.policy, PolicySpec) else self.policy.policy
+    policy: Any  # the worker's spec (PolicySpec, GroupSpec)
+    worker: type = PolicyWorker
 
     def argument(self) -> str:
-        """The ranks' command-line argument: the spec as JSON, named by its kind."""
-        kind = "policy" if isinstance(self.policy, PolicySpec) else "group"
-        return json.dumps({kind: asdict(self.policy)})
-
-    def calls(self) -> tuple[type, ...]:
-        """The calls the ranks' worker takes."""
-        if isinstance(self.policy, PolicySpec):
-            return (TrainStep, Evaluate)
-        from node.roles.grouppolicy import GroupPolicyWorker
-
-        return GroupPolicyWorker.CALLS
+        """The ranks' command-line argument, readable in ``ps``: the worker class (module
+        and name, as a spawned child gets its target) and its spec as JSON."""
+        worker = f"{self.worker.__module__}:{self.worker.__qualname__}"
+        return json.dumps({"worker": worker, "spec": asdict(self.policy)})
 
 
 def _build_worker(argument: str) -> tuple[Any, str]:
-    """On a rank: the worker ``RanksSpec.argument`` names (sharded), and its device."""
-    spec = json.loads(argument)
-    if "group" in spec:
-        from node.roles.grouppolicy import GroupPolicyWorker, GroupSpec
-
-        group = dict(spec["group"])
-        policy = PolicySpec(**group.pop("policy"))
-        return lambda: GroupPolicyWorker(
-            GroupSpec(policy, **group), distributed=True
-        ), policy.device
-    policy = PolicySpec(**spec["policy"])
-    return lambda: PolicyWorker(policy, distributed=True), policy.device
+    """On a rank: a function that builds the sharded worker ``RanksSpec.argument`` names,
+    and its device."""
+    named = json.loads(argument)
+    module, name = named["worker"].split(":")
+    worker = getattr(importlib.import_module(module), name)
+    spec = worker.SPEC.from_dict(named["spec"])
+    return lambda: worker(spec, distributed=True), spec.device
 
 
 class RankedPolicyWorker:
     """``PolicyWorker``'s interface (``TrainStep``, ``Evaluate``) over torchrun ranks."""
 
     def __init__(self, spec: RanksSpec) -> None:
-        procs, device = spec.procs, spec.policy_spec().device
-        self.calls = spec.calls()
+        procs, device = spec.procs, spec.policy.device
+        self.calls: tuple[type, ...] = spec.worker.CALLS
         if procs < 2:
             raise ValueError("RankedPolicyWorker is for 2 or more processes")
         key = secrets.token_bytes(32)

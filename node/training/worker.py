@@ -45,6 +45,10 @@ class PolicySpec:
     heldout_draws: int = 8
 
     @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> PolicySpec:
+        return cls(**d)
+
+    @classmethod
     def of(cls, cfg: NodeConfig, checkpoints: Path, step: int) -> PolicySpec:
         return cls(
             base=str(cfg.model),
@@ -117,6 +121,9 @@ class HeldOutScores:
 class PolicyWorker:
     """In the trainer role's child process (or on each torchrun rank): the policy, its
     optimizer, the held-out set."""
+
+    SPEC = PolicySpec
+    CALLS: tuple[type, ...] = (TrainStep, Evaluate)
 
     def __init__(self, spec: PolicySpec, *, distributed: bool = False) -> None:
         import torch
