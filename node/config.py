@@ -308,8 +308,8 @@ class CoreConfig(BaseSettings):
         le=64,
         description="Trainer: processes its GRPO step runs in; above 1, torchrun ranks that "
         "shard the policy with FSDP2 (with train_device cuda, one per GPU of this machine). "
-        "A DiLoCo member too (FSDP2 inside it, DiLoCo across members); not with objective "
-        "pretrain.",
+        "A DiLoCo member too (FSDP2 inside it, DiLoCo across members; with objective "
+        "pretrain, pretrain_batch must be a multiple of it).",
     )
     train_device: Literal["cpu", "cuda"] = Field(
         "cpu", description="Trainer: where the policy trains (cuda: NCCL between the ranks)."
@@ -515,12 +515,12 @@ class NodeConfig(CoreConfig):
         return v
 
     @model_validator(mode="after")
-    def _pretrain_in_one_process(self) -> Self:
-        if self.objective == "pretrain" and self.train_procs > 1:
+    def _pretrain_batch_splits_over_the_ranks(self) -> Self:
+        if self.objective == "pretrain" and self.pretrain_batch % self.train_procs:
             raise ValueError(
-                "objective pretrain with train_procs > 1 is not supported yet: a pretraining "
-                "member trains in one process (train_procs = 1); a GRPO member (objective "
-                "grpo) may shard over several"
+                f"pretrain_batch {self.pretrain_batch} does not split over train_procs "
+                f"{self.train_procs}: each rank trains on pretrain_batch / train_procs "
+                "sequences of every inner step; make it a multiple"
             )
         return self
 

@@ -82,12 +82,8 @@ def test_a_member_with_nothing_to_train_on_does_not_make_the_others_outliers():
     assert m2.rejected["norm"] == 1
 
 
-def test_only_pretraining_refuses_several_training_processes_with_a_clear_error():
-    NodeConfig(role="trainer", diloco=True, train_procs=2)  # a GRPO member over 2 ranks
-    with pytest.raises(ValueError, match="objective pretrain with train_procs > 1"):
-        NodeConfig(
-            role="trainer", diloco=True, objective="pretrain", data="corpus.txt", train_procs=2
-        )
+def test_diloco_settings_and_their_errors():
+    NodeConfig(role="trainer", diloco=True, train_procs=2)  # a member over 2 ranks
     NodeConfig(role="trainer", diloco=True, diloco_quant="fp32", diloco_inner_steps=3)
     with pytest.raises(ValueError, match="diloco_quant"):
         NodeConfig(diloco_quant="int4")

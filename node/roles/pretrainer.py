@@ -60,6 +60,7 @@ from node.roles.pretrainpolicy import (
 )
 from node.roles.status import CURVE_POINTS, PretrainStatus
 from node.roles.workbook import append_line, prune_checkpoints
+from node.training.ranks import RankedPolicyWorker, RanksSpec
 
 log = logging.getLogger("intellect.trainer")
 STATE_FILE = "pretrain-state.json"
@@ -126,6 +127,14 @@ class PretrainRole:
     def step(self) -> int:
         return self.state.step
 
+    def _child(self, spec: PretrainSpec) -> Offload:
+        """The member's model: in the child, or with ``train_procs`` > 1 on that many
+        torchrun ranks the child drives (FSDP2 inside the member, DiLoCo across)."""
+        if self.cfg.train_procs > 1:
+            ranks = RanksSpec(self.cfg.train_procs, spec, PretrainWorker)
+            return Offload(RankedPolicyWorker, ranks)
+        return Offload(PretrainWorker, spec, threads=self.cfg.torch_threads)
+
     def checkpoint_dir(self, version: int) -> Path:
         return self.dir / "checkpoints" / f"v{version}"
 
@@ -133,7 +142,7 @@ class PretrainRole:
 
     async def serve(self, *, task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED) -> None:
         spec = PretrainSpec.of(self.cfg, self.dir / "checkpoints", self.step)
-        async with Offload(PretrainWorker, spec, threads=self.cfg.torch_threads) as self.policy:
+        async with self._child(spec) as self.policy:
             self.node.add_status("trainer", lambda: self.status().as_dict())
             self.node.add_status("diloco", self.group_status)
             async with trio.open_nursery() as nursery:

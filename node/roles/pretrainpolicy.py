@@ -19,6 +19,11 @@ position. The role (``node/roles/pretrainer.py``) calls, per outer step n:
    exactly where it stopped, in the same place of its shard.
 
 Where the weights go next: the leader publishes ``v{n+1}`` over SHARDCAST.
+
+With ``train_procs`` > 1 the same worker runs on every torchrun rank
+(``node/training/ranks.py``) over the FSDP2-sharded model: rank r trains on rows r, r + N, …
+of every batch, and the outer state is kept by rows as for a GRPO member
+(``node/roles/grouppolicy.py``, ``node/diloco/shards.py``).
 """
 
 from __future__ import annotations
@@ -57,6 +62,10 @@ class PretrainSpec:
     seed: int
     min_shards: int  # the members the group forms with at least (checked before it forms)
     device: str = "cpu"
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> PretrainSpec:
+        return cls(**d)
 
     @classmethod
     def of(cls, cfg: NodeConfig, checkpoints: Path, step: int) -> PretrainSpec:
@@ -122,9 +131,20 @@ def state_path(checkpoints: Path, version: int) -> Path:
 
 
 class PretrainWorker:
-    """The model, its optimizers and its place in the text, in the role's child process."""
+    """The model, its optimizers and its place in the text, in the role's child process (or
+    on each torchrun rank, over a sharded model: see the module docstring)."""
 
-    def __init__(self, spec: PretrainSpec) -> None:
+    SPEC = PretrainSpec
+    CALLS: tuple[type, ...] = (
+        UseShard,
+        PretrainInner,
+        PseudoGradient,
+        OuterApply,
+        PackState,
+        Recover,
+    )
+
+    def __init__(self, spec: PretrainSpec, *, distributed: bool = False) -> None:
         import torch
 
         from node.diloco.inner import InnerConfig
@@ -138,7 +158,18 @@ class PretrainWorker:
         self.root = Path(spec.checkpoints)
         self.inner_cfg = InnerConfig(lr=spec.lr, batch=spec.batch, seq_len=spec.seq_len)
         start = Path(spec.base) if spec.step == 0 else self.root / f"v{spec.step}"
-        self.policy = Policy(start, GRPOConfig(lr=spec.lr), device=spec.device, seed=spec.seed)
+        self.policy = Policy(
+            start,
+            GRPOConfig(lr=spec.lr),
+            device=spec.device,
+            seed=spec.seed,
+            distributed=distributed,
+        )
+        if spec.batch % self.policy.ranks.world:
+            raise ValueError(
+                f"a batch of {spec.batch} sequences does not split over "
+                f"{self.policy.ranks.world} ranks"
+            )
         self.policy.base_dir = Path(spec.base)  # tokenizer files come from the base
         self.model = self.policy.model
         self.outer = OuterState.of(self.model, OuterConfig(spec.outer_lr, spec.outer_momentum))
@@ -172,9 +203,10 @@ class PretrainWorker:
         if isinstance(call, PseudoGradient):
             from node.diloco.outer import layout_of, params_hash
 
+            vector = self.outer.pseudo_gradient(self.model)
             return Delta(
-                self.outer.pseudo_gradient(self.model),
-                params_hash(self.outer.params),
+                vector,
+                params_hash(self.outer.whole_params()),
                 group_layout(layout_of(self.model), self.text_digest),
             )
         if isinstance(call, OuterApply):
@@ -188,11 +220,13 @@ class PretrainWorker:
         raise TypeError(f"PretrainWorker does not take {type(call).__name__}")
 
     def batch(self, starts: list[int]) -> Any:
-        """The sequences at ``starts``: ``[B, T + 1]`` token ids."""
+        """The sequences at ``starts`` this rank trains on: ``[B / ranks, T + 1]`` token ids
+        (rank r takes every ranks-th row from row r; all of them in one process)."""
         import torch
 
         t = self.spec.seq_len + 1
-        rows = [self.tokens[s : s + t] for s in starts]
+        ranks = self.policy.ranks
+        rows = [self.tokens[s : s + t] for s in starts[ranks.rank :: ranks.world]]
         return torch.stack(rows).to(self.policy.device)
 
     def inner(self, call: PretrainInner) -> InnerStats:
@@ -214,7 +248,8 @@ class PretrainWorker:
         used: list[int] = []  # the starts of every sequence trained on
         for _ in range(self.spec.inner_steps):
             starts = self.shard.starts(self.position)
-            losses.append(inner_step(self.model, self.opt, self.batch(starts), self.inner_cfg))
+            loss = inner_step(self.model, self.opt, self.batch(starts), self.inner_cfg)
+            losses.append(self.policy.mean_over_ranks(loss))
             used += starts
             self.position += 1
         return InnerStats(
@@ -229,29 +264,34 @@ class PretrainWorker:
         """A joiner's state from the leader (θ, b, AdamW, step, data position): loaded into
         both parameter copies, checked, written as checkpoint ``call.version``."""
         from node.diloco.outer import params_hash
-        from node.diloco.state import load_state, pack_state, save_checkpoint, state_hash
+        from node.diloco.state import load_state, state_hash
 
         position = load_state(call.data, self.model, self.outer, self.opt)
         if self.outer.step != call.version:
             raise ValueError(f"a state of version {self.outer.step}, not {call.version}")
         self.position = position
-        self.policy.save(self.root / f"v{call.version}")
-        packed = pack_state(self.model, self.outer, self.opt, self.position)
-        save_checkpoint(state_path(self.root, call.version), packed)
-        model_hash = params_hash(p for p in self.model.parameters())
+        packed = self._save(call.version)
+        model_hash = params_hash(self.outer.shards.model_wholes(self.model))
         return Recovered(call.version, state_hash(packed), model_hash, self.position)
 
     def apply(self, call: OuterApply) -> str:
         """The outer step; checkpoint ``step + 1`` (model directory and state); the hash of
         the new parameters."""
         from node.diloco.outer import params_hash
-        from node.diloco.state import pack_state, save_checkpoint
 
         if self.outer.step != call.step:
             raise ValueError(f"outer step {call.step} asked, the model is at {self.outer.step}")
         self.outer.apply(self.model, call.average, alone=call.alone)
-        version = call.step + 1
+        self._save(call.step + 1)
+        return params_hash(self.outer.shards.model_wholes(self.model))
+
+    def _save(self, version: int) -> bytes:
+        """Checkpoint ``version``: the model directory and the whole DiLoCo state (every
+        rank gathers, rank 0 writes); the packed state."""
+        from node.diloco.state import pack_state, save_checkpoint
+
         self.policy.save(self.root / f"v{version}")
-        state = pack_state(self.model, self.outer, self.opt, self.position)
-        save_checkpoint(state_path(self.root, version), state)
-        return params_hash(p for p in self.model.parameters())
+        packed = pack_state(self.model, self.outer, self.opt, self.position)
+        if self.policy.ranks.main:
+            save_checkpoint(state_path(self.root, version), packed)
+        return packed

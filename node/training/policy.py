@@ -199,6 +199,10 @@ class Policy:
         ids = torch.zeros((1, 1), dtype=torch.long, device=self.device)
         (self.model(input_ids=ids).logits.sum() * 0.0).backward()
 
+    def mean_over_ranks(self, value: float) -> float:
+        """``value``'s mean over the ranks (itself in one process): a collective."""
+        return self._all_reduce([value])[0] / self.ranks.world
+
     def _all_reduce(self, values: list[float]) -> list[float]:
         if not self.distributed:
             return values
