@@ -23,6 +23,7 @@ import contextlib
 import json
 import os
 import socket
+import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -353,7 +354,9 @@ class RpcServer(ThreadingHTTPServer):
                 conn.shutdown(socket.SHUT_RDWR)
 
     def handle_error(self, request: Any, client_address: Any) -> None:
-        pass  # a client gone mid-answer (or closed at shutdown) is not the chain's error
+        if isinstance(sys.exc_info()[1], OSError):
+            return  # a client gone mid-answer (or closed at shutdown): not the chain's error
+        super().handle_error(request, client_address)
 
 
 def serve(chain: DevChain, port: int = 8545, host: str = "127.0.0.1") -> RpcServer:

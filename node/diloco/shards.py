@@ -84,28 +84,18 @@ class ParamShards:
         """Values of the whole parameters (what a pseudo-gradient holds)."""
         return sum(s.numel for s in self.slots)
 
-    @property
-    def sharded(self) -> bool:
-        return any(s.sharded is not None for s in self.slots)
-
     @staticmethod
     def local(t: Any) -> torch.Tensor:
         """This rank's values of a parameter or of optimizer state shaped like one."""
-        return t.to_local() if _is_dtensor(t) else t
+        mine: torch.Tensor = t.to_local() if _is_dtensor(t) else t
+        return mine
 
     def whole(self, i: int, local: torch.Tensor) -> torch.Tensor:
         """Parameter ``i``'s whole tensor from every rank's ``local`` rows (a collective
         when sharded: every rank calls, in the same order)."""
-        slot = self.slots[i]
-        if slot.sharded is None:
+        if self.slots[i].sharded is None:
             return local
-        from torch.distributed.tensor import DTensor
-
-        p = slot.sharded
-        spread = DTensor.from_local(
-            local, p.device_mesh, p.placements, shape=p.shape, stride=p.stride()
-        )
-        full: torch.Tensor = spread.full_tensor()
+        full: torch.Tensor = self.spread(i, local).full_tensor()
         return full
 
     def part(self, i: int, whole: torch.Tensor) -> torch.Tensor:
@@ -116,7 +106,8 @@ class ParamShards:
         return whole[slot.lo : slot.hi]
 
     def spread(self, i: int, local: torch.Tensor) -> Any:
-        """``local`` rows as optimizer state of parameter ``i`` (a DTensor when sharded)."""
+        """``local`` rows as a tensor shaped and sharded like parameter ``i`` (a DTensor
+        when sharded: optimizer state, or the pieces ``whole`` gathers)."""
         slot = self.slots[i]
         if slot.sharded is None:
             return local

@@ -49,7 +49,7 @@ def pack_state(
                 value = shards.local(st[f].detach())
                 if f != "step":
                     value = shards.whole(i, value)
-                tensors[f"adam.{i}.{f}"] = value.reshape(value.shape).contiguous()
+                tensors[f"adam.{i}.{f}"] = value.contiguous()
     return save(tensors)
 
 

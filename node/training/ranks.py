@@ -13,7 +13,8 @@ same ``PolicyWorker`` on its FSDP2 shard of the policy (``node/training/policy.p
 ``TrainStep`` is collective (each rank trains on every N-th sample, gradients are averaged,
 rank 0 writes the checkpoint and the optimizer state), ``Evaluate`` (the held-out set, on the
 checkpoint directory rank 0 wrote) runs on rank 0 alone. Rank 0 sends the result back. A
-DiLoCo member's ranks hold a ``GroupPolicyWorker`` instead (``node/roles/grouppolicy.py``),
+DiLoCo member's ranks hold its worker instead (``GroupPolicyWorker``,
+``node/roles/grouppolicy.py``, or ``PretrainWorker``, ``node/roles/pretrainpolicy.py``),
 whose calls are all collective but ``Evaluate``.
 
 The process group is gloo on the CPU and NCCL with ``train_device`` cuda (rank r on GPU r
@@ -100,12 +101,12 @@ def torchrun_command(procs: int) -> list[str]:
 class RanksSpec:
     """``procs`` torchrun ranks, each with a ``worker`` built from ``policy`` (sharded:
     ``worker(policy, distributed=True)``): a ``PolicyWorker`` from a ``PolicySpec``, or a
-    DiLoCo member's ``GroupPolicyWorker`` (``node/roles/grouppolicy.py``) from its
-    ``GroupSpec``. ``policy.device``: cpu, or cuda with rank r on GPU r. The worker class
+    DiLoCo member's ``GroupPolicyWorker`` / ``PretrainWorker`` from its ``GroupSpec`` /
+    ``PretrainSpec``. ``policy.device``: cpu, or cuda with rank r on GPU r. The worker class
     names its spec class (``SPEC``, with ``from_dict``) and the calls it takes (``CALLS``)."""
 
     procs: int
-    policy: Any  # the worker's spec (PolicySpec, GroupSpec)
+    policy: Any  # the worker's spec (PolicySpec, GroupSpec, PretrainSpec)
     worker: type = PolicyWorker
 
     def argument(self) -> str:
