@@ -3,8 +3,11 @@ and fails on chain, out of gas, a lost answer to a send, a stuck transaction, co
 senders; the development chain's content-type rule, keystore backups, the event index."""
 
 import http.client
+import itertools
 import json
+import socket
 import threading
+import time
 import urllib.error
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -197,6 +200,10 @@ def test_the_development_chain_keeps_a_connection_for_many_calls_and_closes_it_o
             if not answers[1:]:
                 sock = conn.sock
         assert answers == ["0x0"] * 3 and conn.sock is sock  # one socket served all three
+        # no answer waits for the client's delayed ACK of its headers (Nagle's algorithm held
+        # the body back 40 ms on every call of a kept connection)
+        (kept,) = server._open
+        assert kept.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
 
         # an error answer closes the connection: the body it did not read is never taken
         # for a request of its own
@@ -375,6 +382,47 @@ def test_the_development_chains_log_index_answers_as_eth_tester_does():
         c.add_stake(ETH)  # mined after the index was built: it grows with the chain
         again = all_filters()
         assert again[0] > counts[0]
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_the_development_chains_clock_keeps_to_the_wall_clock_under_a_burst(tmp_path):
+    """A block per transaction, each strictly later than its parent, ran the chain ahead of
+    the wall clock by a second per transaction beyond one a second (60 stakes: a minute
+    ahead), so a deadline on it came late while it stood idle. Blocks may share a second:
+    after a burst the chain is where the wall clock is, its blocks in order, also when it
+    is served again from a saved state."""
+    port = free_port()
+    chain = DevChain()
+    server = serve(chain, port)
+    keys = [k.to_hex() for k in get_default_account_keys()]
+    ledger = Ledger(connect(f"http://127.0.0.1:{port}", dev_keys=keys))
+    w3 = ledger.chain.w3
+
+    def burst(n):
+        first = w3.eth.block_number
+        c = ledger.client(ledger.stranger)
+        for _ in range(n):
+            c.add_stake(1)
+        blocks = [w3.eth.get_block(b) for b in range(first, w3.eth.block_number + 1)]
+        stamps = [b["timestamp"] for b in blocks]
+        assert len(blocks) > n and stamps == sorted(stamps)
+        assert all(b["parentHash"] == a["hash"] for a, b in itertools.pairwise(blocks))
+        # ahead by at most the second the last block was mined in, not by n - 1 seconds
+        assert w3.eth.get_block("latest")["timestamp"] <= int(time.time()), stamps
+        assert stamps[-1] - stamps[0] < n - 1  # several blocks shared a second
+
+    try:
+        burst(60)
+    finally:
+        server.shutdown()
+        server.server_close()
+    chain.save(tmp_path / "state.json")
+    again, _ = DevChain.load(tmp_path / "state.json")
+    server = serve(again, port)
+    try:
+        burst(60)
     finally:
         server.shutdown()
         server.server_close()
