@@ -181,6 +181,7 @@ def test_trainer_state_that_disagrees_with_its_metrics_is_caught():
 # 1,225 s, then this test in 721 s, at load 30-50 on 2 cores shared with other runs; most
 # of it nodes starting). The deadline is generous: it only catches a hang.
 @pytest.mark.timeout(2400)
+@pytest.mark.slow
 def test_a_chaos_run_keeps_exact_books(tmp_path, tiny_model_dir):
     from bench.chaos import KINDS, run
 

@@ -53,6 +53,7 @@ def steps(d: Path) -> list[dict]:
 
 
 @pytest.mark.timeout(900)  # process start-up alone takes minutes on a loaded 2-core runner
+@pytest.mark.slow
 def test_three_members_stay_identical_and_survive_a_kill(tmp_path):
     dirs = [tmp_path / f"m{i}" for i in range(6)]
     for d in dirs:

@@ -352,6 +352,7 @@ def grpo_run_env(*, batches_per_step: int) -> dict[str, str]:
 
 
 @pytest.mark.timeout(1500)  # 11.5 minutes on a 2-core machine at load 40; a deadline only
+@pytest.mark.slow
 def test_two_trainers_train_as_one_group_on_disjoint_batches_and_only_the_leader_publishes(
     tmp_path, tiny_model_dir
 ):
@@ -440,6 +441,7 @@ def test_two_trainers_train_as_one_group_on_disjoint_batches_and_only_the_leader
 
 
 @pytest.mark.timeout(2400)  # a deadline only: 12 minutes on a 2-core machine at load 20
+@pytest.mark.slow
 def test_a_trainer_started_later_joins_the_running_group_and_trains_its_share(
     tmp_path, tiny_model_dir
 ):

@@ -238,6 +238,7 @@ def test_honest_work_is_accepted_and_cheating_work_rejected_and_slashed(loop):
 
 
 @pytest.mark.timeout(900)
+@pytest.mark.slow
 def test_a_worker_killed_after_storing_its_batch_still_gets_it_judged(loop):
     loop.spawn("trainer", "trainer")
     validator = loop.validator()
@@ -272,6 +273,7 @@ def test_a_worker_killed_after_storing_its_batch_still_gets_it_judged(loop):
 
 
 @pytest.mark.timeout(900)
+@pytest.mark.slow
 def test_a_removed_validator_restarts_and_judges_only_work_from_before_its_removal(loop):
     loop.spawn("trainer", "trainer")
     loop.validator()
@@ -330,6 +332,7 @@ def test_a_removed_validator_restarts_and_judges_only_work_from_before_its_remov
 
 
 @pytest.mark.timeout(600)
+@pytest.mark.slow
 def test_a_batch_nobody_serves_is_rejected_as_unavailable_after_the_fetch_deadline(
     tmp_path, tiny_model_dir
 ):
@@ -364,6 +367,7 @@ def test_a_batch_nobody_serves_is_rejected_as_unavailable_after_the_fetch_deadli
 
 
 @pytest.mark.timeout(600)
+@pytest.mark.slow
 def test_a_batch_served_to_one_validator_of_two_stands_accepted_and_is_trained_on(
     tmp_path, tiny_model_dir
 ):

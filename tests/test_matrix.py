@@ -27,6 +27,7 @@ def test_the_run_covers_every_cheat_of_the_catalogue():
 # can tell apart (an older_version batch one devnet step from the claimed version was once
 # accepted: SPEC §12.1's bound); passed twice in a row on this code before it joined CI.
 @pytest.mark.timeout(2700)  # a hang guard: ~30 min measured at load 35-45 on 2 cores
+@pytest.mark.slow
 def test_every_cheat_is_rejected_for_its_reason_and_slashed_and_no_honest_work_is(
     tmp_path, tiny_model_dir
 ):

@@ -75,6 +75,7 @@ def test_a_worker_behind_nat_knows_it_is_private_and_public_nodes_know_they_are_
 
 @pytest.mark.skipif(REASON is not None, reason=REASON or "")
 @pytest.mark.timeout(900)
+@pytest.mark.slow
 def test_workers_at_home_reserve_on_two_relays_and_cone_homes_punch_a_direct_path(tmp_path):
     """Two relays in public (the bootstrap by default, the validator with --relay), and
     three workers at home: two behind port-preserving NATs, one behind a NAT that maps
@@ -163,6 +164,7 @@ def test_workers_at_home_reserve_on_two_relays_and_cone_homes_punch_a_direct_pat
 
 @pytest.mark.skipif(REASON is not None, reason=REASON or "")
 @pytest.mark.timeout(900)
+@pytest.mark.slow
 def test_workers_behind_nat_get_batches_judged_and_paid_and_pull_new_weights(
     tmp_path, tiny_model_dir
 ):
@@ -225,6 +227,7 @@ def test_workers_behind_nat_get_batches_judged_and_paid_and_pull_new_weights(
 
 @pytest.mark.skipif(REASON is not None, reason=REASON or "")
 @pytest.mark.timeout(900)
+@pytest.mark.slow
 def test_a_validator_behind_nat_judges_batches_from_a_cone_home_and_through_a_relay(
     tmp_path, tiny_model_dir
 ):

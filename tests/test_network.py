@@ -101,6 +101,7 @@ def test_six_node_chain_discovery_sigkill_and_sigterm(cluster):
     assert time.monotonic() - termed_at < 6
 
 
+@pytest.mark.slow
 def test_gossip_three_publishers_300_each_none_lost_none_twice(cluster):
     procs, stats = start_chain(cluster, ROLES)
     ids = [s["peer_id"] for s in stats]

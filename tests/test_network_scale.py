@@ -5,6 +5,8 @@ than 6 connections, and all twelve stopped at once with SIGTERM exit 0."""
 import signal
 import time
 
+import pytest
+
 from node.net.convergence import problems
 from tests.helpers.net import Cluster, addr_of, dump_logs, status, wait_until
 
@@ -18,6 +20,7 @@ BOUNDED = {
 DEFAULT_DISCOVERY = {"discovery_interval": "5", "connect_timeout": "5"}
 
 
+@pytest.mark.slow
 def test_twelve_nodes_converge_within_the_watermarks_and_all_exit_0_on_sigterm(tmp_path):
     cluster = Cluster(tmp_path)
     try:

@@ -373,6 +373,7 @@ def published(base, version):
 
 
 @pytest.mark.timeout(900)  # about 2 minutes on a quiet 2-core machine; a deadline only
+@pytest.mark.slow
 def test_two_trainers_pretrain_as_one_group_on_disjoint_shards_and_resume(tmp_path, tiny_model_dir):
     import torch
     from safetensors.torch import load_file
@@ -482,6 +483,7 @@ def test_two_trainers_pretrain_as_one_group_on_disjoint_shards_and_resume(tmp_pa
 
 
 @pytest.mark.timeout(2400)  # a deadline only: 4 minutes on a quiet 2-core machine, 20 at load 25
+@pytest.mark.slow
 def test_a_trainer_started_later_joins_the_running_pretraining_group(tmp_path, tiny_model_dir):
     """Two members pretrain; once they took an outer step a third trainer process starts
     knowing only the member's address: it finds the leader in the DHT, recovers version

@@ -160,6 +160,7 @@ def metrics_lines(base):
 
 
 @pytest.mark.timeout(900)
+@pytest.mark.slow
 def test_a_devnet_learns_for_a_few_steps_and_a_killed_trainer_resumes_exactly(
     tmp_path, tiny_model_dir
 ):
