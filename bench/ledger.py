@@ -14,6 +14,11 @@ issue #33 packed the storage; ``--json`` ends with one JSON object (``submit_wor
 among its keys). ``claim_256`` accepts 256 submissions, lets them
 mature and claims them the way ``intellect-node rewards claim`` does (gas estimated, as
 many transactions as it takes) on the embedded chain.
+
+Measured on 2026-12-03 (2 cores, 200 transactions): embedded 42.3 tx/s, served 25.7, anvil
+61.5 (served 0.42x anvil). Before the served chain turned Nagle's algorithm off on its kept
+connections, the same run gave served 3.9 tx/s (0.06x anvil): each answer's body waited for
+the client's delayed ACK of its headers.
 """
 
 from __future__ import annotations
