@@ -50,8 +50,10 @@ class Chain:
             now = tester.get_block_by_number("latest")["timestamp"]
             tester.time_travel(now + seconds)
             return
-        self.w3.provider.make_request("evm_increaseTime", [seconds])  # type: ignore[arg-type]
-        self.w3.provider.make_request("evm_mine", [])  # type: ignore[arg-type]
+        for method, params in (("evm_increaseTime", [seconds]), ("evm_mine", [])):
+            answer = self.w3.provider.make_request(method, params)  # type: ignore[arg-type]
+            if "error" in answer:  # web3 hands back an error answer without raising
+                raise RuntimeError(f"{method} refused by {self.url}: {answer['error']}")
 
 
 def connect(

@@ -177,10 +177,13 @@ class DevChain:
     def _call(self, method: str, params: list[Any]) -> Any:
         self._follow_wall_clock()
         if method == "evm_increaseTime":
-            now = self.tester.get_block_by_number("latest")["timestamp"]
+            # the clock moves ``seconds`` ahead of where it was (the wall clock plus the
+            # offset), and a block is mined there; travelling from the last block instead
+            # was refused as going backwards once the chain had been idle longer than that
             seconds = int(params[0], 16) if isinstance(params[0], str) else int(params[0])
             self.offset += seconds
-            self.tester.time_travel(now + seconds)
+            self._follow_wall_clock()
+            self.tester.mine_blocks(1)
             return hex(seconds)
         if method == "evm_mine":
             self.tester.mine_blocks(1)

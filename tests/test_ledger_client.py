@@ -392,7 +392,7 @@ def test_the_development_chains_clock_keeps_to_the_wall_clock_under_a_burst(tmp_
     the wall clock by a second per transaction beyond one a second (60 stakes: a minute
     ahead), so a deadline on it came late while it stood idle. Blocks may share a second:
     after a burst the chain is where the wall clock is, its blocks in order, also when it
-    is served again from a saved state."""
+    is served again from a saved state; and its clock can be moved on after it stood idle."""
     port = free_port()
     chain = DevChain()
     server = serve(chain, port)
@@ -423,6 +423,12 @@ def test_the_development_chains_clock_keeps_to_the_wall_clock_under_a_burst(tmp_
     server = serve(again, port)
     try:
         burst(60)
+        # moving the clock a second on from a chain idle for longer than that: from the
+        # wall clock on, not from the last block (that was refused as travelling backwards)
+        time.sleep(2.5)
+        before = int(time.time())
+        ledger.chain.advance_time(1)
+        assert w3.eth.get_block("latest")["timestamp"] >= before + 1
     finally:
         server.shutdown()
         server.server_close()
