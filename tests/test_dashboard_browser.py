@@ -24,7 +24,7 @@ from tests.helpers.net import CLI, wait_until
 from tests.test_loop import Loop
 
 MISSING = browser_missing()
-# a real browser against real nodes: minutes, so behind the slow marker (-m slow)
+# a real browser against real nodes: over a minute, so behind the slow marker (-m slow)
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(MISSING is not None, reason=MISSING or "")]
 
 FIGURES = """
