@@ -14,7 +14,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from ledger.client import REASON_NAMES
+from ledger.codes import REASON_NAMES
 
 # per-day totals, in this order (the CSV's columns): counts, then amounts in wei
 TOTALS = (

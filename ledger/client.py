@@ -38,6 +38,7 @@ from web3.exceptions import TransactionNotFound
 
 from ledger.build import load_artifact
 from ledger.chain import RECEIPT_POLL_S, Chain, revert_reason
+from ledger.codes import REASONS, STATUS
 from ledger.registration import registration_message, verify_registration
 
 T = TypeVar("T")
@@ -70,9 +71,6 @@ GAS_EXTRA = 30_000
 MAX_TX_GAS = 12_000_000  # a claim whose estimate exceeds this is split
 FEE_BUMP = 1.25  # replacements need at least +10 % on both fees (geth, anvil)
 FEES_TTL_S = 5.0  # the latest block's fees are read again after this long
-REASONS = {"invalid": 1, "unavailable": 2, "mismatch": 3}
-REASON_NAMES = {v: k for k, v in REASONS.items()}  # a rejection's reason code, in words
-STATUS = {0: "none", 1: "pending", 2: "accepted", 3: "rejected"}
 WEI = 10**18
 
 

@@ -87,6 +87,34 @@ def test_print_config_and_help_do_not_import_libp2p(tmp_path):
     assert "--bootstrap" in run("start", "--help").stdout
 
 
+def test_commands_and_a_network_node_import_no_answer_checker_and_no_web3(tmp_path):
+    """Every command imports the task sets, and a node its roles: math-verify (sympy) is
+    imported at the first answer that needs it, and web3 only where a chain is used."""
+    heavy = ("math_verify", "sympy", "web3")
+    show = f"print(sorted(m for m in sys.modules if m.split('.')[0] in {heavy!r}))"
+    for argv in (["status", "--data-dir", str(tmp_path)], ["start", "--print-config"]):
+        code = f"import sys; from node.cli import main\ntry: main({argv!r})\nexcept SystemExit: pass\n{show}"
+        res = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=60
+        )
+        assert res.stdout.strip().endswith("[]"), (argv, res.stdout, res.stderr)
+    # what a network-only node's start imports (tests/test_adversarial.py's nodes), and a
+    # worker's and a validator's roles (web3 there: they use the chain)
+    for mods, absent in (
+        ("node.net.runtime, node.net.admin, node.roles.chain, node.shardcast.service", heavy),
+        ("node.roles.validator, node.roles.inference, node.roles.trainer", heavy[:2]),
+    ):
+        code = f"import sys, {mods}\n{show}"
+        res = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=60
+        )
+        names = eval(res.stdout.strip().splitlines()[-1])
+        assert not [m for m in names if m.split(".")[0] in absent], (mods, names)
+    from node.tasks.answers import answers_match  # and the checker still loads when needed
+
+    assert answers_match("1/2", "0.5") and not answers_match("1/2", "0.4")
+
+
 def test_cli_reports_bad_flags_without_a_traceback(tmp_path):
     res = run(
         "start", "--peer-ttl", "0.5", "--heartbeat-interval", "1", "--print-config", check=False
@@ -108,6 +136,8 @@ def test_keys_new_show_and_file_mode(tmp_path):
     assert stat.S_IMODE((d / "identity.key").stat().st_mode) == 0o600
     assert stat.S_IMODE(d.stat().st_mode) == 0o700
     assert stat.S_IMODE((d / "account.json").stat().st_mode) == 0o600
+    # a user's keystore keeps eth-account's full scrypt (the devnet's light one is its own)
+    assert json.loads((d / "account.json").read_text())["crypto"]["kdfparams"]["n"] == 2**18
     shown = run("keys", "show", "--data-dir", str(d)).stdout
     assert peer_id in shown and "account    0x" in shown
     res = run(

@@ -12,7 +12,7 @@ from collections import Counter
 
 import pytest
 
-from ledger.client import REASON_NAMES
+from ledger.codes import REASON_NAMES
 from node.rollouts.cheats import CATALOGUE
 from tests.helpers.matrix import CHAIN_ARGS, CHEATERS, HONEST, MatrixBooks, run_matrix
 from tests.helpers.net import counter, metrics

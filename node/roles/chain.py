@@ -10,7 +10,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from ledger.client import REASONS, STATUS
+from ledger.codes import REASON_NAMES, STATUS
 from node.config import NodeConfig
 from node.roles.work import ACCEPTED, Key, Verdict
 
@@ -156,15 +156,12 @@ class Ruling:
     block: int
 
 
-_REASON_NAMES = {code: name for name, code in REASONS.items()}
-
-
 def _ruling(ev: Any) -> Ruling:
     args = ev["args"]
     if STATUS.get(int(args["status"])) == ACCEPTED:
         verdict = Verdict.accept("")
     else:
-        verdict = Verdict.reject(_REASON_NAMES.get(int(args.get("reason", -1)), "rejected"), "")
+        verdict = Verdict.reject(REASON_NAMES.get(int(args.get("reason", -1)), "rejected"), "")
     return Ruling(
         key=(str(args["worker"]).lower(), bytes(args["key"])),
         verdict=verdict,

@@ -43,7 +43,8 @@ from typing import Any
 
 import trio
 
-from ledger.client import REASON_NAMES, LedgerError
+from ledger.client import LedgerError
+from ledger.codes import REASON_NAMES
 from node.config import NodeConfig
 from node.files import write_atomic
 from node.net.runtime import Node

@@ -12,6 +12,9 @@ Two plain integers (the arithmetic tasks' answers, and what a policy learning th
 are compared as integers without math-verify, which reaches the same verdict on them at
 a hundred times the cost: scoring was 45% of the batch checker's CPU per batch. Verdicts are
 cached by (gold, predicted): a group's samples often give the same answer.
+
+math-verify (with sympy: 0.4 s) is imported on the first answer that needs it, not with the
+module: every node process and CLI command imports the task sets.
 """
 
 from __future__ import annotations
@@ -19,8 +22,6 @@ from __future__ import annotations
 import re
 import threading
 from functools import lru_cache
-
-from math_verify import parse, verify
 
 MAX_ANSWER_CHARS = 256
 _ANSWER_RE = re.compile(r"answer\s*(?:is)?\s*[:=]?", re.IGNORECASE)
@@ -55,9 +56,18 @@ def extract_answer(completion: str) -> str:
 
 
 def _parse(text: str) -> list[object]:
+    from math_verify import parse
+
     timeout = 5 if threading.current_thread() is threading.main_thread() else None
     wrapped = text if "$" in text or "\\boxed" in text else f"${text}$"
     return list(parse(wrapped, parsing_timeout=timeout))  # type: ignore[arg-type]
+
+
+def _verify(gold: list[object], predicted: list[object]) -> bool:
+    from math_verify import verify
+
+    timeout = 5 if threading.current_thread() is threading.main_thread() else None
+    return bool(verify(gold, predicted, timeout_seconds=timeout))
 
 
 @lru_cache(maxsize=4096)
@@ -70,8 +80,7 @@ def answers_match(gold: str, predicted: str) -> bool:
     g, p = _parse(gold), _parse(predicted)
     if not g or not p:
         return False
-    timeout = 5 if threading.current_thread() is threading.main_thread() else None
-    return bool(verify(g, p, timeout_seconds=timeout))
+    return _verify(g, p)
 
 
 def score(gold: str, completion: str) -> float:

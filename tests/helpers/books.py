@@ -270,7 +270,7 @@ def read_books(
     """The books from the chain (``client``: a ``LedgerClient``), the trainer's files under
     ``base / "trainer"`` and each worker's store under ``base / <name> / "batches"``
     (``workers``: name -> address)."""
-    from ledger.client import STATUS
+    from ledger.codes import STATUS
 
     events = client.contract.events
     submitted = {

@@ -14,7 +14,7 @@ import json
 from collections import Counter
 from dataclasses import dataclass, field
 
-from ledger.client import REASON_NAMES
+from ledger.codes import REASON_NAMES
 from node.cli.devnet import wait_ready
 from tests.helpers.net import wait_until
 from tests.test_loop import Loop, submissions, verdict_events
