@@ -15,7 +15,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from eth_tester.backends.pyevm.main import get_default_account_keys
 
-from ledger.accounts import create_account, load_account
+from ledger.accounts import LIGHT_SCRYPT_N, AccountError, create_account, load_account
 from ledger.chain import connect, start_anvil
 from ledger.client import LedgerError, LedgerOutOfGas, LedgerPending, LedgerRevert
 from ledger.devchain import DevChain, serve
@@ -239,6 +239,24 @@ def test_replacing_a_keystore_keeps_a_backup(tmp_path):
     (tmp_path / "restored").mkdir()
     (tmp_path / "restored" / "account.json").write_bytes(backup.read_bytes())
     assert load_account(tmp_path / "restored", "pw1").address == old.address
+
+
+def test_devnet_keystores_take_the_light_scrypt_and_users_the_full_one(tmp_path):
+    """The devnet's password is public: its keystores take geth's light work factor (a
+    node decrypts its own at every start); ``create_account`` keeps eth-account's 2**18."""
+    from node.cli.devnet import DEVNET_PASSWORD, make_account
+
+    address = make_account(tmp_path / "dev")
+    keystore = json.loads((tmp_path / "dev" / "account.json").read_text())
+    assert keystore["crypto"]["kdf"] == "scrypt"
+    assert keystore["crypto"]["kdfparams"]["n"] == LIGHT_SCRYPT_N < 2**18
+    assert load_account(tmp_path / "dev", DEVNET_PASSWORD).address.lower() == address
+    with pytest.raises(AccountError, match="wrong password"):
+        load_account(tmp_path / "dev", "not the devnet's")
+    assert make_account(tmp_path / "dev") == address  # kept, not replaced
+    create_account(tmp_path / "user", "pw")
+    user = json.loads((tmp_path / "user" / "account.json").read_text())
+    assert user["crypto"]["kdfparams"]["n"] == 2**18
 
 
 def test_replacing_the_node_identity_keeps_a_backup(tmp_path):

@@ -220,11 +220,13 @@ WORKER_FUNDS = "10"  # ETH sent to each worker account
 
 
 def make_account(data_dir: Path, private_key: str | None = None) -> str:
-    """A keystore in ``data_dir`` (kept if there is one); returns its address."""
-    from ledger.accounts import account_address, account_path, create_account
+    """A keystore in ``data_dir`` (kept if there is one); returns its address. Its password
+    is public, so its scrypt is geth's light one: the full work factor would only cost each
+    node a second at every start."""
+    from ledger.accounts import LIGHT_SCRYPT_N, account_address, account_path, create_account
 
     if not account_path(data_dir).exists():
-        create_account(data_dir, DEVNET_PASSWORD, private_key=private_key)
+        create_account(data_dir, DEVNET_PASSWORD, private_key=private_key, scrypt_n=LIGHT_SCRYPT_N)
     return account_address(data_dir).lower()
 
 
