@@ -156,10 +156,10 @@ def build_tiny_model(
 
     r = recipe or Recipe()
     out = Path(out_dir)
-    if _matches(out, r):
+    if is_built(out, r):
         return out, False
     cached = Path(cache_dir) / r.digest() if cache_dir else None
-    if cached is not None and _matches(cached, r):
+    if cached is not None and is_built(cached, r):
         _copy(cached, out)
         return out, False
     taskset = load_taskset(r.task)
@@ -225,7 +225,8 @@ def _train(
             progress(step + 1, r.steps, loss.item())
 
 
-def _matches(path: Path, r: Recipe) -> bool:
+def is_built(path: Path, r: Recipe) -> bool:
+    """Whether ``path`` holds a complete model built by recipe ``r``."""
     try:
         meta = json.loads((path / RECIPE_FILE).read_text())
     except (OSError, ValueError):
