@@ -431,6 +431,78 @@ def test_retention_from_several_threads_at_once_drops_each_version_once(tmp_path
     assert sorted(dropped) == [1, 2, 3, 4] and sorted(store.complete) == [5, 6]
 
 
+def test_a_retention_in_another_thread_leaves_a_download_starting_or_finishing_alone(
+    tmp_path, monkeypatch
+):
+    """Versions 2 and 3 download at once, 3 completes first and its retention runs (in a
+    worker thread) while 2 starts or finishes in another. A partial is safe from retention
+    only while it holds its lock: one made but not locked yet, or unlocked before its
+    rename, was deleted as abandoned (FileNotFoundError: a follower of the shardcast test
+    died of it under two xdist workers)."""
+    import threading
+
+    from node.shardcast.store import Partial
+
+    origin = make_store(tmp_path, "origin")
+    src = checkpoint(tmp_path, {"w.bin": 1000})
+    sources = {
+        v: publish(
+            origin, src, identity=TRAINER, version=v, step=v, shard_size=64 * KiB, seq=v, ts_ms=1
+        )
+        for v in (1, 2, 3)
+    }
+    store = make_store(tmp_path)
+    for v in (1, 3):
+        done = store.begin(sources[v].manifest, sources[v].envelope)
+        for i in range(sources[v].manifest.num_shards):
+            done.write(i, sources[v].read_shard(i))
+        store.finish(done)
+    m, env = sources[2].manifest, sources[2].envelope
+    dropped, errors = [], []
+
+    def retain_now():
+        """Version 3's download ends and retains (window 2..3), at the worst moment."""
+
+        def retain():
+            try:
+                dropped.extend(store.retain(3, floor=2))
+            except Exception as exc:  # noqa: BLE001 - the test reports what the thread raised
+                errors.append(exc)
+
+        other = threading.Thread(target=retain)
+        other.start()
+        other.join(0.5)  # it runs now unless the store holds it off
+        return other
+
+    threads = []
+    init, close = Partial.__init__, Partial.close
+
+    def init_after_retain(self, *a, **kw):  # the directory made, its lock not taken yet
+        threads.append(retain_now())
+        init(self, *a, **kw)
+
+    monkeypatch.setattr(Partial, "__init__", init_after_retain)
+    partial = store.begin(m, env)
+    monkeypatch.setattr(Partial, "__init__", init)
+    threads[0].join(10)
+    assert not errors, errors
+    assert dropped == [1] and (store.root / ".partial-v00000002").is_dir()
+    for i in range(m.num_shards):
+        partial.write(i, sources[2].read_shard(i))
+
+    def close_then_retain(self):  # the partial's lock just released, not renamed yet
+        close(self)
+        if self is partial:
+            threads.append(retain_now())
+
+    monkeypatch.setattr(Partial, "close", close_then_retain)
+    finished = store.finish(partial)
+    threads[1].join(10)
+    assert not errors, errors
+    assert finished.root == store.root / "v00000002" and sorted(store.complete) == [2, 3]
+    assert read_all(finished.root, m) == read_all(origin.root / "v00000002", m)
+
+
 def test_publish_refuses_bad_checkpoints(tmp_path):
     store = make_store(tmp_path, "origin")
     kw = dict(identity=TRAINER, step=1, shard_size=64 * KiB, seq=1, ts_ms=1)

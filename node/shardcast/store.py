@@ -236,16 +236,19 @@ class WeightStore:
         return path.read_bytes() if path.exists() else None
 
     def begin(self, manifest: WeightManifest, envelope: bytes) -> Partial:
-        """Open (or resume) the partial download of ``manifest``."""
+        """Open (or resume) the partial download of ``manifest``. Under the store's lock: a
+        retention in another thread would take the new directory for an abandoned partial
+        until the partial holds its lock."""
         path = self.root / (".partial-" + version_dir_name(manifest.version))
-        (path / "files").mkdir(parents=True, exist_ok=True)
-        manifest_path = path / MANIFEST_FILE
-        if not manifest_path.exists() or manifest_path.read_bytes() != envelope:
-            if manifest_path.exists():  # another manifest for this version: start over
-                shutil.rmtree(path)
-                (path / "files").mkdir(parents=True)
-            write_atomic(manifest_path, envelope)
-        return Partial(path, manifest, envelope)
+        with self.lock:
+            (path / "files").mkdir(parents=True, exist_ok=True)
+            manifest_path = path / MANIFEST_FILE
+            if not manifest_path.exists() or manifest_path.read_bytes() != envelope:
+                if manifest_path.exists():  # another manifest for this version: start over
+                    shutil.rmtree(path)
+                    (path / "files").mkdir(parents=True)
+                write_atomic(manifest_path, envelope)
+            return Partial(path, manifest, envelope)
 
     def finish(self, partial: Partial) -> ShardSource:
         """Check the whole digest and make the version visible (atomic rename)."""
@@ -255,10 +258,13 @@ class WeightStore:
         if partial.whole_digest() != m.digest:
             raise StoreError(f"version {m.version}: whole-checkpoint digest does not match")
         partial.sync()  # each shard was flushed as it was written: little is left
-        partial.close()
-        (partial.root / "done").unlink()
-        (partial.root / "lock").unlink()
+        # from the moment its lock is released until it is renamed, the partial would look
+        # abandoned to a retention in another thread (one download's end while another's
+        # finishes), which deleted it under the rename: the store's lock holds that off
         with self.lock:
+            partial.close()
+            (partial.root / "done").unlink()
+            (partial.root / "lock").unlink()
             final = self.root / version_dir_name(m.version)
             if final.exists():
                 shutil.rmtree(final)
