@@ -55,19 +55,22 @@ def extract_answer(completion: str) -> str:
     return completion.strip().rstrip(".")
 
 
+def _timeout() -> int | None:
+    """math-verify's timeout: 5 s on the main thread, none elsewhere (it needs signals)."""
+    return 5 if threading.current_thread() is threading.main_thread() else None
+
+
 def _parse(text: str) -> list[object]:
     from math_verify import parse
 
-    timeout = 5 if threading.current_thread() is threading.main_thread() else None
     wrapped = text if "$" in text or "\\boxed" in text else f"${text}$"
-    return list(parse(wrapped, parsing_timeout=timeout))  # type: ignore[arg-type]
+    return list(parse(wrapped, parsing_timeout=_timeout()))  # type: ignore[arg-type]
 
 
 def _verify(gold: list[object], predicted: list[object]) -> bool:
     from math_verify import verify
 
-    timeout = 5 if threading.current_thread() is threading.main_thread() else None
-    return bool(verify(gold, predicted, timeout_seconds=timeout))
+    return bool(verify(gold, predicted, timeout_seconds=_timeout()))
 
 
 @lru_cache(maxsize=4096)
