@@ -34,13 +34,13 @@ def pytest_sessionstart(session):
     cores, and took 548 s there instead of about 150 s alone. Once per machine."""
     import tempfile
 
-    from node.engine.tinymodel import is_built
+    from node.engine.tinymodel import cache_path, is_built
 
     if not getattr(session.config.option, "numprocesses", None):
         return
     if "PYTEST_XDIST_WORKER" in os.environ:
         return
-    missing = [n for n, r in _recipes().items() if not is_built(CACHE / r.digest(), r)]
+    missing = [n for n, r in _recipes().items() if not is_built(cache_path(CACHE, r), r)]
     if not missing:
         return
     print(

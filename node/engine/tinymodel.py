@@ -158,7 +158,7 @@ def build_tiny_model(
     out = Path(out_dir)
     if is_built(out, r):
         return out, False
-    cached = Path(cache_dir) / r.digest() if cache_dir else None
+    cached = cache_path(cache_dir, r) if cache_dir else None
     if cached is not None and is_built(cached, r):
         _copy(cached, out)
         return out, False
@@ -223,6 +223,11 @@ def _train(
         opt.zero_grad(set_to_none=True)
         if progress is not None:
             progress(step + 1, r.steps, loss.item())
+
+
+def cache_path(cache_dir: str | Path, r: Recipe) -> Path:
+    """Where recipe ``r``'s model lies in the cache ``cache_dir``."""
+    return Path(cache_dir) / r.digest()
 
 
 def is_built(path: Path, r: Recipe) -> bool:
