@@ -90,25 +90,32 @@ def test_print_config_and_help_do_not_import_libp2p(tmp_path):
 def test_commands_and_a_network_node_import_no_answer_checker_and_no_web3(tmp_path):
     """Every command imports the task sets, and a node its roles: math-verify (sympy) is
     imported at the first answer that needs it, and web3 only where a chain is used."""
+    import ast
+
     heavy = ("math_verify", "sympy", "web3")
-    show = f"print(sorted(m for m in sys.modules if m.split('.')[0] in {heavy!r}))"
-    for argv in (["status", "--data-dir", str(tmp_path)], ["start", "--print-config"]):
-        code = f"import sys; from node.cli import main\ntry: main({argv!r})\nexcept SystemExit: pass\n{show}"
+
+    def imported(code: str) -> list[str]:
+        """The heavy modules loaded once ``code`` has run in a fresh interpreter."""
+        show = f"print(sorted(m for m in sys.modules if m.split('.')[0] in {heavy!r}))"
         res = subprocess.run(
-            [sys.executable, "-c", code], capture_output=True, text=True, timeout=60
+            [sys.executable, "-c", f"import sys\n{code}\n{show}"],
+            capture_output=True,
+            text=True,
+            timeout=60,
         )
-        assert res.stdout.strip().endswith("[]"), (argv, res.stdout, res.stderr)
+        assert res.returncode == 0, res.stderr
+        return list(ast.literal_eval(res.stdout.strip().splitlines()[-1]))
+
+    for argv in (["status", "--data-dir", str(tmp_path)], ["start", "--print-config"]):
+        code = f"from node.cli import main\ntry: main({argv!r})\nexcept SystemExit: pass"
+        assert imported(code) == [], argv
     # what a network-only node's start imports (tests/test_adversarial.py's nodes), and a
     # worker's and a validator's roles (web3 there: they use the chain)
     for mods, absent in (
         ("node.net.runtime, node.net.admin, node.roles.chain, node.shardcast.service", heavy),
         ("node.roles.validator, node.roles.inference, node.roles.trainer", heavy[:2]),
     ):
-        code = f"import sys, {mods}\n{show}"
-        res = subprocess.run(
-            [sys.executable, "-c", code], capture_output=True, text=True, timeout=60
-        )
-        names = eval(res.stdout.strip().splitlines()[-1])
+        names = imported(f"import {mods}")
         assert not [m for m in names if m.split(".")[0] in absent], (mods, names)
     from node.tasks.answers import answers_match  # and the checker still loads when needed
 
