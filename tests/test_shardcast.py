@@ -4,7 +4,9 @@ trio's MockClock, progress output."""
 
 import os
 import random
+import resource
 import time
+from contextlib import contextmanager
 
 import blake3
 import msgpack
@@ -15,8 +17,8 @@ from crypto.hashing import digest
 from crypto.identity import Identity
 from node.cli.weights import pull_info
 from node.shardcast.schedule import DownloadPlan
-from node.shardcast.store import StoreError, WeightStore, publish, version_dir_name
-from node.shardcast.transfer import BadShard, ByteBucket, Wakeup, run_download
+from node.shardcast.store import DiskFault, StoreError, WeightStore, publish, version_dir_name
+from node.shardcast.transfer import BadShard, ByteBucket, LocalFault, Wakeup, run_download
 from protocol.errors import Reason, WireError
 from protocol.shardcast import (
     MANIFEST_MAX,
@@ -280,6 +282,45 @@ def test_store_refuses_to_finish_incomplete_or_wrong_whole_digest(tmp_path):
     with pytest.raises(StoreError, match="whole"):
         make_store(tmp_path, "other").finish(p2)
     assert not (tmp_path / "other" / "v00000003").exists()
+
+
+@contextmanager
+def file_size_limit(nbytes):
+    """The kernel refuses to write a file past ``nbytes`` (EFBIG, "File too large"; Python
+    ignores SIGXFSZ): a disk that fills, for this process, until the block ends."""
+    before = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (nbytes, before[1]))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, before)
+
+
+def test_a_disk_that_refuses_fails_the_download_keeps_its_shards_and_locks_nothing(tmp_path):
+    """A full disk at the start or in the middle of a download is a ``DiskFault`` naming
+    the version and the cause; nothing stays open or locked (the next attempt starts in
+    the same process), and the shards verified before are resumed, not fetched again."""
+    _origin, source, src = published(tmp_path)  # model-00001 is 300 KiB: shards 0-4
+    m, env = source.manifest, source.envelope
+    store = make_store(tmp_path)
+    with file_size_limit(100 * KiB):  # its files cannot even be made at their size
+        with pytest.raises(DiskFault, match=r"version 1: cannot start in .*: File too large"):
+            store.begin(m, env)
+    partial = store.begin(m, env)
+    for i in (0, 1):
+        partial.write(i, source.read_shard(i))
+    with file_size_limit(100 * KiB):  # shard 3 lies at 192-256 KiB of model-00001
+        with pytest.raises(DiskFault, match="version 1: cannot write shard 3: File too large"):
+            partial.write(3, source.read_shard(3))
+    assert partial.held == {0, 1}
+    partial.close()
+    again = store.begin(m, env)
+    assert again.held == {0, 1} and again.resumed == 2
+    for i in range(2, m.num_shards):
+        again.write(i, source.read_shard(i))
+    done = store.finish(again)
+    for f in m.files:
+        assert (done.root / "files" / f.name).read_bytes() == (src / f.name).read_bytes()
 
 
 def test_the_whole_digest_advances_as_shards_are_written_in_any_order(tmp_path):
@@ -778,6 +819,37 @@ async def test_busy_peer_is_asked_again_soon_and_a_stale_holding_is_dropped(auto
         [0, 0.25, 0.5, 0.75, 0.75]
     )
     assert p.peers["only"].failures == 0 and p.peers["only"].success == 1.0
+
+
+async def test_a_local_fault_stops_the_download_and_blames_no_peer(autojump_clock):
+    """This node's disk failing a shard ends the whole download with that error at once
+    (the other fetches in flight are cancelled); no peer is backed off or banned."""
+    p = DownloadPlan(8, max_inflight=4, per_peer=4, rng=random.Random(0))
+    p.update_peer("honest", set(range(8)))
+    events, started, cancelled = [], [], []
+
+    async def fetch(shard, peer):
+        started.append(shard)
+        if len(started) == 3:  # the third of the four fetched at once
+            await trio.sleep(0.5)
+            raise LocalFault(f"version 1: cannot write shard {shard}: No space left on device")
+        try:
+            await trio.sleep(1.0 + len(started))
+        except trio.Cancelled:
+            cancelled.append(shard)
+            raise
+        return 1
+
+    def report(outcome, shard, peer, err):
+        events.append(outcome)
+
+    with pytest.raises(LocalFault, match="No space left"):
+        await run_download(p, fetch, shard_deadline=lambda s: 30.0, wakeup=Wakeup(), report=report)
+    assert trio.current_time() == pytest.approx(0.5)  # not after the others' 1-4 s
+    assert len(started) == 4 and sorted(cancelled) == sorted(started[:2] + started[3:])
+    assert events == []
+    honest = p.peers["honest"]
+    assert not p.banned and honest.failures == 0 and honest.backoff_until == 0.0
 
 
 async def test_download_waits_for_a_holder_then_finishes(autojump_clock):

@@ -1,6 +1,7 @@
 """SHARDCAST between real node processes on 127.0.0.1: publish and follow, relays, a
 malicious peer, forged and replayed manifests, a serving peer that dies or freezes, and
-a downloader killed with SIGKILL that resumes without fetching its verified shards again.
+a downloader killed with SIGKILL that resumes without fetching its verified shards again,
+a downloader whose disk fills mid-download.
 Every process a test starts, the test stops (the ``cluster`` fixture).
 
 The origin is a trainer node; downloaders are network-only nodes told to follow the
@@ -8,6 +9,8 @@ weights (``follow_weights``), so these tests need no model or chain."""
 
 import filecmp
 import os
+import re
+import resource
 import signal
 import subprocess
 from pathlib import Path
@@ -259,6 +262,44 @@ def test_downloader_killed_with_sigkill_resumes_without_refetching(cluster, tmp_
     sent_after = counter(metrics(t), "intellect_shardcast_bytes_total", direction="out")
     assert sent_after - sent_before == j["fetched_bytes"]
     assert "resumed version=1 verified_shards=" in d2.log_path.read_text()
+
+
+def test_a_full_disk_fails_the_download_and_it_resumes_by_itself_given_room(cluster, tmp_path):
+    """The downloader's disk fills mid-download: its file size limit is lowered under it,
+    so the kernel refuses its writes past 1 MiB as a full disk would (EFBIG). The download
+    fails with that cause; the node stays up; no peer is blamed; ``weights pull`` says why
+    and when the node tries again. Given room, the node starts again by itself and fetches
+    only the shards it had not verified."""
+    t, st = cluster.start("trainer", upload_rate="1", shard_size=str(256 * KiB))
+    src = checkpoint(tmp_path / "ckpt", {"a.safetensors": 3 * MiB + 3, "b.json": 1000})
+    post(t, "/weights/publish", {"dir": str(src)})
+    total = 3 * MiB + 3 + 1000
+    d, _ = follower(cluster, st)
+    wait_until(lambda: (job(d) or {}).get("done_shards", 0) >= 2, 30, "a few shards", 0.05)
+    unlimited = resource.RLIM_INFINITY
+    resource.prlimit(d.proc.pid, resource.RLIMIT_FSIZE, (MiB, unlimited))
+    wait_until(lambda: job(d)["state"] == "failed", 30, "the download to fail")
+    j = job(d)
+    assert "cannot write shard" in j["error"] and "File too large" in j["error"], j
+    assert j["retry_in_s"] is not None and j["banned"] == [] and j["attempt"] == 1
+    journaled = (d.data_dir / "weights" / ".partial-v00000001" / "done").stat().st_size // 4
+    assert journaled >= 2 and not has(d, 1)
+    assert post(d, "/ping", {"peer_id": st["peer_id"]})["ok"]  # up, and still serving
+    # by hand: the pull starts at once, fails the same way, and says so
+    r = cli("weights", "pull", "--data-dir", str(d.data_dir), "--timeout", "60")
+    assert r.returncode == 1, r.stdout + r.stderr
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("version 1 failed: cannot write shard "), last
+    assert "File too large (the node tries again in " in last, last
+    kept = re.search(r"keeping the (\d+) shards it verified\)$", last)
+    assert kept and int(kept.group(1)) >= journaled, last
+    resource.prlimit(d.proc.pid, resource.RLIMIT_FSIZE, (unlimited, unlimited))
+    wait_until(lambda: has(d, 1), 60, "the download to start again by itself and complete")
+    assert_same_files(src, Path(path_of(d, 1)))
+    j = job(d)
+    assert j["attempt"] >= 3 and j["retry_in_s"] is None and j["resumed_shards"] >= journaled
+    assert j["fetched_bytes"] == total - j["resumed_bytes"]  # nothing verified came again
+    assert "downloading version 1 again (attempt 3)" in d.log_path.read_text()
 
 
 def has_complete_dir(node):

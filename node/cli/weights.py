@@ -74,6 +74,18 @@ def pull_info(job: dict[str, Any]) -> str:
     return text
 
 
+def failure(job: dict[str, Any]) -> str:
+    """A failed download, and when the node tries again (its own disk failed it)."""
+    version = job["version"]
+    text = f"version {version} failed: {job['error'].removeprefix(f'version {version}: ')}"
+    if job.get("retry_in_s") is not None:
+        kept = (
+            f", keeping the {job['done_shards']} shards it verified" if job["done_shards"] else ""
+        )
+        text += f" (the node tries again in {job['retry_in_s']:.0f} s{kept})"
+    return text
+
+
 def _pull(args: argparse.Namespace) -> int:
     directory = data_dir(args)
     version = admin_post(directory, "/weights/pull", {"version": args.version}, timeout=120)[
@@ -94,7 +106,7 @@ def _pull(args: argparse.Namespace) -> int:
                     outcome = (0, f"version {version} complete: {held['path'] if held else ''}")
                     break
                 if job["state"] == "failed":
-                    outcome = (1, f"version {version} failed: {job['error']}")
+                    outcome = (1, failure(job))
                     break
             if args.timeout and time.monotonic() - started > args.timeout:
                 outcome = (1, f"gave up on version {version} after {args.timeout:.0f} s")

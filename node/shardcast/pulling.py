@@ -7,6 +7,9 @@ shard is verified on arrival, written in place and journalled (``store.Partial``
 restarted node resumes. Complete, the whole digest is checked and the version renamed into
 view (``VersionBook.finish``), then retention runs. A peer that served a bad shard is
 banned for the rest of the run. Memory: at most ``download_slots`` shards in flight.
+A download this node's disk fails (``DiskFault``: full, say) ends with that error, blames
+no peer, keeps its journalled shards and starts again after ``RETRY_FIRST`` seconds,
+doubling up to ``RETRY_MAX``, while the version is still wanted.
 """
 
 from __future__ import annotations
@@ -25,8 +28,15 @@ from node.net.requests import RemoteRefusal
 from node.net.runtime import Node
 from node.shardcast.providers import find_providers, provide
 from node.shardcast.schedule import DownloadPlan, PeerState
-from node.shardcast.store import Partial, StoreError
-from node.shardcast.transfer import BadShard, PeerBusy, PeerLacks, Wakeup, run_download
+from node.shardcast.store import DiskFault, Partial, StoreError
+from node.shardcast.transfer import (
+    BadShard,
+    LocalFault,
+    PeerBusy,
+    PeerLacks,
+    Wakeup,
+    run_download,
+)
 from node.shardcast.versions import VersionBook
 from protocol import ids
 from protocol.errors import Reason, WireError
@@ -44,6 +54,9 @@ log = logging.getLogger("intellect.shardcast")
 REFRESH = 1.0  # seconds between holdings refreshes during a download
 MAX_QUERY_PEERS = 16  # holders asked per refresh
 LOOKUP_EVERY = 5.0  # seconds between DHT provider lookups during a download
+# a download its own disk failed (full, say) starts again after RETRY_FIRST seconds,
+# doubling each time up to RETRY_MAX: the shards it verified are kept, never fetched again
+RETRY_FIRST, RETRY_MAX = 5.0, 300.0
 
 
 async def ask_holding(
@@ -91,6 +104,8 @@ class DownloadJob:
     state: str = "downloading"  # downloading, complete, failed
     error: str = ""
     plan: DownloadPlan | None = None
+    attempt: int = 1  # 2 and more: started again after a failure
+    retry_at: float | None = None  # failed on this node's disk: when it starts again
 
     def view(self) -> dict[str, Any]:
         elapsed = max((self.finished or time.monotonic()) - self.started, 1e-6)
@@ -113,6 +128,12 @@ class DownloadJob:
                 for p in (plan.peers.values() if plan else [])
             },
             "banned": plan.banned if plan else [],
+            "attempt": self.attempt,
+            "retry_in_s": (
+                None
+                if self.retry_at is None
+                else round(max(0.0, self.retry_at - time.monotonic()), 1)
+            ),
         }
 
 
@@ -138,7 +159,7 @@ class Downloads:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             task_status.started()
-            await trio.sleep_forever()
+            await self._retry_loop()
 
     def has_job(self, version: int) -> bool:
         return version in self._jobs
@@ -151,8 +172,47 @@ class Downloads:
         known = self.book.manifest(version)
         assert known is not None and self._nursery is not None
         m = known[0]
-        self._jobs[version] = DownloadJob(version, m.total_size, m.num_shards)
+        before = self._jobs.get(version)
+        attempt = before.attempt + 1 if before is not None and before.state == "failed" else 1
+        self._jobs[version] = DownloadJob(version, m.total_size, m.num_shards, attempt=attempt)
         self._nursery.start_soon(self._download, version)
+
+    def _failed(self, job: DownloadJob, exc: StoreError) -> None:
+        """End ``job`` with ``exc``; one its own disk failed starts again later."""
+        job.state, job.error, job.finished = "failed", str(exc), time.monotonic()
+        if not isinstance(exc, DiskFault):
+            log.error("version %d failed: %s", job.version, exc)
+            return
+        wait = min(RETRY_MAX, RETRY_FIRST * 2 ** (job.attempt - 1))
+        job.retry_at = job.finished + wait
+        log.error(
+            "version %d failed: %s (again in %.0f s; its %d verified shards are kept)",
+            job.version,
+            exc,
+            wait,
+            len(job.plan.done) if job.plan else 0,
+        )
+
+    async def _retry_loop(self) -> None:
+        """Start again each download its disk failed once its wait is over, if it is still
+        wanted: known, not held, in the window, and no newer version held."""
+        while True:
+            await trio.sleep(1.0)
+            now = time.monotonic()
+            for version, job in list(self._jobs.items()):
+                if job.state != "failed" or job.retry_at is None or job.retry_at > now:
+                    continue
+                job.retry_at = None
+                book = self.book
+                if (
+                    book.manifest(version) is None
+                    or book.is_complete(version)
+                    or book.outside(version)
+                    or book.current > version
+                ):
+                    continue
+                log.info("downloading version %d again (attempt %d)", version, job.attempt + 1)
+                self.start(version)
 
     def ensure(self, version: int) -> None:
         """Download ``version`` unless it is held or downloading."""
@@ -181,8 +241,7 @@ class Downloads:
         try:
             partial = await self.book.begin(version)
         except StoreError as exc:
-            job.state, job.error = "failed", str(exc)
-            log.error("cannot download version %d: %s", version, exc)
+            self._failed(job, exc)
             return
         m = partial.manifest
         job.resumed_shards = partial.resumed
@@ -205,6 +264,7 @@ class Downloads:
         for peer in self.holders.banned:
             plan.peers.setdefault(peer, PeerState(peer)).banned = True
         wakeup = Wakeup()
+        fault: LocalFault | None = None
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._refresh_loop, m, plan, wakeup)
@@ -220,18 +280,23 @@ class Downloads:
                             raise PeerLacks(str(refusal)) from None
                         raise
 
-                await run_download(
-                    plan,
-                    fetch,
-                    shard_deadline=self._shard_deadline(m),
-                    wakeup=wakeup,
-                    report=self._report(version),
-                )
+                try:
+                    await run_download(
+                        plan,
+                        fetch,
+                        shard_deadline=self._shard_deadline(m),
+                        wakeup=wakeup,
+                        report=self._report(version),
+                    )
+                except LocalFault as exc:  # raised here, not out of the nursery (a group)
+                    fault = exc
                 nursery.cancel_scope.cancel()
+            if fault is not None:
+                assert isinstance(fault.__cause__, StoreError)
+                raise fault.__cause__
             await self.book.finish(partial)
         except StoreError as exc:
-            job.state, job.error = "failed", str(exc)
-            log.error("version %d failed: %s", version, exc)
+            self._failed(job, exc)
             return
         finally:
             self.book.end(version)
@@ -306,7 +371,11 @@ class Downloads:
             partial.write(shard, buf)
             return True
 
-        if not await trio.to_thread.run_sync(store):
+        try:
+            stored = await trio.to_thread.run_sync(store)
+        except StoreError as exc:  # this node's disk, not the peer: the download stops
+            raise LocalFault(str(exc)) from exc
+        if not stored:
             raise BadShard(f"shard {shard} from {peer} does not match its hash")
         job.done_bytes += length
         self.node.metrics.observe("shardcast_shard_seconds", trio.current_time() - started)

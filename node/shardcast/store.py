@@ -50,22 +50,38 @@ class StoreError(RuntimeError):
     """A checkpoint that cannot be published or a store that cannot be used."""
 
 
+class DiskFault(StoreError):
+    """The disk refused (full, a file size limit, an I/O error): it may not next time."""
+
+
+def _disk_fault(what: str, exc: OSError) -> DiskFault:
+    """``exc`` as a ``DiskFault`` saying what was being done:
+    ``version 3: cannot write shard 5: No space left on device``."""
+    return DiskFault(f"{what}: {exc.strerror or exc}")
+
+
 def version_dir_name(version: int) -> str:
     return f"v{version:08d}"
 
 
 def _open_files(root: Path, manifest: WeightManifest, *, create: bool) -> list[int]:
-    fds = []
-    for f in manifest.files:
-        path = root / "files" / f.name
-        if create:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-            if os.fstat(fd).st_size != f.size:
-                os.ftruncate(fd, f.size)
-        else:
-            fd = os.open(path, os.O_RDONLY)
-        fds.append(fd)
+    """A descriptor per file of ``manifest`` (created at its size if ``create``); on an
+    error none is left open."""
+    fds: list[int] = []
+    try:
+        for f in manifest.files:
+            path = root / "files" / f.name
+            if create:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                fds.append(os.open(path, os.O_RDWR | os.O_CREAT, 0o644))
+                if os.fstat(fds[-1]).st_size != f.size:
+                    os.ftruncate(fds[-1], f.size)
+            else:
+                fds.append(os.open(path, os.O_RDONLY))
+    except BaseException:
+        for fd in fds:
+            os.close(fd)
+        raise
     return fds
 
 
@@ -104,22 +120,32 @@ class ShardSource:
 
 
 class Partial(ShardSource):
-    """A download in progress; ``write`` stores one verified shard durably in the journal."""
+    """A download in progress; ``write`` stores one verified shard durably in the journal.
+
+    A disk that fails it (full, a file size limit, an I/O error) raises ``StoreError``, and
+    the shards journalled before stay: a later ``Partial`` of the same directory resumes
+    them. One that cannot be opened leaves nothing open (its lock is released)."""
 
     def __init__(self, root: Path, manifest: WeightManifest, envelope: bytes) -> None:
+        self._journal = -1
         self._lock = os.open(root / "lock", os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError as exc:
             os.close(self._lock)
             raise StoreError(f"{root} is being written by another process") from exc
-        super().__init__(root, manifest, envelope, _open_files(root, manifest, create=True))
-        self._journal = os.open(root / "done", os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
-        # the whole-sequence hash over shards [0, _hashed), advanced as shards are written
-        self._whole = bulk_hasher()
-        self._hashed = 0
-        self._whole_lock = threading.Lock()  # writes run in several threads at once
-        self.resumed = self._resume()
+        try:
+            super().__init__(root, manifest, envelope, _open_files(root, manifest, create=True))
+            self._journal = os.open(root / "done", os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+            # the whole-sequence hash over shards [0, _hashed), advanced as shards are written
+            self._whole = bulk_hasher()
+            self._hashed = 0
+            self._whole_lock = threading.Lock()  # writes run in several threads at once
+            self.resumed = self._resume()
+        except BaseException:
+            self._fds = getattr(self, "_fds", [])
+            self.close()
+            raise
 
     def _resume(self) -> int:
         """Re-hash the shards the journal lists; keep those that match. Returns the count."""
@@ -144,6 +170,13 @@ class Partial(ShardSource):
     def write(self, index: int, data: bytes | bytearray | memoryview) -> None:
         """Write a verified shard in place and flush it to disk, record it in the journal,
         then advance the whole-sequence hash as far as the shards held allow."""
+        try:
+            self._write(index, data)
+        except OSError as exc:
+            what = f"version {self.manifest.version}: cannot write shard {index}"
+            raise _disk_fault(what, exc) from exc
+
+    def _write(self, index: int, data: bytes | bytearray | memoryview) -> None:
         start, end = self.manifest.shard_range(index)
         view = memoryview(data)
         for i, off, n in self.manifest.spans(start, end):
@@ -238,39 +271,53 @@ class WeightStore:
     def begin(self, manifest: WeightManifest, envelope: bytes) -> Partial:
         """Open (or resume) the partial download of ``manifest``. Under the store's lock: a
         retention in another thread would take the new directory for an abandoned partial
-        until the partial holds its lock."""
+        until the partial holds its lock. A disk that refuses raises ``StoreError``."""
         path = self.root / (".partial-" + version_dir_name(manifest.version))
         with self.lock:
-            (path / "files").mkdir(parents=True, exist_ok=True)
-            manifest_path = path / MANIFEST_FILE
-            if not manifest_path.exists() or manifest_path.read_bytes() != envelope:
-                if manifest_path.exists():  # another manifest for this version: start over
-                    shutil.rmtree(path)
-                    (path / "files").mkdir(parents=True)
-                write_atomic(manifest_path, envelope)
-            return Partial(path, manifest, envelope)
+            try:
+                (path / "files").mkdir(parents=True, exist_ok=True)
+                manifest_path = path / MANIFEST_FILE
+                if not manifest_path.exists() or manifest_path.read_bytes() != envelope:
+                    if manifest_path.exists():  # another manifest for this version: start over
+                        shutil.rmtree(path)
+                        (path / "files").mkdir(parents=True)
+                    write_atomic(manifest_path, envelope)
+                return Partial(path, manifest, envelope)
+            except OSError as exc:
+                raise _disk_fault(
+                    f"version {manifest.version}: cannot start in {path}", exc
+                ) from exc
 
     def finish(self, partial: Partial) -> ShardSource:
         """Check the whole digest and make the version visible (atomic rename)."""
         m = partial.manifest
         if not partial.complete:
             raise StoreError(f"version {m.version}: {len(partial.held)} of {m.num_shards} shards")
-        if partial.whole_digest() != m.digest:
+        try:
+            whole = partial.whole_digest()  # reads back shards written ahead of their turn
+            partial.sync()  # each shard was flushed as it was written: little is left
+        except OSError as exc:
+            raise _disk_fault(f"version {m.version}: cannot read back or flush", exc) from exc
+        if whole != m.digest:
             raise StoreError(f"version {m.version}: whole-checkpoint digest does not match")
-        partial.sync()  # each shard was flushed as it was written: little is left
         # from the moment its lock is released until it is renamed, the partial would look
         # abandoned to a retention in another thread (one download's end while another's
         # finishes), which deleted it under the rename: the store's lock holds that off
         with self.lock:
             partial.close()
-            (partial.root / "done").unlink()
-            (partial.root / "lock").unlink()
             final = self.root / version_dir_name(m.version)
-            if final.exists():
-                shutil.rmtree(final)
-            os.rename(partial.root, final)
-            _fsync_dir(self.root)
-            src = ShardSource(final, m, partial.envelope, _open_files(final, m, create=False))
+            try:
+                (partial.root / "done").unlink()
+                (partial.root / "lock").unlink()
+                if final.exists():
+                    shutil.rmtree(final)
+                os.rename(partial.root, final)
+                _fsync_dir(self.root)
+                src = ShardSource(final, m, partial.envelope, _open_files(final, m, create=False))
+            except OSError as exc:
+                raise _disk_fault(
+                    f"version {m.version}: cannot make {final} complete", exc
+                ) from exc
             src.held = set(range(m.num_shards))
             self.complete[m.version] = src
             return src

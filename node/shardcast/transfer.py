@@ -69,6 +69,11 @@ class PeerLacks(Exception):
     """The peer does not hold the shard it was asked for."""
 
 
+class LocalFault(Exception):
+    """The downloader itself cannot go on (its disk refused a shard): the download ends
+    with this error, and no peer is blamed for it."""
+
+
 class Wakeup:
     """Something changed (a fetch ended, holdings were refreshed): re-plan now."""
 
@@ -84,7 +89,8 @@ class Wakeup:
         self._event = trio.Event()
 
 
-Fetch = Callable[[int, str], Awaitable[int]]  # (shard, peer) -> bytes stored; BadShard
+# (shard, peer) -> bytes stored; BadShard, PeerBusy, PeerLacks, LocalFault or any error
+Fetch = Callable[[int, str], Awaitable[int]]
 Report = Callable[[str, int, str, BaseException | None], None]  # (outcome, shard, peer, error)
 
 
@@ -102,7 +108,9 @@ async def run_download(
     Each fetch runs under ``shard_deadline(shard)`` seconds (the fetch also bounds each
     read); a fetch that stalls past it, fails or is refused gives its shard back to the
     plan (and backs the peer off); one whose bytes do not verify gets its peer banned.
-    Returns when every shard is done; cancel it to stop."""
+    Returns when every shard is done; cancel it to stop. A fetch that raises
+    ``LocalFault`` stops the others, and ``run_download`` raises it."""
+    fault: list[LocalFault] = []
 
     def note(outcome: str, shard: int, peer: str, err: BaseException | None) -> None:
         if report is not None:
@@ -122,6 +130,9 @@ async def run_download(
         except PeerLacks as err:
             plan.lacks(shard, peer)
             note("lacks", shard, peer, err)
+        except LocalFault as err:
+            fault.append(err)
+            nursery.cancel_scope.cancel()
         except trio.TooSlowError as err:
             plan.failed(shard, peer, trio.current_time())
             note("stalled", shard, peer, err)
@@ -143,3 +154,5 @@ async def run_download(
                 break
             wake = plan.next_wakeup(now)
             await wakeup.wait(min(idle_poll, wake - now) if wake is not None else idle_poll)
+    if fault:
+        raise fault[0]

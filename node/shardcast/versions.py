@@ -187,8 +187,11 @@ class VersionBook:
         await trio.to_thread.run_sync(self.store.finish, partial)
 
     def end(self, version: int) -> None:
-        """The download of ``version`` ended (complete or failed): serve it from the store."""
-        self._partials.pop(version, None)
+        """The download of ``version`` ended (complete or failed): serve it from the store.
+        A failed one's partial is closed: its lock released, a new attempt can open it."""
+        partial = self._partials.pop(version, None)
+        if partial is not None:
+            partial.close()
 
     async def retain(self, downloading: Collection[int]) -> None:
         """Delete versions beyond the newest ``keep`` or below the window; the manifests of
