@@ -1,7 +1,5 @@
 """Batch exchange messages (their limits, and SPEC documenting them) and the worker's batch
-store (restarts, damage, interrupted writes, pruning)."""
-
-import os
+store (restarts, damage, interrupted writes, deletion)."""
 
 import pytest
 
@@ -76,17 +74,16 @@ def test_store_survives_a_restart_and_refuses_damage(tmp_path):
         store.put(b"garbage")
 
 
-def test_store_cleans_interrupted_writes_and_prunes(tmp_path):
+def test_store_cleans_interrupted_writes_and_deletes(tmp_path):
     identity = Identity.generate()
     (tmp_path / "ab.tmp").write_bytes(b"half")
     store = BatchStore(tmp_path)
     assert not list(tmp_path.glob("*.tmp"))
     old = store.put(seal(identity, a_batch(identity, step=1)))
     new = store.put(seal(identity, a_batch(identity, step=2)))
-    past = os.stat(tmp_path / f"{old.hex()}.batch").st_mtime - 1000
-    os.utime(tmp_path / f"{old.hex()}.batch", (past, past))
-    assert store.prune(older_than_s=500) == 1
-    assert store.keys() == [new]
+    store.delete(old)
+    store.delete(old)  # already gone: nothing to do
+    assert store.keys() == [new] and store.get(old) is None
 
 
 def test_spec_documents_the_batch_messages():

@@ -88,6 +88,29 @@ def test_a_pending_batch_whose_verdict_window_passed_waits_no_more():
     assert (p.expired, p.accepted) == (1, 1)
 
 
+def test_settled_batches_are_spent_once_matured_and_below_the_floor_and_pending_never():
+    p = PendingVerdicts()
+    for key, step in ((b"a", 1), (b"b", 4), (b"p", 0), (b"young", 0)):
+        p.submitted(key, step)
+    p.restored([b"r", b"gone"])  # found in the store after a restart: their step unknown
+    for key in (b"a", b"b", b"r", b"gone"):
+        p.settle(key, "accepted" if key != b"b" else "rejected", unlock_at=100.0)
+    p.settle(b"young", "accepted", unlock_at=500.0)  # others may still vote to overturn it
+    p.settle(b"p", "pending", unlock_at=100.0)  # no verdict yet: needed however old
+    read = []
+
+    def step_of(key):
+        read.append(key)
+        return {b"r": 3}.get(key)  # "gone": no longer stored
+
+    assert p.spent(2, 100.0, step_of) == []  # not matured yet: not even at its maturity
+    assert sorted(p.spent(2, 101.0, step_of)) == [b"a", b"gone"]
+    assert sorted(p.spent(4, 101.0, step_of)) == [b"r"] and sorted(read) == [b"gone", b"r"]
+    assert p.spent(4, 101.0, step_of) == [] and p.spent(5, 101.0, step_of) == [b"b"]
+    assert p.spent(100, 499.0, step_of) == [] and p.spent(100, 501.0, step_of) == [b"young"]
+    assert p.spent(100, 1e9, step_of) == [] and p.keys() == [b"p"]
+
+
 class StatusChain:
     """The chain as a worker reads it for its pending batches and its money; every read
     is recorded in ``calls``. Each submission has ``status`` and ends its verdict window at
@@ -108,7 +131,12 @@ class StatusChain:
 
     def submission(self, worker, key):
         self.calls.append("submission")
-        info = {"status": self.status, "reason": 0, "verdict_until": self.until}
+        info = {
+            "status": self.status,
+            "reason": 0,
+            "verdict_until": self.until,
+            "unlock_at": self.until + 3600,
+        }
         return type("Info", (), info)()
 
     def worker(self, address):
@@ -182,6 +210,47 @@ async def test_the_worker_role_reads_the_chain_only_when_it_can_have_changed(tmp
     calls.clear()
     await role._refresh_verdicts()  # nothing pending: no reads until the money is due
     assert calls == []
+
+
+async def test_the_worker_deletes_stored_batches_once_matured_and_past_the_window(tmp_path):
+    """A worker's batch store no longer grows for the whole run: a batch is deleted once
+    its submission matured (no vote can overturn the verdict: nobody fetches it to check)
+    and ``KEEP_STEPS`` steps after the trainer's window passed it; a restored one (its step
+    read from the store) too; one still waiting for its verdict stays."""
+    from crypto.identity import Identity
+    from node.roles.inference import KEEP_STEPS, SPENT_EVERY_S
+    from protocol.wire import seal
+    from tests.helpers.batches import a_batch
+
+    chain = StatusChain(status="accepted", until=time.time() + 60)
+    role = worker_role(tmp_path, chain)
+    identity = Identity.generate()
+    keys = {s: role.store.put(seal(identity, a_batch(identity, step=s))) for s in (1, 2, 6)}
+    role.pending.submitted(keys[1], 1)
+    role.pending.submitted(keys[6], 6)
+    role.pending.restored([keys[2]])  # stored by the worker's previous run
+    role.clock.async_level = 1
+
+    async def forget(step, chain_now):
+        role.clock.step, chain.now, role.spent_at = step, chain_now, 0.0
+        await role._forget_spent()
+        return sorted(role.store.keys())
+
+    assert await forget(None, 0) == sorted(keys.values())  # no step announced yet
+    await role._refresh_verdicts()
+    assert len(role.pending) == 0 and role.pending.accepted == 4
+    matured = chain.until + 3600 + 1
+    floor_2 = 2 + 1 + KEEP_STEPS  # the clock's step whose floor is step 2
+    assert await forget(100, matured - 2) == sorted(keys.values())  # not matured yet
+    assert await forget(floor_2, matured) == sorted([keys[2], keys[6]])  # 1 is below 2
+    role.clock.step += 1
+    await role._forget_spent()  # within SPENT_EVERY_S of the last look: not looked at
+    assert sorted(role.store.keys()) == sorted([keys[2], keys[6]]) and SPENT_EVERY_S > 1
+    assert await forget(floor_2 + 1, matured) == [keys[6]]
+    role.pending.submitted(keys[6], 6)  # waiting for a verdict: it stays however old
+    chain.status, chain.block = "pending", chain.block + 1
+    await role._refresh_verdicts()
+    assert await forget(100, matured) == [keys[6]] and role.pending.keys() == [keys[6]]
 
 
 def test_verdict_latency_over_a_window_of_the_last_verdicts():

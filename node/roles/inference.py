@@ -57,14 +57,17 @@ from node.roles.offload import Offload, OffloadError
 from node.roles.status import InferenceStatus, Stake
 from node.roles.working import ChainReads, PendingVerdicts, VersionChoice
 from node.rollouts.maker import BatchMaker, MadeBatch, MakeBatch, MakerSpec
-from node.rollouts.store import BatchStore
+from node.rollouts.store import BatchStore, BatchStoreError
 from protocol.batches import BATCH_TOPIC, BatchNotice
+from protocol.errors import WireError
 from protocol.rollouts import RolloutBatch
 from protocol.wire import open_message, seal
 
 log = logging.getLogger("intellect.inference")
 POLL_S = 1.0
 REANNOUNCE_S = 20.0  # a batch still without a verdict is announced again this often
+KEEP_STEPS = 2  # a matured batch is deleted this many steps after the trainer's window
+SPENT_EVERY_S = 30.0  # how often the worker looks for stored batches it can delete
 
 
 @dataclass
@@ -101,6 +104,7 @@ class InferenceRole:
         self.served = ServedStore(self.store, cfg.trainer_peer_id)
         self.notices: dict[bytes, bytes] = {}  # submitted key -> its encoded notice
         self.announced_at = 0.0
+        self.spent_at = 0.0  # when to look for stored batches to delete next
 
     # ---- setup -------------------------------------------------------------------------
 
@@ -181,6 +185,7 @@ class InferenceRole:
         while True:
             try:
                 await self._refresh_verdicts()
+                await self._forget_spent()
                 self._reannounce()
                 step = self.clock.step
                 if (
@@ -243,10 +248,35 @@ class InferenceRole:
             late = await windows_passed(self.ledger, keys, infos)
             for key, info, gone in zip(keys, infos, late, strict=True):
                 reason = REASON_NAMES.get(info.reason, "rejected")
-                if self.pending.settle(key, info.status, reason, window_passed=gone):
+                if self.pending.settle(
+                    key, info.status, reason, window_passed=gone, unlock_at=info.unlock_at
+                ):
                     await self._resubmit(key)  # stored, but a crash came before the submission
         if self.reads.money_due(time.monotonic(), len(self.pending) < waiting):
             self.stake = await trio.to_thread.run_sync(self._money)
+
+    async def _forget_spent(self) -> None:
+        """Every ``SPENT_EVERY_S``: delete the stored batches nobody fetches again
+        (``PendingVerdicts.spent``: matured, so no vote can overturn their verdict, and
+        ``KEEP_STEPS`` steps past the trainer's window). Without it the store grew by a
+        batch a step for the whole run, and a restart read every one of them."""
+        if self.clock.step is None or not self.pending.settled:
+            return
+        if time.monotonic() < self.spent_at:
+            return
+        self.spent_at = time.monotonic() + SPENT_EVERY_S
+        now = await trio.to_thread.run_sync(self.ledger.chain_time)
+        floor = self.clock.step - self.clock.async_level - KEEP_STEPS
+        for key in self.pending.spent(floor, now, self._step_of):
+            self.store.delete(key)
+
+    def _step_of(self, key: bytes) -> int | None:
+        """The step of a stored batch; None if it is gone or damaged (it can go too)."""
+        try:
+            stored = self._stored(key)
+        except (BatchStoreError, WireError):
+            return None
+        return None if stored is None else stored[0].step
 
     def _money(self) -> Stake:
         w = self.ledger.worker(self.address)

@@ -12,6 +12,7 @@ and feeds them in.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 RESTORED = -1  # the step of a batch found in the store after a restart (maybe unsubmitted)
@@ -43,6 +44,9 @@ class PendingVerdicts:
     rejected: int = 0
     rejected_by_reason: Counter[str] = field(default_factory=Counter)
     expired: int = 0  # no verdict within the verdict window: never paid, never judged now
+    # judged or expired, still stored -> (step, unlock_at: the maturity, when no vote can
+    # change the verdict any more; until then other validators may fetch it to overturn)
+    settled: dict[bytes, tuple[int, float]] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.steps)
@@ -57,9 +61,16 @@ class PendingVerdicts:
 
     def submitted(self, key: bytes, step: int) -> None:
         self.steps[key] = step
+        self.settled.pop(key, None)  # waiting for a verdict (again): never spent meanwhile
 
     def settle(
-        self, key: bytes, status: str, reason: str = "rejected", *, window_passed: bool = False
+        self,
+        key: bytes,
+        status: str,
+        reason: str = "rejected",
+        *,
+        window_passed: bool = False,
+        unlock_at: float = 0.0,
     ) -> bool:
         """The ledger's status of ``key``: accepted or rejected settle it, and so does a
         pending one whose verdict window passed (``window_passed``: no validator can judge
@@ -67,21 +78,37 @@ class PendingVerdicts:
         True when it must be submitted (again): a restored batch the ledger never heard
         of, a crash came between storing it and submitting it. It is no longer pending
         then, until ``submitted``. ``reason``: why the ledger rejected it (``invalid``,
-        ...)."""
+        ...). ``unlock_at``: the submission's maturity (chain time)."""
         if status == "none" and self.steps.get(key) == RESTORED:
             del self.steps[key]
             return True
         if status == "pending" and window_passed:
             self.expired += 1
-            del self.steps[key]
+            self.settled[key] = (self.steps.pop(key), unlock_at)
         if status == "accepted":
             self.accepted += 1
-            del self.steps[key]
+            self.settled[key] = (self.steps.pop(key), unlock_at)
         elif status == "rejected":
             self.rejected += 1
             self.rejected_by_reason[reason] += 1
-            del self.steps[key]
+            self.settled[key] = (self.steps.pop(key), unlock_at)
         return False
+
+    def spent(self, floor: int, now: float, step_of: Callable[[bytes], int | None]) -> list[bytes]:
+        """The settled batches nobody fetches again, forgotten here so the store can delete
+        them: matured by ``now`` (chain time: no vote can overturn the verdict) and of a step
+        below ``floor`` (the trainer is past them). ``step_of``: a restored batch's step,
+        read once (None: not stored)."""
+        spent = []
+        for key, (step, unlock_at) in list(self.settled.items()):
+            if step == RESTORED:
+                found = step_of(key)
+                step = RESTORED - 1 if found is None else found
+                self.settled[key] = (step, unlock_at)
+            if step < floor and unlock_at < now:
+                del self.settled[key]
+                spent.append(key)
+        return spent
 
 
 @dataclass

@@ -4,14 +4,14 @@ The worker writes each sealed ``RolloutBatch`` envelope before it announces it o
 its key on-chain, so a batch that was announced survives a crash or a SIGKILL and can
 still be served to a validator after a restart. Files are written to a temporary name,
 flushed to disk and renamed (never half-written under the final name); reading re-opens
-the envelope and checks its work key (a damaged file is reported, not served). Batches
-older than the retention (the verdict window plus a margin) are pruned.
+the envelope and checks its work key (a damaged file is reported, not served). The worker
+deletes a batch once nobody fetches it again: its verdict final and the trainer past its
+window (``InferenceRole._forget_spent``).
 """
 
 from __future__ import annotations
 
 import re
-import time
 from pathlib import Path
 
 from node.files import write_atomic
@@ -68,13 +68,3 @@ class BatchStore:
         ignored rather than breaking the listing."""
         names = (p.name[: -len(SUFFIX)] for p in self.dir.glob(f"*{SUFFIX}"))
         return sorted(bytes.fromhex(n) for n in names if re.fullmatch("[0-9a-f]{64}", n))
-
-    def prune(self, older_than_s: float, now: float | None = None) -> int:
-        """Delete batches stored more than ``older_than_s`` seconds ago; returns how many."""
-        cutoff = (time.time() if now is None else now) - older_than_s
-        removed = 0
-        for path in self.dir.glob(f"*{SUFFIX}"):
-            if path.stat().st_mtime < cutoff:
-                path.unlink(missing_ok=True)
-                removed += 1
-        return removed
