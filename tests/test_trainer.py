@@ -74,6 +74,18 @@ def test_consumed_batches_are_forgotten_once_outside_the_window():
     assert set(book.consumed) == {key_text(key(2))}
 
 
+def test_fetched_batches_out_of_the_window_are_dropped_for_the_inbox_to_delete():
+    book = WorkBook(async_level=1)
+    for n, version in ((1, 0), (2, 1), (3, 2)):
+        book.on_submission(sub(n, version))
+        book.on_ruling(ruling(n, True))
+        book.fetched[key(n)] = version
+    assert book.drop_stale(1) == [] and len(book.fetched) == 3
+    assert book.drop_stale(2) == [key(1)]  # version 0 < 2 - 1: never usable again
+    assert key(1) not in book.wanted(2) and book.usable(2) == [key(2), key(3)]
+    assert book.drop_stale(2) == [] and book.drop_stale(4) == [key(2), key(3)]
+
+
 def test_batches_trained_on_are_never_counted_stale_once_forgotten():
     """``stale`` counts accepted batches that left the window unused; a batch trained on
     and then forgotten (out of the window) is not one of them, nor after a restart."""

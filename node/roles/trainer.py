@@ -194,7 +194,7 @@ class TrainerRole:
         self.state.tokens_trained += stats.tokens
         self.state.line = self._line(stats, keys, began)
         await trio.to_thread.run_sync(self.state.save, self.state_path)
-        for k in keys:
+        for k in keys + self.book.drop_stale(n + 1):  # used, or never usable again
             self.inbox.delete(k[1])
         await self._publish(n + 1)
         self._announce(n + 1, n + 1)

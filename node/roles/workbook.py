@@ -159,6 +159,14 @@ class WorkBook:
         used_in_window = sum(1 for v in self.consumed.values() if self.in_window(v, step))
         return out - (self.used_total - used_in_window)
 
+    def drop_stale(self, step: int) -> list[Key]:
+        """Forget the fetched batches step ``step`` (and so every later one) may not train
+        on, used or not: returned, for the inbox to delete them."""
+        stale = [k for k, version in self.fetched.items() if not self.in_window(version, step)]
+        for k in stale:
+            del self.fetched[k]
+        return stale
+
     def consume(self, keys: list[Key], step: int) -> None:
         for k in keys:
             self.consumed[key_text(k)] = self.submitted[k].policy_version
