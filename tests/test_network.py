@@ -101,6 +101,40 @@ def test_six_node_chain_discovery_sigkill_and_sigterm(cluster):
     assert time.monotonic() - termed_at < 6
 
 
+@pytest.mark.parametrize(
+    ("fail", "said"),
+    [
+        ("disk", "OSError: [Errno 28] No space left on device: "),
+        ("bug", "KeyError: 'missing'"),
+    ],
+)
+def test_a_role_that_fails_once_up_stops_its_node_cleanly(cluster, tmp_path, fail, said):
+    """A role that fails after the node is up (its disk full, a bug) ends the node the way
+    Ctrl-C does: departure announced (its peer drops it at once, not after the TTL), the
+    error on one line, the traceback in the log, exit status 1; not a raw traceback of
+    trio's exception group."""
+    boot, sb = cluster.start("bootstrap")
+    trigger = tmp_path / f"fail-{fail}"
+    node, sn = cluster.start(
+        "inference",
+        [addr_of(sb)],
+        module="tests.helpers.failing_role",
+        env={"INTELLECT_NODE_NETWORK_ONLY": "false", "FAIL": fail, "FAIL_WHEN": str(trigger)},
+    )
+    wait_until(lambda: sn["peer_id"] in peer_roles(boot), 30, "the bootstrap to know the node")
+    assert node.proc.poll() is None  # up, its role running
+    trigger.touch()
+    failed_at = time.monotonic()
+    assert node.proc.wait(30) == 1, dump_logs([node])
+    log = node.log_path.read_text()
+    line = f"intellect-node: error: inference role failed: {said}"
+    assert line in log, log[-3000:]
+    assert "the inference role failed" in log and "Traceback" in log
+    assert "Exceptions from Trio nursery" not in log.split(line)[1].split("\n")[0]
+    wait_until(lambda: sn["peer_id"] not in peer_roles(boot), 3, "the failed node to be dropped")
+    assert time.monotonic() - failed_at < 6  # its departure, not the 6 s TTL
+
+
 @pytest.mark.slow
 def test_gossip_three_publishers_300_each_none_lost_none_twice(cluster):
     procs, stats = start_chain(cluster, ROLES)

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 from pathlib import Path
+from typing import Any
 
 from node.cli.adminclient import admin_get, admin_post, data_dir
 from node.cli.flags import add_config_flags, flags_given
@@ -248,6 +250,28 @@ def cmd_start(args: argparse.Namespace) -> int:
         cfg.log_level, identity.peer_id[-8:]
     )  # after py-libp2p's import-time logging setup
 
+    async def supervised(
+        role: Any,
+        node: Node,
+        weights: WeightService,
+        task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """The role; once up, a failure of it (a full disk, a bug) stops the node the way
+        Ctrl-C does (departure announced), with the error on one line and its traceback in
+        the log, instead of a raw traceback of trio's exception group."""
+        up = _Started(task_status)
+        try:
+            await role(node, cfg, weights, task_status=up)
+        except Exception as exc:
+            if not up.done:
+                raise  # a failure to start: reported where the role is started
+            logging.getLogger("intellect.node").error("the %s role failed", cfg.role, exc_info=exc)
+            print(
+                f"intellect-node: error: {cfg.role} role failed: {one_line(exc)}", file=sys.stderr
+            )
+            failed.append(exc)
+            node.request_stop()
+
     async def main() -> None:
         node = Node(cfg, identity)
 
@@ -274,7 +298,7 @@ def cmd_start(args: argparse.Namespace) -> int:
                 )
                 if role is not None:
                     try:
-                        await nursery.start(role, node, cfg, weights)
+                        await nursery.start(supervised, role, node, weights)
                     except (ChainSetupError, ModelError, RuntimeError, ValueError, OSError) as exc:
                         print(f"intellect-node: error: {cfg.role} role: {exc}", file=sys.stderr)
                         failed.append(exc)
@@ -301,6 +325,24 @@ def cmd_start(args: argparse.Namespace) -> int:
     failed: list[BaseException] = []
     trio.run(main)
     return 1 if failed else 0
+
+
+class _Started:
+    """A role's ``task_status`` that remembers whether the role came up."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner, self.done = inner, False
+
+    def started(self, value: Any = None) -> None:
+        self.done = True
+        self.inner.started(value)
+
+
+def one_line(exc: BaseException) -> str:
+    """An error as ``Type: message``; a group as its innermost errors, joined."""
+    if isinstance(exc, BaseExceptionGroup):
+        return "; ".join(one_line(e) for e in exc.exceptions)
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 
 def cmd_status(args: argparse.Namespace) -> int:
