@@ -86,6 +86,22 @@ def test_store_cleans_interrupted_writes_and_deletes(tmp_path):
     assert store.keys() == [new] and store.get(old) is None
 
 
+def test_a_write_the_disk_refuses_leaves_the_old_file_and_no_temporary_one(tmp_path):
+    """``write_atomic`` (batches, role states, checkpoint states): a full disk mid-write
+    keeps what ``path`` held and removes its half-written temporary file (a checkpoint
+    state's is the optimizer's size: it must not go on taking the space it ran out of)."""
+    from node.files import write_atomic
+    from tests.helpers.disk import file_size_limit
+
+    path = tmp_path / "v3.state"
+    write_atomic(path, b"old")
+    with file_size_limit(4096), pytest.raises(OSError, match="File too large"):
+        write_atomic(path, b"x" * 10_000)
+    assert path.read_bytes() == b"old" and sorted(p.name for p in tmp_path.iterdir()) == [
+        "v3.state"
+    ]
+
+
 def test_spec_documents_the_batch_messages():
     import re
     from pathlib import Path

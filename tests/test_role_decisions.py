@@ -253,6 +253,21 @@ async def test_the_worker_deletes_stored_batches_once_matured_and_past_the_windo
     assert await forget(100, matured) == [keys[6]] and role.pending.keys() == [keys[6]]
 
 
+def test_a_worker_that_cannot_save_its_state_still_sends_the_batch_it_stored(tmp_path):
+    """The state file only keeps a restart from making the last step again: a full disk
+    there must not stop the batch already stored from being announced and submitted."""
+    from tests.helpers.disk import file_size_limit
+
+    role = worker_role(tmp_path, StatusChain())
+    role._done(3)
+    assert json.loads(role.state_path.read_text()) == {"done_step": 3}
+    with file_size_limit(10):  # '{"done_step": 4}' is 16 bytes
+        role._done(4)
+    assert role.done_step == 4 and json.loads(role.state_path.read_text()) == {"done_step": 3}
+    role._resume_pending()  # a restart reads what was saved
+    assert role.done_step == 3
+
+
 def test_verdict_latency_over_a_window_of_the_last_verdicts():
     lat = VerdictLatency(window=4)
     assert lat.summary() == {"count": 0, "last": None, "mean": None, "p95": None, "max": None}

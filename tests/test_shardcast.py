@@ -4,9 +4,7 @@ trio's MockClock, progress output."""
 
 import os
 import random
-import resource
 import time
-from contextlib import contextmanager
 
 import blake3
 import msgpack
@@ -33,6 +31,7 @@ from protocol.shardcast import (
     unbitmap,
 )
 from protocol.wire import max_envelope_size, seal
+from tests.helpers.disk import file_size_limit
 
 TRAINER = Identity.generate()
 KiB = 1024
@@ -282,18 +281,6 @@ def test_store_refuses_to_finish_incomplete_or_wrong_whole_digest(tmp_path):
     with pytest.raises(StoreError, match="whole"):
         make_store(tmp_path, "other").finish(p2)
     assert not (tmp_path / "other" / "v00000003").exists()
-
-
-@contextmanager
-def file_size_limit(nbytes):
-    """The kernel refuses to write a file past ``nbytes`` (EFBIG, "File too large"; Python
-    ignores SIGXFSZ): a disk that fills, for this process, until the block ends."""
-    before = resource.getrlimit(resource.RLIMIT_FSIZE)
-    resource.setrlimit(resource.RLIMIT_FSIZE, (nbytes, before[1]))
-    try:
-        yield
-    finally:
-        resource.setrlimit(resource.RLIMIT_FSIZE, before)
 
 
 def test_a_disk_that_refuses_fails_the_download_keeps_its_shards_and_locks_nothing(tmp_path):

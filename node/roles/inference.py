@@ -234,8 +234,15 @@ class InferenceRole:
         except (FileNotFoundError, ValueError, KeyError, TypeError):
             self.done_step = None
 
-    def _save_state(self) -> None:
-        write_atomic(self.state_path, json.dumps({"done_step": self.done_step}).encode())
+    def _done(self, step: int) -> None:
+        """Step ``step`` is worked on: not again, also after a restart if the state file
+        can be written. If it cannot (a full disk) the batch already stored still goes out:
+        a restart would only make this step's batch again (the same work key)."""
+        self.done_step = step
+        try:
+            write_atomic(self.state_path, json.dumps({"done_step": step}).encode())
+        except OSError as exc:
+            log.warning("cannot save %s: %s", self.state_path.name, exc)
 
     async def _refresh_verdicts(self) -> None:
         waiting = len(self.pending)
@@ -354,8 +361,7 @@ class InferenceRole:
             # invalid (and slash the stake for it), so it is neither stored nor submitted
             self.counts.stale += 1
             self.cheats.not_made(cheat)  # a test cheat nobody saw: the next batch makes it
-            self.done_step = step
-            self._save_state()
+            self._done(step)
             log.warning("batch of step %d v%d not submitted: %s", step, version, why)
             return
         envelope = seal(self.node.identity, batch)
@@ -371,8 +377,7 @@ class InferenceRole:
             key, units = self.cheats.claim(cheat, key, notice.units)
             self.cheats.serve(self.served, cheat, key, envelope)
             notice = dataclasses.replace(notice, work_key=key, units=units)
-        self.done_step = step
-        self._save_state()
+        self._done(step)
         self.node.announce(BATCH_TOPIC, notice.encode())
         self.notices[key] = notice.encode()
         try:
