@@ -19,7 +19,7 @@ from node.roles.status import (
 )
 from node.roles.work import Verdict
 from node.roles.workbook import FetchRetry, prune_checkpoints, recorded_curve, step_batches
-from node.roles.working import ChainReads, PendingVerdicts, VersionChoice
+from node.roles.working import ChainReads, PendingVerdicts, StoreRetention, VersionChoice
 
 W = "0x" + "22" * 20
 
@@ -183,6 +183,19 @@ async def test_the_worker_role_stops_waiting_for_a_batch_the_chain_says_is_past_
     assert len(role.pending) == 0 and role.status().expired == 1 and role.status().unjudged == 0
 
 
+def test_the_worker_looks_for_batches_to_delete_every_so_often_below_the_window():
+    from node.roles.clock import StepClock
+
+    r = StoreRetention(every_s=30.0, keep=2)
+    clock = StepClock("trainer", async_level=1)
+    assert r.floor(0.0, clock, settled=3) is None  # no step announced yet
+    clock.step = 10
+    assert r.floor(0.0, clock, settled=0) is None  # nothing settled: nothing to look at
+    assert r.floor(0.0, clock, settled=3) == 7  # 10 - 1 - 2
+    clock.step = 11
+    assert r.floor(29.9, clock, settled=3) is None and r.floor(30.0, clock, settled=3) == 8
+
+
 def test_a_worker_reads_statuses_after_a_new_block_and_its_money_after_verdicts():
     reads = ChainReads(money_every=15)
     assert reads.statuses_due(7) and not reads.statuses_due(7) and reads.statuses_due(8)
@@ -215,10 +228,9 @@ async def test_the_worker_role_reads_the_chain_only_when_it_can_have_changed(tmp
 async def test_the_worker_deletes_stored_batches_once_matured_and_past_the_window(tmp_path):
     """A worker's batch store no longer grows for the whole run: a batch is deleted once
     its submission matured (no vote can overturn the verdict: nobody fetches it to check)
-    and ``KEEP_STEPS`` steps after the trainer's window passed it; a restored one (its step
+    and ``keep`` steps after the trainer's window passed it; a restored one (its step
     read from the store) too; one still waiting for its verdict stays."""
     from crypto.identity import Identity
-    from node.roles.inference import KEEP_STEPS, SPENT_EVERY_S
     from protocol.wire import seal
     from tests.helpers.batches import a_batch
 
@@ -232,7 +244,7 @@ async def test_the_worker_deletes_stored_batches_once_matured_and_past_the_windo
     role.clock.async_level = 1
 
     async def forget(step, chain_now):
-        role.clock.step, chain.now, role.spent_at = step, chain_now, 0.0
+        role.clock.step, chain.now, role.retention.next_at = step, chain_now, 0.0
         await role._forget_spent()
         return sorted(role.store.keys())
 
@@ -240,12 +252,12 @@ async def test_the_worker_deletes_stored_batches_once_matured_and_past_the_windo
     await role._refresh_verdicts()
     assert len(role.pending) == 0 and role.pending.accepted == 4
     matured = chain.until + 3600 + 1
-    floor_2 = 2 + 1 + KEEP_STEPS  # the clock's step whose floor is step 2
+    floor_2 = 2 + 1 + role.retention.keep  # the clock's step whose floor is step 2
     assert await forget(100, matured - 2) == sorted(keys.values())  # not matured yet
     assert await forget(floor_2, matured) == sorted([keys[2], keys[6]])  # 1 is below 2
     role.clock.step += 1
-    await role._forget_spent()  # within SPENT_EVERY_S of the last look: not looked at
-    assert sorted(role.store.keys()) == sorted([keys[2], keys[6]]) and SPENT_EVERY_S > 1
+    await role._forget_spent()  # within every_s of the last look: not looked at
+    assert sorted(role.store.keys()) == sorted([keys[2], keys[6]])
     assert await forget(floor_2 + 1, matured) == [keys[6]]
     role.pending.submitted(keys[6], 6)  # waiting for a verdict: it stays however old
     chain.status, chain.block = "pending", chain.block + 1

@@ -55,7 +55,7 @@ from node.roles.clock import StepClock, follow_steps
 from node.roles.exchange import serve_batches
 from node.roles.offload import Offload, OffloadError
 from node.roles.status import InferenceStatus, Stake
-from node.roles.working import ChainReads, PendingVerdicts, VersionChoice
+from node.roles.working import ChainReads, PendingVerdicts, StoreRetention, VersionChoice
 from node.rollouts.maker import BatchMaker, MadeBatch, MakeBatch, MakerSpec
 from node.rollouts.store import BatchStore, BatchStoreError
 from protocol.batches import BATCH_TOPIC, BatchNotice
@@ -66,8 +66,6 @@ from protocol.wire import open_message, seal
 log = logging.getLogger("intellect.inference")
 POLL_S = 1.0
 REANNOUNCE_S = 20.0  # a batch still without a verdict is announced again this often
-KEEP_STEPS = 2  # a matured batch is deleted this many steps after the trainer's window
-SPENT_EVERY_S = 30.0  # how often the worker looks for stored batches it can delete
 
 
 @dataclass
@@ -104,7 +102,7 @@ class InferenceRole:
         self.served = ServedStore(self.store, cfg.trainer_peer_id)
         self.notices: dict[bytes, bytes] = {}  # submitted key -> its encoded notice
         self.announced_at = 0.0
-        self.spent_at = 0.0  # when to look for stored batches to delete next
+        self.retention = StoreRetention()  # when stored batches nobody fetches are deleted
 
     # ---- setup -------------------------------------------------------------------------
 
@@ -180,7 +178,7 @@ class InferenceRole:
         task_status.started(self)
         await self._refresh_verdicts()  # resubmits what a crash left unsubmitted
         for key in self.pending.keys():  # and tells validators where to fetch it again
-            if stored := self._stored(key):
+            if stored := stored_batch(self.store, key):
                 self.node.announce(BATCH_TOPIC, BatchNotice.of(*stored).encode())
         while True:
             try:
@@ -235,9 +233,8 @@ class InferenceRole:
             self.done_step = None
 
     def _done(self, step: int) -> None:
-        """Step ``step`` is worked on: not again, also after a restart if the state file
-        can be written. If it cannot (a full disk) the batch already stored still goes out:
-        a restart would only make this step's batch again (the same work key)."""
+        """Step ``step`` is worked on: not again, also after a restart (a state file the
+        disk refuses does not keep the batch stored from going out)."""
         self.done_step = step
         try:
             write_atomic(self.state_path, json.dumps({"done_step": step}).encode())
@@ -260,50 +257,21 @@ class InferenceRole:
                 ):
                     await self._resubmit(key)  # stored, but a crash came before the submission
         if self.reads.money_due(time.monotonic(), len(self.pending) < waiting):
-            self.stake = await trio.to_thread.run_sync(self._money)
+            self.stake = await trio.to_thread.run_sync(read_stake, self.ledger, self.address)
 
     async def _forget_spent(self) -> None:
-        """Every ``SPENT_EVERY_S``: delete the stored batches nobody fetches again
-        (``PendingVerdicts.spent``: matured, so no vote can overturn their verdict, and
-        ``KEEP_STEPS`` steps past the trainer's window). Without it the store grew by a
-        batch a step for the whole run, and a restart read every one of them."""
-        if self.clock.step is None or not self.pending.settled:
+        """Delete the stored batches nobody fetches again (``PendingVerdicts.spent``)."""
+        floor = self.retention.floor(time.monotonic(), self.clock, len(self.pending.settled))
+        if floor is None:
             return
-        if time.monotonic() < self.spent_at:
-            return
-        self.spent_at = time.monotonic() + SPENT_EVERY_S
-        now = await trio.to_thread.run_sync(self.ledger.chain_time)
-        floor = self.clock.step - self.clock.async_level - KEEP_STEPS
-        for key in self.pending.spent(floor, now, self._step_of):
+        chain_now = await trio.to_thread.run_sync(self.ledger.chain_time)
+        for key in self.pending.spent(floor, chain_now, lambda k: stored_step(self.store, k)):
             self.store.delete(key)
 
-    def _step_of(self, key: bytes) -> int | None:
-        """The step of a stored batch; None if it is gone or damaged (it can go too)."""
-        try:
-            stored = self._stored(key)
-        except (BatchStoreError, WireError):
-            return None
-        return None if stored is None else stored[0].step
-
-    def _money(self) -> Stake:
-        w = self.ledger.worker(self.address)
-        return Stake(
-            stake_wei=w.stake,
-            locked_wei=w.locked,
-            slashed=w.slashed,
-            pending_wei=self.ledger.pending(self.address),
-            claimable_wei=self.ledger.claimable(self.address),
-        )
-
-    def _stored(self, key: bytes) -> tuple[RolloutBatch, bytes] | None:
-        envelope = self.store.get(key)
-        return None if envelope is None else (open_message(envelope, RolloutBatch), envelope)
-
     async def _resubmit(self, key: bytes) -> None:
-        stored = self._stored(key)
-        if stored is None:
+        if (found := stored_batch(self.store, key)) is None:
             return
-        batch, _ = stored
+        batch = found[0]
         try:
             await trio.to_thread.run_sync(
                 self.ledger.submit_work, key, batch.num_tokens, batch.policy_version
@@ -420,6 +388,33 @@ async def run(
 ) -> None:
     """The role as a service the runtime starts."""
     await InferenceRole(node, cfg, weights).serve(task_status=task_status)
+
+
+def stored_batch(store: BatchStore, key: bytes) -> tuple[RolloutBatch, bytes] | None:
+    """A stored batch with its envelope; None if not stored."""
+    envelope = store.get(key)
+    return None if envelope is None else (open_message(envelope, RolloutBatch), envelope)
+
+
+def stored_step(store: BatchStore, key: bytes) -> int | None:
+    """The step of a stored batch; None if it is gone or damaged (it can go too)."""
+    try:
+        found = stored_batch(store, key)
+    except (BatchStoreError, WireError):
+        return None
+    return None if found is None else found[0].step
+
+
+def read_stake(ledger: Any, address: str) -> Stake:
+    """The worker's money as the ledger has it (blocking)."""
+    w = ledger.worker(address)
+    return Stake(
+        stake_wei=w.stake,
+        locked_wei=w.locked,
+        slashed=w.slashed,
+        pending_wei=ledger.pending(address),
+        claimable_wei=ledger.claimable(address),
+    )
 
 
 async def windows_passed(ledger: Any, keys: list[bytes], infos: list[Any]) -> list[bool]:

@@ -4,7 +4,8 @@ submitted batches still wait for their verdict.
 ``VersionChoice``: for step n the newest version held that the async window admits
 (version ≥ n − ``async_level``, and not newer than the trainer announced); it reports when
 the worker switches. ``PendingVerdicts``: the batches submitted and not judged yet (the
-worker's back-pressure), settled by what the ledger says of each. ``ChainReads``: when
+worker's back-pressure), settled by what the ledger says of each, and which stored ones
+nobody fetches again. ``StoreRetention``: when to look for those. ``ChainReads``: when
 the worker reads the chain at all. Pure: the role reads the weights held and the ledger,
 and feeds them in.
 """
@@ -14,6 +15,10 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from node.roles.clock import StepClock
 
 RESTORED = -1  # the step of a batch found in the store after a restart (maybe unsubmitted)
 
@@ -109,6 +114,25 @@ class PendingVerdicts:
                 del self.settled[key]
                 spent.append(key)
         return spent
+
+
+@dataclass
+class StoreRetention:
+    """When the worker looks for stored batches to delete (``PendingVerdicts.spent``), and
+    below which step: every ``every_s`` seconds once a step is announced and a batch is
+    settled; the floor is ``keep`` steps below the async window (the trainer cannot train
+    on a batch made before it). Pure: the role passes the time in."""
+
+    every_s: float = 30.0
+    keep: int = 2
+    next_at: float = 0.0
+
+    def floor(self, now: float, clock: StepClock, settled: int) -> int | None:
+        """The step floor when a look is due at ``now``, else None."""
+        if clock.step is None or not settled or now < self.next_at:
+            return None
+        self.next_at = now + self.every_s
+        return clock.step - clock.async_level - self.keep
 
 
 @dataclass
