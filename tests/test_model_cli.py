@@ -89,6 +89,31 @@ def test_model_cli_errors(tmp_path):
     assert "Traceback" not in res.stderr and not (tmp_path / "m").exists()
 
 
+def test_model_init_never_replaces_what_is_not_a_model(tmp_path):
+    """A directory of somebody's files, or a file, is refused and left as it was (init once
+    renamed it aside and deleted it); an empty directory takes the model."""
+    quick = ["--steps", "300", "--schedule", "0"]
+    theirs = tmp_path / "notes"
+    (theirs / "sub").mkdir(parents=True)
+    (theirs / "notes.txt").write_text("mine")
+    a_file = tmp_path / "hostname"
+    a_file.write_text("vm\n")
+    for target in (theirs, a_file):
+        res = run("model", "init", str(target), *quick, check=False)
+        assert res.returncode == 1, res.stdout + res.stderr
+        assert "is not a model built by `intellect-node model init`" in res.stderr
+        assert "Traceback" not in res.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hostname", "notes"]
+    assert sorted(p.name for p in theirs.iterdir()) == ["notes.txt", "sub"]
+    assert (theirs / "notes.txt").read_text() == "mine" and a_file.read_text() == "vm\n"
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert json.loads(run("model", "init", str(empty), *quick, "--json").stdout.splitlines()[-1])[
+        "model_dir"
+    ] == str(empty)
+    assert (empty / "intellect-model.json").is_file()
+
+
 def test_ctrl_c_during_init_leaves_no_half_built_model(tmp_path):
     import signal
     import time

@@ -147,7 +147,10 @@ def build_tiny_model(
     cache_dir: str | Path | None = None,
     progress: Callable[[int, int, float], None] | None = None,
 ) -> tuple[Path, bool]:
-    """Build (or reuse) the model; returns (its directory, whether it was built now)."""
+    """Build (or reuse) the model; returns (its directory, whether it was built now).
+    ``out_dir`` must be absent, an empty directory or a model built here (replaced by the
+    new one): anything else is refused (``FileExistsError``), never deleted."""
+    check_replaceable(Path(out_dir))
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
     from transformers.utils import logging as hf_logging
@@ -237,6 +240,20 @@ def is_built(path: Path, r: Recipe) -> bool:
     except (OSError, ValueError):
         return False
     return bool(meta.get("digest") == r.digest() and any(path.glob("*.safetensors")))
+
+
+def check_replaceable(out: Path) -> None:
+    """Refuse ``out`` unless a model may go there: absent, an empty directory, or a model
+    directory this module built (its ``intellect-model.json``)."""
+    if not out.exists() and not out.is_symlink():
+        return
+    if out.is_dir() and not out.is_symlink():
+        if (out / RECIPE_FILE).is_file() or not any(out.iterdir()):
+            return
+    raise FileExistsError(
+        f"{out} exists and is not a model built by `intellect-node model init`: not replacing"
+        " it (give a new or empty directory)"
+    )
 
 
 def _copy(src: Path, dst: Path) -> None:
