@@ -15,7 +15,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal, Self
 
-from pydantic import AfterValidator, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import (
     BaseSettings,
     EnvSettingsSource,
@@ -363,6 +370,11 @@ class CoreConfig(BaseSettings):
             return [p.strip() for p in v.split(",") if p.strip()]
         return v
 
+    @field_validator("listen", "bootstrap")
+    @classmethod
+    def _multiaddrs(cls, v: list[str], info: ValidationInfo) -> list[str]:
+        return check_multiaddrs(v, bootstrap=info.field_name == "bootstrap")
+
     @model_validator(mode="after")
     def _ttl_above_heartbeat(self) -> Self:
         if self.peer_ttl <= self.heartbeat_interval:
@@ -380,6 +392,23 @@ class CoreConfig(BaseSettings):
         if self.data_dir is not None:
             return self.data_dir.expanduser()
         return default_data_dir(self.name or self.role)
+
+
+def check_multiaddrs(addrs: list[str], *, bootstrap: bool) -> list[str]:
+    """``addrs`` if each is a multiaddr a node can listen on (TCP) or, ``bootstrap``, dial
+    (ending in ``/p2p/<peer id>``): a bad one is a config error before anything starts."""
+    from multiaddr import Multiaddr
+
+    for a in addrs:
+        try:
+            names = [p.name for p in Multiaddr(a).protocols()]
+        except Exception as exc:  # multiaddr raises several unrelated types
+            raise ValueError(f"{a!r} is not a multiaddr: {exc}") from None
+        if not bootstrap and "tcp" not in names:
+            raise ValueError(f"{a!r}: a node listens on TCP (/ip4/<address>/tcp/<port>)")
+        if bootstrap and names[-1] != "p2p":
+            raise ValueError(f"{a!r} must end in /p2p/<peer id> (the node's peer id)")
+    return addrs
 
 
 class NodeConfig(CoreConfig):

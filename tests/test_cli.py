@@ -23,6 +23,8 @@ def run(*args, env=None, check=True):
 
 
 def test_config_precedence_file_env_flags(tmp_path):
+    peer = "/p2p/12D3KooWNTfKZ37isa5RWx23UwAhoHxHvSb6jxggwB1qqbZBRF4A"
+    A, B = f"/ip4/10.0.0.1/tcp/1{peer}", f"/ip4/10.0.0.2/tcp/2{peer}"
     f = tmp_path / "node.toml"
     f.write_text(
         'role = "trainer"\nrun_id = "from-file"\npeer_ttl = 30.0\nheartbeat_interval = 2.0\n'
@@ -31,10 +33,10 @@ def test_config_precedence_file_env_flags(tmp_path):
     assert (cfg.role, cfg.run_id, cfg.peer_ttl) == ("trainer", "from-file", 30.0)
     cfg = load_config(
         file=f,
-        environ={"INTELLECT_NODE_RUN_ID": "from-env", "INTELLECT_NODE_BOOTSTRAP": "/a, /b"},
+        environ={"INTELLECT_NODE_RUN_ID": "from-env", "INTELLECT_NODE_BOOTSTRAP": f"{A}, {B}"},
         flags={},
     )
-    assert cfg.run_id == "from-env" and cfg.bootstrap == ["/a", "/b"] and cfg.role == "trainer"
+    assert cfg.run_id == "from-env" and cfg.bootstrap == [A, B] and cfg.role == "trainer"
     cfg = load_config(
         file=f,
         environ={"INTELLECT_NODE_RUN_ID": "from-env"},

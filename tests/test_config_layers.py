@@ -30,6 +30,9 @@ PATTERNED = {
 }
 
 
+P2P = "/p2p/12D3KooWNTfKZ37isa5RWx23UwAhoHxHvSb6jxggwB1qqbZBRF4A"  # a bootstrap names its peer
+
+
 def _bound(field: Any, attr: str) -> float | None:
     return next(
         (getattr(m, attr) for m in field.metadata if getattr(m, attr, None) is not None), None
@@ -54,7 +57,7 @@ def sample(name: str) -> tuple[list[str], Any]:
     if kind0 is Path:
         return ["/tmp/flag-path"], Path("/tmp/flag-path")
     if kind0 is str or "list[" in str(field.annotation):
-        value = f"/ip4/10.0.0.1/tcp/4{len(name)}" if "list[" in str(field.annotation) else "x1"
+        value = f"/ip4/10.0.0.1/tcp/4{len(name)}{P2P}" if "list[" in str(field.annotation) else "x1"
         return [value], [value] if "list[" in str(field.annotation) else value
     number = kind0 if kind0 in (int, float) else type(default)
     lo = _bound(field, "ge") or _bound(field, "gt") or 0
@@ -104,25 +107,27 @@ def printed(tmp_path: Path, *flags: str, env: dict[str, str], toml: str | None) 
 
 
 def test_flag_beats_env_beats_toml_beats_default(tmp_path: Path) -> None:
-    toml = 'heartbeat_interval = 2.5\nbootstrap = ["/ip4/1.1.1.1/tcp/1"]\nnetwork_only = true\n'
+    toml = (
+        f'heartbeat_interval = 2.5\nbootstrap = ["/ip4/1.1.1.1/tcp/1{P2P}"]\nnetwork_only = true\n'
+    )
     env = {
         "INTELLECT_NODE_HEARTBEAT_INTERVAL": "3.5",
-        "INTELLECT_NODE_BOOTSTRAP": "/ip4/2.2.2.2/tcp/2, /ip4/3.3.3.3/tcp/3",
+        "INTELLECT_NODE_BOOTSTRAP": f"/ip4/2.2.2.2/tcp/2{P2P}, /ip4/3.3.3.3/tcp/3{P2P}",
         "INTELLECT_NODE_NETWORK_ONLY": "false",
     }
-    flags = ["--heartbeat-interval", "4.5", "--bootstrap", "/ip4/4.4.4.4/tcp/4"]
-    flags += ["--bootstrap", "/ip4/5.5.5.5/tcp/5", "--network-only"]
+    flags = ["--heartbeat-interval", "4.5", "--bootstrap", f"/ip4/4.4.4.4/tcp/4{P2P}"]
+    flags += ["--bootstrap", f"/ip4/5.5.5.5/tcp/5{P2P}", "--network-only"]
     got = printed(tmp_path, *flags, env=env, toml=toml)
     assert got["heartbeat_interval"] == 4.5
-    assert got["bootstrap"] == ["/ip4/4.4.4.4/tcp/4", "/ip4/5.5.5.5/tcp/5"]
+    assert got["bootstrap"] == [f"/ip4/4.4.4.4/tcp/4{P2P}", f"/ip4/5.5.5.5/tcp/5{P2P}"]
     assert got["network_only"] is True
     got = printed(tmp_path, env=env, toml=toml)
     assert got["heartbeat_interval"] == 3.5
-    assert got["bootstrap"] == ["/ip4/2.2.2.2/tcp/2", "/ip4/3.3.3.3/tcp/3"]
+    assert got["bootstrap"] == [f"/ip4/2.2.2.2/tcp/2{P2P}", f"/ip4/3.3.3.3/tcp/3{P2P}"]
     assert got["network_only"] is False
     got = printed(tmp_path, env={}, toml=toml)
     assert got["heartbeat_interval"] == 2.5
-    assert got["bootstrap"] == ["/ip4/1.1.1.1/tcp/1"]
+    assert got["bootstrap"] == [f"/ip4/1.1.1.1/tcp/1{P2P}"]
     assert got["network_only"] is True
     got = printed(tmp_path, env={}, toml=None)
     assert got["heartbeat_interval"] == 5.0 and got["network_only"] is False
@@ -138,6 +143,14 @@ def test_flag_beats_env_beats_toml_beats_default(tmp_path: Path) -> None:
         (["--role", "king"], {}, "--role"),
         ([], {"INTELLECT_NODE_ADMIN_PORT": "lots"}, "admin_port"),
         ([], {"INTELLECT_NODE_UPLOAD_SLOTS": "0"}, "upload_slots"),
+        (
+            ["--listen", "/ip4/0.0.0.0/tcp/99999"],
+            {},
+            "listen: Value error, '/ip4/0.0.0.0/tcp/99999",
+        ),
+        (["--listen", "/ip4/127.0.0.1/udp/5"], {}, "a node listens on TCP"),
+        (["--bootstrap", "/ip4/127.0.0.1/tcp/1"], {}, "must end in /p2p/<peer id>"),
+        ([], {"INTELLECT_NODE_BOOTSTRAP": "garbage"}, "'garbage' is not a multiaddr"),
     ],
 )
 def test_a_bad_value_exits_2_naming_the_setting(

@@ -101,6 +101,42 @@ def test_six_node_chain_discovery_sigkill_and_sigterm(cluster):
     assert time.monotonic() - termed_at < 6
 
 
+def test_start_refuses_a_data_dir_in_use_a_taken_port_and_a_taken_admin_port(cluster, tmp_path):
+    """Each a one-line error and exit 1, nothing half up: a second node on a running node's
+    data dir (it ran with the same identity and took the first one's admin file), a listen
+    port or an admin port another program holds (the node said "up" and listened nowhere)."""
+    import socket
+    import subprocess
+
+    from tests.helpers.net import CLI
+
+    first, _ = cluster.start("bootstrap")
+
+    def start(data_dir, *flags):
+        argv = [*CLI, "start", "--role", "bootstrap", "--data-dir", str(data_dir), *flags]
+        res = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+        assert res.returncode == 1 and "Traceback" not in res.stderr, res.stdout + res.stderr
+        assert "intellect-node bootstrap up" not in res.stdout
+        return res.stderr.strip().splitlines()[-1]
+
+    said = start(first.data_dir, "--listen", "/ip4/127.0.0.1/tcp/0")
+    assert said == (
+        f"intellect-node: error: another node (pid {first.proc.pid}) runs with the data dir"
+        f" {first.data_dir}: stop it first, or give this one another --data-dir or --name"
+    )
+    assert status(first)["peer_id"] and (first.data_dir / "admin.json").exists()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        said = start(tmp_path / "b", "--listen", f"/ip4/127.0.0.1/tcp/{port}")
+        assert said.startswith(
+            f"intellect-node: error: cannot listen on /ip4/127.0.0.1/tcp/{port}: "
+        )
+        said = start(tmp_path / "c", "--listen", "/ip4/127.0.0.1/tcp/0", "--admin-port", str(port))
+        assert said == f"intellect-node: error: admin port {port}: Address already in use"
+
+
 @pytest.mark.parametrize(
     ("fail", "said"),
     [

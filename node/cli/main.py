@@ -220,7 +220,7 @@ def cmd_start(args: argparse.Namespace) -> int:
     if args.print_config:
         print(config_toml(cfg), end="")
         return 0
-    from node.keystore import ensure_data_dir, load_or_create_identity
+    from node.keystore import claim_data_dir, ensure_data_dir, load_or_create_identity
     from node.logs import setup_logging
 
     if cfg.model is not None:
@@ -232,6 +232,7 @@ def cmd_start(args: argparse.Namespace) -> int:
 
         check_readable(cfg.data)  # so does a missing, unreadable or empty corpus
     data_dir = ensure_data_dir(cfg.resolved_data_dir)
+    claim_data_dir(data_dir)  # held until this process exits
     identity = load_or_create_identity(data_dir)
 
     import signal
@@ -336,6 +337,13 @@ class _Started:
     def started(self, value: Any = None) -> None:
         self.done = True
         self.inner.started(value)
+
+
+def leaves(exc: BaseException) -> list[BaseException]:
+    """The errors in ``exc``: itself, or a group's innermost ones."""
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for e in exc.exceptions for leaf in leaves(e)]
+    return [exc]
 
 
 def one_line(exc: BaseException) -> str:
@@ -466,8 +474,9 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:
         from node.keystore import KeystoreError
 
-        if isinstance(exc, KeystoreError | RuntimeError | OSError | ValueError):
-            print(f"intellect-node: error: {exc}", file=sys.stderr)
+        errors = leaves(exc)  # a node's start fails inside trio: in an exception group
+        if all(isinstance(e, KeystoreError | RuntimeError | OSError | ValueError) for e in errors):
+            print(f"intellect-node: error: {'; '.join(map(str, errors))}", file=sys.stderr)
             return 1
         raise
 

@@ -332,7 +332,14 @@ class AdminServer:
     async def serve(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
         app = self.app.app()
         async with trio.open_nursery() as nursery:
-            binds: list[str] = await nursery.start(_serve, app, self.config())
+            try:
+                binds: list[str] = await nursery.start(_serve, app, self.config())
+            except* OSError as group:  # the port taken: say which port
+                first: BaseException = group
+                while isinstance(first, BaseExceptionGroup):
+                    first = first.exceptions[0]
+                text = first.strerror if isinstance(first, OSError) and first.strerror else first
+                raise OSError(f"admin port {self.port}: {text}") from group
             self.port = int(binds[0].rsplit(":", 1)[1])
             path = self.data_dir / ADMIN_FILE
             try:

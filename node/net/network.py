@@ -74,6 +74,12 @@ class Network:
         self.dht = build_dht(host)
         async with AsyncExitStack() as stack:
             await stack.enter_async_context(host.run(parse_addrs(self.cfg.listen)))
+            if len(host.get_transport_addrs()) < len(self.cfg.listen):
+                # py-libp2p logs a failed bind at debug level and runs on, deaf
+                raise OSError(
+                    f"cannot listen on {', '.join(self.cfg.listen)}: the port is taken"
+                    " (another node?) or the address is not one of this machine's"
+                )
             await stack.enter_async_context(background_trio_service(self.pubsub))
             await stack.enter_async_context(background_trio_service(self.pubsub.router))
             await stack.enter_async_context(background_trio_service(self.dht))
