@@ -371,9 +371,10 @@ class RpcServer(ThreadingHTTPServer):
     chain after it (it is saved next)."""
 
     def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler]) -> None:
-        super().__init__(address, handler)
+        # before the bind: a bind that fails (the port taken) calls server_close()
         self._open: set[socket.socket] = set()
         self._open_lock = threading.Lock()
+        super().__init__(address, handler)
 
     def process_request(self, request: Any, client_address: Any) -> None:
         with self._open_lock:
@@ -401,6 +402,10 @@ class RpcServer(ThreadingHTTPServer):
 
 def serve(chain: DevChain, port: int = 8545, host: str = "127.0.0.1") -> RpcServer:
     """Start serving on ``host`` in a background thread; ``shutdown()`` stops it."""
-    server = RpcServer((host, port), _handler(chain))
+    try:
+        server = RpcServer((host, port), _handler(chain))
+    except (OSError, OverflowError) as exc:
+        text = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+        raise OSError(f"cannot serve the chain on {host}:{port}: {text}") from exc
     threading.Thread(target=server.serve_forever, name="devchain-rpc", daemon=True).start()
     return server

@@ -289,3 +289,19 @@ def test_chain_fund_without_a_running_chain_says_what_to_do(tmp_path):
     one_clear_line(res, "no development chain is running", "intellect-node chain")
     res = run("chain", "fund", "nope", "1", "--data-dir", str(tmp_path), check=False)
     one_clear_line(res, "not an address")
+
+
+def test_chain_on_a_taken_or_impossible_port_says_so_in_one_line(tmp_path):
+    """The bind failed inside the server's constructor, whose cleanup then raised an
+    AttributeError that hid it."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        res = run("chain", "--port", str(port), "--data-dir", str(tmp_path), check=False)
+        one_clear_line(res, f"cannot serve the chain on 127.0.0.1:{port}: Address already in use")
+    res = run("chain", "--port", "99999", "--data-dir", str(tmp_path), check=False)
+    one_clear_line(res, "cannot serve the chain on 127.0.0.1:99999: ")
+    assert not (tmp_path / "chain.json").exists()

@@ -65,7 +65,7 @@ def add_ledger_parsers(sub: Any) -> None:
         help="send AMOUNT (ETH, e.g. 10, or wei, e.g. 1000wei) to ADDRESS from a development "
         "key of the running development chain",
     )
-    chain.add_argument("--port", type=int, default=8545)
+    chain.add_argument("--port", type=int, default=8545, help="its JSON-RPC port (default 8545)")
     chain.add_argument(
         "--host",
         default="127.0.0.1",
