@@ -175,3 +175,18 @@ def test_a_config_built_in_code_ignores_the_environment(monkeypatch):
     assert NodeConfig().spot_check == 1.0
     assert load_config(environ={"INTELLECT_NODE_SPOT_CHECK": "0.5"}).spot_check == 0.5
     assert load_config().spot_check == 0.5  # os.environ, through load_config
+
+
+def test_a_flag_says_its_default_once() -> None:
+    """A description that states the default (``--data-dir``: ~/.intellect-node/<name>) is
+    not followed by "Default: none"; every other one ends with its default."""
+    from node.cli.flags import flag_help
+
+    for name, field in NodeConfig.model_fields.items():
+        text = flag_help(name, field)
+        assert "Default: none" not in text or "default" not in (field.description or "").lower()
+        assert "default" in text.lower(), name
+    data_dir = flag_help("data_dir", NodeConfig.model_fields["data_dir"])
+    assert "~/.intellect-node/<name>" in data_dir and "Default: none" not in data_dir
+    threads = flag_help("torch_threads", NodeConfig.model_fields["torch_threads"])
+    assert "Default: 0." in threads  # its description names torch's default, not its own

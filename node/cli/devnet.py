@@ -419,8 +419,13 @@ def run_devnet(
         raise ValueError("--cheaters must be between 0 and --inference")
     if cheaters and not parse_cheats(cheats):
         raise ValueError("--cheats must name at least one cheat")
-    if not 1 <= validators <= 3:
-        raise ValueError("--validators must be 1, 2 or 3 (the development chain appoints 3)")
+    from node.cli.ledger import DEV_VALIDATORS
+
+    if not 1 <= validators <= DEV_VALIDATORS:
+        raise ValueError(
+            f"--validators must be 1 to {DEV_VALIDATORS} (the development chain appoints"
+            f" {DEV_VALIDATORS})"
+        )
     if inference < 1:
         raise ValueError("--inference must be at least 1")
     base_dir.mkdir(parents=True, exist_ok=True)

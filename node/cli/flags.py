@@ -74,7 +74,10 @@ def flag_help(setting: str, field: FieldInfo) -> str:
     text = (field.description or "").rstrip()
     if typing.get_origin(field.annotation) is list:
         text += " Repeatable."
-    text += f" Default: {_default_text(field)}. Env: {ENV_PREFIX}{setting.upper()}."
+    unset = field.get_default(call_default_factory=True) is None
+    if not (unset and "default" in text.lower()):  # not "Default: none" after the real one
+        text += f" Default: {_default_text(field)}."
+    text += f" Env: {ENV_PREFIX}{setting.upper()}."
     return text.replace("%", "%%")
 
 

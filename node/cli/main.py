@@ -173,7 +173,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--validators",
         type=int,
         default=1,
-        help="number of validators (1-3: the development chain appoints 3; default 1)",
+        help="number of validators (1-4: the development chain appoints 4; default 1)",
     )
     devnet.add_argument(
         "--steps",
