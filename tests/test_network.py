@@ -137,6 +137,47 @@ def test_start_refuses_a_data_dir_in_use_a_taken_port_and_a_taken_admin_port(clu
         assert said == f"intellect-node: error: admin port {port}: Address already in use"
 
 
+def test_commands_on_a_killed_nodes_data_dir_say_no_node_runs(cluster):
+    """A SIGKILLed node leaves its admin.json: status, ping and dashboard said "Connection
+    refused" (dashboard printed its page's address, status 0); a damaged admin.json gave a
+    KeyError traceback. Each is now one line and status 1."""
+    import json as _json
+    import subprocess
+
+    from tests.helpers.net import CLI
+
+    node, _ = cluster.start("bootstrap")
+    pid = node.proc.pid
+    node.proc.kill()
+    node.proc.wait()
+    admin = node.data_dir / "admin.json"
+    assert admin.exists()
+
+    def said(*argv):
+        argv = [*CLI, *argv, "--data-dir", str(node.data_dir)]
+        res = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+        assert res.returncode == 1 and res.stdout == "", res.stdout + res.stderr
+        assert "Traceback" not in res.stderr and len(res.stderr.strip().splitlines()) == 1
+        return res.stderr.strip()
+
+    for argv in (["status"], ["ping", "12D3KooWNTfKZ37isa5RWx23UwAhoHxHvSb6jxggwB1qqbZBRF4A"]):
+        assert said(*argv) == (
+            f"intellect-node: error: no running node found: {admin} is left from node process"
+            f" {pid}, which has ended (killed?)"
+        )
+    assert "which has ended" in said("dashboard", "--no-open")
+    info = _json.loads(admin.read_text())
+    admin.write_text("{}")
+    assert said("status").endswith("is damaged (no port and token): is a node running there?")
+    admin.write_text('{"port": 1')
+    assert said("status").startswith(f"intellect-node: error: cannot read {admin}: ")
+    # a live pid whose port does not answer (this test's own pid, a port nobody holds)
+    admin.write_text(_json.dumps({**info, "pid": os.getpid(), "port": 9}))
+    assert said("status").startswith(
+        f"intellect-node: error: the node of {node.data_dir} does not answer on its admin port 9:"
+    )
+
+
 @pytest.mark.parametrize(
     ("fail", "said"),
     [

@@ -35,9 +35,17 @@ def admin_request(data_dir: Path, path: str, body: dict[str, Any] | None, timeou
         headers={"Authorization": f"Bearer {info['token']}", "Content-Type": "application/json"},
         method="GET" if body is None else "POST",
     )
-    with urllib.request.urlopen(req, timeout=timeout) as resp:
-        reply: bytes = resp.read()
-        return reply
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            reply: bytes = resp.read()
+            return reply
+    except urllib.error.URLError as exc:
+        if isinstance(exc, urllib.error.HTTPError):
+            raise
+        raise RuntimeError(
+            f"the node of {data_dir} does not answer on its admin port {info['port']}:"
+            f" {exc.reason}"
+        ) from exc
 
 
 def admin_call(data_dir: Path, path: str, body: dict[str, Any] | None, timeout: float) -> Any:

@@ -7,6 +7,7 @@ without importing trio or py-libp2p: ``--help`` and offline commands stay instan
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -35,4 +36,28 @@ def read_admin_file(data_dir: Path) -> dict[str, Any]:
         info: dict[str, Any] = json.loads(path.read_text())
     except FileNotFoundError as exc:
         raise RuntimeError(f"no running node found: {path} does not exist") from exc
+    except (OSError, ValueError) as exc:
+        raise RuntimeError(f"cannot read {path}: {exc}") from exc
+    if not (
+        isinstance(info, dict)
+        and isinstance(info.get("port"), int)
+        and isinstance(info.get("token"), str)
+    ):
+        raise RuntimeError(f"{path} is damaged (no port and token): is a node running there?")
+    pid = info.get("pid")
+    if isinstance(pid, int) and not _alive(pid):
+        raise RuntimeError(
+            f"no running node found: {path} is left from node process {pid}, which has ended"
+            " (killed?)"
+        )
     return info
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: alive
+        return True
+    return True
