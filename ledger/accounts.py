@@ -99,6 +99,8 @@ def account_address(data_dir: Path) -> str:
         raise AccountError(
             f"no account at {account_path(data_dir)} (run: intellect-node keys new)"
         ) from exc
+    except (ValueError, KeyError, TypeError) as exc:
+        raise AccountError(f"{account_path(data_dir)} is not a valid keystore ({exc!r})") from exc
 
 
 def load_account(data_dir: Path, password: str) -> LocalAccount:
@@ -107,9 +109,13 @@ def load_account(data_dir: Path, password: str) -> LocalAccount:
         keystore = json.loads(path.read_text())
     except FileNotFoundError as exc:
         raise AccountError(f"no account at {path} (run: intellect-node keys new)") from exc
+    except ValueError as exc:
+        raise AccountError(f"{path} is not a valid keystore ({exc})") from exc
     try:
         key = Account.decrypt(keystore, password)
     except ValueError as exc:
         raise AccountError(f"wrong password for {path}") from exc
+    except (KeyError, TypeError, AttributeError) as exc:  # not the keystore layout
+        raise AccountError(f"{path} is not a valid keystore ({exc!r})") from exc
     account: LocalAccount = Account.from_key(key)
     return account

@@ -163,6 +163,28 @@ def test_keys_new_show_and_file_mode(tmp_path):
     assert peer_id not in run("keys", "new", "--data-dir", str(d), "--force").stdout
 
 
+def test_keys_new_keeps_an_identity_start_made_and_a_damaged_keystore_is_one_line(tmp_path):
+    """`start` makes identity.key; a later `keys new` (the README's order) kept refusing
+    ("already exists") unless --force replaced the peer id; an empty password wrote the
+    identity before refusing. A damaged account.json was a KeyError traceback."""
+    d = tmp_path / "n"
+    res = run("keys", "new", "--data-dir", str(d), env={"INTELLECT_NODE_PASSWORD": ""}, check=False)
+    assert res.returncode == 1 and "empty keystore password" in res.stderr
+    assert not (d / "identity.key").exists()
+    ident = create_identity(d)  # as `start` makes it
+    out = run("keys", "new", "--data-dir", str(d)).stdout
+    assert ident.peer_id in out and (d / "account.json").exists()
+    from ledger.accounts import AccountError, load_account
+
+    for damaged in ('{"garbage": 1}', "not json", '{"address": 5, "crypto": 7}'):
+        (d / "account.json").write_text(damaged)
+        res = run("keys", "show", "--data-dir", str(d), check=False)
+        assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr
+        assert "account.json is not a valid keystore" in res.stderr, res.stderr
+        with pytest.raises(AccountError, match="is not a valid keystore"):
+            load_account(d, "pw")  # what stake, rewards claim and a worker's start read
+
+
 def test_keystore_refuses_unsafe_or_corrupt_keys(tmp_path):
     ident = create_identity(tmp_path)
     assert load_or_create_identity(tmp_path) == ident

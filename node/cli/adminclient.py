@@ -43,8 +43,7 @@ def admin_request(data_dir: Path, path: str, body: dict[str, Any] | None, timeou
         if isinstance(exc, urllib.error.HTTPError):
             raise
         raise RuntimeError(
-            f"the node of {data_dir} does not answer on its admin port {info['port']}:"
-            f" {exc.reason}"
+            f"the node of {data_dir} does not answer on its admin port {info['port']}: {exc.reason}"
         ) from exc
 
 

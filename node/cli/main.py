@@ -383,14 +383,19 @@ def cmd_keys(args: argparse.Namespace) -> int:
     directory = data_dir(args)
     if args.action == "new":
         password = read_password(args.password_file, confirm=True)  # before anything is written
-        ident = create_identity(directory, force=args.force)
+        if not password:
+            raise AccountError("refusing an empty keystore password")
+        half_made = key_path(directory).exists() and not account_path(directory).exists()
+        if half_made and not args.force:  # by `start`, or a `keys new` cut short: keep its
+            ident = load_identity(directory)  # peer id (other nodes may know it already)
+        else:
+            ident = create_identity(directory, force=args.force)
         address = create_account(directory, password, force=args.force).address
     else:
         ident = load_identity(directory)
-        try:
+        address = "(none: intellect-node keys new creates one)"
+        if account_path(directory).exists():  # a damaged one is an error, not "none"
             address = account_address(directory)
-        except AccountError:
-            address = "(none: intellect-node keys new creates one)"
     print(f"peer id    {ident.peer_id}")
     print(f"public key {ident.public_bytes.hex()}")
     print(f"key file   {key_path(directory)}")
