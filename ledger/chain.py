@@ -67,7 +67,17 @@ def connect(
         keys = [k.to_hex() for k in get_default_account_keys()]
         return Chain(Web3(EthereumTesterProvider()), "embedded", url, keys)
     if url.startswith(("http://", "https://")):
-        w3 = Web3(Web3.HTTPProvider(url, request_kwargs={"timeout": timeout}))
+        import requests
+        from web3.providers.rpc.utils import ExceptionRetryConfiguration
+
+        # web3 asks again after a refused connection, not after a timeout: a node that
+        # accepts and never answers held each call six timeouts long (a minute a call)
+        retry = ExceptionRetryConfiguration(errors=(ConnectionError, requests.HTTPError))
+        w3 = Web3(
+            Web3.HTTPProvider(
+                url, request_kwargs={"timeout": timeout}, exception_retry_configuration=retry
+            )
+        )
         return Chain(w3, "rpc", url, list(dev_keys or []))
     raise ValueError(f"unknown chain {url!r}: use 'embedded' or an http(s):// JSON-RPC URL")
 

@@ -187,11 +187,18 @@ def _rpc_message(exc: Exception) -> str:
 
 
 def _retry(fn: Callable[[], T]) -> T:
+    """``fn`` again after a connection that failed (refused, reset: a node restarting), at
+    most ``RETRIES`` times; not after one that timed out (a node that accepts and does not
+    answer would hold the caller three times as long)."""
+    from requests.exceptions import Timeout
+
     delay = 0.2
     for attempt in range(RETRIES):
         try:
             return fn()
         except (ConnectionError, TimeoutError, OSError) as exc:
+            if isinstance(exc, Timeout | TimeoutError):
+                raise LedgerUnreachable(f"the chain did not answer in time: {exc}") from exc
             if attempt == RETRIES - 1:
                 raise LedgerUnreachable(f"chain unreachable after {RETRIES} tries: {exc}") from exc
             time.sleep(delay)

@@ -505,3 +505,47 @@ def test_the_development_chain_keeps_its_state_across_a_restart(tmp_path):
     )
     with pytest.raises(StateError, match="damaged"):
         DevChain.load(state)
+
+
+def test_a_chain_that_accepts_and_never_answers_is_asked_once_not_six_or_eighteen_times():
+    """A silent JSON-RPC endpoint: web3 retried each call five times after a timeout and
+    the client three times over that, so `rewards` against one sat for many minutes. A
+    timeout now ends the call at once; a refused connection is still asked again."""
+    from ledger.client import LedgerUnreachable, _retry
+
+    accepted = []
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(16)
+        server.settimeout(0.2)
+        stop = threading.Event()
+
+        def accept():
+            while not stop.is_set():
+                try:
+                    accepted.append(server.accept()[0])  # kept open, never answered
+                except TimeoutError:
+                    continue
+
+        thread = threading.Thread(target=accept, daemon=True)
+        thread.start()
+        chain = connect(f"http://127.0.0.1:{server.getsockname()[1]}", timeout=0.5)
+        try:
+            with pytest.raises(LedgerUnreachable, match="did not answer in time"):
+                _retry(lambda: chain.chain_id)
+            assert len(accepted) == 1
+        finally:
+            stop.set()
+            thread.join(5)
+            for conn in accepted:
+                conn.close()
+    # a refused connection (nothing listens) is asked again: three tries, then unreachable
+    calls = []
+
+    def refused():
+        calls.append(1)
+        raise ConnectionRefusedError("refused")
+
+    with pytest.raises(LedgerUnreachable, match="after 3 tries"):
+        _retry(refused)
+    assert len(calls) == 3

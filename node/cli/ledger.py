@@ -209,7 +209,8 @@ def _client(args: argparse.Namespace, *, signing: bool) -> tuple[Any, NodeConfig
         )
     data_dir = cfg.resolved_data_dir
     account = load_account(data_dir, read_password(args.password_file)) if signing else None
-    client = LedgerClient(connect(url), contract, account, expected_chain_id=chain_id)
+    # a command waits 10 s for an answer, not a node's 30: a silent endpoint ends it soon
+    client = LedgerClient(connect(url, timeout=10), contract, account, expected_chain_id=chain_id)
     return client, cfg, block
 
 
