@@ -293,7 +293,17 @@ class LedgerClient:
     # ---- views ------------------------------------------------------------------------
 
     def _view(self, name: str, *args: Any) -> Any:
-        return _retry(lambda: getattr(self.contract.functions, name)(*args).call())
+        from web3.exceptions import BadFunctionCallOutput
+
+        try:
+            return _retry(lambda: getattr(self.contract.functions, name)(*args).call())
+        except BadFunctionCallOutput as exc:  # empty output: most likely no code there
+            if not _retry(lambda: self.w3.eth.get_code(self.contract.address)):
+                raise LedgerError(
+                    f"no contract at {self.contract.address} on {self.chain.url}: check the"
+                    " contract address (--contract, or contract in the config)"
+                ) from exc
+            raise
 
     def _addr(self, account: str) -> str:
         return str(self.w3.to_checksum_address(account))

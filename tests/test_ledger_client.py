@@ -549,3 +549,14 @@ def test_a_chain_that_accepts_and_never_answers_is_asked_once_not_six_or_eightee
     with pytest.raises(LedgerUnreachable, match="after 3 tries"):
         _retry(refused)
     assert len(calls) == 3
+
+
+def test_a_wrong_contract_address_is_named_not_a_decoding_error():
+    """web3 reads an address without code as empty output and raised its 70-line
+    BadFunctionCallOutput; `rewards --contract <wrong>` now says there is no contract."""
+    from ledger.client import LedgerClient
+
+    nowhere = "0x" + "11" * 20
+    client = LedgerClient(connect("embedded"), nowhere)
+    with pytest.raises(LedgerError, match=f"no contract at {nowhere} on embedded"):
+        client.params()
