@@ -87,6 +87,22 @@ def test_model_cli_errors(tmp_path):
     )
     assert res.returncode != 0 and "schedule must be 0 or >= steps" in res.stderr
     assert "Traceback" not in res.stderr and not (tmp_path / "m").exists()
+    # refused before a model loads or a step is generated: not a traceback after the work
+    roll = ["model", "rollouts", str(tmp_path), "--worker", WORKER]
+    for flags, said in (
+        (["--count", "0"], "argument --count: must be 1 or more, got 0"),
+        (["--group-size", "x"], "argument --group-size: not an integer: 'x'"),
+        (["--step", "-5"], "argument --step: must be 0 or more, got -5"),
+        (["--run-id", "Bad Id"], "argument --run-id: run id must match"),
+    ):
+        res = run(*roll, *flags, check=False)
+        assert res.returncode == 2 and said in res.stderr, res.stderr
+    res = run(*roll, "--out", str(tmp_path / "none" / "b.bin"), check=False)
+    assert res.returncode == 1 and "none is not a directory" in res.stderr, res.stderr
+    for hidden in ("0", "10"):
+        res = run("model", "init", str(tmp_path / "m"), "--hidden", hidden, check=False)
+        assert res.returncode != 0 and "hidden must be a positive multiple of 8" in res.stderr
+        assert "Traceback" not in res.stderr
 
 
 def test_model_init_never_replaces_what_is_not_a_model(tmp_path):

@@ -11,6 +11,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -74,10 +75,12 @@ def add_model_parsers(sub: Any) -> None:
     roll.add_argument("model_dir", type=Path, metavar="MODEL_DIR")
     roll.add_argument("--task", default="arithmetic", help=TASK_HELP)
     roll.add_argument("--worker", required=True, help="the worker's 0x address (task assignment)")
-    roll.add_argument("--step", type=int, default=0)
-    roll.add_argument("--count", type=int, default=8, help="tasks (default 8)")
-    roll.add_argument("--group-size", type=int, default=4, help="samples per task (default 4)")
-    roll.add_argument("--max-new-tokens", type=int, default=32)
+    roll.add_argument("--step", type=at_least(0), default=0, help="the step (default 0)")
+    roll.add_argument("--count", type=at_least(1), default=8, help="tasks (default 8)")
+    roll.add_argument(
+        "--group-size", type=at_least(1), default=4, help="samples per task (default 4)"
+    )
+    roll.add_argument("--max-new-tokens", type=at_least(1), default=32)
     roll.add_argument("--temperature", type=float, default=1.0)
     roll.add_argument("--top-p", type=float, default=1.0)
     roll.add_argument("--backend", choices=["auto", "torch", "vllm"], default="auto")
@@ -86,7 +89,7 @@ def add_model_parsers(sub: Any) -> None:
     )
     roll.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float16")
     roll.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
-    roll.add_argument("--run-id", default="devnet")
+    roll.add_argument("--run-id", type=run_id, default="devnet", help="(default devnet)")
     roll.add_argument(
         "--data-dir", type=Path, help="node data dir holding the signing key (made if missing)"
     )
@@ -248,6 +251,30 @@ def cmd_init(args: argparse.Namespace) -> int:
     return 0
 
 
+def at_least(lo: int) -> Callable[[str], int]:
+    """An argparse type: an integer ``lo`` or more (the error before any model loads)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        if value < lo:
+            raise argparse.ArgumentTypeError(f"must be {lo} or more, got {value}")
+        return value
+
+    return parse
+
+
+def run_id(text: str) -> str:
+    from protocol.ids import check_run_id
+
+    try:
+        return check_run_id(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def cmd_rollouts(args: argparse.Namespace) -> int:
     from node.engine import open_engine
     from node.engine.base import SamplingParams
@@ -257,6 +284,8 @@ def cmd_rollouts(args: argparse.Namespace) -> int:
     worker = args.worker.lower()
     if not (worker.startswith("0x") and len(worker) == 42):
         raise ValueError(f"--worker must be a 0x-prefixed 20-byte address, got {args.worker!r}")
+    if args.out is not None and not args.out.parent.is_dir():
+        raise ValueError(f"--out {args.out}: {args.out.parent} is not a directory")
     taskset = load_taskset(args.task)
     engine, tokenizer = open_engine(
         str(args.model_dir),

@@ -81,6 +81,10 @@ class Recipe:
             raise ValueError("steps must be >= 1")
         if self.schedule and self.schedule < self.steps:
             raise ValueError("schedule must be 0 or >= steps (the build stops within it)")
+        if self.layers < 1:
+            raise ValueError("layers must be >= 1")
+        if self.hidden < 2 * self.heads or self.hidden % (2 * self.heads):
+            raise ValueError(f"hidden must be a positive multiple of {2 * self.heads} (2 x heads)")
 
     @property
     def schedule_steps(self) -> int:
