@@ -272,10 +272,22 @@ def test_transient_rpc_failures_are_retried_then_reported(monkeypatch):
     assert client_module._retry(flaky) == "ok" and len(calls) == 3
 
     def down():
-        raise TimeoutError("timed out")
+        calls.append(1)
+        raise ConnectionRefusedError("connection refused")
 
+    calls.clear()
     with pytest.raises(client_module.LedgerError, match="unreachable after 3 tries"):
         client_module._retry(down)
+    assert len(calls) == 3
+
+    def silent():  # it accepted and did not answer: asking again only triples the wait
+        calls.append(1)
+        raise TimeoutError("timed out")
+
+    calls.clear()
+    with pytest.raises(client_module.LedgerError, match="did not answer in time"):
+        client_module._retry(silent)
+    assert len(calls) == 1
 
 
 def test_the_validators_registration_cache_follows_the_chains_registration_events(ledger):
