@@ -108,9 +108,11 @@ def test_start_refuses_a_data_dir_in_use_a_taken_port_and_a_taken_admin_port(clu
     import socket
     import subprocess
 
+    from node.cli.devnet import free_port
     from tests.helpers.net import CLI
 
-    first, _ = cluster.start("bootstrap")
+    fixed = free_port()
+    first, _ = cluster.start("bootstrap", listen=f"/ip4/127.0.0.1/tcp/{fixed}")
 
     def start(data_dir, *flags):
         argv = [*CLI, "start", "--role", "bootstrap", "--data-dir", str(data_dir), *flags]
@@ -125,6 +127,11 @@ def test_start_refuses_a_data_dir_in_use_a_taken_port_and_a_taken_admin_port(clu
         f" {first.data_dir}: stop it first, or give this one another --data-dir or --name"
     )
     assert status(first)["peer_id"] and (first.data_dir / "admin.json").exists()
+    # another node's port: py-libp2p's SO_REUSEPORT let both bind, and dials were split
+    said = start(tmp_path / "a", "--listen", f"/ip4/127.0.0.1/tcp/{fixed}")
+    assert said == (
+        f"intellect-node: error: cannot listen on /ip4/127.0.0.1/tcp/{fixed}: Address already in use"
+    )
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()

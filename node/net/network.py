@@ -73,7 +73,9 @@ class Network:
         )
         self.dht = build_dht(host)
         async with AsyncExitStack() as stack:
-            await stack.enter_async_context(host.run(parse_addrs(self.cfg.listen)))
+            listen = parse_addrs(self.cfg.listen)
+            probe_ports(listen)
+            await stack.enter_async_context(host.run(listen))
             if len(host.get_transport_addrs()) < len(self.cfg.listen):
                 # py-libp2p logs a failed bind at debug level and runs on, deaf
                 raise OSError(
@@ -203,3 +205,26 @@ def _transport_addrs(conn: Any) -> list[str]:
         return [str(a) for a in conn.get_transport_addresses()]
     except Exception:  # a connection closing meanwhile
         return []
+
+
+def probe_ports(addrs: list[Any]) -> None:
+    """Bind each fixed TCP port of ``addrs`` once, plainly, and let it go: py-libp2p binds
+    with SO_REUSEPORT, so a second node on a port another node holds bound too, and the
+    kernel split the dials between the two (half reached the wrong peer id)."""
+    import socket
+
+    for a in addrs:
+        protocols = [p.name for p in a.protocols()]
+        if "tcp" not in protocols or not int(a.value_for_protocol("tcp")):
+            continue
+        family, host = (
+            (socket.AF_INET6, a.value_for_protocol("ip6"))
+            if "ip6" in protocols
+            else (socket.AF_INET, a.value_for_protocol("ip4") if "ip4" in protocols else "")
+        )
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind((host, int(a.value_for_protocol("tcp"))))
+            except OSError as exc:
+                raise OSError(f"cannot listen on {a}: {exc.strerror or exc}") from exc
