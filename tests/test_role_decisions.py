@@ -194,6 +194,9 @@ def test_the_worker_looks_for_batches_to_delete_every_so_often_below_the_window(
     assert r.floor(0.0, clock, settled=3) == 7  # 10 - 1 - 2
     clock.step = 11
     assert r.floor(29.9, clock, settled=3) is None and r.floor(30.0, clock, settled=3) == 8
+    # the clock's window narrowed to the chain's max_staleness: the configured one counts
+    wide = StoreRetention(async_level=3, every_s=30.0, keep=2)
+    assert wide.floor(0.0, clock, settled=1) == 11 - 3 - 2
 
 
 def test_a_worker_reads_statuses_after_a_new_block_and_its_money_after_verdicts():
@@ -241,7 +244,7 @@ async def test_the_worker_deletes_stored_batches_once_matured_and_past_the_windo
     role.pending.submitted(keys[1], 1)
     role.pending.submitted(keys[6], 6)
     role.pending.restored([keys[2]])  # stored by the worker's previous run
-    role.clock.async_level = 1
+    role.clock.async_level = role.retention.async_level = 1
 
     async def forget(step, chain_now):
         role.clock.step, chain.now, role.retention.next_at = step, chain_now, 0.0
@@ -263,6 +266,37 @@ async def test_the_worker_deletes_stored_batches_once_matured_and_past_the_windo
     chain.status, chain.block = "pending", chain.block + 1
     await role._refresh_verdicts()
     assert await forget(100, matured) == [keys[6]] and role.pending.keys() == [keys[6]]
+
+
+async def test_a_stored_batch_the_chain_refuses_is_spent_and_one_unheard_waits(tmp_path):
+    """A batch the chain refused (the pool cap, the stake) is never fetched: it is deleted
+    once below the floor like a settled one (it stayed for good, and every restart
+    submitted it again). One whose submission got no answer may have landed: it waits as a
+    restored batch, and the next status read says which."""
+    from crypto.identity import Identity
+    from ledger.client import LedgerError, LedgerUnreachable
+    from protocol.wire import seal
+    from tests.helpers.batches import a_batch
+
+    chain = StatusChain(status="none")
+    role = worker_role(tmp_path, chain)
+    identity = Identity.generate()
+    refused = role.store.put(seal(identity, a_batch(identity, step=1)))
+    unheard = role.store.put(seal(identity, a_batch(identity, step=2)))
+
+    def submit_work(key, units, version):
+        raise (LedgerError if key == refused else LedgerUnreachable)("no")
+
+    chain.submit_work = submit_work
+    role.pending.restored([refused, unheard])  # after a restart: the chain never heard
+    await role._refresh_verdicts()
+    assert role.pending.settled[refused] == (1, 0.0) and unheard not in role.pending.settled
+    assert unheard in role.pending.keys() and refused not in role.pending.keys()
+    role.clock.step = 1 + 1 + role.retention.keep + 1  # the floor is step 2: 1 is below
+    role.clock.async_level = role.retention.async_level = 1
+    chain.now = 1  # the chain's clock, past the refused batch's "maturity" (none: 0)
+    await role._forget_spent()
+    assert role.store.keys() == [unheard], (refused, unheard, role.store.keys())
 
 
 def test_a_worker_that_cannot_save_its_state_still_sends_the_batch_it_stored(tmp_path):

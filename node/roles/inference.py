@@ -43,7 +43,7 @@ from typing import Any
 
 import trio
 
-from ledger.client import LedgerError
+from ledger.client import LedgerError, LedgerUnreachable
 from ledger.codes import REASON_NAMES
 from node.config import NodeConfig
 from node.files import write_atomic
@@ -102,7 +102,7 @@ class InferenceRole:
         self.served = ServedStore(self.store, cfg.trainer_peer_id)
         self.notices: dict[bytes, bytes] = {}  # submitted key -> its encoded notice
         self.announced_at = 0.0
-        self.retention = StoreRetention()  # when stored batches nobody fetches are deleted
+        self.retention = StoreRetention(cfg.async_level)  # when stored batches are deleted
 
     # ---- setup -------------------------------------------------------------------------
 
@@ -122,17 +122,8 @@ class InferenceRole:
             )
 
     def adopt_window(self, chain_staleness: int) -> None:
-        """The chain refuses a submission whose version lags the newest by more than its
-        ``max_staleness``: a wider ``async_level`` here would generate batches only to have
-        them refused (and their step lost), so the narrower of the two is the window."""
-        if chain_staleness < self.cfg.async_level:
-            log.warning(
-                "async_level %d is wider than the chain's max_staleness %d: using %d",
-                self.cfg.async_level,
-                chain_staleness,
-                chain_staleness,
-            )
-            self.clock.async_level = self.versions.async_level = chain_staleness
+        level = narrower_window(self.cfg.async_level, chain_staleness)
+        self.clock.async_level = self.versions.async_level = level
 
     def status(self) -> InferenceStatus:
         c = self.counts
@@ -176,7 +167,10 @@ class InferenceRole:
         self._resume_pending()
         self.busy.since = time.monotonic()
         task_status.started(self)
-        await self._refresh_verdicts()  # resubmits what a crash left unsubmitted
+        try:
+            await self._refresh_verdicts()  # resubmits what a crash left unsubmitted
+        except LedgerError as exc:  # the chain not answering yet: the loop reads it again
+            log.warning("cannot read the chain yet: %s", exc)
         for key in self.pending.keys():  # and tells validators where to fetch it again
             if stored := stored_batch(self.store, key):
                 self.node.announce(BATCH_TOPIC, BatchNotice.of(*stored).encode())
@@ -233,8 +227,7 @@ class InferenceRole:
             self.done_step = None
 
     def _done(self, step: int) -> None:
-        """Step ``step`` is worked on: not again, also after a restart (a state file the
-        disk refuses does not keep the batch stored from going out)."""
+        """Step ``step`` is worked on: not again, after a restart too (if the disk allows)."""
         self.done_step = step
         try:
             write_atomic(self.state_path, json.dumps({"done_step": step}).encode())
@@ -278,6 +271,7 @@ class InferenceRole:
             )
         except LedgerError as exc:
             log.warning("stored batch %s not submitted: %s", key.hex()[:16], exc)
+            self.pending.refused(key, batch.step, unreachable=isinstance(exc, LedgerUnreachable))
             return
         self.counts.submitted += 1
         self.pending.submitted(key, batch.step)
@@ -350,8 +344,9 @@ class InferenceRole:
         self.notices[key] = notice.encode()
         try:
             await trio.to_thread.run_sync(self.ledger.submit_work, key, notice.units, version)
-        except LedgerError:
+        except LedgerError as exc:
             self.cheats.refused(key)  # a test cheat the chain never saw: made again
+            self.pending.refused(key, step, unreachable=isinstance(exc, LedgerUnreachable))
             raise
         self.counts.submitted += 1
         self.pending.submitted(key, step)
@@ -388,6 +383,20 @@ async def run(
 ) -> None:
     """The role as a service the runtime starts."""
     await InferenceRole(node, cfg, weights).serve(task_status=task_status)
+
+
+def narrower_window(async_level: int, chain_staleness: int) -> int:
+    """The chain refuses a submission whose version lags the newest by more than its
+    ``max_staleness``: a wider ``async_level`` would generate batches only to have them
+    refused (and their step lost), so the narrower of the two is the worker's window."""
+    if chain_staleness < async_level:
+        log.warning(
+            "async_level %d is wider than the chain's max_staleness %d: using %d",
+            async_level,
+            chain_staleness,
+            chain_staleness,
+        )
+    return min(async_level, chain_staleness)
 
 
 def stored_batch(store: BatchStore, key: bytes) -> tuple[RolloutBatch, bytes] | None:

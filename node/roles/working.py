@@ -99,6 +99,15 @@ class PendingVerdicts:
             self.settled[key] = (self.steps.pop(key), unlock_at)
         return False
 
+    def refused(self, key: bytes, step: int, *, unreachable: bool) -> None:
+        """The chain refused the stored batch ``key`` (the pool cap, the stake, its
+        version): nobody fetches it, it is spent like a settled one. ``unreachable``: the
+        submission may have landed, so it waits as a restored batch (the next read says)."""
+        if unreachable:
+            self.restored([key])
+        else:
+            self.settled[key] = (step, 0.0)
+
     def spent(self, floor: int, now: float, step_of: Callable[[bytes], int | None]) -> list[bytes]:
         """The settled batches nobody fetches again, forgotten here so the store can delete
         them: matured by ``now`` (chain time: no vote can overturn the verdict) and of a step
@@ -120,9 +129,11 @@ class PendingVerdicts:
 class StoreRetention:
     """When the worker looks for stored batches to delete (``PendingVerdicts.spent``), and
     below which step: every ``every_s`` seconds once a step is announced and a batch is
-    settled; the floor is ``keep`` steps below the async window (the trainer cannot train
-    on a batch made before it). Pure: the role passes the time in."""
+    settled; the floor is ``keep`` steps below the async window, the wider of the configured
+    one and the clock's (the trainer cannot train on a batch made before it). Pure: the
+    role passes the time in."""
 
+    async_level: int = 0  # configured: the clock's may be narrowed to the chain's
     every_s: float = 30.0
     keep: int = 2
     next_at: float = 0.0
@@ -132,7 +143,7 @@ class StoreRetention:
         if clock.step is None or not settled or now < self.next_at:
             return None
         self.next_at = now + self.every_s
-        return clock.step - clock.async_level - self.keep
+        return clock.step - max(self.async_level, clock.async_level) - self.keep
 
 
 @dataclass
