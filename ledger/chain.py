@@ -70,8 +70,10 @@ def connect(
         import requests
         from web3.providers.rpc.utils import ExceptionRetryConfiguration
 
-        # web3 asks again after a refused connection, not after a timeout: a node that
-        # accepts and never answers held each call six timeouts long (a minute a call)
+        # web3's own retry list (the builtin ConnectionError, HTTP errors) without
+        # requests.Timeout: a node that accepts and never answers held each call six
+        # timeouts long (a minute a call). Refused connections are asked again by the
+        # client (ledger.client._retry), sends never blindly (broadcast looks them up)
         retry = ExceptionRetryConfiguration(errors=(ConnectionError, requests.HTTPError))
         w3 = Web3(
             Web3.HTTPProvider(

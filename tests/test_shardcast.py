@@ -301,6 +301,9 @@ def test_a_disk_that_refuses_fails_the_download_keeps_its_shards_and_locks_nothi
             partial.write(3, source.read_shard(3))
     assert partial.held == {0, 1}
     partial.close()
+    with pytest.raises(WireError) as closed:  # an upload from it that was under way
+        partial.read_shard(0)
+    assert closed.value.reason == Reason.NOT_FOUND
     again = store.begin(m, env)
     assert again.held == {0, 1} and again.resumed == 2
     for i in range(2, m.num_shards):

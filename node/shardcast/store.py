@@ -38,6 +38,7 @@ from pathlib import Path
 from crypto.hashing import bulk_digest, bulk_hasher
 from crypto.identity import Identity
 from node.files import write_atomic
+from protocol.errors import Reason, WireError
 from protocol.shardcast import MAX_FILES, WeightFile, WeightManifest, is_file_name, open_manifest
 from protocol.wire import seal
 
@@ -97,6 +98,8 @@ class ShardSource:
 
     def read(self, index: int, offset: int, length: int) -> bytes:
         """``length`` bytes of shard ``index`` from ``offset`` within it."""
+        if not self._fds:  # closed (a download that failed, a version retained) mid-upload
+            raise WireError(Reason.NOT_FOUND, f"version {self.manifest.version} not held now")
         start, end = self.manifest.shard_range(index)
         lo, hi = start + offset, min(start + offset + length, end)
         parts = [os.pread(self._fds[i], n, off) for i, off, n in self.manifest.spans(lo, hi) if n]
