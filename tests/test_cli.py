@@ -283,3 +283,23 @@ def test_devnet_main_job(tmp_path, base_model_dir):
     assert "devnet: held-out accuracy, step 0 -> 1: sampled (8 draws per task) " in out
     assert (report / "learning.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "all nodes and the chain stopped" in out
+
+
+def test_every_argument_of_every_command_says_what_it_is():
+    """`--help` explains: no option or positional argument of any command without help."""
+    import argparse
+
+    from node.cli.main import build_parser
+
+    bare = []
+
+    def walk(parser, path):
+        for a in parser._actions:
+            if isinstance(a, argparse._SubParsersAction):
+                for name, sub in a.choices.items():
+                    walk(sub, [*path, name])
+            elif not isinstance(a, argparse._HelpAction) and not a.help:
+                bare.append(" ".join([*path, *(a.option_strings or [a.dest])]))
+
+    walk(build_parser(), ["intellect-node"])
+    assert bare == []

@@ -150,12 +150,17 @@ def add_ledger_parsers(sub: Any) -> None:
     )
     rewards.add_argument("target", nargs="?", metavar="ADDRESS", help="the account for 'history'")
     rewards.add_argument("--address", help="account to inspect (default: this node's account)")
-    rewards.add_argument("--json", action="store_true")
+    rewards.add_argument("--json", action="store_true", help="print the figures as JSON")
     rewards.add_argument("--csv", action="store_true", help="'history' as CSV: rows, then days")
     common(rewards)
 
     stake = sub.add_parser("stake", help="register/add stake, unbond, or withdraw unbonded stake")
-    stake.add_argument("action", choices=["add", "unbond", "withdraw"])
+    stake.add_argument(
+        "action",
+        choices=["add", "unbond", "withdraw"],
+        help="add: register with AMOUNT, or add it; unbond: start AMOUNT's unbonding delay;"
+        " withdraw: take back what finished unbonding",
+    )
     stake.add_argument(
         "amount", nargs="?", help="ETH (e.g. 2.5) or wei (e.g. 1000wei); not for withdraw"
     )
@@ -204,8 +209,8 @@ def _client(args: argparse.Namespace, *, signing: bool) -> tuple[Any, NodeConfig
     url, contract, block, chain_id = _locate(args, cfg)
     if signing and chain_id is None:
         raise RuntimeError(
-            f"no chain id for {url}: set chain_id in the config (or INTELLECT_NODE_CHAIN_ID) "
-            "so that nothing is ever signed for another chain"
+            f"no chain id for {url}: pass --chain-id (or set chain_id in the config, or "
+            "INTELLECT_NODE_CHAIN_ID) so that nothing is ever signed for another chain"
         )
     data_dir = cfg.resolved_data_dir
     account = load_account(data_dir, read_password(args.password_file)) if signing else None

@@ -105,17 +105,21 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--json", action="store_true", help="print the raw JSON")
 
     ping = sub.add_parser("ping", help="ask a running node to do a presence round trip with a peer")
-    ping.add_argument("peer_id")
-    ping.add_argument("--data-dir", type=Path)
-    ping.add_argument("--name")
+    ping.add_argument("peer_id", help="the peer to reach (a 12D3KooW... peer id)")
+    ping.add_argument("--data-dir", type=Path, help="the running node's data dir")
+    ping.add_argument("--name", help="the node's name (data dir ~/.intellect-node/<name>)")
 
     keys = sub.add_parser(
         "keys",
         help="create or show this node's identity (Ed25519 key) and EVM account (encrypted keystore)",
     )
-    keys.add_argument("action", choices=["new", "show"])
-    keys.add_argument("--data-dir", type=Path)
-    keys.add_argument("--name")
+    keys.add_argument(
+        "action",
+        choices=["new", "show"],
+        help="new: make the peer identity and the EVM account; show: print them",
+    )
+    keys.add_argument("--data-dir", type=Path, help="the node's data dir")
+    keys.add_argument("--name", help="the node's name (data dir ~/.intellect-node/<name>)")
     keys.add_argument("--force", action="store_true", help="with new: replace existing keys")
     keys.add_argument(
         "--password-file",
@@ -145,8 +149,13 @@ def build_parser() -> argparse.ArgumentParser:
     devnet.add_argument(
         "--inference", type=int, default=2, help="number of inference nodes (default 2)"
     )
-    devnet.add_argument("--base-dir", type=Path, default=Path.home() / ".intellect-node" / "devnet")
-    devnet.add_argument("--run-id", default="devnet")
+    devnet.add_argument(
+        "--base-dir",
+        type=Path,
+        default=Path.home() / ".intellect-node" / "devnet",
+        help="a data dir per node under it (default ~/.intellect-node/devnet)",
+    )
+    devnet.add_argument("--run-id", default="devnet", help="the run's id (default devnet)")
     devnet.add_argument(
         "--duration",
         type=float,

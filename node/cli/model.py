@@ -43,7 +43,9 @@ def add_model_parsers(sub: Any) -> None:
         "task set) yet holding a right answer among 16 samples on most tasks. Built once per "
         "recipe: later calls copy it from the cache.",
     )
-    init.add_argument("out_dir", type=Path, metavar="OUT_DIR")
+    init.add_argument(
+        "out_dir", type=Path, metavar="OUT_DIR", help="where the model goes (new or empty)"
+    )
     init.add_argument("--task", default="arithmetic", help=TASK_HELP)
     init.add_argument(
         "--steps", type=int, default=DEFAULT.steps, help=f"SFT steps (default {DEFAULT.steps})"
@@ -57,7 +59,7 @@ def add_model_parsers(sub: Any) -> None:
     )
     init.add_argument("--hidden", type=int, default=128, help="hidden size (default 128)")
     init.add_argument("--layers", type=int, default=4, help="decoder layers (default 4)")
-    init.add_argument("--seed", type=int, default=0)
+    init.add_argument("--seed", type=int, default=0, help="the build's seed (default 0)")
     init.add_argument(
         "--cache-dir",
         type=Path,
@@ -72,7 +74,7 @@ def add_model_parsers(sub: Any) -> None:
         "rollouts",
         help="generate one step's rollout batch (assigned tasks, G samples each, scored, proven)",
     )
-    roll.add_argument("model_dir", type=Path, metavar="MODEL_DIR")
+    roll.add_argument("model_dir", type=Path, metavar="MODEL_DIR", help="a model directory")
     roll.add_argument("--task", default="arithmetic", help=TASK_HELP)
     roll.add_argument("--worker", required=True, help="the worker's 0x address (task assignment)")
     roll.add_argument("--step", type=at_least(0), default=0, help="the step (default 0)")
@@ -80,10 +82,17 @@ def add_model_parsers(sub: Any) -> None:
     roll.add_argument(
         "--group-size", type=at_least(1), default=4, help="samples per task (default 4)"
     )
-    roll.add_argument("--max-new-tokens", type=at_least(1), default=32)
-    roll.add_argument("--temperature", type=float, default=1.0)
-    roll.add_argument("--top-p", type=float, default=1.0)
-    roll.add_argument("--backend", choices=["auto", "torch", "vllm"], default="auto")
+    roll.add_argument(
+        "--max-new-tokens", type=at_least(1), default=32, help="per sample (default 32)"
+    )
+    roll.add_argument("--temperature", type=float, default=1.0, help="sampling (default 1.0)")
+    roll.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling (default 1.0)")
+    roll.add_argument(
+        "--backend",
+        choices=["auto", "torch", "vllm"],
+        default="auto",
+        help="the engine (auto: vLLM where installed with a GPU, else torch)",
+    )
     roll.add_argument(
         "--max-batch", type=int, default=32, help="sequences decoded together (default 32)"
     )
@@ -108,7 +117,7 @@ def add_model_parsers(sub: Any) -> None:
         "(16 rollouts a batch). Exit status 0 when the profile fits (every honest batch "
         "accepted, RMS <= the profile's sigma, every gap <= its kappa), 1 when it does not.",
     )
-    cal.add_argument("model_dir", type=Path, metavar="MODEL_DIR")
+    cal.add_argument("model_dir", type=Path, metavar="MODEL_DIR", help="a model directory")
     cal.add_argument(
         "--profile",
         default=None,
@@ -126,8 +135,8 @@ def add_model_parsers(sub: Any) -> None:
     cal.add_argument("--rollouts", type=int, default=32, help="honest rollouts (default 32)")
     cal.add_argument("--batch", type=int, default=32, help="sequences in flight (default 32)")
     cal.add_argument("--new-tokens", type=int, default=96, help="tokens per rollout (default 96)")
-    cal.add_argument("--temperature", type=float, default=1.0)
-    cal.add_argument("--top-p", type=float, default=1.0)
+    cal.add_argument("--temperature", type=float, default=1.0, help="sampling (default 1.0)")
+    cal.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling (default 1.0)")
     cal.add_argument(
         "--prompts",
         default="arithmetic",
