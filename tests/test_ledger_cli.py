@@ -304,4 +304,8 @@ def test_chain_on_a_taken_or_impossible_port_says_so_in_one_line(tmp_path):
         one_clear_line(res, f"cannot serve the chain on 127.0.0.1:{port}: Address already in use")
     res = run("chain", "--port", "99999", "--data-dir", str(tmp_path), check=False)
     one_clear_line(res, "cannot serve the chain on 127.0.0.1:99999: ")
+    for flag in ("--verdict-window", "--reward-lock", "--unbonding-delay", "--max-staleness"):
+        res = run("chain", flag, "-1", "--data-dir", str(tmp_path), check=False)
+        assert res.returncode == 2 and "must be" in res.stderr and "or more, got -1" in res.stderr
+        assert "Traceback" not in res.stderr
     assert not (tmp_path / "chain.json").exists()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import types
 import typing
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -100,3 +101,18 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
 def flags_given(args: argparse.Namespace) -> dict[str, Any]:
     """The settings given as flags (None: not given, so a lower layer decides)."""
     return {k: v for k, v in vars(args).items() if k in NodeConfig.model_fields and v is not None}
+
+
+def at_least(lo: int) -> Callable[[str], int]:
+    """An argparse type: an integer ``lo`` or more (the error before any model loads)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        if value < lo:
+            raise argparse.ArgumentTypeError(f"must be {lo} or more, got {value}")
+        return value
+
+    return parse

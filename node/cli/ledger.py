@@ -17,6 +17,7 @@ from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any
 
+from node.cli.flags import at_least
 from node.cli.progress import progress
 from node.config import NodeConfig, load_config
 
@@ -88,22 +89,24 @@ def add_ledger_parsers(sub: Any) -> None:
         "start). Restart on the same --port so running nodes find it again",
     )
     chain.add_argument("--pool", default="1000", help="ETH put in the reward pool (default 1000)")
-    chain.add_argument("--verdict-window", type=int, default=3600, help="seconds (default 3600)")
+    chain.add_argument(
+        "--verdict-window", type=at_least(1), default=3600, help="seconds (default 3600)"
+    )
     chain.add_argument(
         "--reward-lock",
-        type=int,
+        type=at_least(0),
         default=3600,
         help="seconds, the challenge period (default 3600, the least the contract allows)",
     )
     chain.add_argument(
         "--unbonding-delay",
-        type=int,
+        type=at_least(0),
         default=86400,
         help="seconds (default 86400; at least window + lock + 3600)",
     )
     chain.add_argument(
         "--max-staleness",
-        type=int,
+        type=at_least(0),
         default=2,
         help="policy versions a submission may lag the newest published one (the run's "
         "async_level; default 2)",

@@ -11,10 +11,10 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from node.cli.flags import at_least
 from node.cli.progress import progress
 from node.engine.tinymodel import Recipe
 
@@ -258,21 +258,6 @@ def cmd_init(args: argparse.Namespace) -> int:
         print(f"{out}: {how} in {summary['seconds']} s")
         print(f"greedy accuracy on 64 {task} tasks: {accuracy:.1%}")
     return 0
-
-
-def at_least(lo: int) -> Callable[[str], int]:
-    """An argparse type: an integer ``lo`` or more (the error before any model loads)."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-        if value < lo:
-            raise argparse.ArgumentTypeError(f"must be {lo} or more, got {value}")
-        return value
-
-    return parse
 
 
 def run_id(text: str) -> str:
