@@ -33,8 +33,9 @@ from decimal import Decimal
 from typing import Any, TypeVar
 
 from eth_account.signers.local import LocalAccount
+from requests.exceptions import Timeout
 from web3.contract import Contract
-from web3.exceptions import TransactionNotFound
+from web3.exceptions import BadFunctionCallOutput, TransactionNotFound
 
 from ledger.build import load_artifact
 from ledger.chain import RECEIPT_POLL_S, Chain, revert_reason
@@ -190,8 +191,6 @@ def _retry(fn: Callable[[], T]) -> T:
     """``fn`` again after a connection that failed (refused, reset: a node restarting), at
     most ``RETRIES`` times; not after one that timed out (a node that accepts and does not
     answer would hold the caller three times as long)."""
-    from requests.exceptions import Timeout
-
     delay = 0.2
     for attempt in range(RETRIES):
         try:
@@ -293,8 +292,6 @@ class LedgerClient:
     # ---- views ------------------------------------------------------------------------
 
     def _view(self, name: str, *args: Any) -> Any:
-        from web3.exceptions import BadFunctionCallOutput
-
         try:
             return _retry(lambda: getattr(self.contract.functions, name)(*args).call())
         except BadFunctionCallOutput as exc:  # empty output: most likely no code there

@@ -271,23 +271,21 @@ def test_transient_rpc_failures_are_retried_then_reported(monkeypatch):
 
     assert client_module._retry(flaky) == "ok" and len(calls) == 3
 
-    def down():
-        calls.append(1)
-        raise ConnectionRefusedError("connection refused")
+    # refused: asked three times; accepted and not answered: once (asking again only
+    # triples the wait)
+    for error, said, tries in (
+        (ConnectionRefusedError("connection refused"), "unreachable after 3 tries", 3),
+        (TimeoutError("timed out"), "did not answer in time", 1),
+    ):
 
-    calls.clear()
-    with pytest.raises(client_module.LedgerError, match="unreachable after 3 tries"):
-        client_module._retry(down)
-    assert len(calls) == 3
+        def fails(error=error):
+            calls.append(1)
+            raise error
 
-    def silent():  # it accepted and did not answer: asking again only triples the wait
-        calls.append(1)
-        raise TimeoutError("timed out")
-
-    calls.clear()
-    with pytest.raises(client_module.LedgerError, match="did not answer in time"):
-        client_module._retry(silent)
-    assert len(calls) == 1
+        calls.clear()
+        with pytest.raises(client_module.LedgerError, match=said):
+            client_module._retry(fails)
+        assert len(calls) == tries
 
 
 def test_the_validators_registration_cache_follows_the_chains_registration_events(ledger):

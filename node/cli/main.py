@@ -357,9 +357,9 @@ def leaves(exc: BaseException) -> list[BaseException]:
 
 def one_line(exc: BaseException) -> str:
     """An error as ``Type: message``; a group as its innermost errors, joined."""
-    if isinstance(exc, BaseExceptionGroup):
-        return "; ".join(one_line(e) for e in exc.exceptions)
-    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    return "; ".join(
+        f"{type(e).__name__}: {e}" if str(e) else type(e).__name__ for e in leaves(exc)
+    )
 
 
 def cmd_status(args: argparse.Namespace) -> int:

@@ -89,14 +89,14 @@ class PendingVerdicts:
             return True
         if status == "pending" and window_passed:
             self.expired += 1
-            self.settled[key] = (self.steps.pop(key), unlock_at)
-        if status == "accepted":
+        elif status == "accepted":
             self.accepted += 1
-            self.settled[key] = (self.steps.pop(key), unlock_at)
         elif status == "rejected":
             self.rejected += 1
             self.rejected_by_reason[reason] += 1
-            self.settled[key] = (self.steps.pop(key), unlock_at)
+        else:  # still waiting (or submitted, and the ledger has not seen it yet)
+            return False
+        self.settled[key] = (self.steps.pop(key), unlock_at)
         return False
 
     def refused(self, key: bytes, step: int, *, unreachable: bool) -> None:
