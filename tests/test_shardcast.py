@@ -534,6 +534,58 @@ def test_a_retention_in_another_thread_leaves_a_download_starting_or_finishing_a
     assert read_all(finished.root, m) == read_all(origin.root / "v00000002", m)
 
 
+def test_a_version_closed_in_another_thread_never_uploads_another_files_bytes(
+    tmp_path, monkeypatch
+):
+    """An upload reads a version on the trio thread while a retention (or a finishing
+    download) closes it in a worker thread. Closed between the read's check and its
+    ``pread``, the descriptor was free for the next file opened, and the upload sent that
+    file's bytes as the shard: the peer bans an honest node for them."""
+    import threading
+
+    from node.shardcast import store as store_mod
+
+    store, source, _ = published(tmp_path)
+    want = source.read_shard(0)
+    in_read, go_on = threading.Event(), threading.Event()
+    pread = os.pread
+
+    def paused_pread(fd, n, off):  # the upload is inside its read when the close comes
+        in_read.set()
+        assert go_on.wait(10)
+        return pread(fd, n, off)
+
+    monkeypatch.setattr(store_mod.os, "pread", paused_pread)
+    got, errors = [], []
+
+    def upload():
+        try:
+            got.append(source.read_shard(0))
+        except Exception as exc:  # noqa: BLE001 - the test reports what the thread raised
+            errors.append(exc)
+
+    reader = threading.Thread(target=upload)
+    reader.start()
+    assert in_read.wait(10)
+    closer = threading.Thread(target=lambda: store.retain(0))
+    closer.start()
+    closer.join(0.5)  # it closes now unless the read holds it off
+    other = tmp_path / "other.bin"
+    other.write_bytes(b"x" * len(want))
+    fds = [os.open(other, os.O_RDONLY) for _ in source.manifest.files]  # takes freed numbers
+    go_on.set()
+    reader.join(10)
+    closer.join(10)
+    for fd in fds:
+        os.close(fd)
+    assert not errors, errors
+    assert got == [want]
+    with pytest.raises(WireError) as exc:  # once closed, a read is refused, not misread
+        source.read_shard(0)
+    assert exc.value.reason == Reason.NOT_FOUND
+    assert store.complete == {}
+
+
 def test_publish_refuses_bad_checkpoints(tmp_path):
     store = make_store(tmp_path, "origin")
     kw = dict(identity=TRAINER, step=1, shard_size=64 * KiB, seq=1, ts_ms=1)

@@ -87,22 +87,30 @@ def _open_files(root: Path, manifest: WeightManifest, *, create: bool) -> list[i
 
 
 class ShardSource:
-    """Reads shard bytes of one version, complete or partial (``held`` shards only)."""
+    """Reads shard bytes of one version, complete or partial (``held`` shards only).
+
+    Reads (an upload, on the trio thread) and ``close`` (a download finishing, a retention,
+    in worker threads) take turns: a descriptor closed between a read's check and its
+    ``pread`` could be reused by a file opened meanwhile, and the upload would send that
+    file's bytes as this shard's, for which the peer bans us."""
 
     def __init__(self, root: Path, manifest: WeightManifest, envelope: bytes, fds: list[int]):
         self.root = root
         self.manifest = manifest
         self.envelope = envelope
         self._fds = fds
+        self._fds_lock = threading.Lock()
         self.held: set[int] = set()
 
     def read(self, index: int, offset: int, length: int) -> bytes:
         """``length`` bytes of shard ``index`` from ``offset`` within it."""
-        if not self._fds:  # closed (a download that failed, a version retained) mid-upload
-            raise WireError(Reason.NOT_FOUND, f"version {self.manifest.version} not held now")
         start, end = self.manifest.shard_range(index)
         lo, hi = start + offset, min(start + offset + length, end)
-        parts = [os.pread(self._fds[i], n, off) for i, off, n in self.manifest.spans(lo, hi) if n]
+        with self._fds_lock:
+            if not self._fds:  # closed (a download that failed, a version retained) mid-upload
+                raise WireError(Reason.NOT_FOUND, f"version {self.manifest.version} not held now")
+            spans = self.manifest.spans(lo, hi)
+            parts = [os.pread(self._fds[i], n, off) for i, off, n in spans if n]
         data = b"".join(parts)
         if len(data) != hi - lo:
             raise StoreError(f"short read of shard {index}")
@@ -113,13 +121,16 @@ class ShardSource:
 
     def sync(self) -> None:
         """Flush the version's files to disk (``fsync``)."""
-        for fd in self._fds:
-            os.fsync(fd)
+        with self._fds_lock:
+            for fd in self._fds:
+                os.fsync(fd)
 
     def close(self) -> None:
-        for fd in self._fds:
-            os.close(fd)
-        self._fds = []
+        """Close the files once no read is using them; a later read is refused (NOT_FOUND)."""
+        with self._fds_lock:
+            fds, self._fds = self._fds, []
+            for fd in fds:
+                os.close(fd)
 
 
 class Partial(ShardSource):
@@ -137,8 +148,9 @@ class Partial(ShardSource):
         except BlockingIOError as exc:
             os.close(self._lock)
             raise StoreError(f"{root} is being written by another process") from exc
+        super().__init__(root, manifest, envelope, [])
         try:
-            super().__init__(root, manifest, envelope, _open_files(root, manifest, create=True))
+            self._fds = _open_files(root, manifest, create=True)
             self._journal = os.open(root / "done", os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
             # the whole-sequence hash over shards [0, _hashed), advanced as shards are written
             self._whole = bulk_hasher()
@@ -146,7 +158,6 @@ class Partial(ShardSource):
             self._whole_lock = threading.Lock()  # writes run in several threads at once
             self.resumed = self._resume()
         except BaseException:
-            self._fds = getattr(self, "_fds", [])
             self.close()
             raise
 
