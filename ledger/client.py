@@ -294,13 +294,18 @@ class LedgerClient:
     def _view(self, name: str, *args: Any) -> Any:
         try:
             return _retry(lambda: getattr(self.contract.functions, name)(*args).call())
-        except BadFunctionCallOutput as exc:  # empty output: most likely no code there
-            if not _retry(lambda: self.w3.eth.get_code(self.contract.address)):
-                raise LedgerError(
-                    f"no contract at {self.contract.address} on {self.chain.url}: check the"
-                    " contract address (--contract, or contract in the config)"
-                ) from exc
+        except BadFunctionCallOutput:  # empty output: most likely no code there
+            self.require_contract()
             raise
+
+    def require_contract(self) -> None:
+        """Raise ``LedgerError`` naming the address if no contract is deployed there (a
+        reader of events alone would find none and report an empty history)."""
+        if not _retry(lambda: self.w3.eth.get_code(self.contract.address)):
+            raise LedgerError(
+                f"no contract at {self.contract.address} on {self.chain.url}: check the"
+                " contract address (--contract, or contract in the config)"
+            )
 
     def _addr(self, account: str) -> str:
         return str(self.w3.to_checksum_address(account))

@@ -56,12 +56,12 @@ def chain():
         server.server_close()
 
 
-def history(chain, tmp_path, address, *fmt):
+def history(chain, tmp_path, address, *fmt, contract=None):
     L, url, _, _ = chain
     env = {**os.environ, "HOME": str(tmp_path)}  # no keystore, no dev chain file
     env.pop("INTELLECT_NODE_PASSWORD", None)
     res = subprocess.run(
-        [*CLI, "rewards", "history", address, "--chain", url, "--contract", L.address,
+        [*CLI, "rewards", "history", address, "--chain", url, "--contract", contract or L.address,
          "--data-dir", str(tmp_path / "reader"), *fmt],
         capture_output=True, text=True, env=env, timeout=120,
     )  # fmt: skip
@@ -154,3 +154,12 @@ def test_history_refuses_what_is_not_an_address(chain, tmp_path):
     res = history(chain, tmp_path, "0x1234")
     assert res.returncode == 1 and "Traceback" not in res.stderr
     assert "not an address" in res.stderr
+
+
+def test_history_against_a_wrong_contract_names_it_instead_of_no_events(chain, tmp_path):
+    """Events alone cannot tell an account with no history from an address with no
+    contract: a mistyped --contract printed "no events for this account"."""
+    nowhere = "0x" + "11" * 20
+    res = history(chain, tmp_path, chain[0].worker.address, contract=nowhere)
+    assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr
+    assert f"no contract at {nowhere}" in res.stderr and "no events" not in res.stdout

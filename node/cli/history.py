@@ -28,6 +28,7 @@ def cmd_history(args: argparse.Namespace, located: tuple[Any, NodeConfig, int]) 
     if not client.w3.is_address(target):
         raise ValueError(f"not an address: {target!r} (0x followed by 40 hex digits)")
     address = client.w3.to_checksum_address(target)
+    client.require_contract()  # a wrong --contract has no events either: not "no events"
     index = EventIndex(
         client.w3,
         client.contract.address,
