@@ -7,6 +7,7 @@ import json
 import time
 
 import pytest
+import trio
 
 from node.roles.busy import BusyTime
 from node.roles.judging import VerdictPosts
@@ -266,6 +267,80 @@ async def test_the_worker_deletes_stored_batches_once_matured_and_past_the_windo
     chain.status, chain.block = "pending", chain.block + 1
     await role._refresh_verdicts()
     assert await forget(100, matured) == [keys[6]] and role.pending.keys() == [keys[6]]
+
+
+class ServedNode:
+    """What the worker's serve loop asks of its node: handlers, topics, announcements."""
+
+    def __init__(self, metrics) -> None:
+        self.metrics, self.announced = metrics, []
+
+    def serve_requests(self, *args, **kw) -> None:
+        pass
+
+    def subscribe(self, topic, handler) -> None:
+        pass
+
+    def add_status(self, name, section) -> None:
+        pass
+
+    def announce(self, topic, body) -> None:
+        self.announced.append(topic)
+
+
+async def serving_until(role, done, deadline=30.0):
+    """Run the worker's serve loop (no generation: its step is done) until ``done()``."""
+    role.node = ServedNode(role.node.metrics)
+    role._done(role.clock.step)  # read back at start: the step is not worked on again
+    async with trio.open_nursery() as nursery:
+        await nursery.start(role._serve)
+        with trio.fail_after(deadline):
+            while not done():  # noqa: ASYNC110 - polls the role's state
+                await trio.sleep(0.05)
+        nursery.cancel_scope.cancel()
+
+
+async def test_the_serve_loop_deletes_spent_batches(tmp_path):
+    """The loop itself looks for spent batches (not only ``_forget_spent`` when called):
+    started with matured, accepted batches below the window, it deletes them and keeps
+    the one the window still holds."""
+    from crypto.identity import Identity
+    from protocol.wire import seal
+    from tests.helpers.batches import a_batch
+
+    chain = StatusChain(status="accepted", until=time.time() - 7200)
+    chain.now = int(time.time())  # past every submission's unlock_at: matured
+    role = worker_role(tmp_path, chain)
+    identity = Identity.generate()
+    keys = {s: role.store.put(seal(identity, a_batch(identity, step=s))) for s in (1, 6)}
+    role.pending = PendingVerdicts()
+    for step, key in keys.items():
+        role.pending.submitted(key, step)
+    role.clock.async_level = role.retention.async_level = 1
+    role.clock.step = 1 + 1 + role.retention.keep + 1  # the floor is step 2: 1 is below
+    await serving_until(role, lambda: role.store.keys() == [keys[6]])
+    assert role.pending.accepted == 2
+
+
+async def test_a_chain_that_does_not_answer_at_start_is_read_again_by_the_loop(tmp_path):
+    """The worker's first chain read (resubmitting what a crash left) fails while the chain
+    is down: the role starts anyway and its loop reads the verdict once the chain answers."""
+    from ledger.client import LedgerUnreachable
+
+    chain = StatusChain(status="accepted")
+    head, down = chain.head, [True]
+
+    def flaky_head():
+        if down:
+            down.clear()
+            raise LedgerUnreachable("connection refused")
+        return head()
+
+    chain.head = flaky_head
+    role = worker_role(tmp_path, chain)
+    role.clock.step = 3
+    await serving_until(role, lambda: role.pending.accepted == 1)
+    assert not down and len(role.pending) == 0
 
 
 async def test_a_stored_batch_the_chain_refuses_is_spent_and_one_unheard_waits(tmp_path):

@@ -86,6 +86,54 @@ def test_fetched_batches_out_of_the_window_are_dropped_for_the_inbox_to_delete()
     assert book.drop_stale(2) == [] and book.drop_stale(4) == [key(2), key(3)]
 
 
+async def test_a_training_step_deletes_the_batches_it_used_and_those_left_stale(tmp_path):
+    """After a step the trainer's inbox keeps only batches a later step may train on: the
+    ones it used go, and so do fetched ones whose version left the window (they stayed
+    on disk for the whole run before)."""
+    from crypto.identity import Identity
+    from node.config import load_config
+    from node.net.metrics import Metrics
+    from node.roles.trainer import TrainerRole
+    from node.training.worker import StepStats
+    from protocol.wire import seal
+    from tests.helpers.batches import a_batch
+
+    class Node:
+        metrics = Metrics()
+
+        def announce(self, topic, body):
+            pass
+
+    class Policy:
+        async def call(self, request):
+            return StepStats(samples=4, tokens=12)
+
+    cfg = load_config(
+        environ={"INTELLECT_NODE_MODEL": str(tmp_path), "INTELLECT_NODE_DATA_DIR": str(tmp_path)}
+    ).model_copy(update={"async_level": 1, "eval_every": 0})
+    role = TrainerRole(Node(), cfg, weights=object())
+    role.policy, role.state.step = Policy(), 2
+    identity = Identity.generate()
+    versions = {"used": 2, "stale": 0, "kept": 2}  # step 3's window: versions 2 and 3
+    keys = {}
+    for n, (name, version) in enumerate(versions.items(), start=1):
+        work_key = role.inbox.put(seal(identity, a_batch(identity, step=version + n)))
+        keys[name] = (W, work_key)
+        role.book.on_submission(Submission(W, work_key, 10, version, n))
+        role.book.on_ruling(Ruling(keys[name], Verdict.accept(), False, 100 + n))
+        role.book.fetched[keys[name]] = version
+
+    async def nothing(*args):
+        pass
+
+    async def the_used_one(n):
+        return [keys["used"]]
+
+    role._publish, role._wait_for_batches = nothing, the_used_one
+    await role._train_one()
+    assert role.step == 3 and role.inbox.keys() == [keys["kept"][1]]
+
+
 def test_batches_trained_on_are_never_counted_stale_once_forgotten():
     """``stale`` counts accepted batches that left the window unused; a batch trained on
     and then forgotten (out of the window) is not one of them, nor after a restart."""
