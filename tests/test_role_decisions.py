@@ -273,7 +273,12 @@ class ServedNode:
     """What the worker's serve loop asks of its node: handlers, topics, announcements."""
 
     def __init__(self, metrics) -> None:
-        self.metrics, self.announced = metrics, []
+        from crypto.identity import Identity
+
+        self.metrics, self.announced, self.identity = metrics, [], Identity.generate()
+
+    def header(self) -> dict:
+        return {}
 
     def serve_requests(self, *args, **kw) -> None:
         pass
@@ -341,6 +346,51 @@ async def test_a_chain_that_does_not_answer_at_start_is_read_again_by_the_loop(t
     role.clock.step = 3
     await serving_until(role, lambda: role.pending.accepted == 1)
     assert not down and len(role.pending) == 0
+
+
+async def test_a_batch_the_full_disk_refuses_is_stored_later_not_generated_again(
+    tmp_path, monkeypatch
+):
+    """A full disk refuses the batch just made: the worker keeps it and stores it again
+    at each pass, and once the disk has room stores, announces and submits that batch. It
+    used to generate the batch again every 5 s (minutes of a GPU each time), for nothing."""
+    from node.roles import inference
+    from node.rollouts.maker import MadeBatch
+    from protocol.batches import BATCH_TOPIC
+    from tests.helpers.batches import a_batch
+    from tests.helpers.disk import file_size_limit
+
+    monkeypatch.setattr(inference, "POLL_S", 0.02)  # the loop's pauses, short
+    chain = StatusChain(status="pending")
+    submitted = []
+    chain.submit_work = lambda key, units, version: submitted.append(key)
+    role = worker_role(tmp_path, chain)
+    role.node = ServedNode(role.node.metrics)
+    role.clock.step, role.clock.policy_version = 2, 0  # the base model is in the window
+    made = MadeBatch(a_batch(role.node.identity, step=2).encode())
+
+    class Maker:
+        calls = 0
+
+        async def call(self, request):
+            Maker.calls += 1
+            return made
+
+    role.maker = Maker()
+    async with trio.open_nursery() as nursery:
+        with file_size_limit(len(made.encoded) // 2):  # a full disk for the batch
+            await nursery.start(role._serve)
+            with trio.fail_after(30):
+                while role.counts.errors < 3:  # noqa: ASYNC110 - polls the role's state
+                    await trio.sleep(0.02)
+            assert role.store.keys() == [] and role.unstored is not None
+            assert Maker.calls == 1 and not submitted and BATCH_TOPIC not in role.node.announced
+        with trio.fail_after(30):  # room again: the same batch goes out
+            while not submitted:  # noqa: ASYNC110 - polls the role's state
+                await trio.sleep(0.02)
+        nursery.cancel_scope.cancel()
+    assert Maker.calls == 1 and role.store.keys() == submitted and role.unstored is None
+    assert role.node.announced == [BATCH_TOPIC] and role.done_step == 2
 
 
 async def test_a_stored_batch_the_chain_refuses_is_spent_and_one_unheard_waits(tmp_path):

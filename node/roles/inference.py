@@ -5,13 +5,14 @@ This is where a rollout starts. For every step the run's trainer announces
 index) (SPEC §13); its batch maker (``node/rollouts/maker.py``, in a child process)
 generates ``group_size`` samples per task with the engine (``node/engine/``: seeded
 sampling, TOPLOC proofs) and scores them, and the role seals one ``RolloutBatch``
-(``protocol/rollouts.py``, where the rollout goes next). A batch the async window has moved past
-while it was generated is dropped (a validator would reject it). Otherwise it then, in
-this order: stores the envelope
-durably (``node/rollouts/store.py``: nothing announced can be lost), announces a
-``BatchNotice`` on the ``batches`` topic, and submits the work key with its units (the
-generated tokens) on-chain. Validators fetch the batch from here
-(``node/roles/exchange.py``) and judge it (``node/roles/validator.py``).
+(``protocol/rollouts.py``, where the rollout goes next). A batch the async window has
+moved past while it was generated is dropped (a validator would reject it). Otherwise it
+then, in this order: stores the envelope durably (``node/rollouts/store.py``: nothing
+announced can be lost; a disk that refuses it, full, leaves the batch in memory, stored
+again every few seconds instead of generated again), announces a ``BatchNotice`` on the
+``batches`` topic, and submits the work key with its units (the generated tokens)
+on-chain. Validators fetch the batch from here (``node/roles/exchange.py``) and judge it
+(``node/roles/validator.py``).
 
 The policy (``VersionChoice``, ``node/roles/working.py``): for step n the worker generates
 with the newest version it holds in the async window (version ≥ n − ``async_level``, and not newer than the trainer announced): version 0
@@ -78,6 +79,18 @@ class WorkerCounts:
     stale: int = 0  # generated, then left unsubmitted: the window had moved past it
 
 
+@dataclass
+class Sealed:
+    """A batch made and signed, not stored yet: kept in memory while the disk refuses it
+    (full), stored again at the next pass instead of generated again."""
+
+    step: int
+    version: int
+    envelope: bytes
+    notice: BatchNotice
+    cheat: str
+
+
 class InferenceRole:
     def __init__(self, node: Node, cfg: NodeConfig, weights: Any = None) -> None:
         if cfg.model is None:
@@ -103,6 +116,7 @@ class InferenceRole:
         self.notices: dict[bytes, bytes] = {}  # submitted key -> its encoded notice
         self.announced_at = 0.0
         self.retention = StoreRetention(cfg.async_level)  # when stored batches are deleted
+        self.unstored: Sealed | None = None  # made, but the disk refused it
 
     # ---- setup -------------------------------------------------------------------------
 
@@ -179,6 +193,10 @@ class InferenceRole:
                 await self._refresh_verdicts()
                 await self._forget_spent()
                 self._reannounce()
+                if self.unstored is not None:  # the disk refused it: store it, not make anew
+                    sealed, self.unstored = self.unstored, None
+                    await self._send(sealed)
+                    continue
                 step = self.clock.step
                 if (
                     step is None
@@ -318,14 +336,6 @@ class InferenceRole:
         if self.versions.use(version):
             log.info("generating with policy version %d (%s)", version, model_dir)
         batch = RolloutBatch.decode(made.encoded)
-        if why := self.clock.window(step, version):
-            # the trainer moved on while we generated: a validator would reject it as
-            # invalid (and slash the stake for it), so it is neither stored nor submitted
-            self.counts.stale += 1
-            self.cheats.not_made(cheat)  # a test cheat nobody saw: the next batch makes it
-            self._done(step)
-            log.warning("batch of step %d v%d not submitted: %s", step, version, why)
-            return
         envelope = seal(self.node.identity, batch)
         notice = BatchNotice.of(batch, envelope)
         seconds = time.perf_counter() - started
@@ -334,10 +344,27 @@ class InferenceRole:
         if seconds > 0:
             self.node.metrics.observe("generation_tokens_per_second", notice.units / seconds)
         self.counts.tokens += notice.units
-        key = self.store.put(envelope)  # durable before anyone hears of it
+        await self._send(Sealed(step, version, envelope, notice, cheat))
+
+    async def _send(self, sealed: Sealed) -> None:
+        """Store, announce and submit a batch made (``unstored`` again if the disk refuses)."""
+        step, version, notice, cheat = sealed.step, sealed.version, sealed.notice, sealed.cheat
+        if why := self.clock.window(step, version):
+            # the trainer moved on while we generated: a validator would reject it as
+            # invalid (and slash the stake for it), so it is neither stored nor submitted
+            self.counts.stale += 1
+            self.cheats.not_made(cheat)  # a test cheat nobody saw: the next batch makes it
+            self._done(step)
+            log.warning("batch of step %d v%d not submitted: %s", step, version, why)
+            return
+        try:
+            key = self.store.put(sealed.envelope)  # durable before anyone hears of it
+        except OSError as exc:  # a full disk: stored again at the next pass, not made again
+            self.unstored = sealed
+            raise OSError(f"cannot store the batch of step {step} (kept for later): {exc}") from exc
         if self.cheats:
             key, units = self.cheats.claim(cheat, key, notice.units)
-            self.cheats.serve(self.served, cheat, key, envelope)
+            self.cheats.serve(self.served, cheat, key, sealed.envelope)
             notice = dataclasses.replace(notice, work_key=key, units=units)
         self._done(step)
         self.node.announce(BATCH_TOPIC, notice.encode())
@@ -352,19 +379,7 @@ class InferenceRole:
         self.pending.submitted(key, step)
         self.node.metrics.inc("batches_submitted")
         self.node.metrics.inc("tokens_generated", notice.units)
-        c = self.counts
-        log.info(
-            "progress: %d batches, %.1f tokens/s, accepted %d, rejected %d, waiting %d, "
-            "slashed %d, pending %.6f ETH, claimable %.6f ETH",
-            c.generated,
-            c.tokens / c.seconds if c.seconds else 0.0,
-            self.pending.accepted,
-            self.pending.rejected,
-            len(self.pending),
-            self.stake.slashed if self.stake else 0,
-            (self.stake.pending_wei if self.stake else 0) / WEI,
-            (self.stake.claimable_wei if self.stake else 0) / WEI,
-        )
+        log_progress(self.counts, self.pending, self.stake)
         log.info(
             "batch step %d v%d: %d tokens, key %s submitted",
             step,
@@ -383,6 +398,21 @@ async def run(
 ) -> None:
     """The role as a service the runtime starts."""
     await InferenceRole(node, cfg, weights).serve(task_status=task_status)
+
+
+def log_progress(c: WorkerCounts, pending: PendingVerdicts, stake: Stake | None) -> None:
+    log.info(
+        "progress: %d batches, %.1f tokens/s, accepted %d, rejected %d, waiting %d, "
+        "slashed %d, pending %.6f ETH, claimable %.6f ETH",
+        c.generated,
+        c.tokens / c.seconds if c.seconds else 0.0,
+        pending.accepted,
+        pending.rejected,
+        len(pending),
+        stake.slashed if stake else 0,
+        (stake.pending_wei if stake else 0) / WEI,
+        (stake.claimable_wei if stake else 0) / WEI,
+    )
 
 
 def narrower_window(async_level: int, chain_staleness: int) -> int:
