@@ -112,21 +112,47 @@ def listof(item: FieldSpec, max_items: int) -> Any:
     return spec(FieldSpec(list, max_len=max_items, item=item))
 
 
-def unpack_limited(data: bytes, max_size: int) -> Any:
-    """msgpack-decode ``data`` after checking its size; never builds ext types."""
+@dataclass(frozen=True)
+class Shape:
+    """The most a valid encoding can hold, enforced while msgpack decodes (``unpack_limited``:
+    an envelope). Without it, bytes within the size limit but made of tiny containers
+    (48 MiB of empty maps in an array) decoded into gigabytes of objects before any check."""
+
+    map_keys: int  # keys in one map
+    list_items: int  # items in one list
+    text: int  # characters in one string (map keys included)
+    blob: int  # bytes in one byte string
+    containers: int  # maps and lists in the whole message
+
+
+def unpack_limited(data: bytes, max_size: int, shape: Shape | None = None) -> Any:
+    """msgpack-decode ``data`` after checking its size; never builds ext types. With
+    ``shape``, a map, list, string or byte string larger than it allows, or more maps and
+    lists than it allows, is refused as it is met, before it is built."""
     if len(data) > max_size:
         raise WireError(Reason.OVERSIZED, f"{len(data)} bytes > {max_size}")
 
-    def no_ext(code: int, _data: bytes) -> Any:
-        raise WireError(Reason.MALFORMED, f"msgpack ext type {code} not allowed")
+    limits: dict[str, Any] = {}
+    if shape is not None:
+        built = [0]
 
+        def counted(obj: Any) -> Any:
+            built[0] += 1
+            if built[0] > shape.containers:
+                raise WireError(Reason.MALFORMED, f"more than {shape.containers} maps and lists")
+            return obj
+
+        limits = dict(
+            max_map_len=shape.map_keys,
+            max_array_len=shape.list_items,
+            max_str_len=4 * shape.text,  # characters, up to 4 bytes each in UTF-8
+            max_bin_len=shape.blob,
+            object_hook=counted,
+            list_hook=counted,
+        )
     try:
         return msgpack.unpackb(
-            data,
-            raw=False,
-            strict_map_key=True,
-            ext_hook=no_ext,
-            use_list=True,
+            data, raw=False, strict_map_key=True, ext_hook=_no_ext, use_list=True, **limits
         )
     except WireError:
         raise
@@ -181,14 +207,109 @@ class Message:
         return message
 
     @classmethod
+    def longest(cls) -> tuple[int, int]:
+        """The longest string (in characters; field names included) and the longest byte
+        string any field of this message, or of a message nested in it, may hold."""
+        if (known := _LONGEST.get(cls)) is None:
+            known = _LONGEST[cls] = _longest(cls)
+        return known
+
+    @classmethod
     def decode(cls, data: bytes) -> Self:
-        obj = unpack_limited(data, cls.MAX_SIZE)
-        if not isinstance(obj, dict):
-            raise WireError(Reason.MALFORMED, f"{cls.TYPE}: expected a map")
+        obj = read_fields(cls, data, typed=True)
         if obj.get("type") != cls.TYPE:
             raise WireError(Reason.WRONG_TYPE, f"expected {cls.TYPE}, got {obj.get('type')!r}")
         del obj["type"]
         return cls.from_obj(obj)
+
+
+def read_fields(cls: type[Message], data: bytes, *, typed: bool, where: str = "") -> dict[str, Any]:
+    """msgpack-decode the map of a ``cls`` message (with its ``type`` if ``typed``), led
+    by its specs: each map's and list's size is checked from its header before any entry
+    is read, against the fields it may have and the list's ``max_len``, and a field that
+    should hold a scalar is refused a non-empty map or list. Nothing bigger than a valid
+    message is built, however the bytes are arranged (``from_obj`` checks the values)."""
+    if len(data) > cls.MAX_SIZE:
+        raise WireError(Reason.OVERSIZED, f"{len(data)} bytes > {cls.MAX_SIZE}")
+    text, blob = cls.longest()
+    unpacker = msgpack.Unpacker(
+        raw=False,
+        strict_map_key=True,
+        ext_hook=_no_ext,
+        max_buffer_size=max(len(data), 1),
+        max_str_len=4 * text,  # characters, up to 4 bytes each in UTF-8
+        max_bin_len=blob,
+        max_array_len=0,  # a scalar's place: containers are read by their headers
+        max_map_len=0,
+    )
+    unpacker.feed(data)
+    try:
+        obj = _read_map(unpacker, cls, where or cls.TYPE, typed=typed)
+        if unpacker.tell() != len(data):
+            raise WireError(Reason.MALFORMED, f"{len(data) - unpacker.tell()} bytes after the map")
+    except WireError:
+        raise
+    except (ValueError, TypeError, msgpack.UnpackException, RecursionError) as exc:
+        raise WireError(Reason.MALFORMED, f"not valid msgpack: {exc}") from exc
+    return obj
+
+
+def _no_ext(code: int, _data: bytes) -> Any:
+    raise WireError(Reason.MALFORMED, f"msgpack ext type {code} not allowed")
+
+
+def _read_map(u: msgpack.Unpacker, cls: type[Message], name: str, *, typed: bool) -> dict[str, Any]:
+    specs = cls.specs()
+    most = len(specs) + typed
+    try:
+        n = u.read_map_header()
+    except ValueError:
+        raise WireError(Reason.MALFORMED, f"{name}: expected a map") from None
+    if n > most:
+        raise WireError(Reason.MALFORMED, f"{name}: {n} fields, at most {most}")
+    obj: dict[str, Any] = {}
+    for _ in range(n):
+        key = u.unpack()
+        if not isinstance(key, str):
+            raise WireError(Reason.MALFORMED, f"{name}: a key that is not a string")
+        if key in specs:
+            obj[key] = _read(u, specs[key], f"{name}.{key}")
+        else:  # "type", or a field it has not: from_obj names it
+            obj[key] = u.unpack() if typed and key == "type" else u.skip()
+    return obj
+
+
+def _read(u: msgpack.Unpacker, s: FieldSpec, name: str) -> Any:
+    if isinstance(s.kind, type) and issubclass(s.kind, Message):
+        return _read_map(u, s.kind, name, typed=False)
+    if s.kind is list:
+        assert s.item is not None
+        try:
+            n = u.read_array_header()
+        except ValueError:
+            raise WireError(Reason.MALFORMED, f"{name}: expected list") from None
+        if n > s.max_len:
+            raise WireError(Reason.MALFORMED, f"{name}: more than {s.max_len} items")
+        return [_read(u, s.item, f"{name}[{i}]") for i in range(n)]
+    return u.unpack()
+
+
+_LONGEST: dict[type[Message], tuple[int, int]] = {}
+
+
+def _longest(cls: type[Message]) -> tuple[int, int]:
+    text, blob = max(len(name) for name in [*cls.specs(), "type", getattr(cls, "TYPE", "")]), 0
+    for s in cls.specs().values():
+        while s.item is not None:  # a list: its items
+            s = s.item
+        if isinstance(s.kind, type) and issubclass(s.kind, Message):
+            t, b = s.kind.longest()
+            text, blob = max(text, t), max(blob, b)
+        elif s.kind is str:
+            text = max(text, s.max_len)
+        elif s.kind is bytes:
+            blob = max(blob, s.max_len)
+    return text, blob
 
 
 def _to_obj(value: Any) -> Any:

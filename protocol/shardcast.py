@@ -37,10 +37,10 @@ from protocol.schema import (
     blob,
     listof,
     nested,
+    read_fields,
     spec,
     text,
     u64,
-    unpack_limited,
 )
 from protocol.wire import ENVELOPE_OVERHEAD, open_message
 
@@ -224,7 +224,7 @@ def open_manifest(data: bytes, *, run_id: str, trainer: str | None) -> WeightMan
 
 def check_notice(body: bytes) -> WeightsNotice:
     """Decode a ``weights`` announcement body."""
-    obj = unpack_limited(body, WeightsNotice.MAX_SIZE)
+    obj = read_fields(WeightsNotice, body, typed=False, where="weights notice")
     return WeightsNotice.from_obj(obj, where="weights notice")
 
 

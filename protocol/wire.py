@@ -21,9 +21,10 @@ from crypto.envelope import Envelope, SignatureError
 from crypto.identity import PUBLIC_KEY_SIZE, SIGNATURE_SIZE, Identity
 from protocol.errors import Reason, WireError
 from protocol.messages import Header
-from protocol.schema import unpack_limited
+from protocol.schema import Shape, unpack_limited
 
 ENVELOPE_OVERHEAD = 192
+MAX_DOMAIN = 64  # characters of a signing domain (a message TYPE)
 M = TypeVar("M", bound=Header)
 
 
@@ -44,7 +45,11 @@ def seal(identity: Identity, message: Header) -> bytes:
 
 def open_message(data: bytes, *accepted: type[M]) -> M:
     """Decode, verify and validate an envelope holding one of the ``accepted`` types."""
-    obj = unpack_limited(data, max_envelope_size(*accepted))
+    most = max(t.MAX_SIZE for t in accepted)  # four scalars, the payload at most this long
+    if len(data) > most + ENVELOPE_OVERHEAD:
+        raise WireError(Reason.OVERSIZED, f"{len(data)} bytes > {most + ENVELOPE_OVERHEAD}")
+    shape = Shape(map_keys=4, list_items=0, text=MAX_DOMAIN, blob=most, containers=1)
+    obj = unpack_limited(data, most + ENVELOPE_OVERHEAD, shape) if _a_map(data) else None
     if not isinstance(obj, dict) or set(obj) != {"d", "p", "k", "s"}:
         raise WireError(Reason.MALFORMED, "envelope must be a map with keys d, p, k, s")
     domain, payload, signer, sig = obj["d"], obj["p"], obj["k"], obj["s"]
@@ -70,3 +75,8 @@ def open_message(data: bytes, *accepted: type[M]) -> M:
     if message.sender != env.signer_peer_id:
         raise WireError(Reason.SENDER_MISMATCH, "sender is not the signer")
     return message
+
+
+def _a_map(data: bytes) -> bool:
+    """Whether ``data`` starts with a msgpack map header (fixmap, map 16, map 32)."""
+    return bool(data) and (0x80 <= data[0] <= 0x8F or data[0] in (0xDE, 0xDF))

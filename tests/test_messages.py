@@ -190,3 +190,60 @@ def test_spec_documents_every_message_field():
     ):
         for field in cls.specs():
             assert f"`{field}`" in spec, (cls.__name__, field)
+
+
+def bomb_envelope(domain: str, payload: bytes) -> bytes:
+    """A correctly signed envelope around ``payload`` (any peer can sign its own bombs)."""
+    from crypto.envelope import Envelope
+
+    env = Envelope.seal(IDENT, domain, payload)
+    return msgpack.packb(
+        {"d": domain, "p": payload, "k": env.signer, "s": env.signature}, use_bin_type=True
+    )
+
+
+def empty_maps(n: int) -> bytes:
+    """A msgpack list of ``n`` empty maps: one byte each on the wire, a dict each decoded."""
+    return b"\xdd" + n.to_bytes(4, "big") + b"\x80" * n
+
+
+@pytest.mark.parametrize(
+    "where", ["envelope", "list field", "scalar field", "list item", "nested message"]
+)
+def test_bytes_that_would_decode_into_a_flood_of_objects_are_refused_before_any_is_built(where):
+    """A reply within its size limit made of tiny containers (a list of empty maps) was
+    decoded in full before any check: 48 MiB in a batch reply became 3.7 GiB of dicts and
+    11 s on the trio thread. Each map and list is now checked from its header against
+    what a valid message may hold, before its entries are read."""
+    import tracemalloc
+
+    from protocol.rollouts import RolloutBatch
+
+    n = 1 << 20
+    cls, typ = RolloutBatch, RolloutBatch.TYPE
+    head = {"type": typ, "run_id": "r", "sender": IDENT.peer_id, "seq": 1, "ts_ms": 1}
+    packed = msgpack.packb(head, use_bin_type=True)
+    fields = b"\x80" + packed[1:]  # the header's map, its length patched below
+    body = {
+        "envelope": None,
+        "list field": ("groups", empty_maps(n)),  # more items than the field may hold
+        "scalar field": ("policy_version", empty_maps(n)),  # a list where an int goes
+        "list item": ("groups", b"\x91" + empty_maps(n)),  # a list where a group goes
+        "nested message": ("groups", b"\x91\x81\xa7samples" + b"\x91" + empty_maps(n)),
+    }[where]
+    if body is None:
+        data = empty_maps(n)
+    else:
+        name, value = body
+        count = len(head) + 1
+        fields = bytes([0x80 | count]) + packed[1:] + msgpack.packb(name) + value
+        data = bomb_envelope(typ, fields)
+    tracemalloc.start()
+    try:
+        with pytest.raises(WireError) as exc:
+            open_message(data, cls)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert exc.value.reason == Reason.MALFORMED, exc.value
+    assert peak < 4 * len(data) + (1 << 20), peak  # copies of the bytes (64 MiB as dicts)
