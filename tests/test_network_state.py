@@ -263,6 +263,46 @@ async def test_gap_repair_gives_gossip_time_when_the_heartbeat_came_on_gossip(
         assert asked == [(start + SYNC_PATIENCE, list(range(12, 20)))]
 
 
+async def test_heartbeats_from_many_new_keys_start_a_bounded_number_of_syncs(
+    autojump_clock, tmp_path
+):
+    """Keys cost nothing: a flood of heartbeats, each from a new "publisher" claiming
+    announcements, started one sync task (and one dial) per key. At most ``MAX_SYNCS``
+    run at once; the others are counted and asked at their next heartbeat."""
+    from crypto.identity import Identity
+    from node.config import NodeConfig
+    from node.net.announcements import MAX_SYNCS
+    from node.net.runtime import Node
+    from protocol.messages import SyncReply
+
+    receiver = Node(NodeConfig(data_dir=tmp_path / "r"), Identity.generate())
+    asked, answer = [], trio.Event()
+
+    async def request(peer, protocol, req, reply_type):
+        asked.append(peer)
+        await answer.wait()
+        return SyncReply(**receiver.header(), items=[])
+
+    receiver.requests.request = request
+    flood = [Identity.generate().peer_id for _ in range(100)]
+    syncs = receiver.announcements
+    async with trio.open_nursery() as nursery:
+        syncs._nursery = nursery
+        for sender in flood:
+            syncs.heard(sender, session=1, announced=5, via="direct")
+        await trio.sleep(1)
+        assert sorted(asked) == sorted(flood[:MAX_SYNCS]) and len(syncs._syncing) == MAX_SYNCS
+        assert receiver.metrics.get("syncs_deferred") == len(flood) - MAX_SYNCS
+        answer.set()  # those end: the next heartbeats of the others are acted on
+        await trio.sleep(1)
+        assert syncs._syncing == {}
+        for sender in flood[MAX_SYNCS:]:
+            syncs.heard(sender, session=1, announced=5, via="direct")
+        await trio.sleep(1)
+        nursery.cancel_scope.cancel()
+    assert sorted(asked) == sorted(flood[: 2 * MAX_SYNCS])
+
+
 async def test_providers_nearby_asks_the_closest_connected_peers_once_each(autojump_clock):
     """A lookup among connected peers: the ``limit`` peers closest to the key, one
     GET_PROVIDERS each, in parallel; a peer that fails or hangs costs nothing but its own

@@ -1020,3 +1020,54 @@ async def test_version_polls_back_off_while_gossip_keeps_up_and_restart_after_a_
     times = [round(t - start, 3) for t in asked]
     assert times == [1, 3, 7, 15, 23, 31, 39, 47, 48, 50, 54, 62, 70]
     assert book.newest_known == 5
+
+
+async def test_a_flood_of_weights_notices_asks_for_a_few_manifests_at_a_time(
+    autojump_clock, monkeypatch
+):
+    """Any peer may announce any versions: each notice of a newer one started its own
+    manifest request to the sender, so a flood of notices made as many tasks and requests.
+    At most ``MAX_LEARNING`` run at once; the rest are counted and left to the version
+    poll, and a slot freed takes the next notice."""
+    from types import SimpleNamespace
+
+    from node.net.metrics import Metrics
+    from node.shardcast import following
+    from node.shardcast.following import MAX_LEARNING, Follower
+    from protocol.shardcast import WeightsNotice, encode_notice
+
+    asked, answer = [], trio.Event()
+
+    async def ask_holding(node, peer, version, *, with_manifest):
+        asked.append(version)
+        await answer.wait()
+        return SimpleNamespace(version=0, manifest=None)  # nothing that verifies
+
+    monkeypatch.setattr(following, "ask_holding", ask_holding)
+    node = SimpleNamespace(metrics=Metrics(), reject=lambda *a: None)
+    follower = Follower(
+        node,  # type: ignore[arg-type]
+        SimpleNamespace(discovery_interval=1.0),  # type: ignore[arg-type]
+        SimpleNamespace(newest_known=0),  # type: ignore[arg-type]
+        None,  # type: ignore[arg-type]
+        SimpleNamespace(saw=lambda version, peer: None),  # type: ignore[arg-type]
+        follow=False,
+    )
+
+    def notice(version):
+        body = encode_notice(WeightsNotice(version=version, step=version, manifest=bytes(32)))
+        return SimpleNamespace(sender="flooder", body=body)
+
+    async with trio.open_nursery() as nursery:
+        follower._nursery = nursery
+        for v in range(1, 51):
+            follower.on_notice(notice(v))
+        await trio.sleep(1)
+        assert sorted(asked) == list(range(1, MAX_LEARNING + 1))  # the first ones
+        assert node.metrics.get("weights_notices_deferred") == 50 - MAX_LEARNING
+        answer.set()  # the requests end (nothing learned): their slots are free again
+        await trio.sleep(1)
+        follower.on_notice(notice(60))
+        await trio.sleep(1)
+        nursery.cancel_scope.cancel()
+    assert asked[-1] == 60 and len(asked) == MAX_LEARNING + 1

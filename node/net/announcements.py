@@ -35,6 +35,10 @@ log = logging.getLogger("intellect.node")
 SYNC_GRACE = 2.0  # seconds gossip gets to deliver what a gossiped heartbeat counts
 SYNC_PATIENCE = 10.0  # seconds a sync waits at most while gossip still makes progress
 SYNC_BATCH = 64  # announcements asked for in one sync request at most
+# syncs running at once at most: heartbeats are signed with keys that cost nothing to make,
+# and one sync per claimed publisher let a flood of them start thousands of tasks, each
+# dialling addresses the heartbeat named; a publisher left out now is asked at its next one
+MAX_SYNCS = 16
 AnnouncementHandler = Callable[[Announcement], None]
 
 
@@ -120,6 +124,9 @@ class Announcements:
         what we lack (after ``SYNC_GRACE`` if the heartbeat came by gossip)."""
         if sender in self._syncing:  # a sync waiting out its grace: let it ask for all
             self._syncing[sender] = max(announced, self._syncing[sender])
+        if sender not in self._syncing and len(self._syncing) >= MAX_SYNCS:
+            self.requests.metrics.inc("syncs_deferred")
+            return
         missing = self.inbox.missing(sender, session, announced, limit=SYNC_BATCH)
         if missing and sender not in self._syncing and self._nursery is not None:
             grace = SYNC_GRACE if via == "gossip" else 0.0

@@ -43,6 +43,11 @@ COUNTERS: dict[str, tuple[str, tuple[str, ...]]] = {
     "liveness_probes": ("Presence probes of quiet peers, by outcome.", ("outcome",)),
     "subscriber_errors": ("Announcement handlers that raised, by topic.", ("topic",)),
     "synced_announcements": ("Announcements fetched by request to repair a gap.", ()),
+    "syncs_deferred": ("Gap repairs left to a later heartbeat: too many running.", ()),
+    "weights_notices_deferred": (
+        "Weights notices not followed up at once: too many manifest requests running.",
+        (),
+    ),
     "shardcast_bytes": ("SHARDCAST shard bytes served and fetched.", ("direction",)),
     "shardcast_uploads": ("SHARDCAST shards served whole.", ()),
     "shardcast_refusals": ("SHARDCAST shard requests refused by the peer.", ("outcome",)),

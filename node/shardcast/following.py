@@ -27,11 +27,12 @@ from node.shardcast.versions import VersionBook
 from protocol import ids
 from protocol.errors import WireError
 from protocol.messages import Announcement
-from protocol.shardcast import WeightManifest, check_notice
+from protocol.shardcast import WeightManifest, WeightsNotice, check_notice
 
 log = logging.getLogger("intellect.shardcast")
 POLL_PEERS = 4  # peers asked for their newest version per poll
 POLL_BACKOFF = 8  # polls slow down to one per POLL_BACKOFF x discovery_interval at most
+MAX_LEARNING = 4  # manifests fetched at once on notices (a poll finds any left out)
 
 
 def next_poll(interval: float, base: float, missed: bool) -> float:
@@ -60,6 +61,9 @@ class Follower:
         self.holders = holders
         self.follow = follow
         self._learning: set[int] = set()
+        # manifests asked for at once because of a notice: any peer may send notices, for
+        # any versions, and each started its own request to the sender
+        self._notice_slots = trio.Semaphore(MAX_LEARNING)
         self._nursery: trio.Nursery | None = None
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -77,7 +81,18 @@ class Follower:
             return
         self.holders.saw(notice.version, msg.sender)
         if notice.version > self.book.newest_known and self._nursery is not None:
-            self._nursery.start_soon(self._learn, msg.sender, notice.version, notice.manifest)
+            try:
+                self._notice_slots.acquire_nowait()
+            except trio.WouldBlock:  # a flood of notices: the version poll finds the rest
+                self.node.metrics.inc("weights_notices_deferred")
+                return
+            self._nursery.start_soon(self._learn_noticed, msg.sender, notice.version, notice)
+
+    async def _learn_noticed(self, peer: str, version: int, notice: WeightsNotice) -> None:
+        try:
+            await self._learn(peer, version, notice.manifest)
+        finally:
+            self._notice_slots.release()
 
     async def pull(self, version: int | None = None) -> int:
         """Start (or join) the download of ``version`` (default: the newest known)."""
