@@ -20,6 +20,8 @@ from node.net.reachability import (
     PRIVATE,
     PROTOCOL,
     PUBLIC,
+    QUESTION_TIMEOUT,
+    QUESTIONS_PER_PEER,
     UNKNOWN,
     Reachability,
     Verdicts,
@@ -247,6 +249,38 @@ async def test_a_question_over_a_relayed_connection_is_refused_without_dialing(t
             (Message.E_DIAL_ERROR, "not reached"),
         ]
         assert b_.reachability.answered == {"relayed connection": 1, "not reached": 1}
+
+
+class _Silent(_Stream):
+    """A question stream whose asker never sends a byte."""
+
+    async def read(self, n=None):
+        await trio.sleep_forever()
+
+
+async def test_silent_question_streams_of_one_peer_hold_two_tasks_for_five_seconds(
+    autojump_clock,
+):
+    """AutoNAT streams have their own handler, outside the request limits: one peer that
+    opened 2,000 streams and sent nothing held 2,000 tasks for 30 s. A peer gets
+    ``QUESTIONS_PER_PEER`` open at once (the rest are closed at once and counted), each
+    given ``QUESTION_TIMEOUT`` to send its question; another peer is still heard."""
+    metrics = Metrics()
+    r = Reachability(SimpleNamespace(), metrics)
+    flooder = ID.from_base58(Identity.generate().peer_id)
+    other = ID.from_base58(Identity.generate().peer_id)
+    async with trio.open_nursery() as nursery:
+        for _ in range(200):
+            nursery.start_soon(r._answer, _Silent(flooder, b"", False))
+        nursery.start_soon(r._answer, _Silent(other, b"", False))
+        await trio.sleep(1)
+        assert len(nursery.child_tasks) == QUESTIONS_PER_PEER + 1
+        assert (
+            metrics.get("autonat_answers", outcome="too many streams") == 200 - QUESTIONS_PER_PEER
+        )
+        start = trio.current_time()
+    assert trio.current_time() - start == QUESTION_TIMEOUT - 1  # the read deadline
+    assert r._questions == {}
 
 
 def test_observations_over_relayed_connections_are_ignored():

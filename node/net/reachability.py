@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import random
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -52,6 +53,8 @@ ASK_TIMEOUT = 30.0  # a whole question, dial-backs included
 MAX_MESSAGE = 4096  # bytes of one AutoNAT message
 MAX_PORTS = 4  # ports of one asker dialed back
 SERVE_AT_ONCE = 4  # dial-backs in flight for all askers together
+QUESTIONS_PER_PEER = 2  # question streams of one peer open at once (more are closed)
+QUESTION_TIMEOUT = 5.0  # seconds to send the question once the stream is open
 KEEP_OBSERVED = 8  # observed addresses shown
 
 PUBLIC, PRIVATE, UNKNOWN = "public", "private", "unknown"
@@ -135,6 +138,7 @@ class Reachability:
         self._asking: set[str] = set()  # peers we are asking now
         self._dialing: set[str] = set()  # askers we are dialing back now
         self._serving = trio.Semaphore(SERVE_AT_ONCE)
+        self._questions: Counter[str] = Counter()  # askers' streams open now
         self._changed = trio.Event()
 
     def state(self) -> str:
@@ -224,9 +228,16 @@ class Reachability:
     async def _answer(self, stream: INetStream) -> None:
         """One question: read it, dial back, answer; nothing it raises reaches the host."""
         peer = stream.muxed_conn.peer_id
+        name = peer.to_base58()
+        if self._questions[name] >= QUESTIONS_PER_PEER:  # silent streams held our tasks
+            self.metrics.inc("autonat_answers", outcome="too many streams")
+            await _close(stream)
+            return
+        self._questions[name] += 1
         try:
             with trio.move_on_after(ASK_TIMEOUT):
-                raw = await read_varint_prefixed_bytes_limited(stream, MAX_MESSAGE)
+                with trio.fail_after(QUESTION_TIMEOUT):
+                    raw = await read_varint_prefixed_bytes_limited(stream, MAX_MESSAGE)
                 if is_relayed(getattr(stream, "swarm_conn", None)):
                     status, text, addr = Message.E_DIAL_REFUSED, "relayed connection", None
                 else:
@@ -242,6 +253,9 @@ class Reachability:
         except Exception as exc:
             log.debug("autonat answer to %s failed: %r", peer, exc)
         finally:
+            self._questions[name] -= 1
+            if not self._questions[name]:
+                del self._questions[name]
             await _close(stream)
 
     async def _dial_back(
