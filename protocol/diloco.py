@@ -12,7 +12,9 @@ One request type, ``DilocoRequest``, with an ``op``:
   recovery): a ``DilocoChunk`` reply, then ``size`` bytes in raw frames of at most 4 MiB.
 - ``chunk``: the right neighbour pulls what we offer in ``phase`` (``rs`` reduce-scatter,
   ``ag`` all-gather) round ``round`` of (``step``, ``attempt``); the reply is a
-  ``DilocoChunk`` naming ``size`` and ``digest`` (sha256) of the one raw frame that follows.
+  ``DilocoChunk`` naming ``size`` (< 2³¹, else it does not decode) and ``digest`` (sha256)
+  of the one raw frame that follows; the puller refuses a ``size`` other than the chunk
+  length it expects (``node/diloco/group.py``) before it reads the frame.
 The chunk byte formats are in ``node/diloco/quant.py`` and SPEC.md section 17.
 """
 
@@ -21,6 +23,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from protocol.errors import Reason, WireError
 from protocol.ids import PEER_ID_PATTERN, check_run_id
 from protocol.messages import Header
 from protocol.schema import FieldSpec, blob, f64, listof, text, u64
@@ -90,5 +93,11 @@ class DilocoChunk(Header):
     attempt: int = u64(0, 1_000_000)
     phase: str = text(2, choices=PHASES)
     round: int = u64(0, MAX_MEMBERS)
-    size: int = u64(0, MAX_STATE)
+    size: int = u64(0, MAX_STATE)  # a ring chunk (phase rs | ag): at most MAX_CHUNK
     digest: bytes = blob(DIGEST_SIZE, exact_len=DIGEST_SIZE)
+
+    def check(self) -> None:
+        """A ring chunk is one raw frame: at most ``MAX_CHUNK`` bytes (the ``MAX_STATE`` bound
+        of the field is for the reply to ``state``, whose bytes come in 4 MiB frames)."""
+        if self.phase in ("rs", "ag") and self.size > MAX_CHUNK:
+            raise WireError(Reason.MALFORMED, f"a ring chunk of {self.size} B > {MAX_CHUNK}")

@@ -252,6 +252,61 @@ def test_layout_mismatch_is_refused():
         m2.arrive(A, (1, 0), 1.0, {L, A}, layout="bb")
 
 
+def test_no_peer_but_the_leader_moves_the_group_to_a_later_step():
+    # an auditor's repro: one sync for step 2**63 from any peer of the run made every
+    # later arrival, the leader's own included, "stale": the group halted for good
+    m = Membership(L, min_members=2)
+    alive = {L, A, C}
+    assert m.arrive(L, (0, 0), 0.0, alive, "aa", "s0") is None
+    assert m.arrive(A, (0, 0), 0.1, alive, "aa", "s0") == [L, A]
+    for far in ((2**63, 0), (2, 0), (1, 1), (0, 2)):  # nobody honest can ask for these now
+        with pytest.raises(Refused, match="ahead"):
+            m.arrive(C, m.resolve(far), 1.0, alive, "", "junk")
+    assert m.refused["ahead"] == 4
+    # the next attempt and the next step are what honest members ask for: C waits
+    assert m.arrive(C, (0, 1), 1.0, alive, "", "junk") is None
+    assert m.arrive(C, (1, 0), 1.0, alive, "", "junk") is None
+    assert m.current == (0, 0)  # only the leader moves the group
+    assert m.arrive(A, (1, 0), 2.0, alive, "aa", "s1") is None  # before the leader: waits
+    assert m.arrive(L, (1, 0), 3.0, alive, "aa", "s1") == [L, A]  # then counts as arrived
+    assert m.current == (1, 0)
+    with pytest.raises(Refused, match="diverged"):  # its early ask was counted
+        m.arrive(C, (1, 0), 4.0, alive, "", "junk")
+
+
+def test_before_the_leader_arrives_no_peer_picks_the_step_or_the_layout():
+    m = Membership(L, min_members=2)
+    alive = {L, A, B, C}
+    # members resuming from a checkpoint may ask for any step before the leader did
+    assert m.arrive(C, (2**63, 0), 0.0, alive, "", "junk") is None
+    assert m.arrive(B, (0, 0), 0.0, alive, "bb", "s0") is None  # another layout, first
+    assert m.arrive(A, (0, 0), 1.0, alive, "aa", "s0") is None
+    assert m.arrive(L, (0, 0), 2.0, alive, "aa", "s0") == [L, A]  # the leader's step and layout
+    with pytest.raises(Refused, match="late"):  # left out for its layout, not in sync
+        m.arrive(B, (0, 0), 3.0, alive, "bb", "s0")
+    with pytest.raises(Refused, match="layout"):
+        m.arrive(B, (1, 0), 3.0, alive, "bb", "s0")
+    with pytest.raises(Refused, match="ahead"):
+        m.arrive(C, (2**63, 0), 3.0, alive, "", "junk")
+
+
+def test_a_leader_that_failed_an_attempt_a_member_completed_goes_on():
+    m = Membership(L, min_members=3, resync_timeout=3)
+    alive = {L, A, B}
+    for p in (A, B, L):
+        m.arrive(p, (0, 0), 0.0, alive, state="s0")
+    # A got every chunk of attempt 0 and comes for step 1; the leader and B failed it
+    assert m.arrive(A, (1, 0), 5.0, alive, state="a1") is None
+    assert m.arrive(L, (0, 1), 6.0, alive, state="s0") is None  # not "stale"
+    assert m.arrive(B, (0, 1), 6.5, alive, state="s0") is None
+    assert m.poll(8.9, alive) is None
+    assert m.poll(9.0, alive) == [L, B]  # A is not waited for past resync_timeout
+    assert m.arrive(B, (1, 0), 20.0, alive, state="b1") is None
+    assert m.arrive(L, (1, 0), 21.0, alive, state="b1") == [L, B]
+    with pytest.raises(Refused, match="diverged"):  # A averaged another attempt: it recovers
+        m.arrive(A, (1, 0), 22.0, alive, state="a1")
+
+
 # ---- state: checkpoints and recovery ---------------------------------------------------
 
 
@@ -413,3 +468,96 @@ def test_malformed_requests_are_refused(field, value):
     fields[field] = value
     with pytest.raises(WireError):
         DilocoRequest.decode(DilocoRequest(**header, **fields).encode())
+
+
+def test_a_ring_chunk_reply_may_not_declare_more_than_one_frame():
+    import msgpack
+
+    from protocol.diloco import MAX_CHUNK, DilocoChunk
+
+    _, header = _header()
+
+    def wire(phase, size):  # encoded by hand: encode() would refuse it first
+        c = DilocoChunk(
+            **header, step=0, attempt=0, phase=phase, round=0, size=size, digest=bytes(32)
+        )
+        return msgpack.packb({"type": DilocoChunk.TYPE, **c.to_obj()}, use_bin_type=True)
+
+    assert DilocoChunk.decode(wire("rs", MAX_CHUNK)).size == MAX_CHUNK
+    assert DilocoChunk.decode(wire("", 2**40)).size == 2**40  # a whole state, in 4 MiB frames
+    for phase in ("rs", "ag"):
+        with pytest.raises(WireError, match="ring chunk"):
+            DilocoChunk.decode(wire(phase, MAX_CHUNK + 1))
+
+
+@pytest.mark.parametrize("encoding", ["int8", "fp32"])
+@pytest.mark.parametrize("n", [2, 3, 5])
+async def test_pulled_sizes_are_the_lengths_the_left_neighbour_offers(encoding, n):
+    from node.diloco.group import pulled_sizes
+
+    numel, seen = 1003, {}
+
+    def record(i, phase, rnd, data):
+        seen[(i, phase, rnd)] = len(data)
+        return data
+
+    await _ring([torch.randn(numel) for _ in range(n)], encoding, record)
+    for i in range(n):
+        want = {(p, r): seen[(i, p, r)] for p in ("rs", "ag") for r in range(n - 1)}
+        assert pulled_sizes(numel, i, n, encoding) == want
+
+
+class _FrameSource:
+    """A reply's frame, recording the sizes it was asked to read up to."""
+
+    def __init__(self, data):
+        self.data, self.asked = data, []
+
+    async def read_frame(self, max_size, deadline):
+        self.asked.append(max_size)
+        return self.data
+
+
+def _puller_of(reply, source, sizes):
+    """What ``DilocoGroup._pull_once`` uses of its group: a node whose ``chunk`` request
+    is answered with ``reply`` then ``source``'s frame, and the attempt's chunk sizes."""
+    from contextlib import asynccontextmanager
+    from types import SimpleNamespace
+
+    @asynccontextmanager
+    async def open_request(peer, protocol, msg, reply_type):
+        yield SimpleNamespace(reply=reply, reader=source)
+
+    _, header = _header()
+    node = SimpleNamespace(
+        header=lambda: header, open_request=open_request, cfg=SimpleNamespace(read_timeout=5.0)
+    )
+    return SimpleNamespace(node=node, attempts={(0, 0): SimpleNamespace(sizes=sizes)})
+
+
+@pytest.mark.parametrize("declared", [2**31 - 1, 1123, 0])
+async def test_a_chunk_of_another_size_is_refused_before_its_frame_is_read(declared):
+    # a peer declaring 2**32 - 1 bytes made us buffer until read_timeout (768 MiB seen)
+    import hashlib
+
+    from node.diloco.group import DilocoGroup
+    from protocol.diloco import DilocoChunk
+
+    data = bytes(1124)  # int8, 100 values: 1024 + 100 bytes
+    digest = hashlib.sha256(data).digest()
+    _, header = _header()
+
+    def reply(size):
+        return DilocoChunk(
+            **header, step=0, attempt=0, phase="rs", round=0, size=size, digest=digest
+        )
+
+    honest = _FrameSource(data)
+    group = _puller_of(reply(1124), honest, {("rs", 0): 1124})
+    assert await DilocoGroup._pull_once(group, "left", (0, 0), "rs", 0) == data
+    assert honest.asked == [1124]
+    evil = _FrameSource(data)
+    group = _puller_of(reply(declared), evil, {("rs", 0): 1124})
+    with pytest.raises(ring.BadChunk, match="1124 B expected"):  # the left neighbour is blamed
+        await DilocoGroup._pull_once(group, "left", (0, 0), "rs", 0)
+    assert evil.asked == []

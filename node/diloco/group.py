@@ -25,9 +25,18 @@ from typing import Any
 import torch
 import trio
 
-from node.diloco import finding, recovery, statecast
+from node.diloco import finding, quant, recovery, statecast
 from node.diloco.membership import Key, Membership, Refused
-from node.diloco.ring import Aborted, BadChunk, Outbox, all_reduce, norm_limits
+from node.diloco.ring import (
+    PHASES,
+    Aborted,
+    BadChunk,
+    Outbox,
+    all_reduce,
+    bounds,
+    chunk_of,
+    norm_limits,
+)
 from node.net.requests import RemoteRefusal, Responder
 from node.net.runtime import Node
 from protocol.diloco import (
@@ -58,6 +67,31 @@ def _transient(exc: Exception) -> bool:
     return not isinstance(exc, (RemoteRefusal, BadChunk))
 
 
+def pulled_sizes(numel: int, rank: int, n: int, encoding: str) -> dict[tuple[str, int], int]:
+    """The bytes of each chunk member ``rank`` of ``n`` pulls, by (phase, round), in an
+    all-reduce of ``numel`` values: ``ring.all_reduce``'s chunk order and ``quant``'s
+    lengths. Every member knows them before it pulls, so a reply that declares another size
+    is refused before a byte of it is read (a peer could otherwise make us buffer up to
+    the 2³¹ bytes the field allows, until the read deadline)."""
+    spans, left = bounds(numel, n), (rank - 1) % n
+    return {
+        (phase, r): quant.wire_size(encoding, hi - lo)
+        for phase in PHASES
+        for r in range(n - 1)
+        for lo, hi in [spans[chunk_of(phase, left, r, n)]]
+    }
+
+
+def _check_reply(reply: DilocoChunk, want: tuple[int, int, str, int], size: int) -> None:
+    """A chunk reply we may read: for the round we asked and of the size we expect (another
+    size is a chunk that cannot decode: the left neighbour is blamed, as for one that does
+    not)."""
+    if (reply.step, reply.attempt, reply.phase, reply.round) != want:
+        raise WireError(Reason.MALFORMED, "a chunk for another round")
+    if reply.size != size:
+        raise BadChunk(f"a chunk of {reply.size} B declared, {size} B expected")
+
+
 class GroupError(Exception):
     """This member cannot take part in the outer step (refused, or out of time)."""
 
@@ -83,6 +117,7 @@ class Attempt:
     roster: list[str]
     outbox: Outbox
     norms: list[float]
+    sizes: dict[tuple[str, int], int]  # of the chunks we pull (``pulled_sizes``)
 
 
 @dataclass
@@ -142,11 +177,11 @@ class DilocoGroup:
         with trio.fail_after(self.cfg.step_timeout):
             while True:
                 roster, norms, attempt = await self._sync(step, attempt, state, layout, norm, blame)
-                key = (step, attempt)
-                current = self.attempts[key] = Attempt(roster, Outbox(), norms)
+                key, rank, n = (step, attempt), roster.index(self.me), len(roster)
+                sizes = pulled_sizes(vec.numel(), rank, n, self.cfg.encoding)
+                current = self.attempts[key] = Attempt(roster, Outbox(), norms, sizes)
                 for old in [k for k in self.attempts if k[0] < step - 1]:
                     del self.attempts[old]
-                rank, n = roster.index(self.me), len(roster)
                 try:
                     avg, received = await all_reduce(
                         vec,
@@ -305,8 +340,7 @@ class DilocoGroup:
         try:
             async with self.node.open_request(left, DILOCO, msg, DilocoChunk) as ex:
                 reply: DilocoChunk = ex.reply
-                if (reply.step, reply.attempt, reply.phase, reply.round) != (*key, phase, rnd):
-                    raise WireError(Reason.MALFORMED, "a chunk for another round")
+                _check_reply(reply, (*key, phase, rnd), self.attempts[key].sizes[(phase, rnd)])
                 data = await ex.reader.read_frame(reply.size, self.node.cfg.read_timeout)
         except RemoteRefusal as exc:
             if exc.reason == Reason.BUSY.value:  # not offered yet: ask again

@@ -15,6 +15,15 @@ parameters it starts the step from: only peers whose hash is the leader's are pu
 roster (the others are refused as ``diverged``). So a member that missed a step's result
 (it failed an attempt that others completed) can never rejoin with different parameters.
 
+Only the leader opens a (step, attempt): a peer that asks for a later one than the leader's
+waits (``None``) and counts as arrived, from its first ask, once the leader opens it. If any
+peer could open one, a single sync for step 2⁶³ from any peer of the run would make every
+honest arrival, the leader's own included, ``stale``: the group would halt for good. Once
+the leader opened a (step, attempt), an honest peer asks at most for its next attempt (after
+it got its roster) or for the next step's first (after a roster of this step, or as a joiner
+at ``next_step``): anything beyond is refused (``ahead``). The parameter layout is the
+leader's, set by its first arrival (an early peer's layout is checked when the leader opens).
+
 A peer that arrives after its (step, attempt) roster was formed without it, for an older
 step, or with another parameter layout is refused (``Refused``): it is no longer in sync
 with the group and must recover its state before it may join again. ``leave`` is immediate.
@@ -57,6 +66,8 @@ class Membership:
     excluded: dict[int, set[str]] = field(default_factory=dict)  # step -> refused for it
     rejected: Counter[str] = field(default_factory=Counter)  # pseudo-gradients refused, by why
     joining: dict[str, int] = field(default_factory=dict)  # peer -> the step it will join at
+    # peer -> (key, t, state, norm, layout): asked for a key later than the leader's
+    early: dict[str, tuple[Key, float, str, float, str]] = field(default_factory=dict)
     evicted: Counter[str] = field(default_factory=Counter)
     refused: Counter[str] = field(default_factory=Counter)
 
@@ -85,11 +96,38 @@ class Membership:
         if layout and self.layout and layout != self.layout:
             self._refuse("layout")
         if key > self.current:
-            self.current, self.arrived = key, {}
+            if peer != self.leader:
+                self._wait(peer, key, now, state, norm, layout)
+                return None
+            self._open(key, layout)
         self.arrived.setdefault(peer, (now, state, norm))
-        if layout and not self.layout:
-            self.layout = layout
         return self._form(now, alive)
+
+    def _ahead(self, key: Key) -> bool:
+        """No honest peer can ask for ``key`` yet: it is beyond the next attempt of the
+        current step and the first attempt of the next step (before the leader opened
+        anything, a member resuming from a checkpoint may ask for any step)."""
+        step, attempt = self.current
+        return step >= 0 and (key > (step + 1, 0) or (key[0] == step and key[1] > attempt + 1))
+
+    def _wait(self, peer: str, key: Key, now: float, state: str, norm: float, layout: str) -> None:
+        """``peer`` asks for ``key``, later than the leader's: it waits, without moving the
+        group (only the leader does), unless no honest peer could ask for ``key`` now."""
+        if self._ahead(key):
+            self._refuse("ahead")
+        if self.early.get(peer, ((-1, 0),))[0] != key:  # its first ask for ``key`` counts
+            self.early[peer] = (key, now, state, norm, layout)
+
+    def _open(self, key: Key, layout: str) -> None:
+        """The leader moves the group to ``key``: the peers that asked for it first count as
+        arrived (those with another layout are refused when they ask again)."""
+        self.current, self.layout = key, self.layout or layout
+        self.arrived = {
+            p: (t, s, n)
+            for p, (k, t, s, n, lay) in self.early.items()
+            if k == key and not (lay and self.layout and lay != self.layout)
+        }
+        self.early = {p: e for p, e in self.early.items() if e[0] > key and not self._ahead(e[0])}
 
     def resolve(self, key: Key) -> Key:
         """The attempt a request for ``key`` is answered with: the current attempt of the
@@ -135,6 +173,7 @@ class Membership:
         """A graceful leave: out of the group at once (and of the attempt being formed)."""
         self.members = [m for m in self.members if m != peer]
         self.arrived.pop(peer, None)
+        self.early.pop(peer, None)
 
     def _form(self, now: float, alive: set[str]) -> list[str] | None:
         step, attempt = self.current
