@@ -72,6 +72,8 @@ class Echo:
     def __call__(self, call: Say) -> Said:
         if call.data == b"boom":
             raise ValueError("asked to fail")
+        if call.data == b"full":
+            raise OSError(28, "No space left on device")
         return Said(self.prefix + call.data)
 
 
@@ -85,8 +87,12 @@ async def test_offload_answers_from_a_child_process_and_reports_errors():
     try:
         await off.ready()
         assert await off.call(Say(b"abc")) == Said(b">abc")
-        with pytest.raises(OffloadError, match="ValueError: asked to fail"):
+        with pytest.raises(OffloadError, match="ValueError: asked to fail") as exc:
             await off.call(Say(b"boom"))
+        assert not exc.value.os_error
+        with pytest.raises(OffloadError, match="No space left on device") as exc:
+            await off.call(Say(b"full"))
+        assert exc.value.os_error  # the caller may wait for room and ask again
         assert await off.call(Say(b"again")) == Said(b">again")  # still serving after an error
     finally:
         off.close()

@@ -134,6 +134,73 @@ async def test_a_training_step_deletes_the_batches_it_used_and_those_left_stale(
     assert role.step == 3 and role.inbox.keys() == [keys["kept"][1]]
 
 
+async def test_a_checkpoint_the_disk_refuses_is_saved_again_and_other_failures_stop(
+    autojump_clock,
+):
+    """The trainer waits for room (5 s, doubling) and asks the policy's process again;
+    any other failure of the step stops the trainer at once."""
+    import trio
+
+    from node.roles.offload import OffloadError
+    from node.roles.trainer import trained
+    from node.training.worker import StepStats, TrainStep
+
+    class Policy:
+        def __init__(self, failures):
+            self.failures, self.calls = list(failures), []
+
+        async def call(self, call):
+            self.calls.append(trio.current_time())
+            if self.failures:
+                raise self.failures.pop(0)
+            return StepStats(samples=3)
+
+    full = OffloadError("OSError: [Errno 28] No space left on device", os_error=True)
+    policy = Policy([full, full, full])
+    start = trio.current_time()
+    assert (await trained(policy, TrainStep(4, []))).samples == 3
+    assert [t - start for t in policy.calls] == [0, 5, 15, 35]
+    broken = Policy([OffloadError("RuntimeError: CUDA error")])
+    with pytest.raises(OffloadError, match="CUDA"):
+        await trained(broken, TrainStep(4, []))
+    assert len(broken.calls) == 1
+
+
+def test_a_step_whose_checkpoint_failed_to_save_is_saved_again_not_taken_twice(
+    tiny_model_dir, tmp_path
+):
+    """The policy's weights take the step before the checkpoint is written: the same call
+    again after a full disk refused the checkpoint saves those weights, and the checkpoint
+    is bit for bit the one an undisturbed step writes (taking the step again would train
+    twice on the same batches)."""
+    import torch
+    from safetensors.torch import load_file
+
+    from node.training.worker import PolicyWorker, TrainStep
+    from tests.helpers.disk import file_size_limit
+    from tests.test_diloco_trainer import made_envelopes, spec_for
+
+    envelopes = made_envelopes(tiny_model_dir)
+    worker = PolicyWorker(spec_for(tiny_model_dir, tmp_path / "full").policy)
+    with file_size_limit(1000), pytest.raises(OSError, match="File too large"):
+        worker(TrainStep(0, envelopes))
+    assert not (tmp_path / "full" / "v1").exists()
+    again = worker(TrainStep(0, envelopes))
+    once = PolicyWorker(spec_for(tiny_model_dir, tmp_path / "once").policy)
+    stats = once(TrainStep(0, envelopes))
+    assert (again.samples, again.loss, again.grad_norm) == (
+        stats.samples,
+        stats.loss,
+        stats.grad_norm,
+    )
+    saved = load_file(tmp_path / "full" / "v1" / "model.safetensors")
+    want = load_file(tmp_path / "once" / "v1" / "model.safetensors")
+    assert saved.keys() == want.keys()
+    for name, tensor in want.items():
+        assert torch.equal(saved[name], tensor), name
+    assert (tmp_path / "full" / "v1.state").exists()
+
+
 def test_batches_trained_on_are_never_counted_stale_once_forgotten():
     """``stale`` counts accepted batches that left the window unused; a batch trained on
     and then forgotten (out of the window) is not one of them, nor after a restart."""

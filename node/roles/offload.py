@@ -26,7 +26,16 @@ import trio
 
 
 class OffloadError(RuntimeError):
-    """The child process failed a call (its error, in one line) or died."""
+    """The child process failed a call (its error, in one line) or died. ``os_error``: the
+    call failed with an ``OSError`` there (a full disk, say); the child still runs."""
+
+    def __init__(self, message: str, *, os_error: bool = False) -> None:
+        super().__init__(message)
+        self.os_error = os_error
+
+
+def _failure(exc: Exception) -> tuple[bool, tuple[str, bool]]:
+    return False, (f"{type(exc).__name__}: {exc}", isinstance(exc, OSError))
 
 
 def _resolve(module: str, qualname: str) -> Any:
@@ -50,7 +59,7 @@ def _serve(
             torch.set_num_threads(threads)
         handler = _resolve(module, qualname)(spec)
     except Exception as exc:
-        conn.send((False, f"{type(exc).__name__}: {exc}"))
+        conn.send(_failure(exc))
         return
     conn.send((True, "ready"))
     while True:
@@ -63,7 +72,7 @@ def _serve(
         try:
             conn.send((True, handler(call)))
         except Exception as exc:
-            conn.send((False, f"{type(exc).__name__}: {exc}"))
+            conn.send(_failure(exc))
 
 
 class Offload:
@@ -97,7 +106,8 @@ class Offload:
                 f"the worker process died (exit code {self._proc.exitcode})"
             ) from exc
         if not ok:
-            raise OffloadError(value)
+            message, os_error = value
+            raise OffloadError(message, os_error=os_error)
         return value
 
     def alive(self) -> bool:

@@ -22,7 +22,8 @@ One training step n (the policy is version n; version 0 is the base ``--model``)
    training overlap; with ``async_level`` 0 workers wait for version n + 1: on-policy);
 4. train, write checkpoint n + 1 (weights and optimizer state) and then, atomically, the
    trainer state (step n + 1 and the batches consumed): a restart resumes here and uses no
-   batch twice and loses none;
+   batch twice and loses none; a checkpoint the disk refuses (full) is saved again, 5 s
+   later and then doubling up to 300 s, without the step being taken twice (``trained``);
 5. publish version n + 1 over SHARDCAST (``node/shardcast/service.py``) and on-chain
    (``set_policy_version``, so workers may submit work made with it), announce
    ``StepNotice(n + 1, n + 1)``;
@@ -76,6 +77,7 @@ POLL_S = 0.5
 ANNOUNCE_EVERY = 5.0  # the step notice is repeated (gossip can miss, nodes join late)
 KEEP_CHECKPOINTS = 2
 CHAIN_RETRY_S = 2.0  # a chain that does not answer is asked again this often
+SAVE_RETRY_FIRST, SAVE_RETRY_MAX = 5.0, 300.0  # a checkpoint the disk refused: saved again
 
 
 class TrainerRole:
@@ -204,12 +206,7 @@ class TrainerRole:
 
     async def _step(self, n: int, envelopes: list[bytes]) -> StepStats:
         """Train version ``n`` on the batches; checkpoint ``n + 1`` is written."""
-        try:
-            stats: StepStats = await self.policy.call(TrainStep(n, envelopes))
-        except OffloadError as exc:
-            log.error("training step %d failed: %s", n, exc)
-            raise
-        return stats
+        return await trained(self.policy, TrainStep(n, envelopes))
 
     def _mine(self, keys: list[Key]) -> list[Key]:
         """Those of ``keys`` this trainer fetches (all; a DiLoCo member: its share)."""
@@ -402,6 +399,29 @@ def registered_peer(ledger: Any, worker: str) -> str | None:
     except Exception:
         return None
     return peer_id_of(peer_key) if any(peer_key) else None
+
+
+async def trained(policy: Any, call: TrainStep) -> StepStats:
+    """``call`` in the policy's process. A checkpoint its disk refused (full: an
+    ``OSError`` there) is saved again after 5 s, doubling up to 300 s, without taking the
+    step twice (``PolicyWorker.train``); any other failure stops the trainer."""
+    delay = SAVE_RETRY_FIRST
+    while True:
+        try:
+            stats: StepStats = await policy.call(call)
+            return stats
+        except OffloadError as exc:
+            if not exc.os_error:
+                log.error("training step %d failed: %s", call.step, exc)
+                raise
+            log.error(
+                "checkpoint v%d not saved: %s (saving it again in %.0f s; the step is kept)",
+                call.step + 1,
+                exc,
+                delay,
+            )
+        await trio.sleep(delay)
+        delay = min(2 * delay, SAVE_RETRY_MAX)
 
 
 async def run(

@@ -155,6 +155,7 @@ class PolicyWorker:
             )
             self.policy.base_dir = Path(spec.base)  # tokenizer and recipe files come from the base
         self.dropped_heldout = 0
+        self.stepped: tuple[int, StepStats] | None = None  # the step taken last, in memory
 
     def __call__(self, call: TrainStep | Evaluate) -> StepStats | HeldOutScores:
         if isinstance(call, TrainStep):
@@ -184,7 +185,18 @@ class PolicyWorker:
         return samples, rewards, skipped
 
     def train(self, call: TrainStep) -> StepStats:
-        """One GRPO step on the batches; checkpoint ``step + 1`` (weights, then state)."""
+        """One GRPO step on the batches; checkpoint ``step + 1`` (weights, then state).
+
+        The same call again after the checkpoint failed to save (an ``OSError``: a full
+        disk) only saves: the weights in memory already took the step, and taking it
+        twice would train twice on the same batches."""
+        if self.stepped is None or self.stepped[0] != call.step:
+            self.stepped = (call.step, self._step(call))
+        self.policy.save(self.root / f"v{call.step + 1}")
+        self.policy.save_state(self.root / f"v{call.step + 1}.state")
+        return self.stepped[1]
+
+    def _step(self, call: TrainStep) -> StepStats:
         samples, rewards, skipped = self.samples(call.envelopes)
         temperature = self.spec.temperature
         stepped: dict[str, Any] = {}
@@ -192,8 +204,6 @@ class PolicyWorker:
             stepped = dict(self.policy.train_step(samples, temperature))
             stepped["samples"] = int(stepped["samples"])
             stepped["tokens"] = int(stepped["tokens"])
-        self.policy.save(self.root / f"v{call.step + 1}")
-        self.policy.save_state(self.root / f"v{call.step + 1}.state")
         return StepStats(
             **stepped,
             reward_mean=sum(rewards) / len(rewards) if rewards else None,
