@@ -190,6 +190,33 @@ def test_a_member_alone_with_outer_lr_1_trains_exactly_as_its_inner_steps(tiny_m
     assert (tmp_path / "s" / "v1" / "model.safetensors").exists()
 
 
+def test_an_outer_step_whose_checkpoint_failed_to_save_is_saved_again_not_taken_twice(
+    tiny_model_dir, tmp_path
+):
+    """After the all-reduce a full disk refused checkpoint n + 1: the same ``OuterApply``
+    again saves the parameters the outer step made (refused before: "outer step 0 asked,
+    the policy is at 1", and the member stopped), with the hash an undisturbed member
+    reports; once saved, the step is refused again."""
+    from node.roles.grouppolicy import GroupPolicyWorker, InnerSteps, OuterApply, PseudoGradient
+    from tests.helpers.disk import file_size_limit
+
+    envelopes = made_envelopes(tiny_model_dir)
+    digests = []
+    for name, disk_full_once in (("full", True), ("calm", False)):
+        member = GroupPolicyWorker(spec_for(tiny_model_dir, tmp_path / name, outer_momentum=0.9))
+        member(InnerSteps(0, envelopes))
+        delta = member(PseudoGradient())
+        if disk_full_once:
+            with file_size_limit(1000), pytest.raises(OSError, match="File too large"):
+                member(OuterApply(0, delta.vector, True))
+            assert not (tmp_path / name / "v1").exists()
+        digests.append(member(OuterApply(0, delta.vector, True)))
+        assert (tmp_path / name / "v1.outer").exists()
+        with pytest.raises(ValueError, match="outer step 0 asked"):
+            member(OuterApply(0, delta.vector, True))
+    assert digests[0] == digests[1]
+
+
 def test_a_joiners_child_takes_the_leaders_state_into_both_parameter_copies(
     tiny_model_dir, tmp_path
 ):

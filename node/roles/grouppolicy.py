@@ -136,6 +136,7 @@ class GroupPolicyWorker:
         cfg = OuterConfig(spec.outer_lr, spec.outer_momentum)
         self.outer = OuterState.of(self.policy.model, cfg)
         self.outer.step = spec.policy.step
+        self.unsaved: int | None = None  # an outer step taken whose checkpoint is not saved
         saved = momentum_path(Path(spec.policy.checkpoints), spec.policy.step)
         if spec.policy.step > 0 and saved.exists():
             tensors = load_file(saved)
@@ -198,11 +199,18 @@ class GroupPolicyWorker:
         return Recovered(call.version, state_hash(packed), model_hash, position)
 
     def apply(self, call: OuterApply) -> str:
-        """The outer step; checkpoint ``step + 1``; the hash of the new parameters."""
-        if self.outer.step != call.step:
-            raise ValueError(f"outer step {call.step} asked, the policy is at {self.outer.step}")
-        self.outer.apply(self.policy.model, call.average, alone=call.alone)
+        """The outer step; checkpoint ``step + 1``; the hash of the new parameters. The
+        same call again after the checkpoint failed to save (an ``OSError``: a full disk)
+        only saves: the parameters already took the step."""
+        if self.unsaved != call.step + 1:
+            if self.outer.step != call.step:
+                raise ValueError(
+                    f"outer step {call.step} asked, the policy is at {self.outer.step}"
+                )
+            self.outer.apply(self.policy.model, call.average, alone=call.alone)
+            self.unsaved = call.step + 1
         self._save(call.step + 1)
+        self.unsaved = None
         return params_hash(self.outer.shards.model_wholes(self.policy.model))
 
     def _save(self, version: int) -> None:

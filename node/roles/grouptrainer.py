@@ -52,7 +52,7 @@ from node.roles.grouppolicy import (
 )
 from node.roles.joining import Joined, enter, join, offer
 from node.roles.offload import Offload
-from node.roles.trainer import POLL_S, TrainerRole
+from node.roles.trainer import POLL_S, TrainerRole, trained
 from node.roles.work import Key
 from node.training.ranks import RankedPolicyWorker, RanksSpec
 from node.training.worker import PolicySpec, StepStats
@@ -171,7 +171,7 @@ class GroupTrainerRole(TrainerRole):
         self.rosters.record(n + 1, red.roster)
         self.rosters.forget_before(n - self.cfg.async_level)
         await trio.to_thread.run_sync(self.rosters.save, self.dir / ROSTERS_FILE)
-        digest = await self.policy.call(OuterApply(n, red.average, len(red.roster) == 1))
+        digest = await trained(self.policy, OuterApply(n, red.average, len(red.roster) == 1))
         offered = await offer(self.group, self.policy, n + 1) if self.leading else None
         self.outer = {
             "state_hash": offered,

@@ -401,15 +401,16 @@ def registered_peer(ledger: Any, worker: str) -> str | None:
     return peer_id_of(peer_key) if any(peer_key) else None
 
 
-async def trained(policy: Any, call: TrainStep) -> StepStats:
-    """``call`` in the policy's process. A checkpoint its disk refused (full: an
-    ``OSError`` there) is saved again after 5 s, doubling up to 300 s, without taking the
-    step twice (``PolicyWorker.train``); any other failure stops the trainer."""
+async def trained(policy: Any, call: Any) -> Any:
+    """``call`` (a step of version ``call.step`` that writes checkpoint ``step + 1``: a
+    ``TrainStep``, a DiLoCo ``OuterApply``) in the policy's process. A checkpoint its disk
+    refused (full: an ``OSError`` there) is saved again after 5 s, doubling up to 300 s,
+    without taking the step twice (``PolicyWorker.train``, ``GroupPolicyWorker.apply``);
+    any other failure stops the trainer."""
     delay = SAVE_RETRY_FIRST
     while True:
         try:
-            stats: StepStats = await policy.call(call)
-            return stats
+            return await policy.call(call)
         except OffloadError as exc:
             if not exc.os_error:
                 log.error("training step %d failed: %s", call.step, exc)
