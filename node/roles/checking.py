@@ -3,14 +3,18 @@
 Where the rollout comes from: the validator (``node/roles/validator.py``) fetched the
 signed batch, checked who signed it and that it matches its on-chain submission, and
 calls ``CheckBatch`` with the model directory of the batch's policy version. Here, the
-expensive checks (4 and 5 of the validator's docstring):
+expensive checks (4 and 5 of the validator's docstring), in this order:
 
 4. the batch samples with the run's temperature and top-p, its tasks are the worker's
-   assigned ones (SPEC §13) and every reward is what the task's verifier gives the
-   completion;
+   assigned ones (SPEC §13), and every token is in the model's vocabulary (one that is not
+   made the tokenizer raise: the batch went unjudged, and its worker unslashed);
 5. the proofs: one prefill per rollout (``recompute_batch``) and the proof check of
    ``crypto.verdict.check_batch`` under the run's verification profile (``spot_check`` < 1
-   recomputes a random share of the rollouts).
+   recomputes a random share of the rollouts);
+6. only then, every reward is what the task's verifier gives the completion. A verifier
+   may take seconds on an answer made to be slow (math-verify's timeout is 5 s per
+   answer): a fake batch of such answers held the validator a minute before its proofs
+   failed it in one; now only a batch whose rollouts the model really sampled gets there.
 
 Where it goes next: the ``Verdict`` (``node/roles/work.py``) goes back to the validator,
 which posts it on-chain (``ledger/client.py``).
@@ -95,11 +99,15 @@ class BatchChecker:
         batch = open_message(call.envelope, RolloutBatch)
         if why := self._check_tasks(batch):
             return Verdict.reject("invalid", why)
-        return self._check_proofs(batch)
+        verdict = self._check_proofs(batch)
+        if verdict.accepted and (why := self._check_rewards(batch)):
+            return Verdict.reject(
+                "invalid", why, rollouts=verdict.rollouts, seconds=verdict.seconds
+            )
+        return verdict
 
     def _check_tasks(self, batch: RolloutBatch) -> str | None:
         from node.engine.models import prompt_ids
-        from node.tasks import assign
 
         if batch.taskset != self.taskset.name:
             return f"task set {batch.taskset!r} is not the run's"
@@ -108,18 +116,31 @@ class BatchChecker:
                 f"sampled at temperature {batch.temperature}, top-p {batch.top_p}: the run's "
                 f"are {self.spec.temperature}, {self.spec.top_p}"
             )
-        tasks = assign(self.taskset, batch.worker, batch.step, len(batch.groups))
-        for n, (group, task) in enumerate(zip(batch.groups, tasks, strict=True)):
+        # an id the tokenizer does not know (past its vocabulary, or in the embedding rows
+        # past it) cannot come from an honest worker: its own reward check decodes them
+        vocab = min(self.model.get_input_embeddings().num_embeddings, len(self.tokenizer))
+        for n, (group, task) in enumerate(zip(batch.groups, self._tasks(batch), strict=True)):
             if group.index != n or group.task_id != task.task_id:
                 return f"group {n} is not the assigned task"
             if unpack_tokens(group.prompt) != prompt_ids(self.tokenizer, task.prompt):
                 return f"group {n}: prompt differs from the task's"
             for s in group.samples:
+                if (top := max(unpack_tokens(s.tokens))) >= vocab:
+                    return f"group {n} sample {s.sample}: token {top} is not in the vocabulary"
+        return None
+
+    def _check_rewards(self, batch: RolloutBatch) -> str | None:
+        for n, (group, task) in enumerate(zip(batch.groups, self._tasks(batch), strict=True)):
+            for s in group.samples:
                 text = self.tokenizer.decode(unpack_tokens(s.tokens), skip_special_tokens=True)
-                if task.reward(text) != s.reward:
-                    due = task.reward(text)
+                if (due := task.reward(text)) != s.reward:
                     return f"group {n} sample {s.sample}: reward {s.reward} claimed, {due} due"
         return None
+
+    def _tasks(self, batch: RolloutBatch) -> list[Any]:
+        from node.tasks import assign
+
+        return list(assign(self.taskset, batch.worker, batch.step, len(batch.groups)))
 
     def _check_proofs(self, batch: RolloutBatch) -> Verdict:
         from node.rollouts.recheck import judge_rollouts

@@ -7,19 +7,21 @@ the worker's registered peer (a validator restarted after a batch was announced 
 finds it), and
 ``JudgingQueue`` (``node/roles/judging.py``) decides what to fetch next, when to retry and
 when a batch is unavailable. A fetched batch (``node/roles/exchange.py``) is judged
-cheapest checks first: 1-3 here in a worker thread (``cheap_checks``), 4-5 in the batch checker,
-a child process (``Offload(BatchChecker, CheckerSpec.of(cfg))``, ``node/roles/checking.py``):
+cheapest checks first: 1-3 here in a worker thread (``cheap_checks``), 4-6 in the batch
+checker, a child process (``Offload(BatchChecker, CheckerSpec.of(cfg))``,
+``node/roles/checking.py``):
 
 1. the batch is the worker's: signed by the peer key the worker registered on-chain, with a
    valid registration signature (SPEC §12; the EVM cannot check Ed25519);
 2. its step and policy version are inside the async window of the trainer's clock, and the
    version is the one submitted on-chain;
 3. the on-chain ``units`` are the batch's generated tokens;
-4. the tasks are the worker's assigned ones (SPEC §13) and every reward is what the task's
-   verifier gives the completion;
+4. the tasks are the worker's assigned ones (SPEC §13), every token in the vocabulary;
 5. the proofs: one prefill per rollout (``recompute_batch``) and the proof check of
    ``crypto.verdict.check_batch`` (``crypto/verdict.py``, the next hop) under the run's
-   verification profile (``spot_check`` < 1 recomputes a random share of the rollouts).
+   verification profile (``spot_check`` < 1 recomputes a random share of the rollouts);
+6. every reward is what the task's verifier gives the completion (last: a verifier can
+   be made slow, and only a batch the model really sampled gets here).
 
 Every check ends in one ``Verdict`` (``node/roles/work.py``). Where it goes next: ``accept``
 or ``reject`` (reason ``invalid``, ``mismatch`` or, for a batch nobody served by the fetch
