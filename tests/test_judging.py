@@ -98,19 +98,60 @@ def test_a_batch_nobody_announced_is_unavailable_at_the_deadline():
 def test_a_batch_announced_while_the_validator_was_down_is_fetched_from_its_worker():
     """A restarted validator missed the announcement: it asks the peer the worker
     registered on-chain (found by the chaos run: such batches were rejected as unavailable
-    after the fetch deadline, honest stake slashed); announcers are asked first."""
+    after the fetch deadline, honest stake slashed). Only that peer can serve a batch that
+    passes, so once the chain names it, it is the only one asked."""
     q = JudgingQueue(fetch_deadline_s=30)
     q.submitted(K1, units=1, policy_version=0, now=10, holder="worker-peer")
     assert q.next_fetch(10) == (K1, "worker-peer")
     q.noticed(K2, "announcer", now=10)
     q.submitted(K2, units=1, policy_version=0, now=11, holder="worker-peer")
     q.fetched(K1)
-    assert q.next_fetch(11) == (K2, "announcer")
+    assert q.next_fetch(11) == (K2, "worker-peer")
     q.fetch_failed(K2, 11)
-    assert q.next_fetch(12) == (K2, "worker-peer")  # the next try: the worker itself
-    assert q.entries[K2].peers == ["announcer", "worker-peer"]
+    q.noticed(K2, "another", now=11)  # not the worker's peer: never asked
+    assert q.next_fetch(12) == (K2, "worker-peer")
+    assert q.entries[K2].peers == ["worker-peer"]
     q.submitted(K2, units=1, policy_version=0, now=12, holder="someone-else")  # once only
-    assert q.entries[K2].peers == ["announcer", "worker-peer"]
+    assert q.entries[K2].peers == ["worker-peer"]
+
+
+def test_free_peer_ids_announcing_a_withheld_batch_do_not_delay_its_unavailability():
+    """Each announcer was asked three times after the deadline before a key could be
+    called unavailable: 200 free ids announcing a batch its worker withholds pushed that
+    past the verdict window (no verdict, no slash). With the worker's registered peer
+    known only it is asked; without it, at most ``max_peers`` announcers are."""
+    for holder, asked in (("worker-peer", ["worker-peer"]), (None, ["a0", "a1", "a2", "a3"])):
+        q = JudgingQueue(fetch_deadline_s=30, retry_s=1, retry_max_s=1)
+        for i in range(200):
+            q.noticed(K1, f"a{i}", now=0)
+        q.submitted(K1, units=1, policy_version=0, now=0, holder=holder)
+        now, peers = 30.0, []
+        while not q.unavailable(now):
+            if (got := q.next_fetch(now)) is None:
+                now = q.wake_at(now)
+                continue
+            peers.append(got[1])
+            q.fetch_failed(K1, now)
+        assert sorted(set(peers)) == asked and len(peers) == 3 * len(asked)
+        assert now < 30 + 3 * len(asked) + 1  # seconds after the deadline, not hours
+
+
+def test_announcements_filling_the_queue_never_keep_a_submission_out():
+    """Free peer ids, 64 announcements each, filled the queue (``max_pending``) with keys
+    never submitted: a real submission found it full and was dropped, never judged. A
+    submitted key is always taken; only announcements are bounded."""
+    q = JudgingQueue(max_pending=8, per_peer_unsubmitted=2)
+    for i in range(8):
+        for j in range(2):
+            q.noticed((WORKER, bytes([0x80 + i, j]) * 16), f"sybil-{i}", now=0)
+    assert len(q.entries) == 8 and q.dropped == 8  # the announcements are bounded
+    q.noticed(K1, "worker-peer", now=1)  # the honest notice finds the queue full
+    assert K1 not in q.entries and q.dropped == 9
+    q.submitted(K1, units=5, policy_version=0, now=2, holder="worker-peer")
+    assert q.next_fetch(2) == (K1, "worker-peer")
+    q.fetched(K1)
+    q.judged(K1)
+    assert K1 in q.closed
 
 
 def test_a_fetch_in_flight_is_not_declared_unavailable():

@@ -435,6 +435,48 @@ async def test_a_batch_a_validator_cannot_judge_now_is_judged_later_not_dropped(
         await role._fetch_and_judge(*got)
 
 
+async def test_a_fetch_expects_the_size_its_own_peer_announced(
+    tmp_path, monkeypatch, autojump_clock
+):
+    """The first notice of a key set the size every fetch of it expected, whoever sent
+    it: a spoofed notice (size 1) made every fetch from the real worker fail as
+    oversized, and the honest batch ended unavailable. A fetch from a peer expects what
+    that peer announced; the worker's registered peer is the only one asked."""
+    import dataclasses
+
+    import node.roles.validator as validator_module
+    from protocol.errors import Reason, WireError
+
+    role = validator_role(tmp_path)
+    key = ("0x" + "12" * 20, b"\x01" * 32)
+    expected = []
+
+    async def fetch_batch(node, peer, work_key, expected_size=None):
+        expected.append((peer, expected_size))
+        raise WireError(Reason.OVERSIZED, "stop here")
+
+    def notice(size):
+        return BatchNotice(
+            work_key=key[1], worker=key[0], step=0, policy_version=0, units=1, size=size
+        )
+
+    monkeypatch.setattr(validator_module, "fetch_batch", fetch_batch)
+    role.on_notice("spoofer", notice(1))  # first, before the worker's own
+    role.on_notice("worker-peer", notice(5000))
+    role.submissions[key] = SimpleNamespace(policy_version=0)
+    role.queue.submitted(key, 1, 0, now=trio.current_time(), holder="worker-peer")
+    got = role.queue.next_fetch(trio.current_time())
+    assert got == (key, "worker-peer")
+    await role._fetch_and_judge(*got)
+    assert expected == [("worker-peer", 5000)]
+    for i in range(2, 200):  # notices of keys never submitted: forgotten with their keys
+        role.on_notice(f"peer-{i}", dataclasses.replace(notice(7), work_key=bytes([i]) * 32))
+    assert len(role.notices) == 200  # with the spoofer's, announced while it could be asked
+    await trio.sleep(role.queue.fetch_deadline_s + 1)  # they expire unsubmitted
+    role.on_notice("peer-late", dataclasses.replace(notice(7), work_key=b"\xfe" * 32))
+    assert set(role.notices) == {(key, "worker-peer"), ((key[0], b"\xfe" * 32), "peer-late")}
+
+
 async def test_a_validator_reads_the_chain_at_once_after_a_notice_and_less_often_when_idle(
     tmp_path, autojump_clock
 ):

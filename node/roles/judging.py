@@ -26,9 +26,18 @@ verdict first, and the contract takes no vote that agrees with the standing one;
 validator voted before a restart): then it counts as posted. A refusal no later post can
 change (``TOO_LATE``: final, window closed, matured) gives the post up at once.
 Announcements of keys never submitted are bounded: each peer may have at most
-``per_peer_unsubmitted`` of them waiting, and each waits at most ``fetch_deadline_s`` for
-its submission before it is forgotten (a flood from one peer cannot crowd out the others'
-work). Pure: no clock, no sockets; the role passes ``now`` in.
+``per_peer_unsubmitted`` of them waiting, all peers together ``max_pending``, and each
+waits at most ``fetch_deadline_s`` for its submission before it is forgotten (a flood from
+one peer cannot crowd out the others' work). A submitted key is always taken, however full
+the queue: each costs its worker gas and collateral, and free peer ids filling the queue
+with announcements once kept every real submission out (never judged: honest work unpaid,
+cheats unslashed). Only the peer the worker registered on-chain can serve a batch that
+passes (the server must be its signer, the signer the registered key): once the chain
+names it, it is the key's only peer, and announcements from others are ignored (each
+announcer was asked three times before the key could be called unavailable, so free ids
+announcing a withheld batch pushed that past the verdict window); without a registered
+peer a key keeps at most ``max_peers`` announcers. Pure: no clock, no sockets; the role
+passes ``now`` in.
 """
 
 from __future__ import annotations
@@ -61,6 +70,7 @@ def refusal(exc: Exception) -> str | None:
 @dataclass
 class _Entry:
     peers: list[str] = field(default_factory=list)  # who announced it, first first
+    holder: str | None = None  # the peer the worker registered: then the only one asked
     noticed_at: float | None = None
     submitted_at: float | None = None
     units: int | None = None  # on-chain
@@ -79,8 +89,9 @@ class JudgingQueue:
     retry_s: float = 1.0
     retry_max_s: float = 30.0
     last_tries: int = 3  # failed fetches per peer after the deadline: then unavailable
-    max_pending: int = 4096  # keys tracked but not yet judged (announcement floods stop here)
+    max_pending: int = 4096  # keys announced and not (yet) submitted (floods stop here)
     per_peer_unsubmitted: int = 64  # announced by one peer and not (yet) submitted on-chain
+    max_peers: int = 4  # announcers asked for a key whose registered peer is not known
     check_retry_s: float = 30.0  # first wait before a batch that could not be judged is retried
     check_tries: int = 3  # judgements that could not finish: then it is given up
     entries: dict[Key, _Entry] = field(default_factory=dict)  # keys still to judge
@@ -93,16 +104,19 @@ class JudgingQueue:
         """Keys tracked and not yet judged (the one in judgement now too)."""
         return len(self.entries)
 
-    def _entry(self, key: Key) -> _Entry | None:
+    def _entry(self, key: Key, *, submitted: bool = False) -> _Entry | None:
         if key in self.closed:
             return None
         entry = self.entries.get(key)
         if entry is None:
-            if len(self.entries) >= self.max_pending:
+            if not submitted and self._unsubmitted() >= self.max_pending:
                 self.dropped += 1
                 return None
             entry = self.entries[key] = _Entry()
         return entry
+
+    def _unsubmitted(self) -> int:
+        return sum(1 for e in self.entries.values() if e.submitted_at is None)
 
     def _unsubmitted_by(self, peer: str) -> int:
         return sum(
@@ -131,26 +145,27 @@ class JudgingQueue:
             self.dropped += 1
             return
         entry = self._entry(key)
-        if entry is None or entry.done:
+        if entry is None or entry.done or entry.holder is not None:
             return
         if entry.noticed_at is None:
             entry.noticed_at = now
-        if peer not in entry.peers:
+        if peer not in entry.peers and len(entry.peers) < self.max_peers:
             entry.peers.append(peer)
 
     def submitted(
         self, key: Key, units: int, policy_version: int, now: float, holder: str | None = None
     ) -> None:
         """The key was submitted on-chain (``now``: when this validator learned of it).
-        ``holder``: the peer the worker registered on-chain, asked after the peers that
-        announced the batch (a validator that was down when the batch was announced has no
-        announcement to go by; the worker that submitted it must serve it)."""
-        entry = self._entry(key)
+        ``holder``: the peer the worker registered on-chain, from then on the only one
+        asked (a validator that was down when the batch was announced has no announcement
+        to go by; the worker that submitted it must serve it); None when the chain could not
+        say, and the announcers are asked."""
+        entry = self._entry(key, submitted=True)
         if entry is None or entry.done or entry.submitted_at is not None:
             return
         entry.submitted_at, entry.units, entry.policy_version = now, units, policy_version
-        if holder is not None and holder not in entry.peers:
-            entry.peers.append(holder)
+        if holder is not None:  # nobody else can serve it (see the module docstring)
+            entry.holder, entry.peers = holder, [holder]
 
     def next_fetch(self, now: float) -> tuple[Key, str] | None:
         """The batch to fetch now and the peer to ask (the oldest submission first), or

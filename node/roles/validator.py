@@ -82,7 +82,9 @@ class ValidatorRole:
         self.node, self.cfg, self.weights = node, cfg, weights
         self.clock = StepClock(cfg.trainer_peer_id, cfg.async_level)
         self.queue = JudgingQueue()
-        self.notices: dict[Key, BatchNotice] = {}
+        # (key, announcer) -> its notice: the size a fetch from that peer may have (the
+        # first announcer's notice, anyone's, once set it for every peer asked)
+        self.notices: dict[tuple[Key, str], BatchNotice] = {}
         self.submissions: dict[Key, Submission] = {}
         self.clock_at: dict[Key, tuple[int | None, int]] = {}  # the clock when submitted
         self.seen_at: dict[Key, float] = {}  # when we learned of it: verdict latency
@@ -159,11 +161,18 @@ class ValidatorRole:
         key = (notice.worker, notice.work_key)
         self.queue.noticed(key, sender, trio.current_time())
         entry = self.queue.entries.get(key)
-        if entry is not None:
-            self.notices.setdefault(key, notice)
+        if entry is not None and sender in entry.peers:
+            self.notices.setdefault((key, sender), notice)
+            if len(self.notices) > 2 * len(self.queue.entries) + 64:  # judged, expired: gone
+                self.notices = {k: n for k, n in self.notices.items() if self._asks(*k)}
         if entry is None or entry.submitted_at is None:
             self.news.set()  # its submission is on its way to the chain: read it at once
         self.work.set()
+
+    def _asks(self, key: Key, peer: str) -> bool:
+        """Whether ``key`` is still to be fetched and ``peer`` is one it may be fetched from."""
+        entry = self.queue.entries.get(key)
+        return entry is not None and peer in entry.peers
 
     async def _watch_chain(self) -> None:
         """Read new submissions (and registration changes) from the chain: at once after a
@@ -266,7 +275,7 @@ class ValidatorRole:
                 self.busy.add(time.monotonic() - began)
 
     async def _fetch_and_judge(self, key: Key, peer: str) -> None:
-        notice = self.notices.get(key)
+        notice = self.notices.get((key, peer))
         try:
             batch, envelope = await fetch_batch(
                 self.node, peer, key[1], expected_size=notice.size if notice else None
