@@ -47,9 +47,10 @@ async def test_an_honest_batch_is_fetched_and_an_unknown_key_refused(tmp_path):
         assert 0 < timed("intellect_batch_fetch_seconds_sum") < 120
 
 
-def serve_this(holder, body_for, size_for=len, send=None):
+def serve_this(holder, body_for, size_for=len, send=None, deadline=None):
     """The holder answers every request with ``body_for(key)`` (announced as
-    ``size_for(body)`` bytes), or with what ``send`` writes."""
+    ``size_for(body)`` bytes), or with what ``send`` writes (within ``deadline`` s, or the
+    node's own handler deadline)."""
 
     async def handle(req, responder):
         body = body_for(req.work_key)
@@ -58,7 +59,8 @@ def serve_this(holder, body_for, size_for=len, send=None):
         )
         await (send(responder, body) if send else responder.write(body))
 
-    holder.serve_requests(ids.BATCH, BatchRequest, handle)
+    extra = {} if deadline is None else {"deadline": deadline}
+    holder.serve_requests(ids.BATCH, BatchRequest, handle, **extra)
 
 
 @pytest.mark.parametrize(
@@ -112,3 +114,27 @@ async def test_a_peer_serving_something_else_is_refused_with_a_counted_reason(tm
         serve_batches(holder, store)
         got, _ = await fetch_batch(fetcher, holder.peer_id, good)
         assert got == mine
+
+
+async def test_a_batch_sent_a_byte_at_a_time_is_cut_off_at_its_size_deadline(tmp_path, monkeypatch):
+    """Every frame within the read deadline, a small batch a byte per frame held the fetch
+    (and a validator's only judging loop) for the whole 120 s. Once the size is known, the
+    frames get ``FRAMES_BASE_S`` plus ``size / MIN_RATE``."""
+    import trio
+
+    from node.roles import exchange
+
+    monkeypatch.setattr(exchange, "FRAMES_BASE_S", 1.0)
+    async with two_nodes(tmp_path) as (holder, fetcher):
+        mine = a_batch(holder.identity)
+        mine = type(mine)(**{**mine.__dict__, "run_id": RUN})
+
+        async def trickle(responder, body):
+            for i in range(len(body)):
+                await responder.write(body[i : i + 1])
+                await trio.sleep(0.1)
+
+        serve_this(holder, lambda k: seal(holder.identity, mine), send=trickle, deadline=3600)
+        with trio.fail_after(30), pytest.raises(WireError) as exc:  # 120 s before
+            await fetch_batch(fetcher, holder.peer_id, mine.work_key())
+        assert exc.value.reason is Reason.TIMEOUT

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import trio
@@ -35,6 +36,10 @@ from protocol.wire import open_message
 
 log = logging.getLogger("intellect.batches")
 TRANSFER_DEADLINE_S = 120.0  # a whole batch, however large (every frame has its own too)
+# and a batch's frames once its size is known: 10 s plus 256 KiB/s. A peer that sent a small
+# batch a byte a frame (each within the read deadline) held a fetch for the whole 120 s;
+# validators and the trainer fetch one batch at a time
+FRAMES_BASE_S, MIN_RATE = 10.0, 256 * 1024
 
 
 class WorkKeyMismatch(WireError):
@@ -126,31 +131,42 @@ async def fetch_batch(
                 if reply.size > limit:
                     raise WireError(Reason.OVERSIZED, f"{reply.size} bytes > {limit} announced")
                 data = bytearray()
-                while len(data) < reply.size:
-                    try:
-                        frame = await exchange.reader.read_frame(
-                            min(BATCH_FRAME, reply.size - len(data)), node.cfg.read_timeout
-                        )
-                    except EOFError as exc:
-                        raise WireError(Reason.TRUNCATED, "the batch ended early") from exc
-                    data += frame
+                with trio.fail_after(FRAMES_BASE_S + reply.size / MIN_RATE):
+                    while len(data) < reply.size:
+                        try:
+                            frame = await exchange.reader.read_frame(
+                                min(BATCH_FRAME, reply.size - len(data)), node.cfg.read_timeout
+                            )
+                        except EOFError as exc:
+                            raise WireError(Reason.TRUNCATED, "the batch ended early") from exc
+                        data += frame
     except trio.TooSlowError as exc:
         raise WireError(
             Reason.TIMEOUT, "no stream, or no whole batch, within the deadline"
         ) from exc
     envelope = bytes(data)
-    try:
-        batch = open_message(envelope, RolloutBatch)
-        if batch.sender != peer:
-            raise WireError(
-                Reason.SENDER_MISMATCH, "the batch is not signed by the peer serving it"
-            )
-        if batch.run_id != node.cfg.run_id:
-            raise WireError(Reason.WRONG_RUN, f"batch of run {batch.run_id!r}")
-        if batch.work_key() != work_key:
-            raise WorkKeyMismatch(batch)
+    try:  # off the trio thread: up to 48 MiB to check, decode and hash, sized by the peer
+        opened = await trio.to_thread.run_sync(opened_batch, envelope, peer, node.cfg.run_id)
+        if opened.work_key != work_key:
+            raise WorkKeyMismatch(opened.message)
     except WireError as err:
         node.reject(ids.BATCH, peer, err)
         raise
     node.metrics.observe("batch_fetch_seconds", trio.current_time() - started)
-    return batch, envelope
+    return opened.message, envelope
+
+
+@dataclass(frozen=True)
+class Opened:
+    message: RolloutBatch
+    work_key: bytes
+
+
+def opened_batch(envelope: bytes, peer: str, run_id: str) -> Opened:
+    """The batch in ``envelope``, served by ``peer``, with its work key (blocking)."""
+    batch = open_message(envelope, RolloutBatch)
+    if batch.sender != peer:
+        raise WireError(Reason.SENDER_MISMATCH, "the batch is not signed by the peer serving it")
+    if batch.run_id != run_id:
+        raise WireError(Reason.WRONG_RUN, f"batch of run {batch.run_id!r}")
+    return Opened(batch, batch.work_key())
