@@ -91,27 +91,15 @@ async def test_a_training_step_deletes_the_batches_it_used_and_those_left_stale(
     ones it used go, and so do fetched ones whose version left the window (they stayed
     on disk for the whole run before)."""
     from crypto.identity import Identity
-    from node.config import load_config
-    from node.net.metrics import Metrics
-    from node.roles.trainer import TrainerRole
     from node.training.worker import StepStats
     from protocol.wire import seal
     from tests.helpers.batches import a_batch
-
-    class Node:
-        metrics = Metrics()
-
-        def announce(self, topic, body):
-            pass
 
     class Policy:
         async def call(self, request):
             return StepStats(samples=4, tokens=12)
 
-    cfg = load_config(
-        environ={"INTELLECT_NODE_MODEL": str(tmp_path), "INTELLECT_NODE_DATA_DIR": str(tmp_path)}
-    ).model_copy(update={"async_level": 1, "eval_every": 0})
-    role = TrainerRole(Node(), cfg, weights=object())
+    role = a_trainer(tmp_path)
     role.policy, role.state.step = Policy(), 2
     identity = Identity.generate()
     versions = {"used": 2, "stale": 0, "kept": 2}  # step 3's window: versions 2 and 3
@@ -199,6 +187,62 @@ def test_a_step_whose_checkpoint_failed_to_save_is_saved_again_not_taken_twice(
     for name, tensor in want.items():
         assert torch.equal(saved[name], tensor), name
     assert (tmp_path / "full" / "v1.state").exists()
+
+
+def a_trainer(tmp_path):
+    """A trainer role with no network, chain nor policy: its bookkeeping alone."""
+    from node.config import load_config
+    from node.net.metrics import Metrics
+    from node.roles.trainer import TrainerRole
+
+    class Node:
+        metrics = Metrics()
+
+        def announce(self, topic, body):
+            pass
+
+    cfg = load_config(
+        environ={"INTELLECT_NODE_MODEL": str(tmp_path), "INTELLECT_NODE_DATA_DIR": str(tmp_path)}
+    ).model_copy(update={"async_level": 1, "eval_every": 0})
+    return TrainerRole(Node(), cfg, weights=object())
+
+
+async def test_a_trainer_fetches_from_the_workers_peer_and_forgets_old_announcers(
+    tmp_path, monkeypatch
+):
+    """Only the worker's registered peer can serve its batch (the server must sign it):
+    announcers, up to 8 of them tried for up to 120 s each, are asked only when the chain
+    cannot name that peer; and notices of keys never submitted (200k of them held 50 MiB)
+    are kept for the newest ``MAX_HOLDERS`` keys only."""
+    from node.roles import trainer as trainer_module
+    from protocol.batches import BatchNotice
+
+    role = a_trainer(tmp_path)
+    asked, registered = [], ["worker-peer"]
+
+    async def fetch_batch(node, peer, work_key, expected_size=None):
+        asked.append(peer)
+        raise OSError("unreachable")
+
+    monkeypatch.setattr(trainer_module, "fetch_batch", fetch_batch)
+    monkeypatch.setattr(trainer_module, "registered_peer", lambda ledger, w: registered[0])
+
+    def notice(n):
+        return BatchNotice(
+            work_key=n.to_bytes(32, "big"), worker=W, step=0, policy_version=0, units=1, size=9
+        )
+
+    for sender in ("sybil-1", "sybil-2", "worker-peer"):
+        role._on_notice(sender, notice(1))
+    assert not await role._fetch((W, notice(1).work_key))
+    assert asked == ["worker-peer"]
+    registered[0] = None  # the chain cannot say now: the announcers
+    assert not await role._fetch((W, notice(1).work_key))
+    assert asked[1:] == ["sybil-1", "sybil-2", "worker-peer"]
+    for n in range(2, trainer_module.MAX_HOLDERS + 100):
+        role._on_notice("sybil-1", notice(n))
+    assert len(role.holders) == trainer_module.MAX_HOLDERS
+    assert (W, notice(1).work_key) not in role.holders  # the oldest went first
 
 
 def test_batches_trained_on_are_never_counted_stale_once_forgotten():

@@ -78,6 +78,7 @@ ANNOUNCE_EVERY = 5.0  # the step notice is repeated (gossip can miss, nodes join
 KEEP_CHECKPOINTS = 2
 CHAIN_RETRY_S = 2.0  # a chain that does not answer is asked again this often
 SAVE_RETRY_FIRST, SAVE_RETRY_MAX = 5.0, 300.0  # a checkpoint the disk refused: saved again
+MAX_HOLDERS = 4096  # batches whose announcers are remembered
 
 
 class TrainerRole:
@@ -326,9 +327,13 @@ class TrainerRole:
         return sum(1 for w in workers if self.ledger.worker(w).slashed)
 
     def _on_notice(self, sender: str, notice: BatchNotice) -> None:
+        """Who announced a batch: asked only when the chain cannot name the worker's peer
+        (the oldest of ``MAX_HOLDERS`` keys go: notices of keys never submitted cost none)."""
         peers = self.holders.setdefault((notice.worker, notice.work_key), [])
-        if sender not in peers and len(peers) < 8:
+        if sender not in peers and len(peers) < 4:
             peers.append(sender)
+        while len(self.holders) > MAX_HOLDERS:
+            del self.holders[next(iter(self.holders))]
 
     async def _fetch_loop(self) -> None:
         """Fetch every accepted batch the trainer may still use into the inbox."""
@@ -356,10 +361,9 @@ class TrainerRole:
 
     async def _fetch(self, key: Key) -> bool:
         worker, work_key = key
-        peers = list(self.holders.get(key, []))
         registered = await trio.to_thread.run_sync(registered_peer, self.ledger, worker)
-        if registered and registered not in peers:
-            peers.insert(0, registered)
+        # only the worker's registered peer can serve its batch (the server is the signer)
+        peers = [registered] if registered else list(self.holders.get(key, []))
         expected = self.book.submitted[key].units if key in self.book.submitted else None
         for peer in peers:
             try:
@@ -372,6 +376,7 @@ class TrainerRole:
                 continue
             self.inbox.put(envelope)
             self.book.fetched[key] = batch.policy_version
+            self.holders.pop(key, None)
             return True
         return False
 
