@@ -1071,3 +1071,28 @@ async def test_a_flood_of_weights_notices_asks_for_a_few_manifests_at_a_time(
         await trio.sleep(1)
         nursery.cancel_scope.cancel()
     assert asked[-1] == 60 and len(asked) == MAX_LEARNING + 1
+
+
+def test_asking_for_weights_waits_out_a_disk_back_off_unless_a_person_asks():
+    """A validator asks for the weights of each batch it judges: a download its own disk
+    failed was started again at once on every ask (the disk still full), ignoring its
+    back-off. It waits for its retry now; ``weights pull`` (a person) starts it at once,
+    and a download that failed for another reason starts again when asked, as before."""
+    import time
+    from types import SimpleNamespace
+
+    from node.shardcast.pulling import DownloadJob, Downloads
+
+    book = SimpleNamespace(is_complete=lambda v: False)
+    downloads = Downloads(None, None, book, None)  # type: ignore[arg-type]
+    started: list[int] = []
+    downloads.start = started.append  # type: ignore[method-assign]
+    later = time.monotonic() + 100
+    downloads._jobs[1] = DownloadJob(1, 10, 1, state="failed", retry_at=later)  # its disk
+    downloads._jobs[2] = DownloadJob(2, 10, 1, state="failed")  # no peer had it, say
+    downloads._jobs[3] = DownloadJob(3, 10, 1)  # downloading
+    for v in (1, 2, 3, 4):
+        downloads.ensure(v)
+    assert started == [2, 4]
+    downloads.ensure(1, now=True)
+    assert started == [2, 4, 1]

@@ -94,8 +94,9 @@ class Follower:
         finally:
             self._notice_slots.release()
 
-    async def pull(self, version: int | None = None) -> int:
-        """Start (or join) the download of ``version`` (default: the newest known)."""
+    async def pull(self, version: int | None = None, *, now: bool = False) -> int:
+        """Start (or join) the download of ``version`` (default: the newest known); see
+        ``Downloads.ensure`` for ``now``."""
         if version is None:
             await self._poll_all()
             version = self.book.newest_known
@@ -118,7 +119,7 @@ class Follower:
                     break
             else:
                 raise ValueError(f"no peer has a verified manifest of version {version}")
-        self.downloads.ensure(version)
+        self.downloads.ensure(version, now=now)
         return version
 
     async def _learn(self, peer: str, version: int, expect: bytes | None) -> int | None:

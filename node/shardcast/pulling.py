@@ -214,12 +214,16 @@ class Downloads:
                 log.info("downloading version %d again (attempt %d)", version, job.attempt + 1)
                 self.start(version)
 
-    def ensure(self, version: int) -> None:
-        """Download ``version`` unless it is held or downloading."""
+    def ensure(self, version: int, *, now: bool = False) -> None:
+        """Download ``version`` unless it is held or downloading. One its own disk failed
+        waits out its back-off (the retry loop starts it; a validator asking for the same
+        weights again and again restarted it at once on a disk still full), unless ``now``
+        (a person asked: ``weights pull``)."""
         job = self._jobs.get(version)
-        if (job is None and not self.book.is_complete(version)) or (
-            job is not None and job.state == "failed"
-        ):
+        if job is None:
+            if not self.book.is_complete(version):
+                self.start(version)
+        elif job.state == "failed" and (now or job.retry_at is None):
             self.start(version)
 
     async def retain(self) -> None:

@@ -115,7 +115,8 @@ class WeightService:
             )
 
         async def do_pull(args: dict[str, Any]) -> Any:
-            return {"version": await self.pull(_opt_int(args.get("version")))}
+            # asked by a person (``weights pull``): a download its disk failed starts now
+            return {"version": await self.pull(_opt_int(args.get("version")), now=True)}
 
         return {
             ("GET", "/weights"): get,
@@ -165,9 +166,10 @@ class WeightService:
         """Sign and serve the checkpoint in ``src`` as a new version; announce it."""
         return await self.publisher.publish(src, version=version, step=step)
 
-    async def pull(self, version: int | None = None) -> int:
-        """Start (or join) the download of ``version`` (default: the newest known)."""
-        return await self.follower.pull(version)
+    async def pull(self, version: int | None = None, *, now: bool = False) -> int:
+        """Start (or join) the download of ``version`` (default: the newest known); one its
+        own disk failed starts again when its wait is over, or at once with ``now``."""
+        return await self.follower.pull(version, now=now)
 
     # ---- the seams a test's malicious node overrides (tests/helpers/evil_node.py) --------------
 
