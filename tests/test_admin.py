@@ -16,14 +16,16 @@ from typing import Any
 
 import pytest
 import trio
+import trio.testing
 from prometheus_client.parser import text_string_to_metric_families
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route, WebSocketRoute
+from starlette.types import Message
 
 from crypto.identity import Identity
 from node.config import load_config
 from node.net import admin as admin_module
-from node.net.admin import MAX_REQUEST, READ_TIMEOUT, AdminServer
+from node.net.admin import MAX_REQUEST, READ_TIMEOUT, AdminApp, AdminServer
 from node.net.adminfile import ADMIN_FILE
 from node.net.runtime import Node
 
@@ -169,6 +171,21 @@ async def test_bad_requests_get_clear_json_errors_and_the_endpoint_keeps_serving
         assert (await get_json(e.port, "/status"))["peer_id"] == e.node.peer_id
 
 
+async def test_announce_takes_only_a_sane_whole_count(tmp_path):
+    async with endpoint(tmp_path) as e:
+        wrong = f"count must be a whole number from 0 to {admin_module.MAX_ANNOUNCE}"
+        for count in ("null", "[1]", "Infinity", "-Infinity", "1e400", "NaN", '"x"', "{}", "-1"):
+            body = b'{"count": %s}' % count.encode()
+            status, _, reply = await http(e.port, "POST", "/announce", body, e.auth)
+            assert (status, json.loads(reply)) == (400, {"error": wrong}), count
+        too_many = b'{"count": %d}' % (admin_module.MAX_ANNOUNCE + 1)
+        status, _, reply = await http(e.port, "POST", "/announce", too_many, e.auth)
+        assert (status, json.loads(reply)) == (400, {"error": wrong})
+        assert e.node.announcements.count == 0
+        status, _, reply = await http(e.port, "POST", "/announce", b'{"count": 2}', e.auth)
+        assert (status, json.loads(reply)) == (200, {"queued": 2})
+
+
 async def test_a_websocket_upgrade_is_refused(tmp_path):
     """Nothing reaches the app around the guard: a WebSocket handshake is turned away, even
     to a page that would take it."""
@@ -228,9 +245,13 @@ async def test_a_huge_body_is_refused_and_the_node_still_serves(tmp_path):
         assert len(ok) <= MAX_REQUEST
         status, _, reply = await http(e.port, "POST", "/service/act", ok, e.auth)
         assert status == 200, reply
-        # a request head over the limit is refused too
+        # a request head over the limit is refused too, in its headers or its query string
         status, _, _ = await http(e.port, "GET", "/status", headers={"X-Pad": "z" * MAX_REQUEST})
         assert status == 413
+        status, _, reply = await http(e.port, "GET", "/status?pad=" + "z" * MAX_REQUEST)
+        assert status == 413, reply
+        status, _, reply = await http(e.port, "GET", "/status?pad=" + "z" * 1000)
+        assert status == 200, reply
         assert len(e.calls) == 1
         assert (await get_json(e.port, "/status"))["peer_id"] == e.node.peer_id
 
@@ -456,6 +477,64 @@ async def test_events_interval_is_bounded_and_streams_are_capped(tmp_path, monke
                 break
             await trio.sleep(0.05)
         assert len(await read_events(e.port, 1)) == 1
+
+
+async def test_a_burst_of_event_streams_gets_no_more_than_the_cap(monkeypatch):
+    """A stream counts from the moment it is granted, not from its first event: requests
+    that all arrive before any answer went out (here: the client's socket takes the answer's
+    head slowly) get the cap and no more; a stream cut off before its first event is
+    released all the same."""
+    monkeypatch.setattr(admin_module, "MAX_EVENT_STREAMS", 2)
+
+    class Node:
+        def status(self) -> dict[str, Any]:
+            return {"role": "inference"}
+
+    admin = AdminApp(Node(), "token")  # type: ignore[arg-type]
+    app = admin.app()
+    statuses: list[int] = []
+    slow = trio.Event()  # never set: a granted stream's head waits on the client
+
+    async def request() -> None:
+        received = []
+
+        async def receive() -> Message:  # the request, then nothing: the client stays
+            if received:
+                await trio.sleep_forever()
+            received.append(True)
+            return {"type": "http.request", "body": b"", "more_body": False}
+
+        async def send(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                statuses.append(message["status"])
+                if message["status"] == 200:
+                    await slow.wait()
+
+        scope = {
+            "type": "http",
+            "asgi": {"version": "3.0", "spec_version": "2.1"},  # as hypercorn says
+            "http_version": "1.1",
+            "method": "GET",
+            "scheme": "http",
+            "path": "/events",
+            "raw_path": b"/events",
+            "query_string": b"",
+            "root_path": "",
+            "headers": [(b"host", b"127.0.0.1")],
+            "server": ("127.0.0.1", 80),
+            "client": ("127.0.0.1", 1),
+        }
+        await app(scope, receive, send)
+
+    with trio.fail_after(HANG):
+        async with trio.open_nursery() as nursery:
+            for _ in range(6):
+                nursery.start_soon(request)
+            await trio.testing.wait_all_tasks_blocked()
+            assert sorted(statuses) == [200, 200, 503, 503, 503, 503]
+            assert admin.event_streams == 2
+            nursery.cancel_scope.cancel()  # the clients leave before their first event
+    assert admin.event_streams == 0
 
 
 # ---- pages, the listener, admin.json ------------------------------------------------------

@@ -11,17 +11,23 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+import requests
+import trio
+import trio.testing
 from starlette.applications import Starlette
 from starlette.testclient import TestClient
 
 from node.cli.dashboard import can_open_browser
 from node.cli.devnetpage import DevnetPage
 from node.config import NodeConfig
-from node.net.dashboard import STATIC_DIR, account_of, dashboard_routes
+from node.net import dashboard
+from node.net.dashboard import STATIC_DIR, AccountHistory, account_of, dashboard_routes
 from tests.helpers.net import CLI
 
 WORKER = {"role": "inference", "peer_id": "12D3KooWabcdefghijkl", "run_id": "r"}
 WORKER["inference"] = {"address": "0x" + "ab" * 20}
+CONTRACT = "0x" + "11" * 20
+HANG = 30.0  # generous: only catches a hang, never times the page
 
 
 def client(status, **cfg):
@@ -65,6 +71,126 @@ def test_history_says_why_it_is_unavailable():
     unreachable = client(WORKER, contract="0x" + "11" * 20, chain="http://127.0.0.1:9")
     reply = unreachable.get("/history").json()
     assert reply["available"] is False and reply["reason"].startswith("cannot read the chain")
+
+
+def test_history_shows_why_the_chain_failed_but_not_its_url(tmp_path):
+    """An RPC URL often carries an API key (…/v3/KEY, ?apikey=): the reason names the error
+    and never the URL, its path or its host."""
+    chain = "http://127.0.0.1:9/v3/SECRETKEY?apikey=SECRET2"
+    reply = client(WORKER, contract=CONTRACT, chain=chain, data_dir=tmp_path).get("/history")
+    reason = reply.json()["reason"]
+    assert reason.startswith("cannot read the chain (ConnectionError: "), reason
+    assert "SECRET" not in reason and "/v3" not in reason and "127.0.0.1" not in reason
+    # an RPC's HTTP error (web3 raises requests' HTTPError, naming the whole URL)
+    history = AccountHistory(NodeConfig(contract=CONTRACT, chain=chain))
+
+    def refused(_address):
+        raise requests.HTTPError(f"401 Client Error: Unauthorized for url: {chain}")
+
+    history._read = refused
+    reason = history.read(WORKER["inference"]["address"])["reason"]
+    assert reason.startswith("cannot read the chain (HTTPError: 401 Client Error: Unauthorized")
+    assert "SECRET" not in reason and "http" not in reason.split("HTTPError")[1]
+
+
+def test_a_failed_history_read_is_reused_as_long_as_a_good_one():
+    """A chain that is down is asked once per ``every`` seconds, like one that answers; the
+    answer says so and when the next try is."""
+    now, asked = [100.0], []
+    history = AccountHistory(NodeConfig(contract=CONTRACT), every=5.0, clock=lambda: now[0])
+    address = WORKER["inference"]["address"]
+
+    def down(_address):
+        asked.append(now[0])
+        raise TimeoutError("read timed out")
+
+    history._read = down
+    reason = "cannot read the chain (TimeoutError: read timed out); next try in {} s"
+    assert history.read(address) == {"available": False, "reason": reason.format(5)}
+    now[0] = 104.5
+    assert history.read(address) == {"available": False, "reason": reason.format(1)}
+    assert asked == [100.0]
+    now[0] = 105.0
+    history.read(address)
+    assert asked == [100.0, 105.0]
+    history._read = lambda _address: (asked.append(now[0]), {"available": True, "rows": []})[1]
+    now[0] = 110.0
+    assert history.read(address) == {"available": True, "rows": []}
+    now[0] = 114.9
+    assert history.read(address) == {"available": True, "rows": []}
+    assert asked == [100.0, 105.0, 110.0]
+
+
+async def asgi_get(app, path):
+    """One GET through the ASGI app itself, in this trio run: its status and JSON body."""
+    sent = []
+
+    async def receive():
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message):
+        sent.append(message)
+
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0", "spec_version": "2.4"},
+        "http_version": "1.1",
+        "method": "GET",
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": b"",
+        "root_path": "",
+        "headers": [(b"host", b"127.0.0.1")],
+        "server": ("127.0.0.1", 80),
+        "client": ("127.0.0.1", 1),
+    }
+    await app(scope, receive, send)
+    return sent[0]["status"], json.loads(b"".join(m.get("body", b"") for m in sent[1:]))
+
+
+async def test_history_requests_hold_one_worker_thread_and_ask_a_dead_chain_once(
+    monkeypatch, tmp_path
+):
+    """More /history requests than trio has worker threads, against a chain that never
+    answers: the node's other work in threads (the roles' chain calls, SHARDCAST's disk I/O)
+    still runs while they wait, and the chain is asked once; its failure answers them all."""
+    monkeypatch.setattr(dashboard, "HISTORY_EVERY", 600.0)  # the cache outlives the test
+    asked, asking, answer = [], trio.Event(), threading.Event()
+
+    def never_answers(_self, address):
+        asked.append(address)
+        trio.from_thread.run_sync(asking.set)
+        answer.wait(HANG)  # released by the test
+        raise ConnectionError("the chain did not answer")
+
+    monkeypatch.setattr(AccountHistory, "_read", never_answers)
+    cfg = NodeConfig(contract=CONTRACT, data_dir=tmp_path)
+    app = Starlette(routes=dashboard_routes(cfg, lambda: WORKER))
+    many = trio.to_thread.current_default_thread_limiter().total_tokens + 10
+    replies = []
+
+    async def ask():
+        replies.append(await asgi_get(app, "/history"))
+
+    async with trio.open_nursery() as nursery:
+        try:
+            for _ in range(many):
+                nursery.start_soon(ask)
+            with trio.fail_after(HANG):
+                await asking.wait()
+            await trio.testing.wait_all_tasks_blocked()
+            with trio.fail_after(HANG):  # the old code: every thread waited on the chain
+                assert await trio.to_thread.run_sync(lambda: "ran") == "ran"
+            assert replies == []  # ... while the history requests still wait
+        finally:
+            answer.set()
+    assert asked == [WORKER["inference"]["address"]]
+    assert len(replies) == many
+    reason = "cannot read the chain (ConnectionError: the chain did not answer); next try in"
+    for status, body in replies:
+        assert status == 200 and body["available"] is False
+        assert body["reason"].startswith(reason), body
 
 
 class FakeAdmin(BaseHTTPRequestHandler):

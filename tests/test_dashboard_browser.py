@@ -8,17 +8,35 @@ another origin; every figure on them equals ``intellect-node status --json`` of 
 and the rewards panel's counts equal the chain's events of the node's account; the page
 follows a new verdict without a reload; it never holds the admin token. Screenshots are
 kept under ``$TEST_ARTIFACTS`` (default ``.pytest_artifacts/``). Without a browser the test
-skips, saying why (CI installs one: scripts/setup.sh)."""
+skips, saying why (CI installs one: scripts/setup.sh).
+
+The page's own recovery runs against the real admin endpoint over a stand-in node: a page
+refused its event stream (503, the node at its maximum of streams) keeps following the node
+and takes a stream again once one is free; a failed ``/history`` shows the endpoint's error;
+a node that stops is said to be gone, with what to do."""
 
 import json
+import queue
+import socket
 import subprocess
+import threading
 import time
+from pathlib import Path
+from typing import Any
 
 import pytest
+import trio
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
 
 from node.cli.devnet import wait_ready
 from node.cli.devnetpage import DevnetPage
+from node.config import NodeConfig
+from node.net import admin as admin_module
+from node.net.admin import AdminServer
 from node.net.adminfile import read_admin_file
+from node.net.dashboard import dashboard_routes
 from tests.helpers.browser import Browser, artifacts_dir, browser_missing
 from tests.helpers.net import CLI, wait_until
 from tests.test_loop import Loop
@@ -215,3 +233,118 @@ def test_the_dashboard_shows_the_nodes_figures_live_in_a_real_browser(tmp_path, 
         if page is not None:
             page.close()
         loop.close()
+
+
+class StandIn:
+    """What the page reads of a worker node, with no node behind it."""
+
+    peer_id = "12D3KooWstandinstandin"
+
+    def __init__(self) -> None:
+        self.accepted = 0
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "role": "inference",
+            "peer_id": self.peer_id,
+            "run_id": "page-test",
+            "addrs": [],
+            "peer_count": 0,
+            "peers_by_role": {},
+            "connections": {"count": 0, "low": 1, "high": 2, "dialed": 0, "dropped": 0},
+            "weights": {"current": 1, "downloading": {}, "held": [1]},
+            "inference": {
+                "address": "0x" + "ab" * 20,
+                "accepted": self.accepted,
+                "rejected": 0,
+                "rejected_by_reason": {},
+                "tokens_per_s": 1.0,
+            },
+        }
+
+    def prometheus(self) -> bytes:
+        return b""
+
+
+class Endpoint:
+    """The real admin endpoint and the page's routes over ``StandIn``, in a thread of its
+    own (the browser is driven from this one); ``/history`` answers 502 with an error."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.node = StandIn()
+
+        async def broken_history(_: Request) -> Response:
+            return JSONResponse({"error": "node unreachable: the chain is down (test)"}, 502)
+
+        pages = [Route("/history", broken_history)]
+        pages += dashboard_routes(NodeConfig(data_dir=data_dir), self.node.status)
+        self.server = AdminServer(self.node, data_dir, pages=pages)  # type: ignore[arg-type]
+        self.started: queue.Queue[Any] = queue.Queue()
+        self.thread = threading.Thread(target=trio.run, args=(self._serve,), daemon=True)
+        self.thread.start()
+        self.port, self.trio_token, self.scope = self.started.get(timeout=60)
+
+    async def _serve(self) -> None:
+        with trio.CancelScope() as scope:
+            async with trio.open_nursery() as nursery:
+                port = await nursery.start(self.server.serve)
+                self.started.put((port, trio.lowlevel.current_trio_token(), scope))
+
+    def streams(self) -> int:
+        return self.server.app.event_streams
+
+    def stop(self) -> None:
+        trio.from_thread.run_sync(self.scope.cancel, trio_token=self.trio_token)
+        self.thread.join(30)
+
+
+def node_panel(browser: Browser) -> dict[str, Any]:
+    return browser.js("""
+        const n = document.querySelector('[data-node]'), q = (s) => n.querySelector(s);
+        const v = q('[data-k="inference.accepted"]');
+        return {role: q('.role') && q('.role').textContent, accepted: v && v.dataset.value,
+                offline: n.classList.contains('offline'),
+                notice: q('.notice') && !q('.notice').hidden ? q('.notice').textContent : null,
+                history: [...n.querySelectorAll('p.muted')].map((e) => e.textContent)
+                    .find((t) => t.startsWith('history')) || null};
+    """)
+
+
+@pytest.mark.timeout(300)
+def test_the_page_recovers_from_a_refused_stream_and_says_when_the_node_is_gone(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setattr(admin_module, "MAX_EVENT_STREAMS", 1)
+    endpoint = Endpoint(tmp_path)
+    browser = held = None
+    try:
+        held = socket.create_connection(("127.0.0.1", endpoint.port))  # the one stream
+        held.sendall(b"GET /events?interval=60 HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        assert held.recv(100).startswith(b"HTTP/1.1 200")
+        browser = Browser()
+        browser.open(f"http://127.0.0.1:{endpoint.port}/")
+        # its stream refused (503), the page follows the node all the same
+        endpoint.node.accepted = 7
+        wait_until(lambda: node_panel(browser)["accepted"] == "7", 60, "the page to show /status")
+        panel = node_panel(browser)
+        assert panel["role"] == "inference" and not panel["offline"] and panel["notice"] is None
+        assert panel["history"] == "history unavailable: node unreachable: the chain is down (test)"
+        # room for a stream: the page takes it (asked again later each time: 1, 2, 4 ... s)
+        monkeypatch.setattr(admin_module, "MAX_EVENT_STREAMS", 2)
+        wait_until(lambda: endpoint.streams() == 2, 90, "the page to open its stream again")
+        endpoint.node.accepted = 8
+        wait_until(lambda: node_panel(browser)["accepted"] == "8", 30, "a figure by the stream")
+        # the node stops: the page says so, and what to do
+        endpoint.stop()
+        wait_until(lambda: node_panel(browser)["notice"], 60, "the page to say the node is gone")
+        panel = node_panel(browser)
+        assert panel["offline"] and "intellect-node dashboard" in panel["notice"], panel
+        assert "stopped" in panel["notice"]
+        browser.screenshot(artifacts_dir() / "dashboard-node-gone.png")
+    finally:
+        if held is not None:
+            held.close()
+        if browser is not None:
+            browser.close()
+        if endpoint.thread.is_alive():
+            endpoint.stop()

@@ -4,7 +4,8 @@
 GET  /status       the node's status as JSON (what ``intellect-node status`` shows)
 GET  /metrics      every metric in the Prometheus text format (``prometheus_client``)
 GET  /events       server-sent events: the status, pushed live (below)
-POST /announce     {"topic", "count", "body"}: queue announcements (needs the token)
+POST /announce     {"topic", "count", "body"}: queue announcements (needs the token; count a
+                   whole number from 0 to ``MAX_ANNOUNCE``, default 1)
 POST /ping         {"peer_id"}: presence round trip to a peer (needs the token)
 plus the routes services add (``routes``: GET ones open, POST ones need the token), e.g.
 GET /weights, POST /weights/publish and /weights/pull (node/shardcast/service.py), and
@@ -19,8 +20,9 @@ hypercorn config): a request whose ``Host`` header names anything but 127.0.0.1 
 localhost gets 400 (a page elsewhere cannot read the node through DNS rebinding); every request other than GET/HEAD must carry ``Authorization: Bearer
 <token>`` (else 401); a request body over ``MAX_REQUEST`` (64 KiB) is refused with 413
 (from ``Content-Length`` before reading, or once that much arrived), as is a request head
-over the same size (a head that is still incomplete at that size is cut off by hypercorn's
-``h11_max_incomplete_size`` with 400 or 431); a client whose
+(its path with the query string, and its headers) over the same size (a head that is still
+incomplete at that size is cut off by hypercorn's ``h11_max_incomplete_size`` with 400 or
+431); a client whose
 request head has not arrived whole within ``READ_TIMEOUT`` (hypercorn's
 ``keep_alive_timeout``, which runs until a request's head is complete) is disconnected,
 and one whose body has not arrived whole within ``READ_TIMEOUT`` of its head gets 408.
@@ -35,7 +37,10 @@ default 1) answers ``text/event-stream`` and sends, at once and then every S sec
 
 (each event ends with a blank line) until the client leaves. A browser's ``EventSource``
 reconnects by itself if the node restarts. At most ``MAX_EVENT_STREAMS`` streams at once
-(503 beyond), so a page left open in many tabs cannot pile up work on the node.
+(503 beyond), so a page left open in many tabs cannot pile up work on the node. A stream
+counts from the moment it is granted until it ends, however it ends, so a burst of requests
+cannot pass the cap. A browser's ``EventSource`` does not retry after a 503: the page opens
+its stream again itself (``static/app.js``).
 """
 
 from __future__ import annotations
@@ -69,6 +74,7 @@ SERVER_LOG.setLevel(logging.WARNING)
 MAX_REQUEST = 64 * 1024
 READ_TIMEOUT = 5.0
 MAX_EVENT_STREAMS = 64
+MAX_ANNOUNCE = 1_000_000  # ``count`` of one POST /announce (the largest gossip_queue)
 EVENT_INTERVAL = (0.1, 60.0)  # bounds of ``?interval=``, seconds
 SAFE_METHODS = ("GET", "HEAD")
 RouteHandler = Callable[[dict[str, Any]], Awaitable[Any]]  # a service's route
@@ -125,7 +131,9 @@ class AdminGuard:
 
     def _refusal(self, scope: Scope) -> Response | None:
         raw: list[tuple[bytes, bytes]] = scope["headers"]
-        if sum(len(k) + len(v) + 4 for k, v in raw) + len(scope["raw_path"]) > self.max_body:
+        query = scope.get("query_string", b"")
+        target = len(scope["raw_path"]) + (len(query) + 1 if query else 0)  # path?query
+        if sum(len(k) + len(v) + 4 for k, v in raw) + target > self.max_body:
             return _error(413, f"request head over {self.max_body} bytes", connection="close")
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in raw}
         if not local_host(headers.get("host", "")):
@@ -226,26 +234,28 @@ class AdminApp:
             return _error(400, f"interval must be between {low} and {high} seconds")
         if self.event_streams >= MAX_EVENT_STREAMS:
             return _error(503, f"{MAX_EVENT_STREAMS} event streams open already")
-        return StreamingResponse(
-            self._status_events(interval),
-            media_type="text/event-stream",
-            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-        )
+        self.event_streams += 1  # counted now, not at its first event; _EventStream releases it
+        return _EventStream(self._status_events(interval), self._stream_ended)
+
+    def _stream_ended(self) -> None:
+        self.event_streams -= 1
 
     async def _status_events(self, interval: float) -> AsyncIterator[bytes]:
-        self.event_streams += 1
-        try:
-            while True:
-                yield b"event: status\ndata: " + json.dumps(self.node.status()).encode() + b"\n\n"
-                await trio.sleep(interval)
-        finally:
-            self.event_streams -= 1
+        while True:
+            yield b"event: status\ndata: " + json.dumps(self.node.status()).encode() + b"\n\n"
+            await trio.sleep(interval)
 
     async def ping(self, args: dict[str, Any]) -> Any:
         return await self.node.ping(str(args.get("peer_id", "")))
 
     async def announce(self, args: dict[str, Any]) -> Any:
-        count = int(args.get("count", 1))
+        wrong = f"count must be a whole number from 0 to {MAX_ANNOUNCE}"
+        try:
+            count = int(args.get("count", 1))  # null, [1], Infinity, NaN, "x": refused
+        except (TypeError, ValueError, OverflowError):
+            raise ValueError(wrong) from None
+        if not 0 <= count <= MAX_ANNOUNCE:
+            raise ValueError(wrong)
         text = str(args.get("body", ""))
         topic = str(args.get("topic", "test"))
         queued = 0
@@ -256,6 +266,25 @@ class AdminApp:
         except trio.WouldBlock:
             pass
         return {"queued": queued}
+
+
+class _EventStream(StreamingResponse):
+    """``/events``' answer; ``ended`` is called once when it ends, however it ends: the
+    client left, the node stopped, or sending failed before the first event."""
+
+    def __init__(self, events: AsyncIterator[bytes], ended: Callable[[], None]) -> None:
+        super().__init__(
+            events,
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+        self.ended = ended
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.ended()
 
 
 def _endpoint(handlers: dict[str, RouteHandler]) -> Endpoint:

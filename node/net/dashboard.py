@@ -4,7 +4,10 @@ GET /                   the page (``static/index.html``; its script and style un
 GET /nodes.json         which nodes the page shows and how it follows them: this node, live
                         through the endpoint's ``/events`` stream
 GET /history            the node's own ledger account's history (``ledger/accounthistory.py``):
-                        every submission, verdict, slash, claim and stake change, per day
+                        every submission, verdict, slash, claim and stake change, per day;
+                        read at most once per ``HISTORY_EVERY`` seconds, a failure too (the
+                        answer says why, with no URL, and when the chain is asked again),
+                        in at most one worker thread however many pages ask
 
 All GET: the page never holds the bearer token and cannot change anything. The page draws
 its charts itself (hand-written SVG, ``static/chart.js``): nothing is loaded from elsewhere,
@@ -14,6 +17,8 @@ so it works offline. The devnet serves the same page for all its nodes side by s
 
 from __future__ import annotations
 
+import math
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -28,8 +33,11 @@ if TYPE_CHECKING:
     from node.config import NodeConfig
 
 STATIC_DIR = Path(__file__).with_name("static")
-HISTORY_EVERY = 3.0  # seconds a history read is reused for (one chain scan per page refresh)
+HISTORY_EVERY = 3.0  # seconds a history read or its failure is reused (a scan per page refresh)
 HISTORY_FILE = "dashboard-events.json"  # the event index's cache, apart from the CLI's
+# what an error's text must not show: an RPC URL (its path or query often holds an API key),
+# the path after ``url:`` (urllib3's "with url: /v3/KEY") and the host (urllib3's host='...')
+URL_PARTS = re.compile(r"[a-z][a-z0-9+.-]*://\S+|(?<=url: )\S+|(?<=host=)'[^']*'", re.I)
 
 
 def account_of(status: dict[str, Any]) -> str | None:
@@ -42,15 +50,32 @@ def account_of(status: dict[str, Any]) -> str | None:
 
 
 class AccountHistory:
-    """The node's account history, read from the chain (blocking: call it in a thread),
-    at most once per ``every`` seconds; an unreachable chain is a reason, not an error."""
+    """The node's account history, read from the chain at most once per ``every`` seconds,
+    whether the read succeeds or fails; an unreachable chain is a reason, not an error.
+    ``read`` blocks (up to the chain's timeout); ``fetch`` runs it in a worker thread."""
 
-    def __init__(self, cfg: NodeConfig, every: float = HISTORY_EVERY) -> None:
+    def __init__(
+        self,
+        cfg: NodeConfig,
+        every: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        import anyio
+
         self.cfg = cfg
-        self.every = every
+        self.every = HISTORY_EVERY if every is None else every
+        self.clock = clock
         self.lock = threading.Lock()
+        # one thread at most: the others wait in the event loop, not in trio's shared pool
+        # of worker threads, which the roles' chain calls and SHARDCAST's disk I/O need
+        self.limiter = anyio.CapacityLimiter(1)
         self.index: Any = None
-        self.cached: tuple[float, str, dict[str, Any]] | None = None
+        self.cached: tuple[float, str, dict[str, Any]] | None = None  # (read at, address, report)
+
+    async def fetch(self, address: str | None) -> dict[str, Any]:
+        import anyio.to_thread
+
+        return await anyio.to_thread.run_sync(self.read, address, limiter=self.limiter)
 
     def read(self, address: str | None) -> dict[str, Any]:
         if address is None:
@@ -58,15 +83,26 @@ class AccountHistory:
         if not self.cfg.contract:
             return {"available": False, "reason": "no ledger contract configured"}
         with self.lock:
-            now = time.monotonic()
-            if self.cached and self.cached[1] == address and now - self.cached[0] < self.every:
-                return self.cached[2]
-            try:
-                report = self._read(address)
-            except Exception as exc:  # the chain may be down: the page says so
-                return {"available": False, "reason": f"cannot read the chain: {exc}"}
-            self.cached = (now, address, report)
+            if not self._fresh(address):
+                try:
+                    report = self._read(address)
+                except Exception as exc:  # the chain may be down: the page says so
+                    report = {"available": False, "error": chain_error(exc)}
+                self.cached = (self.clock(), address, report)  # after the read: it may be slow
+            assert self.cached is not None
+            read_at, _, report = self.cached
+        if report["available"]:
             return report
+        retry = math.ceil(max(read_at + self.every - self.clock(), 0.0))
+        reason = f"cannot read the chain ({report['error']}); next try in {retry} s"
+        return {"available": False, "reason": reason}
+
+    def _fresh(self, address: str) -> bool:
+        return (
+            self.cached is not None
+            and self.cached[1] == address
+            and self.clock() - self.cached[0] < self.every
+        )
 
     def _read(self, address: str) -> dict[str, Any]:
         from ledger.accounthistory import account_history
@@ -85,12 +121,18 @@ class AccountHistory:
         return {"available": True, **account_history(self.index, address)}
 
 
+def chain_error(exc: BaseException) -> str:
+    """A failed chain read, for the page: the exception's type and its text, with the RPC's
+    URL, its path and its host cut out."""
+    text = URL_PARTS.sub("…", str(exc)).strip()
+    return f"{type(exc).__name__}: {text[:300]}" if text else type(exc).__name__
+
+
 def dashboard_routes(
     cfg: NodeConfig, status: Callable[[], dict[str, Any]], *, live: str = "events"
 ) -> list[BaseRoute]:
     """The page's routes, to mount on the admin endpoint's app (``live``: how the page
     follows the node, ``events`` for the ``/events`` stream or ``poll`` for ``/status``)."""
-    import anyio.to_thread
     from starlette.responses import FileResponse, JSONResponse
     from starlette.routing import Mount, Route
     from starlette.staticfiles import StaticFiles
@@ -107,7 +149,7 @@ def dashboard_routes(
 
     async def account(_: Request) -> Response:
         address = account_of(status())
-        return JSONResponse(await anyio.to_thread.run_sync(history.read, address))
+        return JSONResponse(await history.fetch(address))
 
     return [
         Route("/", page, methods=["GET"]),

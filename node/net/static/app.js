@@ -6,6 +6,9 @@
 "use strict";
 (function () {
   const POLL_MS = 1000, HISTORY_MS = 10000, KEEP = 120;
+  // a refused /events stream is asked for again after RETRY_MS, doubled up to RETRY_MAX_MS;
+  // after SILENT_MS with no answer at all, the panel says the node is gone
+  const RETRY_MS = 1000, RETRY_MAX_MS = 30000, SILENT_MS = 10000;
   const COLORS = { accepted: "#2e9e5b", invalid: "#d64545", mismatch: "#e08a2e", unavailable: "#8a6bd1", rejected: "#d64545" };
 
   function h(tag, attrs, ...children) {
@@ -62,12 +65,15 @@
       this.status = null;
       this.history = null;
       this.lastJudged = -1;
-      this.el.append(h("p", { class: "muted" }, "connecting to " + (spec.name || "this node") + "…"));
+      this.heard = Date.now();  // when the node last answered (or the page opened)
+      this.notice = h("p", { class: "notice" });
+      this.notice.hidden = true;
+      this.el.append(this.notice, h("p", { class: "muted" }, "connecting to " + (spec.name || "this node") + "…"));
     }
 
     build(role) {
       this.role = role;
-      this.el.replaceChildren();
+      this.el.replaceChildren(this.notice);
       this.head = h("header", { class: "nodehead" });
       this.el.append(this.head);
       const grid = h("div", { class: "grid" });
@@ -236,7 +242,9 @@
       this.loading = true;
       try {
         const r = await fetch(this.base + "/history", { cache: "no-store" });
-        this.updateHistory(await r.json());
+        const hist = await r.json().catch(() => ({}));
+        if (r.ok) this.updateHistory(hist);
+        else this.histNote.textContent = "history unavailable: " + (hist.error || "HTTP " + r.status);
       } catch (e) {
         this.histNote.textContent = "history unavailable: " + e;
       } finally {
@@ -270,28 +278,63 @@
     }
   }
 
-  function live(panel, mode) {
-    const poll = async () => {
-      try {
-        const r = await fetch(panel.base + "/status", { cache: "no-store" });
-        if (r.ok) { panel.update(await r.json()); setState(panel, true); } else setState(panel, false);
-      } catch (e) { setState(panel, false); }
-      setTimeout(poll, POLL_MS);
-    };
-    if (mode === "events" && window.EventSource) {
+  async function readStatus(panel) {
+    try {
+      const r = await fetch(panel.base + "/status", { cache: "no-store" });
+      if (r.ok) { panel.update(await r.json()); setState(panel, true); } else setState(panel, false);
+    } catch (e) { setState(panel, false); }
+  }
+
+  // The /events stream. A lost connection the browser opens again by itself; an answer
+  // other than 200 (the node's 503 when it serves its maximum of streams) closes the stream
+  // for good, so the page reads /status each second meanwhile and asks for the stream again,
+  // later each time.
+  function follow(panel) {
+    let delay = RETRY_MS, polling = null;
+    const open = () => {
       const es = new EventSource(panel.base + "/events");
-      es.addEventListener("status", (e) => { panel.update(JSON.parse(e.data)); setState(panel, true); });
-      es.onerror = () => setState(panel, false);  // EventSource reconnects by itself
-    } else {
-      poll();
-    }
+      es.addEventListener("status", (e) => {
+        delay = RETRY_MS;
+        if (polling) { clearInterval(polling); polling = null; }
+        panel.update(JSON.parse(e.data));
+        setState(panel, true);
+      });
+      es.onerror = () => {
+        if (es.readyState !== EventSource.CLOSED) { setState(panel, false); return; }
+        if (!polling) { readStatus(panel); polling = setInterval(() => readStatus(panel), POLL_MS); }
+        setTimeout(open, delay);
+        delay = Math.min(delay * 2, RETRY_MAX_MS);
+      };
+    };
+    open();
+  }
+
+  function live(panel, mode) {
+    const poll = async () => { await readStatus(panel); setTimeout(poll, POLL_MS); };
+    if (mode === "events" && window.EventSource) follow(panel); else poll();
+    setInterval(() => silence(panel), 1000);
     panel.loadHistory();
     setInterval(() => panel.loadHistory(), HISTORY_MS);
   }
 
   function setState(panel, ok) {
     panel.el.classList.toggle("offline", !ok);
+    if (ok) { panel.heard = Date.now(); panel.notice.hidden = true; }
     document.body.setAttribute("data-updated", String(Date.now()));
+  }
+
+  // nothing heard for SILENT_MS: say so plainly (a node restarted without a fixed
+  // admin_port listens on another port, which this page cannot know)
+  function silence(panel) {
+    const quiet = Date.now() - panel.heard;
+    if (quiet < SILENT_MS) return;
+    panel.el.classList.add("offline");
+    panel.notice.hidden = false;
+    const name = panel.spec.name || "this node";
+    panel.notice.textContent = `No answer from ${name} for ${Math.round(quiet / 1000)} s: ` + (panel.base
+      ? "the node (or the devnet) has stopped; this page follows the node again once it runs."
+      : "the node has stopped, or it restarted and listens on another port. Once it runs, " +
+        "run `intellect-node dashboard` again for its address.");
   }
 
   async function main() {
