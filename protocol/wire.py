@@ -48,7 +48,8 @@ def open_message(data: bytes, *accepted: type[M]) -> M:
     most = max(t.MAX_SIZE for t in accepted)  # four scalars, the payload at most this long
     if len(data) > most + ENVELOPE_OVERHEAD:
         raise WireError(Reason.OVERSIZED, f"{len(data)} bytes > {most + ENVELOPE_OVERHEAD}")
-    shape = Shape(map_keys=4, list_items=0, text=MAX_DOMAIN, blob=most, containers=1)
+    # (a payload over its type's size still decodes here: its own check says `oversized`)
+    shape = Shape(map_keys=4, list_items=0, text=MAX_DOMAIN, blob=len(data), containers=1)
     obj = unpack_limited(data, most + ENVELOPE_OVERHEAD, shape) if _a_map(data) else None
     if not isinstance(obj, dict) or set(obj) != {"d", "p", "k", "s"}:
         raise WireError(Reason.MALFORMED, "envelope must be a map with keys d, p, k, s")
