@@ -42,6 +42,7 @@ NODE_RANKS = {
     "node.files": 0,
     "node.keystore": 0,
     "node.logs": 0,
+    "node.orphans": 0,
     "node.tasks": 1,
     "node.net": 1,
     "node.engine": 2,

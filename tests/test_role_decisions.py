@@ -393,6 +393,40 @@ async def test_a_batch_the_full_disk_refuses_is_stored_later_not_generated_again
     assert role.node.announced == [BATCH_TOPIC] and role.done_step == 2
 
 
+async def test_a_worker_whose_batch_maker_died_stops_instead_of_failing_for_good(
+    tmp_path, monkeypatch
+):
+    """Its child process killed, a worker logged "work failed" every 5 s for as long as it
+    ran, registered and announcing, and made nothing. A call failed with the child alive
+    is retried; one failed with the child dead ends the role (the node stops)."""
+    from node.roles import inference
+    from node.roles.offload import OffloadError
+
+    monkeypatch.setattr(inference, "POLL_S", 0.02)
+    chain = StatusChain(status="pending")
+    role = worker_role(tmp_path, chain)
+    role.node = ServedNode(role.node.metrics)
+    role.clock.step, role.clock.policy_version = 2, 0
+
+    class Maker:
+        calls, alive_now = 0, True
+
+        async def call(self, request):
+            Maker.calls += 1
+            Maker.alive_now = Maker.calls < 2  # the first failure with the child alive
+            raise OffloadError("the worker process died (exit code -9)")
+
+        def alive(self):
+            return Maker.alive_now
+
+    role.maker = Maker()
+    with trio.fail_after(30), pytest.raises(ExceptionGroup) as exc:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(role._serve)
+    assert exc.group_contains(OffloadError, match="died")
+    assert Maker.calls == 2 and role.counts.errors == 1
+
+
 async def test_a_stored_batch_the_chain_refuses_is_spent_and_one_unheard_waits(tmp_path):
     """A batch the chain refused (the pool cap, the stake) is never fetched: it is deleted
     once below the floor like a settled one (it stayed for good, and every restart

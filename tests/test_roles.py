@@ -138,6 +138,86 @@ async def test_offload_as_a_context_is_closed_also_when_it_fails_to_start():
     assert not broken._proc.is_alive()
 
 
+async def test_a_dead_child_is_reported_as_dead_and_ctrl_c_is_left_to_the_node():
+    """A call to a child that died raised the pipe's BrokenPipeError (the validator's
+    ``alive()`` check never ran, a worker went on failing every 5 s for good); it is an
+    ``OffloadError`` naming the exit code now. A Ctrl-C reaches the node's whole process
+    group: the child ignores it (it printed a KeyboardInterrupt traceback and died), and
+    the node stops it by closing the pipe."""
+    import os
+    import signal
+
+    off = Offload(Echo, EchoSpec(prefix=b">"))
+    try:
+        await off.ready()
+        os.kill(off._proc.pid, signal.SIGINT)
+        assert await off.call(Say(b"still")) == Said(b">still")
+        os.kill(off._proc.pid, signal.SIGKILL)
+        await trio.to_thread.run_sync(off._proc.join, 10)
+        with pytest.raises(OffloadError, match=r"died \(exit code -9\)"):
+            await off.call(Say(b"x"))
+        assert not off.alive()
+    finally:
+        off.close()
+
+
+NODE_WITH_A_BUSY_CHILD = """
+import sys, threading, time, trio
+from node.roles.offload import Offload
+from tests.test_roles import Slow
+
+async def main():
+    off = Offload(Slow, None)
+    await off.ready()
+    print(off._proc.pid, flush=True)
+    await off.call(60.0)  # the child is busy for a minute
+
+trio.run(main)
+"""
+
+
+def test_a_node_killed_outright_takes_its_busy_child_with_it(tmp_path):
+    """SIGKILL runs no cleanup: a child in the middle of a call went on under init (a
+    trainer's wrote its checkpoint, on a GPU it would hold the memory). It asked the
+    kernel for SIGTERM when its parent dies (``node/orphans.py``)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.helpers.net import wait_until
+
+    node = subprocess.Popen(
+        [sys.executable, "-c", NODE_WITH_A_BUSY_CHILD], stdout=subprocess.PIPE, text=True
+    )
+    child = None
+    try:
+        child = int(node.stdout.readline())
+        time.sleep(0.5)  # into its call
+        os.kill(node.pid, signal.SIGKILL)
+        node.wait(10)
+
+        def gone():
+            try:
+                os.kill(child, 0)
+            except ProcessLookupError:
+                return True
+            with open(f"/proc/{child}/stat") as f:  # a zombie until init reaps it
+                return f.read().split(")")[-1].split()[0] == "Z"
+
+        wait_until(gone, 20, "the child to go with its node")
+    finally:
+        node.kill()
+        node.wait()
+        node.stdout.close()
+        if child is not None:
+            try:
+                os.kill(child, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
 async def test_the_node_keeps_running_while_the_child_works():
     """A call that keeps the child busy for a second does not block the event loop."""
     off = Offload(Slow, None)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -39,6 +40,7 @@ from node.cli.devnetpage import DevnetPage
 from node.cli.progress import progress
 from node.config import parse_cheats
 from node.net.adminfile import ADMIN_FILE
+from node.orphans import parent_death_signal
 from node.tasks import RL_TASKSET
 
 REPO_ROOT = Path(__file__).resolve().parents[2]  # node processes run from the checkout
@@ -85,7 +87,10 @@ def spawn_node(
     extra: list[str] | None = None,
     env_extra: dict[str, str] | None = None,
     module: str = "node.cli",
+    die_with_parent: bool = False,
 ) -> NodeProcess:
+    """``intellect-node start`` as a process; ``die_with_parent``: it gets SIGTERM when this
+    process dies, however (the devnet: killed outright, it left every node running)."""
     data_dir = base_dir / name
     data_dir.mkdir(parents=True, exist_ok=True)
     (data_dir / ADMIN_FILE).unlink(missing_ok=True)
@@ -115,6 +120,7 @@ def spawn_node(
             stderr=subprocess.STDOUT,
             env=env,
             cwd=REPO_ROOT,
+            preexec_fn=parent_death_signal() if die_with_parent else None,
         )
     return NodeProcess(name, role, data_dir, proc, log_path)
 
@@ -146,12 +152,13 @@ def start_chain(
     extra: list[str] | None = None,
     port: int | None = None,
     prefix: list[str] | None = None,
+    die_with_parent: bool = False,
 ) -> tuple[subprocess.Popen[bytes], dict[str, str]]:
     """``intellect-node chain`` as a process; returns it and the env that points nodes at it.
     ``port``: listen there (a chain restarted with ``--state`` where the nodes look for it),
     else on a free port. ``prefix`` runs the command under another one (the NAT tests: ``ip
     netns exec NS``, with ``--host`` in ``extra``). The chain's output is appended to
-    ``chain.log`` beside ``data_dir``."""
+    ``chain.log`` beside ``data_dir``. ``die_with_parent``: as for ``spawn_node``."""
     data_dir.mkdir(parents=True, exist_ok=True)  # the log goes beside it
     info_path = data_dir / "chain.json"
     info_path.unlink(missing_ok=True)
@@ -168,7 +175,13 @@ def start_chain(
         str(data_dir),
         *(extra or []),
     ]
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO_ROOT)
+    proc = subprocess.Popen(
+        cmd,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        cwd=REPO_ROOT,
+        preexec_fn=parent_death_signal() if die_with_parent else None,
+    )
     log.close()
     deadline = time.monotonic() + timeout
     while not info_path.exists():
@@ -393,6 +406,58 @@ def plot_curves(runs: dict[str, list[dict[str, Any]]], out: Path, *, title: str)
     return out
 
 
+class Stopper:
+    """The devnet's SIGINT and SIGTERM handler. While it starts (the chain, the accounts,
+    the base model's build of minutes, the nodes) a signal stops it at once: it was only
+    noted, and start-up went on to start every node before it stopped them. Once running
+    (``running``), the first ends the run loop and the nodes are stopped; a second,
+    while they stop, does not wait for them (each still gets SIGTERM)."""
+
+    def __init__(self) -> None:
+        self.running = False
+        self.asked = False
+
+    def __call__(self, _sig: int, _frame: Any) -> None:
+        again, self.asked = self.asked, True
+        if again or not self.running:
+            raise KeyboardInterrupt
+
+
+def stop_all(nodes: list[NodeProcess], grace: float = 10) -> None:
+    """SIGTERM to every node at once, then wait for them together (one by one, each with
+    its own 10 s, a devnet of many nodes took minutes); kill those still up after ``grace``."""
+    for n in nodes:
+        if n.proc.poll() is None:
+            n.proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    for n in nodes:
+        try:
+            n.proc.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            n.proc.kill()
+            n.proc.wait()
+
+
+PREVIOUS_RUN = "previous-run"
+
+
+def set_aside_earlier_run(base_dir: Path) -> Path | None:
+    """Move what an earlier devnet left in ``base_dir`` to ``base_dir/previous-run`` (an
+    older one there goes) and return that; None when there was nothing. Each devnet run
+    deploys a new chain: its nodes must start afresh (a trainer resumed at its old step on
+    the new chain finished "2 steps done" without training, or had every batch refused)."""
+    earlier = [p for p in base_dir.iterdir() if p.name != PREVIOUS_RUN]
+    if not earlier:
+        return None
+    target = base_dir / PREVIOUS_RUN
+    if target.exists():
+        shutil.rmtree(target)
+    target.mkdir()
+    for p in earlier:
+        p.rename(target / p.name)
+    return target
+
+
 def run_devnet(
     base_dir: Path,
     *,
@@ -431,19 +496,17 @@ def run_devnet(
     base_dir.mkdir(parents=True, exist_ok=True)
     fast = ["--heartbeat-interval", "2", "--peer-ttl", "10", "--discovery-interval", "1"]
     nodes: list[NodeProcess] = []
-    stopping = False
     say = (lambda *_a, **_k: None) if quiet else print
 
-    def on_signal(_sig: int, _frame: Any) -> None:
-        nonlocal stopping
-        stopping = True
-
-    old = signal.signal(signal.SIGINT, on_signal), signal.signal(signal.SIGTERM, on_signal)
+    stop = Stopper()
+    old = signal.signal(signal.SIGINT, stop), signal.signal(signal.SIGTERM, stop)
     chain: subprocess.Popen[bytes] | None = None
     page: DevnetPage | None = None
     try:
+        if moved := set_aside_earlier_run(base_dir):
+            say(f"devnet: the earlier run's files are in {moved} (this run is a new chain)")
         chain, ledger_env = start_chain(
-            base_dir / "chain", extra=["--max-staleness", str(async_level)]
+            base_dir / "chain", extra=["--max-staleness", str(async_level)], die_with_parent=True
         )
         chain_info = json.loads((base_dir / "chain" / "chain.json").read_text())
         # the trainer's key is the run's trust root for weights and steps: make it first
@@ -481,6 +544,7 @@ def run_devnet(
             bootstrap=[],
             extra=fast,
             env_extra=ledger_env,
+            die_with_parent=True,
         )
         nodes.append(boot)
         boot_addr = p2p_addr(wait_ready(boot))
@@ -524,6 +588,7 @@ def run_devnet(
                     bootstrap=[boot_addr],
                     extra=fast,
                     env_extra={**ledger_env, **model_env, **extra_env},
+                    die_with_parent=True,
                 )
             )
         with progress("devnet: nodes up", len(nodes), unit="nodes", enabled=not quiet) as bar:
@@ -539,9 +604,10 @@ def run_devnet(
         say(f"devnet: dashboard of every node at {page.url}", flush=True)
         trainer = next(n for n in nodes if n.role == "trainer")
         finished = False
+        stop.running = True  # from now on a first Ctrl-C ends the run loop, a second at once
         with live_work_table(quiet) as (every, refresh):
             last = 0.0
-            while not stopping and (duration <= 0 or time.monotonic() - started < duration):
+            while not stop.asked and (duration <= 0 or time.monotonic() - started < duration):
                 time.sleep(0.5)
                 for n in nodes:
                     if n.proc.poll() is not None:
@@ -570,14 +636,13 @@ def run_devnet(
             say(f"devnet: report in {report}" + (f" ({png.name})" if png else ""), flush=True)
             if (line := heldout_summary(metrics)) is not None:
                 say(f"devnet: {line}", flush=True)
-        if steps and not finished and not stopping:
+        if steps and not finished and not stop.asked:
             say(f"devnet: stopped after {duration:.0f} s before step {steps}", flush=True)
             return 1
     finally:
         if page is not None:
             page.close()
-        for n in reversed(nodes):
-            n.stop()
+        stop_all(nodes)
         if chain is not None and chain.poll() is None:
             chain.send_signal(signal.SIGTERM)
             try:

@@ -215,6 +215,8 @@ class InferenceRole:
                 finally:
                     self.busy.add(time.monotonic() - began)
             except (LedgerError, OffloadError, OSError) as exc:  # the chain said no, or a failure
+                if isinstance(exc, OffloadError) and not self.maker.alive():
+                    raise  # its batch maker died: every batch would fail so, the node stops
                 self.counts.errors += 1
                 log.error("work failed: %s", exc)
                 await trio.sleep(5 * POLL_S)

@@ -20,9 +20,13 @@ from __future__ import annotations
 import importlib
 import multiprocessing
 import multiprocessing.connection
+import os
+import signal
 from typing import Any
 
 import trio
+
+from node.orphans import die_with_parent
 
 
 class OffloadError(RuntimeError):
@@ -51,7 +55,13 @@ def _serve(
     qualname: str,
     spec: Any,
     threads: int = 0,
+    parent: int | None = None,
 ) -> None:
+    # Ctrl-C reaches the whole process group: the node stops us by closing the pipe (a
+    # KeyboardInterrupt here printed a child's traceback under the node's last line)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if parent is not None:  # a node killed outright (SIGKILL) takes us with it
+        die_with_parent(parent)
     try:
         if threads:
             import torch
@@ -70,9 +80,13 @@ def _serve(
                 close()  # a handler with processes of its own stops them
             return  # the node is gone
         try:
-            conn.send((True, handler(call)))
+            reply: Any = (True, handler(call))
         except Exception as exc:
-            conn.send(_failure(exc))
+            reply = _failure(exc)
+        try:
+            conn.send(reply)
+        except OSError:  # the node left while we worked
+            return
 
 
 class Offload:
@@ -86,7 +100,7 @@ class Offload:
         self._conn, child = ctx.Pipe()
         self._proc = ctx.Process(
             target=_serve,
-            args=(child, handler.__module__, handler.__qualname__, spec, threads),
+            args=(child, handler.__module__, handler.__qualname__, spec, threads, os.getpid()),
             daemon=True,
         )
         self._proc.start()
@@ -123,7 +137,13 @@ class Offload:
         """The handler's result for ``call`` (a call dataclass of the handler's)."""
 
         def roundtrip() -> Any:
-            self._conn.send(call)
+            try:
+                self._conn.send(call)
+            except OSError as exc:  # the pipe is broken: the child is gone
+                self._proc.join(1)
+                raise OffloadError(
+                    f"the worker process died (exit code {self._proc.exitcode})"
+                ) from exc
             return self._recv()
 
         async with self._lock:

@@ -49,6 +49,7 @@ from multiprocessing.connection import Connection, answer_challenge, deliver_cha
 from pathlib import Path
 from typing import Any, NoReturn
 
+from node.orphans import parent_death_signal
 from node.training.worker import Evaluate, PolicyWorker
 
 ADDR_ENV = "INTELLECT_RANKS_ADDR"
@@ -69,25 +70,6 @@ def _send(conn: Connection, obj: Any) -> None:
 
 def _recv(conn: Connection) -> Any:
     return pickle.loads(conn.recv_bytes())  # noqa: S301 - our own ranks, key-authenticated
-
-
-def _parent_death_signal() -> Any:
-    """Linux: a function for the child, between fork and exec, that asks for SIGTERM when
-    the process that started it dies (``prctl(PR_SET_PDEATHSIG)``); looked up here, in the
-    parent, so the child only calls it. None elsewhere."""
-    if sys.platform != "linux":
-        return None
-    try:
-        import ctypes
-
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-
-    def set_signal() -> None:  # pragma: no cover - runs in the child
-        prctl(1, int(signal.SIGTERM))  # 1: PR_SET_PDEATHSIG
-
-    return set_signal
 
 
 def torchrun_command(procs: int) -> list[str]:
@@ -158,7 +140,7 @@ class RankedPolicyWorker:
             ],
             env=env,  # the node's working directory: relative paths mean the same there
             start_new_session=True,  # close() stops torchrun and every rank as one group
-            preexec_fn=_parent_death_signal(),
+            preexec_fn=parent_death_signal(),
         )
         self.conn: Connection | None = None
         try:

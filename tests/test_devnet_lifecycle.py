@@ -1,0 +1,106 @@
+"""The devnet's own lifecycle, without a network: its signals (a Ctrl-C while it starts
+stops it at once; once it runs, a first ends the run, a second does not wait), its nodes
+stopped together, an earlier run's files set aside, and children that die with it."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from node.cli.devnet import NodeProcess, Stopper, set_aside_earlier_run, stop_all
+from tests.helpers.net import wait_until
+
+PARENT = """
+import sys, time
+from pathlib import Path
+from node.cli.devnet import spawn_node
+
+node = spawn_node("n", "inference", Path(sys.argv[1]), run_id="r", listen="-", bootstrap=[],
+                  module="tests.helpers.sleeper", die_with_parent=sys.argv[2] == "1")
+print(node.proc.pid, flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_signal_while_starting_stops_at_once_and_a_second_while_running():
+    stop = Stopper()
+    with pytest.raises(KeyboardInterrupt):  # the chain, the model build, the nodes: now
+        stop(signal.SIGINT, None)
+    stop = Stopper()
+    stop.running = True
+    stop(signal.SIGINT, None)  # ends the run loop, which stops the nodes
+    assert stop.asked
+    with pytest.raises(KeyboardInterrupt):  # again while they stop: do not wait
+        stop(signal.SIGTERM, None)
+
+
+def test_an_earlier_run_is_set_aside_and_an_older_one_replaced(tmp_path):
+    """Each run deploys a new chain: a trainer resumed at its old step on it reported
+    "2 steps done" without training, or had every batch refused as too old."""
+    assert set_aside_earlier_run(tmp_path) is None  # nothing there
+    (tmp_path / "trainer").mkdir()
+    (tmp_path / "trainer" / "trainer-state.json").write_text('{"step": 2}')
+    (tmp_path / "chain.log").write_text("first")
+    moved = set_aside_earlier_run(tmp_path)
+    assert moved == tmp_path / "previous-run"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["previous-run"]
+    assert (moved / "trainer" / "trainer-state.json").read_text() == '{"step": 2}'
+    (tmp_path / "chain.log").write_text("second")
+    set_aside_earlier_run(tmp_path)
+    assert (moved / "chain.log").read_text() == "second" and not (moved / "trainer").exists()
+
+
+def test_nodes_are_stopped_together_and_one_that_will_not_is_killed(tmp_path):
+    def child(code):
+        proc = subprocess.Popen([sys.executable, "-c", code])
+        return NodeProcess("n", "inference", tmp_path, proc, tmp_path / "log")
+
+    polite = [child("import time; time.sleep(60)") for _ in range(3)]
+    deaf = child(
+        "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"
+    )
+    time.sleep(1)  # the deaf one has set its handler
+    stop_all([*polite, deaf], grace=2)
+    assert [n.proc.returncode for n in polite] == [-signal.SIGTERM] * 3
+    assert deaf.proc.returncode == -signal.SIGKILL
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_a_devnet_killed_outright_takes_its_nodes_with_it(tmp_path, tied):
+    """SIGKILL runs no cleanup: its chain and nodes went on under init, and the next
+    devnet on the same directory was refused ("another node runs with the data dir")."""
+    parent = subprocess.Popen(
+        [sys.executable, "-c", PARENT, str(tmp_path), "1" if tied else "0"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    node = None
+    try:
+        node = int(parent.stdout.readline())
+        os.kill(parent.pid, signal.SIGKILL)
+        parent.wait(10)
+
+        def gone():
+            try:
+                with open(f"/proc/{node}/stat") as f:  # a zombie until it is reaped
+                    return f.read().split(")")[-1].split()[0] == "Z"
+            except FileNotFoundError:
+                return True
+
+        if tied:
+            wait_until(gone, 20, "the node to go with its devnet")
+        else:  # what it was before: the node lives on
+            time.sleep(1)
+            assert not gone()
+    finally:
+        parent.kill()
+        parent.wait()
+        parent.stdout.close()
+        if node is not None:
+            try:
+                os.kill(node, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
