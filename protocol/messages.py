@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from protocol.errors import Reason
 from protocol.ids import PEER_ID_PATTERN, ROLES, RUN_ID_PATTERN
 from protocol.schema import FieldSpec, Message, blob, listof, text, u64
 
@@ -84,5 +85,5 @@ class Refusal(Header):
     TYPE = "intellect/refusal/1"
     MAX_SIZE = 1024
 
-    reason: str = text(32)
+    reason: str = text(32, choices=tuple(r.value for r in Reason))  # SPEC §9's
     detail: str = text(256)

@@ -52,6 +52,15 @@ def test_roundtrip_every_message():
         assert open_message(seal(IDENT, m), type(m)) == m
 
 
+def test_a_refusal_names_one_of_the_specs_reasons():
+    """SPEC §5: a refusal's reason is one of §9's; any other string was taken."""
+    header = dict(run_id="r", sender=IDENT.peer_id, seq=1, ts_ms=2)
+    for reason in Reason:
+        Refusal.decode(Refusal(**header, reason=reason.value, detail="").encode())
+    body = raw(Refusal(**header, reason="busy", detail=""), reason="try later, maybe")
+    reject(Refusal, msgpack.packb(body), Reason.MALFORMED)
+
+
 def test_missing_and_unknown_fields():
     body = raw(info())
     del body["role"]

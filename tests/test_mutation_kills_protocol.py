@@ -335,9 +335,10 @@ async def test_trio_stream_reads_at_most_what_is_asked():
 
 
 def test_an_envelope_around_a_message_of_the_largest_size_opens():
-    # 256 three-byte characters: the encoding comes within ENVELOPE_OVERHEAD of MAX_SIZE
+    # 256 three-byte characters, the longest reason: the encoding comes within
+    # ENVELOPE_OVERHEAD of MAX_SIZE
     big = Refusal(
-        run_id="r" * 64, sender=A.peer_id, seq=2**64 - 1, ts_ms=2**64 - 1, reason="x" * 32,
+        run_id="r" * 64, sender=A.peer_id, seq=2**64 - 1, ts_ms=2**64 - 1, reason="sender_mismatch",
         detail="\u20ac" * 256,
     )  # fmt: skip
     assert Refusal.MAX_SIZE - ENVELOPE_OVERHEAD < len(big.encode()) <= Refusal.MAX_SIZE
@@ -434,7 +435,7 @@ def test_decoding_refuses_ext_types_and_non_maps_and_encoding_refuses_oversize()
         "intellect/node-info/1: expected a map",
     )
     huge = Refusal(
-        run_id="r", sender=A.peer_id, seq=1, ts_ms=1, reason="x", detail="\U0001f600" * 256
+        run_id="r", sender=A.peer_id, seq=1, ts_ms=1, reason="busy", detail="\U0001f600" * 256
     )
     with pytest.raises(WireError) as exc:
         huge.encode()
