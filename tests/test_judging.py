@@ -99,7 +99,8 @@ def test_a_batch_announced_while_the_validator_was_down_is_fetched_from_its_work
     """A restarted validator missed the announcement: it asks the peer the worker
     registered on-chain (found by the chaos run: such batches were rejected as unavailable
     after the fetch deadline, honest stake slashed). Only that peer can serve a batch that
-    passes, so once the chain names it, it is the only one asked."""
+    passes: it is asked first, then the announcers (one may serve evidence: the worker's
+    batch signed with a key it did not register)."""
     q = JudgingQueue(fetch_deadline_s=30)
     q.submitted(K1, units=1, policy_version=0, now=10, holder="worker-peer")
     assert q.next_fetch(10) == (K1, "worker-peer")
@@ -108,23 +109,27 @@ def test_a_batch_announced_while_the_validator_was_down_is_fetched_from_its_work
     q.fetched(K1)
     assert q.next_fetch(11) == (K2, "worker-peer")
     q.fetch_failed(K2, 11)
-    q.noticed(K2, "another", now=11)  # not the worker's peer: never asked
-    assert q.next_fetch(12) == (K2, "worker-peer")
-    assert q.entries[K2].peers == ["worker-peer"]
+    assert q.next_fetch(12) == (K2, "announcer")
+    assert q.entries[K2].peers == ["worker-peer", "announcer"]
     q.submitted(K2, units=1, policy_version=0, now=12, holder="someone-else")  # once only
-    assert q.entries[K2].peers == ["worker-peer"]
+    assert q.entries[K2].peers == ["worker-peer", "announcer"]
 
 
 def test_free_peer_ids_announcing_a_withheld_batch_do_not_delay_its_unavailability():
-    """Each announcer was asked three times after the deadline before a key could be
-    called unavailable: 200 free ids announcing a batch its worker withholds pushed that
-    past the verdict window (no verdict, no slash). With the worker's registered peer
-    known only it is asked; without it, at most ``max_peers`` announcers are."""
-    for holder, asked in (("worker-peer", ["worker-peer"]), (None, ["a0", "a1", "a2", "a3"])):
-        q = JudgingQueue(fetch_deadline_s=30, retry_s=1, retry_max_s=1)
+    """Each peer of a key is asked three times after the deadline before it can be called
+    unavailable: 200 free ids announcing a batch its worker withholds pushed that to
+    18,541 s, past the verdict window (no verdict, no slash). A key keeps its registered
+    peer and at most ``max_peers`` announcers, before or after the chain names it."""
+    for holder, asked in (
+        ("worker-peer", ["a0", "a1", "a2", "a3", "worker-peer"]),
+        (None, ["a0", "a1", "a2", "a3"]),
+    ):
+        q = JudgingQueue(fetch_deadline_s=30, retry_s=1, retry_max_s=30)
         for i in range(200):
             q.noticed(K1, f"a{i}", now=0)
         q.submitted(K1, units=1, policy_version=0, now=0, holder=holder)
+        for i in range(200, 210):
+            q.noticed(K1, f"a{i}", now=1)  # after its submission too
         now, peers = 30.0, []
         while not q.unavailable(now):
             if (got := q.next_fetch(now)) is None:
@@ -133,7 +138,7 @@ def test_free_peer_ids_announcing_a_withheld_batch_do_not_delay_its_unavailabili
             peers.append(got[1])
             q.fetch_failed(K1, now)
         assert sorted(set(peers)) == asked and len(peers) == 3 * len(asked)
-        assert now < 30 + 3 * len(asked) + 1  # seconds after the deadline, not hours
+        assert now < 30 + 600  # minutes after the deadline, not hours
 
 
 def test_announcements_filling_the_queue_never_keep_a_submission_out():

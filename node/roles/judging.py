@@ -33,11 +33,11 @@ the queue: each costs its worker gas and collateral, and free peer ids filling t
 with announcements once kept every real submission out (never judged: honest work unpaid,
 cheats unslashed). Only the peer the worker registered on-chain can serve a batch that
 passes (the server must be its signer, the signer the registered key): once the chain
-names it, it is the key's only peer, and announcements from others are ignored (each
-announcer was asked three times before the key could be called unavailable, so free ids
-announcing a withheld batch pushed that past the verdict window); without a registered
-peer a key keeps at most ``max_peers`` announcers. Pure: no clock, no sockets; the role
-passes ``now`` in.
+names it, it is asked first; announcers after it are kept for the evidence they may serve
+(a batch of the worker's signed with a key it did not register is ``invalid``), at most
+``max_peers`` of them (each peer is asked three times before a key is called unavailable:
+200 free ids announcing a withheld batch pushed that past the verdict window). Pure: no
+clock, no sockets; the role passes ``now`` in.
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ def refusal(exc: Exception) -> str | None:
 @dataclass
 class _Entry:
     peers: list[str] = field(default_factory=list)  # who announced it, first first
-    holder: str | None = None  # the peer the worker registered: then the only one asked
+    holder: str | None = None  # the peer the worker registered: asked first
     noticed_at: float | None = None
     submitted_at: float | None = None
     units: int | None = None  # on-chain
@@ -91,7 +91,7 @@ class JudgingQueue:
     last_tries: int = 3  # failed fetches per peer after the deadline: then unavailable
     max_pending: int = 4096  # keys announced and not (yet) submitted (floods stop here)
     per_peer_unsubmitted: int = 64  # announced by one peer and not (yet) submitted on-chain
-    max_peers: int = 4  # announcers asked for a key whose registered peer is not known
+    max_peers: int = 4  # announcers asked for a key (after its registered peer)
     check_retry_s: float = 30.0  # first wait before a batch that could not be judged is retried
     check_tries: int = 3  # judgements that could not finish: then it is given up
     entries: dict[Key, _Entry] = field(default_factory=dict)  # keys still to judge
@@ -145,27 +145,28 @@ class JudgingQueue:
             self.dropped += 1
             return
         entry = self._entry(key)
-        if entry is None or entry.done or entry.holder is not None:
+        if entry is None or entry.done:
             return
         if entry.noticed_at is None:
             entry.noticed_at = now
-        if peer not in entry.peers and len(entry.peers) < self.max_peers:
+        announcers = len(entry.peers) - (entry.holder is not None)
+        if peer not in entry.peers and announcers < self.max_peers:
             entry.peers.append(peer)
 
     def submitted(
         self, key: Key, units: int, policy_version: int, now: float, holder: str | None = None
     ) -> None:
         """The key was submitted on-chain (``now``: when this validator learned of it).
-        ``holder``: the peer the worker registered on-chain, from then on the only one
-        asked (a validator that was down when the batch was announced has no announcement
-        to go by; the worker that submitted it must serve it); None when the chain could not
-        say, and the announcers are asked."""
+        ``holder``: the peer the worker registered on-chain, asked first (a validator that
+        was down when the batch was announced has no announcement to go by; the worker that
+        submitted it must serve it); None when the chain could not say."""
         entry = self._entry(key, submitted=True)
         if entry is None or entry.done or entry.submitted_at is not None:
             return
         entry.submitted_at, entry.units, entry.policy_version = now, units, policy_version
-        if holder is not None:  # nobody else can serve it (see the module docstring)
-            entry.holder, entry.peers = holder, [holder]
+        if holder is not None:  # the one that can serve it first (the module docstring)
+            entry.holder = holder
+            entry.peers = [holder, *(p for p in entry.peers if p != holder)][: self.max_peers + 1]
 
     def next_fetch(self, now: float) -> tuple[Key, str] | None:
         """The batch to fetch now and the peer to ask (the oldest submission first), or
