@@ -184,3 +184,41 @@ def test_buckets_and_disabled_graphs():
     assert bucket(40, 48) == 48 and bucket(1, 1) == 1
     graphs = Graphs(enabled=not torch.cuda.is_available())  # on a CPU: never enabled
     assert graphs.run("k", lambda: 7) == 7 and graphs.graphs == {}
+
+
+def _ended(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"  # a zombie has ended
+    except FileNotFoundError:
+        return True
+
+
+def test_a_daemonic_model_process_starts_proof_workers_that_die_with_it():
+    """The engine runs in the node's model process, a daemonic child, to which
+    multiprocessing refuses children: on a GPU (proof workers by default) every batch
+    failed with "daemonic processes are not allowed to have children". Its workers start,
+    and when it is killed outright they end too (PR_SET_PDEATHSIG)."""
+    import multiprocessing
+    import os
+    import signal
+    import time
+
+    from tests.helpers.daemonic import start_proof_workers
+
+    ctx = multiprocessing.get_context("spawn")
+    ours, theirs = ctx.Pipe()
+    child = ctx.Process(target=start_proof_workers, args=(theirs,), daemon=True)
+    child.start()
+    try:
+        assert ours.poll(120), "the child sent nothing"
+        pids = ours.recv()
+        assert isinstance(pids, list) and pids, pids
+        assert not any(_ended(p) for p in pids)
+    finally:
+        os.kill(child.pid, signal.SIGKILL)
+        child.join(30)
+    deadline = time.monotonic() + 30
+    while not all(_ended(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert all(_ended(p) for p in pids), "proof workers outlived their process"

@@ -37,9 +37,10 @@ import logging
 import multiprocessing
 import os
 import signal
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from concurrent.futures import Executor, Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
+from contextlib import contextmanager
 from functools import partial
 from typing import Any
 
@@ -50,6 +51,7 @@ from crypto.toploc import proofs_from_entries, select_top, warm_up
 from node.engine.base import GenRequest, SamplingParams
 from node.engine.continuous import Flight, chosen_logprobs, decode_states
 from node.engine.fastpath import SlotDecoder
+from node.orphans import die_with_parent
 
 log = logging.getLogger(__name__)
 
@@ -182,19 +184,40 @@ def proof_workers() -> Executor:
     global _workers
     if _workers is None or getattr(_workers, "_broken", False):
         count = max(1, min(4, (os.cpu_count() or 2) // 4))
-        _workers = ProcessPoolExecutor(
-            count, mp_context=multiprocessing.get_context("spawn"), initializer=_leave_ctrl_c
-        )
-        for task in [_workers.submit(warm_up) for _ in range(count)]:
-            task.result()
+        with _children_allowed():
+            _workers = ProcessPoolExecutor(
+                count,
+                mp_context=multiprocessing.get_context("spawn"),
+                initializer=_proof_worker,
+                initargs=(os.getpid(),),
+            )
+            for task in [_workers.submit(warm_up) for _ in range(count)]:
+                task.result()
     return _workers
 
 
-def _leave_ctrl_c() -> None:
+@contextmanager
+def _children_allowed() -> Iterator[None]:
+    """multiprocessing refuses children to a daemonic process ("daemonic processes are not
+    allowed to have children", an AssertionError), and the engine runs in one: the node's
+    model process (``node.roles.offload``), which the node ends when it exits. Its proof
+    workers start with the flag lifted; each dies with it (``_proof_worker``)."""
+    config = multiprocessing.current_process()._config  # type: ignore[attr-defined]
+    daemonic = config.get("daemon", False)
+    config["daemon"] = False
+    try:
+        yield
+    finally:
+        config["daemon"] = daemonic
+
+
+def _proof_worker(parent: int) -> None:
     """In a proof worker: Ctrl-C in the terminal reaches the whole process group; the node
     handles it, and the pool's workers end when the node exits (concurrent.futures joins
-    them), not mid-task with a trace each."""
+    them), not mid-task with a trace each. The process that started the pool may be ended
+    without joining it (the node's model process is): the worker dies with it."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    die_with_parent(parent)
 
 
 class ProofPipeline:
