@@ -206,3 +206,31 @@ def test_an_int8_1_1b_worker_is_rejected_on_gpu():
         config=GPU_BF16.for_layers(22),
     )
     assert not verdict.passed
+
+
+def test_other_weights_are_made_on_the_gpu(tiny_model_dir):
+    """The devnet's cheater on an H200 failed every other_weights batch: a CPU draw times
+    a CUDA scalar tensor ("Expected all tensors to be on the same device")."""
+    from node.rollouts.cheats import alter_weights
+
+    model = load_model(tiny_model_dir, device="cuda").model
+    before = [p.detach().clone() for p in model.parameters()]
+    alter_weights("other_weights", model)
+    after = list(model.parameters())
+    assert all(p.device.type == "cuda" for p in after)
+    assert all(not torch.equal(a, b) for a, b in zip(before, after, strict=True) if a.numel() > 1)
+
+
+def test_the_trainer_steps_in_bf16_autocast_on_the_gpu(tiny_model_dir):
+    from node.training.fsdp_check import fixed_samples
+    from node.training.grpo import GRPOConfig
+    from node.training.policy import Policy
+
+    policy = Policy(tiny_model_dir, GRPOConfig(lr=1e-3), device="cuda")
+    assert policy.bf16
+    before = [p.detach().clone() for p in policy.model.parameters()]
+    stats = policy.train_step(fixed_samples(policy), 1.0)
+    assert stats["grad_norm"] > 0
+    after = list(policy.model.parameters())
+    assert all(p.dtype == torch.float32 for p in after)  # fp32 master weights
+    assert any(not torch.equal(a, b) for a, b in zip(before, after, strict=True))

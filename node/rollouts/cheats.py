@@ -123,7 +123,9 @@ def alter_weights(cheat: str, model: Any) -> None:
         if cheat == "other_weights":  # the same architecture, another model
             g = torch.Generator().manual_seed(1)
             for p in model.parameters():
-                spread = p.float().std().clamp_min(1e-3) if p.numel() > 1 else torch.tensor(1.0)
+                # a number, not a tensor: on a GPU the CPU draw times a CUDA scalar tensor
+                # failed ("Expected all tensors to be on the same device"), every batch
+                spread = max(float(p.float().std()), 1e-3) if p.numel() > 1 else 1.0
                 p.copy_((torch.randn(p.shape, generator=g) * spread).to(p.device, p.dtype))
         elif cheat == "int8_weights":  # fake-quantized per output row, as int8 inference does
             for module in model.modules():
