@@ -100,6 +100,14 @@ TORCH_THREADS = (
 )
 
 
+DEVICE = (
+    "Inference and validator: where the engine and the batch checker compute (auto: the "
+    "GPU when torch sees one, else the CPU). The dtype follows: bfloat16 on a GPU, float32 on "
+    "a CPU; under verify_profile strict-fp32, float32 everywhere. A validator on the CPU "
+    "judges a GPU worker's bf16 work in fp32 under gpu-bf16 (SPEC section 11.1)."
+)
+
+
 class CoreConfig(BaseSettings):
     """Every setting of a node but the DiLoCo group's (``NodeConfig`` adds those)."""
 
@@ -280,6 +288,7 @@ class CoreConfig(BaseSettings):
         32, ge=1, le=1024, description="Sequences the engine decodes together."
     )
     torch_threads: int = Field(0, ge=0, le=1024, description=TORCH_THREADS)
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description=DEVICE)
     stake: float = Field(
         2.0, gt=0, le=1e6, description="ETH an inference node stakes when it registers."
     )

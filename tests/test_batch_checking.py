@@ -2,6 +2,7 @@
 roles run in their child processes): honest batches pass; each cheat is caught, and why."""
 
 import dataclasses
+import re
 
 import pytest
 
@@ -44,7 +45,9 @@ def make(model_dir, cheat, step=3):
     maker = BatchMaker(MAKER)
     header = dict(run_id="test-run", sender=identity.peer_id, seq=1, ts_ms=1_700_000_000_000)
     call = MakeBatch(str(model_dir), WORKER, step, 0, header, cheat=cheat)
-    batch = RolloutBatch.decode(maker(call).encoded)
+    made = maker(call)
+    assert made.seconds > 0  # generating it: the status's generation_s adds these up
+    batch = RolloutBatch.decode(made.encoded)
     assert batch.worker == WORKER and batch.step == step and len(batch.groups) == 2
     return seal(identity, batch)
 
@@ -63,6 +66,8 @@ def test_honest_batches_pass_and_each_cheat_is_caught(tiny_model_dir, checker, c
     assert verdict.accepted is (cheat == "none"), verdict.detail
     assert verdict.reason == ("accepted" if cheat == "none" else "invalid")
     assert evidence in verdict.detail, verdict.detail
+    if cheat == "none":  # how close an accepted batch came to the bound, in its detail
+        assert re.search(r"sampling statistic \d+\.\d, bound \d+\.\d", verdict.detail)
     assert verdict.rollouts == 4  # the reward check comes after the proofs'
 
 

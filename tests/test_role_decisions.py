@@ -689,6 +689,7 @@ def test_the_status_sections_keep_their_keys():
         "address", "step", "policy_version", "version_used", "weights_held",
         "last_batch_step", "cheat", "idle_share", "generated", "submitted", "accepted",
         "rejected", "unjudged", "expired", "tokens", "errors", "stale", "tokens_per_s",
+        "generation_s",
     ]  # fmt: skip
     assert list(inference.as_dict()) == [*keys, "rejected_by_reason", "cheat_keys"]
     money = Stake(stake_wei=5, locked_wei=1, slashed=0, pending_wei=2, claimable_wei=3)
@@ -705,7 +706,7 @@ def test_the_status_sections_keep_their_keys():
     assert list(validator.as_dict()) == [
         "address", "step", "judged", "accepted", "rejected", "rejected_by_reason",
         "fetch_failures", "unposted", "removed_at", "not_ours", "judge_seconds",
-        "idle_share", "waiting", "given_up", "recent", "latency_s",
+        "idle_share", "waiting", "given_up", "recent", "latency_s", "by_worker",
     ]  # fmt: skip
     trainer = TrainerStatus(
         step=1, policy_version=1, train_steps=3, done=False, accepted=2, rejected=0,

@@ -29,7 +29,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -296,6 +296,57 @@ DEVNET_WORK = {
 }
 
 
+DEVICES = ("cpu", "cuda")
+
+
+def devices_env(
+    device: str, validator_devices: list[str], names: list[str]
+) -> tuple[dict[str, str], dict[str, dict[str, str]]]:
+    """The settings ``--device`` and ``--validator-devices`` give: those of every node, and
+    each validator's own (by name). Any GPU in the run makes it a ``gpu-bf16`` run (SPEC
+    section 11.1: workers in bf16, validators in bf16 or fp32); all on the CPU, it stays
+    ``strict-fp32``. A validator on the CPU in a GPU run gets torch's threads (one per
+    core): the others leave the cores to it."""
+    for d in (device, *validator_devices):
+        if d not in DEVICES:
+            raise ValueError(f"device {d!r}: one of {', '.join(DEVICES)}")
+    if len(validator_devices) != len(names):
+        raise ValueError(
+            f"--validator-devices names {len(validator_devices)} devices for {len(names)} "
+            "validators: one each"
+        )
+    gpu = "cuda" in (device, *validator_devices)
+    common = {"INTELLECT_NODE_DEVICE": device, "INTELLECT_NODE_TRAIN_DEVICE": device}
+    if gpu:
+        common["INTELLECT_NODE_VERIFY_PROFILE"] = "gpu-bf16"
+    own = {}
+    for name, d in zip(names, validator_devices, strict=True):
+        own[name] = {"INTELLECT_NODE_DEVICE": d}
+        if gpu and d == "cpu":
+            own[name]["INTELLECT_NODE_TORCH_THREADS"] = "0"
+    return common, own
+
+
+def check_devices(common: dict[str, str], own: dict[str, dict[str, str]]) -> None:
+    """A GPU asked for on a machine whose torch sees none fails before anything starts."""
+    wanted = [common["INTELLECT_NODE_DEVICE"]] + [e["INTELLECT_NODE_DEVICE"] for e in own.values()]
+    if "cuda" in wanted:
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ValueError("--device cuda: torch sees no CUDA device on this machine")
+
+
+def work_settings(
+    on_device: dict[str, str], environ: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """The run's work settings: ``DEVNET_WORK``, then what the devices ask for
+    (``devices_env``), then each of ``DEVNET_WORK``'s variables set in the environment
+    (``INTELLECT_NODE_TASKS_PER_BATCH=8 intellect-node devnet``: smaller batches)."""
+    env = os.environ if environ is None else environ
+    return {**DEVNET_WORK, **on_device, **{k: env[k] for k in DEVNET_WORK if k in env}}
+
+
 @contextmanager
 def live_work_table(
     quiet: bool = False,
@@ -474,10 +525,15 @@ def run_devnet(
     quiet: bool = False,
     trainers: int = 1,
     inner_steps: int = 2,
+    device: str = "cpu",
+    validator_devices: str | None = None,
+    model: Path | None = None,
 ) -> int:
     """Run the devnet; 0 when it finished (``steps`` reached and every node holds the
     final version, or Ctrl-C / ``duration``). ``trainers`` ≥ 2: a DiLoCo group of that
-    many trainers (``trainer`` leads, ``trainer-1`` … follow), ``inner_steps`` each."""
+    many trainers (``trainer`` leads, ``trainer-1`` … follow), ``inner_steps`` each.
+    ``device``, ``validator_devices`` (comma-separated, one per validator): where the
+    nodes compute (``devices_env``); ``model``: the base policy (default: the tiny one)."""
     if not 1 <= trainers <= 8:
         raise ValueError("--trainers must be between 1 and 8")
     if not 0 <= cheaters <= inference:
@@ -493,6 +549,14 @@ def run_devnet(
         )
     if inference < 1:
         raise ValueError("--inference must be at least 1")
+    vnames = ["validator"] if validators == 1 else [f"validator-{i}" for i in range(validators)]
+    listed = validator_devices.split(",") if validator_devices else [device] * validators
+    on_device, validator_env = devices_env(device, [d.strip() for d in listed], vnames)
+    check_devices(on_device, validator_env)
+    if model is not None:
+        from node.engine.modeldir import check_model_dir
+
+        model = check_model_dir(model).resolve()
     base_dir.mkdir(parents=True, exist_ok=True)
     fast = ["--heartbeat-interval", "2", "--peer-ttl", "10", "--discovery-interval", "1"]
     nodes: list[NodeProcess] = []
@@ -515,7 +579,7 @@ def run_devnet(
         trainer_id = load_or_create_identity(base_dir / "trainer").peer_id
         ledger_env = {
             **ledger_env,
-            **DEVNET_WORK,
+            **work_settings(on_device),
             "INTELLECT_NODE_TRAINER_PEER_ID": trainer_id,
             "INTELLECT_NODE_PASSWORD": DEVNET_PASSWORD,
             "INTELLECT_NODE_ASYNC_LEVEL": str(async_level),
@@ -524,7 +588,6 @@ def run_devnet(
         say(f"devnet: trainer (weights and steps trust root) {trainer_id}", flush=True)
         owner = make_account(base_dir / "trainer", chain_info["owner_key"])
         say(f"devnet: trainer account {owner} (the contract's owner)", flush=True)
-        vnames = ["validator"] if validators == 1 else [f"validator-{i}" for i in range(validators)]
         for name, key in zip(vnames, chain_info["validator_keys"], strict=False):
             address = make_account(base_dir / name, key)
             say(f"devnet: {name} account {address} (appointed by the chain)", flush=True)
@@ -534,7 +597,8 @@ def run_devnet(
             fund(base_dir / "chain", address, WORKER_FUNDS)
             how = f"cheats: {cheats}" if i >= inference - cheaters else "honest"
             say(f"devnet: {name} account {address}, funded {WORKER_FUNDS} ETH ({how})", flush=True)
-        model_env = {"INTELLECT_NODE_MODEL": str(prepare_model(base_dir / "model"))}
+        base = model or prepare_model(base_dir / "model")
+        model_env = {"INTELLECT_NODE_MODEL": str(base)}
         boot = spawn_node(
             "bootstrap",
             "bootstrap",
@@ -565,7 +629,7 @@ def run_devnet(
             say(f"devnet: {trainers} trainers in one DiLoCo group, H = {inner_steps}", flush=True)
         roles = (
             members
-            + [(name, "validator", {}) for name in vnames]
+            + [(name, "validator", validator_env[name]) for name in vnames]
             + [
                 (
                     name,

@@ -212,6 +212,29 @@ def build_parser() -> argparse.ArgumentParser:
         help="policy versions a worker may lag the trainer (0: synchronous, on-policy; default 2)",
     )
     devnet.add_argument(
+        "--device",
+        choices=["cpu", "cuda"],
+        default="cpu",
+        help="where the nodes compute (default cpu: everyone in fp32 under the strict-fp32 "
+        "profile); cuda: the workers generate with the CUDA-graph engine in bf16, the "
+        "validators recompute on the GPU in bf16 and the trainer trains there, under the "
+        "gpu-bf16 profile (SPEC section 11.1)",
+    )
+    devnet.add_argument(
+        "--validator-devices",
+        metavar="LIST",
+        help="one device per validator, comma-separated (default: --device for each): "
+        "--device cuda --validators 2 --validator-devices cuda,cpu has the second judge the "
+        "GPU workers on the CPU in fp32",
+    )
+    devnet.add_argument(
+        "--model",
+        type=Path,
+        metavar="DIR",
+        help="the base policy, a model directory (default: the tiny base policy, built once "
+        "per machine; `intellect-node model init --shape 1.1b` makes one of TinyLlama's shape)",
+    )
+    devnet.add_argument(
         "--report",
         type=Path,
         metavar="DIR",
@@ -236,6 +259,12 @@ def cmd_start(args: argparse.Namespace) -> int:
         from node.engine.modeldir import check_model_dir
 
         check_model_dir(cfg.model)  # a wrong path fails now, not when the role needs it
+    if (cfg.role in ("inference", "validator") and cfg.device == "cuda") or (
+        cfg.role == "trainer" and cfg.train_device == "cuda"
+    ):
+        from node.engine.models import pick_device
+
+        pick_device("cuda")  # so does a GPU asked for on a machine without one
     if cfg.data is not None and cfg.role == "trainer":
         from node.diloco.corpus import check_readable
 
@@ -429,6 +458,9 @@ def cmd_devnet(args: argparse.Namespace) -> int:
         report=args.report,
         trainers=args.trainers,
         inner_steps=args.diloco_inner_steps,
+        device=args.device,
+        validator_devices=args.validator_devices,
+        model=args.model,
     )
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from node.cli.flags import at_least
 from node.cli.progress import progress
-from node.engine.tinymodel import Recipe
+from node.engine.tinymodel import SHAPES, Recipe
 
 DEFAULT = Recipe()
 
@@ -57,8 +57,28 @@ def add_model_parsers(sub: Any) -> None:
         help="length of the one-cycle learning-rate schedule the SFT steps follow; the build "
         f"stops after --steps of it (default {DEFAULT.schedule}; 0: --steps, a full schedule)",
     )
-    init.add_argument("--hidden", type=int, default=128, help="hidden size (default 128)")
-    init.add_argument("--layers", type=int, default=4, help="decoder layers (default 4)")
+    init.add_argument(
+        "--shape",
+        choices=list(SHAPES),
+        default="tiny",
+        help="the model's shape: tiny (default: --hidden, --layers) or 1.1b, TinyLlama's (22 "
+        "layers, hidden 2048, MLP 5632, 32 heads, 4 KV heads; build it with --device cuda, "
+        "a few hundred --steps and a --lr near 3e-4)",
+    )
+    init.add_argument("--hidden", type=int, help="hidden size (default 128; --shape tiny)")
+    init.add_argument("--layers", type=int, help="decoder layers (default 4; --shape tiny)")
+    init.add_argument(
+        "--lr",
+        type=float,
+        default=DEFAULT.lr,
+        help=f"peak SFT learning rate (default {DEFAULT.lr})",
+    )
+    init.add_argument(
+        "--device",
+        choices=["cpu", "cuda"],
+        default="cpu",
+        help="where the SFT runs (default cpu; cuda: in bfloat16 autocast)",
+    )
     init.add_argument("--seed", type=int, default=0, help="the build's seed (default 0)")
     init.add_argument(
         "--cache-dir",
@@ -218,17 +238,25 @@ def cmd_init(args: argparse.Namespace) -> int:
     from node.engine.tinymodel import Recipe, build_tiny_model, default_cache_dir, evaluate
 
     task = args.task
+    shape = SHAPES[args.shape]
+    if shape and (args.hidden is not None or args.layers is not None):
+        raise SystemExit(f"model init: --shape {args.shape} sets the hidden size and layers")
+    sized = shape or {
+        "hidden": DEFAULT.hidden if args.hidden is None else args.hidden,
+        "layers": DEFAULT.layers if args.layers is None else args.layers,
+    }
     try:
+        if not args.lr > 0:
+            raise ValueError("--lr must be > 0")
         recipe = Recipe(
-            task=task,
-            steps=args.steps,
-            schedule=args.schedule,
-            hidden=args.hidden,
-            layers=args.layers,
-            seed=args.seed,
+            task=task, steps=args.steps, schedule=args.schedule, lr=args.lr, seed=args.seed, **sized
         )
     except ValueError as e:
         raise SystemExit(f"model init: {e}") from None
+    if args.device == "cuda":
+        from node.engine.models import pick_device
+
+        pick_device("cuda")  # one line, not a traceback, on a machine without one
     cache = None if args.no_cache else (args.cache_dir or default_cache_dir())
     started = time.monotonic()
     # the SFT steps: a bar on a terminal, else a log line every few seconds (on stderr
@@ -241,6 +269,7 @@ def cmd_init(args: argparse.Namespace) -> int:
             progress=lambda done, total, loss: bar.update(
                 done, total=total, info=f"loss {loss:.3f}"
             ),
+            device=args.device,
         )
     accuracy = evaluate(out, task)
     summary = {

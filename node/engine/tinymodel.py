@@ -69,6 +69,7 @@ class Recipe:
     heads: int = 4
     kv_heads: int = 2
     max_positions: int = 512
+    intermediate: int = 0  # the MLP's width (0: 3 x hidden)
     steps: int = 750  # SFT steps taken
     schedule: int = 1500  # the one-cycle learning-rate schedule's length (0: ``steps``)
     batch: int = 64
@@ -90,8 +91,31 @@ class Recipe:
     def schedule_steps(self) -> int:
         return self.schedule or self.steps
 
+    @property
+    def mlp(self) -> int:
+        return self.intermediate or 3 * self.hidden
+
     def digest(self) -> str:
-        return digest(json.dumps(asdict(self), sort_keys=True).encode()).hex()[:16]
+        fields = asdict(self)
+        if not fields["intermediate"]:  # the recipes from before the field keep their digest
+            del fields["intermediate"]
+        return digest(json.dumps(fields, sort_keys=True).encode()).hex()[:16]
+
+
+# Model shapes ``model init --shape`` builds besides the tiny default: TinyLlama-1.1B's
+# (22 layers, hidden 2048, MLP 5632, 32 heads of 64, 4 KV heads) with this tokenizer's
+# vocabulary, for runs whose GPU cost is a real model's (issue #32); its SFT wants a GPU.
+SHAPES: dict[str, dict[str, int]] = {
+    "tiny": {},
+    "1.1b": {
+        "hidden": 2048,
+        "layers": 22,
+        "heads": 32,
+        "kv_heads": 4,
+        "intermediate": 5632,
+        "max_positions": 2048,
+    },
+}
 
 
 # The test suite's base policy: a full 300-step schedule (the default before the
@@ -150,10 +174,13 @@ def build_tiny_model(
     *,
     cache_dir: str | Path | None = None,
     progress: Callable[[int, int, float], None] | None = None,
+    device: str = "cpu",
 ) -> tuple[Path, bool]:
     """Build (or reuse) the model; returns (its directory, whether it was built now).
     ``out_dir`` must be absent, an empty directory or a model built here (replaced by the
-    new one): anything else is refused (``FileExistsError``), never deleted."""
+    new one): anything else is refused (``FileExistsError``), never deleted. ``device``:
+    where the SFT runs (on a GPU in bfloat16 autocast, the weights fp32; the numbers
+    differ from a CPU build's, the recipe does not)."""
     check_replaceable(Path(out_dir))
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
@@ -178,7 +205,7 @@ def build_tiny_model(
         cfg = LlamaConfig(
             vocab_size=len(SPECIALS) + len(CHARS),
             hidden_size=r.hidden,
-            intermediate_size=3 * r.hidden,
+            intermediate_size=r.mlp,
             num_hidden_layers=r.layers,
             num_attention_heads=r.heads,
             num_key_value_heads=r.kv_heads,
@@ -188,9 +215,10 @@ def build_tiny_model(
             bos_token_id=2,
             tie_word_embeddings=True,
         )
-        model = LlamaForCausalLM(cfg)
+        with torch.device(device):  # made where it trains (a 1.1B init is slow on a CPU)
+            model = LlamaForCausalLM(cfg)
         _train(model, taskset, tokenizer, r, progress)
-        model.eval().save_pretrained(work, safe_serialization=True)
+        model.cpu().eval().save_pretrained(work, safe_serialization=True)
         (work / RECIPE_FILE).write_text(
             json.dumps({"recipe": asdict(r), "digest": r.digest()}, indent=2) + "\n"
         )
@@ -209,9 +237,11 @@ def _train(
 ) -> None:
     import torch
 
+    dev = next(model.parameters()).device
     opt = torch.optim.AdamW(model.parameters(), lr=r.lr, weight_decay=0.01)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=r.lr, total_steps=r.schedule_steps)
     model.train()
+    bf16 = torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda")
     for step in range(r.steps):
         batch = _examples(taskset, tokenizer, r.batch, key0=(r.seed << 32) + step * r.batch)
         width = max(len(ids) for ids, _ in batch)
@@ -222,7 +252,10 @@ def _train(
             ids[i, : len(seq)] = torch.tensor(seq)
             mask[i, : len(seq)] = 1
             labels[i, n_prompt : len(seq)] = torch.tensor(seq[n_prompt:])
-        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+        with bf16:
+            loss = model(
+                input_ids=ids.to(dev), attention_mask=mask.to(dev), labels=labels.to(dev)
+            ).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()

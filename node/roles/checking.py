@@ -44,6 +44,7 @@ class CheckerSpec:
     spot_check: float  # the share of rollouts recomputed (1: all)
     temperature: float = 1.0  # the run's sampling parameters: a batch must state these
     top_p: float = 1.0
+    device: str = "auto"  # where the checker recomputes (its dtype follows: engine_dtype)
 
     @classmethod
     def of(cls, cfg: NodeConfig) -> CheckerSpec:
@@ -53,6 +54,7 @@ class CheckerSpec:
             verify_profile=cfg.verify_profile,
             spot_check=cfg.spot_check,
             temperature=cfg.temperature,
+            device=cfg.device,
         )
 
 
@@ -80,10 +82,11 @@ class BatchChecker:
         """The model of ``version`` (loaded once; the newest ``keep`` versions stay loaded)."""
         from crypto.verdict import profile
         from node.engine.calibration import model_layers
-        from node.engine.models import load_model
+        from node.engine.models import engine_dtype, load_model
 
         if version not in self.models or self.models[version][0] != model_dir:
-            loaded = load_model(model_dir)
+            dtype = engine_dtype(self.spec.verify_profile)
+            loaded = load_model(model_dir, device=self.spec.device, dtype=dtype)
             config = profile(self.spec.verify_profile).for_layers(model_layers(loaded.model))
             self.models[version] = (model_dir, loaded.model, loaded.tokenizer, config)
             for old in sorted(self.models)[: -self.spec.keep]:
@@ -154,6 +157,7 @@ class BatchChecker:
             self.model, int(self.tokenizer.eos_token_id), batch, samples, self.config
         )
         spent = {"rollouts": len(samples), "seconds": time.perf_counter() - started}
-        if evidence.passed:
-            return Verdict.accept(evidence.reason, **spent)
+        if evidence.passed:  # how close it came: the pooled sampling statistic and its bound
+            pooled = f"sampling statistic {evidence.statistic:.1f}, bound {evidence.bound:.1f}"
+            return Verdict.accept(f"{evidence.reason}: {pooled}", **spent)
         return Verdict.reject("invalid", evidence.reason, **spent)

@@ -75,8 +75,15 @@ class WorkerCounts:
     submitted: int = 0
     tokens: int = 0
     seconds: float = 0.0
+    generation: float = 0.0  # of the seconds, the batch maker's generating (no loading)
     errors: int = 0
     stale: int = 0  # generated, then left unsubmitted: the window had moved past it
+
+    def made(self, tokens: int, seconds: float, generation: float) -> None:
+        self.generated += 1
+        self.tokens += tokens
+        self.seconds += seconds
+        self.generation += generation
 
 
 @dataclass
@@ -160,6 +167,7 @@ class InferenceRole:
             errors=c.errors,
             stale=c.stale,
             tokens_per_s=round(c.tokens / c.seconds, 1) if c.seconds else 0.0,
+            generation_s=round(c.generation, 3),
             stake=self.stake,
             rejected_by_reason=dict(self.pending.rejected_by_reason),
             cheat_keys=dict(self.cheats.by_key),
@@ -341,11 +349,9 @@ class InferenceRole:
         envelope = seal(self.node.identity, batch)
         notice = BatchNotice.of(batch, envelope)
         seconds = time.perf_counter() - started
-        self.counts.seconds += seconds
-        self.counts.generated += 1
+        self.counts.made(notice.units, seconds, made.seconds)
         if seconds > 0:
             self.node.metrics.observe("generation_tokens_per_second", notice.units / seconds)
-        self.counts.tokens += notice.units
         await self._send(Sealed(step, version, envelope, notice, cheat))
 
     async def _send(self, sealed: Sealed) -> None:

@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 LATENCY_WINDOW = 200  # verdicts the latency figures are over
+TALLY_WORKERS = 256  # workers whose verdicts a validator's /status counts (the latest)
 CURVE_POINTS = 500  # trainer steps the learning curve in /status keeps
 
 
@@ -46,6 +47,8 @@ class InferenceStatus:
     errors: int
     stale: int  # generated, then left unsubmitted: the window had moved past it
     tokens_per_s: float
+    # seconds the batch maker spent generating them (proofs and scores; no model loading)
+    generation_s: float = 0.0
     stake: Stake | None = None  # None until first read from the ledger
     rejected_by_reason: dict[str, int] = field(default_factory=dict)  # the ledger's reasons
     cheat_keys: dict[str, str] = field(default_factory=dict)  # tests: submitted key -> cheat
@@ -75,6 +78,8 @@ class ValidatorStatus:
     recent: list[dict[str, Any]] = field(default_factory=list)  # the last verdicts posted
     # seconds from seeing a submission on-chain to posting its verdict (VerdictLatency)
     latency_s: dict[str, float | int | None] = field(default_factory=dict)
+    # per worker address, its verdicts by reason (WorkerTally: the latest workers)
+    by_worker: dict[str, dict[str, int]] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -152,6 +157,26 @@ class VerdictLatency:
             "p95": round(p95, 3),
             "max": round(ordered[-1], 3),
         }
+
+
+class WorkerTally:
+    """A validator's verdicts per worker, by reason, for the last ``limit`` workers judged
+    (the one judged longest ago goes first): what each validator concluded of whose work,
+    where the chain records only the verdict that stands."""
+
+    def __init__(self, limit: int = TALLY_WORKERS) -> None:
+        self.limit = limit
+        self.counts: dict[str, dict[str, int]] = {}
+
+    def add(self, worker: str, reason: str) -> None:
+        counts = self.counts.pop(worker, {})  # re-inserted: now the latest
+        counts[reason] = counts.get(reason, 0) + 1
+        self.counts[worker] = counts
+        while len(self.counts) > self.limit:
+            del self.counts[next(iter(self.counts))]
+
+    def as_dict(self) -> dict[str, dict[str, int]]:
+        return {w: dict(c) for w, c in self.counts.items()}
 
 
 def curve_point(line: dict[str, Any]) -> dict[str, Any]:

@@ -283,7 +283,8 @@ class TrainerRole:
             "train_ranks": self.cfg.train_procs if stats.ranks is None else stats.ranks,
             "versions_used": sorted({self.book.submitted[k].policy_version for k in keys}),
             "used": [key_text(k) for k in keys],
-            "seconds": round(time.monotonic() - began, 3),
+            "seconds": round(time.monotonic() - began, 3),  # the step, its checkpoint saved
+            "train_seconds": stats.seconds,  # the GRPO step alone (None: no samples)
             "idle_share": self.status().idle_share,
             "time": time.time(),
         }

@@ -57,7 +57,7 @@ from node.roles.clock import StepClock, follow_steps
 from node.roles.exchange import WorkKeyMismatch, fetch_batch, follow_notices
 from node.roles.judging import JudgingQueue, VerdictPosts, refusal
 from node.roles.offload import Offload, OffloadError
-from node.roles.status import ValidatorStatus, VerdictLatency
+from node.roles.status import ValidatorStatus, VerdictLatency, WorkerTally
 from node.roles.work import ACCEPTED, Key, Verdict
 from protocol.batches import BatchNotice
 from protocol.errors import Reason, WireError
@@ -91,6 +91,7 @@ class ValidatorRole:
         self.latency = VerdictLatency()  # over the last verdicts, for /status
         self.verdicts: Counter[str] = Counter()  # accepted, invalid, mismatch, unavailable
         self.recent: deque[dict[str, Any]] = deque(maxlen=20)
+        self.tally = WorkerTally()  # verdicts per worker, in /status
         self.fetch_failures = 0
         self.judging: int | None = None  # the policy version of the batch being judged
         self.judge_seconds = 0.0
@@ -146,6 +147,7 @@ class ValidatorRole:
             given_up=self.queue.given_up,
             recent=list(self.recent),
             latency_s=self.latency.summary(),
+            by_worker=self.tally.as_dict(),
         )
 
     def needed_versions(self) -> set[int]:
@@ -352,6 +354,7 @@ class ValidatorRole:
                 return
         self.unposted.posted(key)
         self.verdicts[v.reason] += 1
+        self.tally.add(worker, v.reason)
         self.node.metrics.inc("verdicts", verdict=v.reason)
         latency = None
         if (seen := self.seen_at.pop(key, None)) is not None:

@@ -15,6 +15,7 @@ role's own cheats (which weights, units, keys, serving) reach here as ``none``.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -33,6 +34,7 @@ class MakerSpec:
     temperature: float
     engine_batch: int  # sequences the engine generates at once
     verify_profile: str = "gpu-bf16"  # the run's: tells a test cheat that no check can see
+    device: str = "auto"  # where the engine computes (its dtype follows: engine_dtype)
 
     @classmethod
     def of(cls, cfg: NodeConfig) -> MakerSpec:
@@ -44,6 +46,7 @@ class MakerSpec:
             temperature=cfg.temperature,
             engine_batch=cfg.engine_batch,
             verify_profile=cfg.verify_profile,
+            device=cfg.device,
         )
 
 
@@ -67,6 +70,7 @@ class MadeBatch:
     # within the noise, or nowhere), so this is the honest batch, and the worker makes the
     # cheat again on its next batch
     unchanged: bool = False
+    seconds: float = 0.0  # generating, proving and scoring it (loading the engine excluded)
 
 
 class BatchMaker:
@@ -87,12 +91,17 @@ class BatchMaker:
         """(engine, tokenizer) of the policy in ``model_dir`` (switched between batches),
         with the weights ``cheat`` uses; the newest two stay loaded."""
         from node.engine import open_engine
+        from node.engine.models import engine_dtype
         from node.rollouts.cheats import WEIGHT_CHEATS, alter_weights
 
         weights = cheat if cheat in WEIGHT_CHEATS else "none"
         if (model_dir, weights) not in self.engines:
             engine, tokenizer = open_engine(
-                model_dir, backend="torch", max_batch=self.spec.engine_batch
+                model_dir,
+                backend="torch",
+                max_batch=self.spec.engine_batch,
+                device=self.spec.device,
+                dtype=engine_dtype(self.spec.verify_profile),
             )
             if weights != "none":
                 alter_weights(weights, engine.model)
@@ -128,6 +137,7 @@ class BatchMaker:
                 tasks=tasks,
             )
 
+        started = time.perf_counter()
         groups = generate(cheats.sampled_with(cheat, self.params))
         if (worker, step) != (call.worker, call.step):
             cheats.reseed(groups, call.worker, call.step)
@@ -154,8 +164,9 @@ class BatchMaker:
 
         batch = batch_of(groups)
         if cheat == "greedy" and self._undetectable(batch, engine, tokenizer):
-            return MadeBatch(batch_of(generate(self.params)).encode(), unchanged=True)
-        return MadeBatch(batch.encode())
+            honest = batch_of(generate(self.params)).encode()
+            return MadeBatch(honest, unchanged=True, seconds=time.perf_counter() - started)
+        return MadeBatch(batch.encode(), seconds=time.perf_counter() - started)
 
     def _undetectable(self, batch: Any, engine: Any, tokenizer: Any) -> bool:
         """Whether the run's verification accepts ``batch``, checked as a validator would

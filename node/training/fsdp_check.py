@@ -60,7 +60,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--atol", type=float, default=1e-5)
     a = ap.parse_args(argv)
     torch.set_num_threads(1)
-    cfg = GRPOConfig(lr=a.lr, micro_batch=a.micro_batch)
+    # fp32 on a GPU too: the check is that sharding changes nothing, to the last bit
+    cfg = GRPOConfig(lr=a.lr, micro_batch=a.micro_batch, bf16_on_gpu=False)
     sharded = Policy(a.model, cfg, device=a.device, distributed=True)
     rank = sharded.ranks.rank
     # the samples (and their log-probs) come from an unsharded copy, identical on every

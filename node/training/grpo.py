@@ -67,6 +67,9 @@ class GRPOConfig:
     adam_eps: float = 1e-8  # AdamW epsilon
     adv_eps: float = 1e-4  # added to the group's std when normalizing advantages
     micro_batch: int = 32  # sequences per forward pass (gradients accumulate across them)
+    # on a GPU the forward and backward run in bfloat16 under autocast (log-softmax in fp32:
+    # autocast's rule), the weights and AdamW's state stay fp32; the CPU is fp32 throughout
+    bf16_on_gpu: bool = True
 
     def __post_init__(self) -> None:
         if self.lr <= 0:

@@ -5,12 +5,13 @@ rollout batches, or ``samples_from_groups`` in the centralized baseline). Where 
 weights go next: ``Policy.save`` writes a complete model directory (what the trainer
 publishes over SHARDCAST and what ``node.engine.open_engine`` loads).
 
-One ``train_step`` is one optimizer step on all the samples given: the new log-probs are
-``log_softmax(logits / temperature)`` at the sampled tokens (the engine's convention,
-``node.engine.base``), so the importance ratio compares like with like; the samples are
-cut into micro-batches of ``cfg.micro_batch`` sequences whose gradients accumulate, with
-the token-level loss normalized by the whole step's token count; then the gradient norm
-is clipped and AdamW steps.
+One ``train_step`` is one optimizer step on all the samples given (on a GPU the forward
+and backward in bfloat16 under autocast, the weights and AdamW's state in fp32): the new
+log-probs are ``log_softmax(logits / temperature)`` at the sampled tokens (the engine's
+convention, ``node.engine.base``), so the importance ratio compares like with like; the
+samples are cut into micro-batches of ``cfg.micro_batch`` sequences whose gradients
+accumulate, with the token-level loss normalized by the whole step's token count; then the
+gradient norm is clipped and AdamW steps.
 
 Beyond one process: under ``torchrun`` (``WORLD_SIZE > 1``) or with ``distributed=True``
 the process group is initialized (NCCL on CUDA, gloo on CPU), every decoder layer and the
@@ -184,7 +185,8 @@ class Policy:
             old[row, :m] = torch.tensor(s.logprobs, dtype=torch.float32)
             mask[row, :m] = 1
         dev = self.device
-        logits = self.model(input_ids=ids.to(dev), attention_mask=attn.to(dev)).logits  # [B, W, V]
+        with self._precision():
+            logits = self.model(input_ids=ids.to(dev), attention_mask=attn.to(dev)).logits
         logits = logits.gather(1, pos.to(dev)[:, :, None].expand(-1, -1, logits.shape[-1]))
         logits = logits.float()
         if temperature > 0:
@@ -197,7 +199,17 @@ class Policy:
         """A forward and backward contributing zero gradient (a rank with no samples left
         still joins the micro-batch's collectives)."""
         ids = torch.zeros((1, 1), dtype=torch.long, device=self.device)
-        (self.model(input_ids=ids).logits.sum() * 0.0).backward()
+        with self._precision():
+            logits = self.model(input_ids=ids).logits
+        (logits.float().sum() * 0.0).backward()
+
+    @property
+    def bf16(self) -> bool:
+        """Whether the forward runs in bfloat16 autocast: on a GPU (``cfg.bf16_on_gpu``)."""
+        return self.device.type == "cuda" and self.cfg.bf16_on_gpu
+
+    def _precision(self) -> torch.autocast:
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16)
 
     def mean_over_ranks(self, value: float) -> float:
         """``value``'s mean over the ranks (itself in one process): a collective."""
