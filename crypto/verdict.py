@@ -39,6 +39,7 @@ from crypto.sampling import (
     SamplingCheck,
     SamplingResult,
     check_sampling,
+    check_sampling_many,
     check_termination,
     honest_bound,
 )
@@ -199,6 +200,24 @@ def _toploc(
     )
 
 
+def _sampling(
+    claims: list[RolloutClaim], logits: list[torch.Tensor], cfg: VerifyConfig
+) -> list[SamplingResult]:
+    """Every claim's sampling evidence, the claims sampled alike judged together
+    (``check_sampling_many``)."""
+    out: dict[int, SamplingResult] = {}
+    alike: dict[tuple[float, float], list[int]] = {}
+    for i, c in enumerate(claims):
+        alike.setdefault((c.temperature, c.top_p), []).append(i)
+    for (temperature, top_p), members in alike.items():
+        rows = [(logits[i], claims[i].tokens, claims[i].seed) for i in members]
+        results = check_sampling_many(
+            rows, temperature=temperature, top_p=top_p, check=cfg.sampling
+        )
+        out.update(zip(members, results, strict=True))
+    return [out[i] for i in range(len(claims))]
+
+
 def _judge(
     claim: RolloutClaim,
     toploc: list[ProofResult],
@@ -207,15 +226,17 @@ def _judge(
     eos_token_id: int,
     cfg: VerifyConfig,
     rollouts: int,
+    sampling: SamplingResult | None = None,
 ) -> RolloutVerdict:
-    sampling = check_sampling(
-        logits,
-        torch.tensor(claim.tokens, device=logits.device),
-        claim.seed,
-        temperature=claim.temperature,
-        top_p=claim.top_p,
-        check=cfg.sampling,
-    )
+    if sampling is None:
+        sampling = check_sampling(
+            logits,
+            torch.tensor(claim.tokens, device=logits.device),
+            claim.seed,
+            temperature=claim.temperature,
+            top_p=claim.top_p,
+            check=cfg.sampling,
+        )
     termination = check_termination(
         finish_reason=claim.finish_reason,
         num_tokens=len(claim.tokens),
@@ -268,9 +289,10 @@ def check_batch(
     for c, (_, logits) in zip(claims, recomputed, strict=True):
         _check_shape(c, logits)
     toploc = _toploc(claims, [acts for acts, _ in recomputed], cfg)
+    sampled = _sampling(claims, [logits for _, logits in recomputed], cfg)
     verdicts = [
-        _judge(c, t, logits, eos_token_id=eos_token_id, cfg=cfg, rollouts=len(claims))
-        for c, t, (_, logits) in zip(claims, toploc, recomputed, strict=True)
+        _judge(c, t, logits, eos_token_id=eos_token_id, cfg=cfg, rollouts=len(claims), sampling=s)
+        for c, t, (_, logits), s in zip(claims, toploc, recomputed, sampled, strict=True)
     ]
     statistic = sum(v.sampling.excess for v in verdicts)
     bound = honest_bound(

@@ -195,3 +195,73 @@ def test_an_honest_unlikely_eos_ending_is_plausible_in_its_batch():
     assert not check_termination(
         **common, eos_token_id=eos, eos_logits=logits, temperature=1.0, rollouts=16
     )
+
+
+def _rows(rng, g, vocab, temperature):
+    """Sequences sampled (mostly) honestly, some tokens replaced, now and then one out of
+    the vocabulary: every kind of evidence the check gives."""
+    rows = []
+    for _ in range(rng.randint(1, 6)):
+        n = rng.randint(1, 12)
+        logits = torch.randn(n, vocab, generator=g) * rng.choice([1.0, 5.0])
+        if rng.random() < 0.5:
+            logits = logits.to(torch.bfloat16)
+        seed = rng.randrange(1 << 62)
+        scores = logits.double()
+        if temperature > 0:
+            scores = scores / temperature + gumbel_noise_rows([seed] * n, list(range(n)), vocab)
+        tokens = scores.argmax(-1).tolist()
+        for j in range(n):
+            if rng.random() < 0.15:
+                tokens[j] = rng.randrange(vocab)
+        if rng.random() < 0.1:
+            tokens[0] = vocab + 3
+        rows.append((logits, tokens, seed))
+    return rows
+
+
+@pytest.mark.parametrize("chunk", [1 << 16, 400])
+def test_sequences_judged_together_get_what_each_gets_alone(monkeypatch, chunk):
+    """A batch's rollouts are judged in chunks of many positions (one set of operations
+    per chunk: on a GPU one per rollout was most of a validator's time); each result must
+    be exactly the one the rollout gets on its own, chunks split anywhere."""
+    import random
+
+    from crypto import sampling
+
+    monkeypatch.setitem(sampling.SAMPLING_CHUNK, "cpu", chunk)
+    rng, g = random.Random(7), torch.Generator().manual_seed(7)
+    judged = 0
+    for _ in range(40):
+        vocab = rng.choice([7, 50, 300])
+        temperature, top_p = rng.choice([0.0, 0.7, 1.0]), rng.choice([1.0, 0.9, 0.5])
+        check = SamplingCheck(layers=rng.choice([1, 4]))
+        rows = _rows(rng, g, vocab, temperature)
+        together = sampling.check_sampling_many(
+            rows, temperature=temperature, top_p=top_p, check=check
+        )
+        assert len(together) == len(rows)
+        for (logits, tokens, seed), got in zip(rows, together, strict=True):
+            alone = check_sampling(
+                logits,
+                torch.tensor(tokens),
+                seed,
+                temperature=temperature,
+                top_p=top_p,
+                check=check,
+            )
+            assert got == alone
+            judged += 1
+    assert judged > 100
+
+
+def test_sequences_of_other_vocabularies_are_judged_apart():
+    import random
+
+    from crypto.sampling import check_sampling_many
+
+    rng, g = random.Random(3), torch.Generator().manual_seed(3)
+    rows = _rows(rng, g, 50, 1.0) + _rows(rng, g, 300, 1.0) + _rows(rng, g, 50, 1.0)
+    together = check_sampling_many(rows, temperature=1.0)
+    for (logits, tokens, seed), got in zip(rows, together, strict=True):
+        assert got == check_sampling(logits, torch.tensor(tokens), seed, temperature=1.0)
