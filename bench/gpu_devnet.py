@@ -25,7 +25,8 @@ Per role (the honest workers together; each validator apart):
   on a GPU, where the model's forward dominates);
 - trainer: seconds per step (its checkpoint saved) and of the GRPO step alone;
 - verdicts: per validator, the honest workers' batches accepted of those it judged, and
-  the cheaters' batches rejected of those it judged (``by_worker`` in its status), and the
+  the cheaters' batches rejected as ``invalid`` or ``mismatch`` of those it judged
+  (``by_worker`` in its status; ``unavailable`` is no cheat caught), and the
   batches submitted (a batch of the last step may be unjudged when the run stops).
 
 ``--probe SHAPE``: no network, one batch of a random-init model of that shape (64 rollouts
@@ -65,6 +66,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 ACCEPTED = "accepted"
+CAUGHT = ("invalid", "mismatch")  # a cheat caught: not "unavailable" (nobody served it)
 RUN_FILE = "bench-run.json"  # the run's devices, machine and exit, beside the report
 
 
@@ -121,6 +123,7 @@ def summarize(report: Path) -> dict[str, Any]:
         tally: dict[str, dict[str, int]] = v.get("by_worker") or {}
         judged = {a.lower(): sum(c.values()) for a, c in tally.items()}
         accepted = {a.lower(): c.get(ACCEPTED, 0) for a, c in tally.items()}
+        caught = {a.lower(): sum(c.get(r, 0) for r in CAUGHT) for a, c in tally.items()}
         batch_s = v["judge_seconds"] / v["judged"] if v.get("judged") else None
         out["validators"][name] = {
             "device": devices.get(name),
@@ -129,7 +132,7 @@ def summarize(report: Path) -> dict[str, Any]:
             "judged": v.get("judged", 0),
             "honest_accepted": sum(accepted.get(a, 0) for a in honest_addrs),
             "honest_judged": sum(judged.get(a, 0) for a in honest_addrs),
-            "cheats_rejected": sum(judged.get(a, 0) - accepted.get(a, 0) for a in cheat_addrs),
+            "cheats_rejected": sum(caught.get(a, 0) for a in cheat_addrs),
             "cheats_judged": sum(judged.get(a, 0) for a in cheat_addrs),
             "rejected_by_reason": v.get("rejected_by_reason", {}),
         }

@@ -94,6 +94,8 @@ df -h "$WORK" | tail -n 1 | tee -a "$LOG"
 if command -v nvidia-smi >/dev/null; then
     nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv -l 5 \
         >"$OUT/gpu.csv" 2>/dev/null &
+    smi=$!
+    trap 'kill "$smi" 2>/dev/null' EXIT
 fi
 # the tiny base policy travels with the tree (.devcache/): the devnet copies it, no SFT here
 export INTELLECT_NODE_CACHE="$PWD/.devcache"
@@ -126,6 +128,10 @@ du -sh "$WORK/big-model" 2>&1 | tee -a "$LOG"
 
 big=$(($(left) - 70))  # its nodes' start and stop, and the tarball, within the budget
 [ "$big" -gt "${BIG_DURATION:-270}" ] && big=${BIG_DURATION:-270}
+if [ "$big" -lt 90 ] || [ ! -f "$WORK/big-model/config.json" ]; then
+    say "no run 2: $big s left for it, or no model built"
+    exit 0
+fi
 say "run 2: that model, $BIG_STEPS steps, 8 tasks x 8 samples a batch, at most $big s"
 INTELLECT_NODE_TASKSET="$BIG_TASKS" INTELLECT_NODE_TASKS_PER_BATCH=8 INTELLECT_NODE_GROUP_SIZE=8 \
     INTELLECT_NODE_EVAL_EVERY=0 \

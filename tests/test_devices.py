@@ -46,8 +46,10 @@ def test_a_cpu_devnet_stays_strict_fp32():
     assert work_settings(common, environ={})["INTELLECT_NODE_VERIFY_PROFILE"] == "strict-fp32"
     assert own == {"validator": {"INTELLECT_NODE_DEVICE": "cpu"}}
     # one GPU validator makes it a gpu-bf16 run: a CPU worker's fp32 is within that profile
-    common, _ = devices_env("cpu", ["cuda"], ["validator"])
+    common, own = devices_env("cpu", ["cuda", "cpu"], ["validator-0", "validator-1"])
     assert work_settings(common, environ={})["INTELLECT_NODE_VERIFY_PROFILE"] == "gpu-bf16"
+    # the CPU validator shares the cores with CPU workers and trainer: one thread, as they
+    assert own["validator-1"] == {"INTELLECT_NODE_DEVICE": "cpu"}
 
 
 def test_the_devnets_work_settings_yield_to_the_environment():
@@ -88,7 +90,8 @@ def test_a_gpu_asked_for_on_a_machine_without_one_is_refused_before_anything_sta
     )
     assert run.returncode == 1, run.stderr
     assert run.stderr.strip().splitlines() == [
-        "intellect-node: error: --device cuda: torch sees no CUDA device on this machine"
+        "intellect-node: error: a GPU asked for (--device or --validator-devices cuda): torch "
+        "sees no CUDA device on this machine"
     ]
     assert not base.exists()  # no chain, no accounts, no model
 
@@ -257,7 +260,7 @@ def test_the_gpu_devnet_bench_sums_each_role_and_each_validators_verdicts(tmp_pa
             "validator": {
                 "judged": 6,
                 "judge_seconds": 0.3,
-                "by_worker": {"0xaa": {"accepted": 4}, "0xbb": {"invalid": 2}},
+                "by_worker": {"0xaa": {"accepted": 4}, "0xbb": {"invalid": 1, "unavailable": 1}},
             }
         },
         "validator-1": {
@@ -287,7 +290,7 @@ def test_the_gpu_devnet_bench_sums_each_role_and_each_validators_verdicts(tmp_pa
     v0, v1 = got["validators"]["validator-0"], got["validators"]["validator-1"]
     assert (v0["device"], v0["batch_s"], v0["ratio"]) == ("cuda", 0.05, 0.1)
     assert (v0["honest_accepted"], v0["honest_judged"]) == (4, 4)
-    assert (v0["cheats_rejected"], v0["cheats_judged"]) == (2, 2)
+    assert (v0["cheats_rejected"], v0["cheats_judged"]) == (1, 2)  # unserved is no catch
     assert (v1["device"], v1["batch_s"], v1["ratio"]) == ("cpu", 1.0, 2.0)
     assert (v1["honest_accepted"], v1["cheats_rejected"], v1["cheats_judged"]) == (3, 1, 2)
 
@@ -304,3 +307,35 @@ def test_a_workers_status_adds_up_the_seconds_its_batch_maker_spent_generating()
         6.0,
         2.25,
     )
+
+
+@pytest.mark.parametrize(("profile", "dtype"), [("strict-fp32", "float32"), ("gpu-bf16", "auto")])
+def test_the_profile_picks_the_dtype_the_maker_and_the_checker_load_with(
+    monkeypatch, tiny_model_dir, profile, dtype
+):
+    from node import engine
+    from node.engine import models
+    from node.roles.checking import BatchChecker, CheckerSpec
+    from node.rollouts.maker import BatchMaker, MakerSpec
+
+    asked = []
+    real_load, real_open = models.load_model, engine.open_engine
+
+    def load(path, **kw):
+        asked.append(("load_model", kw["dtype"]))
+        return real_load(path, **kw)
+
+    def open_(path, **kw):
+        asked.append(("open_engine", kw["dtype"]))
+        return real_open(path, **kw)
+
+    monkeypatch.setattr(models, "load_model", load)
+    monkeypatch.setattr(engine, "open_engine", open_)
+    spec = CheckerSpec(keep=2, taskset="arithmetic", verify_profile=profile, spot_check=1.0)
+    BatchChecker(spec)._use(str(tiny_model_dir), 0)
+    BatchMaker(MakerSpec("arithmetic", 1, 2, 4, 1.0, 4, verify_profile=profile))._engine(
+        str(tiny_model_dir), "none"
+    )
+    # the checker loads; the maker opens an engine (which loads with what it was given)
+    assert asked[0] == ("load_model", dtype) and ("open_engine", dtype) in asked
+    assert {d for _, d in asked} == {dtype}

@@ -228,8 +228,11 @@ def test_the_trainer_steps_in_bf16_autocast_on_the_gpu(tiny_model_dir):
 
     policy = Policy(tiny_model_dir, GRPOConfig(lr=1e-3), device="cuda")
     assert policy.bf16
+    seen = []  # the LM head's output dtype in the step's forwards: bf16 under autocast
+    policy.model.lm_head.register_forward_hook(lambda _m, _i, out: seen.append(out.dtype))
     before = [p.detach().clone() for p in policy.model.parameters()]
     stats = policy.train_step(fixed_samples(policy), 1.0)
+    assert seen and set(seen) == {torch.bfloat16}
     assert stats["grad_norm"] > 0
     after = list(policy.model.parameters())
     assert all(p.dtype == torch.float32 for p in after)  # fp32 master weights

@@ -305,8 +305,8 @@ def devices_env(
     """The settings ``--device`` and ``--validator-devices`` give: those of every node, and
     each validator's own (by name). Any GPU in the run makes it a ``gpu-bf16`` run (SPEC
     section 11.1: workers in bf16, validators in bf16 or fp32); all on the CPU, it stays
-    ``strict-fp32``. A validator on the CPU in a GPU run gets torch's threads (one per
-    core): the others leave the cores to it."""
+    ``strict-fp32``. A validator on the CPU beside nodes on the GPU (``device`` cuda) gets
+    torch's threads (one per core): the others leave the cores to it."""
     for d in (device, *validator_devices):
         if d not in DEVICES:
             raise ValueError(f"device {d!r}: one of {', '.join(DEVICES)}")
@@ -322,7 +322,7 @@ def devices_env(
     own = {}
     for name, d in zip(names, validator_devices, strict=True):
         own[name] = {"INTELLECT_NODE_DEVICE": d}
-        if gpu and d == "cpu":
+        if device == "cuda" and d == "cpu":
             own[name]["INTELLECT_NODE_TORCH_THREADS"] = "0"
     return common, own
 
@@ -334,7 +334,10 @@ def check_devices(common: dict[str, str], own: dict[str, dict[str, str]]) -> Non
         import torch
 
         if not torch.cuda.is_available():
-            raise ValueError("--device cuda: torch sees no CUDA device on this machine")
+            raise ValueError(
+                "a GPU asked for (--device or --validator-devices cuda): torch sees no CUDA "
+                "device on this machine"
+            )
 
 
 def work_settings(

@@ -180,7 +180,8 @@ def build_tiny_model(
     ``out_dir`` must be absent, an empty directory or a model built here (replaced by the
     new one): anything else is refused (``FileExistsError``), never deleted. ``device``:
     where the SFT runs (on a GPU in bfloat16 autocast, the weights fp32; the numbers
-    differ from a CPU build's, the recipe does not)."""
+    differ from a CPU build's, the recipe does not, so a GPU build neither reads nor fills
+    the cache, which holds the CPU's)."""
     check_replaceable(Path(out_dir))
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
@@ -192,7 +193,8 @@ def build_tiny_model(
     out = Path(out_dir)
     if is_built(out, r):
         return out, False
-    cached = cache_path(cache_dir, r) if cache_dir else None
+    # a GPU's build is other numbers under the same recipe: only CPU builds are cached
+    cached = cache_path(cache_dir, r) if cache_dir and device == "cpu" else None
     if cached is not None and is_built(cached, r):
         _copy(cached, out)
         return out, False
