@@ -104,3 +104,62 @@ def test_a_devnet_killed_outright_takes_its_nodes_with_it(tmp_path, tied):
                 os.kill(node, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+@pytest.fixture
+def silent_chain():
+    """A JSON-RPC endpoint that accepts connections and never answers (a node's chain
+    calls wait 30 s each on it)."""
+    import socket
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(16)
+    try:
+        yield f"http://127.0.0.1:{server.getsockname()[1]}"
+    finally:
+        server.close()
+
+
+def test_ctrl_c_reaches_a_node_still_starting_and_a_second_one_forces_it(
+    tmp_path, silent_chain, tiny_model_dir
+):
+    """A validator whose role is starting (its chain silent: a call waits 30 s) hears the
+    first Ctrl-C at once, and a second ends it at once: before, both waited until the role
+    was up, so start-up could not be interrupted at all."""
+    from node.cli.devnet import DEVNET_PASSWORD, make_account
+    from node.keystore import load_or_create_identity
+
+    data = tmp_path / "validator"
+    make_account(data)
+    trainer = load_or_create_identity(tmp_path / "trainer").peer_id
+    env = dict(
+        os.environ,
+        PYTHONUNBUFFERED="1",
+        INTELLECT_NODE_CHAIN=silent_chain,
+        INTELLECT_NODE_CONTRACT="0x" + "11" * 20,
+        INTELLECT_NODE_PASSWORD=DEVNET_PASSWORD,
+        INTELLECT_NODE_MODEL=str(tiny_model_dir),
+        INTELLECT_NODE_TRAINER_PEER_ID=trainer,
+        INTELLECT_NODE_CHAIN_ID="1337",
+    )
+    cmd = [sys.executable, "-m", "node.cli", "start", "--role", "validator"]
+    cmd += ["--data-dir", str(data), "--listen", "/ip4/127.0.0.1/tcp/0"]
+    proc = subprocess.Popen(
+        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    try:
+        wait_until(lambda: (data / "admin.json").exists(), 120, "the node's admin endpoint")
+        time.sleep(1)  # the role is starting: its first chain call waits on the silent chain
+        assert proc.poll() is None
+        proc.send_signal(signal.SIGINT)
+        time.sleep(2)
+        assert proc.poll() is None  # the start-up's chain call is in a thread: it waits...
+        proc.send_signal(signal.SIGINT)  # ...unless told again
+        out, _ = proc.communicate(timeout=15)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 130, out
+    assert "stopping: announcing departure" in out and "forced: exiting now" in out, out

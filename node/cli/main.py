@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -319,51 +320,78 @@ def cmd_start(args: argparse.Namespace) -> int:
             nursery.cancel_scope.cancel()
 
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-            async with trio.open_nursery() as nursery:
-                await nursery.start(run_node)
-                weights = await nursery.start(WeightService(node, cfg).serve)
-                admin = AdminServer(
-                    node,
-                    data_dir,
-                    cfg.admin_port,
-                    routes=weights.admin_routes(),
-                    pages=dashboard_routes(cfg, node.status),  # the page at /
-                )
-                port = await nursery.start(admin.serve)
-                role = (
-                    None
-                    if cfg.network_only
-                    else role_service(cfg.role, diloco=cfg.diloco, objective=cfg.objective)
-                )
-                if role is not None:
-                    try:
-                        await nursery.start(supervised, role, node, weights)
-                    except (ChainSetupError, ModelError, RuntimeError, ValueError, OSError) as exc:
-                        print(f"intellect-node: error: {cfg.role} role: {exc}", file=sys.stderr)
-                        failed.append(exc)
-                        node.request_stop()
-                        return
-                print(f"intellect-node {cfg.role} up", flush=True)
-                print(f"  peer id : {node.peer_id}")
-                for a in node.addrs:
-                    print(f"  address : {a}/p2p/{node.peer_id}")
-                print(f"  admin   : http://127.0.0.1:{port}/status (metrics at /metrics)")
-                print(f"  page    : http://127.0.0.1:{port}/ (intellect-node dashboard)")
-                note = cfg.role
-                if cfg.role == "trainer" and cfg.diloco:
-                    note = "pretrain" if cfg.objective == "pretrain" else "diloco"
-                print(f"  role    : {ROLE_NOTES[note]}", flush=True)
-                async for _sig in signals:
-                    print(
-                        "stopping: announcing departure to peers (Ctrl-C again to force)",
-                        flush=True,
-                    )
-                    node.request_stop()
-                    break
+            # signals are heard from the first moment (a role's start-up, a model loading or a
+            # chain answering, may take minutes: Ctrl-C must stop it, a second one at once),
+            # outside the node's nursery, which its stop cancels
+            async with trio.open_nursery() as watching:
+                watching.start_soon(on_signals, signals, node)
+                try:
+                    async with trio.open_nursery() as nursery:
+                        await nursery.start(run_node)
+                        weights = await nursery.start(WeightService(node, cfg).serve)
+                        admin = AdminServer(
+                            node,
+                            data_dir,
+                            cfg.admin_port,
+                            routes=weights.admin_routes(),
+                            pages=dashboard_routes(cfg, node.status),  # the page at /
+                        )
+                        port = await nursery.start(admin.serve)
+                        role = (
+                            None
+                            if cfg.network_only
+                            else role_service(cfg.role, diloco=cfg.diloco, objective=cfg.objective)
+                        )
+                        if role is not None:
+                            try:
+                                await nursery.start(supervised, role, node, weights)
+                            except (
+                                ChainSetupError,
+                                ModelError,
+                                RuntimeError,
+                                ValueError,
+                                OSError,
+                            ) as exc:
+                                print(
+                                    f"intellect-node: error: {cfg.role} role: {exc}",
+                                    file=sys.stderr,
+                                )
+                                failed.append(exc)
+                                node.request_stop()
+                                return
+                        print(f"intellect-node {cfg.role} up", flush=True)
+                        print(f"  peer id : {node.peer_id}")
+                        for a in node.addrs:
+                            print(f"  address : {a}/p2p/{node.peer_id}")
+                        print(f"  admin   : http://127.0.0.1:{port}/status (metrics at /metrics)")
+                        print(f"  page    : http://127.0.0.1:{port}/ (intellect-node dashboard)")
+                        note = cfg.role
+                        if cfg.role == "trainer" and cfg.diloco:
+                            note = "pretrain" if cfg.objective == "pretrain" else "diloco"
+                        print(f"  role    : {ROLE_NOTES[note]}", flush=True)
+                finally:
+                    watching.cancel_scope.cancel()
 
     failed: list[BaseException] = []
     trio.run(main)
     return 1 if failed else 0
+
+
+async def on_signals(signals: Any, node: Any) -> None:
+    """SIGINT or SIGTERM: the node stops, announcing its departure (its role's start-up,
+    if it is still starting, is cancelled); a second one: the process exits at once (130),
+    whatever it was waiting for (a thread blocked on a silent chain, a slow departure). Its
+    files are written atomically, and its child processes end with it (node/orphans.py)."""
+    stopping = False
+    async for _sig in signals:
+        if not stopping:
+            stopping = True
+            print("stopping: announcing departure to peers (Ctrl-C again to force)", flush=True)
+            node.request_stop()
+            continue
+        print("forced: exiting now, without waiting", flush=True)
+        sys.stderr.flush()
+        os._exit(130)
 
 
 class _Started:
