@@ -381,7 +381,10 @@ async def on_signals(signals: Any, node: Any) -> None:
     """SIGINT or SIGTERM: the node stops, announcing its departure (its role's start-up,
     if it is still starting, is cancelled); a second one: the process exits at once (130),
     whatever it was waiting for (a thread blocked on a silent chain, a slow departure). Its
-    files are written atomically, and its child processes end with it (node/orphans.py)."""
+    files are written atomically, and its child processes end with it (node/orphans.py).
+    A second SIGINT sent while the node shuts its network down was at times never
+    delivered to this process's handler (a third was, and a SIGTERM always: cause not
+    found)."""
     stopping = False
     async for _sig in signals:
         if not stopping:
