@@ -38,7 +38,6 @@ import torch
 from crypto.sampling import (
     SamplingCheck,
     SamplingResult,
-    check_sampling,
     check_sampling_many,
     check_termination,
     honest_bound,
@@ -179,7 +178,10 @@ def check_rollout(
     cfg = config or GPU_BF16
     _check_shape(claim, logits)
     (toploc,) = _toploc([claim], [activations], cfg)
-    return _judge(claim, toploc, logits, eos_token_id=eos_token_id, cfg=cfg, rollouts=rollouts)
+    (sampling,) = _sampling([claim], [logits], cfg)
+    return _judge(
+        claim, toploc, logits, sampling, eos_token_id=eos_token_id, cfg=cfg, rollouts=rollouts
+    )
 
 
 def _check_shape(claim: RolloutClaim, logits: torch.Tensor) -> None:
@@ -222,21 +224,12 @@ def _judge(
     claim: RolloutClaim,
     toploc: list[ProofResult],
     logits: torch.Tensor,
+    sampling: SamplingResult,
     *,
     eos_token_id: int,
     cfg: VerifyConfig,
     rollouts: int,
-    sampling: SamplingResult | None = None,
 ) -> RolloutVerdict:
-    if sampling is None:
-        sampling = check_sampling(
-            logits,
-            torch.tensor(claim.tokens, device=logits.device),
-            claim.seed,
-            temperature=claim.temperature,
-            top_p=claim.top_p,
-            check=cfg.sampling,
-        )
     termination = check_termination(
         finish_reason=claim.finish_reason,
         num_tokens=len(claim.tokens),
@@ -291,7 +284,7 @@ def check_batch(
     toploc = _toploc(claims, [acts for acts, _ in recomputed], cfg)
     sampled = _sampling(claims, [logits for _, logits in recomputed], cfg)
     verdicts = [
-        _judge(c, t, logits, eos_token_id=eos_token_id, cfg=cfg, rollouts=len(claims), sampling=s)
+        _judge(c, t, logits, s, eos_token_id=eos_token_id, cfg=cfg, rollouts=len(claims))
         for c, t, (_, logits), s in zip(claims, toploc, recomputed, sampled, strict=True)
     ]
     statistic = sum(v.sampling.excess for v in verdicts)

@@ -103,8 +103,9 @@ TORCH_THREADS = (
 DEVICE = (
     "Inference and validator: where the engine and the batch checker compute (auto: the "
     "GPU when torch sees one, else the CPU). The dtype follows: bfloat16 on a GPU (float16 on "
-    "one without bf16), float32 on a CPU; under verify_profile strict-fp32, float32 everywhere. A validator on the CPU "
-    "judges a GPU worker's bf16 work in fp32 under gpu-bf16 (SPEC section 11.1)."
+    "one without bf16), float32 on a CPU; under verify_profile strict-fp32, float32 "
+    "everywhere. A validator on the CPU judges a GPU worker's bf16 work in fp32 under "
+    "gpu-bf16 (SPEC section 11.1)."
 )
 
 

@@ -327,10 +327,9 @@ def devices_env(
     return common, own
 
 
-def check_devices(common: dict[str, str], own: dict[str, dict[str, str]]) -> None:
+def check_devices(devices: list[str]) -> None:
     """A GPU asked for on a machine whose torch sees none fails before anything starts."""
-    wanted = [common["INTELLECT_NODE_DEVICE"]] + [e["INTELLECT_NODE_DEVICE"] for e in own.values()]
-    if "cuda" in wanted:
+    if "cuda" in devices:
         import torch
 
         if not torch.cuda.is_available():
@@ -554,8 +553,9 @@ def run_devnet(
         raise ValueError("--inference must be at least 1")
     vnames = ["validator"] if validators == 1 else [f"validator-{i}" for i in range(validators)]
     listed = validator_devices.split(",") if validator_devices else [device] * validators
-    on_device, validator_env = devices_env(device, [d.strip() for d in listed], vnames)
-    check_devices(on_device, validator_env)
+    listed = [d.strip() for d in listed]
+    on_device, validator_env = devices_env(device, listed, vnames)
+    check_devices([device, *listed])
     if model is not None:
         from node.engine.modeldir import check_model_dir
 
