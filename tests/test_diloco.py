@@ -561,3 +561,27 @@ async def test_a_chunk_of_another_size_is_refused_before_its_frame_is_read(decla
     with pytest.raises(ring.BadChunk, match="1124 B expected"):  # the left neighbour is blamed
         await DilocoGroup._pull_once(group, "left", (0, 0), "rs", 0)
     assert evil.asked == []
+
+
+@pytest.mark.parametrize("frame", [b"\x01" + bytes(1123), bytes(1000)])
+async def test_a_chunk_that_is_not_the_bytes_it_declared_blames_its_sender(frame):
+    # a wrong digest failed the attempt unblamed: the sender stayed in the next attempt's
+    # roster and could fail every attempt of the step until step_timeout
+    import hashlib
+
+    from node.diloco.group import DilocoGroup
+    from protocol.diloco import DilocoChunk
+
+    _, header = _header()
+    declared = DilocoChunk(
+        **header,
+        step=0,
+        attempt=0,
+        phase="rs",
+        round=0,
+        size=1124,
+        digest=hashlib.sha256(bytes(1124)).digest(),
+    )
+    group = _puller_of(declared, _FrameSource(frame), {("rs", 0): 1124})
+    with pytest.raises(ring.BadChunk, match="digest"):
+        await DilocoGroup._pull_once(group, "left", (0, 0), "rs", 0)

@@ -4,11 +4,13 @@ This is the I/O around two pure parts: ``Membership`` (the leader's rosters) and
 ``ring.all_reduce`` (the arithmetic of the ring). One protocol, ``/intellect/diloco/1.0.0``
 (``protocol/diloco.py``), carries three requests: ``sync`` (ask the leader for the roster
 of an outer step and attempt; repeated every ``poll_interval`` until it is formed),
-``leave``, and ``chunk`` (the right neighbour pulls what we offer for a ring round).
+``leave``, and ``chunk`` (the right neighbour pulls what we offer for a ring round:
+``node/diloco/chunks.py``).
 
 An attempt fails on any error of a pull (a dead neighbour resets the stream or lets the
 deadline pass; an abandoned neighbour refuses with ``aborted``; a chunk that does not
-decode): we abandon it (our own offers answer ``aborted`` from then on, so the failure runs
+decode, breaks the declared norms or is not the bytes its digest declares, for which we
+blame the neighbour: the leader refuses it for the rest of the step): we abandon it (our own offers answer ``aborted`` from then on, so the failure runs
 round the ring at once) and ask the leader for the roster of the next attempt, which holds
 the survivors. ``step_timeout`` bounds the whole outer step. Only the peers of a roster the
 leader signed may pull from us, and only our right neighbour in it: an outsider is refused.
@@ -16,7 +18,6 @@ leader signed may pull from us, and only our right neighbour in it: an outsider 
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -25,28 +26,13 @@ from typing import Any
 import torch
 import trio
 
-from node.diloco import finding, quant, recovery, statecast
+from node.diloco import finding, recovery, statecast
+from node.diloco.chunks import Attempt, pull_chunk, pulled_sizes, serve_chunk
 from node.diloco.membership import Key, Membership, Refused
-from node.diloco.ring import (
-    PHASES,
-    Aborted,
-    BadChunk,
-    Outbox,
-    all_reduce,
-    bounds,
-    chunk_of,
-    norm_limits,
-)
+from node.diloco.ring import BadChunk, Outbox, all_reduce, norm_limits
 from node.net.requests import RemoteRefusal, Responder
 from node.net.runtime import Node
-from protocol.diloco import (
-    DILOCO,
-    MAX_CHUNK,
-    DilocoChunk,
-    DilocoRequest,
-    DilocoRoster,
-    group_key,
-)
+from protocol.diloco import DILOCO, DilocoRequest, DilocoRoster, group_key
 from protocol.errors import Reason, WireError
 from protocol.shardcast import DEFAULT_SHARD
 
@@ -67,31 +53,6 @@ def _transient(exc: Exception) -> bool:
     return not isinstance(exc, (RemoteRefusal, BadChunk))
 
 
-def pulled_sizes(numel: int, rank: int, n: int, encoding: str) -> dict[tuple[str, int], int]:
-    """The bytes of each chunk member ``rank`` of ``n`` pulls, by (phase, round), in an
-    all-reduce of ``numel`` values: ``ring.all_reduce``'s chunk order and ``quant``'s
-    lengths. Every member knows them before it pulls, so a reply that declares another size
-    is refused before a byte of it is read (a peer could otherwise make us buffer up to
-    the 2³¹ bytes the field allows, until the read deadline)."""
-    spans, left = bounds(numel, n), (rank - 1) % n
-    return {
-        (phase, r): quant.wire_size(encoding, hi - lo)
-        for phase in PHASES
-        for r in range(n - 1)
-        for lo, hi in [spans[chunk_of(phase, left, r, n)]]
-    }
-
-
-def _check_reply(reply: DilocoChunk, want: tuple[int, int, str, int], size: int) -> None:
-    """A chunk reply we may read: for the round we asked and of the size we expect (another
-    size is a chunk that cannot decode: the left neighbour is blamed, as for one that does
-    not)."""
-    if (reply.step, reply.attempt, reply.phase, reply.round) != want:
-        raise WireError(Reason.MALFORMED, "a chunk for another round")
-    if reply.size != size:
-        raise BadChunk(f"a chunk of {reply.size} B declared, {size} B expected")
-
-
 class GroupError(Exception):
     """This member cannot take part in the outer step (refused, or out of time)."""
 
@@ -110,14 +71,6 @@ class GroupConfig:
     provide_every: float = 30.0  # seconds between DHT provides of the group's key
     find_timeout: float = 60.0  # a joiner looks the leader up in the DHT this long
     state_shard: int = DEFAULT_SHARD  # shard size of the state offered to joiners
-
-
-@dataclass
-class Attempt:
-    roster: list[str]
-    outbox: Outbox
-    norms: list[float]
-    sizes: dict[tuple[str, int], int]  # of the chunks we pull (``pulled_sizes``)
 
 
 @dataclass
@@ -325,36 +278,14 @@ class DilocoGroup:
         return pull
 
     async def _pull_once(self, left: str, key: Key, phase: str, rnd: int) -> bytes | None:
-        msg = DilocoRequest(
-            **self.node.header(),
-            op="chunk",
-            step=key[0],
-            attempt=key[1],
-            phase=phase,
-            round=rnd,
-            layout="",
-            norm=0.0,
-            state="",
-            blame="",
-        )
-        try:
-            async with self.node.open_request(left, DILOCO, msg, DilocoChunk) as ex:
-                reply: DilocoChunk = ex.reply
-                _check_reply(reply, (*key, phase, rnd), self.attempts[key].sizes[(phase, rnd)])
-                data = await ex.reader.read_frame(reply.size, self.node.cfg.read_timeout)
-        except RemoteRefusal as exc:
-            if exc.reason == Reason.BUSY.value:  # not offered yet: ask again
-                return None
-            raise
-        if len(data) != reply.size or hashlib.sha256(data).digest() != reply.digest:
-            raise WireError(Reason.MALFORMED, "chunk bytes do not match their digest")
-        return data
+        size = self.attempts[key].sizes[(phase, rnd)]
+        return await pull_chunk(self.node, left, (*key, phase, rnd), size)
 
     # ---- serving ----------------------------------------------------------------------
 
     async def _handle(self, msg: DilocoRequest, responder: Responder) -> None:
         if msg.op == "chunk":
-            await self._serve_chunk(msg, responder)
+            await serve_chunk(self.node, self.attempts.get((msg.step, msg.attempt)), msg, responder)
             return
         if msg.op == "state":
             await recovery.serve_state(self.node, self.snapshot, msg, responder)
@@ -386,37 +317,6 @@ class DilocoGroup:
                 norms=self.membership.norms.get(key, []) if roster is not None else [],
             )
         )
-
-    async def _serve_chunk(self, msg: DilocoRequest, responder: Responder) -> None:
-        key = (msg.step, msg.attempt)
-        attempt = self.attempts.get(key)
-        if attempt is None:
-            raise WireError(Reason.BUSY, "attempt not started here yet")
-        roster = attempt.roster
-        right = roster[(roster.index(self.me) + 1) % len(roster)]
-        if msg.sender != right or msg.phase not in ("rs", "ag"):
-            raise WireError(Reason.NOT_MEMBER, "only our right neighbour in the roster may pull")
-        try:
-            with trio.fail_after(self.node.cfg.read_timeout / 2):
-                data = await attempt.outbox.take(msg.phase, msg.round)
-        except trio.TooSlowError:
-            raise WireError(Reason.BUSY, "not offered yet") from None
-        except Aborted:
-            raise WireError(Reason.ABORTED, "attempt abandoned") from None
-        if len(data) > MAX_CHUNK:
-            raise WireError(Reason.INTERNAL, "chunk too large")
-        await responder.send(
-            DilocoChunk(
-                **self.node.header(),
-                step=msg.step,
-                attempt=msg.attempt,
-                phase=msg.phase,
-                round=msg.round,
-                size=len(data),
-                digest=hashlib.sha256(data).digest(),
-            )
-        )
-        await responder.write(data)
 
     def status(self) -> dict[str, Any]:
         m = self.membership
