@@ -124,3 +124,43 @@ def test_a_manifest_names_the_step_and_one_file():
         check_manifest(offer.envelope, run_id=RUN, leader=ident.peer_id, step=4)
     with pytest.raises(WireError):
         check_manifest(offer.envelope, run_id="other-run", leader=ident.peer_id, step=5)
+
+
+async def test_one_peer_cannot_hold_every_state_upload_slot(tmp_path):
+    # a peer that asked for every shard at once and read nothing held all 4 upload slots
+    # until the write deadline: a joiner's shard waited, then was refused busy
+    from node.net.requests import RemoteRefusal
+    from protocol.shardcast import ShardReply, ShardRequest
+    from tests.test_peer_limits import limited, three_nodes, until
+
+    shard = 4 << 20  # far beyond what the stream buffers for a reader that stops
+    state = bytes(4 * shard)
+    async with three_nodes(tmp_path, read_timeout=30.0) as (leader, greedy, honest):
+        server = serve(leader, (1, state))
+        server.shard_size = shard
+        version = (await server.current()).manifest.version
+        release, outcomes = trio.Event(), []
+
+        async def grab(index):
+            msg = ShardRequest(**greedy.header(), version=version, index=index)
+            try:
+                async with greedy.open_request(leader.peer_id, DILOCO_SHARD, msg, ShardReply):
+                    outcomes.append("held")  # and read nothing of it
+                    await release.wait()
+            except RemoteRefusal as exc:
+                outcomes.append(exc.reason)
+
+        with trio.fail_after(60):
+            async with trio.open_nursery() as nursery:
+                for index in range(4):
+                    nursery.start_soon(grab, index)
+                await until(lambda: len(outcomes) == 4)
+                msg = ShardRequest(**honest.header(), version=version, index=3)
+                got = 0
+                async with honest.open_request(leader.peer_id, DILOCO_SHARD, msg, ShardReply) as ex:
+                    while got < ex.reply.size:
+                        got += len(await ex.reader.read_frame(1 << 20, 10.0))
+                release.set()
+        assert sorted(outcomes) == ["busy", "busy", "held", "held"]
+        assert got == shard
+        assert limited(leader, "protocol", DILOCO_SHARD) == 2

@@ -130,8 +130,13 @@ class StateServer:
         self.uploaded = 0  # shard bytes served
 
     def register(self) -> None:
-        self.node.serve_requests(DILOCO_STATE, WeightsQuery, self.on_query)
-        self.node.serve_requests(DILOCO_SHARD, ShardRequest, self.on_shard, deadline=3600)
+        # one peer never holds every upload slot (a reader that stops holds its slot until
+        # the write deadline, and may ask again at once): as SHARDCAST's own shards
+        share = max(1, UPLOAD_SLOTS // 2)
+        self.node.serve_requests(DILOCO_STATE, WeightsQuery, self.on_query, per_peer=share)
+        self.node.serve_requests(
+            DILOCO_SHARD, ShardRequest, self.on_shard, deadline=3600, per_peer=share
+        )
 
     async def current(self) -> Offer | None:
         """The signed offer of the snapshot we hold now (built on first use)."""
