@@ -458,6 +458,15 @@ class NodeConfig(CoreConfig):
         le=64,
         description="Trainer, DiLoCo (leader): members the group's first roster waits for.",
     )
+    diloco_join_timeout: float = Field(
+        120.0,
+        ge=1,
+        le=86_400,
+        description="Trainer, DiLoCo (leader): seconds an outer step waits, once every member "
+        "is there, for trainers that announced they are joining (they recover the group's "
+        "state first: set it above that transfer's time; a joiner later than this comes in "
+        "at a later step).",
+    )
 
     diloco_admit: Multiaddrs = Field(
         default_factory=list,

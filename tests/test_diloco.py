@@ -585,3 +585,26 @@ async def test_a_chunk_that_is_not_the_bytes_it_declared_blames_its_sender(frame
     group = _puller_of(declared, _FrameSource(frame), {("rs", 0): 1124})
     with pytest.raises(ring.BadChunk, match="digest"):
         await DilocoGroup._pull_once(group, "left", (0, 0), "rs", 0)
+
+
+def test_an_announced_joiner_that_never_comes_holds_a_step_only_join_timeout():
+    # any peer of the run may announce a join for free: one that never came held every
+    # outer step the whole sync_timeout (600 s and more on a trainer)
+    m = Membership(L, min_members=2, sync_timeout=600, join_timeout=20)
+    for p in (L, A):
+        m.arrive(p, (0, 0), 0.0, {L, A})
+    assert m.expect(C, 0) == 1  # C announces itself for step 1, and never comes
+    alive = {L, A, C}
+    assert m.arrive(L, (1, 0), 100.0, alive) is None
+    assert m.arrive(A, (1, 0), 101.0, alive) is None
+    assert m.poll(119.9, alive) is None  # an honest joiner recovering is waited for ...
+    assert m.poll(120.0, alive) == [L, A]  # ... join_timeout, not sync_timeout
+    with pytest.raises(Refused, match="late"):
+        m.arrive(C, (1, 0), 121.0, alive)
+    # a member still training is waited for sync_timeout, a joiner announced or not
+    assert m.expect("d", 0) == 2
+    alive = {L, A, "d"}
+    assert m.arrive(L, (2, 0), 200.0, alive) is None
+    assert m.poll(300.0, alive) is None
+    assert m.arrive("d", (2, 0), 310.0, alive) is None  # the joiner came, A still trains
+    assert m.arrive(A, (2, 0), 320.0, alive) == [L, A, "d"]

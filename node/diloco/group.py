@@ -64,6 +64,7 @@ class GroupConfig:
     min_members: int = 1  # the first roster waits for this many
     sync_timeout: float = 600.0  # a new step waits this long for members still training
     resync_timeout: float = 10.0  # a retry waits this long for the survivors
+    join_timeout: float = 120.0  # announced joiners, once every member is there
     round_timeout: float = 30.0  # one ring round, including a slow neighbour
     step_timeout: float = 900.0  # one outer step, all attempts together
     poll_interval: float = 0.1
@@ -93,6 +94,7 @@ class DilocoGroup:
             min_members=cfg.min_members,
             sync_timeout=cfg.sync_timeout,
             resync_timeout=cfg.resync_timeout,
+            join_timeout=cfg.join_timeout,
             admit=cfg.admit,
         )
         self.attempts: dict[Key, Attempt] = {}

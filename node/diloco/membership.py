@@ -9,7 +9,10 @@ the previous roster that is still alive has arrived, or when the wait runs out
 counted from the leader's own arrival. Peers
 that arrive for a step without being members are *joiners*: admitted at that boundary
 (after the known members, in order of arrival); a joiner that announced itself (``expect``,
-before it recovers the state of that step from a member) is waited for like a member. The first roster waits (without a deadline) for ``min_members``.
+before it recovers the state of that step from a member) is waited for like a member, but
+once every member is there, at most ``join_timeout`` (from the leader's arrival): a peer of
+the run announces itself for free, and one that never came held every step the whole
+``sync_timeout``. The first roster waits (without a deadline) for ``min_members``.
 No roster is formed without the leader, and each arrival names the hash of the outer
 parameters it starts the step from: only peers whose hash is the leader's are put in the
 roster (the others are refused as ``diverged``). So a member that missed a step's result
@@ -55,6 +58,7 @@ class Membership:
     min_members: int = 1
     sync_timeout: float = 600.0
     resync_timeout: float = 30.0
+    join_timeout: float = 120.0  # announced joiners, once every member is there
     admit: frozenset[str] | None = None  # None: any trainer of the run may join
     members: list[str] = field(default_factory=list)  # the last roster formed
     layout: str = ""
@@ -190,6 +194,8 @@ class Membership:
                 return None
         elif not all(m in self.arrived for m in expected):
             limit = self.sync_timeout if attempt == 0 else self.resync_timeout
+            if all(m in self.arrived for m in expected if m not in joiners):
+                limit = min(limit, self.join_timeout)  # only announced joiners are missing
             if waited < limit:
                 return None
         state = self.arrived[self.leader][1]

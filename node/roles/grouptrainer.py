@@ -76,6 +76,7 @@ class GroupTrainerRole(TrainerRole):
                 encoding=cfg.diloco_quant,
                 min_members=cfg.diloco_members,
                 admit=frozenset(cfg.diloco_admit) or None,
+                join_timeout=cfg.diloco_join_timeout,
                 sync_timeout=sync,
                 step_timeout=sync + 300.0,
             ),

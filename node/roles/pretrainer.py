@@ -109,6 +109,7 @@ class PretrainRole:
                 encoding=cfg.diloco_quant,
                 min_members=cfg.diloco_members,
                 admit=frozenset(cfg.diloco_admit) or None,
+                join_timeout=cfg.diloco_join_timeout,
                 sync_timeout=600.0,
                 step_timeout=900.0,
             ),
