@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cache
 
 import msgpack
 import numpy as np
@@ -67,6 +68,85 @@ def expected_proofs(num_tokens: int, chunk_size: int) -> int:
     """Proofs of one sample: the prefill chunk, then one per ``chunk_size`` decode states
     (the last output token's state is never computed)."""
     return 1 + math.ceil((num_tokens - 1) / chunk_size)
+
+
+# What a container's skeleton can grow by beyond its encoding with empty blobs and lists:
+# each blob, string or list header at most 5 bytes (msgpack's 32-bit forms), of which the
+# skeleton's own took at least 1
+_HEADER_GROWTH = 4
+
+
+def max_envelope_size(units: int, proof_chunk: int, proof_topk: int) -> int:
+    """The most bytes the signed envelope of a batch of ``units`` generated tokens can take
+    with these proof parameters (never above ``MAX_BATCH_SIZE`` + the envelope's overhead).
+
+    A sample of n ≥ 1 tokens holds 8n bytes of tokens and log-probabilities and
+    ``expected_proofs(n, chunk)`` ≤ 2 + n / chunk proofs; a batch has at most ``units``
+    samples (each has a token) and at most ``min(samples, MAX_GROUPS)`` groups, each with a
+    prompt of at most ``MAX_PROMPT_TOKENS``. So the bound is fixed + groups × (a group's
+    skeleton + the longest prompt) + samples × (a sample's skeleton + 2 proofs) + units × (8
+    bytes + a proof / chunk): a batch whose envelope is larger cannot have ``units`` tokens
+    (the validator refuses its transfer before reading it: SPEC §14). Loose for long answers
+    (about 15 MiB for the devnet's 10,240 tokens, whose batches take 0.3 MiB) and tight
+    where it matters: 38 KiB for one unit, where any 48 MiB used to be read and decoded.
+    """
+    from protocol.wire import ENVELOPE_OVERHEAD
+
+    proof = proof_size(proof_topk) + _HEADER_GROWTH + 1
+    batch, group, sample = _skeletons()
+    samples = min(units, MAX_GROUPS * MAX_GROUP_SIZE)
+    groups = min(samples, MAX_GROUPS)
+    total = (
+        batch
+        + ENVELOPE_OVERHEAD
+        + groups * (group + 4 * MAX_PROMPT_TOKENS)
+        + samples * (sample + 2 * proof)
+        + units * 8
+        + math.ceil(units * proof / proof_chunk)
+    )
+    return min(total, MAX_BATCH_SIZE + ENVELOPE_OVERHEAD)
+
+
+@cache
+def _skeletons() -> tuple[int, int, int]:
+    """Upper bounds of the encoded batch without groups, a group without prompt or samples,
+    and a sample without tokens, log-probabilities or proofs: every scalar at its longest."""
+    address, name = "0x" + "f" * 40, "x" * 128
+    sample = RolloutSample(
+        sample=MAX_GROUP_SIZE - 1,
+        seed=2**63 - 1,
+        tokens=b"",
+        logprobs=b"",
+        finish_reason="length",
+        reward=0.5,
+        proofs=[],
+    )
+    group = RolloutGroup(index=2**32 - 1, task_id=name, prompt=b"", samples=[])
+    big = 2**64 - 1
+    batch = RolloutBatch(
+        run_id="r" * 64,
+        sender="p" * 64,
+        seq=big,
+        ts_ms=big,
+        worker=address,
+        step=big,
+        policy_version=big,
+        taskset=name,
+        group_size=MAX_GROUP_SIZE,
+        max_new_tokens=MAX_NEW_TOKENS,
+        temperature=0.7,
+        top_p=0.9,
+        proof_chunk=MAX_NEW_TOKENS,
+        proof_topk=MAX_PROOF_TOPK,
+        groups=[],
+    )
+
+    def size(m: Message, containers: int, typed: bool = False) -> int:
+        body = {"type": m.TYPE, **m.to_obj()} if typed else m.to_obj()
+        return len(msgpack.packb(body, use_bin_type=True)) + containers * _HEADER_GROWTH
+
+    # the batch's payload travels as a blob inside the envelope: its header counted too
+    return size(batch, 2, typed=True), size(group, 2) + 1, size(sample, 3) + 1
 
 
 def _bad(where: str, detail: str) -> WireError:

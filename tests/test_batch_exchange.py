@@ -138,3 +138,27 @@ async def test_a_batch_sent_a_byte_at_a_time_is_cut_off_at_its_size_deadline(tmp
         with trio.fail_after(30), pytest.raises(WireError) as exc:  # 120 s before
             await fetch_batch(fetcher, holder.peer_id, mine.work_key())
         assert exc.value.reason is Reason.TIMEOUT
+
+
+async def test_a_batch_larger_than_its_units_allow_is_refused_before_it_is_read(tmp_path):
+    """A worker announced (and served) 45 MiB for one submitted unit: the validator read and
+    decoded all of it before the units check rejected it (4.7 s of a thread for one unit of
+    collateral). The reply's size is now checked against what the units allow."""
+    import trio
+
+    async with two_nodes(tmp_path) as (holder, fetcher):
+        mine = a_batch(holder.identity)
+        mine = type(mine)(**{**mine.__dict__, "run_id": RUN})
+        envelope = seal(holder.identity, mine)
+        serve_this(holder, lambda k: envelope + bytes(40 << 20))
+        with trio.fail_after(30), pytest.raises(WireError) as exc:
+            await fetch_batch(fetcher, holder.peer_id, mine.work_key(), max_size=38_000)
+        # refused on the reply's size: read whole, it would have failed to decode instead
+        assert exc.value.reason is Reason.OVERSIZED
+        assert "the most its submitted units allow" in str(exc.value)
+        # the honest batch, within what its units allow, is taken whole
+        store = BatchStore(tmp_path / "store")
+        key = store.put(envelope)
+        serve_batches(holder, store)
+        got, raw = await fetch_batch(fetcher, holder.peer_id, key, max_size=len(envelope))
+        assert got == mine and raw == envelope

@@ -114,3 +114,78 @@ def test_spec_documents_the_batch_messages():
         assert documented == set(cls.specs()) - header, cls.TYPE
         assert f"max {cls.MAX_SIZE} bytes" in section.splitlines()[0]
     assert f"{MAX_BATCH_ENVELOPE:,}" in spec
+
+
+def _shaped_batch(identity, groups, group_size, lengths, prompt, chunk, topk):
+    """A batch of ``groups`` × ``group_size`` samples whose token counts cycle through
+    ``lengths``, every field at its longest where its length is free."""
+    from crypto.sampling import derive_seed
+    from protocol.rollouts import (
+        RolloutBatch,
+        RolloutGroup,
+        RolloutSample,
+        expected_proofs,
+        pack_floats,
+        pack_tokens,
+        proof_size,
+    )
+
+    n_of = iter(lengths * (groups * group_size))
+    out = []
+    for g in range(groups):
+        task = f"t/{g}".ljust(128, "x")
+        samples = []
+        for s in range(group_size):
+            n = next(n_of)
+            samples.append(
+                RolloutSample(
+                    sample=s,
+                    seed=derive_seed(WORKER, task, 2**40, s),
+                    tokens=pack_tokens([2**32 - 1] * n),
+                    logprobs=pack_floats([-1.5] * n),
+                    finish_reason="length" if n == max(lengths) else "stop",
+                    reward=0.123456789,
+                    proofs=[b"\xff" * proof_size(topk)] * expected_proofs(n, chunk),
+                )
+            )
+        prompt_ids = pack_tokens([2**32 - 1] * prompt)
+        out.append(RolloutGroup(index=2**31 + g, task_id=task, prompt=prompt_ids, samples=samples))
+    return RolloutBatch(
+        **header(identity),
+        worker=WORKER,
+        step=2**40,
+        policy_version=2**40,
+        taskset="arithmetic",
+        group_size=group_size,
+        max_new_tokens=max(lengths),
+        temperature=0.7,
+        top_p=0.9,
+        proof_chunk=chunk,
+        proof_topk=topk,
+        groups=out,
+    )
+
+
+@pytest.mark.parametrize(
+    ("groups", "group_size", "lengths", "prompt", "chunk", "topk"),
+    [
+        (1, 1, [1], 8192, 32, 128),  # one unit: the prompt and proofs dominate
+        (256, 1, [1], 8192, 32, 128),  # every group's longest prompt, one token each
+        (16, 16, [40, 1, 33, 2], 64, 32, 128),  # the devnet's shape, mixed lengths
+        (4, 64, [1], 3, 1, 128),  # a proof per token
+        (2, 4, [300, 1, 64, 65], 10, 1, 4096),  # the largest proofs, one per token
+        (3, 2, [1, 1000], 10, 64, 1),
+    ],
+)
+def test_no_batch_is_larger_than_its_units_allow(groups, group_size, lengths, prompt, chunk, topk):
+    from protocol.rollouts import max_envelope_size
+
+    identity = Identity.generate()
+    batch = _shaped_batch(identity, groups, group_size, lengths, prompt, chunk, topk)
+    envelope = seal(identity, batch)
+    assert open_message(envelope, type(batch)).num_tokens == batch.num_tokens
+    bound = max_envelope_size(batch.num_tokens, chunk, topk)
+    assert len(envelope) <= bound
+    if (group_size, lengths, prompt) == (1, [1], 8192):  # the largest batch of its units:
+        assert bound < 1.02 * len(envelope)  # the bound is that batch, not a blanket cap
+    assert max_envelope_size(1, 32, 128) < 64 * 1024 < MAX_BATCH_ENVELOPE

@@ -579,7 +579,7 @@ async def test_a_validator_counts_a_verdict_that_stands_already_as_posted(tmp_pa
     for i, reason in enumerate(("work already accepted", "verdict window closed", "paused")):
         answers[bytes([i]) * 32] = reason
         await role._post(("0x" + "12" * 20, bytes([i]) * 32), Verdict.accept())
-    assert role.verdicts["accepted"] == 1
+    assert role.posted.counts["accepted"] == 1
     assert (len(role.unposted), role.unposted.given_up) == (1, 1)
     assert [k[1][0] for k in role.unposted.waiting] == [2]
 

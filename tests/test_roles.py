@@ -13,6 +13,7 @@ from node.roles.cheating import CheatPlan
 from node.roles.clock import StepClock
 from node.roles.offload import Offload, OffloadError
 from protocol.batches import BatchNotice, StepNotice
+from protocol.rollouts import max_envelope_size
 
 TRAINER = "12D3KooW" + "A" * 44
 
@@ -273,6 +274,30 @@ def test_the_window_as_the_clock_stood_at_submission():
     assert clock.window(41, 40, at=(11, 11)) is not None  # ahead of the trainer even now
 
 
+def test_a_batch_proven_with_other_proof_parameters_is_invalid_before_any_recomputation():
+    """A worker picks its batch's proof chunk and top-k; the run's profile checks one pair.
+    Another pair was found only by recomputing the whole batch (a confusing "toploc chunks
+    fail"); now the cheap checks say so, and an honest batch passes them."""
+    import dataclasses
+
+    from crypto.identity import Identity
+    from node.roles.validator import cheap_checks
+    from tests.helpers.batches import WORKER, a_batch
+
+    identity = Identity.generate()
+    honest = dataclasses.replace(a_batch(identity, step=2), proof_topk=128)
+    sub = SimpleNamespace(worker=WORKER, units=honest.num_tokens, policy_version=0)
+    registrations = SimpleNamespace(get=lambda worker: (identity.public_bytes, True))
+    clock = StepClock(TRAINER, async_level=2)
+    clock.observe(TRAINER, StepNotice(step=2, policy_version=0))
+    args = (sub, registrations, clock, None, (32, 128))
+    assert cheap_checks(honest, *args) is None
+    for other in ({"proof_topk": 8}, {"proof_chunk": 1}):
+        verdict = cheap_checks(dataclasses.replace(honest, **other), *args)
+        assert verdict is not None and verdict.reason == "invalid", other
+        assert "the run's profile checks 32-token chunks, top-128" in verdict.detail
+
+
 def worker_node(identity, announced: list):
     """What the inference role asks of its node in ``_work``: the announcements it makes
     go to ``announced``."""
@@ -456,7 +481,7 @@ async def test_a_batch_a_validator_cannot_judge_now_is_judged_later_not_dropped(
     key = ("0x" + "12" * 20, b"\x01" * 32)
     batch = SimpleNamespace(policy_version=4)
 
-    async def fetch_batch(node, peer, work_key, expected_size=None):
+    async def fetch_batch(node, peer, work_key, expected_size=None, max_size=None):
         return batch, b"envelope"
 
     weights = {"dir": None}
@@ -485,7 +510,7 @@ async def test_a_batch_a_validator_cannot_judge_now_is_judged_later_not_dropped(
     monkeypatch.setattr(validator_module, "weights_of", weights_of)
     monkeypatch.setattr(validator_module, "cheap_checks", lambda *args: None)
     role.checker, role._post = Checker(), post
-    role.submissions[key] = SimpleNamespace(policy_version=4)
+    role.submissions[key] = SimpleNamespace(policy_version=4, units=10)
     role.queue.submitted(key, 10, 4, now=trio.current_time(), holder="peerA")
 
     async def fetch_and_judge():
@@ -507,7 +532,7 @@ async def test_a_batch_a_validator_cannot_judge_now_is_judged_later_not_dropped(
     assert role.queue.next_fetch(10_000) is None  # judged once only
 
     other = ("0x" + "12" * 20, b"\x02" * 32)
-    role.submissions[other] = SimpleNamespace(policy_version=4)
+    role.submissions[other] = SimpleNamespace(policy_version=4, units=10)
     role.queue.submitted(other, 10, 4, now=trio.current_time(), holder="peerA")
     role.checker.fail, role.checker.dead = "the worker process died (exit code -9)", True
     got = role.queue.next_fetch(trio.current_time())
@@ -531,8 +556,8 @@ async def test_a_fetch_expects_the_size_its_own_peer_announced(
     key = ("0x" + "12" * 20, b"\x01" * 32)
     expected = []
 
-    async def fetch_batch(node, peer, work_key, expected_size=None):
-        expected.append((peer, expected_size))
+    async def fetch_batch(node, peer, work_key, expected_size=None, max_size=None):
+        expected.append((peer, expected_size, max_size))
         raise WireError(Reason.OVERSIZED, "stop here")
 
     def notice(size):
@@ -543,12 +568,13 @@ async def test_a_fetch_expects_the_size_its_own_peer_announced(
     monkeypatch.setattr(validator_module, "fetch_batch", fetch_batch)
     role.on_notice("spoofer", notice(1))  # first, before the worker's own
     role.on_notice("worker-peer", notice(5000))
-    role.submissions[key] = SimpleNamespace(policy_version=0)
+    role.submissions[key] = SimpleNamespace(policy_version=0, units=1)
     role.queue.submitted(key, 1, 0, now=trio.current_time(), holder="worker-peer")
     got = role.queue.next_fetch(trio.current_time())
     assert got == (key, "worker-peer")
     await role._fetch_and_judge(*got)
-    assert expected == [("worker-peer", 5000)]
+    # and at most what one submitted unit allows, with the run's proof parameters
+    assert expected == [("worker-peer", 5000, max_envelope_size(1, 32, 128))]
     for i in range(2, 200):  # notices of keys never submitted: forgotten with their keys
         role.on_notice(f"peer-{i}", dataclasses.replace(notice(7), work_key=bytes([i]) * 32))
     assert len(role.notices) == 200  # with the spoofer's, announced while it could be asked

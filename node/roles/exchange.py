@@ -3,7 +3,8 @@
 Where a rollout is on this hop: the worker (``node/roles/inference.py``) stored the signed
 batch in its ``BatchStore`` and serves it from there; a validator
 (``node/roles/validator.py``) fetches it with ``fetch_batch``, which checks the size before
-reading, every frame under the read deadline, and that what arrived is a ``RolloutBatch``
+reading (against what the peer announced and what the submitted units allow), every frame
+under the read deadline, and that what arrived is a ``RolloutBatch``
 of this run, signed by the peer that served it, with the work key asked for (a signed batch
 that does not hash to it is ``WorkKeyMismatch``: evidence against its signer). Each batch
 fetched whole is timed in ``/metrics`` (``intellect_batch_fetch_seconds``).
@@ -114,10 +115,18 @@ def serve_batches(
 
 
 async def fetch_batch(
-    node: Node, peer: str, work_key: bytes, *, expected_size: int | None = None
+    node: Node,
+    peer: str,
+    work_key: bytes,
+    *,
+    expected_size: int | None = None,
+    max_size: int | None = None,
 ) -> tuple[RolloutBatch, bytes]:
     """The batch ``work_key`` from ``peer`` and its envelope; ``WireError`` (counted as a
-    rejection under the batch protocol) when what arrives is not that batch."""
+    rejection under the batch protocol) when what arrives is not that batch.
+    ``expected_size``: what ``peer`` announced; ``max_size``: the most its submitted units
+    allow (``protocol.rollouts.max_envelope_size``); a reply declaring more than either is
+    refused before a byte of the batch is read."""
     request = BatchRequest(**node.header(), work_key=work_key)
     started = trio.current_time()
     try:
@@ -127,9 +136,16 @@ async def fetch_batch(
                 reply: BatchReply = exchange.reply
                 if reply.work_key != work_key:
                     raise WireError(Reason.MALFORMED, "reply names another work key")
-                limit = expected_size if expected_size is not None else MAX_BATCH_ENVELOPE
+                if expected_size is not None and reply.size > expected_size:
+                    raise WireError(
+                        Reason.OVERSIZED, f"{reply.size} bytes > {expected_size} announced"
+                    )
+                limit = min(MAX_BATCH_ENVELOPE, max_size or MAX_BATCH_ENVELOPE)
                 if reply.size > limit:
-                    raise WireError(Reason.OVERSIZED, f"{reply.size} bytes > {limit} announced")
+                    what = "its submitted units allow" if limit == max_size else "a batch takes"
+                    raise WireError(
+                        Reason.OVERSIZED, f"{reply.size} bytes > {limit}, the most {what}"
+                    )
                 data = bytearray()
                 with trio.fail_after(FRAMES_BASE_S + reply.size / MIN_RATE):
                     while len(data) < reply.size:

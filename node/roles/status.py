@@ -7,9 +7,11 @@ are part of the node's interface, so they are written out here, once.
 from __future__ import annotations
 
 import math
-from collections import deque
+from collections import Counter, deque
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+from node.roles.work import ACCEPTED
 
 LATENCY_WINDOW = 200  # verdicts the latency figures are over
 TALLY_WORKERS = 256  # workers whose verdicts a validator's /status counts (the latest)
@@ -156,6 +158,56 @@ class VerdictLatency:
             "mean": round(sum(ordered) / len(ordered), 3),
             "p95": round(p95, 3),
             "max": round(ordered[-1], 3),
+        }
+
+
+class PostedVerdicts:
+    """What a validator's posted verdicts add up to, for its ``/status``: counts by reason,
+    the latest 20, per worker (``WorkerTally``), the latency from first sight
+    (``VerdictLatency``) and the time spent judging. Pure: the validator feeds it times."""
+
+    def __init__(self) -> None:
+        self.counts: Counter[str] = Counter()  # accepted, invalid, mismatch, unavailable
+        self.recent: deque[dict[str, Any]] = deque(maxlen=20)
+        self.tally = WorkerTally()
+        self.latency = VerdictLatency()
+        self.seen_at: dict[tuple[str, bytes], float] = {}  # when a submission was first seen
+        self.judge_seconds = 0.0
+
+    def posted(
+        self, key: tuple[str, bytes], reason: str, detail: str, seconds: float, now: float
+    ) -> tuple[dict[str, Any], float | None]:
+        """Count the verdict posted on ``key`` (``seconds``: its judging): its ``recent``
+        entry, and its latency (None for a submission never seen on-chain here)."""
+        worker, work_key = key
+        self.counts[reason] += 1
+        self.tally.add(worker, reason)
+        latency = None
+        if (seen := self.seen_at.pop(key, None)) is not None:
+            latency = self.latency.add(seen, now)
+        self.judge_seconds += seconds
+        entry = {
+            "worker": worker,
+            "key": work_key.hex()[:16],
+            "verdict": reason,
+            "detail": detail[:200],
+            "latency_s": None if latency is None else round(latency, 3),
+        }
+        self.recent.append(entry)
+        return entry, latency
+
+    def fields(self) -> dict[str, Any]:
+        """Their ``ValidatorStatus`` fields."""
+        judged = sum(self.counts.values())
+        return {
+            "judged": judged,
+            "accepted": self.counts[ACCEPTED],
+            "rejected": judged - self.counts[ACCEPTED],
+            "rejected_by_reason": {k: v for k, v in self.counts.items() if k != ACCEPTED},
+            "judge_seconds": round(self.judge_seconds, 3),
+            "recent": list(self.recent),
+            "latency_s": self.latency.summary(),
+            "by_worker": self.tally.as_dict(),
         }
 
 

@@ -15,7 +15,9 @@ checker, a child process (``Offload(BatchChecker, CheckerSpec.of(cfg))``,
    valid registration signature (SPEC §12; the EVM cannot check Ed25519);
 2. its step and policy version are inside the async window of the trainer's clock, and the
    version is the one submitted on-chain;
-3. the on-chain ``units`` are the batch's generated tokens;
+3. the on-chain ``units`` are the batch's generated tokens (a batch larger than its units
+   allow, ``max_envelope_size``, is not even read), and its TOPLOC proofs have the chunk
+   size and top-k of the run's profile;
 4. the tasks are the worker's assigned ones (SPEC §13), every token in the vocabulary;
 5. the proofs: one prefill per rollout (``recompute_batch``) and the proof check of
    ``crypto.verdict.check_batch`` (``crypto/verdict.py``, the next hop) under the run's
@@ -34,7 +36,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import Counter, deque
 from typing import Any
 
 import trio
@@ -57,11 +58,11 @@ from node.roles.clock import StepClock, follow_steps
 from node.roles.exchange import WorkKeyMismatch, fetch_batch, follow_notices
 from node.roles.judging import JudgingQueue, VerdictPosts, refusal
 from node.roles.offload import Offload, OffloadError
-from node.roles.status import ValidatorStatus, VerdictLatency, WorkerTally
-from node.roles.work import ACCEPTED, Key, Verdict
+from node.roles.status import PostedVerdicts, ValidatorStatus
+from node.roles.work import Key, Verdict
 from protocol.batches import BatchNotice
 from protocol.errors import Reason, WireError
-from protocol.rollouts import RolloutBatch
+from protocol.rollouts import RolloutBatch, max_envelope_size
 
 log = logging.getLogger("intellect.validator")
 POLL_S = 1.0  # the judging loop's longest nap (it wakes at once for new work)
@@ -81,20 +82,19 @@ class ValidatorRole:
             raise ChainSetupError("the validator role needs the run's trainer_peer_id")
         self.node, self.cfg, self.weights = node, cfg, weights
         self.clock = StepClock(cfg.trainer_peer_id, cfg.async_level)
+        from crypto.verdict import profile  # torch: imported once a role starts
+
+        run_profile = profile(cfg.verify_profile)
+        self.proofs = (run_profile.chunk_size, run_profile.topk)  # what the batches must use
         self.queue = JudgingQueue()
         # (key, announcer) -> its notice: the size a fetch from that peer may have (the
         # first announcer's notice, anyone's, once set it for every peer asked)
         self.notices: dict[tuple[Key, str], BatchNotice] = {}
         self.submissions: dict[Key, Submission] = {}
         self.clock_at: dict[Key, tuple[int | None, int]] = {}  # the clock when submitted
-        self.seen_at: dict[Key, float] = {}  # when we learned of it: verdict latency
-        self.latency = VerdictLatency()  # over the last verdicts, for /status
-        self.verdicts: Counter[str] = Counter()  # accepted, invalid, mismatch, unavailable
-        self.recent: deque[dict[str, Any]] = deque(maxlen=20)
-        self.tally = WorkerTally()  # verdicts per worker, in /status
+        self.posted = PostedVerdicts()  # what /status shows of the verdicts posted
         self.fetch_failures = 0
         self.judging: int | None = None  # the policy version of the batch being judged
-        self.judge_seconds = 0.0
         self.busy = BusyTime()  # fetching, judging, posting
         self.unposted = VerdictPosts()
         self.until = 0  # when this validator was removed on-chain (0: it was not)
@@ -129,25 +129,17 @@ class ValidatorRole:
         )
 
     def status(self) -> ValidatorStatus:
-        judged = sum(self.verdicts.values())
         return ValidatorStatus(
             address=self.address,
             step=self.clock.step,
-            judged=judged,
-            accepted=self.verdicts[ACCEPTED],
-            rejected=judged - self.verdicts[ACCEPTED],
-            rejected_by_reason={k: v for k, v in self.verdicts.items() if k != ACCEPTED},
             fetch_failures=self.fetch_failures,
             unposted=len(self.unposted),
             removed_at=self.until or None,
             not_ours=self.not_ours,
-            judge_seconds=round(self.judge_seconds, 3),
             idle_share=self.busy.idle_share(time.monotonic()),
             waiting=self.queue.waiting(),
             given_up=self.queue.given_up,
-            recent=list(self.recent),
-            latency_s=self.latency.summary(),
-            by_worker=self.tally.as_dict(),
+            **self.posted.fields(),
         )
 
     def needed_versions(self) -> set[int]:
@@ -210,7 +202,7 @@ class ValidatorRole:
                 else:
                     self.clock_at[key] = (self.clock.step, self.clock.policy_version)
                 self.submissions[key] = sub
-                self.seen_at[key] = trio.current_time()
+                self.posted.seen_at[key] = trio.current_time()
                 assert self.registrations is not None
                 holder = await trio.to_thread.run_sync(
                     registered_peer, self.registrations, sub.worker
@@ -277,10 +269,14 @@ class ValidatorRole:
                 self.busy.add(time.monotonic() - began)
 
     async def _fetch_and_judge(self, key: Key, peer: str) -> None:
-        notice = self.notices.get((key, peer))
+        notice, units = self.notices.get((key, peer)), self.submissions[key].units
         try:
             batch, envelope = await fetch_batch(
-                self.node, peer, key[1], expected_size=notice.size if notice else None
+                self.node,
+                peer,
+                key[1],
+                expected_size=notice.size if notice else None,
+                max_size=max_envelope_size(units, *self.proofs),
             )
         except WorkKeyMismatch as exc:  # signed by its server: is that the worker?
             verdict = await trio.to_thread.run_sync(
@@ -303,7 +299,7 @@ class ValidatorRole:
             return
         self.queue.fetched(key)
         sub = self.submissions[key]
-        args = (batch, sub, self.registrations, self.clock, self.clock_at.get(key))
+        args = (batch, sub, self.registrations, self.clock, self.clock_at.get(key), self.proofs)
         verdict = await trio.to_thread.run_sync(cheap_checks, *args)
         if verdict is None:  # they passed: tasks, rewards and proofs
             model_dir = await weights_of(batch.policy_version, self.cfg.model, self.weights)
@@ -353,22 +349,11 @@ class ValidatorRole:
                 )
                 return
         self.unposted.posted(key)
-        self.verdicts[v.reason] += 1
-        self.tally.add(worker, v.reason)
+        now = trio.current_time()
+        entry, latency = self.posted.posted(key, v.reason, v.detail, v.seconds, now)
         self.node.metrics.inc("verdicts", verdict=v.reason)
-        latency = None
-        if (seen := self.seen_at.pop(key, None)) is not None:
-            latency = self.latency.add(seen, trio.current_time())
+        if latency is not None:
             self.node.metrics.observe("verdict_latency_seconds", latency, verdict=v.reason)
-        self.judge_seconds += v.seconds
-        entry = {
-            "worker": worker,
-            "key": work_key.hex()[:16],
-            "verdict": v.reason,
-            "detail": v.detail[:200],
-            "latency_s": None if latency is None else round(latency, 3),
-        }
-        self.recent.append(entry)
         (log.info if v.accepted else log.warning)("verdict %s", entry)
 
 
@@ -378,10 +363,12 @@ def cheap_checks(
     registrations: Any,
     clock: StepClock,
     at: tuple[int | None, int] | None,
+    proofs: tuple[int, int],
 ) -> Verdict | None:
     """Checks 1-3 of the module docstring (blocking: ledger reads through
-    ``registrations``); ``at``: the trainer's clock when the batch was submitted. None
-    when they pass and the batch goes on to ``BatchChecker``."""
+    ``registrations``); ``at``: the trainer's clock when the batch was submitted;
+    ``proofs``: the run's TOPLOC chunk size and top-k, the only ones its profile checks.
+    None when they pass and the batch goes on to ``BatchChecker``."""
     from crypto.identity import public_key_of_peer_id
 
     if batch.worker != sub.worker:
@@ -395,6 +382,12 @@ def cheap_checks(
         return Verdict.reject("mismatch", "policy version differs from the submission")
     if batch.num_tokens != sub.units:
         return Verdict.reject("mismatch", f"units {sub.units} on-chain, {batch.num_tokens} tokens")
+    if (batch.proof_chunk, batch.proof_topk) != proofs:
+        return Verdict.reject(
+            "invalid",
+            f"proofs of {batch.proof_chunk}-token chunks, top-{batch.proof_topk}: the run's "
+            f"profile checks {proofs[0]}-token chunks, top-{proofs[1]}",
+        )
     return None
 
 
