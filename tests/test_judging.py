@@ -5,7 +5,7 @@ bounds that keep a flood of announcements from crowding out real work."""
 from node.roles.judging import JudgingQueue
 
 WORKER = "0x" + "12" * 20
-K1, K2 = (WORKER, b"\x01" * 32), (WORKER, b"\x02" * 32)
+K1, K2 = (WORKER, b"\x01" * 32), ("0x" + "56" * 20, b"\x02" * 32)
 
 
 def test_a_batch_is_fetched_only_once_submitted_and_announced():
@@ -29,6 +29,19 @@ def test_oldest_submission_first():
         q.submitted(key, units=1, policy_version=0, now=t)
     assert q.next_fetch(10)[0] == K1
     assert q.next_fetch(10)[0] == K2
+
+
+def test_fetches_run_side_by_side_but_one_per_worker():
+    q = JudgingQueue()
+    again = (WORKER, b"\x03" * 32)  # K1's worker's next batch
+    for key, t in ((K1, 1.0), (again, 2.0), (K2, 3.0)):
+        q.noticed(key, "p", now=t)
+        q.submitted(key, units=1, policy_version=0, now=t)
+    assert q.next_fetch(10)[0] == K1
+    assert q.next_fetch(10)[0] == K2  # the older one is K1's worker's: it waits for K1
+    assert q.next_fetch(10) is None
+    q.fetched(K1)  # in judgement now: the worker's next batch may be fetched
+    assert q.next_fetch(10)[0] == again
 
 
 def test_retries_back_off_rotate_peers_and_end_in_unavailable():

@@ -667,6 +667,21 @@ def test_idle_share_with_given_times():
     assert busy.idle_share(110.0) == 0.0  # never below 0
 
 
+def test_overlapping_work_is_busy_time_once():
+    """A validator's concurrent fetches and its judging overlap: their union is busy."""
+    now = [0.0]
+    busy = BusyTime(since=0.0)
+    with busy.working(lambda: now[0]):
+        now[0] = 1.0
+        with busy.working(lambda: now[0]):  # a second fetch beside the first
+            now[0] = 3.0
+        now[0] = 4.0
+    now[0] = 6.0
+    with busy.working(lambda: now[0]):
+        now[0] = 7.0
+    assert busy.busy_s == 5.0 and busy.idle_share(10.0) == 0.5
+
+
 def test_the_status_sections_keep_their_keys():
     """The devnet, the CLI, the bench and the tests read these keys from /status."""
     counts = dict(generated=1, submitted=1, accepted=0, rejected=0, unjudged=1, expired=0)

@@ -516,7 +516,7 @@ async def test_a_batch_a_validator_cannot_judge_now_is_judged_later_not_dropped(
     async def fetch_and_judge():
         got = role.queue.next_fetch(trio.current_time() + 10_000)
         assert got == (key, "peerA")
-        await role._fetch_and_judge(*got)
+        await role._judge(got[0], *await role._fetch(*got))
 
     await fetch_and_judge()  # no weights of version 4 here
     assert posted == [] and role.queue.entries[key].check_failures == 1
@@ -537,7 +537,98 @@ async def test_a_batch_a_validator_cannot_judge_now_is_judged_later_not_dropped(
     role.checker.fail, role.checker.dead = "the worker process died (exit code -9)", True
     got = role.queue.next_fetch(trio.current_time())
     with pytest.raises(OffloadError, match="died"):
-        await role._fetch_and_judge(*got)
+        await role._judge(got[0], *await role._fetch(*got))
+
+
+def serving_validator(tmp_path, monkeypatch, slow: dict[bytes, float]):
+    """A validator role whose loop runs without a network or a chain: a fetch of a key in
+    ``slow`` takes that many seconds (a batch sent at the slowest rate its deadline allows),
+    any other is at once; every batch is accepted. Returns the role and its event log:
+    ("fetch", key byte, when) as a fetch starts, ("post", key byte, when) as it is posted."""
+    import node.roles.validator as validator_module
+    from node.roles.work import Verdict
+
+    role = validator_role(tmp_path)
+    role.node = SimpleNamespace(subscribe=lambda *a: None, add_status=lambda *a: None)
+    role.clock.step = 0
+    log = []
+
+    async def fetch_batch(node, peer, work_key, expected_size=None, max_size=None):
+        log.append(("fetch", work_key[0], trio.current_time()))
+        await trio.sleep(slow.get(work_key, 0.0))
+        return SimpleNamespace(policy_version=0), b"envelope"
+
+    async def post(key, verdict):
+        log.append(("post", key[1][0], trio.current_time()))
+
+    async def checker_call(call):
+        await trio.sleep(1.0)  # one batch judged at a time, a second each
+        return Verdict.accept()
+
+    async def nothing_new():
+        return False
+
+    async def inline(fn, *args):  # a worker thread would let the virtual clock jump
+        return fn(*args)
+
+    monkeypatch.setattr(validator_module, "fetch_batch", fetch_batch)
+    monkeypatch.setattr(validator_module, "cheap_checks", lambda *args: None)
+    monkeypatch.setattr(trio.to_thread, "run_sync", inline)
+    role.checker, role._post, role._read_chain = (
+        SimpleNamespace(call=checker_call),
+        post,
+        nothing_new,
+    )
+    return role, log
+
+
+def submit(role, worker: str, n: int, at: float) -> None:
+    key = (worker, bytes([n]) * 32)
+    role.submissions[key] = SimpleNamespace(policy_version=0, units=10)
+    role.queue.submitted(key, 10, 0, now=at, holder=f"peer-{worker[-2:]}")
+
+
+async def test_a_slow_worker_holds_one_fetch_while_the_others_batches_are_judged(
+    tmp_path, monkeypatch, autojump_clock
+):
+    """Fetches ran one at a time: a worker that sends its batch at the slowest rate the
+    deadline allows (here 100 s) held the validator's only fetch, and every other worker's
+    batch waited behind it. Now up to ``FETCHES`` run at once, one per worker: the slow
+    worker's second batch waits for its first, nobody else's does, and the next batch is
+    fetched while one is judged."""
+    slow = ("0x" + "aa" * 20, [1, 2])
+    role, log = serving_validator(tmp_path, monkeypatch, {bytes([1]) * 32: 100.0})
+    for n in slow[1]:
+        submit(role, slow[0], n, at=0.0)  # the oldest submissions: fetched first
+    for n in (3, 4, 5):
+        submit(role, "0x" + f"{n:02x}" * 20, n, at=1.0)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(role._serve)
+        await trio.sleep(250)
+        nursery.cancel_scope.cancel()
+    when = {(kind, n): t for kind, n, t in log}
+    assert {n for kind, n, _ in log if kind == "post"} == {1, 2, 3, 4, 5}, log
+    assert all(when[("fetch", n)] < 1.0 for n in (1, 3, 4, 5))  # at once, side by side
+    assert max(when[("post", n)] for n in (3, 4, 5)) < 10  # judged one after the other
+    assert when[("fetch", 2)] >= 100  # the slow worker's second batch: after its first
+    assert when[("post", 1)] >= 100
+
+
+async def test_at_most_fetches_batches_are_fetched_at_once(tmp_path, monkeypatch, autojump_clock):
+    from node.roles.validator import FETCHES
+
+    slow = {bytes([n]) * 32: 50.0 for n in range(1, FETCHES + 1)}
+    role, log = serving_validator(tmp_path, monkeypatch, slow)
+    for n in range(1, FETCHES + 2):  # one worker each; the last one's batch is quick
+        submit(role, "0x" + f"{n:02x}" * 20, n, at=float(n))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(role._serve)
+        await trio.sleep(100)
+        nursery.cancel_scope.cancel()
+    when = {(kind, n): t for kind, n, t in log}
+    assert all(when[("fetch", n)] < 1.0 for n in range(1, FETCHES + 1))
+    assert when[("fetch", FETCHES + 1)] >= 50  # no slot until a slow one ended
+    assert role.fetches == 0
 
 
 async def test_a_fetch_expects_the_size_its_own_peer_announced(
@@ -572,7 +663,7 @@ async def test_a_fetch_expects_the_size_its_own_peer_announced(
     role.queue.submitted(key, 1, 0, now=trio.current_time(), holder="worker-peer")
     got = role.queue.next_fetch(trio.current_time())
     assert got == (key, "worker-peer")
-    await role._fetch_and_judge(*got)
+    assert await role._fetch(*got) is None
     # and at most what one submitted unit allows, with the run's proof parameters
     assert expected == [("worker-peer", 5000, max_envelope_size(1, 32, 128))]
     for i in range(2, 200):  # notices of keys never submitted: forgotten with their keys

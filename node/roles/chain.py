@@ -7,8 +7,11 @@ node keeps answering while a transaction is mined.
 from __future__ import annotations
 
 import threading
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
+
+import trio
 
 from ledger.codes import REASON_NAMES, STATUS
 from node.config import NodeConfig
@@ -192,3 +195,31 @@ def _submission(ev: Any) -> Submission:
         policy_version=int(ev["args"]["policy_version"]),
         block=int(ev["blockNumber"]),
     )
+
+
+class PacedReads:
+    """When to read the chain: at once after ``nudge`` (a batch notice: its submission is on
+    its way), else at intervals that double from ``min_s`` up to ``max_s`` while nothing
+    new turns up (a submission nobody announced is seen within ``max_s``); at most one read
+    per ``min_s``, however many nudges come."""
+
+    def __init__(self, min_s: float, max_s: float) -> None:
+        self.min_s, self.max_s = min_s, max_s
+        self._news = trio.Event()
+
+    def nudge(self) -> None:
+        self._news.set()
+
+    async def run(self, read: Callable[[], Awaitable[bool]]) -> None:
+        """``read()`` for ever; it returns whether it found anything new."""
+        interval = self.min_s
+        while True:
+            found = await read()
+            read_at = trio.current_time()
+            interval = self.min_s if found else min(self.max_s, 2 * interval)
+            with trio.move_on_after(interval):
+                await self._news.wait()
+            if self._news.is_set():
+                self._news = trio.Event()
+                interval = self.min_s
+                await trio.sleep_until(read_at + self.min_s)

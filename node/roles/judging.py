@@ -3,7 +3,8 @@ and which verdicts to post again (``VerdictPosts``).
 
 A batch is judged when its key was submitted on-chain (the chain is the record of work
 claimed) and a peer announced that it holds it, or the worker registered the peer that
-must serve it (where to fetch it). Fetches that fail are retried with exponential
+must serve it (where to fetch it). Several fetches may run at once, at most one per worker
+(``next_fetch``): a worker that sends slowly holds only its own. Fetches that fail are retried with exponential
 back-off (``retry_s`` doubling up to ``retry_max_s``), from any of those peers in turn.
 A submitted key is *unavailable* (the validator rejects it as such: work no validator
 could see is never paid, SPEC §12) once ``fetch_deadline_s`` after its submission has
@@ -170,12 +171,15 @@ class JudgingQueue:
 
     def next_fetch(self, now: float) -> tuple[Key, str] | None:
         """The batch to fetch now and the peer to ask (the oldest submission first), or
-        None. The caller reports ``fetched`` or ``fetch_failed``."""
+        None. The caller reports ``fetched`` or ``fetch_failed``. Fetches may run at once,
+        at most one per worker: a worker whose batches come slowly holds one of them."""
+        fetching = {k[0] for k, e in self.entries.items() if e.in_flight}
         ready = [
             (e.submitted_at, k)
             for k, e in self.entries.items()
             if not e.done
             and not e.in_flight
+            and k[0] not in fetching
             and e.peers
             and e.submitted_at is not None
             and not self._gave_up(e)

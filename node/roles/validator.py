@@ -6,8 +6,9 @@ submissions from the chain (``WorkSubmitted``) and of holders from the announcem
 the worker's registered peer (a validator restarted after a batch was announced still
 finds it), and
 ``JudgingQueue`` (``node/roles/judging.py``) decides what to fetch next, when to retry and
-when a batch is unavailable. A fetched batch (``node/roles/exchange.py``) is judged
-cheapest checks first: 1-3 here in a worker thread (``cheap_checks``), 4-6 in the batch
+when a batch is unavailable. Up to ``FETCHES`` batches are fetched at once
+(``node/roles/exchange.py``), at most one per worker, and one judging loop takes them as
+they arrive, cheapest checks first: 1-3 here in a worker thread (``cheap_checks``), 4-6 in the batch
 checker, a child process (``Offload(BatchChecker, CheckerSpec.of(cfg))``,
 ``node/roles/checking.py``):
 
@@ -48,6 +49,7 @@ from node.roles.busy import BusyTime
 from node.roles.catchup import History, read_history
 from node.roles.chain import (
     ChainSetupError,
+    PacedReads,
     Registrations,
     Submission,
     SubmissionWatcher,
@@ -68,9 +70,12 @@ log = logging.getLogger("intellect.validator")
 POLL_S = 1.0  # the judging loop's longest nap (it wakes at once for new work)
 # The chain is read for new submissions at once when a batch notice comes (a worker
 # announces just before it submits), then again after 0.25 s, 0.5 s, ... up to 4 s while
-# nothing new turns up: a submission nobody announced is seen within 4 s.
+# nothing new turns up (``PacedReads``): a submission nobody announced is seen within 4 s.
 CHAIN_POLL_MIN_S = 0.25
 CHAIN_POLL_MAX_S = 4.0
+# batches fetched at once (at most one per worker: a worker that sends slowly holds one);
+# the judging of one batch overlaps the fetches of the next
+FETCHES = 4
 WEIGHTS_WAIT_S = 300.0  # a batch's policy version is waited for this long
 
 
@@ -95,6 +100,8 @@ class ValidatorRole:
         self.posted = PostedVerdicts()  # what /status shows of the verdicts posted
         self.fetch_failures = 0
         self.judging: int | None = None  # the policy version of the batch being judged
+        self.fetches = 0  # fetches under way, and fetched batches not yet taken to judge
+        self.posting = trio.Lock()
         self.busy = BusyTime()  # fetching, judging, posting
         self.unposted = VerdictPosts()
         self.until = 0  # when this validator was removed on-chain (0: it was not)
@@ -105,7 +112,7 @@ class ValidatorRole:
         self.watcher: SubmissionWatcher | None = None
         self.registrations: Registrations | None = None
         self.checker: Any = None
-        self.news = trio.Event()  # a batch notice: read the chain now
+        self.chain_reads = PacedReads(CHAIN_POLL_MIN_S, CHAIN_POLL_MAX_S)
         self.work = trio.Event()  # a new submission or notice: the judging loop wakes
 
     def _setup(self) -> None:
@@ -160,7 +167,7 @@ class ValidatorRole:
             if len(self.notices) > 2 * len(self.queue.entries) + 64:  # judged, expired: gone
                 self.notices = {k: n for k, n in self.notices.items() if self._asks(*k)}
         if entry is None or entry.submitted_at is None:
-            self.news.set()  # its submission is on its way to the chain: read it at once
+            self.chain_reads.nudge()  # its submission is on its way to the chain: read it now
         self.work.set()
 
     def _asks(self, key: Key, peer: str) -> bool:
@@ -169,20 +176,7 @@ class ValidatorRole:
         return entry is not None and peer in entry.peers
 
     async def _watch_chain(self) -> None:
-        """Read new submissions (and registration changes) from the chain: at once after a
-        batch notice, else at intervals that double while nothing new comes."""
-        interval = CHAIN_POLL_MIN_S
-        while True:
-            found = await self._read_chain()
-            read_at = trio.current_time()
-            interval = CHAIN_POLL_MIN_S if found else min(CHAIN_POLL_MAX_S, 2 * interval)
-            with trio.move_on_after(interval):
-                await self.news.wait()
-            if self.news.is_set():
-                self.news = trio.Event()
-                interval = CHAIN_POLL_MIN_S
-                # at most one read per CHAIN_POLL_MIN_S, however many notices come
-                await trio.sleep_until(read_at + CHAIN_POLL_MIN_S)
+        await self.chain_reads.run(self._read_chain)
 
     async def _read_chain(self) -> bool:
         """One read of the chain; True when it found submissions."""
@@ -235,8 +229,10 @@ class ValidatorRole:
         self.node.add_status("validator", lambda: self.status().as_dict())
         if self.weights is not None:  # the weights of work still to judge are kept
             self.weights.keep_needed(self.needed_versions)
+        fetched, to_judge = trio.open_memory_channel[tuple[Key, RolloutBatch, bytes]](0)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._watch_chain)
+            nursery.start_soon(self._judge_fetched, to_judge)
             self.busy.since = time.monotonic()
             task_status.started(self)
             while True:
@@ -251,24 +247,46 @@ class ValidatorRole:
                     continue
                 for key in self.queue.unavailable(now):
                     await self._post(key, Verdict.reject("unavailable", "nobody served the batch"))
-                got = self.queue.next_fetch(now)
-                if got is None:
-                    wake = self.queue.wake_at(now)
-                    with trio.move_on_after(
-                        POLL_S if wake is None else max(0.05, min(POLL_S, wake - now))
-                    ):
-                        await self.work.wait()  # new work wakes it at once
-                    self.work = trio.Event()
-                    continue
-                began = time.monotonic()
-                self.judging = self.submissions[got[0]].policy_version
-                try:
-                    await self._fetch_and_judge(*got)
-                finally:
-                    self.judging = None
-                self.busy.add(time.monotonic() - began)
+                while self.fetches < FETCHES and (got := self.queue.next_fetch(now)) is not None:
+                    self.fetches += 1
+                    nursery.start_soon(self._fetch_for_judging, *got, fetched)
+                wake = self.queue.wake_at(now)
+                with trio.move_on_after(
+                    POLL_S if wake is None else max(0.05, min(POLL_S, wake - now))
+                ):
+                    await self.work.wait()  # new work, or a fetch slot freed, wakes it at once
+                self.work = trio.Event()
 
-    async def _fetch_and_judge(self, key: Key, peer: str) -> None:
+    async def _fetch_for_judging(
+        self, key: Key, peer: str, judge: trio.MemorySendChannel[tuple[Key, RolloutBatch, bytes]]
+    ) -> None:
+        """One of the ``FETCHES`` slots: fetch ``key`` from ``peer`` and hand it to the
+        judging loop (the slot is held until it takes it, so at most ``FETCHES`` fetched
+        batches wait in memory)."""
+        try:
+            with self.busy.working():
+                got = await self._fetch(key, peer)
+                if got is not None:
+                    await judge.send((key, *got))
+        finally:
+            self.fetches -= 1
+            self.work.set()
+
+    async def _judge_fetched(
+        self, fetched: trio.MemoryReceiveChannel[tuple[Key, RolloutBatch, bytes]]
+    ) -> None:
+        """Judge the fetched batches one at a time, as they come (one batch checker)."""
+        async for key, batch, envelope in fetched:
+            self.judging = batch.policy_version
+            try:
+                with self.busy.working():
+                    await self._judge(key, batch, envelope)
+            finally:
+                self.judging = None
+
+    async def _fetch(self, key: Key, peer: str) -> tuple[RolloutBatch, bytes] | None:
+        """The batch and its envelope; None when the fetch failed (tried again later) or
+        served evidence against the worker (its verdict posted)."""
         notice, units = self.notices.get((key, peer)), self.submissions[key].units
         try:
             batch, envelope = await fetch_batch(
@@ -285,10 +303,10 @@ class ValidatorRole:
             if verdict is not None:
                 self.queue.judged(key)
                 await self._post(key, verdict)
-                return
+                return None
             self.fetch_failures += 1
             self.queue.fetch_failed(key, trio.current_time())
-            return
+            return None
         except Exception as exc:  # refused, timed out, or any of py-libp2p's dial errors
             self.fetch_failures += 1
             what = exc if isinstance(exc, WireError | RemoteRefusal) else repr(exc)
@@ -296,8 +314,11 @@ class ValidatorRole:
             self.queue.fetch_failed(key, trio.current_time())
             if isinstance(exc, WireError) and exc.reason is Reason.TIMEOUT:
                 await self.node.disconnect(peer)  # a stuck connection: dial afresh next time
-            return
+            return None
         self.queue.fetched(key)
+        return batch, envelope
+
+    async def _judge(self, key: Key, batch: RolloutBatch, envelope: bytes) -> None:
         sub = self.submissions[key]
         args = (batch, sub, self.registrations, self.clock, self.clock_at.get(key), self.proofs)
         verdict = await trio.to_thread.run_sync(cheap_checks, *args)
@@ -330,10 +351,11 @@ class ValidatorRole:
     async def _post(self, key: Key, v: Verdict) -> None:
         worker, work_key = key
         try:
-            if v.accepted:
-                await trio.to_thread.run_sync(self.ledger.accept, worker, work_key)
-            else:
-                await trio.to_thread.run_sync(self.ledger.reject, worker, work_key, v.reason)
+            async with self.posting:  # one transaction of ours at a time (its nonce)
+                if v.accepted:
+                    await trio.to_thread.run_sync(self.ledger.accept, worker, work_key)
+                else:
+                    await trio.to_thread.run_sync(self.ledger.reject, worker, work_key, v.reason)
         except Exception as exc:  # e.g. the chain's clock lags ours: posted again later
             if (why := refusal(exc)) != "stands":  # else another validator's vote said it
                 # the chain down, or its clock not there yet: no refusal, never given up for it
