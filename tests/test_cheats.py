@@ -223,43 +223,6 @@ def test_a_greedy_batch_no_check_can_tell_from_sampling_is_not_made_and_comes_ag
     assert plan.not_made(plan.next()) == "none" and plan.next() == "greedy"
 
 
-class Registrations:
-    """The two ledger reads the key-mismatch rule makes, for one registered worker."""
-
-    def __init__(self, worker, identity, valid=True):
-        self.worker, self.identity, self.valid = worker, identity, valid
-
-    def registration(self, worker):
-        key = self.identity.public_bytes if worker == self.worker else bytes(32)
-        return key, b"signature"
-
-    def registration_valid(self, worker):
-        return self.valid and worker == self.worker
-
-
-def test_a_body_under_another_key_is_a_mismatch_only_when_the_worker_signed_it():
-    """``key_mismatch``: the served batch does not hash to the submitted key. Signed by the
-    worker's registered peer key it is evidence (``mismatch`` at once); signed by anyone
-    else, or under a registration that does not verify, it is only a failed fetch."""
-    from types import SimpleNamespace
-
-    from node.roles.validator import served_under_another_key
-
-    worker_id, stranger = Identity.generate(), Identity.generate()
-
-    def batch_by(identity, worker=WORKER):  # what the rule reads of the served batch
-        return SimpleNamespace(sender=identity.peer_id, worker=worker)
-
-    ledger = Registrations(WORKER, worker_id)
-    verdict = served_under_another_key(ledger, batch_by(worker_id), WORKER)
-    assert verdict is not None and verdict.reason == CATALOGUE["key_mismatch"].reason
-    assert served_under_another_key(ledger, batch_by(stranger), WORKER) is None
-    other = "0x" + "77" * 20
-    assert served_under_another_key(ledger, batch_by(worker_id, other), WORKER) is None
-    unverified = Registrations(WORKER, worker_id, valid=False)
-    assert served_under_another_key(unverified, batch_by(worker_id), WORKER) is None
-
-
 def moved(base, delta: float, out):
     """``base``'s weights with every one moved by ±``delta`` (as one AdamW step of learning
     rate ``delta`` moves them), saved to ``out``."""

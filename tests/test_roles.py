@@ -540,6 +540,43 @@ async def test_a_batch_a_validator_cannot_judge_now_is_judged_later_not_dropped(
         await role._judge(got[0], *await role._fetch(*got))
 
 
+async def test_a_body_served_under_a_key_it_does_not_hash_to_is_a_failed_fetch(
+    tmp_path, monkeypatch
+):
+    """``key_mismatch``: the worker's signed body does not hash to the submitted key. It
+    was rejected at once as ``mismatch``, a bonded reject: a worker that served one
+    validator such a body and the others the real batch had the others accept, overturn it
+    and burn that validator's bond, at no cost to itself. The chain cannot check the
+    signature, so it is now a failed fetch: asked again, and ``unavailable`` (unbonded)
+    if nobody ever serves the matching batch."""
+    import node.roles.validator as validator_module
+    from crypto.identity import Identity
+    from node.roles.exchange import WorkKeyMismatch
+    from tests.helpers.batches import a_batch
+
+    role = validator_role(tmp_path)
+    key = ("0x" + "12" * 20, b"\x01" * 32)
+    signed = a_batch(Identity.generate())
+
+    async def fetch_batch(node, peer, work_key, expected_size=None, max_size=None):
+        raise WorkKeyMismatch(signed)
+
+    posted = []
+
+    async def post(k, verdict):
+        posted.append((k, verdict.reason))
+
+    monkeypatch.setattr(validator_module, "fetch_batch", fetch_batch)
+    role._post = post
+    role.submissions[key] = SimpleNamespace(policy_version=0, units=6)
+    role.queue.submitted(key, 6, 0, now=0.0, holder="worker-peer")
+    got = role.queue.next_fetch(0.0)
+    assert await role._fetch(*got) is None
+    assert posted == [] and role.fetch_failures == 1
+    assert role.queue.entries[key].attempts == 1  # asked again after its back-off
+    assert role.queue.next_fetch(1e6) == (key, "worker-peer")
+
+
 def serving_validator(tmp_path, monkeypatch, slow: dict[bytes, float]):
     """A validator role whose loop runs without a network or a chain: a fetch of a key in
     ``slow`` takes that many seconds (a batch sent at the slowest rate its deadline allows),

@@ -6,7 +6,7 @@ batch in its ``BatchStore`` and serves it from there; a validator
 reading (against what the peer announced and what the submitted units allow), every frame
 under the read deadline, and that what arrived is a ``RolloutBatch``
 of this run, signed by the peer that served it, with the work key asked for (a signed batch
-that does not hash to it is ``WorkKeyMismatch``: evidence against its signer). Each batch
+that does not hash to it is ``WorkKeyMismatch``, a failed fetch like any other). Each batch
 fetched whole is timed in ``/metrics`` (``intellect_batch_fetch_seconds``).
 """
 
@@ -45,8 +45,9 @@ FRAMES_BASE_S, MIN_RATE = 10.0, 256 * 1024
 
 class WorkKeyMismatch(WireError):
     """The peer served a batch it signed itself, of this run, that does not hash to the work
-    key asked for. Unlike a damaged transfer this is evidence: when the signer is the
-    worker that submitted the key, the body does not match its key (SPEC §12, ``mismatch``)."""
+    key asked for. Its signer's doing, but only this fetcher saw it, and the chain cannot
+    check an Ed25519 signature: a validator takes it as a failed fetch (SPEC §12.1,
+    ``key_mismatch``), never as a bonded reject that others could overturn."""
 
     def __init__(self, batch: RolloutBatch) -> None:
         super().__init__(Reason.MALFORMED, "the batch does not hash to its work key")

@@ -57,7 +57,7 @@ from node.roles.chain import (
 )
 from node.roles.checking import BatchChecker, CheckBatch, CheckerSpec
 from node.roles.clock import StepClock, follow_steps
-from node.roles.exchange import WorkKeyMismatch, fetch_batch, follow_notices
+from node.roles.exchange import fetch_batch, follow_notices
 from node.roles.judging import JudgingQueue, VerdictPosts, refusal
 from node.roles.offload import Offload, OffloadError
 from node.roles.status import PostedVerdicts, ValidatorStatus
@@ -285,8 +285,7 @@ class ValidatorRole:
                 self.judging = None
 
     async def _fetch(self, key: Key, peer: str) -> tuple[RolloutBatch, bytes] | None:
-        """The batch and its envelope; None when the fetch failed (tried again later) or
-        served evidence against the worker (its verdict posted)."""
+        """The batch and its envelope; None when the fetch failed (tried again later)."""
         notice, units = self.notices.get((key, peer)), self.submissions[key].units
         try:
             batch, envelope = await fetch_batch(
@@ -296,18 +295,10 @@ class ValidatorRole:
                 expected_size=notice.size if notice else None,
                 max_size=max_envelope_size(units, *self.proofs),
             )
-        except WorkKeyMismatch as exc:  # signed by its server: is that the worker?
-            verdict = await trio.to_thread.run_sync(
-                served_under_another_key, self.ledger, exc.batch, key[0]
-            )
-            if verdict is not None:
-                self.queue.judged(key)
-                await self._post(key, verdict)
-                return None
-            self.fetch_failures += 1
-            self.queue.fetch_failed(key, trio.current_time())
-            return None
-        except Exception as exc:  # refused, timed out, or any of py-libp2p's dial errors
+        except Exception as exc:  # refused, timed out, any of py-libp2p's dial errors, or a
+            # body that does not hash to the key (``WorkKeyMismatch``: its signer's, but
+            # nothing the chain can check, and the worker may serve the others the real
+            # batch: a bonded reject for it was overturned, and this validator's bond burned)
             self.fetch_failures += 1
             what = exc if isinstance(exc, WireError | RemoteRefusal) else repr(exc)
             log.info("fetching %s from %s failed: %s", key[1].hex()[:16], peer[-8:], what)
@@ -446,20 +437,6 @@ def registered_peer(registrations: Any, worker: str) -> str | None:
         log.debug("registration of %s not read: %s", worker, exc)
         return None
     return peer_id_of(peer_key) if any(peer_key) else None
-
-
-def served_under_another_key(ledger: Any, batch: RolloutBatch, worker: str) -> Verdict | None:
-    """The verdict on a batch served under a key it does not hash to (blocking: ledger
-    reads): ``mismatch`` when the submitting worker signed it (its registered peer key, a
-    valid registration), None when someone else did (then it is only a failed fetch)."""
-    from crypto.identity import public_key_of_peer_id
-
-    peer_key, _ = ledger.registration(worker)
-    if batch.worker != worker or peer_key != public_key_of_peer_id(batch.sender):
-        return None
-    if not ledger.registration_valid(worker):
-        return None
-    return Verdict.reject("mismatch", "the worker's signed batch does not hash to its key")
 
 
 async def run(

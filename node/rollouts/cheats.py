@@ -86,7 +86,7 @@ CATALOGUE: dict[str, Cheat] = {
     ),
     "key_mismatch": Cheat(
         "claims",
-        "mismatch",
+        "unavailable",
         "submits a work key before the work, serves a batch that does not hash to it",
     ),
     "other_key": Cheat(
