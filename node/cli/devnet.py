@@ -328,15 +328,15 @@ def devices_env(
 
 
 def check_devices(devices: list[str]) -> None:
-    """A GPU asked for on a machine whose torch sees none fails before anything starts."""
+    """A GPU asked for on a machine whose torch sees none fails before anything starts,
+    in the words a node uses for it (``pick_device``), with the flags that asked."""
     if "cuda" in devices:
-        import torch
+        from node.engine.models import ModelError, pick_device
 
-        if not torch.cuda.is_available():
-            raise ValueError(
-                "a GPU asked for (--device or --validator-devices cuda): torch sees no CUDA "
-                "device on this machine"
-            )
+        try:
+            pick_device("cuda")
+        except ModelError as exc:
+            raise ValueError(f"{exc} (--device or --validator-devices cuda)") from None
 
 
 def work_settings(
