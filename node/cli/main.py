@@ -9,8 +9,8 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import sys
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -274,10 +274,9 @@ def cmd_start(args: argparse.Namespace) -> int:
     claim_data_dir(data_dir)  # held until this process exits
     identity = load_or_create_identity(data_dir)
 
-    import signal
-
     import trio
 
+    from node.cli.stopping import stop_on_signals
     from node.engine.modeldir import ModelError
     from node.net.admin import AdminServer
     from node.net.dashboard import dashboard_routes
@@ -319,82 +318,59 @@ def cmd_start(args: argparse.Namespace) -> int:
             await node.serve(task_status=task_status)
             nursery.cancel_scope.cancel()
 
-        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-            # signals are heard from the first moment (a role's start-up, a model loading or a
-            # chain answering, may take minutes: Ctrl-C must stop it, a second one at once),
-            # outside the node's nursery, which its stop cancels
-            async with trio.open_nursery() as watching:
-                watching.start_soon(on_signals, signals, node)
-                try:
-                    async with trio.open_nursery() as nursery:
-                        await nursery.start(run_node)
-                        weights = await nursery.start(WeightService(node, cfg).serve)
-                        admin = AdminServer(
-                            node,
-                            data_dir,
-                            cfg.admin_port,
-                            routes=weights.admin_routes(),
-                            pages=dashboard_routes(cfg, node.status),  # the page at /
+        # signals are heard from the first moment (a role's start-up, a model loading or a
+        # chain answering, may take minutes: Ctrl-C must stop it, a second one at once)
+        with stop_on_signals(node.request_stop):
+            async with trio.open_nursery() as nursery:
+                await nursery.start(run_node)
+                weights = await nursery.start(WeightService(node, cfg).serve)
+                admin = AdminServer(
+                    node,
+                    data_dir,
+                    cfg.admin_port,
+                    routes=weights.admin_routes(),
+                    pages=dashboard_routes(cfg, node.status),  # the page at /
+                )
+                port = await nursery.start(admin.serve)
+                # the role's module imports torch (seconds): in a thread, not on the loop
+                role = (
+                    None
+                    if cfg.network_only
+                    else await trio.to_thread.run_sync(
+                        partial(role_service, cfg.role, diloco=cfg.diloco, objective=cfg.objective)
+                    )
+                )
+                if role is not None:
+                    try:
+                        await nursery.start(supervised, role, node, weights)
+                    except (
+                        ChainSetupError,
+                        ModelError,
+                        RuntimeError,
+                        ValueError,
+                        OSError,
+                    ) as exc:
+                        print(
+                            f"intellect-node: error: {cfg.role} role: {exc}",
+                            file=sys.stderr,
                         )
-                        port = await nursery.start(admin.serve)
-                        role = (
-                            None
-                            if cfg.network_only
-                            else role_service(cfg.role, diloco=cfg.diloco, objective=cfg.objective)
-                        )
-                        if role is not None:
-                            try:
-                                await nursery.start(supervised, role, node, weights)
-                            except (
-                                ChainSetupError,
-                                ModelError,
-                                RuntimeError,
-                                ValueError,
-                                OSError,
-                            ) as exc:
-                                print(
-                                    f"intellect-node: error: {cfg.role} role: {exc}",
-                                    file=sys.stderr,
-                                )
-                                failed.append(exc)
-                                node.request_stop()
-                                return
-                        print(f"intellect-node {cfg.role} up", flush=True)
-                        print(f"  peer id : {node.peer_id}")
-                        for a in node.addrs:
-                            print(f"  address : {a}/p2p/{node.peer_id}")
-                        print(f"  admin   : http://127.0.0.1:{port}/status (metrics at /metrics)")
-                        print(f"  page    : http://127.0.0.1:{port}/ (intellect-node dashboard)")
-                        note = cfg.role
-                        if cfg.role == "trainer" and cfg.diloco:
-                            note = "pretrain" if cfg.objective == "pretrain" else "diloco"
-                        print(f"  role    : {ROLE_NOTES[note]}", flush=True)
-                finally:
-                    watching.cancel_scope.cancel()
+                        failed.append(exc)
+                        node.request_stop()
+                        return
+                print(f"intellect-node {cfg.role} up", flush=True)
+                print(f"  peer id : {node.peer_id}")
+                for a in node.addrs:
+                    print(f"  address : {a}/p2p/{node.peer_id}")
+                print(f"  admin   : http://127.0.0.1:{port}/status (metrics at /metrics)")
+                print(f"  page    : http://127.0.0.1:{port}/ (intellect-node dashboard)")
+                note = cfg.role
+                if cfg.role == "trainer" and cfg.diloco:
+                    note = "pretrain" if cfg.objective == "pretrain" else "diloco"
+                print(f"  role    : {ROLE_NOTES[note]}", flush=True)
 
     failed: list[BaseException] = []
     trio.run(main)
     return 1 if failed else 0
-
-
-async def on_signals(signals: Any, node: Any) -> None:
-    """SIGINT or SIGTERM: the node stops, announcing its departure (its role's start-up,
-    if it is still starting, is cancelled); a second one: the process exits at once (130),
-    whatever it was waiting for (a thread blocked on a silent chain, a slow departure). Its
-    files are written atomically, and its child processes end with it (node/orphans.py).
-    A second SIGINT sent while the node shuts its network down was at times never
-    delivered to this process's handler (a third was, and a SIGTERM always: cause not
-    found)."""
-    stopping = False
-    async for _sig in signals:
-        if not stopping:
-            stopping = True
-            print("stopping: announcing departure to peers (Ctrl-C again to force)", flush=True)
-            node.request_stop()
-            continue
-        print("forced: exiting now, without waiting", flush=True)
-        sys.stderr.flush()
-        os._exit(130)
 
 
 class _Started:
