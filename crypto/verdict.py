@@ -107,6 +107,13 @@ def profile(name: str) -> VerifyConfig:
         ) from None
 
 
+def proof_parameters(name: str) -> tuple[int, int]:
+    """The TOPLOC chunk size and top-k profile ``name`` checks: the only ones a batch of a
+    run under it may be proven with."""
+    p = profile(name)
+    return p.chunk_size, p.topk
+
+
 @dataclass(frozen=True)
 class RolloutVerdict:
     toploc: list[ProofResult]

@@ -214,17 +214,18 @@ async def test_a_trainer_fetches_from_the_workers_peer_and_forgets_old_announcer
     announcers, up to 8 of them tried for up to 120 s each, are asked only when the chain
     cannot name that peer; and notices of keys never submitted (200k of them held 50 MiB)
     are kept for the newest ``MAX_HOLDERS`` keys only."""
+    from node.roles import gathering
     from node.roles import trainer as trainer_module
     from protocol.batches import BatchNotice
 
     role = a_trainer(tmp_path)
     asked, registered = [], ["worker-peer"]
 
-    async def fetch_batch(node, peer, work_key, expected_size=None):
+    async def fetch_batch(node, peer, work_key, expected_size=None, max_size=None):
         asked.append(peer)
         raise OSError("unreachable")
 
-    monkeypatch.setattr(trainer_module, "fetch_batch", fetch_batch)
+    monkeypatch.setattr(gathering, "fetch_batch", fetch_batch)
     monkeypatch.setattr(trainer_module, "registered_peer", lambda ledger, w: registered[0])
 
     def notice(n):
@@ -232,17 +233,18 @@ async def test_a_trainer_fetches_from_the_workers_peer_and_forgets_old_announcer
             work_key=n.to_bytes(32, "big"), worker=W, step=0, policy_version=0, units=1, size=9
         )
 
+    gatherer = role.gatherer
     for sender in ("sybil-1", "sybil-2", "worker-peer"):
-        role._on_notice(sender, notice(1))
-    assert not await role._fetch((W, notice(1).work_key))
+        gatherer.on_notice(sender, notice(1))
+    assert not await gatherer.fetch((W, notice(1).work_key))
     assert asked == ["worker-peer"]
     registered[0] = None  # the chain cannot say now: the announcers
-    assert not await role._fetch((W, notice(1).work_key))
+    assert not await gatherer.fetch((W, notice(1).work_key))
     assert asked[1:] == ["sybil-1", "sybil-2", "worker-peer"]
-    for n in range(2, trainer_module.MAX_HOLDERS + 100):
-        role._on_notice("sybil-1", notice(n))
-    assert len(role.holders) == trainer_module.MAX_HOLDERS
-    assert (W, notice(1).work_key) not in role.holders  # the oldest went first
+    for n in range(2, gathering.MAX_HOLDERS + 100):
+        gatherer.on_notice("sybil-1", notice(n))
+    assert len(gatherer.holders) == gathering.MAX_HOLDERS
+    assert (W, notice(1).work_key) not in gatherer.holders  # the oldest went first
 
 
 def test_batches_trained_on_are_never_counted_stale_once_forgotten():
@@ -487,3 +489,48 @@ def check_chain(loop, client):
         anyone.settle(loop.addresses[name])
         assert client.claimable(loop.addresses[name]) > 0, name
     return subs
+
+
+async def test_the_trainer_fetches_side_by_side_one_per_worker_within_the_units(
+    monkeypatch, autojump_clock
+):
+    """It fetched one accepted batch at a time: a worker paid for a batch it then served
+    the trainer slowly held every other batch back. Now up to ``FETCHES`` at once, one per
+    worker, each refused beyond what its submitted units allow."""
+    from types import SimpleNamespace
+
+    import trio
+
+    from node.roles import gathering
+    from protocol.rollouts import max_envelope_size
+
+    slow, others = "0x" + "aa" * 20, ["0x" + f"{n:02x}" * 20 for n in (3, 4)]
+    keys = [(slow, b"\x01" * 32), (slow, b"\x02" * 32)]
+    keys += [(w, bytes([n]) * 32) for w, n in zip(others, (3, 4), strict=True)]
+    book = SimpleNamespace(submitted={k: SimpleNamespace(units=6) for k in keys}, fetched={})
+    started = []
+
+    async def fetch_batch(node, peer, work_key, expected_size=None, max_size=None):
+        started.append((work_key[0], trio.current_time(), max_size))
+        await trio.sleep(100 if work_key[0] == 1 else 1)
+        worker = next(w for w, k in keys if k == work_key)
+        return SimpleNamespace(worker=worker, num_tokens=6, policy_version=0), b"envelope"
+
+    async def inline(fn, *args):  # a worker thread would let the virtual clock jump
+        return fn(*args)
+
+    monkeypatch.setattr(gathering, "fetch_batch", fetch_batch)
+    monkeypatch.setattr(trio.to_thread, "run_sync", inline)
+    inbox = SimpleNamespace(keys=list, put=lambda envelope: None)
+    gatherer = gathering.Gatherer(
+        None, inbox, book, registered=lambda worker: "its-peer", proofs=(32, 128)
+    )
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(gatherer.run, lambda: [k for k in keys if k not in book.fetched])
+        await trio.sleep(150)
+        nursery.cancel_scope.cancel()
+    at = {n: t for n, t, _ in started}
+    assert at[1] < 1 and at[3] < 1 and at[4] < 1  # side by side
+    assert at[2] >= 100  # the slow worker's next batch waits for its first
+    assert {m for _, _, m in started} == {max_envelope_size(6, 32, 128)}
+    assert set(book.fetched) == set(keys)

@@ -39,7 +39,7 @@ log = logging.getLogger("intellect.batches")
 TRANSFER_DEADLINE_S = 120.0  # a whole batch, however large (every frame has its own too)
 # and a batch's frames once its size is known: 10 s plus 256 KiB/s. A peer that sent a small
 # batch a byte a frame (each within the read deadline) held a fetch for the whole 120 s
-# (a validator fetches 4 at once, one per worker; the trainer one at a time)
+# (validators and the trainer fetch 4 at once, at most one per worker)
 FRAMES_BASE_S, MIN_RATE = 10.0, 256 * 1024
 
 

@@ -3,8 +3,9 @@
 Where the rollout comes from: a worker generated it (``node/roles/inference.py``), a
 validator judged it and posted ``accept`` on-chain (``node/roles/validator.py``). The
 trainer reads verdicts from the chain, never from gossip (``WorkWatcher``), fetches each
-accepted batch from its worker over ``/intellect/batch/1.0.0`` (it must hash to the work
-key the chain accepted), keeps it in its inbox, and trains on it: ``PolicyWorker`` (a
+accepted batch from its worker over ``/intellect/batch/1.0.0`` (``Gatherer``,
+``node/roles/gathering.py``: it must hash to the work key the chain accepted), keeps it in
+its inbox, and trains on it: ``PolicyWorker`` (a
 child process, ``node/training/worker.py``) turns the batches into GRPO samples
 (``node/training/grpo.py``) and takes one optimizer step (``node/training/policy.py``);
 with ``train_procs`` > 1 the child drives that many torchrun ranks that shard the step
@@ -43,16 +44,17 @@ from typing import Any
 
 import trio
 
+from crypto.verdict import proof_parameters
 from ledger.client import LedgerUnreachable
 from node.config import NodeConfig
 from node.net.runtime import Node
 from node.roles.chain import ChainSetupError, WorkWatcher, open_ledger
-from node.roles.exchange import fetch_batch, follow_notices
+from node.roles.exchange import follow_notices
+from node.roles.gathering import Gatherer
 from node.roles.offload import Offload, OffloadError
 from node.roles.status import CURVE_POINTS, TrainerStatus, curve_point
 from node.roles.work import Key
 from node.roles.workbook import (
-    FetchRetry,
     TrainerState,
     WorkBook,
     append_line,
@@ -62,13 +64,10 @@ from node.roles.workbook import (
     recorded_step,
     step_batches,
 )
-from node.rollouts.store import BatchStore, BatchStoreError
+from node.rollouts.store import BatchStore
 from node.training.ranks import RankedPolicyWorker, RanksSpec
 from node.training.worker import Evaluate, PolicySpec, PolicyWorker, StepStats, TrainStep
-from protocol.batches import STEP_TOPIC, BatchNotice, StepNotice
-from protocol.errors import WireError
-from protocol.rollouts import RolloutBatch
-from protocol.wire import open_message
+from protocol.batches import STEP_TOPIC, StepNotice
 
 log = logging.getLogger("intellect.trainer")
 STATE_FILE = "trainer-state.json"
@@ -78,7 +77,6 @@ ANNOUNCE_EVERY = 5.0  # the step notice is repeated (gossip can miss, nodes join
 KEEP_CHECKPOINTS = 2
 CHAIN_RETRY_S = 2.0  # a chain that does not answer is asked again this often
 SAVE_RETRY_FIRST, SAVE_RETRY_MAX = 5.0, 300.0  # a checkpoint the disk refused: saved again
-MAX_HOLDERS = 4096  # batches whose announcers are remembered
 
 
 class TrainerRole:
@@ -93,7 +91,13 @@ class TrainerRole:
         self.state = TrainerState.load(self.state_path)
         self.book = WorkBook.resumed(cfg.async_level, self.state)
         self.inbox = BatchStore(self.dir / "trainer-inbox")
-        self.holders: dict[Key, list[str]] = {}  # peers that announced a batch
+        self.gatherer = Gatherer(  # fetches the accepted batches into the inbox
+            node,
+            self.inbox,
+            self.book,
+            registered=lambda worker: registered_peer(self.ledger, worker),
+            proofs=proof_parameters(cfg.verify_profile),
+        )
         self.announced: tuple[int, int] = (-1, -1)
         self.policy: Any = None
         self.ledger: Any = None
@@ -163,11 +167,11 @@ class TrainerRole:
         return Offload(PolicyWorker, spec)
 
     async def _serve(self, task_status: trio.TaskStatus[TrainerRole]) -> None:
-        follow_notices(self.node, self._on_notice)
+        follow_notices(self.node, self.gatherer.on_notice)
         self.node.add_status("trainer", lambda: self.status().as_dict())
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._watch_chain)
-            nursery.start_soon(self._fetch_loop)
+            nursery.start_soon(self.gatherer.run, lambda: self._mine(self.book.wanted(self.step)))
             nursery.start_soon(self._announce_loop)
             await self._publish(self.step)  # after a restart: what a crash left unpublished
             task_status.started(self)
@@ -326,60 +330,6 @@ class TrainerRole:
     def _count_slashed(self) -> int:
         workers = {w for w, _ in self.book.submitted}
         return sum(1 for w in workers if self.ledger.worker(w).slashed)
-
-    def _on_notice(self, sender: str, notice: BatchNotice) -> None:
-        """Who announced a batch: asked only when the chain cannot name the worker's peer
-        (the oldest of ``MAX_HOLDERS`` keys go: notices of keys never submitted cost none)."""
-        peers = self.holders.setdefault((notice.worker, notice.work_key), [])
-        if sender not in peers and len(peers) < 4:
-            peers.append(sender)
-        while len(self.holders) > MAX_HOLDERS:
-            del self.holders[next(iter(self.holders))]
-
-    async def _fetch_loop(self) -> None:
-        """Fetch every accepted batch the trainer may still use into the inbox."""
-        for key in self.inbox.keys():  # after a restart: what was fetched before
-            self._file(key)
-        retry = FetchRetry()
-        while True:
-            for key in retry.due(self._mine(self.book.wanted(self.step)), time.monotonic()):
-                if await self._fetch(key):
-                    retry.fetched(key)
-                else:
-                    retry.failed(key, time.monotonic())
-            await trio.sleep(POLL_S)
-
-    def _file(self, work_key: bytes) -> None:
-        try:
-            envelope = self.inbox.get(work_key)
-            if envelope is None:
-                return
-            batch = open_message(envelope, RolloutBatch)
-        except (BatchStoreError, WireError):  # damaged on disk: fetched again
-            self.inbox.delete(work_key)
-            return
-        self.book.fetched[(batch.worker, work_key)] = batch.policy_version
-
-    async def _fetch(self, key: Key) -> bool:
-        worker, work_key = key
-        registered = await trio.to_thread.run_sync(registered_peer, self.ledger, worker)
-        # only the worker's registered peer can serve its batch (the server is the signer)
-        peers = [registered] if registered else list(self.holders.get(key, []))
-        expected = self.book.submitted[key].units if key in self.book.submitted else None
-        for peer in peers:
-            try:
-                batch, envelope = await fetch_batch(self.node, peer, work_key)
-            except Exception as exc:
-                log.debug("fetching %s from %s failed: %s", work_key.hex()[:16], peer[-8:], exc)
-                continue
-            if batch.worker != worker or (expected is not None and batch.num_tokens != expected):
-                log.warning("batch %s does not match its submission", work_key.hex()[:16])
-                continue
-            self.inbox.put(envelope)
-            self.book.fetched[key] = batch.policy_version
-            self.holders.pop(key, None)
-            return True
-        return False
 
 
 async def publish_on_chain(ledger: Any, version: int) -> None:

@@ -41,6 +41,7 @@ from typing import Any
 
 import trio
 
+from crypto.verdict import proof_parameters
 from ledger.client import LedgerUnreachable
 from node.config import NodeConfig
 from node.net.requests import RemoteRefusal
@@ -87,10 +88,7 @@ class ValidatorRole:
             raise ChainSetupError("the validator role needs the run's trainer_peer_id")
         self.node, self.cfg, self.weights = node, cfg, weights
         self.clock = StepClock(cfg.trainer_peer_id, cfg.async_level)
-        from crypto.verdict import profile  # torch: imported once a role starts
-
-        run_profile = profile(cfg.verify_profile)
-        self.proofs = (run_profile.chunk_size, run_profile.topk)  # what the batches must use
+        self.proofs = proof_parameters(cfg.verify_profile)  # what the batches must use
         self.queue = JudgingQueue()
         # (key, announcer) -> its notice: the size a fetch from that peer may have (the
         # first announcer's notice, anyone's, once set it for every peer asked)
