@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
+
+log = logging.getLogger("intellect.files")
 
 
 def write_atomic(path: Path, data: bytes) -> None:
@@ -20,3 +24,24 @@ def write_atomic(path: Path, data: bytes) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+SAVE_RETRY_FIRST, SAVE_RETRY_MAX = 5.0, 300.0  # a write the disk refused: tried again
+
+
+async def saved(write: Callable[[Path], object], path: Path, *, what: str) -> None:
+    """``write(path)`` in a worker thread, for a write that replaces ``path`` whole
+    (``write_atomic``: trying it again is safe). One the disk refuses (an ``OSError``: full,
+    over quota) is tried again after 5 s, doubling up to 300 s: a trainer waits for room
+    instead of stopping (its restart would resume, but nothing restarts it)."""
+    import trio
+
+    delay = SAVE_RETRY_FIRST
+    while True:
+        try:
+            await trio.to_thread.run_sync(write, path)
+            return
+        except OSError as exc:
+            log.error("%s not saved: %s (saving it again in %.0f s)", what, exc, delay)
+        await trio.sleep(delay)
+        delay = min(2 * delay, SAVE_RETRY_MAX)

@@ -6,6 +6,7 @@ killed with SIGKILL mid-run and restarted."""
 import json
 import os
 import signal
+from functools import partial
 
 import pytest
 
@@ -534,3 +535,36 @@ async def test_the_trainer_fetches_side_by_side_one_per_worker_within_the_units(
     assert at[2] >= 100  # the slow worker's next batch waits for its first
     assert {m for _, _, m in started} == {max_envelope_size(6, 32, 128)}
     assert set(book.fetched) == set(keys)
+
+
+async def test_a_state_the_disk_refuses_is_saved_again_once_there_is_room(
+    tmp_path, monkeypatch, autojump_clock
+):
+    """A full disk (the kernel's EFBIG) on the trainer state stopped the trainer; its
+    writes replace the file whole, so they are tried again after 5 s, doubling, until one
+    lands: nothing half-written meanwhile, the state whole after."""
+    import trio
+
+    from node.files import saved
+    from tests.helpers.disk import file_size_limit
+
+    async def inline(fn, *args):  # a worker thread would let the virtual clock jump
+        return fn(*args)
+
+    monkeypatch.setattr(trio.to_thread, "run_sync", inline)
+    path = tmp_path / "trainer-state.json"
+    state = TrainerState(step=7, batches_used=3)
+    tries = []
+
+    def write(p):
+        tries.append(trio.current_time())
+        state.save(p)
+
+    async with trio.open_nursery() as nursery:
+        with file_size_limit(16):  # the disk is full
+            nursery.start_soon(partial(saved, write, path, what="the trainer state"))
+            await trio.sleep(12)
+            assert not path.exists() and list(tmp_path.iterdir()) == []
+        await trio.sleep(30)  # room again
+    assert [round(t) for t in tries] == [0, 5, 15]
+    assert TrainerState.load(path).step == 7 and TrainerState.load(path).batches_used == 3

@@ -39,6 +39,7 @@ import trio
 
 from node.config import NodeConfig
 from node.diloco.group import DilocoGroup, GroupConfig, GroupError
+from node.files import saved
 from node.net.runtime import Node
 from node.roles.chain import ChainSetupError, WorkWatcher, open_ledger
 from node.roles.grouping import Rosters, form, reduce, share, step_ready
@@ -131,9 +132,9 @@ class GroupTrainerRole(TrainerRole):
         if joined is None:
             return
         self.state.step = joined.version
-        await trio.to_thread.run_sync(self.state.save, self.state_path)
+        await saved(self.state.save, self.state_path, what="the trainer state")
         self.rosters.record(joined.version, joined.roster)  # its batches are not ours
-        await trio.to_thread.run_sync(self.rosters.save, self.dir / ROSTERS_FILE)
+        await saved(self.rosters.save, self.dir / ROSTERS_FILE, what="the rosters")
         self.outer = {"recovered": joined.record, "leader": False}
 
     async def _train_one(self) -> None:
@@ -159,7 +160,7 @@ class GroupTrainerRole(TrainerRole):
         )
         red = await form(self.group, self.policy, n)
         self.rosters.record(n, red.roster)
-        await trio.to_thread.run_sync(self.rosters.save, self.dir / ROSTERS_FILE)
+        await saved(self.rosters.save, self.dir / ROSTERS_FILE, what="the rosters")
         log.info("DiLoCo: group formed: %s", ", ".join(p[-8:] for p in red.roster))
 
     async def _step(self, n: int, envelopes: list[bytes]) -> StepStats:
@@ -171,7 +172,7 @@ class GroupTrainerRole(TrainerRole):
         reduce_s = time.monotonic() - began
         self.rosters.record(n + 1, red.roster)
         self.rosters.forget_before(n - self.cfg.async_level)
-        await trio.to_thread.run_sync(self.rosters.save, self.dir / ROSTERS_FILE)
+        await saved(self.rosters.save, self.dir / ROSTERS_FILE, what="the rosters")
         digest = await trained(self.policy, OuterApply(n, red.average, len(red.roster) == 1))
         offered = await offer(self.group, self.policy, n + 1) if self.leading else None
         self.outer = {

@@ -43,7 +43,7 @@ import trio
 
 from node.config import NodeConfig
 from node.diloco.group import DilocoGroup, GroupConfig, GroupError, Reduced
-from node.files import write_atomic
+from node.files import saved, write_atomic
 from node.net.runtime import Node
 from node.roles.chain import ChainSetupError
 from node.roles.grouping import form, reduce
@@ -192,7 +192,7 @@ class PretrainRole:
         """Continue from the recovered state: its version and data position; no shard until
         the roster that admits us (shard -1: the first inner phase reads nothing)."""
         self.state = PretrainState(joined.version, -1, 0, list(joined.roster))
-        await trio.to_thread.run_sync(self.state.save, self.dir / STATE_FILE)
+        await saved(self.state.save, self.dir / STATE_FILE, what="the pretrainer state")
         self.position = int(joined.record["position"])
         self.recovered = joined.record
         self.last = {"step": joined.version, "diloco": {"recovered": joined.record}}
@@ -212,7 +212,7 @@ class PretrainRole:
             len(roster),
         )
         self.state = PretrainState(self.step, me, len(roster), list(roster))
-        await trio.to_thread.run_sync(self.state.save, self.dir / STATE_FILE)
+        await saved(self.state.save, self.dir / STATE_FILE, what="the pretrainer state")
         await self._use_shard()
 
     async def _form(self) -> None:
@@ -224,7 +224,7 @@ class PretrainRole:
         self.idle_s += time.monotonic() - began
         me = red.roster.index(self.node.peer_id)
         self.state = PretrainState(n, me, len(red.roster), list(red.roster))
-        await trio.to_thread.run_sync(self.state.save, self.dir / STATE_FILE)
+        await saved(self.state.save, self.dir / STATE_FILE, what="the pretrainer state")
         log.info("DiLoCo: group formed: %s", ", ".join(p[-8:] for p in red.roster))
 
     async def _outer_step(self) -> None:
@@ -239,7 +239,7 @@ class PretrainRole:
         digest = await self.policy.call(OuterApply(n, red.average, len(red.roster) == 1))
         self.position = stats.position
         self.state.step = n + 1
-        await trio.to_thread.run_sync(self.state.save, self.dir / STATE_FILE)
+        await saved(self.state.save, self.dir / STATE_FILE, what="the pretrainer state")
         offered = await offer(self.group, self.policy, n + 1) if self.leading else None
         await self._publish(n + 1)
         self.idle_s += reduce_s

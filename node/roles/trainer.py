@@ -47,6 +47,7 @@ import trio
 from crypto.verdict import proof_parameters
 from ledger.client import LedgerUnreachable
 from node.config import NodeConfig
+from node.files import SAVE_RETRY_FIRST, SAVE_RETRY_MAX, saved
 from node.net.runtime import Node
 from node.roles.chain import ChainSetupError, WorkWatcher, open_ledger
 from node.roles.exchange import follow_notices
@@ -76,7 +77,6 @@ POLL_S = 0.5
 ANNOUNCE_EVERY = 5.0  # the step notice is repeated (gossip can miss, nodes join late)
 KEEP_CHECKPOINTS = 2
 CHAIN_RETRY_S = 2.0  # a chain that does not answer is asked again this often
-SAVE_RETRY_FIRST, SAVE_RETRY_MAX = 5.0, 300.0  # a checkpoint the disk refused: saved again
 
 
 class TrainerRole:
@@ -200,7 +200,7 @@ class TrainerRole:
         self.state.batches_used += len(keys)
         self.state.tokens_trained += stats.tokens
         self.state.line = self._line(stats, keys, began)
-        await trio.to_thread.run_sync(self.state.save, self.state_path)
+        await saved(self.state.save, self.state_path, what="the trainer state")
         for k in keys + self.book.drop_stale(n + 1):  # used, or never usable again
             self.inbox.delete(k[1])
         await self._publish(n + 1)
