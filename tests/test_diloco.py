@@ -608,3 +608,22 @@ def test_an_announced_joiner_that_never_comes_holds_a_step_only_join_timeout():
     assert m.poll(300.0, alive) is None
     assert m.arrive("d", (2, 0), 310.0, alive) is None  # the joiner came, A still trains
     assert m.arrive(A, (2, 0), 320.0, alive) == [L, A, "d"]
+
+
+async def test_a_refusal_of_the_leader_names_its_reason():
+    """What the leader's ``Membership`` refused us for reaches the member's role, so a
+    joiner refused ``late`` can join again (``GroupTrainerRole``)."""
+    from types import SimpleNamespace
+
+    from node.diloco.group import DilocoGroup, GroupError
+    from node.net.requests import RemoteRefusal
+
+    async def request(peer, protocol, msg, reply_type):
+        raise RemoteRefusal("not_member", "refused: late")
+
+    _, header = _header()
+    node = SimpleNamespace(header=lambda: header, request=request)
+    group = SimpleNamespace(leading=False, node=node, cfg=SimpleNamespace(leader="leader"))
+    with pytest.raises(GroupError) as refused:
+        await DilocoGroup._sync(group, 3, 0, "s" * 64, "l" * 64, 1.0, "")
+    assert refused.value.why == "late"

@@ -567,3 +567,54 @@ def submission_versions(client):
         (str(e["args"]["worker"]).lower(), bytes(e["args"]["key"])): e["args"]["policy_version"]
         for e in client.contract.events.WorkSubmitted.get_logs(from_block=0)
     }
+
+
+async def test_a_joiner_late_for_its_first_step_joins_again_and_a_member_late_stops(
+    tmp_path, monkeypatch
+):
+    """The leader waits ``diloco_join_timeout`` for an announced joiner once its members are
+    there: one that recovered for longer is refused ``late`` at its first outer step. It
+    has taken nothing of its own yet (its first step trains on no batch), so it joins the
+    group again, at the boundary the leader names now. A member of the roster refused
+    ``late`` (it was evicted) still stops, and so does any other refusal."""
+    from types import SimpleNamespace
+
+    from node.config import load_config
+    from node.diloco.group import GroupError
+    from node.net.metrics import Metrics
+    from node.roles import grouptrainer
+    from node.roles.joining import Joined
+
+    from crypto.identity import Identity
+
+    me, leader = Identity.generate().peer_id, Identity.generate().peer_id
+    node = SimpleNamespace(
+        peer_id=me, cfg=SimpleNamespace(run_id="r"), metrics=Metrics(), announce=print
+    )
+    cfg = load_config(
+        environ={"INTELLECT_NODE_MODEL": str(tmp_path), "INTELLECT_NODE_DATA_DIR": str(tmp_path)}
+    ).model_copy(update={"trainer_peer_id": leader, "diloco": True})
+    role = grouptrainer.GroupTrainerRole(node, cfg, weights=object())
+    role.state.step = 4
+    role.rosters.record(4, [leader, "b"])  # joined at version 4: its roster is not ours
+    refusal, joins = ["late"], []
+
+    async def refused(self):
+        raise GroupError("the leader refused us: not_member: refused: x", refusal[0])
+
+    async def join(group, policy):
+        joins.append(role.step)
+        return Joined(version=6, roster=[leader, "b"], record={"via": "shardcast"})
+
+    monkeypatch.setattr(grouptrainer.TrainerRole, "_train_one", refused)
+    monkeypatch.setattr(grouptrainer, "join", join)
+    await role._train_one()
+    assert joins == [4] and role.step == 6 and role.rosters.by_version[6] == [leader, "b"]
+    refusal[0] = "cheated"  # any other refusal: the trainer stops, as before
+    with pytest.raises(GroupError):
+        await role._train_one()
+    role.rosters.record(6, [leader, me, "b"])  # a member of the roster refused late
+    refusal[0] = "late"
+    with pytest.raises(GroupError):
+        await role._train_one()
+    assert joins == [4]

@@ -54,7 +54,12 @@ def _transient(exc: Exception) -> bool:
 
 
 class GroupError(Exception):
-    """This member cannot take part in the outer step (refused, or out of time)."""
+    """This member cannot take part in the outer step (refused, or out of time); ``why``:
+    the leader's reason when it refused us (``Membership``'s: ``late``, ``stale``, ...)."""
+
+    def __init__(self, message: str, why: str = "") -> None:
+        super().__init__(message)
+        self.why = why
 
 
 @dataclass(frozen=True)
@@ -197,7 +202,8 @@ class DilocoGroup:
                 try:
                     reply = await self.node.request(self.cfg.leader, DILOCO, msg, DilocoRoster)
                 except RemoteRefusal as exc:
-                    raise GroupError(f"the leader refused us: {exc}") from exc
+                    why = exc.detail.removeprefix("refused: ") if exc.reason == "not_member" else ""
+                    raise GroupError(f"the leader refused us: {exc}", why) from exc
                 except Exception as exc:  # a slow or lost stream (py-libp2p raises many types)
                     log.info("sync with the leader failed (retrying): %r", exc)
                     reply = None

@@ -51,7 +51,7 @@ class RemoteRefusal(Exception):
 
     def __init__(self, reason: str, detail: str) -> None:
         super().__init__(f"peer refused: {reason}: {detail}")
-        self.reason = reason
+        self.reason, self.detail = reason, detail
 
 
 class Responder:

@@ -148,7 +148,15 @@ class GroupTrainerRole(TrainerRole):
                 await self._joined(await join(self.group, self.policy))
         if self.leading and (self.group.snapshot or (-1,))[0] != self.step + 1:
             await offer(self.group, self.policy, self.step)  # at start-up: the version we hold
-        await super()._train_one()
+        try:
+            await super()._train_one()
+        except GroupError as exc:
+            # a joiner that came after its first roster formed (it recovered for longer than
+            # the leader's diloco_join_timeout) has taken nothing of its own: it joins again
+            if exc.why != "late" or self.me in self.rosters.by_version.get(self.step, [self.me]):
+                raise
+            log.warning("DiLoCo: step %d formed before we came: joining again", self.step + 1)
+            await self._joined(await join(self.group, self.policy))
 
     async def _form(self, n: int) -> None:
         """The group's first roster: it decides who trains on version ``n``'s batches."""
