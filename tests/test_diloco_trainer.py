@@ -579,13 +579,12 @@ async def test_a_joiner_late_for_its_first_step_joins_again_and_a_member_late_st
     ``late`` (it was evicted) still stops, and so does any other refusal."""
     from types import SimpleNamespace
 
+    from crypto.identity import Identity
     from node.config import load_config
     from node.diloco.group import GroupError
     from node.net.metrics import Metrics
     from node.roles import grouptrainer
     from node.roles.joining import Joined
-
-    from crypto.identity import Identity
 
     me, leader = Identity.generate().peer_id, Identity.generate().peer_id
     node = SimpleNamespace(
