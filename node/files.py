@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 from collections.abc import Callable
@@ -27,13 +28,15 @@ def write_atomic(path: Path, data: bytes) -> None:
 
 
 SAVE_RETRY_FIRST, SAVE_RETRY_MAX = 5.0, 300.0  # a write the disk refused: tried again
+NO_ROOM = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})  # what waiting can cure
 
 
 async def saved(write: Callable[[Path], object], path: Path, *, what: str) -> None:
     """``write(path)`` in a worker thread, for a write that replaces ``path`` whole
-    (``write_atomic``: trying it again is safe). One the disk refuses (an ``OSError``: full,
-    over quota) is tried again after 5 s, doubling up to 300 s: a trainer waits for room
-    instead of stopping (its restart would resume, but nothing restarts it)."""
+    (``write_atomic``: trying it again is safe). One the disk has no room for (full, over
+    quota, a file size limit: ``NO_ROOM``) is tried again after 5 s, doubling up to 300 s: a
+    trainer waits for room instead of stopping (its restart would resume, but nothing
+    restarts it). Any other ``OSError`` (permissions, a directory gone) is raised."""
     import trio
 
     delay = SAVE_RETRY_FIRST
@@ -42,6 +45,8 @@ async def saved(write: Callable[[Path], object], path: Path, *, what: str) -> No
             await trio.to_thread.run_sync(write, path)
             return
         except OSError as exc:
+            if exc.errno not in NO_ROOM:
+                raise
             log.error("%s not saved: %s (saving it again in %.0f s)", what, exc, delay)
         await trio.sleep(delay)
         delay = min(2 * delay, SAVE_RETRY_MAX)

@@ -36,6 +36,9 @@ async def test_a_joiner_pulls_the_leaders_state_shard_by_shard(tmp_path):
         assert (pulled.step, pulled.signer, pulled.shards) == (3, leader.peer_id, 4)
         assert pulled.via == "shardcast" and pulled.banned == []
         assert server.uploaded == len(STATE)
+        # it asked for no more shards at once than the leader lets one peer hold
+        limited = leader.metrics.get("peer_limited", limit="protocol", protocol=DILOCO_SHARD)
+        assert limited == 0
         with trio.fail_after(60):  # the leader is past step 2: the joiner must ask again
             assert await pull_state(joiner, leader.peer_id, leader.peer_id, 2) is None
 

@@ -38,9 +38,12 @@ def test_fetches_run_side_by_side_but_one_per_worker():
         q.noticed(key, "p", now=t)
         q.submitted(key, units=1, policy_version=0, now=t)
     assert q.next_fetch(10)[0] == K1
+    assert q.wake_at(10, can_fetch=False) is None  # no slot: a fetch's end wakes the role
     assert q.next_fetch(10)[0] == K2  # the older one is K1's worker's: it waits for K1
     assert q.next_fetch(10) is None
+    assert q.wake_at(10) is None  # not "now" over and over (a loop of naps of 50 ms)
     q.fetched(K1)  # in judgement now: the worker's next batch may be fetched
+    assert q.wake_at(10) == 10
     assert q.next_fetch(10)[0] == again
 
 

@@ -586,3 +586,52 @@ def test_a_trainer_started_later_joins_the_running_pretraining_group(tmp_path, t
             assert line["read"] == spans(starts, SEQ), (n, k)
             read.append({t for a, b in line["read"] for t in range(a, b - 1)})
         assert sum(map(len, read)) == len(set().union(*read)) == 3 * PER_STEP
+
+
+async def test_a_pretraining_joiner_late_for_its_first_step_joins_again(tmp_path, monkeypatch):
+    """A joiner reads nothing in its first outer step (shard -1): refused ``late`` or
+    ``stale`` there (it recovered for longer than the leader's ``diloco_join_timeout``), it
+    joins again; a member with a shard of its own refused the same way stops."""
+    from types import SimpleNamespace
+
+    from crypto.identity import Identity
+    from node.diloco.group import GroupError
+    from node.roles import pretrainer
+    from node.roles.joining import Joined
+
+    me, leader = Identity.generate().peer_id, Identity.generate().peer_id
+    node = SimpleNamespace(peer_id=me, cfg=SimpleNamespace(run_id="r"))
+    (tmp_path / "c.txt").write_text(corpus(60, seed=1))
+    cfg = NodeConfig(
+        role="trainer",
+        diloco=True,
+        objective="pretrain",
+        data=tmp_path / "c.txt",
+        model=tmp_path,
+        data_dir=tmp_path,
+        trainer_peer_id=leader,
+    )
+    role = pretrainer.PretrainRole(node, cfg, weights=object())
+    role.state = pretrainer.PretrainState(5, -1, 0, [leader])  # joined at 5: reads nothing
+
+    async def call(message):
+        return SimpleNamespace(vector=None, state="", layout="", position=0)
+
+    async def reduce(group, step, vector, delta):
+        raise GroupError("the leader refused us: not_member: refused: late", "late")
+
+    joins = []
+
+    async def join(group, policy):
+        joins.append(role.step)
+        return Joined(version=7, roster=[leader, "b"], record={"position": 42})
+
+    role.policy = SimpleNamespace(call=call)
+    monkeypatch.setattr(pretrainer, "reduce", reduce)
+    monkeypatch.setattr(pretrainer, "join", join)
+    await role._outer_step()
+    assert joins == [5] and role.step == 7 and role.position == 42
+    role.state = pretrainer.PretrainState(7, 0, 1, [me])  # a member reading its shard
+    with pytest.raises(GroupError):
+        await role._outer_step()
+    assert joins == [5]

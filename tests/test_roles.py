@@ -577,6 +577,42 @@ async def test_a_body_served_under_a_key_it_does_not_hash_to_is_a_failed_fetch(
     assert role.queue.next_fetch(1e6) == (key, "worker-peer")
 
 
+async def test_a_timed_out_fetch_leaves_the_connection_to_other_fetches_from_its_peer(
+    tmp_path, monkeypatch, autojump_clock
+):
+    """A fetch that timed out drops its connection (a stuck one is dialled afresh); with
+    fetches side by side, one peer (an announcer, or one node registered for several
+    worker addresses) may serve several at once: theirs must not die with it."""
+    import node.roles.validator as validator_module
+    from protocol.errors import Reason, WireError
+
+    role = validator_role(tmp_path)
+    dropped = []
+
+    async def disconnect(peer):
+        dropped.append(peer)
+
+    async def fetch_batch(node, peer, work_key, expected_size=None, max_size=None):
+        await trio.sleep(10 if work_key[0] != 2 else 100)
+        if work_key[0] != 2:
+            raise WireError(Reason.TIMEOUT, "no whole batch within the deadline")
+        return SimpleNamespace(policy_version=0), b"envelope"
+
+    monkeypatch.setattr(validator_module, "fetch_batch", fetch_batch)
+    role.node = SimpleNamespace(disconnect=disconnect)
+    for n in (1, 2, 3):
+        key = ("0x" + f"{n:02x}" * 20, bytes([n]) * 32)
+        role.submissions[key] = SimpleNamespace(policy_version=0, units=6)
+        role.queue.submitted(key, 6, 0, now=float(n), holder="shared-peer")
+    first, second = role.queue.next_fetch(5.0), role.queue.next_fetch(5.0)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(role._fetch, *first)
+        nursery.start_soon(role._fetch, *second)
+    assert dropped == []  # the first timed out while the second still used the connection
+    assert await role._fetch(*role.queue.next_fetch(200.0)) is None  # alone: dropped
+    assert dropped == ["shared-peer"] and not role.fetching_from
+
+
 def serving_validator(tmp_path, monkeypatch, slow: dict[bytes, float]):
     """A validator role whose loop runs without a network or a chain: a fetch of a key in
     ``slow`` takes that many seconds (a batch sent at the slowest rate its deadline allows),

@@ -568,3 +568,9 @@ async def test_a_state_the_disk_refuses_is_saved_again_once_there_is_room(
         await trio.sleep(30)  # room again
     assert [round(t) for t in tries] == [0, 5, 15]
     assert TrainerState.load(path).step == 7 and TrainerState.load(path).batches_used == 3
+
+    def forbidden(p):  # no room is worth waiting for; a permission is not
+        raise PermissionError(13, "Permission denied", str(p))
+
+    with pytest.raises(PermissionError):
+        await saved(forbidden, path, what="the trainer state")

@@ -31,15 +31,22 @@ def stop_on_signals(
     token = trio.lowlevel.current_trio_token()
     heard = 0
 
+    def say(line: bytes) -> None:
+        """At once, even while the loop is busy (no print: it is not reentrant); a closed
+        standard output must not keep the node from stopping."""
+        try:
+            os.write(1, line)
+        except OSError:
+            pass
+
     def handler(signum: int, frame: FrameType | None) -> None:
         nonlocal heard
         heard += 1
-        # said at once, even while the loop is busy (no print: it is not reentrant)
         if heard == 1:
-            os.write(1, b"stopping: announcing departure to peers (Ctrl-C again to force)\n")
+            say(b"stopping: announcing departure to peers (Ctrl-C again to force)\n")
             token.run_sync_soon(stop)  # signal-safe, and wakes the loop
             return
-        os.write(1, b"forced: exiting now, without waiting\n")
+        say(b"forced: exiting now, without waiting\n")
         exit(FORCED)
 
     kinds = (signal.SIGINT, signal.SIGTERM)

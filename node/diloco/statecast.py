@@ -57,6 +57,7 @@ from protocol.wire import seal
 log = logging.getLogger("intellect.diloco")
 POLL = 0.2  # seconds between asks while the donor has not reached the boundary
 UPLOAD_SLOTS = 4
+PEER_SHARE = max(1, UPLOAD_SLOTS // 2)  # of them one peer may hold (streams beyond: busy)
 DOWNLOAD_SLOTS = 4
 
 Snapshot = Callable[[], "tuple[int, bytes] | None"]  # (outer step, state bytes) offered now
@@ -132,7 +133,7 @@ class StateServer:
     def register(self) -> None:
         # one peer never holds every upload slot (a reader that stops holds its slot until
         # the write deadline, and may ask again at once): as SHARDCAST's own shards
-        share = max(1, UPLOAD_SLOTS // 2)
+        share = PEER_SHARE
         self.node.serve_requests(DILOCO_STATE, WeightsQuery, self.on_query, per_peer=share)
         self.node.serve_requests(
             DILOCO_SHARD, ShardRequest, self.on_shard, deadline=3600, per_peer=share
@@ -236,7 +237,8 @@ async def pull_state(node: Node, donor: str, leader: str, step: int) -> Pulled |
         raise StateTransferError(f"{donor}'s state manifest: {exc}") from exc
     buf = bytearray(m.total_size)
     pulled = Pulled(step, b"", m.sender, m.num_shards, 0)
-    plan = DownloadPlan(m.num_shards, max_inflight=DOWNLOAD_SLOTS, per_peer=DOWNLOAD_SLOTS)
+    # as many streams to the donor as it lets one peer hold: more are refused busy
+    plan = DownloadPlan(m.num_shards, max_inflight=DOWNLOAD_SLOTS, per_peer=PEER_SHARE)
     plan.update_peer(donor, have)
 
     async def fetch(shard: int, peer: str) -> int:

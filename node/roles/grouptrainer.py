@@ -51,7 +51,7 @@ from node.roles.grouppolicy import (
     OuterApply,
     PseudoGradient,
 )
-from node.roles.joining import Joined, enter, join, offer
+from node.roles.joining import Joined, came_too_late, enter, join, offer
 from node.roles.offload import Offload
 from node.roles.trainer import POLL_S, TrainerRole, trained
 from node.roles.work import Key
@@ -153,9 +153,15 @@ class GroupTrainerRole(TrainerRole):
         except GroupError as exc:
             # a joiner that came after its first roster formed (it recovered for longer than
             # the leader's diloco_join_timeout) has taken nothing of its own: it joins again
-            if exc.why != "late" or self.me in self.rosters.by_version.get(self.step, [self.me]):
+            if not came_too_late(exc) or self.me in self.rosters.by_version.get(
+                self.step, [self.me]
+            ):
                 raise
-            log.warning("DiLoCo: step %d formed before we came: joining again", self.step + 1)
+            log.warning(
+                "DiLoCo: step %d formed before we came (our recovery took longer than the "
+                "leader's diloco_join_timeout): joining again",
+                self.step + 1,
+            )
             await self._joined(await join(self.group, self.policy))
 
     async def _form(self, n: int) -> None:

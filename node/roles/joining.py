@@ -44,6 +44,13 @@ log = logging.getLogger("intellect.trainer")
 POLL_S = 0.5
 
 
+def came_too_late(exc: GroupError) -> bool:
+    """The leader refused a joiner's first outer step because it formed, or moved on,
+    without it (it recovered for longer than the leader's ``diloco_join_timeout``): having
+    taken nothing of its own yet, the joiner joins again."""
+    return exc.why in ("late", "stale")
+
+
 @dataclass(frozen=True)
 class Joined:
     """A member that recovered the group's state at version ``version``."""

@@ -263,10 +263,14 @@ class JudgingQueue:
             self.judged(key)
         return out
 
-    def wake_at(self, now: float) -> float | None:
-        """When something next becomes due (a retry or a deadline), for the role's sleep."""
+    def wake_at(self, now: float, *, can_fetch: bool = True) -> float | None:
+        """When something next becomes due (a retry or a deadline), for the role's sleep.
+        A fetch that cannot start before another ends (``can_fetch`` False: every fetch
+        slot taken; or its worker's batch being fetched) is not a time: the end of that
+        fetch wakes the role (else it would wake at once, again and again)."""
+        fetching = {k[0] for k, e in self.entries.items() if e.in_flight}
         times = []
-        for e in self.entries.values():
+        for key, e in self.entries.items():
             if e.done or e.in_flight or e.submitted_at is None:
                 continue
             deadline = self._deadline(e)
@@ -274,6 +278,8 @@ class JudgingQueue:
                 times.append(now)  # unavailable now
             elif not e.peers:
                 times.append(deadline)
+            elif not can_fetch or key[0] in fetching:
+                continue
             elif e.late_failures or e.check_failures:  # the next of the last tries, a retry
                 times.append(max(now, e.next_try))
             else:  # the next try, or the first of the last ones at the deadline

@@ -48,7 +48,7 @@ from node.net.runtime import Node
 from node.roles.chain import ChainSetupError
 from node.roles.grouping import form, reduce
 from node.roles.grouppolicy import Delta, OuterApply, PseudoGradient
-from node.roles.joining import Joined, enter, join, offer
+from node.roles.joining import Joined, came_too_late, enter, join, offer
 from node.roles.offload import Offload
 from node.roles.pretrainpolicy import (
     InnerStats,
@@ -234,7 +234,18 @@ class PretrainRole:
         stats: InnerStats = await self.policy.call(PretrainInner(n, self.state.shard >= 0))
         delta: Delta = await self.policy.call(PseudoGradient())
         reducing = time.monotonic()
-        red = await reduce(self.group, n + 1, delta.vector, delta)
+        try:
+            red = await reduce(self.group, n + 1, delta.vector, delta)
+        except GroupError as exc:  # a joiner's first step (shard -1: it read nothing)
+            if not came_too_late(exc) or self.state.shard >= 0:
+                raise
+            log.warning(
+                "DiLoCo: step %d formed before we came (our recovery took longer than the "
+                "leader's diloco_join_timeout): joining again",
+                n + 1,
+            )
+            await self._joined(await join(self.group, self.policy))
+            return
         reduce_s = time.monotonic() - reducing
         digest = await self.policy.call(OuterApply(n, red.average, len(red.roster) == 1))
         self.position = stats.position

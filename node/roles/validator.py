@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 from typing import Any
 
 import trio
@@ -99,6 +100,7 @@ class ValidatorRole:
         self.fetch_failures = 0
         self.judging: int | None = None  # the policy version of the batch being judged
         self.fetches = 0  # fetches under way, and fetched batches not yet taken to judge
+        self.fetching_from: Counter[str] = Counter()  # fetches under way, by peer
         self.posting = trio.Lock()
         self.busy = BusyTime()  # fetching, judging, posting
         self.unposted = VerdictPosts()
@@ -248,7 +250,7 @@ class ValidatorRole:
                 while self.fetches < FETCHES and (got := self.queue.next_fetch(now)) is not None:
                     self.fetches += 1
                     nursery.start_soon(self._fetch_for_judging, *got, fetched)
-                wake = self.queue.wake_at(now)
+                wake = self.queue.wake_at(now, can_fetch=self.fetches < FETCHES)
                 with trio.move_on_after(
                     POLL_S if wake is None else max(0.05, min(POLL_S, wake - now))
                 ):
@@ -285,6 +287,7 @@ class ValidatorRole:
     async def _fetch(self, key: Key, peer: str) -> tuple[RolloutBatch, bytes] | None:
         """The batch and its envelope; None when the fetch failed (tried again later)."""
         notice, units = self.notices.get((key, peer)), self.submissions[key].units
+        self.fetching_from[peer] += 1
         try:
             batch, envelope = await fetch_batch(
                 self.node,
@@ -301,9 +304,15 @@ class ValidatorRole:
             what = exc if isinstance(exc, WireError | RemoteRefusal) else repr(exc)
             log.info("fetching %s from %s failed: %s", key[1].hex()[:16], peer[-8:], what)
             self.queue.fetch_failed(key, trio.current_time())
+            # a stuck connection: dialled afresh next time, unless other fetches use it
             if isinstance(exc, WireError) and exc.reason is Reason.TIMEOUT:
-                await self.node.disconnect(peer)  # a stuck connection: dial afresh next time
+                if self.fetching_from[peer] == 1:
+                    await self.node.disconnect(peer)
             return None
+        finally:
+            self.fetching_from[peer] -= 1
+            if not self.fetching_from[peer]:
+                del self.fetching_from[peer]
         self.queue.fetched(key)
         return batch, envelope
 
