@@ -108,6 +108,52 @@ def test_a_devnet_killed_outright_takes_its_nodes_with_it(tmp_path, tied):
                 pass
 
 
+TERMINAL_PARENT = """
+import signal, sys, time
+from pathlib import Path
+from node.cli.devnet import spawn_node
+
+signal.signal(signal.SIGINT, lambda *a: None)  # the devnet handles its Ctrl-C (not SIG_IGN,
+# which a child would inherit)
+node = spawn_node("n", "inference", Path(sys.argv[1]), run_id="r", listen="-", bootstrap=[],
+                  module="tests.helpers.sleeper", die_with_parent=sys.argv[2] == "1")
+print(node.proc.pid, flush=True)
+time.sleep(60)
+"""
+
+
+@pytest.mark.parametrize("owned", [True, False])
+def test_a_terminals_ctrl_c_reaches_the_devnet_alone_not_its_nodes(tmp_path, owned):
+    """A terminal sends Ctrl-C's SIGINT to its whole foreground job: the devnet and, when
+    they shared its process group, every node, which then also got the devnet's SIGTERM
+    (two signals: each node forced out without its departure). The devnet's nodes run in
+    sessions of their own; a node not tied to its parent (``owned`` False) is as before."""
+    parent = subprocess.Popen(
+        [sys.executable, "-c", TERMINAL_PARENT, str(tmp_path), "1" if owned else "0"],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # a terminal's job: its own process group
+    )
+    node = None
+    try:
+        node = int(parent.stdout.readline())
+        os.killpg(parent.pid, signal.SIGINT)  # what Ctrl-C in that terminal sends
+        time.sleep(1.5)
+        assert parent.poll() is None  # the devnet heard it (and would stop its nodes)
+        with open(f"/proc/{node}/stat") as f:
+            alive = f.read().split(")")[-1].split()[0] != "Z"
+        assert alive == owned
+    finally:
+        parent.kill()
+        parent.wait()
+        parent.stdout.close()
+        if node is not None:
+            try:
+                os.kill(node, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
 @pytest.fixture
 def silent_chain():
     """A JSON-RPC endpoint that accepts connections and never answers (a node's chain

@@ -90,7 +90,10 @@ def spawn_node(
     die_with_parent: bool = False,
 ) -> NodeProcess:
     """``intellect-node start`` as a process; ``die_with_parent``: it gets SIGTERM when this
-    process dies, however (the devnet: killed outright, it left every node running)."""
+    process dies, however (the devnet: killed outright, it left every node running), and
+    runs in a session of its own: a terminal's Ctrl-C reaches the devnet alone, whose one
+    SIGTERM then lets the node leave politely (the terminal's SIGINT and then the devnet's
+    SIGTERM were two signals, and the second forces a node out at once)."""
     data_dir = base_dir / name
     data_dir.mkdir(parents=True, exist_ok=True)
     (data_dir / ADMIN_FILE).unlink(missing_ok=True)
@@ -121,6 +124,7 @@ def spawn_node(
             env=env,
             cwd=REPO_ROOT,
             preexec_fn=parent_death_signal() if die_with_parent else None,
+            start_new_session=die_with_parent,
         )
     return NodeProcess(name, role, data_dir, proc, log_path)
 
@@ -181,6 +185,7 @@ def start_chain(
         stderr=subprocess.STDOUT,
         cwd=REPO_ROOT,
         preexec_fn=parent_death_signal() if die_with_parent else None,
+        start_new_session=die_with_parent,  # as a node: the devnet alone signals it
     )
     log.close()
     deadline = time.monotonic() + timeout
