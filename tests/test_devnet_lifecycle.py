@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 
 import pytest
 import trio
@@ -15,16 +16,53 @@ import trio.testing
 from node.cli.devnet import NodeProcess, Stopper, set_aside_earlier_run, stop_all
 from tests.helpers.net import wait_until
 
+# a devnet stand-in: it spawns one node (tied to it or not) and handles its own Ctrl-C (a
+# handler, not SIG_IGN, which the node would inherit)
 PARENT = """
-import sys, time
+import signal, sys, time
 from pathlib import Path
 from node.cli.devnet import spawn_node
 
+signal.signal(signal.SIGINT, lambda *a: None)
 node = spawn_node("n", "inference", Path(sys.argv[1]), run_id="r", listen="-", bootstrap=[],
                   module="tests.helpers.sleeper", die_with_parent=sys.argv[2] == "1")
 print(node.proc.pid, flush=True)
 time.sleep(60)
 """
+
+
+@contextmanager
+def devnet_with_a_node(tmp_path, tied, **popen):
+    """``PARENT`` as a process (``popen``: more ``Popen`` arguments) and its node's pid;
+    both killed on exit."""
+    parent = subprocess.Popen(
+        [sys.executable, "-c", PARENT, str(tmp_path), "1" if tied else "0"],
+        stdout=subprocess.PIPE,
+        text=True,
+        **popen,
+    )
+    node = None
+    try:
+        node = int(parent.stdout.readline())
+        yield parent, node
+    finally:
+        parent.kill()
+        parent.wait()
+        parent.stdout.close()
+        if node is not None:
+            try:
+                os.kill(node, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def gone(pid):
+    """Whether process ``pid`` has ended (a zombie until its parent reaps it)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
 
 
 def test_a_signal_while_starting_stops_at_once_and_a_second_while_running():
@@ -74,52 +112,14 @@ def test_nodes_are_stopped_together_and_one_that_will_not_is_killed(tmp_path):
 def test_a_devnet_killed_outright_takes_its_nodes_with_it(tmp_path, tied):
     """SIGKILL runs no cleanup: its chain and nodes went on under init, and the next
     devnet on the same directory was refused ("another node runs with the data dir")."""
-    parent = subprocess.Popen(
-        [sys.executable, "-c", PARENT, str(tmp_path), "1" if tied else "0"],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    node = None
-    try:
-        node = int(parent.stdout.readline())
+    with devnet_with_a_node(tmp_path, tied) as (parent, node):
         os.kill(parent.pid, signal.SIGKILL)
         parent.wait(10)
-
-        def gone():
-            try:
-                with open(f"/proc/{node}/stat") as f:  # a zombie until it is reaped
-                    return f.read().split(")")[-1].split()[0] == "Z"
-            except FileNotFoundError:
-                return True
-
         if tied:
-            wait_until(gone, 20, "the node to go with its devnet")
+            wait_until(lambda: gone(node), 20, "the node to go with its devnet")
         else:  # what it was before: the node lives on
             time.sleep(1)
-            assert not gone()
-    finally:
-        parent.kill()
-        parent.wait()
-        parent.stdout.close()
-        if node is not None:
-            try:
-                os.kill(node, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-
-
-TERMINAL_PARENT = """
-import signal, sys, time
-from pathlib import Path
-from node.cli.devnet import spawn_node
-
-signal.signal(signal.SIGINT, lambda *a: None)  # the devnet handles its Ctrl-C (not SIG_IGN,
-# which a child would inherit)
-node = spawn_node("n", "inference", Path(sys.argv[1]), run_id="r", listen="-", bootstrap=[],
-                  module="tests.helpers.sleeper", die_with_parent=sys.argv[2] == "1")
-print(node.proc.pid, flush=True)
-time.sleep(60)
-"""
+            assert not gone(node)
 
 
 @pytest.mark.parametrize("owned", [True, False])
@@ -128,30 +128,12 @@ def test_a_terminals_ctrl_c_reaches_the_devnet_alone_not_its_nodes(tmp_path, own
     they shared its process group, every node, which then also got the devnet's SIGTERM
     (two signals: each node forced out without its departure). The devnet's nodes run in
     sessions of their own; a node not tied to its parent (``owned`` False) is as before."""
-    parent = subprocess.Popen(
-        [sys.executable, "-c", TERMINAL_PARENT, str(tmp_path), "1" if owned else "0"],
-        stdout=subprocess.PIPE,
-        text=True,
-        start_new_session=True,  # a terminal's job: its own process group
-    )
-    node = None
-    try:
-        node = int(parent.stdout.readline())
+    # a terminal's job: its own process group
+    with devnet_with_a_node(tmp_path, owned, start_new_session=True) as (parent, node):
         os.killpg(parent.pid, signal.SIGINT)  # what Ctrl-C in that terminal sends
         time.sleep(1.5)
         assert parent.poll() is None  # the devnet heard it (and would stop its nodes)
-        with open(f"/proc/{node}/stat") as f:
-            alive = f.read().split(")")[-1].split()[0] != "Z"
-        assert alive == owned
-    finally:
-        parent.kill()
-        parent.wait()
-        parent.stdout.close()
-        if node is not None:
-            try:
-                os.kill(node, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        assert gone(node) != owned
 
 
 @pytest.fixture
