@@ -550,16 +550,14 @@ async def test_a_body_served_under_a_key_it_does_not_hash_to_is_a_failed_fetch(
     signature, so it is now a failed fetch: asked again, and ``unavailable`` (unbonded)
     if nobody ever serves the matching batch."""
     import node.roles.validator as validator_module
-    from crypto.identity import Identity
-    from node.roles.exchange import WorkKeyMismatch
-    from tests.helpers.batches import a_batch
+    from protocol.errors import Reason, WireError
 
     role = validator_role(tmp_path)
     key = ("0x" + "12" * 20, b"\x01" * 32)
-    signed = a_batch(Identity.generate())
 
     async def fetch_batch(node, peer, work_key, expected_size=None, max_size=None):
-        raise WorkKeyMismatch(signed)
+        # what fetch_batch raises for it (tests/test_batch_exchange.py, "other_batch")
+        raise WireError(Reason.MALFORMED, "the batch does not hash to its work key")
 
     posted = []
 

@@ -343,17 +343,8 @@ def cmd_start(args: argparse.Namespace) -> int:
                 if role is not None:
                     try:
                         await nursery.start(supervised, role, node, weights)
-                    except (
-                        ChainSetupError,
-                        ModelError,
-                        RuntimeError,
-                        ValueError,
-                        OSError,
-                    ) as exc:
-                        print(
-                            f"intellect-node: error: {cfg.role} role: {exc}",
-                            file=sys.stderr,
-                        )
+                    except (ChainSetupError, ModelError, RuntimeError, ValueError, OSError) as exc:
+                        print(f"intellect-node: error: {cfg.role} role: {exc}", file=sys.stderr)
                         failed.append(exc)
                         node.request_stop()
                         return

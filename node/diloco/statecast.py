@@ -133,10 +133,9 @@ class StateServer:
     def register(self) -> None:
         # one peer never holds every upload slot (a reader that stops holds its slot until
         # the write deadline, and may ask again at once): as SHARDCAST's own shards
-        share = PEER_SHARE
-        self.node.serve_requests(DILOCO_STATE, WeightsQuery, self.on_query, per_peer=share)
+        self.node.serve_requests(DILOCO_STATE, WeightsQuery, self.on_query, per_peer=PEER_SHARE)
         self.node.serve_requests(
-            DILOCO_SHARD, ShardRequest, self.on_shard, deadline=3600, per_peer=share
+            DILOCO_SHARD, ShardRequest, self.on_shard, deadline=3600, per_peer=PEER_SHARE
         )
 
     async def current(self) -> Offer | None:

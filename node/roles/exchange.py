@@ -6,7 +6,7 @@ batch in its ``BatchStore`` and serves it from there; a validator
 reading (against what the peer announced and what the submitted units allow), every frame
 under the read deadline, and that what arrived is a ``RolloutBatch``
 of this run, signed by the peer that served it, with the work key asked for (a signed batch
-that does not hash to it is ``WorkKeyMismatch``, a failed fetch like any other). Each batch
+that does not hash to it is a failed fetch like any other, whoever signed it). Each batch
 fetched whole is timed in ``/metrics`` (``intellect_batch_fetch_seconds``).
 """
 
@@ -41,17 +41,6 @@ TRANSFER_DEADLINE_S = 120.0  # a whole batch, however large (every frame has its
 # batch a byte a frame (each within the read deadline) held a fetch for the whole 120 s
 # (validators and the trainer fetch 4 at once, at most one per worker)
 FRAMES_BASE_S, MIN_RATE = 10.0, 256 * 1024
-
-
-class WorkKeyMismatch(WireError):
-    """The peer served a batch it signed itself, of this run, that does not hash to the work
-    key asked for. Its signer's doing, but only this fetcher saw it, and the chain cannot
-    check an Ed25519 signature: a validator takes it as a failed fetch (SPEC §12.1,
-    ``key_mismatch``), never as a bonded reject that others could overturn."""
-
-    def __init__(self, batch: RolloutBatch) -> None:
-        super().__init__(Reason.MALFORMED, "the batch does not hash to its work key")
-        self.batch = batch
 
 
 def follow_notices(node: Node, on_notice: Callable[[str, BatchNotice], None]) -> None:
@@ -164,8 +153,10 @@ async def fetch_batch(
     envelope = bytes(data)
     try:  # off the trio thread: up to 48 MiB to check, decode and hash, sized by the peer
         opened = await trio.to_thread.run_sync(opened_batch, envelope, peer, node.cfg.run_id)
-        if opened.work_key != work_key:
-            raise WorkKeyMismatch(opened.message)
+        if opened.work_key != work_key:  # even signed by the worker: a failed fetch, since
+            # only this fetcher saw it and the chain cannot check an Ed25519 signature (SPEC
+            # §12.1, key_mismatch: a bonded reject for it could be overturned by the others)
+            raise WireError(Reason.MALFORMED, "the batch does not hash to its work key")
     except WireError as err:
         node.reject(ids.BATCH, peer, err)
         raise

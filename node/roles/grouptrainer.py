@@ -153,9 +153,8 @@ class GroupTrainerRole(TrainerRole):
         except GroupError as exc:
             # a joiner that came after its first roster formed (it recovered for longer than
             # the leader's diloco_join_timeout) has taken nothing of its own: it joins again
-            if not came_too_late(exc) or self.me in self.rosters.by_version.get(
-                self.step, [self.me]
-            ):
+            joining = self.me not in self.rosters.by_version.get(self.step, [self.me])
+            if not came_too_late(exc) or not joining:
                 raise
             log.warning(
                 "DiLoCo: step %d formed before we came (our recovery took longer than the "

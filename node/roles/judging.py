@@ -2,10 +2,11 @@
 and which verdicts to post again (``VerdictPosts``).
 
 A batch is judged when its key was submitted on-chain (the chain is the record of work
-claimed) and a peer announced that it holds it, or the worker registered the peer that
-must serve it (where to fetch it). Several fetches may run at once, at most one per worker
-(``next_fetch``): a worker that sends slowly holds only its own. Fetches that fail are retried with exponential
-back-off (``retry_s`` doubling up to ``retry_max_s``), from any of those peers in turn.
+claimed) and a peer announced that it holds it, or the worker registered the peer that must
+serve it (where to fetch it). Several fetches may run at once, at most one per worker
+(``next_fetch``): a worker that sends slowly holds only its own. Fetches that fail are
+retried with exponential back-off (``retry_s`` doubling up to ``retry_max_s``), from any of
+those peers in turn.
 A submitted key is *unavailable* (the validator rejects it as such: work no validator
 could see is never paid, SPEC §12) once ``fetch_deadline_s`` after its submission has
 passed and ``last_tries`` fetches from each of its peers that failed at or after that
@@ -173,7 +174,7 @@ class JudgingQueue:
         """The batch to fetch now and the peer to ask (the oldest submission first), or
         None. The caller reports ``fetched`` or ``fetch_failed``. Fetches may run at once,
         at most one per worker: a worker whose batches come slowly holds one of them."""
-        fetching = {k[0] for k, e in self.entries.items() if e.in_flight}
+        fetching = self._fetching_workers()
         ready = [
             (e.submitted_at, k)
             for k, e in self.entries.items()
@@ -195,6 +196,10 @@ class JudgingQueue:
         entry = self.entries[key]
         entry.in_flight = True
         return key, entry.peers[entry.attempts % len(entry.peers)]
+
+    def _fetching_workers(self) -> set[str]:
+        """The workers a batch of which is being fetched now."""
+        return {k[0] for k, e in self.entries.items() if e.in_flight}
 
     def fetch_failed(self, key: Key, now: float) -> None:
         entry = self.entries[key]
@@ -268,7 +273,7 @@ class JudgingQueue:
         A fetch that cannot start before another ends (``can_fetch`` False: every fetch
         slot taken; or its worker's batch being fetched) is not a time: the end of that
         fetch wakes the role (else it would wake at once, again and again)."""
-        fetching = {k[0] for k, e in self.entries.items() if e.in_flight}
+        fetching = self._fetching_workers()
         times = []
         for key, e in self.entries.items():
             if e.done or e.in_flight or e.submitted_at is None:

@@ -8,8 +8,8 @@ finds it), and
 ``JudgingQueue`` (``node/roles/judging.py``) decides what to fetch next, when to retry and
 when a batch is unavailable. Up to ``FETCHES`` batches are fetched at once
 (``node/roles/exchange.py``), at most one per worker, and one judging loop takes them as
-they arrive, cheapest checks first: 1-3 here in a worker thread (``cheap_checks``), 4-6 in the batch
-checker, a child process (``Offload(BatchChecker, CheckerSpec.of(cfg))``,
+they arrive, cheapest checks first: 1-3 here in a worker thread (``cheap_checks``), 4-6 in
+the batch checker, a child process (``Offload(BatchChecker, CheckerSpec.of(cfg))``,
 ``node/roles/checking.py``):
 
 1. the batch is the worker's: signed by the peer key the worker registered on-chain, with a
@@ -297,9 +297,9 @@ class ValidatorRole:
                 max_size=max_envelope_size(units, *self.proofs),
             )
         except Exception as exc:  # refused, timed out, any of py-libp2p's dial errors, or a
-            # body that does not hash to the key (``WorkKeyMismatch``: its signer's, but
-            # nothing the chain can check, and the worker may serve the others the real
-            # batch: a bonded reject for it was overturned, and this validator's bond burned)
+            # body that does not hash to the key (its signer's, but nothing the chain can
+            # check, and the worker may serve the others the real batch: a bonded reject for
+            # it was overturned, and this validator's bond burned)
             self.fetch_failures += 1
             what = exc if isinstance(exc, WireError | RemoteRefusal) else repr(exc)
             log.info("fetching %s from %s failed: %s", key[1].hex()[:16], peer[-8:], what)
