@@ -11,6 +11,8 @@
 #   3. the devnet of the tiny base policy on the GPU (bench/gpu_devnet.py): 3 workers (one
 #      cheating with other_weights and int8_weights in turn), a GPU validator in bf16 and a
 #      CPU validator in fp32, the trainer on CUDA, TINY_STEPS steps;
+#      with GPU_TESTS=1, then the suite's GPU tests (pytest -m gpu, vLLM's left out; the
+#      pytest-trio wheel among the carried ones), at most TESTS_TIMEOUT seconds;
 #   4. a model of TinyLlama's shape (model init --shape 1.1b, a short SFT on the GPU so
 #      that its rewards vary and GRPO has something to train on);
 #   5. the same devnet with it, BIG_STEPS steps (1: every node keeps each version of 4.4 GB
@@ -118,6 +120,11 @@ timeout -k 20 "${TINY_TIMEOUT:-300}" $PY bench/gpu_devnet.py --device "$DEVICE" 
 say "run 1 ended: $?"
 keep tiny
 
+if [ -n "${GPU_TESTS:-}" ]; then  # the suite's GPU checks (vLLM's left out: it is not here)
+    say "pytest -m gpu (not vllm), at most ${TESTS_TIMEOUT:-100} s"
+    timeout -k 10 "${TESTS_TIMEOUT:-100}" $PY -m pytest -q -m gpu -k "not vllm" -p no:cacheprovider \
+        tests/test_gpu.py 2>&1 | tail -n 15 | tee -a "$LOG"
+fi
 [ -n "${ONLY_TINY:-}" ] && { say "done"; exit 0; }
 say "model: $BIG_FLAGS on $DEVICE, $SFT_STEPS SFT steps on $BIG_TASKS"
 # shellcheck disable=SC2086

@@ -32,6 +32,7 @@ probability.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import torch
 
@@ -75,6 +76,9 @@ class VerifyConfig:
     chunk_size: int = DEFAULT_CHUNK
     topk: int = DEFAULT_TOPK
     name: str = "custom"
+    # cheaper models a batch must not be nearer to than to the policy (``crypto.substitution``;
+    # the validator builds each from the policy: ``node.rollouts.suspects``)
+    suspects: tuple[str, ...] = ()
 
     def for_layers(self, layers: int) -> VerifyConfig:
         """This profile for a model with ``layers`` residual layers (the noise unit grows
@@ -87,7 +91,11 @@ class VerifyConfig:
 # fixture (4 layers) and on a 22-layer 1.1B model (CPU bf16 worker), the H200's 1.1B
 # largest gap about 1.04 units; TOPLOC chunks at most 1.93 mantissa units on average
 # against the paper's 10. The profile keeps 1.33x the RMS and 1.55x the largest gap.
-GPU_BF16 = VerifyConfig(PAPER, SamplingCheck(noise_rms=0.6, noise_max=1.75), name="gpu-bf16")
+# A substitute of int8 weights stays inside those bounds on a trained policy (SPEC §11.2):
+# the substitution test looks for it.
+GPU_BF16 = VerifyConfig(
+    PAPER, SamplingCheck(noise_rms=0.6, noise_max=1.75), name="gpu-bf16", suspects=("int8",)
+)
 # The TOPLOC paper's per-chunk thresholds with the same noise model.
 PAPER_PROFILE = replace(GPU_BF16, name="paper")
 # Workers and validators both in fp32 (the CPU engine): recomputation reproduces the
@@ -261,6 +269,8 @@ class BatchVerdict:
     rollouts: list[RolloutVerdict]
     statistic: float
     bound: float
+    # the suspects tested, when they were (``crypto.substitution.SubstitutionResult``s)
+    substitution: tuple[Any, ...] = ()
 
     @property
     def margin(self) -> float:

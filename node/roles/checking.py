@@ -10,7 +10,8 @@ expensive checks (4 and 5 of the validator's docstring), in this order:
    made the tokenizer raise: the batch went unjudged, and its worker unslashed);
 5. the proofs: one prefill per rollout (``recompute_batch``) and the proof check of
    ``crypto.verdict.check_batch`` under the run's verification profile (``spot_check`` < 1
-   recomputes a random share of the rollouts);
+   recomputes a random share of the rollouts), then the profile's substitution test: is
+   the batch nearer a cheaper copy of the policy (int8 weights) than the policy itself?
 6. only then, every reward is what the task's verifier gives the completion. A verifier
    may take seconds on an answer made to be slow (math-verify's timeout is 5 s per
    answer): a fake batch of such answers held the validator a minute before its proofs
@@ -75,7 +76,8 @@ class BatchChecker:
         from node.tasks import load_taskset
 
         self.spec = spec
-        self.models: dict[int, tuple[str, Any, Any, Any]] = {}  # version -> (dir, model, tok, cfg)
+        # version -> (dir, model, tokenizer, profile, its suspects)
+        self.models: dict[int, tuple[str, Any, Any, Any, Any]] = {}
         self.taskset = load_taskset(spec.taskset)
 
     def _use(self, model_dir: str, version: int) -> None:
@@ -83,15 +85,17 @@ class BatchChecker:
         from crypto.verdict import profile
         from node.engine.calibration import model_layers
         from node.engine.models import engine_dtype, load_model
+        from node.rollouts.suspects import SuspectModels
 
         if version not in self.models or self.models[version][0] != model_dir:
             dtype = engine_dtype(self.spec.verify_profile)
             loaded = load_model(model_dir, device=self.spec.device, dtype=dtype)
             config = profile(self.spec.verify_profile).for_layers(model_layers(loaded.model))
-            self.models[version] = (model_dir, loaded.model, loaded.tokenizer, config)
+            suspects = SuspectModels(loaded.model)
+            self.models[version] = (model_dir, loaded.model, loaded.tokenizer, config, suspects)
             for old in sorted(self.models)[: -self.spec.keep]:
                 del self.models[old]
-        _, self.model, self.tokenizer, self.config = self.models[version]
+        _, self.model, self.tokenizer, self.config, self.suspects = self.models[version]
 
     def __call__(self, call: CheckBatch) -> Verdict:
         from protocol.wire import open_message
@@ -153,11 +157,11 @@ class BatchChecker:
         if self.spec.spot_check < 1:
             count = max(1, round(self.spec.spot_check * len(samples)))
             samples = random.SystemRandom().sample(samples, count)  # unpredictable to workers
-        evidence = judge_rollouts(
-            self.model, int(self.tokenizer.eos_token_id), batch, samples, self.config
-        )
+        eos = int(self.tokenizer.eos_token_id)
+        evidence = judge_rollouts(self.model, eos, batch, samples, self.config, self.suspects)
         spent = {"rollouts": len(samples), "seconds": time.perf_counter() - started}
         if evidence.passed:  # how close it came: the pooled sampling statistic and its bound
             pooled = f"sampling statistic {evidence.statistic:.1f}, bound {evidence.bound:.1f}"
-            return Verdict.accept(f"{evidence.reason}: {pooled}", **spent)
+            tested = "".join(f"; {t.describe()}" for t in evidence.substitution)
+            return Verdict.accept(f"{evidence.reason}: {pooled}{tested}", **spent)
         return Verdict.reject("invalid", evidence.reason, **spent)

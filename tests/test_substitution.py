@@ -1,0 +1,134 @@
+"""The substitution test (``crypto.substitution``, SPEC §11.2): a batch nearer a cheaper copy
+of the policy (int8 weights) than the policy is rejected, whoever made it and whatever the
+validator computes in; honest batches are not."""
+
+import copy
+import dataclasses
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from crypto.identity import Identity
+from crypto.substitution import position_keys, sign_tail
+from crypto.verdict import GPU_BF16, check_batch
+from node.engine.calibration import (
+    build_random_llama,
+    claim_of,
+    fixture_batches,
+    model_layers,
+    recompute_all,
+)
+from node.roles.checking import BatchChecker, CheckBatch, CheckerSpec
+from node.rollouts.maker import BatchMaker, MakeBatch, MakerSpec
+from node.rollouts.recheck import judge_rollouts, with_substitution
+from node.rollouts.suspects import SuspectModels
+from protocol.rollouts import RolloutBatch
+from protocol.wire import seal
+
+FIXTURE = Path(__file__).parent / "fixtures" / "gpu_rollouts_h200.json"
+WORKER = "0x" + "6b" * 20
+MAKER = MakerSpec(
+    taskset="arithmetic:2-3",
+    tasks_per_batch=4,
+    group_size=4,
+    max_new_tokens=48,
+    temperature=1.0,
+    engine_batch=16,
+    verify_profile="gpu-bf16",
+)
+CHECKER = CheckerSpec(keep=2, taskset="arithmetic:2-3", verify_profile="gpu-bf16", spot_check=1.0)
+
+
+def test_the_sign_tail_is_the_binomial_tail():
+    for n in (1, 7, 30, 200):
+        for k in range(n + 2):
+            exact = sum(math.comb(n, i) for i in range(k, n + 1)) / 2**n
+            assert sign_tail(k, n) == pytest.approx(exact, rel=1e-9, abs=1e-300)
+    assert sign_tail(0, 0) == 1.0 and sign_tail(1, 0) == 0.0
+
+
+def test_a_position_is_keyed_by_the_tokens_up_to_it():
+    a = position_keys([5, 6, 7], [8, 9, 10])
+    b = position_keys([5, 6, 7], [8, 11, 12])
+    c = position_keys([5, 6], [7, 8, 9])
+    assert len(a) == 5  # prompt + tokens[:-1]: what the validator recomputes
+    assert a[:4] == b[:4] and a[4] != b[4]  # same tokens fed, same computation
+    assert a[:4] == c[:4]  # the prompt/output split does not matter, the tokens do
+
+
+@pytest.fixture(scope="module")
+def h200():
+    doc = json.loads(FIXTURE.read_text())
+    base = build_random_llama(doc["config"], doc["init_seed"], doc["lm_head_scale"])
+    return doc, base
+
+
+@pytest.mark.parametrize("precision", ["float32", "bfloat16"])
+def test_the_h200s_int8_batches_are_nearer_int8_and_its_honest_ones_are_not(h200, precision):
+    """Rollouts an H200 generated in bf16 (the shared fixture), judged on this CPU in fp32
+    (tested in fp32 and in bf16) or in bf16: every int8 batch is rejected by the test, no
+    honest batch is."""
+    doc, base = h200
+    model = copy.deepcopy(base).to(getattr(torch, precision))
+    suspects = SuspectModels(model)
+    config = GPU_BF16.for_layers(model_layers(model))
+    for name, rejected in (("honest_batch32", False), ("int8_weights_batch16", True)):
+        variant = doc["variants"][name]
+        for batch in fixture_batches(variant)[:2]:
+            claims = [claim_of(r, variant) for r in batch]
+            prompts = [r["prompt"] for r in batch]
+            recomputed = recompute_all(model, prompts, [r["tokens"] for r in batch])
+            verdict = check_batch(claims, recomputed, eos_token_id=2, config=config)
+            tested = with_substitution(
+                dataclasses.replace(verdict, passed=True, reason="ok"),
+                suspects,
+                prompts,
+                claims,
+                [a for a, _ in recomputed],
+                config,
+            )
+            results = tested.substitution
+            assert results and results[-1].rejected == rejected, (name, results)
+            assert tested.passed != rejected
+            if rejected:
+                assert tested.reason.startswith("substitution: nearer int8")
+                assert results[-1].nearer > 0.8 * results[-1].positions
+            else:
+                assert all(r.nearer < 0.5 * r.positions for r in results)
+
+
+def make(maker, model_dir, cheat):
+    identity = Identity.generate()
+    header = dict(run_id="test-run", seq=1, ts_ms=1_700_000_000_000, sender=identity.peer_id)
+    made = maker(MakeBatch(str(model_dir), WORKER, 3, 0, header, cheat))
+    return RolloutBatch.decode(made.encoded), seal(identity, RolloutBatch.decode(made.encoded))
+
+
+def test_an_int8_worker_on_the_trained_policy_is_caught_only_by_the_substitution_test(
+    base_model_dir,
+):
+    """The devnet's trained policy under gpu-bf16: its int8 batch passes every other check
+    (its states and draws are within the profile's noise), and the batch checker rejects it
+    as nearer int8; the honest batch of the same worker and step is accepted."""
+    maker, checker = BatchMaker(MAKER), BatchChecker(CHECKER)
+    honest, honest_envelope = make(maker, base_model_dir, "none")
+    cheat, cheat_envelope = make(maker, base_model_dir, "int8_weights")
+    assert [s.tokens for g in cheat.groups for s in g.samples] != [
+        s.tokens for g in honest.groups for s in g.samples
+    ] or cheat.groups[0].samples[0].proofs != honest.groups[0].samples[0].proofs
+
+    accepted = checker(CheckBatch(str(base_model_dir), 0, honest_envelope))
+    assert accepted.accepted, accepted.detail
+    assert "nearer int8 (float32) than the policy" in accepted.detail
+
+    rejected = checker(CheckBatch(str(base_model_dir), 0, cheat_envelope))
+    assert not rejected.accepted and rejected.reason == "invalid"
+    assert rejected.detail.startswith("substitution: nearer int8 (float32)"), rejected.detail
+
+    # without the test, nothing else sees it
+    samples = [(g, s) for g in cheat.groups for s in g.samples]
+    eos = int(checker.tokenizer.eos_token_id)
+    assert judge_rollouts(checker.model, eos, cheat, samples, checker.config).passed
