@@ -11,14 +11,19 @@ at the entries both recomputations put in their top-k: at each such entry whose 
 exponent all three share, the mantissa distance to the reference minus the distance to
 the suspect. Honest states are nearer the reference, a substitute's nearer the suspect.
 
-The unit is a position: the differences of its entries summed. The rule is a sign test
-over the batch's distinct positions: ``k`` of the ``n`` positions with a non-zero sum are
-nearer the suspect; the batch is rejected if their mean favours the suspect and
-``P(Binomial(n, 1/2) >= k) <= alpha``. An honest position is at least as likely nearer
-the reference as the suspect, so honest work is rejected with probability at most
-``alpha`` whatever the hardware's noise (positions taken as independent: each one's
-rounding noise is its own). A position is counted once per distinct computation: by
-the tokens up to it (a group's samples share their prompt; peaked samples repeat).
+The unit is an output position (the prompt is one cheap prefill a cheater can afford to
+run with the policy): the differences of its entries summed. The rule is a sign test
+over the batch's distinct output positions: ``k`` of the ``n`` positions with a non-zero
+sum are nearer the suspect; the batch is rejected if their mean favours the suspect and
+``P(Binomial(n, 1/2) >= k) <= alpha``. It assumes an honest position is at least as
+likely nearer the reference as the suspect (measured: 0-44% of them were nearer), and
+positions independent (each one's rounding noise is its own; an approximation, since a
+rollout's positions share their history). A position is counted once per distinct
+computation: by the tokens up to it (peaked samples repeat).
+
+What it does not catch (SPEC §11.2): a worker that also blurs its commitments with noise
+within the honest cross-hardware level hides the int8 shift, which is smaller than that
+noise; and a suspect it does not name.
 """
 
 from __future__ import annotations
@@ -89,57 +94,86 @@ def substitution_test(
     """The test of ``claims`` (with their ``prompts``) against the activations of the
     reference and of the suspect, one list per claim as ``recompute_batch`` gives them."""
     sums: dict[bytes, float] = {}
-    for prompt, claim, ours, theirs in zip(prompts, claims, reference, suspected, strict=True):
+    diffs_of = _position_diffs(claims, reference, suspected, config)
+    for prompt, claim, diffs in zip(prompts, claims, diffs_of, strict=True):
         keys = position_keys(prompt, claim.tokens)
-        for position, diff in _position_diffs(claim.proofs, ours, theirs, config):
+        for position, diff in diffs:
             if position < len(keys):
                 sums.setdefault(keys[position], diff)
-    diffs = [d for d in sums.values() if d != 0]
-    nearer = sum(d > 0 for d in diffs)
-    mean = sum(diffs) / len(diffs) if diffs else 0.0
-    p = sign_tail(nearer, len(diffs))
-    return SubstitutionResult(suspect, nearer, len(diffs), mean, p, mean > 0 and p <= alpha)
+    differing = [d for d in sums.values() if d != 0]
+    nearer = sum(d > 0 for d in differing)
+    mean = sum(differing) / len(differing) if differing else 0.0
+    p = sign_tail(nearer, len(differing))
+    return SubstitutionResult(suspect, nearer, len(differing), mean, p, mean > 0 and p <= alpha)
+
+
+@dataclass
+class _Shared:
+    """One chunk's entries in both recomputations' top-k, and the worker's proof."""
+
+    claim: int
+    first: int  # the chunk's first position
+    width: int  # its hidden size (flat index // width = row)
+    modulus: int
+    coeffs: np.ndarray
+    index: np.ndarray  # the shared flat indices
+    ours: np.ndarray  # their bf16 patterns in the reference's recomputation
+    theirs: np.ndarray  # and in the suspect's
 
 
 def _position_diffs(
-    proofs: Sequence[bytes],
-    ours: list[torch.Tensor],
-    theirs: list[torch.Tensor],
+    claims: Sequence[RolloutClaim],
+    reference: list[list[torch.Tensor]],
+    suspected: list[list[torch.Tensor]],
     config: VerifyConfig,
-) -> list[tuple[int, float]]:
-    """(position, summed distance to ours minus distance to theirs) for every position of
-    one rollout with a shared entry."""
+) -> list[list[tuple[int, float]]]:
+    """Per claim, (position, summed distance to the reference minus distance to the
+    suspect) for every position with a shared entry whose sign and exponent agree: every
+    chunk of the batch selected together, every proof evaluated at once."""
     size, topk = config.chunk_size, config.topk
-    mine, other = chunks_of(ours, size, False), chunks_of(theirs, size, False)
-    a, b = _top_entries(mine, topk), _top_entries(other, topk)
-    out: list[tuple[int, float]] = []
-    first = 0  # the chunk's first position
-    for n, chunk in enumerate(mine):
-        rows, width = chunk.shape[0], chunk.shape[-1]
-        decoded = _decode(proofs[n], topk) if n < len(proofs) else None
-        if decoded is not None:
-            out.extend(_chunk_diffs(decoded, a[n], b[n], width, first))
-        first += rows
+    # the output's chunks only: the prompt's are one cheap prefill, which a cheater can
+    # afford to run with the policy before decoding with the suspect
+    mine = [chunks_of(acts, size, False)[1:] for acts in reference]
+    other = [chunks_of(acts, size, False)[1:] for acts in suspected]
+    a = _top_entries([c for chunks in mine for c in chunks], topk)
+    b = _top_entries([c for chunks in other for c in chunks], topk)
+    shared: list[_Shared] = []
+    n = 0
+    for number, (claim, chunks, acts) in enumerate(zip(claims, mine, reference, strict=True)):
+        first = acts[0].shape[0]  # the prompt's length: the first output position
+        for c, chunk in enumerate(chunks, start=1):
+            decoded = _decode(claim.proofs[c], topk) if c < len(claim.proofs) else None
+            common, i, j = np.intersect1d(a[n][0], b[n][0], return_indices=True)
+            if decoded is not None and len(common):
+                m, coeffs = decoded
+                width = chunk.shape[-1]
+                shared.append(
+                    _Shared(number, first, width, m, coeffs, common, a[n][1][i], b[n][1][j])
+                )
+            first += chunk.shape[0]
+            n += 1
+    out: list[list[tuple[int, float]]] = [[] for _ in claims]
+    if not shared:
+        return out
+    longest = max(len(s.index) for s in shared)
+    xs = np.zeros((len(shared), longest), dtype=np.int64)
+    for row, s in enumerate(shared):
+        xs[row, : len(s.index)] = s.index % s.modulus
+    worker = _evaluate(np.stack([s.coeffs for s in shared]), xs)
+    for row, s in enumerate(shared):
+        out[s.claim].extend(_rows(s, worker[row, : len(s.index)]))
     return out
 
 
-def _chunk_diffs(
-    decoded: tuple[int, np.ndarray],
-    ours: tuple[np.ndarray, np.ndarray],
-    theirs: tuple[np.ndarray, np.ndarray],
-    width: int,
-    first: int,
-) -> list[tuple[int, float]]:
-    m, coeffs = decoded
-    common, i, j = np.intersect1d(ours[0], theirs[0], return_indices=True)
-    if not len(common):
+def _rows(s: _Shared, worker: np.ndarray) -> list[tuple[int, float]]:
+    same = ((worker >> 7) == (s.ours >> 7)) & ((worker >> 7) == (s.theirs >> 7))
+    mantissa = worker & 0x7F
+    # symmetric in the two recomputations, so their selection into the top-k (which
+    # inflates both) favours neither
+    score = np.abs(mantissa - (s.ours & 0x7F)) - np.abs(mantissa - (s.theirs & 0x7F))
+    rows = s.index[same] // s.width
+    if not len(rows):
         return []
-    worker = _evaluate(coeffs[None, :], (common % m)[None, :])[0]
-    mine, other = ours[1][i], theirs[1][j]
-    same = ((worker >> 7) == (mine >> 7)) & ((worker >> 7) == (other >> 7))
-    diff = np.abs((worker & 0x7F) - (mine & 0x7F)) - np.abs((worker & 0x7F) - (other & 0x7F))
-    rows = common // width
-    out: list[tuple[int, float]] = []
-    for row in np.unique(rows[same]):
-        out.append((first + int(row), float(diff[same & (rows == row)].sum())))
-    return out
+    sums = np.bincount(rows, weights=score[same])
+    present = np.bincount(rows) > 0
+    return [(s.first + int(r), float(sums[r])) for r in np.flatnonzero(present)]

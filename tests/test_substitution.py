@@ -26,6 +26,7 @@ from node.rollouts.maker import BatchMaker, MakeBatch, MakerSpec
 from node.rollouts.recheck import judge_rollouts, with_substitution
 from node.rollouts.suspects import SuspectModels
 from protocol.rollouts import RolloutBatch
+from protocol.rollouts import unpack_tokens as unpack
 from protocol.wire import seal
 
 FIXTURE = Path(__file__).parent / "fixtures" / "gpu_rollouts_h200.json"
@@ -132,3 +133,54 @@ def test_an_int8_worker_on_the_trained_policy_is_caught_only_by_the_substitution
     samples = [(g, s) for g in cheat.groups for s in g.samples]
     eos = int(checker.tokenizer.eos_token_id)
     assert judge_rollouts(checker.model, eos, cheat, samples, checker.config).passed
+
+
+def test_a_worker_that_prefills_with_the_policy_and_decodes_with_int8_is_caught(
+    base_model_dir,
+):
+    """The prompt is one cheap prefill a cheater can afford with the policy; only its
+    decoding (what int8 saves) runs the copy. Counting the prompt's positions diluted the
+    evidence below the rejection rate; output positions alone carry it."""
+    from crypto.toploc import build_proofs
+    from crypto.verdict import RolloutClaim
+    from node.engine.torch_engine import recompute_batch
+
+    maker, checker = BatchMaker(MAKER), BatchChecker(CHECKER)
+    honest, _ = make(maker, base_model_dir, "none")
+    checker._use(str(base_model_dir), 0)
+    policy, config = checker.model, checker.config
+    cheap = checker.suspects.suspect(policy.dtype, "int8")
+    prompts, claims = [], []
+    with torch.no_grad():
+        for group in honest.groups:
+            prompt = list(unpack(group.prompt))
+            for sample in group.samples:
+                tokens = list(unpack(sample.tokens))
+                out = policy.base_model(input_ids=torch.tensor([prompt]), use_cache=True)
+                acts = [out[0][0].float()]
+                if len(tokens) > 1:
+                    fed = torch.tensor([tokens[:-1]])
+                    acts.append(cheap.base_model(input_ids=fed, cache=out.past_key_values)[0][0])
+                proofs = build_proofs(acts, chunk_size=config.chunk_size, topk=config.topk)
+                prompts.append(prompt)
+                claims.append(
+                    RolloutClaim(tokens, proofs, sample.seed, sample.finish_reason, 48, 1.0)
+                )
+    recomputed = recompute_batch(policy, prompts, [c.tokens for c in claims])
+    eos = int(checker.tokenizer.eos_token_id)
+    verdict = check_batch(claims, recomputed, eos_token_id=eos, config=config)
+    assert verdict.passed, verdict.reason  # nothing else sees it
+    tested = with_substitution(
+        verdict, checker.suspects, prompts, claims, [a for a, _ in recomputed], config
+    )
+    assert not tested.passed and tested.reason.startswith("substitution: nearer int8"), (
+        tested.substitution
+    )
+
+
+def test_the_checker_keeps_a_version_older_than_those_it_holds(tiny_model_dir):
+    checker = BatchChecker(dataclasses.replace(CHECKER, keep=2))
+    for version in (5, 6, 3):
+        checker._use(str(tiny_model_dir), version)
+        assert checker.model is checker.models[version][1]
+    assert sorted(checker.models) == [3, 6]

@@ -93,8 +93,8 @@ class BatchChecker:
             config = profile(self.spec.verify_profile).for_layers(model_layers(loaded.model))
             suspects = SuspectModels(loaded.model)
             self.models[version] = (model_dir, loaded.model, loaded.tokenizer, config, suspects)
-            for old in sorted(self.models)[: -self.spec.keep]:
-                del self.models[old]
+            while len(self.models) > max(1, self.spec.keep):  # the oldest others first
+                del self.models[min(v for v in self.models if v != version)]
         _, self.model, self.tokenizer, self.config, self.suspects = self.models[version]
 
     def __call__(self, call: CheckBatch) -> Verdict:
