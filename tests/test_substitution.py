@@ -184,3 +184,22 @@ def test_the_checker_keeps_a_version_older_than_those_it_holds(tiny_model_dir):
         checker._use(str(tiny_model_dir), version)
         assert checker.model is checker.models[version][1]
     assert sorted(checker.models) == [3, 6]
+
+
+def test_the_checker_keeps_the_copies_of_the_version_in_use_only(tiny_model_dir):
+    """A CPU validator's copies (int8 in fp32, bf16 and int8 in bf16) are about 3x the
+    model: they are kept for one version, not for every version the checker holds."""
+    import gc
+    import weakref
+
+    checker = BatchChecker(dataclasses.replace(CHECKER, keep=3))
+    checker._use(str(tiny_model_dir), 1)
+    first = checker.suspects
+    copy_of_1 = weakref.ref(first.suspect(torch.bfloat16, "int8"))
+    checker._use(str(tiny_model_dir), 1)
+    assert checker.suspects is first  # the same version: nothing rebuilt
+    checker._use(str(tiny_model_dir), 2)
+    assert checker.suspects is not first and checker.suspects.model is checker.model
+    del first
+    gc.collect()
+    assert copy_of_1() is None and 1 in checker.models  # the model is kept, its copies not

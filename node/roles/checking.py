@@ -76,8 +76,8 @@ class BatchChecker:
         from node.tasks import load_taskset
 
         self.spec = spec
-        # version -> (dir, model, tokenizer, profile, its suspects)
-        self.models: dict[int, tuple[str, Any, Any, Any, Any]] = {}
+        self.models: dict[int, tuple[str, Any, Any, Any]] = {}  # version -> (dir, model, tok, cfg)
+        self.suspects: Any = None  # the suspects of the model in use only: up to 3 copies of it
         self.taskset = load_taskset(spec.taskset)
 
     def _use(self, model_dir: str, version: int) -> None:
@@ -91,11 +91,12 @@ class BatchChecker:
             dtype = engine_dtype(self.spec.verify_profile)
             loaded = load_model(model_dir, device=self.spec.device, dtype=dtype)
             config = profile(self.spec.verify_profile).for_layers(model_layers(loaded.model))
-            suspects = SuspectModels(loaded.model)
-            self.models[version] = (model_dir, loaded.model, loaded.tokenizer, config, suspects)
+            self.models[version] = (model_dir, loaded.model, loaded.tokenizer, config)
             while len(self.models) > max(1, self.spec.keep):  # the oldest others first
                 del self.models[min(v for v in self.models if v != version)]
-        _, self.model, self.tokenizer, self.config, self.suspects = self.models[version]
+        _, self.model, self.tokenizer, self.config = self.models[version]
+        if self.suspects is None or self.suspects.model is not self.model:
+            self.suspects = SuspectModels(self.model)  # the last version's copies are freed
 
     def __call__(self, call: CheckBatch) -> Verdict:
         from protocol.wire import open_message
