@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from crypto.toploc import _decode, _evaluate, _top_entries, chunks_of
+from crypto.toploc import _decode, _evaluate, _top_entries, chunks_of, mantissa_distance
 from crypto.verdict import RolloutClaim, VerifyConfig
 
 
@@ -98,8 +98,7 @@ def substitution_test(
     for prompt, claim, diffs in zip(prompts, claims, diffs_of, strict=True):
         keys = position_keys(prompt, claim.tokens)
         for position, diff in diffs:
-            if position < len(keys):
-                sums.setdefault(keys[position], diff)
+            sums.setdefault(keys[position], diff)
     differing = [d for d in sums.values() if d != 0]
     nearer = sum(d > 0 for d in differing)
     mean = sum(differing) / len(differing) if differing else 0.0
@@ -166,11 +165,12 @@ def _position_diffs(
 
 
 def _rows(s: _Shared, worker: np.ndarray) -> list[tuple[int, float]]:
-    same = ((worker >> 7) == (s.ours >> 7)) & ((worker >> 7) == (s.theirs >> 7))
-    mantissa = worker & 0x7F
+    same_ours, to_ours = mantissa_distance(worker, s.ours)
+    same_theirs, to_theirs = mantissa_distance(worker, s.theirs)
+    same = same_ours & same_theirs
     # symmetric in the two recomputations, so their selection into the top-k (which
     # inflates both) favours neither
-    score = np.abs(mantissa - (s.ours & 0x7F)) - np.abs(mantissa - (s.theirs & 0x7F))
+    score = to_ours - to_theirs
     rows = s.index[same] // s.width
     if not len(rows):
         return []

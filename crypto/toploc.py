@@ -402,8 +402,7 @@ def verify_proofs_batch(
         idx = np.stack([selected[n][0] for n in valid])
         ours = np.stack([selected[n][1] for n in valid])
         theirs = _evaluate(coeffs, idx % moduli[:, None])
-        exp_match = (theirs >> 7) == (ours >> 7)  # sign and exponent
-        mant_err = np.abs((theirs & 0x7F) - (ours & 0x7F))
+        exp_match, mant_err = mantissa_distance(theirs, ours)
         matches = exp_match.sum(axis=1)
         means, medians = _matched_mean_median(mant_err, exp_match, matches)
         need = math.ceil(th.min_exp_matches * k / DEFAULT_TOPK)
@@ -421,6 +420,12 @@ def verify_proofs_batch(
         out.append(results[start : start + len(seq)])
         start += len(seq)
     return out
+
+
+def mantissa_distance(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Of bf16 bit patterns ``a`` and ``b``: whether sign and exponent agree, and the
+    absolute difference of their mantissas (in units of the last place)."""
+    return (a >> 7) == (b >> 7), np.abs((a & 0x7F) - (b & 0x7F))
 
 
 def _matched_mean_median(

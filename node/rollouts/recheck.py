@@ -69,7 +69,7 @@ def with_substitution(
     outputs = [c.tokens for c in claims]
     results = []
     for dtype in dtypes:
-        if dtype == next(suspects.model.parameters()).dtype:
+        if dtype == suspects.dtype:
             reference = recomputed
         else:
             reference = [a for a, _ in recompute_batch(suspects.reference(dtype), prompts, outputs)]

@@ -16,16 +16,11 @@ from typing import Any
 
 import torch
 
+from node.engine.calibration import int8_weights
 
-def int8_per_row(model: Any) -> Any:
-    """Every Linear weight fake-quantized to symmetric int8 per output row (torchao's and
-    most runtimes' weight-only int8): a cheaper model."""
-    from node.engine.calibration import int8_weights
-
-    return int8_weights(model)
-
-
-BUILDERS: dict[str, Callable[[Any], Any]] = {"int8": int8_per_row}
+# int8: every Linear weight fake-quantized to symmetric int8 per output row (torchao's and
+# most runtimes' weight-only int8)
+BUILDERS: dict[str, Callable[[Any], Any]] = {"int8": int8_weights}
 
 
 class SuspectModels:
@@ -34,11 +29,12 @@ class SuspectModels:
 
     def __init__(self, model: Any) -> None:
         self.model = model
+        self.dtype: torch.dtype = next(model.parameters()).dtype  # the validator's own
         self._built: dict[tuple[torch.dtype, str], Any] = {}
 
     def precisions(self) -> list[torch.dtype]:
         """The validator's own dtype, then bf16 when that is another."""
-        own = next(self.model.parameters()).dtype
+        own = self.dtype
         return [own] if own == torch.bfloat16 else [own, torch.bfloat16]
 
     def reference(self, dtype: torch.dtype) -> Any:
@@ -53,9 +49,8 @@ class SuspectModels:
         key = (dtype, name)
         if key not in self._built:
             if not name:
-                own = next(self.model.parameters()).dtype
                 self._built[key] = (
-                    self.model if own == dtype else copy.deepcopy(self.model).to(dtype)
+                    self.model if dtype == self.dtype else copy.deepcopy(self.model).to(dtype)
                 )
             else:
                 self._built[key] = BUILDERS[name](self.reference(dtype))
