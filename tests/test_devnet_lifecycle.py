@@ -7,7 +7,6 @@ import signal
 import subprocess
 import sys
 import time
-from contextlib import contextmanager
 
 import pytest
 import trio
@@ -15,6 +14,7 @@ import trio.testing
 
 from node.cli.devnet import NodeProcess, Stopper, set_aside_earlier_run, stop_all
 from tests.helpers.net import wait_until
+from tests.helpers.procs import gone, parent_and_child
 
 # a devnet stand-in: it spawns one node (tied to it or not) and handles its own Ctrl-C (a
 # handler, not SIG_IGN, which the node would inherit)
@@ -31,38 +31,10 @@ time.sleep(60)
 """
 
 
-@contextmanager
 def devnet_with_a_node(tmp_path, tied, **popen):
     """``PARENT`` as a process (``popen``: more ``Popen`` arguments) and its node's pid;
     both killed on exit."""
-    parent = subprocess.Popen(
-        [sys.executable, "-c", PARENT, str(tmp_path), "1" if tied else "0"],
-        stdout=subprocess.PIPE,
-        text=True,
-        **popen,
-    )
-    node = None
-    try:
-        node = int(parent.stdout.readline())
-        yield parent, node
-    finally:
-        parent.kill()
-        parent.wait()
-        parent.stdout.close()
-        if node is not None:
-            try:
-                os.kill(node, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-
-
-def gone(pid):
-    """Whether process ``pid`` has ended (a zombie until its parent reaps it)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] == "Z"
-    except FileNotFoundError:
-        return True
+    return parent_and_child(PARENT, str(tmp_path), "1" if tied else "0", **popen)
 
 
 def test_a_signal_while_starting_stops_at_once_and_a_second_while_running():

@@ -183,40 +183,16 @@ def test_a_node_killed_outright_takes_its_busy_child_with_it(tmp_path):
     kernel for SIGTERM when its parent dies (``node/orphans.py``)."""
     import os
     import signal
-    import subprocess
-    import sys
     import time
 
     from tests.helpers.net import wait_until
+    from tests.helpers.procs import gone, parent_and_child
 
-    node = subprocess.Popen(
-        [sys.executable, "-c", NODE_WITH_A_BUSY_CHILD], stdout=subprocess.PIPE, text=True
-    )
-    child = None
-    try:
-        child = int(node.stdout.readline())
+    with parent_and_child(NODE_WITH_A_BUSY_CHILD) as (node, child):
         time.sleep(0.5)  # into its call
         os.kill(node.pid, signal.SIGKILL)
         node.wait(10)
-
-        def gone():
-            try:
-                os.kill(child, 0)
-            except ProcessLookupError:
-                return True
-            with open(f"/proc/{child}/stat") as f:  # a zombie until init reaps it
-                return f.read().split(")")[-1].split()[0] == "Z"
-
-        wait_until(gone, 20, "the child to go with its node")
-    finally:
-        node.kill()
-        node.wait()
-        node.stdout.close()
-        if child is not None:
-            try:
-                os.kill(child, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        wait_until(lambda: gone(child), 20, "the child to go with its node")
 
 
 async def test_the_node_keeps_running_while_the_child_works():
