@@ -8,9 +8,10 @@ import pytest
 
 from crypto.identity import Identity
 from node.roles.checking import BatchChecker, CheckBatch, CheckerSpec
-from node.rollouts.maker import BatchMaker, MakeBatch, MakerSpec
+from node.rollouts.maker import BatchMaker, MakerSpec
 from protocol.rollouts import RolloutBatch
 from protocol.wire import seal
+from tests.helpers.batches import made_by
 
 WORKER = "0x" + "5a" * 20
 MAKER = MakerSpec(
@@ -41,15 +42,10 @@ class Checker:
 
 
 def make(model_dir, cheat, step=3):
-    identity = Identity.generate()
-    maker = BatchMaker(MAKER)
-    header = dict(run_id="test-run", sender=identity.peer_id, seq=1, ts_ms=1_700_000_000_000)
-    call = MakeBatch(str(model_dir), WORKER, step, 0, header, cheat=cheat)
-    made = maker(call)
+    made, batch, envelope = made_by(BatchMaker(MAKER), model_dir, WORKER, cheat, step=step)
     assert made.seconds > 0  # generating it: the status's generation_s adds these up
-    batch = RolloutBatch.decode(made.encoded)
     assert batch.worker == WORKER and batch.step == step and len(batch.groups) == 2
-    return seal(identity, batch)
+    return envelope
 
 
 @pytest.mark.parametrize(

@@ -19,6 +19,7 @@ from node.rollouts.maker import BatchMaker, MakeBatch, MakerSpec
 from node.rollouts.store import BatchStore
 from protocol.rollouts import RolloutBatch
 from protocol.wire import seal
+from tests.helpers.batches import made_by
 
 WORKER = "0x" + "5a" * 20
 MAKER = MakerSpec(
@@ -83,13 +84,9 @@ def version_1(tiny_model_dir, tmp_path_factory):
 
 
 def make(maker, model_dir, cheat, *, version=0, step=3):
-    identity = Identity.generate()
-    call = MakeBatch(
-        str(model_dir), WORKER, step, version, {**HEADER, "sender": identity.peer_id}, cheat
-    )
-    batch = RolloutBatch.decode(maker(call).encoded)
+    _, batch, envelope = made_by(maker, model_dir, WORKER, cheat, version=version, step=step)
     assert batch.worker == WORKER and batch.step == step and batch.policy_version == version
-    return batch, seal(identity, batch)
+    return batch, envelope
 
 
 def test_the_catalogue_names_every_cheat_the_setting_takes():

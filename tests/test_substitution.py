@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from crypto.identity import Identity
 from crypto.substitution import position_keys, sign_tail
 from crypto.verdict import GPU_BF16, check_batch
 from node.engine.calibration import (
@@ -22,12 +21,11 @@ from node.engine.calibration import (
     recompute_all,
 )
 from node.roles.checking import BatchChecker, CheckBatch, CheckerSpec
-from node.rollouts.maker import BatchMaker, MakeBatch, MakerSpec
+from node.rollouts.maker import BatchMaker, MakerSpec
 from node.rollouts.recheck import judge_rollouts, with_substitution
 from node.rollouts.suspects import SuspectModels
-from protocol.rollouts import RolloutBatch
 from protocol.rollouts import unpack_tokens as unpack
-from protocol.wire import seal
+from tests.helpers.batches import made_by
 
 FIXTURE = Path(__file__).parent / "fixtures" / "gpu_rollouts_h200.json"
 WORKER = "0x" + "6b" * 20
@@ -102,10 +100,8 @@ def test_the_h200s_int8_batches_are_nearer_int8_and_its_honest_ones_are_not(h200
 
 
 def make(maker, model_dir, cheat):
-    identity = Identity.generate()
-    header = dict(run_id="test-run", seq=1, ts_ms=1_700_000_000_000, sender=identity.peer_id)
-    made = maker(MakeBatch(str(model_dir), WORKER, 3, 0, header, cheat))
-    return RolloutBatch.decode(made.encoded), seal(identity, RolloutBatch.decode(made.encoded))
+    _, batch, envelope = made_by(maker, model_dir, WORKER, cheat)
+    return batch, envelope
 
 
 def test_an_int8_worker_on_the_trained_policy_is_caught_only_by_the_substitution_test(

@@ -39,3 +39,16 @@ def a_batch(identity, step=3, reward=1.0):
         proof_topk=2,
         groups=[RolloutGroup(index=0, task_id="t/1", prompt=pack_tokens([2, 9]), samples=samples)],
     )
+
+
+def made_by(maker, model_dir, worker, cheat="none", *, version=0, step=3):
+    """What ``maker`` (a ``BatchMaker``) makes with the weights in ``model_dir`` for
+    ``worker``, signed by a new peer key: (its reply, the batch, the envelope)."""
+    from crypto.identity import Identity
+    from node.rollouts.maker import MakeBatch
+    from protocol.wire import seal
+
+    identity = Identity.generate()
+    reply = maker(MakeBatch(str(model_dir), worker, step, version, header(identity), cheat))
+    batch = RolloutBatch.decode(reply.encoded)
+    return reply, batch, seal(identity, batch)
