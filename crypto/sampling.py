@@ -18,9 +18,19 @@ surely in the worker's nucleus and the chosen token's is zero unless the noise f
 near-tie; honest noise bounds how often that happens and how far (``near_tie_density``),
 so the sum S = Σ min(z, κ) has a mean and variance bounded by the model, and
 ``honest_bound`` turns them into the threshold that honest work crosses with probability
-below ``false_slash`` (Bernstein). A token outside the noise-widened nucleus, or with a
-gap beyond ``forged_factor · κ`` units, is not explained by noise at all. ``temperature
-== 0`` means greedy: then every gap must stay within κ units. SPEC.md §11 derives the
+below ``false_slash`` (Bernstein). A token outside the nucleus widened by
+``forged_factor · κ`` units, or with a gap that large against the tokens surely in it, is
+not explained by noise at all. ``temperature == 0`` means greedy: then every gap must stay
+within κ units.
+
+Below ``top_p == 1`` the nucleus has a boundary, and a token near it is in the worker's
+nucleus and out of ours (or the reverse) when the noise moves it far enough: the seeded
+sampler then draws another token there, honestly. Such a *boundary event* (the worker's
+token just outside the nucleus widened by κ units, or a large gap that only a token of
+uncertain membership explains) is counted, not fatal: the model bounds how often the
+bounds at κ units misplace a token (``SamplingCheck.boundary_rate``), so the count of
+events has an expected value, and ``count_bound`` gives the count honest work exceeds
+with probability below the false-slash budget (SPEC.md §11.1). SPEC.md §11 derives the
 rule; ``crypto.verdict`` applies it per batch.
 
 A sequence must end either at the length limit or with EOS, and an EOS ending is only
@@ -181,6 +191,13 @@ class SamplingCheck:
         if self.layers < 1:
             raise ValueError("layers must be >= 1")
 
+    @property
+    def boundary_rate(self) -> float:
+        """The chance that the nucleus bounds at κ units misplace one given token: the
+        noise that moves it across the boundary has an RMS of at most σ units, so it
+        reaches κ with probability at most (σ/κ)² (Chebyshev)."""
+        return (self.noise_rms / self.noise_max) ** 2
+
     def unit(self, logits: torch.Tensor, temperature: float) -> torch.Tensor:
         """The noise unit [n] of each row of ``logits`` [n, V] (score units)."""
         scale = 2.0**-self.precision_bits * math.sqrt(self.layers) / temperature
@@ -196,6 +213,9 @@ class SamplingResult:
     beyond κ units. ``excess`` is the statistic S = Σ min(z, κ) over positions (z = gap in
     units), ``expected`` and ``variance`` bound its mean and variance under honest noise;
     ``passed`` is the same rule a batch uses (``honest_bound``), applied to this sequence.
+    ``boundary_positions``: boundary events (the worker's nucleus and ours disagreeing on a
+    token near the top-p boundary), at most ``boundary_expected`` of them on average for
+    honest work (``count_bound``).
     """
 
     passed: bool
@@ -209,19 +229,50 @@ class SamplingResult:
     positions: int = 0
     near_ties: float = 0.0  # Σ near-tie density × unit: E[S] ≤ near_ties · σ² / 4
     flips: int = 0  # positions whose token is not our perturbed argmax (z > 0)
+    boundary_positions: list[int] = field(default_factory=list)
+    boundary_expected: float = 0.0  # Σ over positions of the honest chance of an event
 
 
-def honest_bound(expected: float, variance: float, check: SamplingCheck) -> float:
-    """The largest statistic honest work reaches with probability ≥ 1 − α.
+def honest_bound(
+    expected: float, variance: float, check: SamplingCheck, alpha: float | None = None
+) -> float:
+    """The largest statistic honest work reaches with probability ≥ 1 − α (α: the
+    profile's ``false_slash`` unless given).
 
     Bernstein's inequality (Freedman's martingale form: each token depends on the draws
     before it) for a sum of terms in [0, κ] with mean ≤ ``expected`` and variance ≤
     ``variance``: P(S ≥ μ + t) ≤ exp(−t² / (2(V + κt/3))) = α at
     t = κL/3 + sqrt((κL/3)² + 2VL), L = ln(1/α).
     """
-    ln = math.log(1 / check.false_slash)
-    a = check.noise_max * ln / 3
+    return _freedman(expected, variance, check.noise_max, alpha or check.false_slash)
+
+
+def count_bound(expected: float, alpha: float) -> float:
+    """The largest count of events, each happening with probability at most its own
+    share of ``expected`` given what came before, that honest work reaches with
+    probability ≥ 1 − ``alpha``: Freedman's bound for terms in [0, 1] whose variance is at
+    most their mean."""
+    return _freedman(expected, expected, 1.0, alpha)
+
+
+def _freedman(expected: float, variance: float, cap: float, alpha: float) -> float:
+    ln = math.log(1 / alpha)
+    a = cap * ln / 3
     return expected + a + math.sqrt(a * a + 2 * variance * ln)
+
+
+def boundary_within(events: int, expected: float, alpha: float) -> bool:
+    """Whether ``events`` boundary events are within what honest work reaches (none are
+    allowed where no budget is: at ``top_p == 1`` there is no boundary)."""
+    return events == 0 or (alpha > 0 and events <= count_bound(expected, alpha))
+
+
+def budgets(check: SamplingCheck, top_p: float) -> tuple[float, float]:
+    """The false-slash budgets of the pooled statistic and of the boundary count: all of
+    α to the statistic at ``top_p == 1`` (no boundary, no count), half each below."""
+    if top_p >= 1.0:
+        return check.false_slash, 0.0
+    return check.false_slash / 2, check.false_slash / 2
 
 
 def near_tie_density(probs: torch.Tensor) -> torch.Tensor:
@@ -237,9 +288,19 @@ def near_tie_density(probs: torch.Tensor) -> torch.Tensor:
 def nucleus_bounds(
     logits: torch.Tensor, temperature: float, top_p: float, spread: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(allowed, core) [n, V]: the tokens that may lie in the worker's nucleus, and those
-    that surely do, when the worker's scores differ from ours by at most ``spread`` [n]
-    (score units) between any two tokens.
+    """``nucleus_bounds_at`` one spread."""
+    return nucleus_bounds_at(logits, temperature, top_p, (spread,))[0]
+
+
+def nucleus_bounds_at(
+    logits: torch.Tensor,
+    temperature: float,
+    top_p: float,
+    spreads: Sequence[torch.Tensor],
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(allowed, core) [n, V] at each of ``spreads``: the tokens that may lie in the worker's
+    nucleus, and those that surely do, when the worker's scores differ from ours by at
+    most the spread [n] (score units) between any two tokens (one sort for them all).
 
     A token c is in the worker's nucleus iff the worker's mass of tokens no more probable
     than c exceeds 1 − top_p. Probability ratios move by at most e^spread, and a set's mass
@@ -249,9 +310,8 @@ def nucleus_bounds(
     """
     if top_p >= 1.0:
         every = torch.ones_like(logits, dtype=torch.bool)
-        return every, every
+        return [(every, every) for _ in spreads]
     probs = torch.softmax(_scaled(logits, temperature), dim=-1)
-    grow = torch.exp(spread)[:, None]
     rest = 1.0 - top_p
     ascending = probs.sort(dim=-1).values
     prefix = ascending.cumsum(dim=-1)
@@ -261,7 +321,11 @@ def nucleus_bounds(
         total = prefix.gather(1, (count - 1).clamp_min(0))
         return torch.where(count > 0, total, torch.zeros_like(total))
 
-    return mass_below(probs * grow) > rest / grow, mass_below(probs / grow) > rest * grow
+    out = []
+    for spread in spreads:
+        grow = torch.exp(spread)[:, None]
+        out.append((mass_below(probs * grow) > rest / grow, mass_below(probs / grow) > rest * grow))
+    return out
 
 
 def check_sampling(
@@ -338,63 +402,127 @@ def _judge_positions(
     c: SamplingCheck,
 ) -> None:
     """The sampling evidence of the sequences ``chunk`` (indices into ``rows``), into
-    ``out``: every position at once, then each sequence's sums over its own positions."""
+    ``out``: every position at once, then each sequence's sums over its own positions.
+
+    Two nucleus bounds: at κ units (the noise model's bound) and at ``forged_factor · κ``
+    (beyond which no honest noise reaches). ``z`` is the gap against the tokens surely in
+    at κ, ``z_firm`` against those surely in at the wider spread. A position is a
+    *boundary event* when the token is allowed only at the wider spread, or when its gap
+    beyond κ is explained only by a token whose membership is uncertain there
+    (``z > κ`` and ``z_firm < z``); its statistic term is then ``z_firm``. Outside the
+    wider bounds, or ``z_firm`` beyond them, nothing honest explains the token.
+    """
     parts = [rows[i][0] for i in chunk]
     logits = parts[0] if len(parts) == 1 else torch.cat(parts)
     lengths = [p.shape[0] for p in parts]
     chosen_ids = [t for i in chunk for t in rows[i][1]]
-    tokens = torch.tensor(chosen_ids, dtype=torch.long, device=logits.device)
+    tokens = torch.tensor(chosen_ids, dtype=torch.long, device=logits.device)[:, None]
     greedy = temperature <= 0
     ell = logits.double()
     unit = c.unit(ell, 1.0 if greedy else temperature)  # [n]
+    firm_spread = c.forged_factor * c.noise_max
     if greedy:
         scores = ell
         allowed = core = torch.ones_like(scores, dtype=torch.bool)
+        bounds = [(allowed, core), (allowed, core)]
     else:
         seeds = [rows[i][2] for i, n in zip(chunk, lengths, strict=True) for _ in range(n)]
         positions = [p for n in lengths for p in range(n)]
         noise = gumbel_noise_rows(seeds, positions, ell.shape[1], logits.device)
         scores = _scaled(ell, temperature) + noise
-        allowed, core = nucleus_bounds(ell, temperature, top_p, c.noise_max * unit)
-    best = scores.masked_fill(~core, -torch.inf).max(dim=-1).values
-    chosen = scores.gather(1, tokens[:, None])[:, 0]
-    gap = (best - chosen).clamp_min(0.0)
-    z = gap / unit
-    in_nucleus = allowed.gather(1, tokens[:, None])[:, 0]
-    bad = (~in_nucleus) | (z > c.forged_factor * c.noise_max)
+        bounds = nucleus_bounds_at(
+            ell, temperature, top_p, (c.noise_max * unit, firm_spread * unit)
+        )
+    (allowed, core), (allowed_wide, core_firm) = bounds
+    chosen = scores.gather(1, tokens)[:, 0]
+
+    def gap_to(surely: torch.Tensor) -> torch.Tensor:  # [n] in units, ≥ 0
+        best = scores.masked_fill(~surely, -torch.inf).max(dim=-1).values
+        return (best - chosen).clamp_min(0.0) / unit
+
+    z = gap_to(core)
+    z_firm = z if top_p >= 1.0 else gap_to(core_firm)
+    in_nucleus = allowed_wide.gather(1, tokens)[:, 0]
+    boundary = in_nucleus & (~allowed.gather(1, tokens)[:, 0] | ((z > c.noise_max) & (z_firm < z)))
+    z = torch.where(boundary, z_firm, z)
+    bad = (~in_nucleus) | (z_firm > firm_spread)
     suspect = in_nucleus & (z > c.noise_max)
     if greedy:  # no draw to average over: the bound on each gap is the whole check
         bad = bad | suspect
-        ties = torch.zeros_like(unit)
+        ties = rate = torch.zeros_like(unit)
     else:
         probs = torch.softmax(_scaled(ell, temperature).masked_fill(~allowed, -torch.inf), dim=-1)
         ties = near_tie_density(probs) * unit
-    host = [t.cpu() for t in (z, gap, in_nucleus, bad, suspect, ties)]
+        rate = _boundary_rate(ell, temperature, top_p, bounds, firm_spread * unit, c)
+    host = [t.cpu() for t in (z, unit, in_nucleus, bad, suspect, boundary, ties, rate)]
     at = 0
     for i, n in zip(chunk, lengths, strict=True):
-        z_i, gap_i, in_i, bad_i, suspect_i, ties_i = (t[at : at + n] for t in host)
+        z_i, unit_i, in_i, bad_i, suspect_i, boundary_i, ties_i, rate_i = (
+            t[at : at + n] for t in host
+        )
         at += n
-        out[i] = _sequence_result(z_i, gap_i, in_i, bad_i, suspect_i, ties_i, greedy, c)
+        flags = (in_i, bad_i, suspect_i, boundary_i)
+        out[i] = _sequence_result(z_i, unit_i, flags, ties_i, rate_i, greedy, top_p, c)
+
+
+def _boundary_rate(
+    ell: torch.Tensor,
+    temperature: float,
+    top_p: float,
+    bounds: list[tuple[torch.Tensor, torch.Tensor]],
+    wide: torch.Tensor,
+    c: SamplingCheck,
+) -> torch.Tensor:
+    """[n]: a bound on the chance of an honest boundary event at each position.
+
+    An event needs a token whose membership the bounds at κ misplace (at most
+    ``boundary_rate`` for a given token) that is also the draw's winner: our winner among
+    the tokens surely in at κ lies among those not surely in at the wide spread with
+    probability p(core − firm) / p(core); the worker's token lies among those allowed only
+    at the wide spread with probability at most e^wide · p(wide − allowed) / p(firm).
+    """
+    if top_p >= 1.0:
+        return torch.zeros(ell.shape[0], dtype=torch.float64, device=ell.device)
+    (allowed, core), (allowed_wide, core_firm) = bounds
+    probs = torch.softmax(_scaled(ell, temperature), dim=-1)
+
+    def share(part: torch.Tensor, whole: torch.Tensor) -> torch.Tensor:  # ≤ 1; x/0 = 1
+        num, den = (probs * part).sum(-1), (probs * whole).sum(-1)
+        return torch.where(den > 0, num / den.clamp_min(1e-300), (num > 0).double()).clamp(0, 1)
+
+    ours = share(core & ~core_firm, core)
+    theirs = (share(allowed_wide & ~allowed, core_firm) * torch.exp(wide)).clamp_max(1.0)
+    return c.boundary_rate * (ours + theirs)
 
 
 def _sequence_result(
     z: torch.Tensor,
-    gap: torch.Tensor,
-    in_nucleus: torch.Tensor,
-    bad: torch.Tensor,
-    suspect: torch.Tensor,
+    unit: torch.Tensor,
+    flags: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
     ties: torch.Tensor,
+    rate: torch.Tensor,
     greedy: bool,
+    top_p: float,
     c: SamplingCheck,
 ) -> SamplingResult:
-    """One sequence's ``SamplingResult`` from its positions' gaps and flags."""
+    """One sequence's ``SamplingResult`` from its positions' gaps (units), units, flags
+    (in the wide nucleus, bad, suspect, boundary event), near-tie densities and boundary
+    rates."""
+    in_nucleus, bad, suspect, boundary = flags
     excess = float(z[in_nucleus].clamp_max(c.noise_max).sum())
     qu = 0.0 if greedy else float(ties.sum())
     expected = qu * c.noise_rms**2 / 4
     variance = qu * c.noise_max * c.noise_rms**2 / 6
     bad_positions = torch.nonzero(bad).flatten().tolist()
-    in_gap = gap[in_nucleus]
-    passed = not bad_positions and excess <= honest_bound(expected, variance, c)
+    boundary_positions = torch.nonzero(boundary & ~bad).flatten().tolist()
+    boundary_expected = float(rate.sum())
+    alpha_s, alpha_b = budgets(c, top_p)
+    passed = (
+        not bad_positions
+        and excess <= honest_bound(expected, variance, c, alpha_s)
+        and boundary_within(len(boundary_positions), boundary_expected, alpha_b)
+    )
+    in_gap = (z * unit)[in_nucleus]
     return SamplingResult(
         passed,
         bad_positions,
@@ -407,6 +535,8 @@ def _sequence_result(
         len(z),
         qu,
         int((z > 0).sum()),
+        boundary_positions,
+        boundary_expected,
     )
 
 

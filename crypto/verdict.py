@@ -22,6 +22,10 @@ The batch is the unit that is submitted, paid and slashed, so it is the unit jud
   (a few positions whose gap is a fraction of a unit) never sink a batch; a systematic
   substitution (another checkpoint, a cheaper quantized model) moves many positions by
   several units and is rejected with overwhelming confidence.
+- **Boundary events are counted**: below top-p 1, a token near the nucleus boundary that
+  the noise moved across it changes an honest draw. The batch's count of such events is
+  judged against the count honest noise reaches with probability below the budget
+  (``crypto.sampling.count_bound``); the statistic and the count share ``false_slash``.
 
 A profile (``PROFILES``) fixes the precision the run's workers and validators compute in
 and the honest-noise model measured for it (``intellect-node model calibrate`` measures a
@@ -39,8 +43,11 @@ import torch
 from crypto.sampling import (
     SamplingCheck,
     SamplingResult,
+    boundary_within,
+    budgets,
     check_sampling_many,
     check_termination,
+    count_bound,
     honest_bound,
 )
 from crypto.toploc import (
@@ -174,6 +181,8 @@ class RolloutVerdict:
             )
         if s.suspect_positions:
             parts.append(f"gaps beyond the noise bound at positions {s.suspect_positions[:8]}")
+        if s.boundary_positions:
+            parts.append(f"nucleus-boundary events at positions {s.boundary_positions[:8]}")
         if not self.termination_ok:
             parts.append("implausible ending")
         return "; ".join(parts)
@@ -262,13 +271,17 @@ def _judge(
 @dataclass(frozen=True)
 class BatchVerdict:
     """The verdict on a batch. ``statistic`` / ``bound`` is the pooled sampling evidence
-    (``margin`` = their ratio: above 1 rejects); ``rollouts`` keeps each rollout's detail."""
+    (``margin`` = their ratio: above 1 rejects); ``boundary`` / ``boundary_bound`` the
+    count of nucleus-boundary events against what honest noise reaches (above rejects);
+    ``rollouts`` keeps each rollout's detail."""
 
     passed: bool
     reason: str
     rollouts: list[RolloutVerdict]
     statistic: float
     bound: float
+    boundary: int = 0
+    boundary_bound: float = 0.0
     # the suspects tested, when they were (``crypto.substitution.SubstitutionResult``s)
     substitution: tuple[Any, ...] = ()
 
@@ -281,7 +294,9 @@ class BatchVerdict:
         """Rollouts with any evidence against them (structural, suspect gaps, or failing
         the rule on their own)."""
         return [
-            i for i, v in enumerate(self.rollouts) if not v.passed or v.sampling.suspect_positions
+            i
+            for i, v in enumerate(self.rollouts)
+            if not v.passed or v.sampling.suspect_positions or v.sampling.boundary_positions
         ]
 
 
@@ -304,12 +319,18 @@ def check_batch(
         _judge(c, t, logits, s, eos_token_id=eos_token_id, cfg=cfg, rollouts=len(claims))
         for c, t, (_, logits), s in zip(claims, toploc, recomputed, sampled, strict=True)
     ]
+    alpha_s, alpha_b = budgets(cfg.sampling, min(c.top_p for c in claims))
     statistic = sum(v.sampling.excess for v in verdicts)
     bound = honest_bound(
         sum(v.sampling.expected for v in verdicts),
         sum(v.sampling.variance for v in verdicts),
         cfg.sampling,
+        alpha_s,
     )
+    events = sum(len(v.sampling.boundary_positions) for v in verdicts)
+    expected_events = sum(v.sampling.boundary_expected for v in verdicts)
+    events_bound = count_bound(expected_events, alpha_b) if alpha_b > 0 else 0.0
+    evidence = (statistic, bound, events, events_bound)
     for kind, bad in (
         ("toploc", [i for i, v in enumerate(verdicts) if not v.toploc_ok]),
         ("sampling", [i for i, v in enumerate(verdicts) if v.sampling.bad_positions]),
@@ -321,8 +342,7 @@ def check_batch(
                 False,
                 f"{kind}: rollouts {bad[:8]} (rollout {bad[0]}: {first.describe()})",
                 verdicts,
-                statistic,
-                bound,
+                *evidence,
             )
     if statistic > bound:
         worst = sorted(range(len(verdicts)), key=lambda i: -verdicts[i].sampling.excess)[:4]
@@ -332,7 +352,16 @@ def check_batch(
             f"(profile {cfg.name}, false-slash {cfg.sampling.false_slash:g}); "
             f"largest contributions from rollouts {worst}",
             verdicts,
-            statistic,
-            bound,
+            *evidence,
         )
-    return BatchVerdict(True, "ok", verdicts, statistic, bound)
+    if not boundary_within(events, expected_events, alpha_b):
+        many = [i for i, v in enumerate(verdicts) if v.sampling.boundary_positions][:8]
+        return BatchVerdict(
+            False,
+            f"sampling: {events} nucleus-boundary events above the honest bound "
+            f"{events_bound:.1f} (expected at most {expected_events:.2f}; profile {cfg.name}, "
+            f"false-slash {cfg.sampling.false_slash:g}); in rollouts {many}",
+            verdicts,
+            *evidence,
+        )
+    return BatchVerdict(True, "ok", verdicts, *evidence)

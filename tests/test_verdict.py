@@ -10,11 +10,14 @@ import torch
 
 from crypto.sampling import (
     SamplingCheck,
+    budgets,
     check_sampling,
+    count_bound,
     gumbel_noise_rows,
     honest_bound,
     near_tie_density,
     nucleus_bounds,
+    nucleus_bounds_at,
     nucleus_mask,
     sample_tokens,
 )
@@ -271,4 +274,110 @@ def test_the_run_setting_names_every_profile():
     assert (
         load_config(environ={"INTELLECT_NODE_VERIFY_PROFILE": "strict-fp32"}).verify_profile
         == "strict-fp32"
+    )
+
+
+def boundary_drops(claim, logits, top_p):
+    """{position: token} where the worker's nucleus lacking our winner among the tokens
+    surely in at κ units, a token of uncertain membership at 2κ, makes the seeded sampler
+    draw another token more than κ units behind it: what an honest worker draws when its
+    noise moved that token out of its nucleus."""
+    unit = CHECK.unit(logits, 1.0)
+    scores = logits.double() + gumbel_noise_rows([claim.seed] * N, list(range(N)), VOCAB)
+    spreads = (CHECK.noise_max * unit, CHECK.forged_factor * CHECK.noise_max * unit)
+    (_, core), (_, firm) = nucleus_bounds_at(logits, 1.0, top_p, spreads)
+    nucleus = nucleus_mask(logits, 1.0, top_p)
+    drops = {}
+    for k in range(N):
+        x = int(scores[k].masked_fill(~core[k], -torch.inf).argmax())
+        if core[k, x] and not firm[k, x]:
+            kept = nucleus[k].clone()
+            kept[x] = False
+            y = int(scores[k].masked_fill(~kept, -torch.inf).argmax())
+            if (scores[k, x] - scores[k, y]) / unit[k] > CHECK.noise_max:
+                drops[k] = y
+    return drops
+
+
+def with_tokens(claim, changes):
+    tokens = list(claim.tokens)
+    for k, t in changes.items():
+        tokens[k] = t
+    return RolloutClaim(tokens, claim.proofs, claim.seed, "length", N, 1.0, claim.top_p)
+
+
+@pytest.mark.parametrize("top_p", [0.9, 0.95])
+def test_an_honest_flip_at_the_nucleus_boundary_is_counted_not_fatal(top_p):
+    """The worker's noise moved a boundary token out of its nucleus, so the seeded sampler
+    drew another one far behind it: one event, well within the count honest noise makes
+    (it rejected the whole batch as 'not drawn' before)."""
+    claims, rec = batch(range(16), CHECK, units=0.0, top_p=top_p)
+    i, drops = next(
+        (i, d) for i, c in enumerate(claims) if (d := boundary_drops(c, rec[i][1], top_p))
+    )
+    k = min(drops)
+    claims[i] = with_tokens(claims[i], {k: drops[k]})
+    v = check_batch(claims, rec, eos_token_id=1, config=GPU_BF16)
+    assert v.passed, v.reason
+    assert v.rollouts[i].sampling.boundary_positions == [k] and v.boundary == 1
+    assert not v.rollouts[i].sampling.bad_positions and v.rollouts[i].passed
+    assert 0 < v.boundary_bound and i in v.flagged
+    assert "nucleus-boundary events at positions" in v.rollouts[i].describe()
+
+
+def test_a_token_drawn_just_outside_the_nucleus_is_an_event_and_far_outside_is_not_drawn():
+    """The worker's noise moved a token into its nucleus that is allowed only at 2κ units,
+    and the seeded sampler drew it: an event. A token outside even that is not drawn."""
+    claims, rec = batch(range(16), CHECK, units=0.0, top_p=0.9)
+    for c, (_, logits) in zip(claims, rec, strict=True):
+        unit = CHECK.unit(logits, 1.0)
+        scores = logits.double() + gumbel_noise_rows([c.seed] * N, list(range(N)), VOCAB)
+        spreads = (CHECK.noise_max * unit, CHECK.forged_factor * CHECK.noise_max * unit)
+        (allowed, _), (wide, _) = nucleus_bounds_at(logits, 1.0, 0.9, spreads)
+        winners = scores.masked_fill(~wide, -torch.inf).argmax(dim=-1)
+        outside = [k for k in range(N) if not allowed[k, winners[k]]]
+        if outside:
+            break
+    k = outside[0]
+    near = with_tokens(c, {k: int(winners[k])}).tokens
+    r = check_sampling(logits, torch.tensor(near), c.seed, temperature=1.0, top_p=0.9, check=CHECK)
+    assert r.boundary_positions == [k] and not r.bad_positions and r.passed
+    far = with_tokens(c, {k: int(logits[k].argmin())}).tokens
+    r = check_sampling(logits, torch.tensor(far), c.seed, temperature=1.0, top_p=0.9, check=CHECK)
+    assert r.bad_positions == [k] and not r.passed
+
+
+def test_more_boundary_events_than_noise_explains_reject_the_batch():
+    """A worker that drops the boundary token wherever that changes its draw: every event
+    alone is plausible, their number is not."""
+    claims, rec = batch(range(32), CHECK, units=0.0, top_p=0.9)
+    drops = [boundary_drops(c, logits, 0.9) for c, (_, logits) in zip(claims, rec, strict=True)]
+    cheat = [with_tokens(c, d) for c, d in zip(claims, drops, strict=True)]
+    v = check_batch(cheat, rec, eos_token_id=1, config=GPU_BF16)
+    assert not v.passed
+    assert v.reason.startswith("sampling: ") and "nucleus-boundary events above" in v.reason
+    assert v.boundary == sum(len(d) for d in drops) > v.boundary_bound
+    assert all(not r.sampling.bad_positions for r in v.rollouts)  # nothing structural
+    honest = check_batch(claims, rec, eos_token_id=1, config=GPU_BF16)
+    assert honest.passed and honest.boundary == 0
+
+
+def test_the_boundary_count_shares_the_false_slash_budget_below_top_p_one():
+    c = GPU_BF16.sampling
+    assert budgets(c, 1.0) == (c.false_slash, 0.0)
+    assert budgets(c, 0.95) == (c.false_slash / 2, c.false_slash / 2)
+    assert c.boundary_rate == pytest.approx((c.noise_rms / c.noise_max) ** 2)
+    # Freedman for 0/1 events whose variance is at most their mean
+    mu, alpha = 5.0, 5e-7
+    t = count_bound(mu, alpha) - mu
+    assert math.isclose(math.exp(-(t * t) / (2 * (mu + t / 3))), alpha, rel_tol=1e-9)
+    claims, rec = batch(range(8), CHECK, units=0.0, top_p=0.9)
+    v = check_batch(claims, rec, eos_token_id=1, config=GPU_BF16)
+    mu, var = (sum(getattr(r.sampling, f) for r in v.rollouts) for f in ("expected", "variance"))
+    assert v.bound == pytest.approx(honest_bound(mu, var, c, c.false_slash / 2))
+    q = sum(r.sampling.boundary_expected for r in v.rollouts)
+    assert q > 0 and v.boundary_bound == pytest.approx(count_bound(q, c.false_slash / 2))
+    flat = check_batch(*batch(range(8), CHECK, units=0.0), eos_token_id=1, config=GPU_BF16)
+    assert flat.boundary_bound == 0 and all(
+        r.sampling.boundary_expected == 0 for r in flat.rollouts
     )
