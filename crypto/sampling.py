@@ -306,7 +306,9 @@ def nucleus_bounds_at(
     than c exceeds 1 − top_p. Probability ratios move by at most e^spread, and a set's mass
     by at most that factor, so c may be in it only if our mass of tokens with
     p ≤ p_c · e^spread exceeds (1 − top_p) e^−spread, and surely is if our mass of tokens with
-    p ≤ p_c · e^−spread exceeds (1 − top_p) e^spread.
+    p ≤ p_c · e^−spread exceeds (1 − top_p) e^spread. Both conditions grow with p_c, so
+    each set is the tokens at or above a threshold probability per row, found by bisection
+    over the sorted probabilities (log V mass look-ups per row, not V).
     """
     if top_p >= 1.0:
         every = torch.ones_like(logits, dtype=torch.bool)
@@ -315,16 +317,31 @@ def nucleus_bounds_at(
     rest = 1.0 - top_p
     ascending = probs.sort(dim=-1).values
     prefix = ascending.cumsum(dim=-1)
+    vocab = ascending.shape[-1]
 
-    def mass_below(limit: torch.Tensor) -> torch.Tensor:  # [n, V] mass of p <= limit
+    def mass_below(limit: torch.Tensor) -> torch.Tensor:  # [n, k] mass of p <= limit
         count = torch.searchsorted(ascending, limit.contiguous(), right=True)
         total = prefix.gather(1, (count - 1).clamp_min(0))
         return torch.where(count > 0, total, torch.zeros_like(total))
 
+    def at_or_above(scale: torch.Tensor, need: torch.Tensor) -> torch.Tensor:
+        """[n, V]: the tokens c whose mass of p <= p_c · scale exceeds ``need`` (both
+        [n, 1]): the first sorted index where it does, by bisection, as a threshold."""
+        lo = torch.zeros_like(need, dtype=torch.long)
+        hi = torch.full_like(lo, vocab)  # vocab: no token qualifies
+        for _ in range(max(1, vocab).bit_length()):
+            mid = (lo + hi) // 2
+            ok = mass_below(ascending.gather(1, mid.clamp_max(vocab - 1)) * scale) > need
+            ok = ok & (mid < vocab)
+            hi = torch.where(ok, mid, hi)
+            lo = torch.where(ok, lo, mid + 1)
+        threshold = ascending.gather(1, hi.clamp_max(vocab - 1))
+        return (probs >= threshold) & (hi < vocab)
+
     out = []
     for spread in spreads:
         grow = torch.exp(spread)[:, None]
-        out.append((mass_below(probs * grow) > rest / grow, mass_below(probs / grow) > rest * grow))
+        out.append((at_or_above(grow, rest / grow), at_or_above(1 / grow, rest * grow)))
     return out
 
 
