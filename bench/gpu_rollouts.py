@@ -1,7 +1,8 @@
 """Fixture generator: honest and cheating rollouts from a model rebuilt from a seed.
 
-    .venv/bin/python bench/gpu_rollouts.py --out FILE [--shape small|1.1b] [--device cuda]
-        [--honest 48] [--cheats 16] [--new-tokens 96] [--variants a,b,...] [--json]
+    .venv/bin/python bench/gpu_rollouts.py --out FILE [--shape small|1.1b|wide] [--device cuda]
+        [--honest 48] [--cheats 16] [--new-tokens 96] [--variants a,b,...]
+        [--temperature 1.0] [--top-p 1.0] [--json]
 
 Writes a JSON document in the format of the shared GPU fixture (``tests/fixtures/
 gpu_rollouts_h200.json``): the recipe of the model (``config``, ``init_seed``,
@@ -23,6 +24,8 @@ the project's ``TorchEngine`` with the seeded sampler, EOS ignored:
 - ``other_weights_batch16``: the same shape initialized from seed 99;
 - ``fp16_compute_batch16``: the same weights computed in float16.
 
+Every variant samples at ``--temperature`` and ``--top-p`` (1.0 and 1.0 by default; below
+top-p 1 the nucleus has a boundary that honest noise moves tokens across, SPEC §11.1).
 Nothing is downloaded; a CPU run works too (slow at the 1.1B shape: use a few rollouts).
 ``--json``: the last line is one JSON object: the file written, the shape, the device, the
 weights' SHA-256 and per variant the rollouts, sequences in flight, tokens, seconds and
@@ -44,38 +47,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 from node.engine.calibration import (  # noqa: E402
-    FIRST_SEED,
     SHAPES,
-    TOKEN_IDS,
     VARIANTS,
     build_random_llama,
+    generate_variant,
     random_prompts,
     shape_recipe,
     variant_model,
     weights_sha256,
 )
-
-
-def generate(model: Any, batch: int, prompt_ids: list[list[int]], new_tokens: int) -> list[dict]:
-    from node.engine.base import GenRequest, SamplingParams
-    from node.engine.torch_engine import TorchEngine
-
-    engine = TorchEngine(
-        model, eos_token_ids=frozenset({TOKEN_IDS["eos_token_id"]}), max_batch=batch
-    )
-    params = SamplingParams(max_new_tokens=new_tokens, stop_at_eos=False)
-    reqs = [GenRequest(p, FIRST_SEED + i) for i, p in enumerate(prompt_ids)]
-    return [
-        {
-            "prompt": r.prompt,
-            "tokens": r.tokens,
-            "seed": r.seed,
-            "finish_reason": r.finish_reason,
-            "logprobs": [round(x, 6) for x in r.logprobs],
-            "proofs": [p.hex() for p in r.proofs],
-        }
-        for r in engine.generate(reqs, params)
-    ]
 
 
 def main() -> None:
@@ -89,6 +69,8 @@ def main() -> None:
     ap.add_argument("--honest", type=int, default=48, help="rollouts of honest_batch32")
     ap.add_argument("--cheats", type=int, default=16, help="rollouts of each other variant")
     ap.add_argument("--new-tokens", type=int, default=96)
+    ap.add_argument("--temperature", type=float, default=1.0, help="sampling temperature")
+    ap.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling's top-p")
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--json", action="store_true", help="last line: one JSON object of figures")
     args = ap.parse_args()
@@ -124,14 +106,17 @@ def main() -> None:
         batch = 32 if name == "honest_batch32" else 1 if name == "honest_batch1" else 16
         started = time.perf_counter()
         model = variant_model(name, base, recipe, device)
-        rollouts = generate(model, batch, all_prompts[:count], args.new_tokens)
+        variant = generate_variant(
+            model,
+            all_prompts[:count],
+            batch=batch,
+            new_tokens=args.new_tokens,
+            temperature=args.temperature,
+            top_p=args.top_p,
+        )
         del model
-        doc["variants"][name] = {
-            "max_new_tokens": args.new_tokens,
-            "temperature": 1.0,
-            "top_p": 1.0,
-            "rollouts": rollouts,
-        }
+        doc["variants"][name] = variant
+        rollouts = variant["rollouts"]
         seconds = time.perf_counter() - started
         tokens = sum(len(r["tokens"]) for r in rollouts)
         figures[name] = {

@@ -1,6 +1,7 @@
 """Benchmark: what the per-batch verdict concludes about GPU-made work, and what it costs.
 
-    .venv/bin/python bench/verify.py [--fixture FILE] [--cpu-trials 2] [--json]
+    .venv/bin/python bench/verify.py [--fixture FILE] [--cpu-trials 2] [--top-p-batches 64]
+        [--top-p-cheat-batches 2] [--json]
 
 One run, on this machine:
 
@@ -14,15 +15,26 @@ One run, on this machine:
    weights, other prompt, an edited token, a forced token, one AdamW step, bf16 compute
    claimed as fp32), batches of 8 rollouts, under ``strict-fp32`` (the profile of an fp32
    run) and ``gpu-bf16``.
-3. The honest margin: the largest statistic / bound over every honest batch (below 1
+3. The top-p calibration set, made on this CPU: a random-init Llama of the ``wide`` shape
+   (vocabulary 8,192, 6 layers) generates in bf16 (16 in flight) at every setting of
+   ``TOP_P_SETTINGS`` (temperature 0.6, 0.8, 1.0 × top-p 0.9, 0.95), ``--top-p-batches``
+   honest batches of 16 each (seeds the tests never use: calibration data, not a tuned
+   test), judged by validators recomputing in bf16 and in fp32; and at every setting the
+   cheats of the verification matrix (``TOP_P_CHEATS``: int8 / other weights, one AdamW
+   step, greedy, half the temperature, no top-p, an edited token), ``--top-p-cheat-batches``
+   each, judged as a validator judges (``check_batch``, then the substitution test).
+   Nucleus-boundary events and their honest bound are counted per setting.
+4. The honest margin: the largest statistic / bound over every honest batch (below 1
    passes; the bound is what honest noise exceeds with probability ``false_slash``).
-4. Validation time against generation time for the same rollouts: the fixture's model
+5. Validation time against generation time for the same rollouts: the fixture's model
    generates 48 rollouts of 96 tokens here (bf16, 32 in flight), and the validator judges
    exactly those (bf16 and fp32 recomputation, one prefill per rollout).
 
 ``--json``: the last line is one JSON object with ``honest_batches_accepted``,
-``honest_batches``, ``honest_margin``, ``detected`` (variant → [rejected, batches]),
-``false_slash_bound`` and the details.
+``honest_batches`` (the top-p set included), ``honest_margin``, ``detected`` (variant →
+[rejected, batches]), ``false_slash_bound`` (per profile), ``top_p`` (per setting: honest
+batches accepted per precision, boundary events, their expected number and bound, and the
+cheats' rejections) and the details.
 """
 
 from __future__ import annotations
@@ -39,15 +51,28 @@ import torch  # noqa: E402
 
 from crypto.sampling import derive_seed  # noqa: E402
 from crypto.toploc import build_proofs  # noqa: E402
-from crypto.verdict import FP32, GPU_BF16, RolloutClaim, VerifyConfig, check_batch  # noqa: E402
+from crypto.verdict import (  # noqa: E402
+    FP32,
+    GPU_BF16,
+    PROFILES,
+    BatchVerdict,
+    RolloutClaim,
+    VerifyConfig,
+    check_batch,
+)
 from node.engine.base import GenRequest, SamplingParams  # noqa: E402
 from node.engine.calibration import (  # noqa: E402
+    TOP_P_SETTINGS,
     build_random_llama,
     claim_of,
     fixture_batches,
+    generate_variant,
+    judge_variant,
     model_layers,
     random_prompts,
     recompute_all,
+    shape_recipe,
+    variant_model,
     weights_sha256,
 )
 from node.engine.torch_engine import TorchEngine  # noqa: E402
@@ -70,16 +95,134 @@ def judge_fixture(doc: dict, precision: str, model, config: VerifyConfig) -> dic
     out = {}
     for name, variant in doc["variants"].items():
         started = time.perf_counter()
-        verdicts = [
-            check_batch(
-                [claim_of(r, variant) for r in batch],
-                recompute_all(model, [r["prompt"] for r in batch], [r["tokens"] for r in batch]),
-                eos_token_id=eos,
-                config=config,
-            )
-            for batch in fixture_batches(variant)
-        ]
+        verdicts = judge_variant(model, variant, config, eos_token_id=eos)
         out[name] = summary(verdicts, time.perf_counter() - started)
+    return out
+
+
+# the verification matrix's cheats at a sampling setting: (name, model variant or None,
+# sampled with (temperature, top_p) from the run's (t, p), an edit after proving)
+TOP_P_CHEATS = (
+    ("int8_weights", "int8_weights", lambda t, p: (t, p)),
+    ("other_weights", "other_weights", lambda t, p: (t, p)),
+    ("adamw_step", "adamw_step", lambda t, p: (t, p)),
+    ("greedy", None, lambda t, p: (0.0, p)),
+    ("half_temperature", None, lambda t, p: (t / 2, p)),
+    ("no_top_p", None, lambda t, p: (t, 1.0)),
+    ("edited_token", None, lambda t, p: (t, p)),
+)
+TOP_P_SHAPE = "wide"
+TOP_P_NEW_TOKENS = 48
+HELD_OUT_SEED = 424242  # prompts and sampling seeds of the calibration set (tests use others)
+
+
+def as_validator(model, suspects, variant: dict, config: VerifyConfig) -> list[BatchVerdict]:
+    """A validator's verdicts on ``variant``: check_batch, then the substitution test of a
+    batch that passed (``node.rollouts.recheck.with_substitution``)."""
+    from node.rollouts.recheck import with_substitution
+
+    out = []
+    for batch in fixture_batches(variant):
+        claims = [claim_of(r, variant) for r in batch]
+        prompts = [r["prompt"] for r in batch]
+        recomputed = recompute_all(model, prompts, [c.tokens for c in claims])
+        verdict = check_batch(claims, recomputed, eos_token_id=2, config=config)
+        if verdict.passed:
+            acts = [a for a, _ in recomputed]
+            verdict = with_substitution(verdict, suspects, prompts, claims, acts, config)
+        out.append(verdict)
+    return out
+
+
+def edited(variant: dict) -> dict:
+    """The variant with one token of each rollout changed after proving (the middle one,
+    to the next id)."""
+    rollouts = []
+    for r in variant["rollouts"]:
+        tokens = list(r["tokens"])
+        tokens[len(tokens) // 2] = (tokens[len(tokens) // 2] + 1) % 8192
+        rollouts.append({**r, "tokens": tokens})
+    return {**variant, "rollouts": rollouts}
+
+
+def top_p_set(batches: int, cheat_batches: int) -> dict:
+    """The top-p calibration set (see the module's docstring, part 3)."""
+    from node.rollouts.suspects import SuspectModels
+
+    recipe = shape_recipe(TOP_P_SHAPE)
+    bf16 = build_random_llama(recipe["config"], 0, recipe["lm_head_scale"])
+    validators = {
+        "bf16": bf16,
+        "fp32": build_random_llama(recipe["config"], 0, recipe["lm_head_scale"]).float(),
+    }
+    suspects = {p: SuspectModels(m) for p, m in validators.items()}
+    config = GPU_BF16.for_layers(model_layers(bf16))
+    vocab = recipe["config"]["vocab_size"]
+    cheat_models = {
+        name: variant_model(f"{variant}_batch16", bf16, recipe, torch.device("cpu"))
+        for name, variant, _ in TOP_P_CHEATS
+        if variant
+    }
+    out: dict[str, dict] = {}
+    for n, (t, p) in enumerate(TOP_P_SETTINGS):
+        started = time.perf_counter()
+        prompts = random_prompts(16 * batches, vocab, seed=HELD_OUT_SEED + n)
+        first = HELD_OUT_SEED * 10 + 100_000 * n
+        honest = generate_variant(
+            bf16,
+            prompts,
+            batch=16,
+            new_tokens=TOP_P_NEW_TOKENS,
+            temperature=t,
+            top_p=p,
+            first_seed=first,
+        )
+        row: dict = {"temperature": t, "top_p": p}
+        for precision, model in validators.items():
+            verdicts = judge_variant(model, honest, config, eos_token_id=2)
+            row[precision] = {
+                **summary(verdicts, 0.0),
+                "boundary_events": sum(v.boundary for v in verdicts),
+                "boundary_expected": round(
+                    sum(r.sampling.boundary_expected for v in verdicts for r in v.rollouts), 2
+                ),
+                "boundary_bound_per_batch": round(max(v.boundary_bound for v in verdicts), 2),
+            }
+        cheats = {}
+        few = prompts[: 16 * cheat_batches]
+        for name, _, sampled in TOP_P_CHEATS:
+            ct, cp = sampled(t, p)
+            made = generate_variant(
+                cheat_models.get(name, bf16),
+                few,
+                batch=16,
+                new_tokens=TOP_P_NEW_TOKENS,
+                temperature=ct,
+                top_p=cp,
+                first_seed=first,
+                claimed=(t, p),
+            )
+            if name == "edited_token":
+                made = edited(made)
+            for precision, model in validators.items():
+                verdicts = as_validator(model, suspects[precision], made, config)
+                cheats[f"{name}/{precision}"] = [
+                    sum(not v.passed for v in verdicts),
+                    len(verdicts),
+                    sorted({v.reason.split(":")[0] for v in verdicts if not v.passed}),
+                ]
+        row["cheats"] = cheats
+        row["seconds"] = round(time.perf_counter() - started, 1)
+        out[f"T{t}/p{p}"] = row
+        print(
+            f"  T {t} top-p {p}: honest accepted bf16 {row['bf16']['accepted']}/{batches}, "
+            f"fp32 {row['fp32']['accepted']}/{batches}; boundary events "
+            f"{row['bf16']['boundary_events']} / {row['fp32']['boundary_events']} (expected at "
+            f"most {row['bf16']['boundary_expected']}); cheats rejected "
+            f"{sum(c[0] for c in cheats.values())}/{sum(c[1] for c in cheats.values())} "
+            f"({row['seconds']} s)",
+            flush=True,
+        )
     return out
 
 
@@ -174,6 +317,12 @@ def main() -> None:
     )
     ap.add_argument("--fixture", type=Path, default=FIXTURE)
     ap.add_argument("--cpu-trials", type=int, default=2, help="batches per CPU case")
+    ap.add_argument(
+        "--top-p-batches", type=int, default=64, help="honest batches of 16 per top-p setting"
+    )
+    ap.add_argument(
+        "--top-p-cheat-batches", type=int, default=2, help="batches of each cheat per setting"
+    )
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
 
@@ -187,6 +336,11 @@ def main() -> None:
     fixture = {p: judge_fixture(doc, p, m, config) for p, m in (("bf16", bf16), ("fp32", fp32))}
     cpu = cpu_cases(args.cpu_trials)
     times = timing(doc, bf16, fp32, config)
+    print(
+        f"top-p calibration set ({TOP_P_SHAPE} shape, bf16 worker on this CPU, "
+        f"{args.top_p_batches} honest batches of 16 x {TOP_P_NEW_TOKENS} tokens per setting):"
+    )
+    top_p = top_p_set(args.top_p_batches, args.top_p_cheat_batches)
 
     print(
         f"GPU fixture {args.fixture.name} ({doc.get('device', '?')}), profile {config.name}, "
@@ -219,6 +373,11 @@ def main() -> None:
     honest_total = sum(
         r["batches"] for t in fixture.values() for n, r in t.items() if n in HONEST
     ) + sum(r["batches"] for k, r in cpu.items() if k.endswith("/honest"))
+    for row in top_p.values():
+        for precision in ("bf16", "fp32"):
+            honest_accepted += row[precision]["accepted"]
+            honest_total += row[precision]["batches"]
+            honest += row[precision]["margins"]
     detected: dict[str, list[int]] = {}
     for precision, table in fixture.items():
         for name, r in table.items():
@@ -227,6 +386,9 @@ def main() -> None:
     for key, r in cpu.items():
         if not key.endswith("/honest"):
             detected[f"cpu:{key}"] = [r["batches"] - r["accepted"], r["batches"]]
+    for setting, row in top_p.items():
+        for key, (rejected, total, _) in row["cheats"].items():
+            detected[f"top_p:{setting}/{key}"] = [rejected, total]
     margin = max(honest)
     print(
         f"honest batches accepted {honest_accepted}/{honest_total}; honest margin "
@@ -247,11 +409,14 @@ def main() -> None:
                     "honest_batches": honest_total,
                     "honest_margin": round(margin, 4),
                     "detected": detected,
-                    "false_slash_bound": config.sampling.false_slash,
+                    "false_slash_bound": {
+                        name: p.sampling.false_slash for name, p in PROFILES.items()
+                    },
                     "profile": config.name,
                     "fixture": fixture,
                     "cpu_cases": cpu,
                     "timing": times,
+                    "top_p": top_p,
                 }
             )
         )

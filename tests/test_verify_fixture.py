@@ -12,7 +12,7 @@ from crypto.verdict import GPU_BF16, check_batch
 from node.engine.calibration import (
     build_random_llama,
     claim_of,
-    fixture_batches,
+    judge_variant,
     model_layers,
     recompute_all,
     weights_sha256,
@@ -43,21 +43,11 @@ def verdicts(doc, models):
     """(precision, variant) -> one BatchVerdict per batch of 16 rollouts."""
     config = GPU_BF16.for_layers(model_layers(models["bf16"]))
     eos = doc["config"]["eos_token_id"]
-    out = {}
-    for precision, model in models.items():
-        for name, variant in doc["variants"].items():
-            out[precision, name] = [
-                check_batch(
-                    [claim_of(r, variant) for r in batch],
-                    recompute_all(
-                        model, [r["prompt"] for r in batch], [r["tokens"] for r in batch]
-                    ),
-                    eos_token_id=eos,
-                    config=config,
-                )
-                for batch in fixture_batches(variant)
-            ]
-    return out
+    return {
+        (precision, name): judge_variant(model, variant, config, eos_token_id=eos)
+        for precision, model in models.items()
+        for name, variant in doc["variants"].items()
+    }
 
 
 def test_the_recipe_and_the_variants(doc):

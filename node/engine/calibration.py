@@ -59,6 +59,21 @@ SHAPES: dict[str, dict[str, Any]] = {
         },
         "lm_head_scale": 4.0,
     },
+    # a wide vocabulary on a narrow model: a nucleus of hundreds of tokens of near-equal
+    # probability at its boundary, cheap enough on a CPU for thousands of rollouts (the
+    # top-p calibration set, ``top_p_set``); logit std about 3.6, like ``small``
+    "wide": {
+        "config": {
+            "vocab_size": 8192,
+            "hidden_size": 256,
+            "intermediate_size": 704,
+            "num_hidden_layers": 6,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "max_position_embeddings": 512,
+        },
+        "lm_head_scale": 11.25,
+    },
 }
 TOKEN_IDS = {"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0, "tie_word_embeddings": False}
 VARIANTS = (
@@ -70,6 +85,11 @@ VARIANTS = (
     "fp16_compute_batch16",
 )
 FIRST_SEED = 70000
+# (temperature, top_p) of the top-p calibration sets: the settings a run may choose below
+# top-p 1, where the nucleus has a boundary that honest noise moves tokens across
+TOP_P_SETTINGS: tuple[tuple[float, float], ...] = tuple(
+    (t, p) for t in (0.6, 0.8, 1.0) for p in (0.9, 0.95)
+)
 
 
 @torch.no_grad()
@@ -164,6 +184,65 @@ def fixture_batches(variant: dict[str, Any], size: int = BATCH_ROLLOUTS) -> list
     """A variant's rollouts cut into batches in order (the last may be smaller)."""
     rollouts = variant["rollouts"]
     return [rollouts[i : i + size] for i in range(0, len(rollouts), size)]
+
+
+def generate_variant(
+    model: Any,
+    prompts: list[list[int]],
+    *,
+    batch: int,
+    new_tokens: int,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    first_seed: int = FIRST_SEED,
+    claimed: tuple[float, float] | None = None,
+) -> dict[str, Any]:
+    """A fixture variant: ``model`` generates one rollout per prompt with the project's
+    engine (``batch`` in flight, EOS ignored, seeds from ``first_seed`` on) at
+    ``temperature`` and ``top_p``, and the variant states ``claimed`` (temperature, top_p)
+    instead when given (a sampling cheat)."""
+    from node.engine.torch_engine import TorchEngine
+
+    engine = TorchEngine(
+        model, eos_token_ids=frozenset({TOKEN_IDS["eos_token_id"]}), max_batch=batch
+    )
+    params = SamplingParams(
+        max_new_tokens=new_tokens, temperature=temperature, top_p=top_p, stop_at_eos=False
+    )
+    requests = [GenRequest(p, first_seed + i) for i, p in enumerate(prompts)]
+    stated_t, stated_p = claimed or (temperature, top_p)
+    return {
+        "max_new_tokens": new_tokens,
+        "temperature": stated_t,
+        "top_p": stated_p,
+        "rollouts": [
+            {
+                "prompt": r.prompt,
+                "tokens": r.tokens,
+                "seed": r.seed,
+                "finish_reason": r.finish_reason,
+                "logprobs": [round(x, 6) for x in r.logprobs],
+                "proofs": [p.hex() for p in r.proofs],
+            }
+            for r in engine.generate(requests, params)
+        ],
+    }
+
+
+def judge_variant(
+    model: Any, variant: dict[str, Any], config: VerifyConfig, *, eos_token_id: int
+) -> list[BatchVerdict]:
+    """A validator's verdicts on a fixture variant: cut into batches (``fixture_batches``),
+    each recomputed with ``model`` and judged with ``check_batch``."""
+    return [
+        check_batch(
+            [claim_of(r, variant) for r in batch],
+            recompute_all(model, [r["prompt"] for r in batch], [r["tokens"] for r in batch]),
+            eos_token_id=eos_token_id,
+            config=config,
+        )
+        for batch in fixture_batches(variant)
+    ]
 
 
 def recompute_all(
