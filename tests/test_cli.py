@@ -164,7 +164,7 @@ def test_keys_new_show_and_file_mode(tmp_path):
 
 
 def test_keys_new_keeps_an_identity_start_made_and_a_damaged_keystore_is_one_line(tmp_path):
-    """`start` makes identity.key; a later `keys new` (the README's order) kept refusing
+    """`start` makes identity.key; a later `keys new` (the guides' order) kept refusing
     ("already exists") unless --force replaced the peer id; an empty password wrote the
     identity before refusing. A damaged account.json was a KeyError traceback."""
     d = tmp_path / "n"

@@ -1,4 +1,4 @@
-"""The ledger from the command line: the README's walk-through as a new user runs it,
+"""The ledger from the command line: the ledger guide's walk-through as a new user runs it,
 `stake`, `rewards [claim]` (256 matured submissions in one claim), `chain fund`."""
 
 import json
@@ -21,7 +21,7 @@ from tests.helpers.net import CLI
 ENV = {**os.environ, "INTELLECT_NODE_PASSWORD": "correct horse"}
 ETH = 10**18
 RATE = 10**12  # the development chain's reward per unit
-README = Path(__file__).resolve().parent.parent / "README.md"
+GUIDE = Path(__file__).resolve().parent.parent / "docs" / "ledger.md"
 
 
 def run(*args, check=True, env=ENV):
@@ -71,20 +71,20 @@ def dev_chain(tmp_path):
     stop_chain(proc)
 
 
-def readme_ledger_commands() -> list[str]:
-    text = README.read_text()
-    block = text.split("## The ledger", 1)[1].split("```bash", 1)[1].split("```", 1)[0]
+def guide_ledger_commands() -> list[str]:
+    text = GUIDE.read_text()
+    block = text.split("## Walk-through", 1)[1].split("```bash", 1)[1].split("```", 1)[0]
     return [line.split("  #")[0].strip() for line in block.strip().splitlines()]
 
 
-def test_the_readme_walk_through_works_for_a_new_user(tmp_path):
-    """Run the README's ledger block line by line, as written, in a fresh home directory
+def test_the_guide_walk_through_works_for_a_new_user(tmp_path):
+    """Run docs/ledger.md's walk-through block line by line, as written, in a fresh home directory
     (only the chain's port differs, so tests can run side by side)."""
     home = tmp_path / "home"
     home.mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith("INTELLECT_NODE_")}
     env["HOME"] = str(home)
-    commands = readme_ledger_commands()
+    commands = guide_ledger_commands()
     assert commands[0] == "intellect-node chain"
     info, proc, _ = start_chain(home / ".intellect-node" / "chain", env)
     outputs = []
