@@ -240,8 +240,10 @@ def test_model_init_refuses_a_shape_with_its_own_sizes_and_a_gpu_it_lacks(tmp_pa
     assert not (tmp_path / "m").exists()
 
 
-def _status(address, **section):
-    return {"inference": {"address": address, **section}}
+def _status(address, cheats=None, **section):
+    """A worker's status; with ``cheats``, a cheating worker's (its ``cheating`` section)."""
+    cheating = {"cheating": {"cheats": cheats, "made": {}}} if cheats else {}
+    return {"inference": {"address": address, **section}, **cheating}
 
 
 def test_the_gpu_devnet_bench_sums_each_role_and_each_validators_verdicts(tmp_path):
@@ -249,11 +251,9 @@ def test_the_gpu_devnet_bench_sums_each_role_and_each_validators_verdicts(tmp_pa
 
     honest, cheater = "0xAA", "0xbb"
     statuses = {
-        "inference-0": _status(
-            honest, cheat="none", tokens=1000, tokens_per_s=500.0, generated=4, submitted=4
-        ),
+        "inference-0": _status(honest, tokens=1000, tokens_per_s=500.0, generated=4, submitted=4),
         "inference-1": _status(
-            cheater, cheat="int8_weights", tokens=900, tokens_per_s=10.0, generated=3, submitted=3
+            cheater, cheats="int8_weights", tokens=900, tokens_per_s=10.0, generated=3, submitted=3
         ),
         "validator-0": {
             "validator": {
