@@ -140,7 +140,7 @@ def test_a_maker_and_a_checker_load_their_model_where_the_setting_says(tiny_mode
         BatchChecker(CheckerSpec(**{**asdict(spec), "device": "cuda"}))._use(str(tiny_model_dir), 0)
     maker = BatchMaker(MakerSpec("arithmetic", 1, 2, 4, 1.0, 4, device="cuda"))
     with pytest.raises(ModelError, match="no CUDA device"):
-        maker._engine(str(tiny_model_dir), "none")
+        maker.engine(str(tiny_model_dir))
 
 
 def test_strict_fp32_computes_in_fp32_wherever_it_runs():
@@ -332,8 +332,8 @@ def test_the_profile_picks_the_dtype_the_maker_and_the_checker_load_with(
     monkeypatch.setattr(engine, "open_engine", open_)
     spec = CheckerSpec(keep=2, taskset="arithmetic", verify_profile=profile, spot_check=1.0)
     BatchChecker(spec)._use(str(tiny_model_dir), 0)
-    BatchMaker(MakerSpec("arithmetic", 1, 2, 4, 1.0, 4, verify_profile=profile))._engine(
-        str(tiny_model_dir), "none"
+    BatchMaker(MakerSpec("arithmetic", 1, 2, 4, 1.0, 4, verify_profile=profile)).engine(
+        str(tiny_model_dir)
     )
     # the checker loads; the maker opens an engine (which loads with what it was given)
     assert asked[0] == ("load_model", dtype) and ("open_engine", dtype) in asked
