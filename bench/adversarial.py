@@ -7,7 +7,7 @@ slashed, no honest slash, no lost or double-counted work.
 Real processes on 127.0.0.1 and the served development chain, the tiny base model
 (``tests/helpers/matrix.py``): a bootstrap, the trainer, one validator (every rollout
 recomputed, ``strict-fp32``), ``--honest`` honest workers and one cheating worker per group
-of the catalogue (``node/rollouts/cheats.py``, SPEC §12.1), each cycling through its
+of the catalogue (``tests/helpers/cheating/catalogue.py``, SPEC §12.1), each cycling through its
 cheats one batch each until every attack was made ``--trials`` times. Then the clock stops,
 every verdict lands, the chain's clock is moved past the challenge period and every worker
 is settled. Printed, from the chain's events, the workers' records and the trainer's state:
@@ -78,7 +78,7 @@ def optional_section(module: str, call: Any) -> dict[str, Any]:
 
 
 def table(books: Any, attacks: dict[str, dict[str, int]]) -> list[str]:
-    from node.rollouts.cheats import CATALOGUE
+    from tests.helpers.cheating.catalogue import CATALOGUE
 
     rows = [
         f"{'attack':<18} {'family':<12} {'reason':<11} {'trials':>6} {'detected':>8} "
@@ -96,7 +96,7 @@ def table(books: Any, attacks: dict[str, dict[str, int]]) -> list[str]:
 
 
 def main() -> int:
-    from node.rollouts.cheats import CATALOGUE
+    from tests.helpers.cheating.catalogue import CATALOGUE
 
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter

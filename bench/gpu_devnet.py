@@ -10,7 +10,7 @@ verdicts of every validator on honest and cheating work, from one devnet run.
 Runs ``intellect-node devnet`` (``node.cli.devnet.run_devnet``: real node processes on
 127.0.0.1, the served development chain) with ``--validators`` as many as
 ``--validator-devices`` names, ``--cheaters`` of the ``--inference`` workers cheating in turn
-with ``--cheats``, until the trainer has taken ``--steps`` steps and every node holds the
+with ``--cheats`` (the tests' cheating workers, ``tests/helpers/cheating/devnet.py``), until the trainer has taken ``--steps`` steps and every node holds the
 last policy, then reads its report (``statuses.json``: each node's last ``/status``;
 ``metrics.jsonl``: a line per trainer step). ``--summarize DIR`` reads an earlier run's
 report instead (the device run's, copied back).
@@ -92,7 +92,7 @@ def summarize(report: Path) -> dict[str, Any]:
         else []
     )
     workers = {n: section(s, "inference") for n, s in statuses.items() if n.startswith("inference")}
-    honest = {n: w for n, w in workers.items() if w.get("cheat", "none") == "none"}
+    honest = {n: w for n, w in workers.items() if not section(statuses[n], "cheating")}
     cheaters = {n: w for n, w in workers.items() if n not in honest}
     honest_addrs = {w.get("address", "").lower() for w in honest.values()}
     cheat_addrs = {w.get("address", "").lower() for w in cheaters.values()}
@@ -281,6 +281,7 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(figures))
         return 0
     from node.cli.devnet import run_devnet
+    from tests.helpers.cheating.devnet import cheating_workers
 
     devices = a.validator_devices or f"{a.device},{a.device}"
     base = a.base_dir or Path(tempfile.mkdtemp(prefix="intellect-gpu-devnet-"))
@@ -291,8 +292,7 @@ def main(argv: list[str] | None = None) -> int:
         run_id="bench-gpu",
         inference=a.inference,
         duration=a.duration,
-        cheaters=a.cheaters,
-        cheats=a.cheats,
+        **cheating_workers(a.inference, a.cheaters, a.cheats),
         validators=len(devices.split(",")),
         steps=a.steps,
         report=report,

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Self
 
 from pydantic import (
-    AfterValidator,
     Field,
     ValidationError,
     ValidationInfo,
@@ -39,50 +38,6 @@ ENV_PREFIX = "INTELLECT_NODE_"
 Role = Literal["bootstrap", "inference", "validator", "trainer"]
 VerifyProfile = Literal["gpu-bf16", "paper", "strict-fp32"]  # crypto.verdict.PROFILES
 assert set(ROLES) == set(Role.__args__)  # type: ignore[attr-defined]
-
-
-# The test-only cheats (``cheat``); node/rollouts/cheats.py says what each one does and
-# SPEC §12.1 which check catches it. ``other_key`` acts on every batch (it registers another
-# peer key), so it is not combined with others.
-CHEATS = (
-    "other_weights",
-    "int8_weights",
-    "fewer_layers",
-    "stale_weights",
-    "older_version",
-    "foreign_proofs",
-    "edit_token",
-    "greedy",
-    "other_temperature",
-    "early_stop",
-    "truncated",
-    "inflate_reward",
-    "inflate_units",
-    "easy_tasks",
-    "replay_step",
-    "replay_other",
-    "key_mismatch",
-    "other_key",
-    "withhold",
-    "serve_some",  # not punishable: SPEC §12.1's availability paragraph
-)
-WORKER_WIDE_CHEATS = ("other_key",)
-
-
-def parse_cheats(spec: str) -> tuple[str, ...]:
-    """The cheats of a ``cheat`` setting: ``none`` (empty), or names comma-separated."""
-    names = tuple(n.strip() for n in spec.split(",") if n.strip())
-    if names in ((), ("none",)):
-        return ()
-    for n in names:
-        if n not in CHEATS:
-            raise ValueError(f"unknown cheat {n!r}; known: none, {', '.join(CHEATS)}")
-    if len(names) > 1 and any(n in WORKER_WIDE_CHEATS for n in names):
-        raise ValueError(f"{', '.join(WORKER_WIDE_CHEATS)} acts on every batch: give it alone")
-    return names
-
-
-CheatSetting = Annotated[str, AfterValidator(lambda v: ",".join(parse_cheats(v)) or "none")]
 
 
 class ConfigError(ValueError):
@@ -338,16 +293,6 @@ class CoreConfig(BaseSettings):
         le=1,
         description="Share of each batch's rollouts a validator recomputes (SPEC §14).",
     )
-    cheat: CheatSetting = Field(
-        "none",
-        max_length=1000,
-        description="FOR TESTS ONLY: make this worker cheat (one of the names in SPEC §12.1, "
-        "or several comma-separated: made in turn, one per batch); refused unless "
-        "dev_cheats is on.",
-    )
-    dev_cheats: bool = Field(
-        False, description="Allow the cheat setting (tests and the devnet's --cheaters)."
-    )
     network_only: bool = Field(
         False,
         description="Join the network without doing the role's work (discovery, gossip, "
@@ -424,8 +369,8 @@ def check_multiaddrs(addrs: list[str], *, bootstrap: bool) -> list[str]:
 class NodeConfig(CoreConfig):
     """Every setting of a node. Constructed directly it takes its keyword arguments only;
     ``load_config`` adds the TOML file and the environment and reports errors for a user.
-    The trainer's held-out evaluation, its DiLoCo group settings (SPEC §17) and the test-only
-    cheat rule are declared here, after the others (one class of them all would be over 300 lines)."""
+    The trainer's held-out evaluation and its DiLoCo group settings (SPEC §17) are declared
+    here, after the others (one class of them all would be over 300 lines)."""
 
     diloco: bool = Field(
         False,
@@ -548,12 +493,6 @@ class NodeConfig(CoreConfig):
     relay_circuit_seconds: int = Field(
         600, ge=1, le=86_400, description="Relay: seconds a circuit may last before it is cut."
     )
-
-    @model_validator(mode="after")
-    def _cheats_need_the_dev_flag(self) -> Self:
-        if self.cheat != "none" and not self.dev_cheats:
-            raise ValueError("cheat is for tests only: it needs dev_cheats = true")
-        return self
 
     @field_validator("diloco_admit", mode="before")
     @classmethod

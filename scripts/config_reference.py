@@ -132,7 +132,7 @@ GROUPS: list[tuple[str, str, list[str]]] = [
     (
         "Development and tests only",
         "Not for a real run.",
-        ["cheat", "dev_cheats", "network_only"],
+        ["network_only"],
     ),
 ]
 

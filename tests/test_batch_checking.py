@@ -12,6 +12,7 @@ from node.rollouts.maker import BatchMaker, MakerSpec
 from protocol.rollouts import RolloutBatch
 from protocol.wire import seal
 from tests.helpers.batches import made_by
+from tests.helpers.cheating.maker import CheatingMaker
 
 WORKER = "0x" + "5a" * 20
 MAKER = MakerSpec(
@@ -42,7 +43,8 @@ class Checker:
 
 
 def make(model_dir, cheat, step=3):
-    made, batch, envelope = made_by(BatchMaker(MAKER), model_dir, WORKER, cheat, step=step)
+    maker = BatchMaker(MAKER) if cheat == "none" else CheatingMaker(MAKER)
+    made, batch, envelope = made_by(maker, model_dir, WORKER, cheat, step=step)
     assert made.seconds > 0  # generating it: the status's generation_s adds these up
     assert batch.worker == WORKER and batch.step == step and len(batch.groups) == 2
     return envelope

@@ -1,6 +1,6 @@
-"""The cheating matrix, one cheat at a time, in this process: the worker's batch maker
-makes each cheat with the real engine and tiny model (what its child process runs), the
-validator's checks judge it (the batch checker, what its child runs; the role's own
+"""The cheating matrix, one cheat at a time, in this process: the cheating worker's batch
+maker (``tests/helpers/cheating/maker.py``) makes each cheat with the real engine and tiny
+model (what its child process runs), the validator's checks judge it (the batch checker, what its child runs; the role's own
 checks for what the role claims), and every cheat is rejected with the reason SPEC §12.1
 gives while the honest batch of the same worker and step passes. ``test_matrix.py`` runs
 the same cheats through real processes and the chain."""
@@ -11,15 +11,15 @@ import shutil
 import pytest
 
 from crypto.identity import Identity
-from node.config import CHEATS, NodeConfig, parse_cheats
-from node.roles.cheating import DETECTABLE_APART, MAKER_CHEATS, CheatPlan, ServedStore
 from node.roles.checking import BatchChecker, CheckBatch, CheckerSpec
-from node.rollouts.cheats import CATALOGUE, UNPUNISHED, pick
 from node.rollouts.maker import BatchMaker, MakeBatch, MakerSpec
 from node.rollouts.store import BatchStore
 from protocol.rollouts import RolloutBatch
 from protocol.wire import seal
 from tests.helpers.batches import made_by
+from tests.helpers.cheating.catalogue import CATALOGUE, CHEATS, UNPUNISHED, parse_cheats, pick
+from tests.helpers.cheating.maker import CheatingBatch, CheatingMaker
+from tests.helpers.cheating.role import DETECTABLE_APART, MAKER_CHEATS, CheatPlan, ServedStore
 
 WORKER = "0x" + "5a" * 20
 MAKER = MakerSpec(
@@ -56,7 +56,7 @@ EVIDENCE = {
 
 @pytest.fixture(scope="module")
 def maker():
-    return BatchMaker(MAKER)
+    return CheatingMaker(MAKER)
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +96,7 @@ def test_the_catalogue_names_every_cheat_the_setting_takes():
     assert {c.reason for c in CATALOGUE.values()} == {"invalid", "mismatch", "unavailable"}
 
 
-def test_the_setting_takes_names_comma_separated_and_only_with_dev_cheats():
+def test_the_setting_takes_names_comma_separated():
     assert parse_cheats("none") == () and parse_cheats("greedy, truncated") == (
         "greedy",
         "truncated",
@@ -105,9 +105,6 @@ def test_the_setting_takes_names_comma_separated_and_only_with_dev_cheats():
         parse_cheats("greedy,teleport")
     with pytest.raises(ValueError, match="give it alone"):
         parse_cheats("other_key,greedy")
-    with pytest.raises(ValueError, match="dev_cheats"):
-        NodeConfig(cheat="greedy")
-    assert NodeConfig(cheat="greedy ,truncated", dev_cheats=True).cheat == "greedy,truncated"
     assert [pick(("a", "b"), n) for n in range(4)] == ["a", "b", "a", "b"]
     assert pick((), 5) == "none"
 
@@ -159,17 +156,18 @@ def test_the_role_picks_the_weights_the_version_cheats_use():
 
 def test_the_role_claims_and_serves_what_its_cheats_say(tmp_path):
     plan = CheatPlan.of("inflate_units,key_mismatch,withhold")
-    assert [plan.next() for _ in range(4)] == [
-        "inflate_units",
-        "key_mismatch",
-        "withhold",
-        "inflate_units",
-    ]
+    made = []
+    for n in range(4):
+        made.append(plan.next())
+        plan.submitted(made[-1], bytes([n]) * 32)
+    assert made == ["inflate_units", "key_mismatch", "withhold", "inflate_units"]
     versions = CheatPlan.of("older_version,greedy")
-    assert versions.next() == "older_version"
-    versions.not_made("older_version")  # no older version held yet: this batch was honest
-    assert [versions.next() for _ in range(3)] == ["older_version", "greedy", "older_version"]
+    assert versions.next() == "older_version"  # no older version held yet: made honest
+    assert versions.next() == "older_version"  # so it comes again
+    versions.submitted("older_version", bytes(32))
+    assert versions.next() == "greedy"
     key = bytes(range(32))
+    plan = CheatPlan.of("inflate_units,key_mismatch,withhold")
     assert CheatPlan.claim("inflate_units", key, 40) == (key, 80)
     assert CheatPlan.claim("none", key, 40) == (key, 40)
     forged, units = CheatPlan.claim("key_mismatch", key, 40)
@@ -178,7 +176,6 @@ def test_the_role_claims_and_serves_what_its_cheats_say(tmp_path):
     plan.serve(served, "key_mismatch", forged, b"envelope")
     plan.serve(served, "withhold", key, b"other")
     assert served.get(forged) == b"envelope" and served.get(key) is None
-    assert plan.by_key == {forged.hex(): "key_mismatch", key.hex(): "withhold"}
     own = object()
     assert CheatPlan.of("none").registered_identity(own) is own
     assert CheatPlan.of("other_key").registered_identity(own) is not own
@@ -207,17 +204,16 @@ def test_a_greedy_batch_no_check_can_tell_from_sampling_is_not_made_and_comes_ag
     cold = dataclasses.replace(MAKER, temperature=1e-4)
     identity = Identity.generate()
     call = MakeBatch(str(tiny_model_dir), WORKER, 3, 0, {**HEADER, "sender": identity.peer_id})
-    cheated = BatchMaker(cold)(dataclasses.replace(call, cheat="greedy"))
+    greedy = CheatingBatch(*dataclasses.astuple(call), cheat="greedy")
+    cheated = CheatingMaker(cold)(greedy)
     assert cheated.unchanged
     assert cheated.encoded == BatchMaker(cold)(call).encoded  # byte for byte the honest one
     judge = BatchChecker(dataclasses.replace(CHECKER, temperature=1e-4))
     assert judge(
         CheckBatch(str(tiny_model_dir), 0, seal(identity, RolloutBatch.decode(cheated.encoded)))
     ).accepted
-    warm = maker(dataclasses.replace(call, cheat="greedy"))
+    warm = maker(greedy)
     assert not warm.unchanged and not maker(call).unchanged
-    plan = CheatPlan(("greedy", "truncated"))
-    assert plan.not_made(plan.next()) == "none" and plan.next() == "greedy"
 
 
 def moved(base, delta: float, out):
@@ -281,25 +277,6 @@ def test_weights_at_the_bound_are_told_apart(maker, checker, tiny_model_dir, tmp
         assert not verdict.accepted and "toploc" in verdict.detail, (step, verdict.detail)
 
 
-def test_a_cheat_whose_submission_the_chain_refused_is_not_counted_and_comes_again():
-    """The chain refused the submission (e.g. a version gone stale under load): nobody
-    judges it, so it leaves the worker's record of cheats made (the matrix waits for what
-    the chain saw) and the next batch makes it again; an honest batch refused changes
-    nothing."""
-    plan = CheatPlan(("older_version", "greedy"))
-    served = ServedStore(None)
-    cheat = plan.next()
-    plan.serve(served, cheat, b"\x01" * 32, b"envelope")
-    assert cheat == "older_version" and plan.by_key == {("01" * 32): "older_version"}
-    plan.refused(b"\x01" * 32)
-    assert plan.by_key == {} and plan.next() == "older_version"
-    plan.serve(served, "older_version", b"\x02" * 32, b"envelope")
-    assert plan.next() == "greedy"
-    plan.serve(served, "none", b"\x03" * 32, b"envelope")  # made honest: nothing to undo
-    plan.refused(b"\x03" * 32)
-    assert plan.made == 2 and plan.by_key == {("02" * 32): "older_version"}
-
-
 class _Held:
     """A store that holds every key (``ServedStore`` only reads it)."""
 
@@ -312,6 +289,7 @@ def test_serve_some_serves_the_trainer_and_the_first_other_asker_only():
     plan = CheatPlan.of("serve_some")
     key, other = bytes(32), bytes([1]) * 32
     plan.serve(served, plan.next(), key, b"unused")
+    plan.submitted("serve_some", key)
     assert served.get(key, "validator-a") == b"body:" + key  # the first other asker
     assert served.get(key, "validator-b") is None  # anyone else: not found
     assert served.get(key, "validator-a") == b"body:" + key  # the first one again

@@ -303,3 +303,36 @@ def test_every_argument_of_every_command_says_what_it_is():
 
     walk(build_parser(), ["intellect-node"])
     assert bare == []
+
+
+def test_the_devnet_has_no_cheaters_and_the_tests_devnet_adds_them():
+    """``intellect-node devnet`` runs honest nodes only; the tests' devnet
+    (``tests/helpers/cheating/devnet.py``) starts its last ``--cheaters`` workers as the
+    tests' cheating worker process, checks its flags before anything starts, and says
+    where the other flags come from."""
+    from node.cli.devnet import Launch
+    from tests.helpers.cheating.devnet import cheating_workers
+
+    assert "cheat" not in run("devnet", "--help").stdout.lower()
+    wrapper = [sys.executable, "-m", "tests.helpers.cheating.devnet"]
+    shown = subprocess.run([*wrapper, "--help"], capture_output=True, text=True, timeout=60)
+    assert shown.returncode == 0 and "--cheaters" in shown.stdout
+    assert "intellect-node devnet --help" in " ".join(shown.stdout.split())
+    refused = subprocess.run(
+        [*wrapper, "--inference", "2", "--cheaters", "3"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert refused.returncode == 2 and "--cheaters must be between 0 and --inference" in (
+        refused.stderr
+    )
+    extra = cheating_workers(3, 1, "greedy,truncated")
+    assert extra["batches_per_step"] == 2  # the trainer waits for the honest batches only
+    honest, cheater = extra["launch"](1), extra["launch"](2)
+    assert honest.module == "node.cli" and not honest.env
+    assert cheater == Launch(
+        "tests.helpers.cheating.worker", {"CHEATS": "greedy,truncated"}, "cheats: greedy,truncated"
+    )
+    with pytest.raises(ValueError, match="unknown cheat"):
+        cheating_workers(2, 1, "teleport")

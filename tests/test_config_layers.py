@@ -26,7 +26,6 @@ PATTERNED = {
     "run_id": "flag-run",
     "taskset": "arithmetic:1-2",
     "chain": "http://127.0.0.1:9999",
-    "cheat": "greedy",
 }
 
 
@@ -73,8 +72,6 @@ def test_every_setting_has_a_generated_flag_that_sets_it() -> None:
     for name in NodeConfig.model_fields:
         words, value = sample(name)
         argv = ["start", flag_name(name), *words]
-        if name == "cheat":
-            argv += ["--dev-cheats"]  # refused without it
         if name in ("objective", "data"):  # each needs the other, and a DiLoCo group
             argv += ["--diloco", "--objective", "pretrain", "--data", "/tmp/flag-path"]
         args = start.parse_args(argv)

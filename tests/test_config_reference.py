@@ -60,7 +60,9 @@ def test_flags_are_the_start_commands_own(reference: ModuleType) -> None:
         if a.dest in NodeConfig.model_fields
     }
     assert reference.start_flags() == parsed
-    assert parsed["trainer_peer_id"] == "--trainer-peer-id" and parsed["cheat"] == "--cheat"
+    assert (
+        parsed["trainer_peer_id"] == "--trainer-peer-id" and parsed["spot_check"] == "--spot-check"
+    )
 
 
 def test_check_mode(reference: ModuleType, tmp_path: Path) -> None:

@@ -140,7 +140,7 @@ def test_a_maker_and_a_checker_load_their_model_where_the_setting_says(tiny_mode
         BatchChecker(CheckerSpec(**{**asdict(spec), "device": "cuda"}))._use(str(tiny_model_dir), 0)
     maker = BatchMaker(MakerSpec("arithmetic", 1, 2, 4, 1.0, 4, device="cuda"))
     with pytest.raises(ModelError, match="no CUDA device"):
-        maker._engine(str(tiny_model_dir), "none")
+        maker.engine(str(tiny_model_dir))
 
 
 def test_strict_fp32_computes_in_fp32_wherever_it_runs():
@@ -240,8 +240,10 @@ def test_model_init_refuses_a_shape_with_its_own_sizes_and_a_gpu_it_lacks(tmp_pa
     assert not (tmp_path / "m").exists()
 
 
-def _status(address, **section):
-    return {"inference": {"address": address, **section}}
+def _status(address, cheats=None, **section):
+    """A worker's status; with ``cheats``, a cheating worker's (its ``cheating`` section)."""
+    cheating = {"cheating": {"cheats": cheats, "made": {}}} if cheats else {}
+    return {"inference": {"address": address, **section}, **cheating}
 
 
 def test_the_gpu_devnet_bench_sums_each_role_and_each_validators_verdicts(tmp_path):
@@ -249,11 +251,9 @@ def test_the_gpu_devnet_bench_sums_each_role_and_each_validators_verdicts(tmp_pa
 
     honest, cheater = "0xAA", "0xbb"
     statuses = {
-        "inference-0": _status(
-            honest, cheat="none", tokens=1000, tokens_per_s=500.0, generated=4, submitted=4
-        ),
+        "inference-0": _status(honest, tokens=1000, tokens_per_s=500.0, generated=4, submitted=4),
         "inference-1": _status(
-            cheater, cheat="int8_weights", tokens=900, tokens_per_s=10.0, generated=3, submitted=3
+            cheater, cheats="int8_weights", tokens=900, tokens_per_s=10.0, generated=3, submitted=3
         ),
         "validator-0": {
             "validator": {
@@ -332,8 +332,8 @@ def test_the_profile_picks_the_dtype_the_maker_and_the_checker_load_with(
     monkeypatch.setattr(engine, "open_engine", open_)
     spec = CheckerSpec(keep=2, taskset="arithmetic", verify_profile=profile, spot_check=1.0)
     BatchChecker(spec)._use(str(tiny_model_dir), 0)
-    BatchMaker(MakerSpec("arithmetic", 1, 2, 4, 1.0, 4, verify_profile=profile))._engine(
-        str(tiny_model_dir), "none"
+    BatchMaker(MakerSpec("arithmetic", 1, 2, 4, 1.0, 4, verify_profile=profile)).engine(
+        str(tiny_model_dir)
     )
     # the checker loads; the maker opens an engine (which loads with what it was given)
     assert asked[0] == ("load_model", dtype) and ("open_engine", dtype) in asked

@@ -211,7 +211,7 @@ def test_an_int8_1_1b_worker_is_rejected_on_gpu():
 def test_other_weights_are_made_on_the_gpu(tiny_model_dir):
     """The devnet's cheater on an H200 failed every other_weights batch: a CPU draw times
     a CUDA scalar tensor ("Expected all tensors to be on the same device")."""
-    from node.rollouts.cheats import alter_weights
+    from tests.helpers.cheating.maker import alter_weights
 
     model = load_model(tiny_model_dir, device="cuda").model
     before = [p.detach().clone() for p in model.parameters()]

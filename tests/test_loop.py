@@ -65,7 +65,7 @@ class Loop:
             self.close()
             raise
 
-    def spawn(self, name, role, *, listen="/ip4/127.0.0.1/tcp/0", env=None):
+    def spawn(self, name, role, *, listen="/ip4/127.0.0.1/tcp/0", env=None, module="node.cli"):
         from node.cli.devnet import free_port
 
         node = spawn_node(
@@ -77,16 +77,21 @@ class Loop:
             bootstrap=[] if role == "bootstrap" else [self.boot_addr],
             extra=FAST if self.fast else [],
             env_extra={**self.env, **(env or {})},
+            module=module,
         )
         self.nodes[name] = node
         return node
 
     def worker(self, name, cheat=None):
+        """An inference node; with ``cheat`` (names, comma-separated) a cheating worker
+        (``tests/helpers/cheating/worker.py``) making them in turn."""
         address = make_account(self.base / name)
         fund(self.base / "chain", address, "10")
         self.addresses[name] = address
-        env = {"INTELLECT_NODE_CHEAT": cheat, "INTELLECT_NODE_DEV_CHEATS": "true"} if cheat else {}
-        return self.spawn(name, "inference", env=env)
+        if cheat:
+            module = "tests.helpers.cheating.worker"
+            return self.spawn(name, "inference", env={"CHEATS": cheat}, module=module)
+        return self.spawn(name, "inference")
 
     def validator(self, i=0):
         """The chain's ``i``-th appointed validator (``validator``, then ``validator-1``...)."""
@@ -417,7 +422,7 @@ def test_a_batch_served_to_one_validator_of_two_stands_accepted_and_is_trained_o
         rejecter = str(vote["args"]["validator"])
         assert client.worker(rejecter).locked == 0  # the unavailable vote locked no bond
         assert client.worker(address).slashed == 0
-        assert loop.section("partial", "inference")["cheat_keys"] == {key.hex(): "serve_some"}
+        assert loop.section("partial", "cheating")["made"] == {key.hex(): "serve_some"}
 
         def trained():
             path = tmp_path / "trainer" / "metrics.jsonl"

@@ -1,7 +1,7 @@
 """The cheating matrix through real processes and the served development chain (issue 28).
 
 One devnet (``tests/helpers/matrix.py``): two honest workers and four cheating ones, each
-cheater cycling through a few cheats of the catalogue (``node/rollouts/cheats.py``, SPEC
+cheater cycling through a few cheats of the catalogue (``tests/helpers/cheating/``, SPEC
 §12.1) one batch each, a trainer and a validator. Every cheating batch gets one verdict: a
 reject on-chain with the reason the catalogue gives; at settlement exactly its collateral
 is taken from the cheater's stake; the trainer never trains on it; and every honest batch in
@@ -13,7 +13,7 @@ from collections import Counter
 import pytest
 
 from ledger.codes import REASON_NAMES
-from node.rollouts.cheats import CATALOGUE
+from tests.helpers.cheating.catalogue import CATALOGUE
 from tests.helpers.matrix import CHAIN_ARGS, CHEATERS, HONEST, MatrixBooks, run_matrix
 from tests.helpers.net import counter, metrics
 from tests.test_loop import Loop

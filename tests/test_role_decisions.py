@@ -692,7 +692,6 @@ def test_the_status_sections_keep_their_keys():
         version_used=2,
         weights_held=[0, 2],
         last_batch_step=3,
-        cheat="none",
         idle_share=0.5,
         **counts,
         tokens=8,
@@ -702,15 +701,15 @@ def test_the_status_sections_keep_their_keys():
     )
     keys = [
         "address", "step", "policy_version", "version_used", "weights_held",
-        "last_batch_step", "cheat", "idle_share", "generated", "submitted", "accepted",
+        "last_batch_step", "idle_share", "generated", "submitted", "accepted",
         "rejected", "unjudged", "expired", "tokens", "errors", "stale", "tokens_per_s",
         "generation_s",
     ]  # fmt: skip
-    assert list(inference.as_dict()) == [*keys, "rejected_by_reason", "cheat_keys"]
+    assert list(inference.as_dict()) == [*keys, "rejected_by_reason"]
     money = Stake(stake_wei=5, locked_wei=1, slashed=0, pending_wei=2, claimable_wei=3)
     with_stake = InferenceStatus(**{**inference.__dict__, "stake": money}).as_dict()
     assert list(with_stake) == [
-        *keys, "rejected_by_reason", "cheat_keys", "stake_wei", "locked_wei", "slashed", "pending_wei", "claimable_wei"
+        *keys, "rejected_by_reason", "stake_wei", "locked_wei", "slashed", "pending_wei", "claimable_wei"
     ]  # fmt: skip
     assert with_stake["claimable_wei"] == 3
     validator = ValidatorStatus(

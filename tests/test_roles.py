@@ -1,5 +1,7 @@
 """The roles' pure parts and plumbing: the step clock, the child process for heavy work,
-the inference role's cheats and the validator's refusal of settings it cannot serve."""
+the inference role's honest path and the tests' cheating role built on it
+(``tests/helpers/cheating/role.py``), and the validator's refusal of settings it cannot
+serve."""
 
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -7,9 +9,8 @@ from types import SimpleNamespace
 import pytest
 import trio
 
-from node.config import ConfigError, load_config
+from node.config import load_config
 from node.net.metrics import Metrics
-from node.roles.cheating import CheatPlan
 from node.roles.clock import StepClock
 from node.roles.offload import Offload, OffloadError
 from protocol.batches import BatchNotice, StepNotice
@@ -229,13 +230,14 @@ class Slow:
             pass
 
 
-def test_cheats_need_the_dev_flag():
-    with pytest.raises(ConfigError, match="cheat is for tests only"):
-        load_config(environ={"INTELLECT_NODE_CHEAT": "other_weights"})
-    cfg = load_config(
-        environ={"INTELLECT_NODE_CHEAT": "edit_token", "INTELLECT_NODE_DEV_CHEATS": "1"}
-    )
-    assert cfg.cheat == "edit_token"
+def test_the_node_has_no_setting_that_makes_it_cheat():
+    """Cheating workers are the tests' own processes (``tests/helpers/cheating/``): the
+    node's settings name no cheat, and the environment cannot switch one on."""
+    from node.config import NodeConfig
+
+    assert not [f for f in NodeConfig.model_fields if "cheat" in f.lower()]
+    cfg = load_config(environ={"INTELLECT_NODE_CHEAT": "other_weights"})
+    assert "cheat" not in cfg.model_dump_json().lower()
 
 
 def test_the_window_as_the_clock_stood_at_submission():
@@ -295,25 +297,40 @@ class WorkLedger:
         self.submitted.append((key, version))
 
 
+def a_role(tmp_path, node, cheats=None, model=None):
+    """The honest inference role, or with ``cheats`` the tests' cheating one."""
+    from node.roles.inference import InferenceRole
+    from tests.helpers.cheating.role import CheatingRole
+
+    cfg = load_config(
+        environ={
+            "INTELLECT_NODE_MODEL": str(model or tmp_path),
+            "INTELLECT_NODE_DATA_DIR": str(tmp_path),
+        }
+    ).model_copy(update={"trainer_peer_id": TRAINER})
+    if cheats is None:
+        return InferenceRole(node, cfg)
+    return CheatingRole(node, cfg, cheats=cheats)
+
+
+@pytest.mark.parametrize("cheats", [None, "greedy"])
 @pytest.mark.parametrize("trainer_moves_on", [False, True])
 async def test_a_batch_the_window_moved_past_while_it_was_generated_is_not_submitted(
-    tmp_path, trainer_moves_on
+    tmp_path, trainer_moves_on, cheats
 ):
     """A worker whose generation outlasted the async window drops the batch: submitting it
-    would only get it rejected as invalid. One still inside is stored, announced, submitted."""
+    would only get it rejected as invalid. One still inside is stored, announced, submitted.
+    A cheating worker counts a cheat made only once the chain took it: the dropped one
+    comes again."""
     from crypto.identity import Identity
-    from node.roles.inference import InferenceRole
     from node.rollouts.maker import MadeBatch, MakeBatch
     from tests.helpers.batches import a_batch
 
     identity = Identity.generate()
-    cfg = load_config(
-        environ={"INTELLECT_NODE_MODEL": str(tmp_path), "INTELLECT_NODE_DATA_DIR": str(tmp_path)}
-    )
     announced, submitted = [], []
 
     node, ledger = worker_node(identity, announced), WorkLedger(submitted)
-    role = InferenceRole(node, cfg.model_copy(update={"trainer_peer_id": TRAINER}))
+    role = a_role(tmp_path, node, cheats)
     role.clock.observe(TRAINER, StepNotice(step=3, policy_version=1))
 
     class Maker:
@@ -324,17 +341,55 @@ async def test_a_batch_the_window_moved_past_while_it_was_generated_is_not_submi
             return MadeBatch(a_batch(identity, step=3).encode())
 
     role.maker, role.ledger = Maker(), ledger
-    role.cheats = CheatPlan(("greedy",))  # a test cheat: the dropped one comes again
     await role._work(3, 1, str(tmp_path))
     assert role.done_step == 3  # either way, step 3 is not worked on again
     if trainer_moves_on:
         assert (submitted, announced, role.store.keys()) == ([], [], [])
         assert role.counts.stale == 1 and role.status().as_dict()["stale"] == 1
-        assert role.cheats.made == 0 and role.cheats.by_key == {}
     else:
         assert len(submitted) == 1 and submitted[0][1] == 1 and len(announced) == 1
         assert role.store.keys() == [submitted[0][0]] and role.counts.stale == 0
-        assert role.cheats.made == 1 and role.cheats.by_key == {submitted[0][0].hex(): "greedy"}
+    if cheats and trainer_moves_on:
+        assert role.plan.made == 0 and role.plan.by_key == {}
+        assert role.plan.next() == "greedy"
+    elif cheats:
+        assert role.plan.made == 1 and role.plan.by_key == {submitted[0][0].hex(): "greedy"}
+
+
+async def test_a_cheat_whose_submission_the_chain_refused_is_not_counted_and_comes_again(
+    tmp_path,
+):
+    """The chain refused the submission (e.g. a version gone stale under load): nobody
+    judges it, so it is no cheat made (the matrix waits for what the chain saw), and the
+    next batch makes it again."""
+    from crypto.identity import Identity
+    from ledger.client import LedgerError
+    from node.rollouts.maker import MadeBatch
+    from tests.helpers.batches import a_batch
+
+    identity = Identity.generate()
+    role = a_role(tmp_path, worker_node(identity, []), "inflate_units,withhold")
+    role.clock.observe(TRAINER, StepNotice(step=3, policy_version=1))
+    submitted = []
+
+    class Maker:
+        async def call(self, call):
+            return MadeBatch(a_batch(identity, step=call.step).encode())
+
+    class Refusing(WorkLedger):
+        def submit_work(self, key, units, version):
+            raise LedgerError("refused")
+
+    role.maker, role.ledger = Maker(), Refusing(submitted)
+    with pytest.raises(LedgerError):
+        await role._work(3, 1, str(tmp_path))
+    assert role.plan.made == 0 and role.plan.by_key == {}
+    assert role.plan.next() == "inflate_units"
+    role.ledger = WorkLedger(submitted)
+    await role._work(3, 1, str(tmp_path))  # the step again: the chain took it this time
+    ((key, version),) = submitted
+    assert role.plan.by_key == {key.hex(): "inflate_units"} and role.plan.next() == "withhold"
+    assert role.pending.keys() == [key] and version == 1
 
 
 @pytest.mark.parametrize("far", [False, True])
@@ -347,21 +402,15 @@ async def test_a_version_cheat_is_made_only_with_weights_verification_can_tell_a
     import shutil
 
     from crypto.identity import Identity
-    from node.roles.inference import InferenceRole
-    from node.rollouts.maker import MadeBatch, MakeBatch
+    from node.rollouts.maker import MadeBatch
     from tests.helpers.batches import a_batch
+    from tests.helpers.cheating.maker import CheatingBatch
     from tests.test_cheats import moved
 
     identity = Identity.generate()
     versions = {1: moved(tiny_model_dir, 4e-4 if far else 3e-5, tmp_path / "v1")}
     versions[2] = tmp_path / "v2"
     shutil.copytree(tiny_model_dir, versions[2])
-    cfg = load_config(
-        environ={
-            "INTELLECT_NODE_MODEL": str(tiny_model_dir),
-            "INTELLECT_NODE_DATA_DIR": str(tmp_path),
-        }
-    )
     submitted, made = [], []
 
     node, ledger = worker_node(identity, []), WorkLedger(submitted)
@@ -374,23 +423,22 @@ async def test_a_version_cheat_is_made_only_with_weights_verification_can_tell_a
 
     class Maker:
         async def call(self, call):
-            assert isinstance(call, MakeBatch) and (call.step, call.version) == (3, 2)
+            assert isinstance(call, CheatingBatch) and (call.step, call.version) == (3, 2)
             made.append((call.model_dir, call.cheat))
             return MadeBatch(a_batch(identity, step=3).encode())
 
-    role = InferenceRole(node, cfg.model_copy(update={"trainer_peer_id": TRAINER}))
+    role = a_role(tmp_path, node, "older_version", model=tiny_model_dir)
     role.clock.observe(TRAINER, StepNotice(step=3, policy_version=2))
     role.maker, role.ledger, role.weights = Maker(), ledger, Weights()
-    role.cheats = CheatPlan(("older_version",))
     await role._work(3, 2, str(versions[2]))
     assert len(submitted) == 1 and submitted[0][1] == 2
     if far:
         assert made == [(str(versions[1]), "none")]  # the role's cheat: the maker works honestly
-        assert role.cheats.by_key == {submitted[0][0].hex(): "older_version"}
+        assert role.plan.by_key == {submitted[0][0].hex(): "older_version"}
     else:
         assert made == [(str(versions[2]), "none")]
-        assert role.cheats.made == 0 and role.cheats.by_key == {submitted[0][0].hex(): "none"}
-        assert role.cheats.next() == "older_version"
+        assert role.plan.made == 0 and role.plan.by_key == {}
+        assert role.plan.next() == "older_version"
 
 
 @pytest.mark.parametrize("chain_staleness", [2, 5, 7])

@@ -26,6 +26,7 @@ from node.rollouts.recheck import judge_rollouts, with_substitution
 from node.rollouts.suspects import SuspectModels
 from protocol.rollouts import unpack_tokens as unpack
 from tests.helpers.batches import made_by
+from tests.helpers.cheating.maker import CheatingMaker
 
 FIXTURE = Path(__file__).parent / "fixtures" / "gpu_rollouts_h200.json"
 WORKER = "0x" + "6b" * 20
@@ -110,7 +111,7 @@ def test_an_int8_worker_on_the_trained_policy_is_caught_only_by_the_substitution
     """The devnet's trained policy under gpu-bf16: its int8 batch passes every other check
     (its states and draws are within the profile's noise), and the batch checker rejects it
     as nearer int8; the honest batch of the same worker and step is accepted."""
-    maker, checker = BatchMaker(MAKER), BatchChecker(CHECKER)
+    maker, checker = CheatingMaker(MAKER), BatchChecker(CHECKER)
     honest, honest_envelope = make(maker, base_model_dir, "none")
     cheat, cheat_envelope = make(maker, base_model_dir, "int8_weights")
     assert [s.tokens for g in cheat.groups for s in g.samples] != [

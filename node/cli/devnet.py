@@ -5,8 +5,8 @@ ledger account for every worker (funded from the chain's development keys), give
 validator one of the chain's appointed validator keys and the trainer the contract
 owner's key, then starts a bootstrap node, the trainer (with ``--trainers K`` ≥ 2: a
 DiLoCo group of K trainers, ``trainer`` its leader, SPEC §17.1), the validators and N inference
-nodes (``--cheaters C`` of them cheat: the cheats of ``--cheats``, in turn) that each know only
-the bootstrap.
+nodes that each know only the bootstrap (``run_devnet``'s ``launch`` may start some of them
+from another module: the tests' misbehaving workers, ``tests/helpers/``).
 Workers stake and register, generate a batch per trainer step with the newest policy they
 hold, validators judge each on-chain, the trainer trains on the accepted ones with GRPO
 and publishes every new policy over SHARDCAST. A live table shows the step, the policy
@@ -31,14 +31,13 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from node.cli.adminclient import admin_status
 from node.cli.devnetpage import DevnetPage
 from node.cli.progress import progress
-from node.config import parse_cheats
 from node.net.adminfile import ADMIN_FILE
 from node.orphans import parent_death_signal
 from node.tasks import RL_TASKSET
@@ -51,6 +50,16 @@ def free_port() -> int:
         s.bind(("127.0.0.1", 0))
         port: int = s.getsockname()[1]
         return port
+
+
+@dataclass(frozen=True)
+class Launch:
+    """How one devnet node starts: ``python -m MODULE start ...`` (the binary by default)
+    with ``env`` added to its environment; ``label`` says how in the devnet's lines."""
+
+    module: str = "node.cli"
+    env: Mapping[str, str] = field(default_factory=dict)
+    label: str = ""
 
 
 @dataclass
@@ -522,8 +531,6 @@ def run_devnet(
     run_id: str,
     inference: int,
     duration: float,
-    cheaters: int = 0,
-    cheats: str = "other_weights",
     validators: int = 1,
     steps: int = 10,
     async_level: int = 2,
@@ -535,18 +542,19 @@ def run_devnet(
     device: str = "cpu",
     validator_devices: str | None = None,
     model: Path | None = None,
+    launch: Callable[[int], Launch] | None = None,
+    batches_per_step: int | None = None,
 ) -> int:
     """Run the devnet; 0 when it finished (``steps`` reached and every node holds the
     final version, or Ctrl-C / ``duration``). ``trainers`` ≥ 2: a DiLoCo group of that
     many trainers (``trainer`` leads, ``trainer-1`` … follow), ``inner_steps`` each.
     ``device``, ``validator_devices`` (comma-separated, one per validator): where the
-    nodes compute (``devices_env``); ``model``: the base policy (default: the tiny one)."""
+    nodes compute (``devices_env``); ``model``: the base policy (default: the tiny one).
+    ``launch``: how inference node ``i`` starts (default: the binary, ``Launch()``);
+    ``batches_per_step``: accepted batches each trainer step takes (default: one per
+    inference node)."""
     if not 1 <= trainers <= 8:
         raise ValueError("--trainers must be between 1 and 8")
-    if not 0 <= cheaters <= inference:
-        raise ValueError("--cheaters must be between 0 and --inference")
-    if cheaters and not parse_cheats(cheats):
-        raise ValueError("--cheats must name at least one cheat")
     from node.cli.ledger import DEV_VALIDATORS
 
     if not 1 <= validators <= DEV_VALIDATORS:
@@ -600,11 +608,12 @@ def run_devnet(
             address = make_account(base_dir / name, key)
             say(f"devnet: {name} account {address} (appointed by the chain)", flush=True)
         workers = [f"inference-{i}" for i in range(inference)]
-        for i, name in enumerate(workers):
+        launches = [launch(i) if launch else Launch() for i in range(inference)]
+        for name, how in zip(workers, launches, strict=True):
             address = make_account(base_dir / name)
             fund(base_dir / "chain", address, WORKER_FUNDS)
-            how = f"cheats: {cheats}" if i >= inference - cheaters else "honest"
-            say(f"devnet: {name} account {address}, funded {WORKER_FUNDS} ETH ({how})", flush=True)
+            label = f" ({how.label})" if how.label else ""
+            say(f"devnet: {name} account {address}, funded {WORKER_FUNDS} ETH{label}", flush=True)
         base = model or prepare_model(base_dir / "model")
         model_env = {"INTELLECT_NODE_MODEL": str(base)}
         boot = spawn_node(
@@ -623,9 +632,9 @@ def run_devnet(
         say(f"devnet: bootstrap at {boot_addr}", flush=True)
         trainer_env = {
             "INTELLECT_NODE_TRAIN_STEPS": str(steps),
-            "INTELLECT_NODE_BATCHES_PER_STEP": str(max(1, inference - cheaters)),
+            "INTELLECT_NODE_BATCHES_PER_STEP": str(batches_per_step or inference),
         }
-        members = [("trainer", "trainer", trainer_env)]
+        members: list[tuple[str, str, Mapping[str, str]]] = [("trainer", "trainer", trainer_env)]
         if trainers > 1:  # a DiLoCo group: the others skip the held-out evaluation
             others = [f"trainer-{i}" for i in range(1, trainers)]
             admit = [load_or_create_identity(base_dir / name).peer_id for name in others]
@@ -636,20 +645,14 @@ def run_devnet(
             ]
             say(f"devnet: {trainers} trainers in one DiLoCo group, H = {inner_steps}", flush=True)
         roles = (
-            members
-            + [(name, "validator", validator_env[name]) for name in vnames]
+            [(name, role, env, "node.cli") for name, role, env in members]
+            + [(name, "validator", validator_env[name], "node.cli") for name in vnames]
             + [
-                (
-                    name,
-                    "inference",
-                    {"INTELLECT_NODE_CHEAT": cheats, "INTELLECT_NODE_DEV_CHEATS": "true"}
-                    if i >= inference - cheaters
-                    else {},
-                )
-                for i, name in enumerate(workers)
+                (name, "inference", how.env, how.module)
+                for name, how in zip(workers, launches, strict=True)
             ]
         )
-        for name, role, extra_env in roles:
+        for name, role, extra_env, module in roles:
             nodes.append(
                 spawn_node(
                     name,
@@ -660,6 +663,7 @@ def run_devnet(
                     bootstrap=[boot_addr],
                     extra=fast,
                     env_extra={**ledger_env, **model_env, **extra_env},
+                    module=module,
                     die_with_parent=True,
                 )
             )

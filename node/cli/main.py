@@ -17,8 +17,6 @@ from typing import Any
 from node.cli.adminclient import admin_get, admin_post, data_dir
 from node.cli.flags import add_config_flags, flags_given
 from node.config import (
-    CHEATS,
-    WORKER_WIDE_CHEATS,
     ConfigError,
     NodeConfig,
     config_toml,
@@ -162,22 +160,6 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=0,
         help="stop after this many seconds at most (0: no limit)",
-    )
-    devnet.add_argument(
-        "--cheaters",
-        type=int,
-        default=0,
-        help="how many of the inference nodes cheat (default 0); each makes the cheats of "
-        "--cheats, one per batch in turn",
-    )
-    devnet.add_argument(
-        "--cheats",
-        default="other_weights",
-        metavar="NAMES",
-        help="the cheats the --cheaters make, comma-separated (default other_weights): "
-        f"{', '.join(c for c in CHEATS if c not in WORKER_WIDE_CHEATS)}; or "
-        f"{', '.join(WORKER_WIDE_CHEATS)} alone (SPEC section 12.1: what each one is and "
-        "which check catches it)",
     )
     devnet.add_argument(
         "--validators",
@@ -448,8 +430,6 @@ def cmd_devnet(args: argparse.Namespace) -> int:
         run_id=args.run_id,
         inference=args.inference,
         duration=args.duration,
-        cheaters=args.cheaters,
-        cheats=args.cheats,
         validators=args.validators,
         steps=args.steps,
         async_level=args.async_level,

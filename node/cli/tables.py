@@ -184,8 +184,7 @@ def _work_row(name: str, st: dict[str, Any]) -> list[str] | None:
     if w is not None:
         money = [eth(w.get(k, 0)) for k in ("stake_wei", "pending_wei", "claimable_wei")]
         counts = [str(w[k]) for k in ("generated", "accepted", "rejected", "unjudged")]
-        note = "cheats" if w["cheat"] != "none" else ""
-        return [name, "inference", held, *counts, f"{w['tokens_per_s']}", *money, *moved, note]
+        return [name, "inference", held, *counts, f"{w['tokens_per_s']}", *money, *moved, ""]
     if v is not None:
         reasons = ", ".join(f"{k} {c}" for k, c in v["rejected_by_reason"].items())
         counts = [str(v["accepted"]), str(v["rejected"]), str(v["waiting"])]

@@ -365,7 +365,7 @@ def plain_host(identity: Identity, *, negotiate_s: float = 0.0) -> IHost:
     nothing of ours on its TCP streams, unless ``tune_tcp_streams`` ran in this process.
     A stream's protocol negotiation may take ``negotiate_s`` (at least the library's 10 s):
     the library's own shorter cut would otherwise end, under a longer ``connect_timeout``,
-    a stream to a CPU-starved peer that the node still waits for (found by the cheating
+    a stream to a CPU-starved peer that the node still waits for (found by the adversarial
     matrix at load 50: the worker got the stream after the validator had given it up)."""
     key_pair = key_pair_of(identity)
     security: Any = {

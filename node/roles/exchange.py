@@ -59,8 +59,8 @@ def follow_notices(node: Node, on_notice: Callable[[str, BatchNotice], None]) ->
 
 
 class Served(Protocol):
-    """What is served to whom: a test cheat's view of a ``BatchStore`` (which serves every
-    peer alike)."""
+    """What is served to whom: a view of the worker's batches whose answer may depend on
+    the peer asking (a ``BatchStore`` serves every peer alike)."""
 
     def get(self, work_key: bytes, peer: str | None = None) -> bytes | None: ...
 

@@ -27,15 +27,15 @@ Back-pressure: with ``max_unjudged`` submitted batches still without a verdict
 (``PendingVerdicts``), the worker waits (validators lag; more work would only risk the
 stake). One batch per step.
 
-``cheat`` (tests and the devnet's ``--cheaters`` only, refused without ``dev_cheats``):
-``CheatPlan`` (``node/roles/cheating.py``) picks each batch's cheat and makes the role's
-part (which weights, units, work key, registered key, serving); the batch maker makes the
-rest (``node/rollouts/cheats.py``).
+The role is built from parts a test may replace with its own (``tests/helpers/`` does, to
+run a misbehaving worker as a real process): the batch maker's class (``maker``), what is
+served to peers (``served``: the store itself), and its steps ``register`` (stake and
+register the node's peer key), ``make`` (one ``MakeBatch`` call) and ``submit`` (announce
+a stored batch, submit its work key and units).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import time
@@ -51,9 +51,8 @@ from node.files import write_atomic
 from node.net.runtime import Node
 from node.roles.busy import BusyTime
 from node.roles.chain import WEI, ChainSetupError, open_ledger
-from node.roles.cheating import DETECTABLE_APART, VERSION_CHEATS, CheatPlan, ServedStore
 from node.roles.clock import StepClock, follow_steps
-from node.roles.exchange import serve_batches
+from node.roles.exchange import Served, serve_batches
 from node.roles.offload import Offload, OffloadError
 from node.roles.status import InferenceStatus, Stake
 from node.roles.working import ChainReads, PendingVerdicts, StoreRetention, VersionChoice
@@ -95,11 +94,18 @@ class Sealed:
     version: int
     envelope: bytes
     notice: BatchNotice
-    cheat: str
 
 
 class InferenceRole:
-    def __init__(self, node: Node, cfg: NodeConfig, weights: Any = None) -> None:
+    def __init__(
+        self,
+        node: Node,
+        cfg: NodeConfig,
+        weights: Any = None,
+        *,
+        maker: type[BatchMaker] = BatchMaker,
+    ) -> None:
+        """``maker``: the class the child process runs (``BatchMaker`` or a subclass)."""
         if cfg.model is None:
             raise ChainSetupError("the inference role needs a model (--model DIR)")
         if cfg.trainer_peer_id is None:
@@ -113,13 +119,13 @@ class InferenceRole:
         self.versions = VersionChoice(cfg.async_level)
         self.ledger: Any = None
         self.address = ""
-        self.maker: Any = None
+        self.maker_class = maker
+        self.maker: Any = None  # the child process, while the role serves
         self.done_step: int | None = None
         self.busy = BusyTime()  # generating, signing, storing, submitting
         self.stake: Stake | None = None
         self.reads = ChainReads()
-        self.cheats = CheatPlan.of(cfg.cheat)  # tests only: empty for an honest worker
-        self.served = ServedStore(self.store, cfg.trainer_peer_id)
+        self.served: Served | BatchStore = self.store  # every stored batch, to every peer
         self.notices: dict[bytes, bytes] = {}  # submitted key -> its encoded notice
         self.announced_at = 0.0
         self.retention = StoreRetention(cfg.async_level)  # when stored batches are deleted
@@ -132,12 +138,15 @@ class InferenceRole:
         self.ledger = open_ledger(self.cfg)
         self.address = self.ledger.address.lower()
         self.adopt_window(self.ledger.params().max_staleness)
-        info = self.ledger.worker(self.address)
+        self.register(self.ledger.worker(self.address))
+
+    def register(self, info: Any) -> None:
+        """Blocking: stake and register this node's peer key for the account, or make sure
+        the account (``info``: the ledger's record of it) is registered for it."""
         if not info.registered:
-            identity = self.cheats.registered_identity(self.node.identity)
-            self.ledger.register_identity(identity, int(self.cfg.stake * WEI))
+            self.ledger.register_identity(self.node.identity, int(self.cfg.stake * WEI))
             log.info("registered %s with %.3f ETH stake", self.address, self.cfg.stake)
-        elif info.peer_key != self.node.identity.public_bytes and not self.cheats:
+        elif info.peer_key != self.node.identity.public_bytes:
             raise ChainSetupError(
                 f"{self.address} is registered for another peer key; this node cannot work for it"
             )
@@ -155,7 +164,6 @@ class InferenceRole:
             version_used=self.versions.used,
             weights_held=self.held_versions(),
             last_batch_step=self.done_step,
-            cheat=self.cfg.cheat,
             idle_share=self.busy.idle_share(time.monotonic()),
             generated=c.generated,
             submitted=c.submitted,
@@ -170,7 +178,6 @@ class InferenceRole:
             generation_s=round(c.generation, 3),
             stake=self.stake,
             rejected_by_reason=dict(self.pending.rejected_by_reason),
-            cheat_keys=dict(self.cheats.by_key),
         )
 
     # ---- the loop ----------------------------------------------------------------------
@@ -179,11 +186,11 @@ class InferenceRole:
         self, *, task_status: trio.TaskStatus[InferenceRole] = trio.TASK_STATUS_IGNORED
     ) -> None:
         await trio.to_thread.run_sync(self._setup)
-        async with Offload.of(BatchMaker, MakerSpec, self.cfg) as self.maker:
+        async with Offload.of(self.maker_class, MakerSpec, self.cfg) as self.maker:
             await self._serve(task_status)
 
     async def _serve(self, task_status: trio.TaskStatus[InferenceRole]) -> None:
-        serve_batches(self.node, self.served)  # the store itself unless a test cheats
+        serve_batches(self.node, self.served)
         follow_steps(self.node, self.clock)
         self.node.add_status("inference", lambda: self.status().as_dict())
         self._resume_pending()
@@ -319,30 +326,7 @@ class InferenceRole:
 
     async def _work(self, step: int, version: int, model_dir: str) -> None:
         started = time.perf_counter()
-        cheat = self.cheats.next()  # "none" unless a test made this worker cheat
-        used = self.cheats.generation_version(
-            cheat, version, self.held_versions(), self.clock.oldest_version()
-        )
-        if used != version:  # a test cheat: other weights than the version claimed
-            used_dir = str(self.cfg.model if used == 0 else self.weights.model_dir(used))
-            if self.cheats.apart(used_dir, model_dir) < DETECTABLE_APART:
-                cheat = self.cheats.not_made(cheat)  # too close to tell apart (SPEC §12.1)
-            else:
-                model_dir = used_dir
-        elif cheat in VERSION_CHEATS:  # no older version held: this batch is honest
-            cheat = self.cheats.not_made(cheat)
-        made: MadeBatch = await self.maker.call(
-            MakeBatch(
-                model_dir,
-                self.address,
-                step,
-                version,
-                self.node.header(),
-                cheat=self.cheats.for_maker(cheat),
-            )
-        )
-        if made.unchanged:  # a test cheat no check could tell from honest work: made again
-            cheat = self.cheats.not_made(cheat)
+        made = await self.make(step, version, model_dir)
         if self.versions.use(version):
             log.info("generating with policy version %d (%s)", version, model_dir)
         batch = RolloutBatch.decode(made.encoded)
@@ -352,35 +336,42 @@ class InferenceRole:
         self.counts.made(notice.units, seconds, made.seconds)
         if seconds > 0:
             self.node.metrics.observe("generation_tokens_per_second", notice.units / seconds)
-        await self._send(Sealed(step, version, envelope, notice, cheat))
+        await self._send(Sealed(step, version, envelope, notice))
+
+    async def make(self, step: int, version: int, model_dir: str) -> MadeBatch:
+        """The batch of ``step``, made by the child process with policy ``version`` (its
+        weights in ``model_dir``), encoded and unsigned."""
+        made: MadeBatch = await self.maker.call(
+            MakeBatch(model_dir, self.address, step, version, self.node.header())
+        )
+        return made
 
     async def _send(self, sealed: Sealed) -> None:
         """Store, announce and submit a batch made (``unstored`` again if the disk refuses)."""
-        step, version, notice, cheat = sealed.step, sealed.version, sealed.notice, sealed.cheat
+        step, version = sealed.step, sealed.version
         if why := self.clock.window(step, version):
             # the trainer moved on while we generated: a validator would reject it as
             # invalid (and slash the stake for it), so it is neither stored nor submitted
             self.counts.stale += 1
-            self.cheats.not_made(cheat)  # a test cheat nobody saw: the next batch makes it
             self._done(step)
             log.warning("batch of step %d v%d not submitted: %s", step, version, why)
             return
         try:
-            key = self.store.put(sealed.envelope)  # durable before anyone hears of it
+            self.store.put(sealed.envelope)  # durable before anyone hears of it
         except OSError as exc:  # a full disk: stored again at the next pass, not made again
             self.unstored = sealed
             raise OSError(f"cannot store the batch of step {step} (kept for later): {exc}") from exc
-        if self.cheats:
-            key, units = self.cheats.claim(cheat, key, notice.units)
-            self.cheats.serve(self.served, cheat, key, sealed.envelope)
-            notice = dataclasses.replace(notice, work_key=key, units=units)
         self._done(step)
+        await self.submit(step, version, sealed.notice)
+
+    async def submit(self, step: int, version: int, notice: BatchNotice) -> None:
+        """Announce a stored batch (``notice``) and submit its work key and units on-chain."""
+        key = notice.work_key
         self.node.announce(BATCH_TOPIC, notice.encode())
         self.notices[key] = notice.encode()
         try:
             await trio.to_thread.run_sync(self.ledger.submit_work, key, notice.units, version)
         except LedgerError as exc:
-            self.cheats.refused(key)  # a test cheat the chain never saw: made again
             self.pending.refused(key, step, unreachable=isinstance(exc, LedgerUnreachable))
             raise
         self.counts.submitted += 1

@@ -33,7 +33,7 @@ waits at most ``fetch_deadline_s`` for its submission before it is forgotten (a 
 one peer cannot crowd out the others' work). A submitted key is always taken, however full
 the queue: each costs its worker gas and collateral, and free peer ids filling the queue
 with announcements once kept every real submission out (never judged: honest work unpaid,
-cheats unslashed). Only the peer the worker registered on-chain can serve a batch that
+bad work unslashed). Only the peer the worker registered on-chain can serve a batch that
 passes (the server must be its signer, the signer the registered key): once the chain
 names it, it is asked first; announcers after it are kept for the evidence they may serve
 (a batch of the worker's signed with a key it did not register is ``invalid``), at most

@@ -37,7 +37,6 @@ class InferenceStatus:
     version_used: int | None
     weights_held: list[int]
     last_batch_step: int | None
-    cheat: str
     idle_share: float
     generated: int
     submitted: int
@@ -53,7 +52,6 @@ class InferenceStatus:
     generation_s: float = 0.0
     stake: Stake | None = None  # None until first read from the ledger
     rejected_by_reason: dict[str, int] = field(default_factory=dict)  # the ledger's reasons
-    cheat_keys: dict[str, str] = field(default_factory=dict)  # tests: submitted key -> cheat
 
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)

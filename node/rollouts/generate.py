@@ -47,7 +47,7 @@ def generate_groups(
     params: SamplingParams,
     tasks: list[Task] | None = None,
 ) -> list[ScoredGroup]:
-    """``tasks``: the worker's assigned ones unless given (only a cheat gives others)."""
+    """``tasks``: the worker's assigned ones (``assign``) unless given."""
     tasks = assign(taskset, worker, step, count) if tasks is None else tasks
     prompts = [prompt_ids(tokenizer, t.prompt) for t in tasks]
     for t, p in zip(tasks, prompts, strict=True):

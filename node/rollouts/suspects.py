@@ -1,5 +1,5 @@
 """The cheaper models a validator checks a batch against (``crypto.substitution``), built
-from the policy the way a cheating worker would build them.
+from the policy the way a worker substituting a cheaper model would build them.
 
 A worker computes in the precision of its device (bf16 on a GPU, fp32 on a CPU: the
 profile admits both), and the test is sharpest in the worker's own precision: there the

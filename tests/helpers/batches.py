@@ -42,13 +42,16 @@ def a_batch(identity, step=3, reward=1.0):
 
 
 def made_by(maker, model_dir, worker, cheat="none", *, version=0, step=3):
-    """What ``maker`` (a ``BatchMaker``) makes with the weights in ``model_dir`` for
-    ``worker``, signed by a new peer key: (its reply, the batch, the envelope)."""
+    """What ``maker`` (a ``BatchMaker``; a ``CheatingMaker`` for a ``cheat``) makes with the
+    weights in ``model_dir`` for ``worker``, signed by a new peer key: (its reply, the
+    batch, the envelope)."""
     from crypto.identity import Identity
     from node.rollouts.maker import MakeBatch
     from protocol.wire import seal
+    from tests.helpers.cheating.maker import CheatingBatch
 
     identity = Identity.generate()
-    reply = maker(MakeBatch(str(model_dir), worker, step, version, header(identity), cheat))
+    args = (str(model_dir), worker, step, version, header(identity))
+    reply = maker(MakeBatch(*args) if cheat == "none" else CheatingBatch(*args, cheat=cheat))
     batch = RolloutBatch.decode(reply.encoded)
     return reply, batch, seal(identity, batch)

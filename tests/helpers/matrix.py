@@ -1,11 +1,11 @@
 """The cheating matrix on one devnet (``tests/test_matrix.py`` and ``bench/adversarial.py``).
 
 Honest workers and cheating ones, each cheater cycling through a few cheats of the
-catalogue (``node/rollouts/cheats.py``, SPEC §12.1) one batch each, a trainer and one
+catalogue (``tests/helpers/cheating/catalogue.py``, SPEC §12.1) one batch each, a trainer and one
 validator, on the served development chain. ``run_matrix`` runs until every cheat was made
 ``trials`` times and judged, stops the clock, waits for every verdict, settles every worker
 after the challenge period and reads the books back from the chain, the workers' own
-records of what each batch was (``cheat_keys`` in their status) and the trainer's state.
+records of what each batch was (the ``cheating`` section of their status) and the trainer's state.
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ class MatrixBooks:
     def per_attack(self) -> dict[str, dict[str, int]]:
         """attack -> trials, detected (rejected with the catalogue's reason), slashed
         (its collateral taken), trained (by the trainer: must be 0)."""
-        from node.rollouts.cheats import CATALOGUE
+        from tests.helpers.cheating.catalogue import CATALOGUE
 
         out: dict[str, Counter[str]] = {}
         for sub, cheat in self.made.items():
@@ -115,7 +115,7 @@ def start(loop: Loop, cheaters: dict[str, str], honest: tuple[str, ...]) -> None
 
 
 def made_by(loop: Loop, name: str) -> dict[str, str]:
-    return dict((loop.section(name, "inference") or {}).get("cheat_keys", {}))
+    return dict((loop.section(name, "cheating") or {}).get("made", {}))
 
 
 def run_matrix(

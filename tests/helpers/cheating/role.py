@@ -1,23 +1,35 @@
-"""The inference role's side of the test-only cheats (``cheat``, refused without
-``dev_cheats``; the catalogue is ``node/rollouts/cheats.py``, the matrix SPEC §12.1).
+"""A cheating worker's inference role: the real ``InferenceRole`` with the parts it is built
+from (``node/roles/inference.py``: its batch maker, what it serves, its ``register``,
+``make`` and ``submit`` steps) swapped for ones that cheat (the catalogue is
+``catalogue.py``, the matrix SPEC §12.1).
 
-The batch maker makes most cheats (other weights, sampling, tasks, edits); the role makes
-the ones that are about what it claims and serves rather than what it generates: which
-held policy version generates the batch (``stale_weights``, ``older_version``), the units
-(``inflate_units``) and the work key (``key_mismatch``) it submits, the peer key it
-registers (``other_key``), and what it serves (``withhold``, ``key_mismatch``,
-``serve_some``). Pure but
-for the store it wraps: the role asks, then acts.
+The batch maker makes most cheats (other weights, sampling, tasks, edits: ``maker.py``);
+the role makes the ones that are about what it claims and serves rather than what it
+generates: which held policy version generates the batch (``stale_weights``,
+``older_version``), the units (``inflate_units``) and the work key (``key_mismatch``) it
+submits, the peer key it registers (``other_key``), and what it serves (``withhold``,
+``key_mismatch``, ``serve_some``). ``CheatPlan`` decides (pure but for the store it
+wraps); ``CheatingRole`` acts. A cheat counts as made once the chain took its submission:
+one that could not be made, or that nobody saw (dropped as stale, refused by the chain),
+comes again on the next batch, so one pass over the cheats makes each of them. Its
+record (submitted key -> cheat) is the node's ``/status`` section ``cheating``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+import trio
+
 from crypto.hashing import digest_parts
-from node.config import parse_cheats
+from node.roles.chain import WEI
+from node.roles.inference import InferenceRole
 from node.rollouts.store import BatchStore
+from protocol.batches import BatchNotice
+from tests.helpers.cheating.catalogue import parse_cheats, pick
+from tests.helpers.cheating.maker import CheatingBatch, CheatingMaker
 
 MAKER_CHEATS = frozenset(
     {
@@ -77,7 +89,7 @@ class CheatPlan:
     """Which cheat the worker's next batch makes, and the role's part of it."""
 
     cheats: tuple[str, ...]
-    made: int = 0  # cheats begun (a version cheat that could not be made does not count)
+    made: int = 0  # cheats the chain took a submission of
     by_key: dict[str, str] = field(default_factory=dict)  # submitted key (hex) -> cheat
 
     @classmethod
@@ -88,27 +100,15 @@ class CheatPlan:
         return bool(self.cheats)
 
     def next(self) -> str:
-        """The cheat of the next batch ("none" for an honest worker)."""
-        from node.rollouts.cheats import pick
+        """The cheat of the next batch ("none" for an honest worker): the one after the
+        last made, until the chain takes a submission of it (``submitted``)."""
+        return pick(self.cheats, self.made)
 
-        cheat = pick(self.cheats, self.made)
-        self.made += 1
-        return cheat
-
-    def not_made(self, cheat: str) -> str:
-        """The ``cheat`` ``next`` gave could not be made (a version cheat with no other
-        version to lie about yet, a greedy batch no check could tell from sampling) or
-        nobody saw it: the batch is honest ("none", returned), and the next one tries the
-        cheat again, so one pass over the cheats makes each of them."""
+    def submitted(self, cheat: str, key: bytes) -> None:
+        """The chain took the submission of ``key``, which made ``cheat``."""
         if cheat != "none":
-            self.made -= 1
-        return "none"
-
-    def refused(self, key: bytes) -> None:
-        """The chain refused the submission of ``key``: nobody will judge it, so it is no
-        cheat made (the matrix counts only what the chain saw), and the next batch makes
-        the cheat again."""
-        self.not_made(self.by_key.pop(key.hex(), "none"))
+            self.made += 1
+            self.by_key[key.hex()] = cheat
 
     @staticmethod
     def for_maker(cheat: str) -> str:
@@ -159,12 +159,72 @@ class CheatPlan:
             return digest_parts(EARLY_KEY_DOMAIN, key), units
         return key, units
 
-    def serve(self, served: ServedStore, cheat: str, submitted: bytes, envelope: bytes) -> None:
+    @staticmethod
+    def serve(served: ServedStore, cheat: str, submitted: bytes, envelope: bytes) -> None:
         """Record what is served under the submitted key."""
-        self.by_key[submitted.hex()] = cheat
         if cheat == "withhold":
             served.withheld.add(submitted)
         elif cheat == "key_mismatch":
             served.forged[submitted] = envelope
         elif cheat == "serve_some":
             served.some[submitted] = None
+
+
+class CheatingRole(InferenceRole):
+    """The inference role with ``plan``'s cheats: ``CheatingMaker`` in its child process,
+    a ``ServedStore`` served, and its own ``register``, ``make`` and ``submit``."""
+
+    def __init__(self, node: Any, cfg: Any, weights: Any = None, *, cheats: str) -> None:
+        super().__init__(node, cfg, weights, maker=CheatingMaker)
+        self.plan = CheatPlan.of(cheats)
+        self.served = ServedStore(self.store, cfg.trainer_peer_id)
+        self.cheat_of: dict[int, str] = {}  # step -> the cheat its batch made
+
+    def record(self) -> dict[str, Any]:
+        """The ``cheating`` section of ``/status``."""
+        return {"cheats": ",".join(self.plan.cheats), "made": dict(self.plan.by_key)}
+
+    async def serve(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        self.node.add_status("cheating", self.record)
+        await super().serve(task_status=task_status)
+
+    def register(self, info: Any) -> None:
+        if "other_key" not in self.plan.cheats:
+            super().register(info)
+        elif not info.registered:  # registered once, the other key stays its record
+            identity = self.plan.registered_identity(self.node.identity)
+            self.ledger.register_identity(identity, int(self.cfg.stake * WEI))
+
+    async def make(self, step: int, version: int, model_dir: str) -> Any:
+        cheat = self.plan.next()
+        used = self.plan.generation_version(
+            cheat, version, self.held_versions(), self.clock.oldest_version()
+        )
+        if used != version:  # other weights than the version claimed
+            used_dir = str(self.cfg.model if used == 0 else self.weights.model_dir(used))
+            apart = await trio.to_thread.run_sync(self.plan.apart, used_dir, model_dir)
+            if apart < DETECTABLE_APART:
+                cheat = "none"  # too close to tell apart (SPEC §12.1): honest, comes again
+            else:
+                model_dir = used_dir
+        elif cheat in VERSION_CHEATS:  # no older version held: this batch is honest
+            cheat = "none"
+        call = CheatingBatch(
+            model_dir,
+            self.address,
+            step,
+            version,
+            self.node.header(),
+            cheat=self.plan.for_maker(cheat),
+        )
+        made = await self.maker.call(call)
+        self.cheat_of = {step: "none" if getattr(made, "unchanged", False) else cheat}
+        return made
+
+    async def submit(self, step: int, version: int, notice: BatchNotice) -> None:
+        cheat = self.cheat_of.pop(step, "none")
+        envelope = self.store.get(notice.work_key) or b""
+        key, units = self.plan.claim(cheat, notice.work_key, notice.units)
+        self.plan.serve(self.served, cheat, key, envelope)
+        await super().submit(step, version, dataclasses.replace(notice, work_key=key, units=units))
+        self.plan.submitted(cheat, key)

@@ -1,26 +1,24 @@
-"""The test-only cheats a worker can be told to make (``cheat``, refused without
-``dev_cheats``): the catalogue, and what each one changes in the batch maker.
+"""A cheating worker's batch maker: the real ``BatchMaker`` (``node/rollouts/maker.py``),
+made to cheat in the ways ``catalogue.py`` names.
 
-Each cheat is a shortcut a worker could take for profit, not a random corruption; the
-validators must reject every one on-chain with the reason in ``CATALOGUE`` (SPEC §12.1 has
-the matrix: what each one saves, which check catches it). A worker may be given several,
-comma-separated (``node.config.parse_cheats``): its batches make them in turn, one each,
-then start over (``pick``), so one cheating process exercises several cheats in one run; a
-version cheat that cannot be made yet (no older version held, or only one with the same
-weights) leaves its batch honest and is tried again on the next. Where a cheat acts:
-
-- in the batch maker (``node/rollouts/maker.py``, the child process), here: other weights
-  (``WEIGHT_CHEATS``, applied to the engine's model once per policy version), other
-  sampling parameters, other tasks or another batch's rollouts, or edits after proving;
-- in the inference role (``node/roles/cheating.py``): which weights generate the batch,
-  the units and the work key submitted, the key the batch is signed with, and serving.
+The cheating role (``role.py``) calls it, in the worker's child process as the honest role
+calls the honest maker, with ``CheatingBatch``: a ``MakeBatch`` that names the cheat this
+batch makes (``none``: honest work). It answers with a ``CheatMade``, which says whether
+the cheat asked for was made: a greedy batch that no check could tell from the seeded
+draws (a policy so peaked that they differ only at near-ties within the noise, or
+nowhere) is undetectable by design (SPEC §12.1), so the honest batch goes instead and the
+worker makes the cheat again later, as it does for a version too close to tell apart.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+from node.rollouts.maker import BatchMaker, MadeBatch, MakeBatch
+from tests.helpers.cheating.catalogue import WEIGHT_CHEATS
 
 if TYPE_CHECKING:
     from node.engine.base import SamplingParams
@@ -29,90 +27,90 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
-class Cheat:
-    family: str  # cheaper compute, forged evidence, inflated claim, availability
-    reason: str  # the ledger's reason a validator rejects it with (SPEC §12)
-    what: str  # what the worker does, and what it hopes to gain
+class CheatingBatch(MakeBatch):
+    cheat: str = "none"  # the cheat this batch makes (``catalogue.py``)
 
 
-CATALOGUE: dict[str, Cheat] = {
-    "other_weights": Cheat(
-        "compute",
-        "invalid",
-        "generates with another model of the same shape (every weight redrawn)",
-    ),
-    "int8_weights": Cheat(
-        "compute", "invalid", "generates with the policy's weights quantized to int8 per row"
-    ),
-    "fewer_layers": Cheat(
-        "compute", "invalid", "generates with the policy's last decoder layer dropped"
-    ),
-    "stale_weights": Cheat(
-        "compute",
-        "invalid",
-        "generates with the oldest version it holds (the base model), claims the newest",
-    ),
-    "older_version": Cheat(
-        "compute",
-        "invalid",
-        "generates with the oldest version inside the window, claims the newest it holds",
-    ),
-    "foreign_proofs": Cheat(
-        "evidence", "invalid", "each rollout carries the proofs of another prompt's rollout"
-    ),
-    "edit_token": Cheat("evidence", "invalid", "changes one output token after proving"),
-    "greedy": Cheat(
-        "evidence", "invalid", "decodes greedily, claims the run's sampling temperature"
-    ),
-    "other_temperature": Cheat(
-        "evidence", "invalid", "samples at half the run's temperature (higher rewards)"
-    ),
-    "early_stop": Cheat(
-        "evidence", "invalid", "stops its longest rollout half-way and claims EOS there"
-    ),
-    "truncated": Cheat(
-        "evidence", "invalid", "cuts its longest rollout in half and claims it complete"
-    ),
-    "inflate_reward": Cheat("claims", "invalid", "claims reward 1 for every sample"),
-    "inflate_units": Cheat("claims", "mismatch", "submits twice its batch's tokens as units"),
-    "easy_tasks": Cheat(
-        "claims", "invalid", "does the easiest of 8 other steps' tasks instead of its own"
-    ),
-    "replay_step": Cheat(
-        "claims", "invalid", "sends the rollouts of an earlier step as this step's"
-    ),
-    "replay_other": Cheat(
-        "claims", "invalid", "sends another worker's rollouts (its tasks) as its own"
-    ),
-    "key_mismatch": Cheat(
-        "claims",
-        "unavailable",
-        "submits a work key before the work, serves a batch that does not hash to it",
-    ),
-    "other_key": Cheat(
-        "claims", "invalid", "signs its batches with a peer key it did not register"
-    ),
-    "withhold": Cheat("availability", "unavailable", "submits and announces, never serves"),
-}
-# Shortcuts no validator can punish (SPEC §12.1, "Availability"): the batch is real work, so
-# those who fetch it accept it, and the others' ``unavailable`` votes are unbonded, one each,
-# below the quorum that would overturn the accept. What it saves is upload bandwidth alone.
-UNPUNISHED: dict[str, Cheat] = {
-    "serve_some": Cheat(
-        "availability",
-        "none",
-        "serves each batch to the run's trainer and the first other peer that asks, nobody else",
-    ),
-}
-WEIGHT_CHEATS = ("other_weights", "int8_weights", "fewer_layers")
+@dataclass(frozen=True)
+class CheatMade(MadeBatch):
+    # the cheat asked for could not be made (no check could tell it from honest work): this
+    # is the honest batch, and the worker makes the cheat again on its next batch
+    unchanged: bool = False
 
 
-def pick(cheats: tuple[str, ...], batch_number: int) -> str:
-    """The ``batch_number``-th cheat made (0-based), in turn."""
-    return cheats[batch_number % len(cheats)] if cheats else "none"
+class CheatingMaker(BatchMaker):
+    """``BatchMaker`` that makes the cheat each ``CheatingBatch`` names."""
 
+    def __init__(self, spec: Any) -> None:
+        super().__init__(spec)
+        self.altered: dict[tuple[str, str], tuple[Any, Any]] = {}  # (dir, cheat) -> engine
 
-# ---- in the batch maker ------------------------------------------------------------------
+    def engine_for(self, model_dir: str, cheat: str) -> tuple[Any, Any]:
+        """The engine of ``model_dir`` with the weights ``cheat`` uses (the honest one's
+        unless it changes them); the newest two altered ones stay loaded."""
+        if cheat not in WEIGHT_CHEATS:
+            return self.engine(model_dir)
+        if (model_dir, cheat) not in self.altered:
+            engine, tokenizer = self.open(model_dir)
+            alter_weights(cheat, engine.model)
+            self.altered[(model_dir, cheat)] = (engine, tokenizer)
+            while len(self.altered) > 2:
+                del self.altered[next(iter(self.altered))]
+        return self.altered[(model_dir, cheat)]
+
+    def __call__(self, call: MakeBatch) -> MadeBatch:
+        from node.rollouts.generate import generate_groups
+
+        cheat = call.cheat if isinstance(call, CheatingBatch) else "none"
+        if cheat == "none":
+            return CheatMade(**dataclasses.asdict(super().__call__(call)))
+        engine, tokenizer = self.engine_for(call.model_dir, cheat)
+        worker, step = source(cheat, call.worker, call.step)
+        count = self.spec.tasks_per_batch
+        tasks = easy_tasks(self.taskset, worker, step, count) if cheat == "easy_tasks" else None
+
+        def generate(params: Any) -> list[Any]:
+            return generate_groups(
+                engine,
+                tokenizer,
+                self.taskset,
+                worker=worker,
+                step=step,
+                count=count,
+                group_size=self.spec.group_size,
+                params=params,
+                tasks=tasks,
+            )
+
+        started = time.perf_counter()
+        groups = generate(sampled_with(cheat, self.params))
+        if (worker, step) != (call.worker, call.step):
+            reseed(groups, call.worker, call.step)
+        forge(
+            cheat,
+            groups,
+            tokenizer,
+            eos=int(tokenizer.eos_token_id),
+            vocab=engine.vocab_size,
+            chunk=self.params.proof_chunk,
+        )
+        batch = self.to_batch(groups, call, claimed_params(cheat, self.params))
+        if cheat == "greedy" and self.undetectable(batch, engine, tokenizer):
+            honest = self.to_batch(generate(self.params), call, self.params).encode()
+            return CheatMade(honest, seconds=time.perf_counter() - started, unchanged=True)
+        return CheatMade(batch.encode(), seconds=time.perf_counter() - started)
+
+    def undetectable(self, batch: Any, engine: Any, tokenizer: Any) -> bool:
+        """Whether the run's verification accepts ``batch``, checked as a validator would
+        (every rollout recomputed with the engine's model)."""
+        from crypto.verdict import profile
+        from node.engine.calibration import model_layers
+        from node.rollouts.recheck import judge_rollouts
+
+        config = profile(self.spec.verify_profile).for_layers(model_layers(engine.model))
+        samples = [(g, s) for g in batch.groups for s in g.samples]
+        eos = int(tokenizer.eos_token_id)
+        return bool(judge_rollouts(engine.model, eos, batch, samples, config).passed)
 
 
 def alter_weights(cheat: str, model: Any) -> None:
