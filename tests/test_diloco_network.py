@@ -100,7 +100,7 @@ def test_three_members_stay_identical_and_survive_a_kill(tmp_path):
         assert len(killed) == KILL_AT
         cheater = steps(dirs[5])
         assert [r["step"] for r in cheater] == [CHEAT_AT]  # refused from its cheating step on
-        assert "cheated" in (dirs[5] / "refused").read_text()
+        assert "excluded" in (dirs[5] / "refused").read_text()
         for i in range(KILL_AT):  # bitwise identical after every outer step
             assert a[i]["hash"] == b[i]["hash"] == killed[i]["hash"]
         assert cheater[0]["hash"] == a[0]["hash"]

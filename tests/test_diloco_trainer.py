@@ -612,7 +612,7 @@ async def test_a_joiner_late_for_its_first_step_joins_again_and_a_member_late_st
     refusal[0] = "stale"  # the group moved on to its next step meanwhile: the same
     await role._train_one()
     assert joins == [4, 6]
-    refusal[0] = "cheated"  # any other refusal: the trainer stops, as before
+    refusal[0] = "excluded"  # any other refusal: the trainer stops, as before
     with pytest.raises(GroupError):
         await role._train_one()
     role.rosters.record(6, [leader, me, "b"])  # a member of the roster refused late

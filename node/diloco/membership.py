@@ -89,7 +89,7 @@ class Membership:
         if self.admit is not None and peer != self.leader and peer not in self.admit:
             self._refuse("not_admitted")
         if peer in self.excluded.get(key[0], ()):  # before "stale": the step was retried
-            self._refuse("cheated")  # without it, and it should learn why
+            self._refuse("excluded")  # without it, and it should learn why
         if key < self.current:  # the group has moved on to a later step or attempt
             self._refuse("stale")
         if key in self.rosters:

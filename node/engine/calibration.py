@@ -33,7 +33,7 @@ BATCH_ROLLOUTS = 16  # rollouts per batch when fixtures are cut into batches
 
 
 # Fixture recipes: random-init Llamas whose LM head is scaled so that the logits spread
-# like a trained model's, and what a cheating worker runs instead of the model.
+# like a trained model's, and what a substituting worker runs instead of the model.
 SHAPES: dict[str, dict[str, Any]] = {
     "small": {
         "config": {
@@ -200,7 +200,7 @@ def generate_variant(
     """A fixture variant: ``model`` generates one rollout per prompt with the project's
     engine (``batch`` in flight, EOS ignored, seeds from ``first_seed`` on) at
     ``temperature`` and ``top_p``, and the variant states ``claimed`` (temperature, top_p)
-    instead when given (a sampling cheat)."""
+    instead when given (a worker misstating its sampling)."""
     from node.engine.torch_engine import TorchEngine
 
     engine = TorchEngine(
