@@ -208,10 +208,13 @@ class SamplingCheck:
 class SamplingResult:
     """One sequence's sampling evidence.
 
-    ``bad_positions``: tokens no honest noise explains (outside the noise-widened nucleus,
-    out of range, or a gap beyond ``forged_factor · κ`` units); ``suspect_positions``: gaps
-    beyond κ units. ``excess`` is the statistic S = Σ min(z, κ) over positions (z = gap in
-    units), ``expected`` and ``variance`` bound its mean and variance under honest noise;
+    ``bad_positions``: tokens no honest noise explains (outside the nucleus widened by
+    ``forged_factor · κ`` units, out of range, a gap beyond that against the tokens surely
+    in at that spread, or an event's beyond κ); ``suspect_positions``: gaps beyond κ units.
+    ``excess`` is the statistic S = Σ min(z, κ) over positions (z = gap in units; at a
+    boundary event the gap against the tokens surely in at the wide spread, as in
+    ``max_gap``, ``max_units`` and ``flips``), ``expected`` and ``variance`` bound its mean
+    and variance under honest noise;
     ``passed`` is the same rule a batch uses (``honest_bound``), applied to this sequence.
     ``boundary_positions``: boundary events (the worker's nucleus and ours disagreeing on a
     token near the top-p boundary), at most ``boundary_expected`` of them on average for
@@ -244,15 +247,31 @@ def honest_bound(
     ``variance``: P(S ≥ μ + t) ≤ exp(−t² / (2(V + κt/3))) = α at
     t = κL/3 + sqrt((κL/3)² + 2VL), L = ln(1/α).
     """
-    return _freedman(expected, variance, check.noise_max, alpha or check.false_slash)
+    return _freedman(
+        expected, variance, check.noise_max, check.false_slash if alpha is None else alpha
+    )
 
 
 def count_bound(expected: float, alpha: float) -> float:
-    """The largest count of events, each happening with probability at most its own
-    share of ``expected`` given what came before, that honest work reaches with
-    probability ≥ 1 − ``alpha``: Freedman's bound for terms in [0, 1] whose variance is at
-    most their mean."""
-    return _freedman(expected, expected, 1.0, alpha)
+    """The largest count of events, each happening with probability at most b_i given
+    what came before (Σ b_i = ``expected``), that honest work exceeds with probability at
+    most ``alpha`` (0 without a budget or a chance): the Chernoff bound of a
+    Poisson-binomial count, P(E ≥ k) ≤ e^−β (eβ/k)^k for k > β, which holds for such a
+    martingale too; the smallest k where it is at most α, by bisection."""
+    if alpha <= 0 or expected <= 0:
+        return 0.0
+    target = math.log(alpha)
+
+    def log_tail(k: float) -> float:
+        return -expected + k * (1 + math.log(expected) - math.log(k))
+
+    lo, hi = expected, expected + 1.0
+    while log_tail(hi) > target:
+        hi = expected + 2 * (hi - expected)
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (lo, mid) if log_tail(mid) <= target else (mid, hi)
+    return hi
 
 
 def _freedman(expected: float, variance: float, cap: float, alpha: float) -> float:
@@ -261,16 +280,11 @@ def _freedman(expected: float, variance: float, cap: float, alpha: float) -> flo
     return expected + a + math.sqrt(a * a + 2 * variance * ln)
 
 
-def boundary_within(events: int, expected: float, alpha: float) -> bool:
-    """Whether ``events`` boundary events are within what honest work reaches (none are
-    allowed where no budget is: at ``top_p == 1`` there is no boundary)."""
-    return events == 0 or (alpha > 0 and events <= count_bound(expected, alpha))
-
-
-def budgets(check: SamplingCheck, top_p: float) -> tuple[float, float]:
+def budgets(check: SamplingCheck, temperature: float, top_p: float) -> tuple[float, float]:
     """The false-slash budgets of the pooled statistic and of the boundary count: all of
-    α to the statistic at ``top_p == 1`` (no boundary, no count), half each below."""
-    if top_p >= 1.0:
+    α to the statistic at ``top_p == 1`` or greedy (no boundary, no count), half each
+    below."""
+    if top_p >= 1.0 or temperature <= 0:
         return check.false_slash, 0.0
     return check.false_slash / 2, check.false_slash / 2
 
@@ -305,8 +319,9 @@ def nucleus_bounds_at(
     A token c is in the worker's nucleus iff the worker's mass of tokens no more probable
     than c exceeds 1 − top_p. Probability ratios move by at most e^spread, and a set's mass
     by at most that factor, so c may be in it only if our mass of tokens with
-    p ≤ p_c · e^spread exceeds (1 − top_p) e^−spread, and surely is if our mass of tokens with
-    p ≤ p_c · e^−spread exceeds (1 − top_p) e^spread. Both conditions grow with p_c, so
+    p ≤ p_c · e^spread exceeds (1 − top_p) e^−spread, and surely is if our mass of c and the
+    tokens with p ≤ p_c · e^−spread exceeds (1 − top_p) e^spread (c itself is no more
+    probable than c for the worker too). Both conditions grow with p_c, so
     each set is the tokens at or above a threshold probability per row, found by bisection
     over the sorted probabilities (log V mass look-ups per row, not V).
     """
@@ -324,14 +339,19 @@ def nucleus_bounds_at(
         total = prefix.gather(1, (count - 1).clamp_min(0))
         return torch.where(count > 0, total, torch.zeros_like(total))
 
-    def at_or_above(scale: torch.Tensor, need: torch.Tensor) -> torch.Tensor:
-        """[n, V]: the tokens c whose mass of p <= p_c · scale exceeds ``need`` (both
-        [n, 1]): the first sorted index where it does, by bisection, as a threshold."""
+    def at_or_above(grow: torch.Tensor, need: torch.Tensor, own: bool) -> torch.Tensor:
+        """[n, V]: the tokens c whose mass of p <= p_c · grow (plus p_c itself when
+        ``own``) exceeds ``need`` (both [n, 1]): the first sorted index where it does, by
+        bisection, as a threshold."""
         lo = torch.zeros_like(need, dtype=torch.long)
         hi = torch.full_like(lo, vocab)  # vocab: no token qualifies
         for _ in range(max(1, vocab).bit_length()):
             mid = (lo + hi) // 2
-            ok = mass_below(ascending.gather(1, mid.clamp_max(vocab - 1)) * scale) > need
+            p_mid = ascending.gather(1, mid.clamp_max(vocab - 1))
+            mass = mass_below(p_mid * grow)
+            if own:  # c itself, unless the mass already holds it (no spread)
+                mass = mass + torch.where(grow < 1, p_mid, torch.zeros_like(p_mid))
+            ok = mass > need
             ok = ok & (mid < vocab)
             hi = torch.where(ok, mid, hi)
             lo = torch.where(ok, lo, mid + 1)
@@ -341,7 +361,8 @@ def nucleus_bounds_at(
     out = []
     for spread in spreads:
         grow = torch.exp(spread)[:, None]
-        out.append((at_or_above(grow, rest / grow), at_or_above(1 / grow, rest * grow)))
+        allowed = at_or_above(grow, rest / grow, own=False)
+        out.append((allowed, at_or_above(1 / grow, rest * grow, own=True)))
     return out
 
 
@@ -458,11 +479,13 @@ def _judge_positions(
         return (best - chosen).clamp_min(0.0) / unit
 
     z = gap_to(core)
-    z_firm = z if top_p >= 1.0 else gap_to(core_firm)
+    z_firm = z if core_firm is core else gap_to(core_firm)
     in_nucleus = allowed_wide.gather(1, tokens)[:, 0]
     boundary = in_nucleus & (~allowed.gather(1, tokens)[:, 0] | ((z > c.noise_max) & (z_firm < z)))
     z = torch.where(boundary, z_firm, z)
-    bad = (~in_nucleus) | (z_firm > firm_spread)
+    # at an honest event the worker's token beat every token surely in at the wide spread
+    # in its own scores: its gap to them is near-tie noise, within κ
+    bad = (~in_nucleus) | (z_firm > firm_spread) | (boundary & (z_firm > c.noise_max))
     suspect = in_nucleus & (z > c.noise_max)
     if greedy:  # no draw to average over: the bound on each gap is the whole check
         bad = bad | suspect
@@ -533,11 +556,11 @@ def _sequence_result(
     bad_positions = torch.nonzero(bad).flatten().tolist()
     boundary_positions = torch.nonzero(boundary & ~bad).flatten().tolist()
     boundary_expected = float(rate.sum())
-    alpha_s, alpha_b = budgets(c, top_p)
+    alpha_s, alpha_b = budgets(c, 0.0 if greedy else 1.0, top_p)
     passed = (
         not bad_positions
         and excess <= honest_bound(expected, variance, c, alpha_s)
-        and boundary_within(len(boundary_positions), boundary_expected, alpha_b)
+        and len(boundary_positions) <= count_bound(boundary_expected, alpha_b)
     )
     in_gap = (z * unit)[in_nucleus]
     return SamplingResult(

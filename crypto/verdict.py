@@ -14,8 +14,9 @@ The batch is the unit that is submitted, paid and slashed, so it is the unit jud
 
 - **Structural evidence** rejects outright, whichever rollout it is in: a TOPLOC chunk
   beyond the profile's per-chunk thresholds (other weights, other prompt, edited states),
-  a token no honest noise explains (outside the noise-widened nucleus, or a gap beyond
-  ``forged_factor · κ`` units: an edited or forced token), an implausible ending.
+  a token no honest noise explains (outside the nucleus widened by ``forged_factor · κ``
+  units, or a gap that large against the tokens surely in it: an edited or forced token),
+  an implausible ending.
 - **Statistical evidence** is pooled: the sampling statistic S = Σ min(z, κ) of every
   position of every rollout against the bound that honest noise exceeds with probability
   below the profile's ``false_slash`` (``crypto.sampling.honest_bound``). Honest near-ties
@@ -43,7 +44,6 @@ import torch
 from crypto.sampling import (
     SamplingCheck,
     SamplingResult,
-    boundary_within,
     budgets,
     check_sampling_many,
     check_termination,
@@ -319,7 +319,9 @@ def check_batch(
         _judge(c, t, logits, s, eos_token_id=eos_token_id, cfg=cfg, rollouts=len(claims))
         for c, t, (_, logits), s in zip(claims, toploc, recomputed, sampled, strict=True)
     ]
-    alpha_s, alpha_b = budgets(cfg.sampling, min(c.top_p for c in claims))
+    alpha_s, alpha_b = budgets(
+        cfg.sampling, min(c.temperature for c in claims), min(c.top_p for c in claims)
+    )
     statistic = sum(v.sampling.excess for v in verdicts)
     bound = honest_bound(
         sum(v.sampling.expected for v in verdicts),
@@ -329,7 +331,7 @@ def check_batch(
     )
     events = sum(len(v.sampling.boundary_positions) for v in verdicts)
     expected_events = sum(v.sampling.boundary_expected for v in verdicts)
-    events_bound = count_bound(expected_events, alpha_b) if alpha_b > 0 else 0.0
+    events_bound = count_bound(expected_events, alpha_b)
     evidence = (statistic, bound, events, events_bound)
     for kind, bad in (
         ("toploc", [i for i, v in enumerate(verdicts) if not v.toploc_ok]),
@@ -354,7 +356,7 @@ def check_batch(
             verdicts,
             *evidence,
         )
-    if not boundary_within(events, expected_events, alpha_b):
+    if events > events_bound:
         many = [i for i, v in enumerate(verdicts) if v.sampling.boundary_positions][:8]
         return BatchVerdict(
             False,

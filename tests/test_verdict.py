@@ -21,6 +21,7 @@ from crypto.sampling import (
     nucleus_mask,
     sample_tokens,
 )
+from crypto.toploc import build_proofs
 from crypto.verdict import (
     FP32,
     GPU_BF16,
@@ -364,13 +365,16 @@ def test_more_boundary_events_than_noise_explains_reject_the_batch():
 
 def test_the_boundary_count_shares_the_false_slash_budget_below_top_p_one():
     c = GPU_BF16.sampling
-    assert budgets(c, 1.0) == (c.false_slash, 0.0)
-    assert budgets(c, 0.95) == (c.false_slash / 2, c.false_slash / 2)
+    assert budgets(c, 1.0, 1.0) == (c.false_slash, 0.0)
+    assert budgets(c, 0.0, 0.9) == (c.false_slash, 0.0)  # greedy: no draw, no boundary
+    assert budgets(c, 1.0, 0.95) == (c.false_slash / 2, c.false_slash / 2)
     assert c.boundary_rate == pytest.approx((c.noise_rms / c.noise_max) ** 2)
-    # Freedman for 0/1 events whose variance is at most their mean
+    # the Poisson-binomial Chernoff tail e^-β (eβ/k)^k equals α at the bound
     mu, alpha = 5.0, 5e-7
-    t = count_bound(mu, alpha) - mu
-    assert math.isclose(math.exp(-(t * t) / (2 * (mu + t / 3))), alpha, rel_tol=1e-9)
+    k = count_bound(mu, alpha)
+    assert math.isclose(-mu + k * (1 + math.log(mu / k)), math.log(alpha), rel_tol=1e-9)
+    assert count_bound(mu, alpha) < count_bound(2 * mu, alpha) and k > mu
+    assert count_bound(0.0, alpha) == 0 and count_bound(mu, 0.0) == 0
     claims, rec = batch(range(8), CHECK, units=0.0, top_p=0.9)
     v = check_batch(claims, rec, eos_token_id=1, config=GPU_BF16)
     mu, var = (sum(getattr(r.sampling, f) for r in v.rollouts) for f in ("expected", "variance"))
@@ -381,3 +385,38 @@ def test_the_boundary_count_shares_the_false_slash_budget_below_top_p_one():
     assert flat.boundary_bound == 0 and all(
         r.sampling.boundary_expected == 0 for r in flat.rollouts
     )
+
+
+def test_a_token_is_surely_in_the_nucleus_when_its_own_mass_settles_it():
+    """A top token of probability 0.97 at top-p 0.95 is in every worker's nucleus: the
+    bounds count its own mass (without it the set of tokens surely in was empty at most
+    positions of a peaked model, and no gap was measured there)."""
+    logits = torch.log(torch.tensor([[0.97, 0.02, 0.01]], dtype=torch.float64))
+    allowed, core = nucleus_bounds(logits, 1.0, 0.95, torch.tensor([0.2], dtype=torch.float64))
+    assert core[0].tolist() == [True, False, False]
+    assert allowed[0].tolist() == [True, False, False]
+
+
+@pytest.mark.parametrize(("scale", "layers"), [(3.6, 1), (6.0, 22)])
+def test_a_worker_choosing_low_tokens_of_the_nucleus_is_rejected_below_top_p_one(scale, layers):
+    """At a quarter of the positions the cheater takes the least probable token it may
+    claim is in the nucleus: far behind the draw's winner, so not drawn, on flat logits
+    and on a deep model's (wide noise bounds, where the top token alone must count)."""
+    config = GPU_BF16.for_layers(layers)
+    check = config.sampling
+    cheat, rec = [], []
+    for seed in range(16):
+        logits = worker_logits(seed, scale=scale)
+        noise = gumbel_noise_rows([seed] * N, list(range(N)), VOCAB)
+        tokens = sample_tokens(logits, noise, 1.0, 0.95).tolist()
+        unit = check.unit(logits, 1.0)
+        allowed, _ = nucleus_bounds(logits, 1.0, 0.95, check.noise_max * unit)
+        low = logits.masked_fill(~allowed, torch.inf).argmin(dim=-1)
+        for k in range(0, N, 4):
+            tokens[k] = int(low[k])
+        acts = [torch.zeros(4, 64), torch.randn(N - 1, 64)]
+        cheat.append(RolloutClaim(tokens, build_proofs(acts), seed, "length", N, 1.0, 0.95))
+        rec.append((acts, logits))
+    v = check_batch(cheat, rec, eos_token_id=1, config=config)
+    assert not v.passed and v.reason.startswith("sampling: rollouts"), v.reason
+    assert sum(bool(r.sampling.bad_positions) for r in v.rollouts) >= 8
