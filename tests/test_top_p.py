@@ -27,6 +27,7 @@ from node.engine.calibration import (
 )
 from node.rollouts.recheck import with_substitution
 from node.rollouts.suspects import SuspectModels
+from tests.helpers.boundary import boundary_drops
 
 RECIPE = shape_recipe("wide")
 EOS = RECIPE["config"]["eos_token_id"]
@@ -127,30 +128,6 @@ def test_every_cheat_is_still_rejected_below_top_p_one(models, config, cheat, te
     assert verdict.reason.startswith(evidence), verdict.reason
 
 
-def boundary_drop(claim, logits, check, t, p):
-    """(k, y): the first position where our winner among the tokens surely in at κ units
-    is a token of uncertain membership at 2κ, and y is what the seeded sampler draws when
-    the worker's nucleus lacks it, more than κ units behind; None where there is none."""
-    from crypto.sampling import gumbel_noise_rows, nucleus_bounds_at, nucleus_mask
-
-    ell = logits.double()
-    unit = check.unit(ell, t)
-    n = len(claim.tokens)
-    scores = ell / t + gumbel_noise_rows([claim.seed] * n, list(range(n)), ell.shape[1])
-    spreads = (check.noise_max * unit, check.forged_factor * check.noise_max * unit)
-    (_, core), (_, firm) = nucleus_bounds_at(ell, t, p, spreads)
-    nucleus = nucleus_mask(ell, t, p)
-    for k in range(n):
-        x = int(scores[k].masked_fill(~core[k], -torch.inf).argmax())
-        if core[k, x] and not firm[k, x]:
-            kept = nucleus[k].clone()
-            kept[x] = False
-            y = int(scores[k].masked_fill(~kept, -torch.inf).argmax())
-            if (scores[k, x] - scores[k, y]) / unit[k] > check.noise_max:
-                return k, y
-    return None
-
-
 def test_an_honest_boundary_flip_in_real_work_is_one_event_not_a_rejection(models, config):
     """Real logits at top-p 0.9: where our winner among the tokens surely in at κ units is
     a token of uncertain membership at 2κ, an honest worker whose noise moved it out of
@@ -162,12 +139,13 @@ def test_an_honest_boundary_flip_in_real_work_is_one_event_not_a_rejection(model
     prompts_ = [r["prompt"] for r in honest["rollouts"]]
     recomputed = recompute_all(models["fp32"], prompts_, [c.tokens for c in claims])
     drops = [
-        boundary_drop(claim, logits, config.sampling, t, p)
+        boundary_drops(logits, claim.seed, config.sampling, t, p)
         for claim, (_, logits) in zip(claims, recomputed, strict=True)
     ]
     i = next((i for i, d in enumerate(drops) if d), None)
     assert i is not None, "no boundary token wins anywhere in the batch"
-    k, y = drops[i]
+    k = min(drops[i])
+    y = drops[i][k]
     tokens = claims[i].tokens[:k] + [y]
     states = recompute_all(models["bf16"], [prompts_[i]], [tokens])[0][0]
     claims[i] = RolloutClaim(tokens, build_proofs(states), claims[i].seed, "length", k + 1, t, p)

@@ -31,6 +31,7 @@ from crypto.verdict import (
     check_rollout,
     profile,
 )
+from tests.helpers.boundary import boundary_drops
 
 VOCAB = 512
 N = 96
@@ -278,28 +279,6 @@ def test_the_run_setting_names_every_profile():
     )
 
 
-def boundary_drops(claim, logits, top_p):
-    """{position: token} where the worker's nucleus lacking our winner among the tokens
-    surely in at κ units, a token of uncertain membership at 2κ, makes the seeded sampler
-    draw another token more than κ units behind it: what an honest worker draws when its
-    noise moved that token out of its nucleus."""
-    unit = CHECK.unit(logits, 1.0)
-    scores = logits.double() + gumbel_noise_rows([claim.seed] * N, list(range(N)), VOCAB)
-    spreads = (CHECK.noise_max * unit, CHECK.forged_factor * CHECK.noise_max * unit)
-    (_, core), (_, firm) = nucleus_bounds_at(logits, 1.0, top_p, spreads)
-    nucleus = nucleus_mask(logits, 1.0, top_p)
-    drops = {}
-    for k in range(N):
-        x = int(scores[k].masked_fill(~core[k], -torch.inf).argmax())
-        if core[k, x] and not firm[k, x]:
-            kept = nucleus[k].clone()
-            kept[x] = False
-            y = int(scores[k].masked_fill(~kept, -torch.inf).argmax())
-            if (scores[k, x] - scores[k, y]) / unit[k] > CHECK.noise_max:
-                drops[k] = y
-    return drops
-
-
 def with_tokens(claim, changes):
     tokens = list(claim.tokens)
     for k, t in changes.items():
@@ -314,7 +293,9 @@ def test_an_honest_flip_at_the_nucleus_boundary_is_counted_not_fatal(top_p):
     (it rejected the whole batch as 'not drawn' before)."""
     claims, rec = batch(range(16), CHECK, units=0.0, top_p=top_p)
     i, drops = next(
-        (i, d) for i, c in enumerate(claims) if (d := boundary_drops(c, rec[i][1], top_p))
+        (i, d)
+        for i, c in enumerate(claims)
+        if (d := boundary_drops(rec[i][1], c.seed, CHECK, 1.0, top_p))
     )
     k = min(drops)
     claims[i] = with_tokens(claims[i], {k: drops[k]})
@@ -352,7 +333,10 @@ def test_more_boundary_events_than_noise_explains_reject_the_batch():
     """A worker that drops the boundary token wherever that changes its draw: every event
     alone is plausible, their number is not."""
     claims, rec = batch(range(32), CHECK, units=0.0, top_p=0.9)
-    drops = [boundary_drops(c, logits, 0.9) for c, (_, logits) in zip(claims, rec, strict=True)]
+    drops = [
+        boundary_drops(logits, c.seed, CHECK, 1.0, 0.9)
+        for c, (_, logits) in zip(claims, rec, strict=True)
+    ]
     cheat = [with_tokens(c, d) for c, d in zip(claims, drops, strict=True)]
     v = check_batch(cheat, rec, eos_token_id=1, config=GPU_BF16)
     assert not v.passed
