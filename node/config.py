@@ -240,6 +240,13 @@ class CoreConfig(BaseSettings):
     group_size: int = Field(4, ge=1, le=64, description="Samples per task (GRPO group size G).")
     max_new_tokens: int = Field(48, ge=1, le=16384, description="Tokens per sample at most.")
     temperature: float = Field(1.0, gt=0, le=10, description="Sampling temperature.")
+    top_p: float = Field(
+        1.0,
+        gt=0,
+        le=1,
+        description="Nucleus sampling's top-p: workers sample with it, validators expect it "
+        "(1: no nucleus; below, SPEC section 11.1's boundary events).",
+    )
     engine_batch: int = Field(
         32, ge=1, le=1024, description="Sequences the engine decodes together."
     )

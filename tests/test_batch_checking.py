@@ -118,3 +118,24 @@ def test_rewards_are_verified_only_for_rollouts_whose_proofs_hold(
     assert not verdict.accepted and "toploc" in verdict.detail and calls == []
     assert checker(honest).accepted
     assert len(calls) == 4  # every sample's reward, once its proofs held
+
+
+def test_a_run_below_top_p_one_samples_and_checks_with_its_own_top_p(tiny_model_dir):
+    """The run's ``top_p`` reaches the worker's sampler and the validator's expectation:
+    a batch sampled at top-p 0.9 is accepted by a checker of that run and invalid for a
+    run at top-p 1 (and the reverse)."""
+    from node.config import NodeConfig
+
+    cfg = NodeConfig(top_p=0.9, temperature=0.8, taskset="arithmetic")
+    assert MakerSpec.of(cfg).top_p == 0.9 and CheckerSpec.of(cfg).top_p == 0.9
+    spec = dataclasses.replace(MAKER, temperature=0.8, top_p=0.9)
+    _, batch, envelope = made_by(BatchMaker(spec), tiny_model_dir, WORKER)
+    assert (batch.temperature, batch.top_p) == (0.8, 0.9)
+    run = dataclasses.replace(CHECKER, temperature=0.8, top_p=0.9)
+    own = BatchChecker(run)(CheckBatch(str(tiny_model_dir), 0, envelope))
+    assert own.accepted, own.detail
+    other = BatchChecker(dataclasses.replace(run, top_p=1.0))(
+        CheckBatch(str(tiny_model_dir), 0, envelope)
+    )
+    assert not other.accepted and other.reason == "invalid"
+    assert "top-p 0.9" in other.detail, other.detail

@@ -55,6 +55,7 @@ class CheckerSpec:
             verify_profile=cfg.verify_profile,
             spot_check=cfg.spot_check,
             temperature=cfg.temperature,
+            top_p=cfg.top_p,
             device=cfg.device,
         )
 

@@ -30,6 +30,7 @@ class MakerSpec:
     engine_batch: int  # sequences the engine generates at once
     verify_profile: str = "gpu-bf16"  # the run's: the engine computes in its dtype
     device: str = "auto"  # where the engine computes (its dtype follows: engine_dtype)
+    top_p: float = 1.0  # the run's nucleus
 
     @classmethod
     def of(cls, cfg: NodeConfig) -> MakerSpec:
@@ -42,6 +43,7 @@ class MakerSpec:
             engine_batch=cfg.engine_batch,
             verify_profile=cfg.verify_profile,
             device=cfg.device,
+            top_p=cfg.top_p,
         )
 
 
@@ -72,7 +74,7 @@ class BatchMaker:
         self.spec = spec
         self.taskset = load_taskset(spec.taskset)
         self.params = SamplingParams(
-            max_new_tokens=spec.max_new_tokens, temperature=spec.temperature
+            max_new_tokens=spec.max_new_tokens, temperature=spec.temperature, top_p=spec.top_p
         )
         self.engines: dict[str, tuple[Any, Any]] = {}  # model dir -> (engine, tokenizer)
 
