@@ -80,6 +80,10 @@ def main(argv: list[str] | None = None) -> int:
     again = resumed.train_step(samples[::-1], 1.0)
     after = sharded.full_state_dict()
     after_resumed = resumed.full_state_dict()
+    # every rank done with every collective before the group goes: a rank that tore it
+    # down while the other's last exchange was in flight aborted at exit ("terminate
+    # called without an active exception"), under load, after printing its result
+    sharded._barrier()
     sharded.close()
     if rank != 0:
         return 0
