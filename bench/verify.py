@@ -65,6 +65,7 @@ from node.engine.calibration import (  # noqa: E402
     TOP_P_SETTINGS,
     build_random_llama,
     claim_of,
+    edited_variant,
     fixture_batches,
     generate_variant,
     judge_variant,
@@ -117,32 +118,21 @@ HELD_OUT_SEED = 424242  # prompts and sampling seeds of the calibration set (tes
 
 
 def as_validator(model, suspects, variant: dict, config: VerifyConfig) -> list[BatchVerdict]:
-    """A validator's verdicts on ``variant``: check_batch, then the substitution test of a
-    batch that passed (``node.rollouts.recheck.with_substitution``)."""
-    from node.rollouts.recheck import with_substitution
+    """A validator's verdicts on ``variant``, batch by batch (``judge_claims``: check_batch,
+    then the substitution test of a batch that passed)."""
+    from node.rollouts.recheck import judge_claims
 
-    out = []
-    for batch in fixture_batches(variant):
-        claims = [claim_of(r, variant) for r in batch]
-        prompts = [r["prompt"] for r in batch]
-        recomputed = recompute_all(model, prompts, [c.tokens for c in claims])
-        verdict = check_batch(claims, recomputed, eos_token_id=2, config=config)
-        if verdict.passed:
-            acts = [a for a, _ in recomputed]
-            verdict = with_substitution(verdict, suspects, prompts, claims, acts, config)
-        out.append(verdict)
-    return out
-
-
-def edited(variant: dict) -> dict:
-    """The variant with one token of each rollout changed after proving (the middle one,
-    to the next id)."""
-    rollouts = []
-    for r in variant["rollouts"]:
-        tokens = list(r["tokens"])
-        tokens[len(tokens) // 2] = (tokens[len(tokens) // 2] + 1) % 8192
-        rollouts.append({**r, "tokens": tokens})
-    return {**variant, "rollouts": rollouts}
+    return [
+        judge_claims(
+            model,
+            2,
+            [r["prompt"] for r in batch],
+            [claim_of(r, variant) for r in batch],
+            config,
+            suspects,
+        )
+        for batch in fixture_batches(variant)
+    ]
 
 
 def top_p_set(batches: int, cheat_batches: int) -> dict:
@@ -203,7 +193,7 @@ def top_p_set(batches: int, cheat_batches: int) -> dict:
                 claimed=(t, p),
             )
             if name == "edited_token":
-                made = edited(made)
+                made = edited_variant(made, vocab)
             for precision, model in validators.items():
                 verdicts = as_validator(model, suspects[precision], made, config)
                 cheats[f"{name}/{precision}"] = [

@@ -17,6 +17,7 @@ from node.engine.calibration import (
     TOP_P_SETTINGS,
     build_random_llama,
     claim_of,
+    edited_variant,
     generate_variant,
     judge_variant,
     model_layers,
@@ -25,7 +26,7 @@ from node.engine.calibration import (
     shape_recipe,
     variant_model,
 )
-from node.rollouts.recheck import with_substitution
+from node.rollouts.recheck import judge_claims
 from node.rollouts.suspects import SuspectModels
 from tests.helpers.boundary import boundary_drops
 
@@ -78,26 +79,10 @@ def test_honest_bf16_work_below_top_p_one_is_accepted_in_bf16_and_fp32(
 
 
 def as_validator(model, variant, config):
-    """check_batch, then the substitution test of a batch that passed (the validator's
-    order: ``node.rollouts.recheck``)."""
-    rollouts = variant["rollouts"]
-    claims = [claim_of(r, variant) for r in rollouts]
-    prompts_ = [r["prompt"] for r in rollouts]
-    recomputed = recompute_all(model, prompts_, [c.tokens for c in claims])
-    verdict = check_batch(claims, recomputed, eos_token_id=EOS, config=config)
-    if not verdict.passed:
-        return verdict
-    acts = [a for a, _ in recomputed]
-    return with_substitution(verdict, SuspectModels(model), prompts_, claims, acts, config)
-
-
-def edited(variant):
-    out = []
-    for r in variant["rollouts"]:
-        tokens = list(r["tokens"])
-        tokens[NEW_TOKENS // 2] = (tokens[NEW_TOKENS // 2] + 1) % RECIPE["config"]["vocab_size"]
-        out.append({**r, "tokens": tokens})
-    return {**variant, "rollouts": out}
+    """The validator's verdict on the variant's one batch (``judge_claims``)."""
+    claims = [claim_of(r, variant) for r in variant["rollouts"]]
+    prompts_ = [r["prompt"] for r in variant["rollouts"]]
+    return judge_claims(model, EOS, prompts_, claims, config, SuspectModels(model))
 
 
 CHEATS = {
@@ -122,7 +107,7 @@ def test_every_cheat_is_still_rejected_below_top_p_one(models, config, cheat, te
     )
     work = made(worker, *sampled(temperature, top_p), claimed=(temperature, top_p))
     if cheat == "edited_token":
-        work = edited(work)
+        work = edited_variant(work, RECIPE["config"]["vocab_size"])
     verdict = as_validator(base, work, config)
     assert not verdict.passed, cheat
     assert verdict.reason.startswith(evidence), verdict.reason

@@ -245,6 +245,17 @@ def judge_variant(
     ]
 
 
+def edited_variant(variant: dict[str, Any], vocab_size: int) -> dict[str, Any]:
+    """``variant`` with one token of each rollout changed after proving (the middle one, to
+    the next id): work whose proofs no longer match what it claims was sampled."""
+    rollouts = []
+    for r in variant["rollouts"]:
+        tokens = list(r["tokens"])
+        tokens[len(tokens) // 2] = (tokens[len(tokens) // 2] + 1) % vocab_size
+        rollouts.append({**r, "tokens": tokens})
+    return {**variant, "rollouts": rollouts}
+
+
 def recompute_all(
     model: Any, prompts: list[list[int]], outputs: list[list[int]]
 ) -> list[tuple[list[torch.Tensor], torch.Tensor]]:

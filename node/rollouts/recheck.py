@@ -23,8 +23,7 @@ def judge_rollouts(
     """The ``BatchVerdict`` on ``samples`` (each with its group) of ``batch``; with
     ``suspects`` (a ``SuspectModels`` of ``model``), a batch that passes is also tested
     against the profile's suspects."""
-    from crypto.verdict import RolloutClaim, check_batch
-    from node.engine.torch_engine import recompute_batch
+    from crypto.verdict import RolloutClaim
 
     claims = [
         RolloutClaim(
@@ -39,6 +38,23 @@ def judge_rollouts(
         for _, s in samples
     ]
     prompts = [unpack_tokens(g.prompt) for g, _ in samples]
+    return judge_claims(model, eos_token_id, prompts, claims, config, suspects)
+
+
+def judge_claims(
+    model: Any,
+    eos_token_id: int,
+    prompts: list[list[int]],
+    claims: list[Any],
+    config: Any,
+    suspects: Any = None,
+) -> Any:
+    """The ``BatchVerdict`` on ``claims`` (``crypto.verdict.RolloutClaim``s) made from
+    ``prompts``: one prefill per rollout against ``model``, ``check_batch``, then, for a
+    batch that passes and ``suspects`` given, the substitution test (``with_substitution``)."""
+    from crypto.verdict import check_batch
+    from node.engine.torch_engine import recompute_batch
+
     recomputed = recompute_batch(model, prompts, [c.tokens for c in claims])
     verdict = check_batch(claims, recomputed, eos_token_id=eos_token_id, config=config)
     if not verdict.passed or suspects is None or not config.suspects:
