@@ -5,7 +5,8 @@ hundreds of tokens at its boundary) generates in bf16 with the project's engine 
 setting of ``TOP_P_SETTINGS``; validators recompute in bf16 and in fp32 on this CPU and
 judge batches of 16. ``bench/verify.py`` runs the same at 64 batches per setting on seeds
 these tests never use (the calibration set); here one batch per setting, and the cheats
-of the verification matrix at the two extreme settings.
+of the verification matrix at the two extreme settings. The quick tier takes the honest
+work at the two extremes and the cheats at the last; the slow tier the rest.
 """
 
 import pytest
@@ -65,7 +66,19 @@ def made(model, temperature, top_p, *, claimed=None):
     )
 
 
-@pytest.mark.parametrize(("temperature", "top_p"), TOP_P_SETTINGS)
+def settings(*quick):
+    """``TOP_P_SETTINGS`` as parameters, those at the indexes ``quick`` in the quick tier and
+    the others in the slow one (docs/testing.md)."""
+    return [
+        s if i in quick or i - len(TOP_P_SETTINGS) in quick else pytest.param(*s, marks=SLOW)
+        for i, s in enumerate(TOP_P_SETTINGS)
+    ]
+
+
+SLOW = pytest.mark.slow
+
+
+@pytest.mark.parametrize(("temperature", "top_p"), settings(0, -1))
 def test_honest_bf16_work_below_top_p_one_is_accepted_in_bf16_and_fp32(
     models, config, temperature, top_p
 ):
@@ -97,7 +110,9 @@ CHEATS = {
 }
 
 
-@pytest.mark.parametrize(("temperature", "top_p"), [TOP_P_SETTINGS[0], TOP_P_SETTINGS[-1]])
+@pytest.mark.parametrize(
+    ("temperature", "top_p"), [pytest.param(*TOP_P_SETTINGS[0], marks=SLOW), TOP_P_SETTINGS[-1]]
+)
 @pytest.mark.parametrize("cheat", sorted(CHEATS))
 def test_every_cheat_is_still_rejected_below_top_p_one(models, config, cheat, temperature, top_p):
     variant, sampled, evidence = CHEATS[cheat]
