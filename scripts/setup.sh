@@ -36,4 +36,8 @@ python3 -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)' \
 if [ ! -x .tools/node_modules/.bin/anvil ]; then
     npm install --prefix .tools --no-audit --no-fund --loglevel=error @foundry-rs/anvil@1.7.1
 fi
+# the project's git hooks (scripts/hooks/: commit subjects of at most 72 characters)
+if git rev-parse --git-dir >/dev/null 2>&1; then
+    git config core.hooksPath scripts/hooks
+fi
 echo "setup: done (.venv/bin/intellect-node)"

@@ -247,3 +247,31 @@ def test_every_class_fits_in_a_few_hundred_lines():
             if isinstance(n, ast.ClassDef) and n.end_lineno - n.lineno + 1 > MAX_CLASS_LINES:
                 too_long.append(f"{module_name(path)}.{n.name}: {n.end_lineno - n.lineno + 1}")
     assert too_long == []
+
+
+# ---- commit messages (scripts/hooks/commit-msg, installed by scripts/setup.sh) ----------
+
+
+@pytest.mark.parametrize(
+    ("message", "refused"),
+    [
+        ("x" * 72 + "\n\nbody\n", False),
+        ("§" * 72 + "\n", False),  # characters, not bytes
+        ("x" * 73 + "\n\nbody\n", "73 characters"),
+        ("subject\nbody without a blank line\n", "blank line"),
+        ("# only a comment\n\n", "empty"),
+        ("subject\n# a comment git strips\n", False),
+    ],
+)
+def test_the_commit_hook_keeps_subjects_short(tmp_path, message, refused):
+    path = tmp_path / "COMMIT_EDITMSG"
+    path.write_text(message)
+    hook = ROOT / "scripts" / "hooks" / "commit-msg"
+    res = subprocess.run([str(hook), str(path)], capture_output=True, text=True, timeout=30)
+    assert (res.returncode != 0) == bool(refused), res.stderr
+    if refused:
+        assert refused in res.stderr
+
+
+def test_setup_installs_the_commit_hook():
+    assert "core.hooksPath scripts/hooks" in (ROOT / "scripts" / "setup.sh").read_text()
