@@ -7,12 +7,12 @@ slashed, no honest slash, no lost or double-counted work.
 Real processes on 127.0.0.1 and the served development chain, the tiny base model
 (``tests/helpers/matrix.py``): a bootstrap, the trainer, one validator (every rollout
 recomputed, ``strict-fp32``), ``--honest`` honest workers and one cheating worker per group
-of the catalogue (``tests/helpers/cheating/catalogue.py``, SPEC §12.1), each cycling through its
+of the catalogue (``tests/helpers/cheating/catalogue.py``, SPEC §19.1), each cycling through its
 cheats one batch each until every attack was made ``--trials`` times. Then the clock stops,
 every verdict lands, the chain's clock is moved past the challenge period and every worker
 is settled. Printed, from the chain's events, the workers' records and the trainer's state:
 
-attack -> trials, detected (rejected with the reason SPEC §12.1 gives), slashed (exactly its
+attack -> trials, detected (rejected with the reason SPEC §19.1 gives), slashed (exactly its
 collateral taken at settlement), trained (by the trainer; must be 0); then honest false
 slashes (honest batches rejected or slashed), lost work (honest batches without an accept on
 the chain: rejected, or never judged) and double-counted work (submissions with more than
@@ -105,7 +105,7 @@ def main() -> int:
     ap.add_argument(
         "--attacks",
         default=",".join(CATALOGUE),
-        help="the attacks to run, comma-separated (default: all of SPEC section 12.1)",
+        help="the attacks to run, comma-separated (default: all of SPEC section 19.1)",
     )
     ap.add_argument("--honest", type=int, default=2, help="honest workers (default 2)")
     ap.add_argument("--timeout", type=float, default=1800, help="give up after this many s")

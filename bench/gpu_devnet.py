@@ -45,7 +45,7 @@ GPU), ``int8_weights`` accepted by both (0 of 10 and 0 of 6 rejected). TinyLlama
 CPU 15.2 s, trainer step 48.7 s (GRPO 0.99 s). ``--probe 1.1b``: generated in 0.179 s
 (14,329 tokens/s), judged in 0.205 s, validator / worker 1.15 (target 0.1).
 
-With the substitution test (SPEC §11.2), on an H200 on 2026-12-04 (the same script): the
+With the substitution test (SPEC §18.2), on an H200 on 2026-12-04 (the same script): the
 tiny policy, 10 steps in 109 s; worker 1.30 s per batch (4,293 tokens/s), GPU validator
 0.95 s (ratio 0.73: one more prefill, with the int8 copy), CPU validator 5.58 s (4.30),
 trainer 7.92 s per step; honest accepted 20/20 and 7/7; cheats rejected 10/10 and 3/3, every

@@ -25,7 +25,7 @@ the project's ``TorchEngine`` with the seeded sampler, EOS ignored:
 - ``fp16_compute_batch16``: the same weights computed in float16.
 
 Every variant samples at ``--temperature`` and ``--top-p`` (1.0 and 1.0 by default; below
-top-p 1 the nucleus has a boundary that honest noise moves tokens across, SPEC §11.1).
+top-p 1 the nucleus has a boundary that honest noise moves tokens across, SPEC §18.1).
 Nothing is downloaded; a CPU run works too (slow at the 1.1B shape: use a few rollouts).
 ``--json``: the last line is one JSON object: the file written, the shape, the device, the
 weights' SHA-256 and per variant the rollouts, sequences in flight, tokens, seconds and

@@ -11,7 +11,7 @@ settings (tasks x samples per step, token budget, temperature) and the same GRPO
   two workers, separate processes on 127.0.0.1) with ``--async-level 2``;
 - ``k0``: the same devnet with ``--async-level 0`` (synchronous, on-policy);
 - ``diloco2``: the devnet with two trainers in one DiLoCo group (``--trainers 2``, SPEC
-  §17.1; ``--inner-steps`` H, async level 2): each trains on its half of the accepted
+  §21; ``--inner-steps`` H, async level 2): each trains on its half of the accepted
   batches, one trainer step is one outer step; issue #31's target: within 3 points of k2;
 - ``central``: the centralized baseline (``node.training.central``): one process, no
   network, no proofs, no chain.

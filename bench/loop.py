@@ -95,7 +95,7 @@ def main() -> None:
         "--spot-check",
         type=float,
         default=1.0,
-        help="share of each batch's rollouts the validator recomputes (SPEC section 14)",
+        help="share of each batch's rollouts the validator recomputes (SPEC section 18)",
     )
     ap.add_argument(
         "--heartbeats",

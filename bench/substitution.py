@@ -1,4 +1,4 @@
-"""Benchmark: the substitution test (SPEC §11.2): what it catches that the rest of the
+"""Benchmark: the substitution test (SPEC §18.2): what it catches that the rest of the
 verdict misses, and what it costs a validator.
 
     .venv/bin/python bench/substitution.py [--batches 4] [--json]

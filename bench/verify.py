@@ -383,7 +383,7 @@ def main() -> None:
     print(
         f"honest batches accepted {honest_accepted}/{honest_total}; honest margin "
         f"(largest statistic / bound) {margin:.3f}; designed false-slash probability "
-        f"{config.sampling.false_slash:g} per honest batch (SPEC §11)"
+        f"{config.sampling.false_slash:g} per honest batch (SPEC §18.1)"
     )
     print(
         f"validation vs generation, the same 48 x 96-token rollouts on this CPU: generate "

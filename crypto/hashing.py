@@ -1,5 +1,5 @@
 """Hash helpers. Messages, keys and records are content-addressed with BLAKE2b-256; bulk
-bytes (weight shards and whole checkpoints, SPEC §15) with BLAKE3-256, which hashes 4 MiB
+bytes (weight shards and whole checkpoints, SPEC §14) with BLAKE3-256, which hashes 4 MiB
 about 7x faster on this machine (6.3 GB/s against 0.92 GB/s) and so keeps hashing off a
 download's critical path."""
 

@@ -30,7 +30,7 @@ token just outside the nucleus widened by κ units, or a large gap that only a t
 uncertain membership explains) is counted, not fatal: the model bounds how often the
 bounds at κ units misplace a token (``SamplingCheck.boundary_rate``), so the count of
 events has an expected value, and ``count_bound`` gives the count honest work exceeds
-with probability below the false-slash budget (SPEC.md §11.1). SPEC.md §11 derives the
+with probability below the false-slash budget (SPEC §18.1). SPEC §18.1 derives the
 rule; ``crypto.verdict`` applies it per batch.
 
 A sequence must end either at the length limit or with EOS, and an EOS ending is only

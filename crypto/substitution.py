@@ -3,7 +3,7 @@
 A worker that generates with a cheaper copy of the policy (its weights quantized to int8,
 say) commits to hidden states that differ from the policy's by less than the per-chunk
 TOPLOC thresholds allow, and on a trained, peaked policy it flips too few tokens for the
-sampling statistic to see (SPEC §11.2 has the measurements). What it cannot hide is which
+sampling statistic to see (SPEC §18.2 has the measurements). What it cannot hide is which
 model its states are nearer to. The validator recomputes the batch with the policy (the
 reference) and with the named suspect, built from the policy as a cheater would build it,
 in the same precision, and reads the worker's committed values (its TOPLOC polynomials)
@@ -21,7 +21,7 @@ positions independent (each one's rounding noise is its own; an approximation, s
 rollout's positions share their history). A position is counted once per distinct
 computation: by the tokens up to it (peaked samples repeat).
 
-What it does not catch (SPEC §11.2): a worker that also blurs its commitments with noise
+What it does not catch (SPEC §18.2): a worker that also blurs its commitments with noise
 within the honest cross-hardware level hides the int8 shift, which is smaller than that
 noise; and a suspect it does not name.
 """

@@ -30,7 +30,7 @@ The batch is the unit that is submitted, paid and slashed, so it is the unit jud
 
 A profile (``PROFILES``) fixes the precision the run's workers and validators compute in
 and the honest-noise model measured for it (``intellect-node model calibrate`` measures a
-model on one's own hardware). SPEC.md §11 derives the rule and the designed false-slash
+model on one's own hardware). SPEC §18.1 derives the rule and the designed false-slash
 probability.
 """
 
@@ -94,11 +94,11 @@ class VerifyConfig:
 
 
 # Workers in bf16 (GPUs), validators in bf16 or fp32 on a GPU or a CPU. Measured (SPEC
-# §11): honest score-difference RMS 0.45 units and largest gap 1.13 units on the H200
+# §18.1): honest score-difference RMS 0.45 units and largest gap 1.13 units on the H200
 # fixture (4 layers) and on a 22-layer 1.1B model (CPU bf16 worker), the H200's 1.1B
 # largest gap about 1.04 units; TOPLOC chunks at most 1.93 mantissa units on average
 # against the paper's 10. The profile keeps 1.33x the RMS and 1.55x the largest gap.
-# A substitute of int8 weights stays inside those bounds on a trained policy (SPEC §11.2):
+# A substitute of int8 weights stays inside those bounds on a trained policy (SPEC §18.2):
 # the substitution test looks for it.
 GPU_BF16 = VerifyConfig(
     PAPER, SamplingCheck(noise_rms=0.6, noise_max=1.75), name="gpu-bf16", suspects=("int8",)

@@ -40,7 +40,7 @@ class BatchNotice(Message):
     worker: str = text(42, pattern=ADDRESS_PATTERN)  # the worker's ledger address
     step: int = u64()
     policy_version: int = u64()
-    units: int = u64()  # generated output tokens (what the ledger pays for, SPEC §12)
+    units: int = u64()  # generated output tokens (what the ledger pays for, SPEC §19)
     size: int = u64(1, MAX_BATCH_ENVELOPE)  # bytes of the signed envelope
 
     @classmethod

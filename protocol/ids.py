@@ -43,7 +43,7 @@ def role_key(run_id: str, role: str) -> str:
 
 
 def relay_key(run_id: str) -> str:
-    """DHT provider key under which the run's circuit relays provide themselves (SPEC §20)."""
+    """DHT provider key under which the run's circuit relays provide themselves (SPEC §17)."""
     return f"/intellect/{check_run_id(run_id)}/relay"
 
 

@@ -86,7 +86,7 @@ def max_envelope_size(units: int, proof_chunk: int, proof_topk: int) -> int:
     prompt of at most ``MAX_PROMPT_TOKENS``. So the bound is fixed + groups × (a group's
     skeleton + the longest prompt) + samples × (a sample's skeleton + 2 proofs) + units × (8
     bytes + a proof / chunk): a batch whose envelope is larger cannot have ``units`` tokens
-    (the validator refuses its transfer before reading it: SPEC §14). Loose for long answers
+    (the validator refuses its transfer before reading it: SPEC §13). Loose for long answers
     (about 15 MiB for the devnet's 10,240 tokens, whose batches take 0.3 MiB) and tight
     where it matters: 38 KiB for one unit, where any 48 MiB used to be read and decoded.
     """

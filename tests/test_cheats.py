@@ -1,7 +1,7 @@
 """The cheating matrix, one cheat at a time, in this process: the cheating worker's batch
 maker (``tests/helpers/cheating/maker.py``) makes each cheat with the real engine and tiny
 model (what its child process runs), the validator's checks judge it (the batch checker, what its child runs; the role's own
-checks for what the role claims), and every cheat is rejected with the reason SPEC §12.1
+checks for what the role claims), and every cheat is rejected with the reason SPEC §19.1
 gives while the honest batch of the same worker and step passes. ``test_matrix.py`` runs
 the same cheats through real processes and the chain."""
 
@@ -238,7 +238,7 @@ def test_a_version_cheat_is_made_only_beyond_the_bound_of_what_verification_can_
 ):
     """A training step that changed nothing (all rewards equal: no gradient) publishes the
     same weights again (0 apart), and one step at the devnet's learning rate moves them less
-    than the bound where verification surely tells them apart (DETECTABLE_APART, SPEC §12.1):
+    than the bound where verification surely tells them apart (DETECTABLE_APART, SPEC §19.1):
     generating with the older copy is then no cheat the matrix may count."""
     from node.training.grpo import GRPOConfig
     from node.training.policy import Policy

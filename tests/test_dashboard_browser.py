@@ -125,7 +125,7 @@ def disagreements(browser, nodes, client):
         keys = {k for k, _, _ in panel["figs"]}
         if len(keys) < 8:  # the page has not drawn its figures (yet)
             wrong.append((panel["node"], "figures", sorted(keys)))
-        if "reachability.state" not in keys:  # SPEC §19: every node measures it
+        if "reachability.state" not in keys:  # SPEC §16: every node measures it
             wrong.append((panel["node"], "reachability", "missing"))
         for key, value, text in panel["figs"]:
             want = counts.get(key.split(".")[-1]) if key.startswith("history.") else lookup(st, key)

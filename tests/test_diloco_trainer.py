@@ -1,4 +1,4 @@
-"""The trainer role as a DiLoCo group (``--diloco``, SPEC §17.1): who trains on which batch
+"""The trainer role as a DiLoCo group (``--diloco``, SPEC §21): who trains on which batch
 (pure), the member's policy process (inner steps, pseudo-gradient, outer step, checkpoint),
 in one process and over two torchrun ranks, and one real run: chain, bootstrap, two trainers
 in one group (the second on two ranks), a validator and two workers as processes on

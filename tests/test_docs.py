@@ -1,7 +1,10 @@
 """The docs: README.md stays a first page (at most 200 lines, every relative link resolving to
-a file), and the site that mkdocs.yml builds from docs/ builds with ``--strict``, so a link
-between pages to a missing page or heading fails here rather than on a reader."""
+a file), and the site that mkdocs.yml builds from docs/ (and the root SPEC.md) builds with
+``--strict``, so a link between pages to a missing page or heading fails here rather than on
+a reader. The spec is three files with one numbering (SPEC §N): the sections run 1, 2, … with
+no gap across them, subsections N.1, N.2, …, and each file's contents list its headings."""
 
+import importlib.util
 import re
 import shutil
 import subprocess
@@ -10,6 +13,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
+# The spec, in the order its numbering runs through it.
+SPEC_FILES = ("SPEC.md", "docs/spec/economics.md", "docs/spec/training.md")
 MAX_README_LINES = 200
 # [text](target) and [text](target "title"); images too. Code spans and fenced blocks are
 # dropped first, so a command's brackets are not read as links.
@@ -31,6 +36,92 @@ def broken_links(page: Path) -> list[str]:
         if path and not (page.parent / path).exists():
             broken.append(target)
     return broken
+
+
+def github_slug(heading: str) -> str:
+    """GitHub's anchor for a heading (``scripts/mkdocs_hooks.py`` gives the site the same)."""
+    text = re.sub(r"[^\w\- ]", "", heading.replace("`", "").strip().lower())
+    return text.replace(" ", "-")
+
+
+NUMBERED = re.compile(r"^(##|###) (\d+)(?:\.(\d+))?\.? ")
+TOC_ENTRY = re.compile(r"^(\s*)- \[(.*)\]\(([^)]*)\)$")
+
+
+def spec_headings(markdown: str) -> list[tuple[str, str]]:
+    """The (level, text) of each ``##`` and ``###`` heading outside code blocks."""
+    text = FENCE.sub("", markdown)
+    return [(m[1], m[2]) for m in re.finditer(r"^(##|###) (.*)$", text, re.M)]
+
+
+def spec_contents(markdown: str) -> list[tuple[str, str]]:
+    """The (text, link) entries of the ``## Contents`` list, in order."""
+    part = markdown.split("\n## Contents\n", 1)[1].split("\n## ", 1)[0]
+    return [(m[2], m[3]) for line in part.splitlines() if (m := TOC_ENTRY.match(line))]
+
+
+def numbering_problems(files: dict[str, str]) -> tuple[list[str], dict[str, list[str]]]:
+    """What breaks the one numbering that runs through ``files`` (name -> text, in order):
+    sections ``## N. Title`` 1, 2, … with no gap, subsections ``### N.M Title`` N.1, N.2, …
+    under N. Also each file's numbered headings, in order."""
+    problems: list[str] = []
+    numbered: dict[str, list[str]] = {}
+    top_next, sub = 0, 0
+    for name, text in files.items():
+        numbered[name] = []
+        for level, heading in spec_headings(text):
+            m = NUMBERED.match(f"{level} {heading}")
+            if m is None:
+                if level == "##" and heading != "Contents":
+                    problems.append(f"{name}: section without a number: {heading}")
+                continue
+            numbered[name].append(heading)
+            top, minor = int(m[2]), m[3]
+            if level == "##" and minor is None:
+                top_next, sub = top_next + 1, 0
+                if top != top_next:
+                    problems.append(f"{name}: section {top} where {top_next} comes next")
+                    top_next = top
+            elif level == "###" and minor is not None:
+                sub += 1
+                if (top, int(minor)) != (top_next, sub):
+                    problems.append(
+                        f"{name}: subsection {top}.{minor} where {top_next}.{sub} comes next"
+                    )
+            else:
+                problems.append(f"{name}: {level} {heading}: level and number disagree")
+    return problems, numbered
+
+
+def contents_problems(files: dict[str, str], numbered: dict[str, list[str]]) -> list[str]:
+    """Every file's ``## Contents`` lists its numbered headings in order, each linked to its
+    GitHub anchor; the first file's lists every file's (another file's by its path relative
+    to the first)."""
+    problems = []
+    first = next(iter(files))
+    for name, text in files.items():
+        if "\n## Contents\n" not in text:
+            problems.append(f"{name}: no ## Contents")
+            continue
+        want = []
+        for other in files if name == first else [name]:
+            prefix = "" if other == name else str(Path(other).relative_to(Path(name).parent))
+            want += [(h, f"{prefix}#{github_slug(h)}") for h in numbered[other]]
+        got = [(entry, link) for entry, link in spec_contents(text) if "#" in link]
+        if got != want:
+            missing = [w for w in want if w not in got]
+            extra = [g for g in got if g not in want]
+            problems.append(
+                f"{name}: contents do not match the headings (missing or changed: {missing}; "
+                f"extra: {extra}; or out of order)"
+            )
+    return problems
+
+
+def spec_problems(files: dict[str, str]) -> list[str]:
+    """What breaks the spec's numbering or its contents; ``files``: name -> text, in order."""
+    problems, numbered = numbering_problems(files)
+    return problems + contents_problems(files, numbered)
 
 
 def mkdocs_build(config: Path, site: Path) -> subprocess.CompletedProcess[str]:
@@ -77,23 +168,102 @@ def test_the_docs_site_builds_strictly(tmp_path):
         "guides/trainer.html",
         "benchmarks.html",
         "testing.html",
+        "spec/SPEC.html",
+        "spec/economics.html",
+        "spec/training.html",
     ):
         assert (tmp_path / "site" / page).is_file(), page
+    # a link into another spec file lands on the heading's anchor in the site
+    spec = (tmp_path / "site" / "spec" / "SPEC.html").read_text()
+    assert 'href="economics.html#19-ledger-' in spec
+    assert 'id="19-ledger-' in (tmp_path / "site" / "spec" / "economics.html").read_text()
+
+
+def test_the_spec_is_numbered_on_through_its_three_files_with_contents():
+    files = {name: (ROOT / name).read_text() for name in SPEC_FILES}
+    assert spec_problems(files) == []
+    tops = [h for text in files.values() for lvl, h in spec_headings(text) if lvl == "##"]
+    assert sum(NUMBERED.match(f"## {h}") is not None for h in tops) >= 20
+
+
+def test_a_gap_in_the_numbering_or_a_stale_contents_entry_is_found():
+    files = {name: (ROOT / name).read_text() for name in SPEC_FILES}
+    eco = files["docs/spec/economics.md"]
+    skipped = dict(files)  # §19 renumbered §20: a gap, and contents that no longer match
+    skipped["docs/spec/economics.md"] = eco.replace("\n## 19. ", "\n## 20. ")
+    problems = spec_problems(skipped)
+    assert any("section 20 where 19 comes next" in p for p in problems), problems
+    assert any(p.startswith("SPEC.md: contents") for p in problems), problems
+    assert any(p.startswith("docs/spec/economics.md: contents") for p in problems), problems
+    sub = dict(files)  # a subsection out of order
+    sub["docs/spec/economics.md"] = eco.replace("\n### 18.2 ", "\n### 18.3 ")
+    assert any("subsection 18.3 where 18.2" in p for p in spec_problems(sub))
+
+
+def renumbering_script():
+    path = ROOT / "scripts" / "spec_renumber.py"
+    spec = importlib.util.spec_from_file_location("spec_renumber", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # (dataclasses look their module up)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_old_numbers_map_to_sections_that_exist_where_the_script_says():
+    """scripts/spec_renumber.py (the old one-file numbering to the split spec's): every new
+    number is a heading of the file the script places it in."""
+    script = renumbering_script()
+    where = {}
+    for name in SPEC_FILES:
+        for level, heading in spec_headings((ROOT / name).read_text()):
+            if m := NUMBERED.match(f"{level} {heading}"):
+                where[m[2] + (f".{m[3]}" if m[3] else "")] = name
+    for old, new in script.OLD_TO_NEW.items():
+        assert where.get(new) == script.spec_file(new), (old, new)
+    for new, _ in script.SPLIT.values():
+        assert new in where
+    assert set(where) <= set(script.OLD_TO_NEW.values()) | {"18"}  # 18: old §14's other half
+
+
+def test_the_renumbering_script_rewrites_each_form_once():
+    script = renumbering_script()
+    text = (
+        "SPEC §12.1 and SPEC.md §12, SPEC.md section 15, SPEC\n    # section 17.1, §19–20, "
+        "§§11.1-11.2, §5; a validator recomputes (SPEC §14); served (SPEC §14); §18 unknown"
+    )
+    new, changes = script.rewrite(text)
+    assert new == (
+        "SPEC §19.1 and SPEC §19, SPEC.md section 14, SPEC\n    # section 21, §16–17, "
+        "§§18.1-18.2, §5; a validator recomputes (SPEC §18); served (SPEC §13); §18 unknown"
+    )
+    assert len(changes) == 8
+    assert (
+        script.rewrite("section 12 (the ledger)", bare_sections=True)[0]
+        == "section 19 (the ledger)"
+    )
+    assert script.rewrite("section 12 (the ledger)")[0] == "section 12 (the ledger)"
 
 
 def test_a_broken_link_or_heading_fails_the_build(tmp_path):
-    """The same configuration over a copy of docs/ with one page linking to a page that does
-    not exist, then to a heading that does not exist: each fails the strict build."""
+    """The same configuration over a copy of docs/ (with SPEC.md and the hooks) with one page
+    linking to a page that does not exist, then to a heading that does not exist, then to a
+    heading of the spec that does not exist, and SPEC.md linking to one in another spec file:
+    each fails the strict build."""
     config = (ROOT / "mkdocs.yml").read_text()
-    for bad, says in (
-        ("[gone](guides/no-such-page.md)", "no-such-page.md"),
-        ("[gone](ledger.md#no-such-heading)", "no-such-heading"),
+    for page, bad, says in (
+        ("docs/index.md", "[gone](guides/no-such-page.md)", "no-such-page.md"),
+        ("docs/index.md", "[gone](ledger.md#no-such-heading)", "no-such-heading"),
+        ("docs/index.md", "[gone](../SPEC.md#99-no-such-section)", "99-no-such-section"),
+        ("SPEC.md", "[gone](docs/spec/training.md#98-no-such-section)", "98-no-such-section"),
     ):
         work = tmp_path / says
-        docs = work / "docs"
-        shutil.copytree(ROOT / "docs", docs)
+        shutil.copytree(ROOT / "docs", work / "docs")
+        (work / "scripts").mkdir()
+        shutil.copy(ROOT / "scripts" / "mkdocs_hooks.py", work / "scripts")
+        shutil.copy(ROOT / "SPEC.md", work / "SPEC.md")
         (work / "mkdocs.yml").write_text(config)
-        index = docs / "index.md"
+        index = work / page
         index.write_text(index.read_text() + f"\n{bad}\n")
         res = mkdocs_build(work / "mkdocs.yml", work / "site")
         assert res.returncode != 0, bad

@@ -717,7 +717,7 @@ def test_33_5_sybils_reserving_the_whole_pool_lose_k_times_it_per_cycle(ledger):
     """Ten accounts each reserve their tenth of the pool (all of it) with claims at
     max_units: the honest validators' bonds (25 ETH each) cover one such reject each, but a
     reject beyond the free bond goes in unbonded, so every claim is rejected and the Sybils
-    lose k x the pool per cycle (SPEC section 12: 200 ETH for locking a 100 ETH pool for
+    lose k x the pool per cycle (SPEC section 19: 200 ETH for locking a 100 ETH pool for
     W + L), not what the validators' bonds happened to cover."""
     pool = ledger.as_owner.reward_pool()
     c = collateral(PARAMS.max_units)

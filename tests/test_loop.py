@@ -364,7 +364,7 @@ def test_a_batch_nobody_serves_is_rejected_as_unavailable_after_the_fetch_deadli
         )
         assert client.submission(address, key).status == "rejected"
         (event,) = client.contract.events.WorkRejected.get_logs(from_block=0)
-        assert event["args"]["reason"] == 2  # unavailable (SPEC section 12)
+        assert event["args"]["reason"] == 2  # unavailable (SPEC section 19)
         v = loop.section("validator", "validator")
         assert v["rejected_by_reason"] == {"unavailable": 1} and v["fetch_failures"] >= 1
     finally:
@@ -376,7 +376,7 @@ def test_a_batch_nobody_serves_is_rejected_as_unavailable_after_the_fetch_deadli
 def test_a_batch_served_to_one_validator_of_two_stands_accepted_and_is_trained_on(
     tmp_path, tiny_model_dir
 ):
-    """Partial availability (SPEC section 12.1): a worker that serves each batch to the
+    """Partial availability (SPEC section 19.1): a worker that serves each batch to the
     run's trainer and the first other peer that asks only. The validator that got it judges
     the real work and accepts it; the other one, refused, votes ``unavailable`` after the
     fetch deadline: an unbonded overturn vote, one of the quorum's two, so the accept stands
@@ -408,7 +408,7 @@ def test_a_batch_served_to_one_validator_of_two_stands_accepted_and_is_trained_o
             for e in client.contract.events.WorkRejected.get_logs(from_block=0)
             if bytes(e["args"]["key"]) == key
         ]
-        assert vote["args"]["reason"] == 2  # unavailable (SPEC section 12)
+        assert vote["args"]["reason"] == 2  # unavailable (SPEC section 19)
         (accept,) = [
             e
             for e in client.contract.events.WorkAccepted.get_logs(from_block=0)

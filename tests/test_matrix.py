@@ -2,7 +2,7 @@
 
 One devnet (``tests/helpers/matrix.py``): two honest workers and four cheating ones, each
 cheater cycling through a few cheats of the catalogue (``tests/helpers/cheating/``, SPEC
-§12.1) one batch each, a trainer and a validator. Every cheating batch gets one verdict: a
+§19.1) one batch each, a trainer and a validator. Every cheating batch gets one verdict: a
 reject on-chain with the reason the catalogue gives; at settlement exactly its collateral
 is taken from the cheater's stake; the trainer never trains on it; and every honest batch in
 the same run (the honest workers', and a version cheater's before there is a version to
@@ -25,7 +25,7 @@ def test_the_run_covers_every_cheat_of_the_catalogue():
 
 # Not behind the slow marker since version cheats are made only beyond what verification
 # can tell apart (an older_version batch one devnet step from the claimed version was once
-# accepted: SPEC §12.1's bound); passed twice in a row on this code before it joined CI.
+# accepted: SPEC §19.1's bound); passed twice in a row on this code before it joined CI.
 @pytest.mark.timeout(2700)  # a hang guard: ~30 min measured at load 35-45 on 2 cores
 @pytest.mark.slow
 def test_every_cheat_is_rejected_for_its_reason_and_slashed_and_no_honest_work_is(

@@ -265,7 +265,7 @@ def test_sampling_result_reports_gaps_in_units_of_the_sampling_temperature():
     assert r.max_gap == pytest.approx(gap)
     assert r.max_units == pytest.approx(gap / float(c.unit(logits, 0.5)[2]))
     assert r.flips == 1 and r.positions == 3
-    # the honest-noise model of SPEC §11: E[S] <= q σ²/4, Var[S] <= q κ σ²/6
+    # the honest-noise model of SPEC §18.1: E[S] <= q σ²/4, Var[S] <= q κ σ²/6
     assert r.expected == pytest.approx(r.near_ties * c.noise_rms**2 / 4)
     assert r.variance == pytest.approx(r.near_ties * c.noise_max * c.noise_rms**2 / 6)
     outside = check_sampling(logits, torch.tensor([0, 4, 1]), 7, temperature=0.5)

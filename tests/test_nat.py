@@ -1,7 +1,7 @@
-"""Reachability through a real NAT (SPEC §19, issue #29 item 1): a worker at home behind
+"""Reachability through a real NAT (SPEC §16, issue #29 item 1): a worker at home behind
 an nftables masquerade finds out it is private, and sees the router's public address as
 its observed address, while the public nodes that answered it find themselves public;
-relays, their limits and hole punching between homes (SPEC §20, items 2-3); the work loop
+relays, their limits and hole punching between homes (SPEC §17, items 2-3); the work loop
 with workers, and with the validator, at home (item 4). Skips, with the reason, only where
 network namespaces cannot be built."""
 
@@ -189,7 +189,7 @@ def test_workers_behind_nat_get_batches_judged_and_paid_and_pull_new_weights(
             time.sleep(3)
             r = reach()
         assert all(s["reached_by"] == 0 for s in r.values()), r
-        # busy workers may mistime their first punches; they are given more (SPEC §20)
+        # busy workers may mistime their first punches; they are given more (SPEC §17)
         wait_until(
             lambda: loop.joined_directly(cone1, cone2), 300, "the cone homes direct", interval=3
         )

@@ -1,4 +1,4 @@
-"""Reachability (SPEC §19, issue #29 item 1): AutoNAT verdicts add up to public / private /
+"""Reachability (SPEC §16, issue #29 item 1): AutoNAT verdicts add up to public / private /
 unknown; a dial-back is a fresh connection that proves the asker's peer id on the asker's
 own IP only; questions that are garbage or about another peer are refused and change
 nothing. Real nodes on 127.0.0.1 here; through a real NAT in ``test_nat.py``."""

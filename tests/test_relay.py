@@ -1,4 +1,4 @@
-"""Circuit relay v2 and hole punching (SPEC §20, issue #29 items 2-3), on 127.0.0.1: a node
+"""Circuit relay v2 and hole punching (SPEC §17, issue #29 items 2-3), on 127.0.0.1: a node
 that calls itself private reserves on a relay it found through the DHT, advertises its
 circuit address, and is dialed through it; the relay's limits refuse and cut, and count
 what they did. Through real NATs (no fake reachability) in ``test_nat.py``."""

@@ -397,7 +397,7 @@ async def test_a_version_cheat_is_made_only_with_weights_verification_can_tell_a
     tmp_path, tiny_model_dir, far
 ):
     """``older_version`` generates with an older version held in the window only when their
-    weights are at least ``DETECTABLE_APART`` apart (SPEC §12.1); closer, the worker makes
+    weights are at least ``DETECTABLE_APART`` apart (SPEC §19.1); closer, the worker makes
     the batch with the claimed version's weights, records no cheat, and cheats next time."""
     import shutil
 

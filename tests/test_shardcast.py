@@ -219,7 +219,7 @@ def read_all(root, m):
 def test_store_resumes_verified_shards_and_completes_bit_exact(tmp_path):
     origin, source, src = published(tmp_path)
     m, env = source.manifest, source.envelope
-    # SPEC §15: shard hashes and the whole digest are BLAKE3-256 of the bytes
+    # SPEC §14: shard hashes and the whole digest are BLAKE3-256 of the bytes
     whole = read_all(origin.root / "v00000001", m)
     assert m.digest == blake3.blake3(whole).digest()
     for i in range(m.num_shards):

@@ -1,4 +1,4 @@
-"""The substitution test (``crypto.substitution``, SPEC §11.2): a batch nearer a cheaper copy
+"""The substitution test (``crypto.substitution``, SPEC §18.2): a batch nearer a cheaper copy
 of the policy (int8 weights) than the policy is rejected, whoever made it and whatever the
 validator computes in; honest batches are not."""
 

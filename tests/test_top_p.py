@@ -1,4 +1,4 @@
-"""Honest work and cheats below top-p 1, on a real model (SPEC §11.1, boundary events).
+"""Honest work and cheats below top-p 1, on a real model (SPEC §18.1, boundary events).
 
 A random-init Llama of the ``wide`` calibration shape (vocabulary 8,192: a nucleus of
 hundreds of tokens at its boundary) generates in bf16 with the project's engine at every

@@ -4,7 +4,7 @@
 @title intellect-node work ledger
 @notice Stake, work submission, validator verdicts, slashing and rewards for one run.
 
-The economic rules (SPEC.md section 12 has the arithmetic):
+The economic rules (SPEC section 19 has the arithmetic):
 - Every submission reserves its reward (units x reward_per_unit, units <= max_units) from
   the pool and locks collateral = reward x collateral_bps / 10000 (at least the reward) of
   the worker's stake until it is settled, so a worker's unsettled claims are bounded by its
@@ -735,7 +735,7 @@ def _bind(peer_key: bytes32, signature: Bytes[64]):
 @payable
 def register(peer_key: bytes32, signature: Bytes[64]):
     """Bind this account to its node's Ed25519 key; ``signature`` is that key's signature of
-    the registration message (SPEC section 12), checked off-chain by every node."""
+    the registration message (SPEC section 19), checked off-chain by every node."""
     assert self.peer_keys[msg.sender] == empty(bytes32), "already registered"
     b: uint256 = self.bal[msg.sender]
     stake: uint256 = (b & M112) + msg.value

@@ -4,7 +4,7 @@ Starts the development chain with the ledger contract (``intellect-node chain``)
 ledger account for every worker (funded from the chain's development keys), gives each
 validator one of the chain's appointed validator keys and the trainer the contract
 owner's key, then starts a bootstrap node, the trainer (with ``--trainers K`` ≥ 2: a
-DiLoCo group of K trainers, ``trainer`` its leader, SPEC §17.1), the validators and N inference
+DiLoCo group of K trainers, ``trainer`` its leader, SPEC §21), the validators and N inference
 nodes that each know only the bootstrap (``run_devnet``'s ``launch`` may start some of them
 from another module: the tests' misbehaving workers, ``tests/helpers/``).
 Workers stake and register, generate a batch per trainer step with the newest policy they
@@ -280,7 +280,7 @@ def fund(chain_dir: Path, address: str, amount: str, prefix: list[str] | None = 
 
 
 def group_env(trainers: int, inner_steps: int, admit: list[str]) -> dict[str, str]:
-    """The settings of every trainer of a devnet DiLoCo group (SPEC §17.1); the leader
+    """The settings of every trainer of a devnet DiLoCo group (SPEC §21); the leader
     admits only the ``admit`` peer ids."""
     return {
         "INTELLECT_NODE_DILOCO": "true",
@@ -305,7 +305,7 @@ DEVNET_WORK = {
     # every node shares this machine's cores: one torch thread per engine and checker
     # (measured: a batch checked on 2 threads took twice the CPU of 1, in the same time)
     "INTELLECT_NODE_TORCH_THREADS": "1",
-    # every node computes in fp32 on a CPU: the exact profile (SPEC section 11.1)
+    # every node computes in fp32 on a CPU: the exact profile (SPEC section 18.1)
     "INTELLECT_NODE_VERIFY_PROFILE": "strict-fp32",
 }
 
@@ -318,7 +318,7 @@ def devices_env(
 ) -> tuple[dict[str, str], dict[str, dict[str, str]]]:
     """The settings ``--device`` and ``--validator-devices`` give: those of every node, and
     each validator's own (by name). Any GPU in the run makes it a ``gpu-bf16`` run (SPEC
-    section 11.1: workers in bf16, validators in bf16 or fp32); all on the CPU, it stays
+    section 18.1: workers in bf16, validators in bf16 or fp32); all on the CPU, it stays
     ``strict-fp32``. A validator on the CPU beside nodes on the GPU (``device`` cuda) gets
     torch's threads (one per core): the others leave the cores to it."""
     for d in (device, *validator_devices):

@@ -179,7 +179,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=1,
         help="trainer nodes (1-8; default 1); 2 or more train as one DiLoCo group (SPEC "
-        "§17.1): the first leads and publishes, each trains on its share of the accepted "
+        "§21): the first leads and publishes, each trains on its share of the accepted "
         "batches, the group averages every --diloco-inner-steps",
     )
     devnet.add_argument(
@@ -201,7 +201,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="where the nodes compute (default cpu: everyone in fp32 under the strict-fp32 "
         "profile); cuda: the workers generate with the CUDA-graph engine in bf16, the "
         "validators recompute on the GPU in bf16 and the trainer trains there, under the "
-        "gpu-bf16 profile (SPEC section 11.1)",
+        "gpu-bf16 profile (SPEC section 18.1)",
     )
     devnet.add_argument(
         "--validator-devices",

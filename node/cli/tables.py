@@ -96,7 +96,7 @@ def status_view(st: dict[str, Any]) -> list[RenderableType]:
     rows = [("peer id", st["peer_id"]), ("role", st["role"]), ("run", st["run_id"])]
     rows += [("address", a) for a in st["addrs"]]
     reach = st.get("reachability")
-    if reach:  # SPEC §19
+    if reach:  # SPEC §16
         rows.append(
             (
                 "reachability",

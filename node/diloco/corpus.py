@@ -1,6 +1,6 @@
 """The pretraining corpus of a DiLoCo group, cut into one contiguous shard per member.
 
-SPEC §17.2. The text file (UTF-8) is tokenized once with the model's tokenizer: ``N`` tokens.
+SPEC §22. The text file (UTF-8) is tokenized once with the model's tokenizer: ``N`` tokens.
 With ``k`` shards (the members of the roster that formed the group, in the roster's order),
 member ``i`` owns the tokens ``[i·N // k, (i+1)·N // k)``: shards are disjoint and cover the
 text, and every member computes its own from the roster alone. A member reads its shard in

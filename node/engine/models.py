@@ -47,7 +47,7 @@ def pick_dtype(dtype: str, device: torch.device) -> torch.dtype:
 def engine_dtype(verify_profile: str) -> str:
     """The dtype a worker generates and a validator recomputes in under ``verify_profile``:
     float32 everywhere under strict-fp32 (its tolerances are fp32's), else ``auto``
-    (bfloat16 on a GPU, float32 on a CPU: both within gpu-bf16's, SPEC section 11.1)."""
+    (bfloat16 on a GPU, float32 on a CPU: both within gpu-bf16's, SPEC section 18.1)."""
     return "float32" if verify_profile == "strict-fp32" else "auto"
 
 

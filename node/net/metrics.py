@@ -57,10 +57,10 @@ COUNTERS: dict[str, tuple[str, tuple[str, ...]]] = {
     "batches_served": ("Rollout batches served to validators and trainers.", ()),
     "verdicts": ("Verdicts posted on-chain, by verdict.", ("verdict",)),
     "autonat_answers": (
-        "AutoNAT questions of other peers answered, by outcome (SPEC §19).",
+        "AutoNAT questions of other peers answered, by outcome (SPEC §16).",
         ("outcome",),
     ),
-    "relay_reservations": ("Relay: reservations asked of us, by outcome (SPEC §20).", ("outcome",)),
+    "relay_reservations": ("Relay: reservations asked of us, by outcome (SPEC §17).", ("outcome",)),
     "relay_circuits": (
         "Relay: circuits asked of us, by outcome: opened, refused (by which limit), cut.",
         ("outcome",),

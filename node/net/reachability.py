@@ -1,4 +1,4 @@
-"""Reachability: can other peers dial this node? (SPEC §19)
+"""Reachability: can other peers dial this node? (SPEC §16)
 
 A worker at home behind a router's NAT can dial out but cannot be dialed, and in this
 design validators and SHARDCAST pullers dial the holder of what they want. So every node

@@ -1,4 +1,4 @@
-"""Circuit relay v2 and hole punching: how a node at home is reached (SPEC §20).
+"""Circuit relay v2 and hole punching: how a node at home is reached (SPEC §17).
 
 A node behind NAT can dial out but cannot be dialed, and in this design validators and
 SHARDCAST pullers dial the holder of what they want. libp2p's answer, built from
@@ -61,7 +61,7 @@ PUNCH_RETRY_MAX = 1800.0  # ... up to this
 @dataclass(frozen=True)
 class RelayStatus:
     serving: bool  # this node relays for others (HOP)
-    limits: dict[str, int]  # what it allows (SPEC §20)
+    limits: dict[str, int]  # what it allows (SPEC §17)
     reservations_held_for_others: int
     circuits_open: int
     counts: dict[str, int]  # reservations and circuits by outcome, relayed bytes

@@ -219,7 +219,7 @@ class Node:
         return await self.network.find_providers(key)
 
     def relayed(self, peer: str) -> bool:
-        """True if only a circuit relay joins us to ``peer`` now (SPEC §20)."""
+        """True if only a circuit relay joins us to ``peer`` now (SPEC §17)."""
         return self.network.relayed(peer)
 
     async def direct_path(self, peer: str) -> bool:

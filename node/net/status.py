@@ -57,8 +57,8 @@ def node_status(v: StatusView) -> dict[str, Any]:
         "run_id": v.cfg.run_id,
         "model": str(v.cfg.model) if v.cfg.model else None,
         "addrs": v.network.addrs,
-        "reachability": asdict(v.reachability.status()),  # SPEC §19
-        "relay": asdict(v.relays.status()),  # SPEC §20
+        "reachability": asdict(v.reachability.status()),  # SPEC §16
+        "relay": asdict(v.relays.status()),  # SPEC §17
         "peers": [asdict(r) for r in v.presence.rows(connected, in_use, STATUS_FULL_LIST)],
         "peer_count": count,
         "peers_listed": "all" if count <= STATUS_FULL_LIST else "in use",

@@ -6,7 +6,7 @@ calls ``CheckBatch`` with the model directory of the batch's policy version. Her
 expensive checks (4 and 5 of the validator's docstring), in this order:
 
 4. the batch samples with the run's temperature and top-p, its tasks are the worker's
-   assigned ones (SPEC §13), and every token is in the model's vocabulary (one that is not
+   assigned ones (SPEC §12), and every token is in the model's vocabulary (one that is not
    made the tokenizer raise: the batch went unjudged, and its worker unslashed);
 5. the proofs: one prefill per rollout (``recompute_batch``) and the proof check of
    ``crypto.verdict.check_batch`` under the run's verification profile (``spot_check`` < 1

@@ -1,6 +1,6 @@
 """The run's clock as a node sees it: the trainer's step notices, and the async window.
 
-The step decides which tasks a worker must do (SPEC §13), so it is never the worker's
+The step decides which tasks a worker must do (SPEC §12), so it is never the worker's
 choice: only ``StepNotice`` announcements signed by the run's trainer (``trainer_peer_id``)
 move the clock, and only forward. A batch is admissible while its step and its policy
 version are within ``async_level`` of the newest ones (the same window the SHARDCAST

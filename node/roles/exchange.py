@@ -1,4 +1,4 @@
-"""Serving and fetching rollout batches over ``/intellect/batch/1.0.0`` (SPEC §14).
+"""Serving and fetching rollout batches over ``/intellect/batch/1.0.0`` (SPEC §13).
 
 Where a rollout is on this hop: the worker (``node/roles/inference.py``) stored the signed
 batch in its ``BatchStore`` and serves it from there; a validator
@@ -155,7 +155,7 @@ async def fetch_batch(
         opened = await trio.to_thread.run_sync(opened_batch, envelope, peer, node.cfg.run_id)
         if opened.work_key != work_key:  # even signed by the worker: a failed fetch, since
             # only this fetcher saw it and the chain cannot check an Ed25519 signature (SPEC
-            # §12.1, key_mismatch: a bonded reject for it could be overturned by the others)
+            # §19.1, key_mismatch: a bonded reject for it could be overturned by the others)
             raise WireError(Reason.MALFORMED, "the batch does not hash to its work key")
     except WireError as err:
         node.reject(ids.BATCH, peer, err)

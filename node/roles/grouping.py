@@ -1,4 +1,4 @@
-"""Which member of a DiLoCo trainer group trains on which accepted batch (SPEC §17.1).
+"""Which member of a DiLoCo trainer group trains on which accepted batch (SPEC §21).
 
 Pure, no I/O but its own file. Every member decides alone and all decide alike, from what
 each of them knows: the chain's record of the batch (its work key and the policy version

@@ -1,4 +1,4 @@
-"""A DiLoCo member's policy: the trainer role's child process with ``--diloco`` (SPEC §17).
+"""A DiLoCo member's policy: the trainer role's child process with ``--diloco`` (SPEC §15).
 
 The same ``PolicyWorker`` (``node/training/worker.py``) as without DiLoCo, plus the outer
 copy of the parameters (``node/diloco/outer.py``: ``θ`` in fp32 and the Nesterov momentum

@@ -1,4 +1,4 @@
-"""The trainer role in a DiLoCo group (``--diloco``, SPEC §17.1): several trainers of one run
+"""The trainer role in a DiLoCo group (``--diloco``, SPEC §21): several trainers of one run
 train the policy together and publish it as one.
 
 Where the rollouts come from: as for a single trainer (``node/roles/trainer.py``), accepted

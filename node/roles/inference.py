@@ -2,7 +2,7 @@
 
 This is where a rollout starts. For every step the run's trainer announces
 (``node/roles/clock.py``), the worker draws its tasks from (its address, the step, the
-index) (SPEC §13); its batch maker (``node/rollouts/maker.py``, in a child process)
+index) (SPEC §12); its batch maker (``node/rollouts/maker.py``, in a child process)
 generates ``group_size`` samples per task with the engine (``node/engine/``: seeded
 sampling, TOPLOC proofs) and scores them, and the role seals one ``RolloutBatch``
 (``protocol/rollouts.py``, where the rollout goes next). A batch the async window has

@@ -1,4 +1,4 @@
-"""A trainer that starts after its DiLoCo group is running joins it (SPEC §17.1, §17.2).
+"""A trainer that starts after its DiLoCo group is running joins it (SPEC §21, §22).
 
 Both objectives (``node/roles/grouptrainer.py``, ``node/roles/pretrainer.py``) enter a group
 the same way. A member with no state of its own (no outer step taken, no roster recorded)

@@ -8,14 +8,14 @@ serve it (where to fetch it). Several fetches may run at once, at most one per w
 retried with exponential back-off (``retry_s`` doubling up to ``retry_max_s``), from any of
 those peers in turn.
 A submitted key is *unavailable* (the validator rejects it as such: work no validator
-could see is never paid, SPEC §12) once ``fetch_deadline_s`` after its submission has
+could see is never paid, SPEC §19) once ``fetch_deadline_s`` after its submission has
 passed and ``last_tries`` fetches from each of its peers that failed at or after that
 time say nobody serves it: at the deadline every key not yet fetched is asked for again at once,
 then after ``retry_s``, 2 × ``retry_s``, ... (one stream refused under load is no proof).
 The clock alone never makes a key unavailable: time the validator spent elsewhere (judging
 a backlog, waiting for a step announcement or for weights) is not the worker's fault, and
 a key it gets to only after the deadline is fetched and judged on its merits (the worker
-serves it for the whole verdict window, SPEC §14). Every key is judged at most once.
+serves it for the whole verdict window, SPEC §13). Every key is judged at most once.
 A fetched batch that could not be judged now (the weights of its version are not here, or
 the batch checker failed) is fetched and judged again after ``check_retry_s``, doubling,
 up to ``check_tries`` times in all; then it is given up, left without a verdict (its worker

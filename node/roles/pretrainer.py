@@ -1,5 +1,5 @@
 """The trainer role pretraining in a DiLoCo group (``--diloco --objective pretrain --data
-PATH``, SPEC §17.2): INTELLECT-1's objective, next-token loss on a text corpus.
+PATH``, SPEC §22): INTELLECT-1's objective, next-token loss on a text corpus.
 
 Where the data comes from: not from the network. Every member reads the same local text
 file, each its own contiguous shard of it (``node/diloco/corpus.py``: shard i of k, i the
@@ -26,7 +26,7 @@ its roster fixes the shards. A member started after that joins instead
 its first outer step out with a zero pseudo-gradient (it has no shard yet) and is admitted
 by that step's roster. Whenever an outer step's roster differs from the recorded one, every
 member cuts the text again over it and reads its new shard from the group's data position
-on (SPEC §17.2). Where the weights go next: any node of the run pulls them.
+on (SPEC §22). Where the weights go next: any node of the run pulls them.
 """
 
 from __future__ import annotations

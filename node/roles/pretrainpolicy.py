@@ -1,5 +1,5 @@
 """A pretraining DiLoCo member's model: the child process of ``--objective pretrain`` (SPEC
-§17.2).
+§22).
 
 Where the data comes from: the text file ``--data``, tokenized here once with the model's
 tokenizer (``node/diloco/corpus.py`` cuts it into the group's shards). The child holds the

@@ -17,7 +17,7 @@ One training step n (the policy is version n; version 0 is the base ``--model``)
 2. wait until ``batches_per_step`` accepted batches are usable (or at least one after
    ``step_wait`` seconds): usable means accepted on-chain, fetched, not used before, and
    generated with a version ≥ n − ``async_level`` (older ones are not trained on; their
-   workers are still paid: the work was valid when judged, SPEC §16);
+   workers are still paid: the work was valid when judged, SPEC §20);
 3. with ``async_level`` ≥ 1, announce step n + 1 at once (version still n): workers
    generate the next step with the current policy while this one trains (generation and
    training overlap; with ``async_level`` 0 workers wait for version n + 1: on-policy);

@@ -13,13 +13,13 @@ the batch checker, a child process (``Offload(BatchChecker, CheckerSpec.of(cfg))
 ``node/roles/checking.py``):
 
 1. the batch is the worker's: signed by the peer key the worker registered on-chain, with a
-   valid registration signature (SPEC §12; the EVM cannot check Ed25519);
+   valid registration signature (SPEC §19; the EVM cannot check Ed25519);
 2. its step and policy version are inside the async window of the trainer's clock, and the
    version is the one submitted on-chain;
 3. the on-chain ``units`` are the batch's generated tokens (a batch larger than its units
    allow, ``max_envelope_size``, is not even read), and its TOPLOC proofs have the chunk
    size and top-k of the run's profile;
-4. the tasks are the worker's assigned ones (SPEC §13), every token in the vocabulary;
+4. the tasks are the worker's assigned ones (SPEC §12), every token in the vocabulary;
 5. the proofs: one prefill per rollout (``recompute_batch``) and the proof check of
    ``crypto.verdict.check_batch`` (``crypto/verdict.py``, the next hop) under the run's
    verification profile (``spot_check`` < 1 recomputes a random share of the rollouts);

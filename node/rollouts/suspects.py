@@ -4,7 +4,7 @@ from the policy the way a worker substituting a cheaper model would build them.
 A worker computes in the precision of its device (bf16 on a GPU, fp32 on a CPU: the
 profile admits both), and the test is sharpest in the worker's own precision: there the
 honest states match the reference to a rounding, and a substitute's match the suspect
-(measured, SPEC §11.2). So the validator tests in its own precision and, when that is not
+(measured, SPEC §18.2). So the validator tests in its own precision and, when that is not
 bf16, in bf16 too, each at half the profile's false-slash probability.
 """
 

@@ -1,5 +1,5 @@
 """Honest boundary flips, made on purpose: where a top-p nucleus's boundary token would
-change a seeded draw if the worker's noise moved it out (SPEC §11.1, boundary events)."""
+change a seeded draw if the worker's noise moved it out (SPEC §18.1, boundary events)."""
 
 import torch
 

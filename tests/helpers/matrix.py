@@ -1,7 +1,7 @@
 """The cheating matrix on one devnet (``tests/test_matrix.py`` and ``bench/adversarial.py``).
 
 Honest workers and cheating ones, each cheater cycling through a few cheats of the
-catalogue (``tests/helpers/cheating/catalogue.py``, SPEC §12.1) one batch each, a trainer and one
+catalogue (``tests/helpers/cheating/catalogue.py``, SPEC §19.1) one batch each, a trainer and one
 validator, on the served development chain. ``run_matrix`` runs until every cheat was made
 ``trials`` times and judged, stops the clock, waits for every verdict, settles every worker
 after the challenge period and reads the books back from the chain, the workers' own
@@ -24,12 +24,12 @@ Sub = tuple[str, bytes]  # (worker address, work key)
 # few processes (the machine is small), each making its cheats in turn, one batch each (one
 # pass: one batch per trainer step, so the run lasts as many steps as the longest list).
 # A version cheat is made only once the trainer has published a version far enough from an
-# older one in the window to tell apart (SPEC §12.1; before, the batch is honest, must be
+# older one in the window to tell apart (SPEC §19.1; before, the batch is honest, must be
 # accepted, and the cheat comes again on the next batch): ``stale_weights`` (the base model)
 # comes last in its list, by when some step has trained; ``older_version`` comes first in
 # its (after ``greedy``), and is made once the worker holds an older version in the window
 # that a step trained away from. ``greedy`` comes first of all in its list: it is made only
-# while verification can tell it (SPEC §12.1), and a policy that learned level 1 at this
+# while verification can tell it (SPEC §19.1), and a policy that learned level 1 at this
 # learning rate soon decodes greedily what its seeded draws would give, near-ties aside.
 # ``withhold`` comes first in its list: its verdict waits for the fetch deadline, which then
 # passes while the other cheats are made.
@@ -54,7 +54,7 @@ class MatrixBooks:
     made: dict[Sub, str]  # each submission -> the cheat it made ("none": honest work)
     worker_of: dict[str, str]  # address -> node name
     status: dict[Sub, str]  # accepted / rejected (on-chain)
-    reason: dict[Sub, str | None]  # the rejection's reason (SPEC §12), None if accepted
+    reason: dict[Sub, str | None]  # the rejection's reason (SPEC §19), None if accepted
     verdicts: dict[Sub, int]  # verdict events per submission
     slashed: dict[Sub, int]  # stake taken from the worker at settlement (Slashed events)
     collateral: dict[Sub, int]
@@ -94,7 +94,7 @@ def start(loop: Loop, cheaters: dict[str, str], honest: tuple[str, ...]) -> None
     loop.env["INTELLECT_NODE_BATCHES_PER_STEP"] = str(len(honest))
     loop.env["INTELLECT_NODE_EVAL_EVERY"] = "0"  # the books need no held-out accuracy
     # a step that trains moves the policy ~2e-2 apart at this rate, beyond what verification
-    # tells apart (DETECTABLE_APART, SPEC §12.1); at the devnet's 1e-4 an older version is
+    # tells apart (DETECTABLE_APART, SPEC §19.1); at the devnet's 1e-4 an older version is
     # within the noise and ``older_version`` could never be made. A step trains only on
     # groups with unequal rewards: on level 1 the tiny policy is right about 60% of the time
     # (on levels 1-5, 10-25%: most steps trained nothing, every version stayed the same)

@@ -20,7 +20,7 @@ just made: two homes punching a TCP hole then each refuse the other's SYN unless
 cross in flight (here, within microseconds). Most home routers drop such attempts silently
 instead; ``drop_unsolicited=True`` builds routers that do, and only there can TCP hole
 punching succeed in this lab (measured with py-libp2p hosts: cone-cone 0 of 5 with
-resets, 8 of 8 with drops; SPEC §20)."""
+resets, 8 of 8 with drops; SPEC §17)."""
 
 from __future__ import annotations
 

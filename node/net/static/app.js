@@ -192,7 +192,7 @@
         [["listening on", (st.addrs || []).join(" ")], ["connections", `${st.connections.count} (keeps ${st.connections.low}–${st.connections.high})`],
           ["dialed / dropped", `${st.connections.dialed} / ${st.connections.dropped}`], ["reachability", "not reported by this node"]];
       for (const [k, v] of pairs) {
-        // the state is a figure the browser test compares with /status (SPEC §19)
+        // the state is a figure the browser test compares with /status (SPEC §16)
         const attrs = reach && k === "state" ? { "data-k": "reachability.state", "data-value": JSON.stringify(v) } : {};
         this.reach.append(h("dt", {}, k), h("dd", attrs,
           Array.isArray(v) ? (v.join(" ") || "none") : typeof v === "object" ? JSON.stringify(v) : String(v)));

@@ -1,7 +1,7 @@
 """The cheats a test can make a worker commit: the catalogue, and the setting that names them.
 
 Each cheat is a shortcut a worker could take for profit, not a random corruption; the
-validators must reject every one on-chain with the reason in ``CATALOGUE`` (SPEC §12.1 has
+validators must reject every one on-chain with the reason in ``CATALOGUE`` (SPEC §19.1 has
 the matrix: what each one saves, which check catches it). A cheating worker
 (``tests/helpers/cheating/worker.py``: the real binary with its inference role and batch
 maker swapped for the ones here) is given several, comma-separated (``parse_cheats``): its
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class Cheat:
     family: str  # cheaper compute, forged evidence, inflated claim, availability
-    reason: str  # the ledger's reason a validator rejects it with (SPEC §12)
+    reason: str  # the ledger's reason a validator rejects it with (SPEC §19)
     what: str  # what the worker does, and what it hopes to gain
 
 
@@ -88,7 +88,7 @@ CATALOGUE: dict[str, Cheat] = {
     ),
     "withhold": Cheat("availability", "unavailable", "submits and announces, never serves"),
 }
-# Shortcuts no validator can punish (SPEC §12.1, "Availability"): the batch is real work, so
+# Shortcuts no validator can punish (SPEC §19.1, "Availability"): the batch is real work, so
 # those who fetch it accept it, and the others' ``unavailable`` votes are unbonded, one each,
 # below the quorum that would overturn the accept. What it saves is upload bandwidth alone.
 UNPUNISHED: dict[str, Cheat] = {

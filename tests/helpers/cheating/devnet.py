@@ -6,7 +6,7 @@ work, and what ``bench/gpu_devnet.py`` runs):
 
 The last ``--cheaters`` of the ``--inference`` workers are cheating workers (``worker.py``:
 the real binary with a cheating inference role), each making the cheats of ``--cheats``
-(``catalogue.py``, SPEC §12.1), one per batch in turn; the trainer's steps wait for the
+(``catalogue.py``, SPEC §19.1), one per batch in turn; the trainer's steps wait for the
 honest workers' batches only. Everything else is ``intellect-node devnet`` (``run_devnet``,
 given ``launch`` and ``batches_per_step``). It needs the checkout's ``tests/``: the
 installed ``intellect-node`` holds no cheating code.
@@ -59,7 +59,7 @@ def parser() -> argparse.ArgumentParser:
         metavar="NAMES",
         help="the cheats the --cheaters make, comma-separated (default other_weights): "
         f"{', '.join(c for c in CHEATS if c not in WORKER_WIDE_CHEATS)}; or "
-        f"{', '.join(WORKER_WIDE_CHEATS)} alone (SPEC section 12.1: what each one is and "
+        f"{', '.join(WORKER_WIDE_CHEATS)} alone (SPEC section 19.1: what each one is and "
         "which check catches it)",
     )
     p.add_argument("--inference", type=int, default=2, help="inference nodes (default 2)")

@@ -6,7 +6,7 @@ calls the honest maker, with ``CheatingBatch``: a ``MakeBatch`` that names the c
 batch makes (``none``: honest work). It answers with a ``CheatMade``, which says whether
 the cheat asked for was made: a greedy batch that no check could tell from the seeded
 draws (a policy so peaked that they differ only at near-ties within the noise, or
-nowhere) is undetectable by design (SPEC §12.1), so the honest batch goes instead and the
+nowhere) is undetectable by design (SPEC §19.1), so the honest batch goes instead and the
 worker makes the cheat again later, as it does for a version too close to tell apart.
 """
 

@@ -1,7 +1,7 @@
 """A cheating worker's inference role: the real ``InferenceRole`` with the parts it is built
 from (``node/roles/inference.py``: its batch maker, what it serves, its ``register``,
 ``make`` and ``submit`` steps) swapped for ones that cheat (the catalogue is
-``catalogue.py``, the matrix SPEC §12.1).
+``catalogue.py``, the matrix SPEC §19.1).
 
 The batch maker makes most cheats (other weights, sampling, tasks, edits: ``maker.py``);
 the role makes the ones that are about what it claims and serves rather than what it
@@ -49,7 +49,7 @@ MAKER_CHEATS = frozenset(
     }
 )
 VERSION_CHEATS = frozenset({"stale_weights", "older_version"})  # the role picks the weights
-# A version cheat is made only between weights at least this far ``apart`` (SPEC §12.1:
+# A version cheat is made only between weights at least this far ``apart`` (SPEC §19.1:
 # closer versions are within the verification's noise, undetectable by design, and the
 # batch is generated honestly instead; the cheat comes again on a later batch).
 DETECTABLE_APART = 1e-2
@@ -130,7 +130,7 @@ class CheatPlan:
     @staticmethod
     def apart(dir_a: str, dir_b: str) -> float:
         """How far the weights of model directory ``dir_a`` are from ``dir_b``'s: the mean
-        over tensors of ``‖a − b‖ / ‖b‖`` (SPEC §12.1 states the verification's bound in
+        over tensors of ``‖a − b‖ / ‖b‖`` (SPEC §19.1 states the verification's bound in
         this measure). The loaded models are compared, not the files: a saved version
         leaves out tied weights the base file holds (``lm_head.weight``), so equal weights
         can be different bytes (0.0 then: a training step that changed nothing)."""
@@ -204,7 +204,7 @@ class CheatingRole(InferenceRole):
             used_dir = str(self.cfg.model if used == 0 else self.weights.model_dir(used))
             apart = await trio.to_thread.run_sync(self.plan.apart, used_dir, model_dir)
             if apart < DETECTABLE_APART:
-                cheat = "none"  # too close to tell apart (SPEC §12.1): honest, comes again
+                cheat = "none"  # too close to tell apart (SPEC §19.1): honest, comes again
             else:
                 model_dir = used_dir
         elif cheat in VERSION_CHEATS:  # no older version held: this batch is honest
