@@ -268,3 +268,23 @@ def test_a_broken_link_or_heading_fails_the_build(tmp_path):
         res = mkdocs_build(work / "mkdocs.yml", work / "site")
         assert res.returncode != 0, bad
         assert says in res.stdout + res.stderr
+
+
+def test_ci_runs_the_readme_test_command_and_it_runs_both_tiers():
+    """README's second command is what `.ci/run` runs, and scripts/test.sh runs the quick
+    tier and then the slow one (every test but the GPU tier)."""
+    block = README.read_text().split("```bash\n", 1)[1].split("```", 1)[0]
+    commands = [line.split("#", 1)[0].strip() for line in block.splitlines()]
+    assert len(commands) == 2 and commands[1].startswith("./scripts/setup.sh && ")
+    ci = [line for line in (ROOT / ".ci" / "run").read_text().splitlines() if line.strip()]
+    assert ci[-1].strip() == commands[1]
+    runs = [
+        line.split("pytest", 1)[1].split()
+        for line in (ROOT / "scripts" / "test.sh").read_text().splitlines()
+        if line.startswith(".venv/bin/python -m pytest")
+    ]
+    assert len(runs) == 2
+    quick, slow = runs
+    assert "-m" not in quick  # pyproject's addopts: not slow and not gpu
+    assert slow[slow.index("-m") + 1] == "slow"
+    assert '-m \\"not slow and not gpu\\"' in (ROOT / "pyproject.toml").read_text()
