@@ -54,23 +54,36 @@ def test_a_batch_whose_units_are_not_its_tokens_is_a_mismatch(worker, extra):
     assert f"units {batch.num_tokens + extra} on-chain" in verdict.detail
 
 
+# the trainer at step 6 with version 5, async level 2; each case breaks one bound only
 @pytest.mark.parametrize(
-    ("step", "clock_step", "why"),
+    ("step", "version", "why"),
     [
-        (3, 6, "older than"),  # step 3 + 2 < 6: stale
-        (7, 6, "ahead of the trainer"),  # the trainer has not announced step 7
+        (3, 5, "step 3 is older than 6 - 2"),
+        (7, 5, "ahead of the trainer"),
+        (6, 6, "ahead of the trainer"),
+        (6, 3, "policy version 3 is older than step 6 - 2"),
+        (4, 2, "policy version 2 is older than the window allows"),
     ],
 )
-def test_a_batch_outside_the_step_window_is_invalid(worker, step, clock_step, why):
-    batch = batch_of(worker, step=step)
-    verdict = judged(batch, worker.public_bytes, clock_step=clock_step)
-    assert verdict is not None, f"step {step} accepted with the trainer at {clock_step}"
+def test_a_batch_outside_the_step_window_is_invalid(worker, step, version, why):
+    batch = dataclasses.replace(batch_of(worker, step=step), policy_version=version)
+    verdict = judged(batch, worker.public_bytes, clock_step=6)
+    assert verdict is not None, f"step {step} / version {version} accepted at step 6 / version 5"
     assert verdict.reason == "invalid"
     assert why in verdict.detail
 
 
-def test_a_batch_at_the_edge_of_the_window_passes(worker):
-    assert judged(batch_of(worker, step=4), worker.public_bytes, clock_step=6) is None
+@pytest.mark.parametrize(("step", "version"), [(4, 5), (6, 5), (6, 4), (4, 3)])
+def test_a_batch_at_the_edges_of_the_window_passes(worker, step, version):
+    batch = dataclasses.replace(batch_of(worker, step=step), policy_version=version)
+    assert judged(batch, worker.public_bytes, clock_step=6) is None
+
+
+def test_staleness_is_judged_against_the_clock_at_submission(worker):
+    """A validator judging late does not count its delay against the worker."""
+    batch = batch_of(worker, step=3)
+    assert judged(batch, worker.public_bytes, clock_step=6, at=(4, 3)) is None
+    assert judged(batch, worker.public_bytes, clock_step=6, at=(6, 5)) is not None
 
 
 def test_a_batch_signed_by_another_peer_than_the_registered_one_is_invalid(worker):
