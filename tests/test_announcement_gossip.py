@@ -29,6 +29,7 @@ class Topic:
     def __init__(self):
         self.validators = {}  # own id bytes -> validator
         self.published = []  # (topic, data)
+        self.sent = trio.Event()  # set once something was published (and validated)
 
     def network_of(self, identity):
         own = ID.from_base58(identity.peer_id)
@@ -46,14 +47,15 @@ class Topic:
             for who, validate in topic.validators.items():
                 if who != own.to_bytes():
                     validate(None, SimpleNamespace(from_id=own.to_bytes(), data=data))
+            topic.sent.set()
 
         host = SimpleNamespace(get_id=lambda: own, set_stream_handler=lambda *args: None)
         return SimpleNamespace(host=host, pubsub=PubSub(), publish=publish)
 
 
-def service(topic, identity):
+def service(topic, identity, run=RUN):
     cfg = SimpleNamespace(
-        run_id=RUN,
+        run_id=run,
         max_clock_skew=30.0,
         peer_max_streams=8,
         peer_request_rate=100.0,
@@ -68,7 +70,7 @@ def service(topic, identity):
     seq = iter(range(now_ms() * 1000, now_ms() * 1000 + 10_000))
 
     def header():
-        return {"run_id": RUN, "sender": identity.peer_id, "seq": next(seq), "ts_ms": now_ms()}
+        return {"run_id": run, "sender": identity.peer_id, "seq": next(seq), "ts_ms": now_ms()}
 
     network = topic.network_of(identity)
     peers = SimpleNamespace(peers={})
@@ -104,3 +106,25 @@ async def test_an_announcement_reaches_another_node_by_gossip(autojump_clock):
     assert {name for name, _ in topic.published} == {ids.announce_topic(RUN)}
     sent = [open_message(data, Announcement) for _, data in topic.published]
     assert [(m.session, m.index) for m in sent] == [(sender.session, 0), (sender.session, 1)]
+
+
+async def test_a_gossiped_announcement_of_another_run_is_refused(autojump_clock):
+    """Gossip goes through admission like a request: an announcement of another run is
+    counted as ``wrong_run`` and delivered to nobody (one on the same topic name is not
+    enough: the run is in the signed header)."""
+    topic = Topic()
+    stranger = service(topic, Identity.generate(), run="other-run")
+    receiver = service(topic, Identity.generate())
+    heard = []
+    receiver.subscribe("blocks", heard.append)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(stranger.serve)
+        await nursery.start(receiver.serve)
+        stranger.announce("blocks", b"one")
+        with trio.fail_after(5):  # virtual seconds
+            await topic.sent.wait()  # published, and seen by the receiver's validator
+        nursery.cancel_scope.cancel()
+    assert len(topic.published) == 1
+    assert heard == [], "an announcement of another run was delivered"
+    metrics = receiver.requests.metrics
+    assert metrics.get("rejected", reason="wrong_run", protocol="gossip-announce") == 1
