@@ -134,3 +134,21 @@ async def test_frame_reader_truncation_inside_a_later_frame():
     with pytest.raises(WireError) as exc:
         await reader.read_frame(100, 1)
     assert exc.value.reason == Reason.TRUNCATED
+
+
+async def test_the_header_is_a_big_endian_u32_byte_for_byte():
+    """SPEC §6: four bytes, big-endian, then the body. The other tests build their headers
+    with ``HEADER`` itself, so only literal bytes pin the order."""
+    a, _, _, raw_b = pair()
+    await write_frame(a, b"hello", 1)
+    assert await raw_b.receive_some() == b"\x00\x00\x00\x05hello"
+    body = bytes(range(256)) + b"\x01"
+    await write_frame(a, body, 1)
+    sent = b""
+    while len(sent) < 4 + len(body):
+        sent += await raw_b.receive_some()
+    assert sent[:4] == b"\x00\x00\x01\x01", f"header {sent[:4].hex()} for 257 bytes"
+    _, b, raw_a, _ = pair()
+    await raw_a.send_all(b"\x00\x00\x01\x00" + bytes(256))  # little-endian: 65,536 bytes
+    assert await read_frame(b, 1 << 20, 1) == bytes(256)
+    assert HEADER.size == 4 and HEADER.pack(0x01020304) == b"\x01\x02\x03\x04"

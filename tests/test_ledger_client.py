@@ -560,3 +560,93 @@ def test_a_wrong_contract_address_is_named_not_a_decoding_error():
     client = LedgerClient(connect("embedded"), nowhere)
     with pytest.raises(LedgerError, match=f"no contract at {nowhere} on embedded"):
         client.params()
+
+
+# ---- refusals, reverts and a chain that changed, on the embedded chain ----------------------
+
+
+def node_error(message):
+    """What web3 raises for a JSON-RPC error answer of the node (not a revert)."""
+    from web3.exceptions import Web3RPCError
+
+    error = {"code": -32000, "message": message}
+    return Web3RPCError(message, rpc_response={"jsonrpc": "2.0", "id": 1, "error": error})
+
+
+class MovableChain:
+    """The client's chain, whose id the test changes (another node behind the URL)."""
+
+    def __init__(self, chain):
+        self.w3, self.chain_id = chain.w3, chain.chain_id
+
+
+def test_a_transaction_the_chain_refuses_is_not_retried_as_a_transport_failure(monkeypatch):
+    """A node's answer "nonce too low" is a refusal, not a lost connection: reported at
+    once as refused, sent once, and the next nonce is asked from the chain."""
+    ledger = Ledger(connect("embedded"))
+    c = ledger.client(ledger.stranger)
+    c.add_stake(ETH)  # the nonce is now counted locally
+    sends = []
+
+    def refuse(raw):
+        sends.append(raw)
+        raise node_error("nonce too low")
+
+    monkeypatch.setattr(c.w3.eth, "send_raw_transaction", refuse)
+    with pytest.raises(LedgerError, match="add_stake refused by the chain: nonce too low"):
+        c.add_stake(ETH)
+    assert len(sends) == 1, f"a refused transaction was sent {len(sends)} times"
+    monkeypatch.undo()
+    c.add_stake(ETH)  # the nonce the refused one took is asked again, not skipped
+    assert c.worker(ledger.stranger.address).stake == 2 * ETH
+
+
+def test_an_error_that_is_not_a_revert_is_not_reported_as_one(monkeypatch):
+    """The node refusing a call itself (not the contract) is a ``LedgerError`` with the
+    node's message, never a ``LedgerRevert``; the contract's own refusal still is one."""
+    from ledger.chain import revert_reason
+
+    ledger = Ledger(connect("embedded"))
+    c = ledger.client(ledger.stranger)
+    with pytest.raises(LedgerRevert):
+        c.claim()  # nothing to claim: the contract reverts
+    assert revert_reason(node_error("header not found")) is None
+    assert revert_reason(ConnectionError("reset")) is None
+
+    def node_refuses(*args, **kwargs):
+        raise node_error("header not found")
+
+    monkeypatch.setattr(c.w3.eth, "call", node_refuses)
+    with pytest.raises(LedgerError, match="refused by the chain: header not found") as exc:
+        c.add_stake(ETH)
+    assert not isinstance(exc.value, LedgerRevert), "a node's refusal reported as a revert"
+    monkeypatch.setattr(c.w3.eth, "estimate_gas", node_refuses)
+    with pytest.raises(LedgerError, match="refused by the chain: header not found") as exc:
+        c.estimate("add_stake", value=ETH)
+    assert not isinstance(exc.value, LedgerRevert), "a node's refusal reported as a revert"
+
+
+def test_after_a_lost_connection_a_client_signs_nothing_for_another_chain(monkeypatch):
+    """The chain id is pinned on the first transaction; a connection lost while sending
+    may mean another node (another chain) behind the URL now: checked again, and the
+    client refuses to send there."""
+    ledger = Ledger(connect("embedded"))
+    c = ledger.client(ledger.stranger)
+    c.chain = moved = MovableChain(c.chain)
+    c.add_stake(ETH)  # pins the chain id
+    pinned = moved.chain_id
+    send = c.w3.eth.send_raw_transaction
+    sends = []
+
+    def lost_and_moved(raw):
+        sends.append(raw)
+        if len(sends) == 1:
+            moved.chain_id = pinned + 1  # the URL now leads to another chain
+            raise ConnectionError("connection reset")
+        return send(raw)
+
+    monkeypatch.setattr(c.w3.eth, "send_raw_transaction", lost_and_moved)
+    with pytest.raises(LedgerError, match=f"the chain changed from {pinned} to {pinned + 1}"):
+        c.add_stake(ETH)
+    assert len(sends) == 1, "the transaction was sent again to another chain"
+    assert c.worker(ledger.stranger.address).stake == ETH

@@ -200,3 +200,154 @@ def test_the_checker_keeps_the_copies_of_the_version_in_use_only(tiny_model_dir)
     del first
     gc.collect()
     assert copy_of_1() is None and 1 in checker.models  # the model is kept, its copies not
+
+
+# ---- the rule and its budget, on chosen distances ------------------------------------------
+
+
+def judged_on(monkeypatch, diffs_of, prompts, claims, alpha):
+    """``substitution_test`` with each claim's (position, distance difference) given."""
+    from crypto import substitution
+
+    monkeypatch.setattr(substitution, "_position_diffs", lambda *args: diffs_of)
+    return substitution.substitution_test("int8", prompts, claims, [], [], GPU_BF16, alpha)
+
+
+def test_the_sign_test_rejects_at_its_threshold_and_not_above_it(monkeypatch):
+    """8 of 8 positions nearer the suspect: p = 2^-8, rejected at alpha = p, not below it,
+    and never when the mean favours the reference."""
+    from types import SimpleNamespace
+
+    prompt, claim = [1, 2], SimpleNamespace(tokens=[3, 4, 5, 6, 7, 8, 9])  # 8 positions
+    nearer = [[(p, 1.0) for p in range(8)]]
+    p = sign_tail(8, 8)
+    assert p == pytest.approx(2.0**-8)
+    at = judged_on(monkeypatch, nearer, [prompt], [claim], alpha=p)
+    assert (at.nearer, at.positions, at.p_value) == (8, 8, p)
+    assert at.rejected, "p = alpha must reject"
+    assert not judged_on(monkeypatch, nearer, [prompt], [claim], alpha=p / 2).rejected, (
+        "rejected at alpha = p / 2"
+    )
+    assert not judged_on(monkeypatch, nearer, [prompt], [claim], alpha=p * 0.999).rejected
+    # 7 of 8: p = 9/256
+    seven = [[(p, 1.0) for p in range(7)] + [(7, -0.5)]]
+    assert judged_on(monkeypatch, seven, [prompt], [claim], alpha=sign_tail(7, 8)).rejected
+    assert sign_tail(7, 8) == pytest.approx(9 / 256)
+    assert not judged_on(monkeypatch, seven, [prompt], [claim], alpha=8 / 256).rejected
+    # many nearer the suspect by a little, a few nearer the reference by a lot: mean < 0
+    tilted = [[(p, 0.1) for p in range(7)] + [(7, -5.0)]]
+    result = judged_on(monkeypatch, tilted, [prompt], [claim], alpha=0.5)
+    assert result.mean_diff < 0 and result.p_value <= 0.5 and not result.rejected
+    # positions whose distances tie count for neither side
+    ties = [[(p, 0.0) for p in range(4)] + [(p, 1.0) for p in range(4, 8)]]
+    assert judged_on(monkeypatch, ties, [prompt], [claim], alpha=1).positions == 4
+
+
+def test_a_position_repeated_in_a_batch_counts_once(monkeypatch):
+    """Peaked samples repeat: four rollouts of the same tokens are one computation per
+    position, counted once with its first distance (not four times, nor summed)."""
+    from types import SimpleNamespace
+
+    prompt, tokens = [1, 2], [3, 4, 5]  # 4 positions
+    claims = [SimpleNamespace(tokens=tokens) for _ in range(4)]
+    diffs = [[(0, 1.0), (1, 2.0), (2, 3.0), (3, -1.0)] for _ in claims]
+    result = judged_on(monkeypatch, diffs, [prompt] * 4, claims, alpha=0.5)
+    assert (result.nearer, result.positions) == (3, 4), "a repeated position counted again"
+    assert result.mean_diff == pytest.approx(5.0 / 4)
+    assert result.p_value == pytest.approx(5 / 16)
+    # another rollout sharing the prompt and first token: positions 0-2 are the same
+    # computations (the tokens up to them agree), its position 3 is a new one
+    other = SimpleNamespace(tokens=[3, 9, 9])
+    mixed = judged_on(
+        monkeypatch,
+        [diffs[0], [(0, 1.0), (1, 2.0), (2, 7.0), (3, 7.0)]],
+        [prompt] * 2,
+        [claims[0], other],
+        alpha=0.5,
+    )
+    assert (mixed.nearer, mixed.positions) == (4, 5)
+    assert mixed.mean_diff == pytest.approx((5.0 + 7.0) / 5)
+
+
+@dataclasses.dataclass(frozen=True)
+class Passed:
+    passed: bool = True
+    reason: str = "ok"
+    substitution: tuple = ()
+
+
+class FakeSuspects:
+    """A validator's ``SuspectModels`` in ``dtype``, each model a name."""
+
+    def __init__(self, dtype):
+        self.dtype = dtype
+        self.own = SuspectModels.precisions(self)
+
+    def precisions(self):
+        return self.own
+
+    def reference(self, dtype):
+        return f"reference {dtype}"
+
+    def suspect(self, dtype, name):
+        return f"{name} {dtype}"
+
+
+def substitution_calls(monkeypatch, dtype, suspects, nearer=()):
+    """The (label, reference, suspect, alpha) of each test ``with_substitution`` runs for a
+    validator in ``dtype`` against ``suspects``; the labels in ``nearer`` reject."""
+    from crypto import substitution
+    from crypto.substitution import SubstitutionResult
+    from node.engine import torch_engine
+
+    calls = []
+    monkeypatch.setattr(
+        torch_engine, "recompute_batch", lambda model, prompts, outputs: [(model, None)]
+    )
+
+    def test(label, prompts, claims, reference, suspected, config, alpha):
+        calls.append((label, reference[0], suspected[0], alpha))
+        return SubstitutionResult(label, 1, 1, 1.0, 0.5, label in nearer)
+
+    monkeypatch.setattr(substitution, "substitution_test", test)
+    config = dataclasses.replace(GPU_BF16, suspects=suspects)
+    verdict = with_substitution(Passed(), FakeSuspects(dtype), [[1]], [], ["own"], config)
+    return calls, verdict
+
+
+def test_the_false_slash_budget_is_shared_among_precisions_and_suspects(monkeypatch):
+    budget = GPU_BF16.sampling.false_slash
+    calls, verdict = substitution_calls(monkeypatch, torch.float32, ("int8", "int4"))
+    assert len(calls) == 4 and verdict.passed
+    assert {alpha for *_, alpha in calls} == {budget / 4}, "each test must get 1/4 of alpha"
+    calls, _ = substitution_calls(monkeypatch, torch.bfloat16, ("int8", "int4"))
+    assert {alpha for *_, alpha in calls} == {budget / 2}
+    calls, _ = substitution_calls(monkeypatch, torch.float32, ("int8",))
+    assert {alpha for *_, alpha in calls} == {budget / 2}
+
+
+def test_a_validator_in_fp32_also_tests_in_bf16(monkeypatch):
+    """A worker computes in its device's precision (bf16 on a GPU): a CPU validator tests
+    in its own fp32 and in bf16 too, the own precision on the states it recomputed."""
+    calls, verdict = substitution_calls(monkeypatch, torch.float32, ("int8",))
+    assert [(label, ref, sus) for label, ref, sus, _ in calls] == [
+        ("int8 (float32)", "own", "int8 torch.float32"),
+        ("int8 (bfloat16)", "reference torch.bfloat16", "int8 torch.bfloat16"),
+    ], "the bf16 pass was skipped"
+    assert [r.suspect for r in verdict.substitution] == ["int8 (float32)", "int8 (bfloat16)"]
+    calls, _ = substitution_calls(monkeypatch, torch.bfloat16, ("int8",))
+    assert [label for label, *_ in calls] == ["int8 (bfloat16)"]  # bf16 once
+    # nearer the suspect in bf16 only: rejected
+    calls, verdict = substitution_calls(
+        monkeypatch, torch.float32, ("int8",), nearer=("int8 (bfloat16)",)
+    )
+    assert not verdict.passed and verdict.reason.startswith("substitution: nearer int8 (bf")
+
+
+def test_the_suspect_models_of_an_fp32_policy_come_in_fp32_and_bf16():
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4))
+    suspects = SuspectModels(model)
+    assert suspects.precisions() == [torch.float32, torch.bfloat16]
+    assert suspects.reference(torch.float32) is model
+    assert next(suspects.reference(torch.bfloat16).parameters()).dtype == torch.bfloat16
+    assert SuspectModels(model.to(torch.bfloat16)).precisions() == [torch.bfloat16]

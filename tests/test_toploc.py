@@ -348,3 +348,27 @@ def test_coefficients_match_the_reference_implementation():
         coeffs = np.array([vec["coeffs"]], dtype=np.int64)
         probe = np.array([vec["probe"]], dtype=np.int64)
         assert toploc._evaluate(coeffs, probe)[0].tolist() == vec["probe_values"]
+
+
+def test_the_mantissa_distance_counts_only_where_sign_and_exponent_match():
+    """bf16 patterns: 1 sign bit, 8 exponent bits, 7 mantissa bits. Two values of another
+    sign or exponent are not near however close their mantissas: they do not match."""
+    from crypto.toploc import mantissa_distance
+
+    def bf16(x):
+        return int(torch.tensor([x], dtype=torch.bfloat16).view(torch.int16).item()) & 0xFFFF
+
+    pairs = [
+        (1.5, 1.5, True, 0),
+        (1.5, 1.5078125, True, 1),  # one unit in the last place
+        (1.5, 1.0, True, 64),
+        (1.5, -1.5, False, 0),  # the sign differs, mantissas equal
+        (1.5, 3.0, False, 0),  # the lowest exponent bit differs, mantissas equal
+        (1.5, 0.75, False, 0),  # exponent 127 vs 126: every exponent bit but the lowest
+        (1.5, 1.5 * 2.0**64, False, 0),  # the highest exponent bit differs
+    ]
+    a = np.array([bf16(x) for x, *_ in pairs], dtype=np.int64)
+    b = np.array([bf16(y) for _, y, *_ in pairs], dtype=np.int64)
+    same, distance = mantissa_distance(a, b)
+    assert same.tolist() == [s for *_, s, _ in pairs], "sign and exponent not both compared"
+    assert distance.tolist() == [d for *_, d in pairs]

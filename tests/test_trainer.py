@@ -13,7 +13,14 @@ import pytest
 from node.roles.chain import Ruling, Submission
 from node.roles.clock import StepClock
 from node.roles.work import Verdict
-from node.roles.workbook import TrainerState, WorkBook, append_line, key_text, recorded_step
+from node.roles.workbook import (
+    TrainerState,
+    WorkBook,
+    append_line,
+    key_text,
+    recorded_step,
+    step_batches,
+)
 from node.training.grpo import GRPOConfig
 from protocol.batches import StepNotice
 from tests.helpers.net import wait_until
@@ -307,6 +314,102 @@ def test_trainer_state_round_trips_and_a_cut_metrics_line_is_skipped(tmp_path):
     lines = metrics.read_text().splitlines()
     assert json.loads(lines[-1]) == {"step": 1} and recorded_step(metrics) == 1
     assert len(lines) == 3 and "" not in lines  # no blank lines between records
+
+
+def test_an_accepted_batch_not_yet_fetched_is_not_usable():
+    """Usable means fetched too: a step taking an accepted batch that is not in the inbox
+    would train on nothing (or wait for ever on a batch no holder serves)."""
+    book = WorkBook(async_level=2)
+    for n in (1, 2, 3):
+        book.on_submission(sub(n, 1))
+        book.on_ruling(ruling(n, True))
+    assert book.usable(2) == [], "accepted batches counted usable before any was fetched"
+    book.fetched[key(2)] = 1
+    assert book.usable(2) == [key(2)], "only the fetched batch is usable"
+    assert set(book.wanted(2)) == {key(1), key(3)}  # the others are still to fetch
+    assert step_batches(book.usable(2), waited=0.0, per_step=2, step_wait=30.0) is None
+
+
+async def test_a_batch_that_failed_to_fetch_is_not_usable(tmp_path, monkeypatch):
+    """A fetch no peer served, or whose batch does not match its submission, leaves the
+    batch unfetched: not usable, still wanted."""
+    from crypto.identity import Identity
+    from node.roles import gathering
+    from tests.helpers.batches import a_batch
+
+    role = a_trainer(tmp_path)
+    identity = Identity.generate()
+    batch = a_batch(identity)
+    work_key = batch.work_key()
+    k = (batch.worker, work_key)
+    role.book.on_submission(Submission(batch.worker, work_key, batch.num_tokens + 1, 0, 1))
+    role.book.on_ruling(Ruling(k, Verdict.accept(), False, 101))
+    role.gatherer.registered = lambda worker: "worker-peer"
+    served = []
+
+    async def unreachable(node, peer, key, max_size=None):
+        raise OSError("unreachable")
+
+    async def wrong_units(node, peer, key, max_size=None):
+        served.append(key)
+        return batch, b"envelope"
+
+    for fetch in (unreachable, wrong_units):
+        monkeypatch.setattr(gathering, "fetch_batch", fetch)
+        assert not await role.gatherer.fetch(k)
+        assert role.book.usable(0) == [], f"counted usable after {fetch.__name__}"
+        assert role.book.wanted(0) == [k]
+    assert served == [work_key] and role.inbox.keys() == []
+
+
+async def test_what_a_step_consumed_is_saved_with_it_and_a_restart_does_not_reuse_it(tmp_path):
+    """The state written after a step names the batches it trained on; a trainer restarted
+    from it finds the same batch accepted and in its inbox again and does not train on it
+    twice (nor fetch it again)."""
+    import dataclasses
+
+    from crypto.identity import Identity
+    from node.roles.trainer import STATE_FILE
+    from node.training.worker import StepStats
+    from protocol.wire import seal
+    from tests.helpers.batches import WORKER, a_batch
+
+    class Policy:
+        async def call(self, request):
+            return StepStats(samples=2, tokens=6)
+
+    async def nothing(*args):
+        pass
+
+    identity = Identity.generate()
+    envelope = seal(identity, dataclasses.replace(a_batch(identity, step=1), policy_version=1))
+
+    def a_role_with_the_batch():
+        role = a_trainer(tmp_path)
+        role.policy, role._publish = Policy(), nothing
+        work_key = role.inbox.put(envelope)
+        k = (WORKER, work_key)
+        role.book.on_submission(Submission(WORKER, work_key, 6, 1, 1))
+        role.book.on_ruling(Ruling(k, Verdict.accept(), False, 101))
+        role.gatherer.file(work_key)
+        return role, k
+
+    role, k = a_role_with_the_batch()
+    role.state.step = 1
+    assert role.book.usable(1) == [k]
+
+    async def the_batch(n):
+        return [k]
+
+    role._wait_for_batches = the_batch
+    await role._train_one()
+    saved = TrainerState.load(tmp_path / STATE_FILE)
+    assert saved.step == 2
+    assert saved.consumed == {key_text(k): 1}, "the batch trained on is not in the saved state"
+    again, k = a_role_with_the_batch()  # restarted: the batch accepted and fetched again
+    assert again.step == 2
+    assert again.book.usable(2) == [], "a restarted trainer would train on the batch twice"
+    assert again.book.wanted(2) == []
 
 
 # ---- one real run -------------------------------------------------------------------------

@@ -20,15 +20,52 @@ from crypto.sampling import (
     sample_tokens,
 )
 from crypto.toploc import build_proofs
+from protocol import diloco, ids, shardcast
+from protocol.batches import (
+    BATCH_TOPIC,
+    STEP_TOPIC,
+    BatchNotice,
+    BatchReply,
+    BatchRequest,
+    StepNotice,
+)
+from protocol.diloco import DilocoChunk, DilocoRequest, DilocoRoster
 from protocol.framing import TrioStream, read_frame, write_frame
 from protocol.messages import Announcement, NodeInfo, Refusal, SyncReply, SyncRequest
 from protocol.rollouts import RolloutBatch
+from protocol.shardcast import (
+    ShardReply,
+    ShardRequest,
+    WeightManifest,
+    WeightsHolding,
+    WeightsNotice,
+    WeightsQuery,
+)
 from protocol.wire import open_message, seal
 
 VECTORS = Path(__file__).parent / "vectors"
 CLASSES = {
-    c.TYPE: c for c in (NodeInfo, Announcement, SyncRequest, SyncReply, Refusal, RolloutBatch)
+    c.TYPE: c
+    for c in (
+        NodeInfo,
+        Announcement,
+        SyncRequest,
+        SyncReply,
+        Refusal,
+        RolloutBatch,
+        BatchRequest,
+        BatchReply,
+        WeightManifest,
+        WeightsQuery,
+        WeightsHolding,
+        ShardRequest,
+        ShardReply,
+        DilocoRequest,
+        DilocoRoster,
+        DilocoChunk,
+    )
 }
+BODIES = {c.TYPE: c for c in (BatchNotice, StepNotice, WeightsNotice)}
 
 
 def load(name):
@@ -81,6 +118,60 @@ def test_message_encoding_signing_and_envelope(case):
     assert open_message(bytes.fromhex(case["envelope"]), cls) == message
     if "work_key" in case:
         assert message.work_key().hex() == case["work_key"]
+
+
+def test_every_message_type_has_a_vector():
+    assert {c["type"] for c in MESSAGES["cases"]} == set(CLASSES)
+    assert {b["type"] for b in MESSAGES["bodies"]} == set(BODIES)
+
+
+@pytest.mark.parametrize("case", MESSAGES["bodies"], ids=lambda c: c["type"])
+def test_announcement_body_encoding(case):
+    """Batch and step notices: typed maps, no header (the announcement's is theirs); the
+    weights notice: a plain map with no type (SPEC §14)."""
+    cls = BODIES[case["type"]]
+    message = cls.from_obj(plain(case["fields"]))
+    body = bytes.fromhex(case["body"])
+    if case["typed"]:
+        assert message.encode().hex() == case["body"]
+        assert cls.decode(body) == message
+    else:
+        assert shardcast.encode_notice(message).hex() == case["body"]
+        assert shardcast.check_notice(body) == message
+
+
+NAMES = load("names")
+
+
+def test_protocol_ids_topics_and_dht_keys():
+    run, leader = NAMES["run_id"], NAMES["leader"]
+    assert NAMES["protocols"] == {
+        "presence": ids.PRESENCE,
+        "sync": ids.SYNC,
+        "batch": ids.BATCH,
+        "weights": ids.WEIGHTS,
+        "shardcast": ids.SHARDCAST,
+        "diloco": diloco.DILOCO,
+        "diloco_state": diloco.DILOCO_STATE,
+        "diloco_shard": diloco.DILOCO_SHARD,
+        "kad": ids.KAD,
+        "gossipsub": ids.GOSSIPSUB,
+    }
+    assert NAMES["topics"] == {
+        "presence": ids.presence_topic(run),
+        "announce": ids.announce_topic(run),
+    }
+    assert NAMES["announcement_topics"] == {
+        "batches": BATCH_TOPIC,
+        "steps": STEP_TOPIC,
+        "weights": shardcast.WEIGHTS_TOPIC,
+    }
+    assert NAMES["dht_keys"] == {
+        **{f"role/{r}": ids.role_key(run, r) for r in ids.ROLES},
+        "weights/7": ids.weights_key(run, 7),
+        "diloco/<leader>": diloco.group_key(run, leader),
+        "relay": ids.relay_key(run),
+    }
 
 
 SAMPLER = load("sampler")
@@ -154,7 +245,7 @@ def test_the_files_are_what_the_derivation_writes(tmp_path, monkeypatch):
     spec.loader.exec_module(derive)
     monkeypatch.setattr(derive, "HERE", tmp_path)
     derive.main()
-    for name in ("frames", "messages", "sampler", "toploc"):
+    for name in ("frames", "messages", "names", "sampler", "toploc"):
         assert (tmp_path / f"{name}.json").read_text() == (VECTORS / f"{name}.json").read_text()
 
 

@@ -284,9 +284,55 @@ def messages() -> dict:
         ("intellect/sync-reply/1", {"items": [b"\x82\xa1a\x01", b""]}),
         ("intellect/refusal/1", {"reason": "replay", "detail": "seq 5 already seen"}),
         ("intellect/rollout-batch/1", batch_fields),
+        ("intellect/batch-request/1", {"work_key": bytes(range(32))}),
+        ("intellect/batch-reply/1", {"work_key": bytes(range(32)), "size": 70_000}),
+        ("intellect/weight-manifest/1", MANIFEST),
+        ("intellect/weights-query/1", {"version": 7, "with_manifest": True}),
+        # "manifest": the weight-manifest case's envelope, filled in below
+        ("intellect/weights-holding/1", {"version": 7, "manifest": b"", "have": b"\x03"}),
+        ("intellect/shard-request/1", {"version": 7, "index": 1}),
+        ("intellect/shard-reply/1", {"version": 7, "index": 1, "size": 34_464}),
+        (
+            "intellect/diloco-request/1",
+            {
+                "op": "sync",
+                "step": 4,
+                "attempt": 1,
+                "phase": "",
+                "round": 0,
+                "layout": "0123456789abcdef0123456789abcdef",
+                "norm": 1.5,
+                "state": "ab" * 32,
+                "blame": "",
+            },
+        ),
+        (
+            "intellect/diloco-roster/1",
+            {
+                "step": 4,
+                "attempt": 1,
+                "state": "ready",
+                "encoding": "int8",
+                "members": [sender],
+                "norms": [1.5],
+            },
+        ),
+        (
+            "intellect/diloco-chunk/1",
+            {
+                "step": 4,
+                "attempt": 1,
+                "phase": "rs",
+                "round": 2,
+                "size": 1124,
+                "digest": hashlib.sha256(b"chunk").digest(),
+            },
+        ),
     ]
     cases = []
     for mtype, fields in table:
+        if mtype == "intellect/weights-holding/1":
+            fields = {**fields, "manifest": bytes.fromhex(cases[-2]["envelope"])}
         payload = mp({"type": mtype, **head, **fields})
         signed = signing_bytes(mtype, payload)
         signature = key.sign(signed)
@@ -308,12 +354,99 @@ def messages() -> dict:
     return {
         "spec": "SPEC §3 (envelope, signing bytes), §5 (messages: type, header fields, then the "
         "table's fields, in that order; smallest msgpack integer forms, bin for bytes, float64), "
-        "§5 work key",
+        "§5 work key, §14 (SHARDCAST messages), §15 (DiLoCo messages); bodies: the "
+        "announcement bodies of §5 (batch and step notices, typed, no header) and §14 (the "
+        "weights notice: no type)",
         "private_key_seed": SEED.hex(),
         "public_key": public.hex(),
         "peer_id": sender,
         "cases": cases,
+        "bodies": bodies(),
     }
+
+
+# a manifest of two files in two shards (64 KiB + the rest); the digests are arbitrary
+# 32-byte values (the encoding does not depend on them): BLAKE3 is not in the standard library
+MANIFEST = {
+    "version": 7,
+    "step": 6,
+    "shard_size": 65_536,
+    "total_size": 100_000,
+    "digest": bytes(range(100, 132)),
+    "files": [
+        {"name": "config.json", "size": 1_000, "offset": 0},
+        {"name": "model.safetensors", "size": 99_000, "offset": 1_000},
+    ],
+    "shard_hashes": bytes(range(64)),
+}
+
+
+def bodies() -> list[dict]:
+    """Announcement bodies: not enveloped (the announcement is), no header."""
+    table = [
+        (
+            "intellect/batch-notice/1",
+            True,
+            {
+                "work_key": bytes(range(32)),
+                "worker": "0x" + "ab" * 20,
+                "step": 3,
+                "policy_version": 2,
+                "units": 6,
+                "size": 70_000,
+            },
+        ),
+        ("intellect/step-notice/1", True, {"step": 300, "policy_version": 299}),
+        ("intellect/weights-notice/1", False, {"version": 7, "step": 6, "manifest": bytes(32)}),
+    ]
+    return [
+        {
+            "type": mtype,
+            "typed": typed,
+            "fields": jsonable(fields),
+            "body": mp({"type": mtype, **fields} if typed else fields).hex(),
+        }
+        for mtype, typed, fields in table
+    ]
+
+
+def names() -> dict:
+    """Protocol ids (SPEC §6, §7, §8), gossip topics (§7) and DHT keys (§8, §17) of a run."""
+    run = HEADER["run_id"]
+    _, public = ed25519_key(SEED)
+    leader = peer_id(public)
+    return {
+        "spec": "SPEC §6 (protocol ids), §7 (gossipsub id, topics), §8 (kad id, DHT keys), "
+        "§15 (the DiLoCo group key), §17 (the relay key); UTF-8 strings",
+        "run_id": run,
+        "leader": leader,
+        "protocols": {
+            "presence": "/intellect/presence/1.0.0",
+            "sync": "/intellect/sync/1.0.0",
+            "batch": "/intellect/batch/1.0.0",
+            "weights": "/intellect/weights/1.0.0",
+            "shardcast": "/intellect/shardcast/1.0.0",
+            "diloco": "/intellect/diloco/1.0.0",
+            "diloco_state": "/intellect/diloco-state/1.0.0",
+            "diloco_shard": "/intellect/diloco-shard/1.0.0",
+            "kad": "/intellect/kad/1.0.0",
+            "gossipsub": "/meshsub/1.1.0",
+        },
+        "topics": {
+            "presence": f"/intellect/{run}/presence/1",
+            "announce": f"/intellect/{run}/announce/1",
+        },
+        "announcement_topics": {"batches": "batches", "steps": "steps", "weights": "weights"},
+        "dht_keys": {
+            **{f"role/{r}": f"/intellect/{run}/role/{r}" for r in ROLES},
+            "weights/7": f"/intellect/{run}/weights/7",
+            "diloco/<leader>": f"/intellect/{run}/diloco/{leader}",
+            "relay": f"/intellect/{run}/relay",
+        },
+    }
+
+
+ROLES = ("bootstrap", "inference", "validator", "trainer")  # SPEC §2
 
 
 def sampler() -> dict:
@@ -402,6 +535,7 @@ def main() -> None:
     for name, build in (
         ("frames", frames),
         ("messages", messages),
+        ("names", names),
         ("sampler", sampler),
         ("toploc", toploc),
     ):

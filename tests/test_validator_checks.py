@@ -1,0 +1,114 @@
+"""The validator's cheap checks (``node/roles/validator.py`` ``cheap_checks``, checks 1-3):
+each refuses the batch that breaks it, whatever the ledger contract also enforces."""
+
+import dataclasses
+from types import SimpleNamespace
+
+import pytest
+
+from crypto.identity import Identity
+from node.roles.clock import StepClock
+from node.roles.validator import cheap_checks
+from protocol.batches import StepNotice
+from tests.helpers.batches import WORKER, a_batch
+
+TRAINER = "12D3KooW" + "A" * 44
+PROOFS = (32, 2)  # a_batch's chunk size and top-k
+
+
+@pytest.fixture
+def worker():
+    return Identity.generate()
+
+
+def batch_of(worker, step=3):
+    """A batch of ``step`` made with policy version ``step - 1`` (inside the window)."""
+    return dataclasses.replace(a_batch(worker, step=step), policy_version=step - 1)
+
+
+def judged(batch, worker_key, *, units=None, valid=True, clock_step=3, at=None):
+    """``cheap_checks`` of ``batch`` as submitted by ``WORKER`` with ``units`` (default:
+    its tokens), ``WORKER`` registered with ``worker_key``, the trainer at ``clock_step``."""
+    sub = SimpleNamespace(
+        worker=WORKER,
+        units=batch.num_tokens if units is None else units,
+        policy_version=batch.policy_version,
+    )
+    registrations = SimpleNamespace(get=lambda address: (worker_key, valid))
+    clock = StepClock(TRAINER, async_level=2)
+    clock.observe(TRAINER, StepNotice(step=clock_step, policy_version=clock_step - 1))
+    return cheap_checks(batch, sub, registrations, clock, at, PROOFS)
+
+
+def test_an_honest_batch_passes_the_cheap_checks(worker):
+    assert judged(batch_of(worker), worker.public_bytes) is None
+
+
+@pytest.mark.parametrize("extra", [1, 1000, -1])
+def test_a_batch_whose_units_are_not_its_tokens_is_a_mismatch(worker, extra):
+    """A worker paid by ``units`` claims more than it generated (or fewer): refused."""
+    batch = batch_of(worker)
+    verdict = judged(batch, worker.public_bytes, units=batch.num_tokens + extra)
+    assert verdict is not None, f"units {batch.num_tokens + extra} for {batch.num_tokens} tokens"
+    assert verdict.reason == "mismatch"
+    assert f"units {batch.num_tokens + extra} on-chain" in verdict.detail
+
+
+# the trainer at step 6 with version 5, async level 2; each case breaks one bound only
+@pytest.mark.parametrize(
+    ("step", "version", "why"),
+    [
+        (3, 5, "step 3 is older than 6 - 2"),
+        (7, 5, "ahead of the trainer"),
+        (6, 6, "ahead of the trainer"),
+        (6, 3, "policy version 3 is older than step 6 - 2"),
+        (4, 2, "policy version 2 is older than the window allows"),
+    ],
+)
+def test_a_batch_outside_the_step_window_is_invalid(worker, step, version, why):
+    batch = dataclasses.replace(batch_of(worker, step=step), policy_version=version)
+    verdict = judged(batch, worker.public_bytes, clock_step=6)
+    assert verdict is not None, f"step {step} / version {version} accepted at step 6 / version 5"
+    assert verdict.reason == "invalid"
+    assert why in verdict.detail
+
+
+@pytest.mark.parametrize(("step", "version"), [(4, 5), (6, 5), (6, 4), (4, 3)])
+def test_a_batch_at_the_edges_of_the_window_passes(worker, step, version):
+    batch = dataclasses.replace(batch_of(worker, step=step), policy_version=version)
+    assert judged(batch, worker.public_bytes, clock_step=6) is None
+
+
+def test_staleness_is_judged_against_the_clock_at_submission(worker):
+    """A validator judging late does not count its delay against the worker."""
+    batch = batch_of(worker, step=3)
+    assert judged(batch, worker.public_bytes, clock_step=6, at=(4, 3)) is None
+    assert judged(batch, worker.public_bytes, clock_step=6, at=(6, 5)) is not None
+
+
+def test_a_batch_signed_by_another_peer_than_the_registered_one_is_invalid(worker):
+    other = Identity.generate()
+    verdict = judged(batch_of(worker), other.public_bytes)
+    assert verdict is not None, "a batch signed by a peer the worker did not register passed"
+    assert verdict.reason == "invalid"
+    assert "registered peer key" in verdict.detail
+
+
+def test_a_batch_of_a_worker_whose_registration_signature_is_invalid_is_invalid(worker):
+    """The EVM cannot check the registration's Ed25519 signature: the node does."""
+    verdict = judged(batch_of(worker), worker.public_bytes, valid=False)
+    assert verdict is not None, "a batch of an invalid registration passed"
+    assert verdict.reason == "invalid"
+    assert "registered peer key" in verdict.detail
+
+
+def test_a_batch_of_an_unregistered_worker_is_invalid(worker):
+    verdict = judged(batch_of(worker), bytes(32), valid=False)
+    assert verdict is not None and verdict.reason == "invalid"
+
+
+def test_a_batch_naming_another_worker_is_a_mismatch(worker):
+    batch = dataclasses.replace(batch_of(worker), worker="0x" + "34" * 20)
+    verdict = judged(batch, worker.public_bytes)
+    assert verdict is not None and verdict.reason == "mismatch"
+    assert "another worker" in verdict.detail
