@@ -259,8 +259,9 @@ def test_an_unfunded_account_gets_one_clear_line(ledger):
 
 def test_transient_rpc_failures_are_retried_then_reported(monkeypatch):
     from ledger import client as client_module
+    from ledger import records
 
-    monkeypatch.setattr(client_module.time, "sleep", lambda s: None)
+    monkeypatch.setattr(records.time, "sleep", lambda s: None)  # retry's pause, where it lives
     calls = []
 
     def flaky():
