@@ -75,7 +75,7 @@ def test_read_history_keeps_versions_and_only_this_validators_votes(monkeypatch)
         return events
 
     monkeypatch.setattr("node.roles.catchup.read_events", fake_read)
-    client = SimpleNamespace(w3=SimpleNamespace(eth=SimpleNamespace(block_number=9)))
+    client = SimpleNamespace(head=lambda: 9)  # the chain's head; its events: fake_read
     h = read_history(client, me, 3)
     assert seen["span"] == {"from_block": 3, "to_block": 9}
     assert set(seen["names"]) == {"PolicyVersion", "WorkAccepted", "WorkRejected"}

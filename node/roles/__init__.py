@@ -6,13 +6,13 @@ decisions each role makes live in small pure classes beside it."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from node.roles.given import RoleRun
 
 
-def role_service(
-    role: str, *, diloco: bool = False, objective: str = "grpo"
-) -> Callable[..., Any] | None:
+def role_service(role: str, *, diloco: bool = False, objective: str = "grpo") -> RoleRun | None:
     """``run(node, cfg, *, task_status)`` of a role, None for the bootstrap (network only);
     ``diloco``: the trainer as a member of a DiLoCo group (``node/roles/grouptrainer.py``),
     with ``objective`` ``pretrain`` on a text corpus (``node/roles/pretrainer.py``).

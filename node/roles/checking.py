@@ -161,9 +161,10 @@ class BatchChecker:
             samples = random.SystemRandom().sample(samples, count)  # unpredictable to workers
         eos = int(self.tokenizer.eos_token_id)
         evidence = judge_rollouts(self.model, eos, batch, samples, self.config, self.suspects)
-        spent = {"rollouts": len(samples), "seconds": time.perf_counter() - started}
+        rollouts, seconds = len(samples), time.perf_counter() - started
         if evidence.passed:  # how close it came: the pooled sampling statistic and its bound
             pooled = f"sampling statistic {evidence.statistic:.1f}, bound {evidence.bound:.1f}"
             tested = "".join(f"; {t.describe()}" for t in evidence.substitution)
-            return Verdict.accept(f"{evidence.reason}: {pooled}{tested}", **spent)
-        return Verdict.reject("invalid", evidence.reason, **spent)
+            detail = f"{evidence.reason}: {pooled}{tested}"
+            return Verdict.accept(detail, rollouts=rollouts, seconds=seconds)
+        return Verdict.reject("invalid", evidence.reason, rollouts=rollouts, seconds=seconds)

@@ -56,9 +56,9 @@ class StepClock:
         now (gossip may have brought the step to the worker before it reached us)."""
         if self.step is None:
             return "no step announced by the trainer yet"
-        then, version_then = (
-            at if at is not None and at[0] is not None else (self.step, self.policy_version)
-        )
+        then, version_then = self.step, self.policy_version
+        if at is not None and at[0] is not None:
+            then, version_then = at[0], at[1]
         if step > self.step or policy_version > self.policy_version:
             return f"step {step} / version {policy_version} is ahead of the trainer's"
         if policy_version + self.async_level < step:

@@ -42,6 +42,7 @@ from node.diloco.group import DilocoGroup, GroupConfig, GroupError
 from node.files import saved
 from node.net.runtime import Node
 from node.roles.chain import ChainSetupError, WorkWatcher, open_ledger
+from node.roles.given import Weights
 from node.roles.grouping import Rosters, form, reduce, share, step_ready
 from node.roles.grouppolicy import (
     Delta,
@@ -63,7 +64,7 @@ ROSTERS_FILE = "diloco-rosters.json"
 
 
 class GroupTrainerRole(TrainerRole):
-    def __init__(self, node: Node, cfg: NodeConfig, weights: Any = None) -> None:
+    def __init__(self, node: Node, cfg: NodeConfig, weights: Weights | None = None) -> None:
         super().__init__(node, cfg, weights)
         if cfg.trainer_peer_id is None:
             raise ChainSetupError("a DiLoCo group needs the run's trainer_peer_id (its leader)")
@@ -262,7 +263,7 @@ class GroupTrainerRole(TrainerRole):
 async def run(
     node: Node,
     cfg: NodeConfig,
-    weights: Any = None,
+    weights: Weights | None = None,
     *,
     task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED,
 ) -> None:

@@ -44,7 +44,7 @@ from typing import Any
 
 import trio
 
-from ledger.client import LedgerError, LedgerUnreachable
+from ledger.client import LedgerError, LedgerUnreachable, SubmissionInfo, WorkerInfo
 from ledger.codes import REASON_NAMES
 from node.config import NodeConfig
 from node.files import write_atomic
@@ -53,6 +53,7 @@ from node.roles.busy import BusyTime
 from node.roles.chain import WEI, ChainSetupError, open_ledger
 from node.roles.clock import StepClock, follow_steps
 from node.roles.exchange import Served, serve_batches
+from node.roles.given import ChainClock, Maker, StakeViews, Weights, WorkerLedger
 from node.roles.offload import Offload, OffloadError
 from node.roles.status import InferenceStatus, Stake
 from node.roles.working import ChainReads, PendingVerdicts, StoreRetention, VersionChoice
@@ -101,7 +102,7 @@ class InferenceRole:
         self,
         node: Node,
         cfg: NodeConfig,
-        weights: Any = None,
+        weights: Weights | None = None,
         *,
         maker: type[BatchMaker] = BatchMaker,
     ) -> None:
@@ -117,10 +118,10 @@ class InferenceRole:
         self.counts = WorkerCounts()
         self.pending = PendingVerdicts()  # submitted, no verdict yet
         self.versions = VersionChoice(cfg.async_level)
-        self.ledger: Any = None
+        self._ledger: WorkerLedger | None = None  # opened when the role starts
         self.address = ""
         self.maker_class = maker
-        self.maker: Any = None  # the child process, while the role serves
+        self._maker: Maker | None = None  # the child process, while the role serves
         self.done_step: int | None = None
         self.busy = BusyTime()  # generating, signing, storing, submitting
         self.stake: Stake | None = None
@@ -131,6 +132,26 @@ class InferenceRole:
         self.retention = StoreRetention(cfg.async_level)  # when stored batches are deleted
         self.unstored: Sealed | None = None  # made, but the disk refused it
 
+    @property
+    def ledger(self) -> WorkerLedger:
+        if self._ledger is None:
+            raise ChainSetupError("the ledger is opened when the role starts")
+        return self._ledger
+
+    @ledger.setter
+    def ledger(self, ledger: WorkerLedger) -> None:
+        self._ledger = ledger
+
+    @property
+    def maker(self) -> Maker:
+        if self._maker is None:
+            raise OffloadError("the batch maker runs only while the role serves")
+        return self._maker
+
+    @maker.setter
+    def maker(self, maker: Maker) -> None:
+        self._maker = maker
+
     # ---- setup -------------------------------------------------------------------------
 
     def _setup(self) -> None:
@@ -140,7 +161,7 @@ class InferenceRole:
         self.adopt_window(self.ledger.params().max_staleness)
         self.register(self.ledger.worker(self.address))
 
-    def register(self, info: Any) -> None:
+    def register(self, info: WorkerInfo) -> None:
         """Blocking: stake and register this node's peer key for the account, or make sure
         the account (``info``: the ledger's record of it) is registered for it."""
         if not info.registered:
@@ -186,7 +207,8 @@ class InferenceRole:
         self, *, task_status: trio.TaskStatus[InferenceRole] = trio.TASK_STATUS_IGNORED
     ) -> None:
         await trio.to_thread.run_sync(self._setup)
-        async with Offload.of(self.maker_class, MakerSpec, self.cfg) as self.maker:
+        async with Offload.of(self.maker_class, MakerSpec, self.cfg) as maker:
+            self.maker = maker
             await self._serve(task_status)
 
     async def _serve(self, task_status: trio.TaskStatus[InferenceRole]) -> None:
@@ -321,7 +343,11 @@ class InferenceRole:
         v = self.versions.pick(step, self.held_versions(), self.clock.policy_version)
         if v is None:
             return None
-        path = self.cfg.model if v == 0 else self.weights.model_dir(v)
+        if v == 0:
+            path = self.cfg.model
+        else:
+            assert self.weights is not None  # held_versions: only version 0 without them
+            path = self.weights.model_dir(v)
         return None if path is None else (v, str(path))
 
     async def _work(self, step: int, version: int, model_dir: str) -> None:
@@ -341,10 +367,9 @@ class InferenceRole:
     async def make(self, step: int, version: int, model_dir: str) -> MadeBatch:
         """The batch of ``step``, made by the child process with policy ``version`` (its
         weights in ``model_dir``), encoded and unsigned."""
-        made: MadeBatch = await self.maker.call(
+        return await self.maker.call(
             MakeBatch(model_dir, self.address, step, version, self.node.header())
         )
-        return made
 
     async def _send(self, sealed: Sealed) -> None:
         """Store, announce and submit a batch made (``unstored`` again if the disk refuses)."""
@@ -391,7 +416,7 @@ class InferenceRole:
 async def run(
     node: Node,
     cfg: NodeConfig,
-    weights: Any = None,
+    weights: Weights | None = None,
     *,
     task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED,
 ) -> None:
@@ -443,7 +468,7 @@ def stored_step(store: BatchStore, key: bytes) -> int | None:
     return None if found is None else found[0].step
 
 
-def read_stake(ledger: Any, address: str) -> Stake:
+def read_stake(ledger: StakeViews, address: str) -> Stake:
     """The worker's money as the ledger has it (blocking)."""
     w = ledger.worker(address)
     return Stake(
@@ -455,7 +480,9 @@ def read_stake(ledger: Any, address: str) -> Stake:
     )
 
 
-async def windows_passed(ledger: Any, keys: list[bytes], infos: list[Any]) -> list[bool]:
+async def windows_passed(
+    ledger: ChainClock, keys: list[bytes], infos: list[SubmissionInfo]
+) -> list[bool]:
     """For each pending submission: whether its verdict window has passed without a
     verdict (no validator can judge it now). The chain's clock decides; it is read only
     when our clock says some window has passed."""

@@ -46,6 +46,7 @@ from node.diloco.group import DilocoGroup, GroupConfig, GroupError, Reduced
 from node.files import saved, write_atomic
 from node.net.runtime import Node
 from node.roles.chain import ChainSetupError
+from node.roles.given import Weights
 from node.roles.grouping import form, reduce
 from node.roles.grouppolicy import Delta, OuterApply, PseudoGradient
 from node.roles.joining import Joined, came_too_late, enter, join, offer
@@ -91,14 +92,15 @@ class PretrainState:
 
 
 class PretrainRole:
-    def __init__(self, node: Node, cfg: NodeConfig, weights: Any = None) -> None:
+    def __init__(self, node: Node, cfg: NodeConfig, weights: Weights | None = None) -> None:
         if cfg.model is None:
             raise ChainSetupError("pretraining needs the base model (--model DIR)")
         if weights is None:
             raise ChainSetupError("the trainer role needs the weight service (SHARDCAST)")
         if cfg.trainer_peer_id is None:
             raise ChainSetupError("a DiLoCo group needs the run's trainer_peer_id (its leader)")
-        self.node, self.cfg, self.weights = node, cfg, weights
+        self.node, self.cfg = node, cfg
+        self.weights: Weights = weights
         self.dir = cfg.resolved_data_dir
         self.state = PretrainState.load(self.dir / STATE_FILE)
         self.leading = node.peer_id == cfg.trainer_peer_id
@@ -375,7 +377,7 @@ def recorded_lines(path: Path) -> list[dict[str, Any]]:
 async def run(
     node: Node,
     cfg: NodeConfig,
-    weights: Any = None,
+    weights: Weights | None = None,
     *,
     task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED,
 ) -> None:

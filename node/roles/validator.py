@@ -38,6 +38,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import trio
@@ -60,6 +61,7 @@ from node.roles.chain import (
 from node.roles.checking import BatchChecker, CheckBatch, CheckerSpec
 from node.roles.clock import StepClock, follow_steps
 from node.roles.exchange import fetch_batch, follow_notices
+from node.roles.given import Checker, ValidatorLedger, Weights
 from node.roles.judging import JudgingQueue, VerdictPosts, refusal
 from node.roles.offload import Offload, OffloadError
 from node.roles.status import PostedVerdicts, ValidatorStatus
@@ -82,7 +84,7 @@ WEIGHTS_WAIT_S = 300.0  # a batch's policy version is waited for this long
 
 
 class ValidatorRole:
-    def __init__(self, node: Node, cfg: NodeConfig, weights: Any = None) -> None:
+    def __init__(self, node: Node, cfg: NodeConfig, weights: Weights | None = None) -> None:
         if cfg.model is None:
             raise ChainSetupError("the validator role needs the run's model (--model DIR)")
         if cfg.trainer_peer_id is None:
@@ -107,13 +109,33 @@ class ValidatorRole:
         self.until = 0  # when this validator was removed on-chain (0: it was not)
         self.history = History(upto=-1)  # the chain before this start (node/roles/catchup.py)
         self.not_ours = 0  # submissions after the removal, left to the other validators
-        self.ledger: Any = None
+        self._ledger: ValidatorLedger | None = None  # opened when the role starts
         self.address = ""
         self.watcher: SubmissionWatcher | None = None
         self.registrations: Registrations | None = None
-        self.checker: Any = None
+        self._checker: Checker | None = None  # the child process, while the role serves
         self.chain_reads = PacedReads(CHAIN_POLL_MIN_S, CHAIN_POLL_MAX_S)
         self.work = trio.Event()  # a new submission or notice: the judging loop wakes
+
+    @property
+    def ledger(self) -> ValidatorLedger:
+        if self._ledger is None:
+            raise ChainSetupError("the ledger is opened when the role starts")
+        return self._ledger
+
+    @ledger.setter
+    def ledger(self, ledger: ValidatorLedger) -> None:
+        self._ledger = ledger
+
+    @property
+    def checker(self) -> Checker:
+        if self._checker is None:
+            raise OffloadError("the batch checker runs only while the role serves")
+        return self._checker
+
+    @checker.setter
+    def checker(self, checker: Checker) -> None:
+        self._checker = checker
 
     def _setup(self) -> None:
         self.ledger = open_ledger(self.cfg)
@@ -211,8 +233,7 @@ class ValidatorRole:
         return found
 
     def _after_removal(self, sub: Submission) -> bool:
-        block = self.ledger.w3.eth.get_block(sub.block)
-        return int(block["timestamp"]) > self.until
+        return self.ledger.block_time(sub.block) > self.until
 
     # ---- judging -----------------------------------------------------------------------
 
@@ -220,7 +241,8 @@ class ValidatorRole:
         self, *, task_status: trio.TaskStatus[ValidatorRole] = trio.TASK_STATUS_IGNORED
     ) -> None:
         await trio.to_thread.run_sync(self._setup)
-        async with Offload.of(BatchChecker, CheckerSpec, self.cfg) as self.checker:
+        async with Offload.of(BatchChecker, CheckerSpec, self.cfg) as checker:
+            self.checker = checker
             await self._serve(task_status)
 
     async def _serve(self, task_status: trio.TaskStatus[ValidatorRole]) -> None:
@@ -318,6 +340,7 @@ class ValidatorRole:
 
     async def _judge(self, key: Key, batch: RolloutBatch, envelope: bytes) -> None:
         sub = self.submissions[key]
+        assert self.registrations is not None  # set up before anything is fetched
         args = (batch, sub, self.registrations, self.clock, self.clock_at.get(key), self.proofs)
         verdict = await trio.to_thread.run_sync(cheap_checks, *args)
         if verdict is None:  # they passed: tasks, rewards and proofs
@@ -380,7 +403,7 @@ class ValidatorRole:
 def cheap_checks(
     batch: RolloutBatch,
     sub: Submission,
-    registrations: Any,
+    registrations: Registrations,
     clock: StepClock,
     at: tuple[int | None, int] | None,
     proofs: tuple[int, int],
@@ -411,12 +434,12 @@ def cheap_checks(
     return None
 
 
-async def weights_of(version: int, base: Any, weights: Any) -> str | None:
+async def weights_of(version: int, base: Path | None, weights: Weights | None) -> str | None:
     """The weights a batch was generated with: the base model for version 0, else the
     version from SHARDCAST (pulled if it is not here yet, waited for while it downloads,
     at most ``WEIGHTS_WAIT_S``); None when it cannot be had."""
     if version == 0:
-        return str(base)
+        return None if base is None else str(base)
     if weights is None:
         return None
     with trio.move_on_after(WEIGHTS_WAIT_S):
@@ -433,7 +456,7 @@ async def weights_of(version: int, base: Any, weights: Any) -> str | None:
     return None
 
 
-def registered_peer(registrations: Any, worker: str) -> str | None:
+def registered_peer(registrations: Registrations, worker: str) -> str | None:
     """The peer id ``worker`` registered (``registrations``: the validator's cache, one chain
     read per worker until it changes); None when it has none or the chain cannot say now."""
     from crypto.identity import peer_id_of
@@ -449,7 +472,7 @@ def registered_peer(registrations: Any, worker: str) -> str | None:
 async def run(
     node: Node,
     cfg: NodeConfig,
-    weights: Any = None,
+    weights: Weights | None = None,
     *,
     task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED,
 ) -> None:
