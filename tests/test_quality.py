@@ -1,4 +1,5 @@
-"""The project's own checks: ruff (lint + format) on everything, mypy --strict on crypto/ and protocol/."""
+"""The project's own checks: ruff (lint + format) on everything, mypy --strict on crypto/,
+protocol/, ledger/ and node/."""
 
 import shutil
 import subprocess
@@ -29,7 +30,7 @@ def test_ruff_format():
     check(tool("ruff"), "format", "--check", ".")
 
 
-def test_mypy_strict_on_crypto_and_protocol():
+def test_mypy_strict_on_crypto_protocol_ledger_and_node():
     check(tool("mypy"))
 
 

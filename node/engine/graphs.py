@@ -99,7 +99,7 @@ class Graphs:
             torch.cuda.set_stream(stream)
 
     def _record(self, key: Hashable, fn: Callable[[], Any]) -> tuple[Any, Any]:
-        side = torch.cuda.Stream()
+        side = torch.cuda.Stream()  # type: ignore[no-untyped-call]  # torch: unannotated
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             fn()  # warm-up: workspaces and lazy state are made outside the graph
@@ -238,7 +238,7 @@ class ProofPipeline:
             event = None
             if idx.is_cuda:
                 idx, bits = idx.to("cpu", non_blocking=True), bits.to("cpu", non_blocking=True)
-                event = torch.cuda.Event()
+                event = torch.cuda.Event()  # type: ignore[no-untyped-call]  # torch: unannotated
                 event.record()
             self.copying.append((event, [keys[m] for m in members], idx, bits))
 

@@ -47,7 +47,7 @@ from dataclasses import asdict, dataclass
 from datetime import timedelta
 from multiprocessing.connection import Connection, answer_challenge, deliver_challenge
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NoReturn, Protocol
 
 from node.orphans import parent_death_signal
 from node.training.worker import Evaluate, PolicyWorker
@@ -79,6 +79,14 @@ def torchrun_command(procs: int) -> list[str]:
     return [*launcher, "--standalone", "--nproc-per-node", str(procs)]
 
 
+class RankWorker(Protocol):
+    """A worker class the ranks can run: it names the calls it takes."""
+
+    CALLS: tuple[type, ...]
+
+    def __init__(self, spec: Any, *, distributed: bool = False) -> None: ...
+
+
 @dataclass(frozen=True)
 class RanksSpec:
     """``procs`` torchrun ranks, each with a ``worker`` built from ``policy`` (sharded:
@@ -89,7 +97,7 @@ class RanksSpec:
 
     procs: int
     policy: Any  # the worker's spec (PolicySpec, GroupSpec, PretrainSpec)
-    worker: type = PolicyWorker
+    worker: type[RankWorker] = PolicyWorker
 
     def argument(self) -> str:
         """The ranks' command-line argument, readable in ``ps``: the worker class (module

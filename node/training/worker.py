@@ -141,17 +141,19 @@ class PolicyWorker:
         self.heldout = HeldOut(
             spec.taskset, per_level=spec.heldout_per_level, seed=spec.heldout_seed
         )
-        where = {"device": spec.device, "distributed": distributed}
         step = spec.step
         if step == 0:
-            self.policy = Policy(spec.base, self.cfg, seed=spec.seed, **where)
+            self.policy = Policy(
+                spec.base, self.cfg, seed=spec.seed, device=spec.device, distributed=distributed
+            )
         else:
             self.policy = Policy.from_checkpoint(
                 self.root / f"v{step}",
                 self.root / f"v{step}.state",
                 self.cfg,
                 seed=spec.seed,
-                **where,
+                device=spec.device,
+                distributed=distributed,
             )
             self.policy.base_dir = Path(spec.base)  # tokenizer and recipe files come from the base
         self.dropped_heldout = 0
