@@ -191,7 +191,7 @@ async def test_the_validators_status_counts_each_posted_verdict_by_worker(tmp_pa
         def reject(self, worker, work_key, reason):
             pass
 
-    role.ledger = Ledger()
+    role.votes.ledger = Ledger()
     role.node = type("N", (), {"metrics": type("M", (), {"inc": lambda *a, **k: None})()})()
     honest, cheater = "0x" + "11" * 20, "0x" + "22" * 20
     await role._post((honest, bytes(32)), Verdict.accept())

@@ -340,7 +340,7 @@ async def test_a_batch_the_window_moved_past_while_it_was_generated_is_not_submi
                 role.clock.observe(TRAINER, StepNotice(step=5, policy_version=4))
             return MadeBatch(a_batch(identity, step=3).encode())
 
-    role.maker, role.ledger = Maker(), ledger
+    role.maker, role.chain.ledger = Maker(), ledger
     await role._work(3, 1, str(tmp_path))
     assert role.done_step == 3  # either way, step 3 is not worked on again
     if trainer_moves_on:
@@ -380,16 +380,16 @@ async def test_a_cheat_whose_submission_the_chain_refused_is_not_counted_and_com
         def submit_work(self, key, units, version):
             raise LedgerError("refused")
 
-    role.maker, role.ledger = Maker(), Refusing(submitted)
+    role.maker, role.chain.ledger = Maker(), Refusing(submitted)
     with pytest.raises(LedgerError):
         await role._work(3, 1, str(tmp_path))
     assert role.plan.made == 0 and role.plan.by_key == {}
     assert role.plan.next() == "inflate_units"
-    role.ledger = WorkLedger(submitted)
+    role.chain.ledger = WorkLedger(submitted)
     await role._work(3, 1, str(tmp_path))  # the step again: the chain took it this time
     ((key, version),) = submitted
     assert role.plan.by_key == {key.hex(): "inflate_units"} and role.plan.next() == "withhold"
-    assert role.pending.keys() == [key] and version == 1
+    assert role.chain.pending.keys() == [key] and version == 1
 
 
 @pytest.mark.parametrize("far", [False, True])
@@ -429,7 +429,7 @@ async def test_a_version_cheat_is_made_only_with_weights_verification_can_tell_a
 
     role = a_role(tmp_path, node, "older_version", model=tiny_model_dir)
     role.clock.observe(TRAINER, StepNotice(step=3, policy_version=2))
-    role.maker, role.ledger, role.weights = Maker(), ledger, Weights()
+    role.maker, role.chain.ledger, role.weights = Maker(), ledger, Weights()
     await role._work(3, 2, str(versions[2]))
     assert len(submitted) == 1 and submitted[0][1] == 2
     if far:

@@ -108,7 +108,15 @@ class WorkerLedger(ChainClock, StakeViews, Protocol):
     def submit_work(self, key: bytes, units: int, policy_version: int) -> object: ...
 
 
-class ValidatorLedger(EventSource, RegistrationViews, Protocol):
+class VoteLedger(Protocol):
+    """A validator's votes (``node/roles/votes.py``)."""
+
+    def accept(self, worker: str, key: bytes) -> object: ...
+
+    def reject(self, worker: str, key: bytes, reason: str = "invalid") -> object: ...
+
+
+class ValidatorLedger(EventSource, RegistrationViews, VoteLedger, Protocol):
     """The validator role's ledger: whether it may vote, the submissions, its votes."""
 
     @property
@@ -121,10 +129,6 @@ class ValidatorLedger(EventSource, RegistrationViews, Protocol):
     def validator_until(self, account: str) -> int: ...
 
     def block_time(self, block: int) -> int: ...
-
-    def accept(self, worker: str, key: bytes) -> object: ...
-
-    def reject(self, worker: str, key: bytes, reason: str = "invalid") -> object: ...
 
 
 class TrainerLedger(EventSource, Protocol):

@@ -193,7 +193,7 @@ class CheatingRole(InferenceRole):
             super().register(info)
         elif not info.registered:  # registered once, the other key stays its record
             identity = self.plan.registered_identity(self.node.identity)
-            self.ledger.register_identity(identity, int(self.cfg.stake * WEI))
+            self.chain.ledger.register_identity(identity, int(self.cfg.stake * WEI))
 
     async def make(self, step: int, version: int, model_dir: str) -> Any:
         cheat = self.plan.next()
@@ -211,7 +211,7 @@ class CheatingRole(InferenceRole):
             cheat = "none"
         call = CheatingBatch(
             model_dir,
-            self.address,
+            self.chain.address,
             step,
             version,
             self.node.header(),
