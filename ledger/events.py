@@ -1,6 +1,6 @@
 """The contract's events: those a receipt carries, and those of a span of blocks read with
 one ``eth_getLogs`` (the validator's and the trainer's view of submitted and judged work,
-``node/roles/chain.py``). ``ledger/history.py`` indexes an account's events the same way
+``node/roles/io/chain.py``). ``ledger/history.py`` indexes an account's events the same way
 for ``intellect-node ledger history``.
 """
 

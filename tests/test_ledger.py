@@ -294,7 +294,7 @@ def test_the_validators_registration_cache_follows_the_chains_registration_event
     change (rotation, a new registration, a revocation), which its submission watcher reads
     in the same poll as the submissions, before it hands them out; the trainer's watcher
     reads submissions and votes in chain order, in one read."""
-    from node.roles.chain import Registrations, SubmissionWatcher, WorkWatcher
+    from node.roles.io.chain import Registrations, SubmissionWatcher, WorkWatcher
 
     w = ledger.register(ledger.worker, 2 * ETH)
     me = ledger.worker.address

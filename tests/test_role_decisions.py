@@ -9,18 +9,23 @@ import time
 import pytest
 import trio
 
-from node.roles.busy import BusyTime
-from node.roles.judging import VerdictPosts
-from node.roles.status import (
+from node.roles.decisions.busy import BusyTime
+from node.roles.decisions.judging import VerdictPosts
+from node.roles.decisions.status import (
     InferenceStatus,
     Stake,
     TrainerStatus,
     ValidatorStatus,
     VerdictLatency,
 )
-from node.roles.work import Verdict
-from node.roles.workbook import FetchRetry, prune_checkpoints, recorded_curve, step_batches
-from node.roles.working import ChainReads, PendingVerdicts, StoreRetention, VersionChoice
+from node.roles.decisions.work import Verdict
+from node.roles.decisions.workbook import (
+    FetchRetry,
+    prune_checkpoints,
+    recorded_curve,
+    step_batches,
+)
+from node.roles.decisions.working import ChainReads, PendingVerdicts, StoreRetention, VersionChoice
 
 W = "0x" + "22" * 20
 
@@ -154,7 +159,7 @@ def worker_role(tmp_path, ledger: StatusChain):
     """An inference role reading ``ledger``, with one batch submitted and pending."""
     from node.config import load_config
     from node.net.metrics import Metrics
-    from node.roles.inference import InferenceRole
+    from node.roles.services.inference import InferenceRole
 
     cfg = load_config(
         environ={"INTELLECT_NODE_MODEL": str(tmp_path), "INTELLECT_NODE_DATA_DIR": str(tmp_path)}
@@ -187,7 +192,7 @@ async def test_the_worker_role_stops_waiting_for_a_batch_the_chain_says_is_past_
 
 
 def test_the_worker_looks_for_batches_to_delete_every_so_often_below_the_window():
-    from node.roles.clock import StepClock
+    from node.roles.decisions.clock import StepClock
 
     r = StoreRetention(every_s=30.0, keep=2)
     clock = StepClock("trainer", async_level=1)
@@ -356,7 +361,7 @@ async def test_a_batch_the_full_disk_refuses_is_stored_later_not_generated_again
     """A full disk refuses the batch just made: the worker keeps it and stores it again
     at each pass, and once the disk has room stores, announces and submits that batch. It
     used to generate the batch again every 5 s (minutes of a GPU each time), for nothing."""
-    from node.roles import inference
+    from node.roles.services import inference
     from node.rollouts.maker import MadeBatch
     from protocol.batches import BATCH_TOPIC
     from tests.helpers.batches import a_batch
@@ -401,8 +406,8 @@ async def test_a_worker_whose_batch_maker_died_stops_instead_of_failing_for_good
     """Its child process killed, a worker logged "work failed" every 5 s for as long as it
     ran, registered and announcing, and made nothing. A call failed with the child alive
     is retried; one failed with the child dead ends the role (the node stops)."""
-    from node.roles import inference
-    from node.roles.offload import OffloadError
+    from node.roles.children.offload import OffloadError
+    from node.roles.services import inference
 
     monkeypatch.setattr(inference, "POLL_S", 0.02)
     chain = StatusChain(status="pending")
@@ -540,7 +545,7 @@ def test_the_chain_saying_a_verdict_stands_already_or_comes_too_late_is_told_apa
     is posted again."""
     from ledger.chain import connect
     from ledger.client import LedgerRevert
-    from node.roles.judging import refusal
+    from node.roles.decisions.judging import refusal
     from tests.helpers.ledger import ETH, Ledger, key
 
     ledger = Ledger(connect("embedded"))
@@ -596,7 +601,7 @@ async def test_a_verdict_refused_before_the_chains_fetch_deadline_is_never_given
     reject it refuses as "fetch deadline not reached" is posted again, however often, and
     counted as no refusal (the verdict window still ends it: "too late")."""
     from ledger.client import LedgerRevert
-    from node.roles.judging import refusal
+    from node.roles.decisions.judging import refusal
     from tests.test_roles import validator_role
 
     assert refusal(LedgerRevert("reject", "fetch deadline not reached")) == "not yet"

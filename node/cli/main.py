@@ -264,7 +264,8 @@ def cmd_start(args: argparse.Namespace) -> int:
     from node.net.dashboard import dashboard_routes
     from node.net.runtime import Node
     from node.roles import role_service
-    from node.roles.chain import ChainSetupError
+    from node.roles.given import RoleRun
+    from node.roles.io.chain import ChainSetupError
     from node.shardcast.service import WeightService
 
     setup_logging(
@@ -272,7 +273,7 @@ def cmd_start(args: argparse.Namespace) -> int:
     )  # after py-libp2p's import-time logging setup
 
     async def supervised(
-        role: Any,
+        role: RoleRun,
         node: Node,
         weights: WeightService,
         task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED,

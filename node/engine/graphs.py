@@ -200,7 +200,7 @@ def proof_workers() -> Executor:
 def _children_allowed() -> Iterator[None]:
     """multiprocessing refuses children to a daemonic process ("daemonic processes are not
     allowed to have children", an AssertionError), and the engine runs in one: the node's
-    model process (``node.roles.offload``), which the node ends when it exits. Its proof
+    model process (``node.roles.children.offload``), which the node ends when it exits. Its proof
     workers start with the flag lifted; each dies with it (``_proof_worker``)."""
     config = multiprocessing.current_process()._config  # type: ignore[attr-defined]
     daemonic = config.get("daemon", False)

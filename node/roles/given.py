@@ -2,12 +2,12 @@
 
 A role is built from the node (``node/net/runtime.py``), the config, and these services:
 - the ledger (``ledger/client.py``'s ``LedgerClient``, opened by ``open_ledger`` in
-  ``node/roles/chain.py``), by concern as the client is split: ``LedgerViews`` (its reads),
+  ``node/roles/io/chain.py``), by concern as the client is split: ``LedgerViews`` (its reads),
   ``LedgerWrites`` (the transactions a role sends, from its account), ``EventLog`` (the
   contract's events); each role's ledger is the part of them it calls (``WorkerLedger``,
   ``ValidatorLedger``, ``TrainerLedger``);
 - the weights (SHARDCAST, ``node/shardcast/service.py``'s ``WeightService``): ``Weights``;
-- its child process (``node/roles/offload.py``'s ``Offload``): the validator's ``Checker``,
+- its child process (``node/roles/children/offload.py``'s ``Offload``): the validator's ``Checker``,
   the worker's ``Maker``.
 
 The real services satisfy these by their shape (mypy checks it where the runtime hands them
@@ -27,8 +27,8 @@ if TYPE_CHECKING:
     from ledger.client import Params, PeerIdentity, SubmissionInfo, WorkerInfo
     from node.config import NodeConfig
     from node.net.runtime import Node
-    from node.roles.checking import CheckBatch
-    from node.roles.work import Verdict
+    from node.roles.children.checking import CheckBatch
+    from node.roles.decisions.work import Verdict
     from node.rollouts.maker import MadeBatch, MakeBatch
 
 # ---- the ledger, by concern ---------------------------------------------------------------
@@ -109,7 +109,7 @@ class WorkerLedger(ChainClock, StakeViews, Protocol):
 
 
 class VoteLedger(Protocol):
-    """A validator's votes (``node/roles/votes.py``)."""
+    """A validator's votes (``node/roles/io/votes.py``)."""
 
     def accept(self, worker: str, key: bytes) -> object: ...
 

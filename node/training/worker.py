@@ -1,6 +1,6 @@
-"""The trainer's policy worker: the trainer role's child process (``node/roles/offload.py``).
+"""The trainer's policy worker: the trainer role's child process (``node/roles/children/offload.py``).
 
-Where the rollouts come from: the trainer role (``node/roles/trainer.py``) fetched the
+Where the rollouts come from: the trainer role (``node/roles/services/trainer.py``) fetched the
 batches the chain accepted and calls ``TrainStep`` with their envelopes. Here they become
 GRPO samples (``node/training/grpo.py``; held-out tasks and batches sampled at another
 temperature are left out) and one optimizer step of the policy (``node/training/policy.py``),

@@ -1,5 +1,5 @@
 """A cheating worker's inference role: the real ``InferenceRole`` with the parts it is built
-from (``node/roles/inference.py``: its batch maker, what it serves, its ``register``,
+from (``node/roles/services/inference.py``: its batch maker, what it serves, its ``register``,
 ``make`` and ``submit`` steps) swapped for ones that cheat (the catalogue is
 ``catalogue.py``, the matrix SPEC §12.1).
 
@@ -24,8 +24,8 @@ from typing import Any
 import trio
 
 from crypto.hashing import digest_parts
-from node.roles.chain import WEI
-from node.roles.inference import InferenceRole
+from node.roles.io.chain import WEI
+from node.roles.services.inference import InferenceRole
 from node.rollouts.store import BatchStore
 from protocol.batches import BatchNotice
 from tests.helpers.cheating.catalogue import parse_cheats, pick

@@ -24,9 +24,9 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, field
 
-from node.roles.chain import read_events
+from node.roles.decisions.work import Key
 from node.roles.given import EventSource
-from node.roles.work import Key
+from node.roles.io.chain import read_events
 
 
 @dataclass

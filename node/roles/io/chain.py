@@ -8,15 +8,14 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import trio
 
 from ledger.codes import REASON_NAMES, STATUS
 from node.config import NodeConfig
+from node.roles.decisions.work import ACCEPTED, Ruling, Submission, Verdict
 from node.roles.given import EventSource, RegistrationViews
-from node.roles.work import ACCEPTED, Key, Verdict
 
 if TYPE_CHECKING:
     from web3.types import EventData
@@ -52,15 +51,6 @@ def open_ledger(cfg: NodeConfig, *, signing: bool = True) -> LedgerClient:
         )
     except Exception as exc:
         raise ChainSetupError(f"cannot reach the ledger at {cfg.chain}: {exc}") from exc
-
-
-@dataclass(frozen=True)
-class Submission:
-    worker: str  # lower-case 0x address
-    key: bytes
-    units: int
-    policy_version: int
-    block: int
 
 
 REGISTRATION_EVENTS = ("Registered", "PeerKeyChanged", "RegistrationRevoked")
@@ -143,18 +133,6 @@ class SubmissionWatcher:
             elif self.registrations is not None:
                 self.registrations.changed(str(ev["args"]["worker"]))
         return subs
-
-
-@dataclass(frozen=True)
-class Ruling:
-    """A validator's vote as the chain recorded it: the verdict that stands on the
-    submission ``key`` after it (accepted: its status is "accepted"; the reject reason is
-    the vote's, "rejected" when an accept vote left it rejected)."""
-
-    key: Key
-    verdict: Verdict
-    final: bool  # a quorum overturned the first verdict
-    block: int
 
 
 def _ruling(ev: EventData) -> Ruling:

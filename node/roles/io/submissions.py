@@ -1,10 +1,10 @@
 """The worker's side of the chain: its account, and each batch it submitted followed to a
 verdict.
 
-The inference role (``node/roles/inference.py``) makes, stores and announces a batch and
+The inference role (``node/roles/services/inference.py``) makes, stores and announces a batch and
 hands its work key here: ``submit`` sends it on-chain (``ledger/client.py``). From then on
 ``refresh`` reads the submissions still without a verdict when the chain can have changed
-(``ChainReads``, ``node/roles/working.py``) and settles them in ``PendingVerdicts``; a
+(``ChainReads``, ``node/roles/decisions/working.py``) and settles them in ``PendingVerdicts``; a
 batch stored but never submitted (a crash between the two) is submitted again; a batch
 whose verdict window passed unjudged waits no more. ``forget_spent`` deletes the stored
 batches nobody fetches any more (``StoreRetention``), and the worker's money is read after
@@ -20,11 +20,11 @@ import trio
 
 from ledger.client import LedgerError, LedgerUnreachable, SubmissionInfo
 from ledger.codes import REASON_NAMES
-from node.roles.chain import ChainSetupError
-from node.roles.clock import StepClock
+from node.roles.decisions.clock import StepClock
+from node.roles.decisions.status import Stake
+from node.roles.decisions.working import ChainReads, PendingVerdicts, StoreRetention
 from node.roles.given import ChainClock, StakeViews, WorkerLedger
-from node.roles.status import Stake
-from node.roles.working import ChainReads, PendingVerdicts, StoreRetention
+from node.roles.io.chain import ChainSetupError
 from node.rollouts.store import BatchStore, BatchStoreError
 from protocol.errors import WireError
 from protocol.rollouts import RolloutBatch

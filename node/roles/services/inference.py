@@ -1,7 +1,7 @@
 """The inference role: generate rollout batches for the assigned tasks, prove, submit.
 
 This is where a rollout starts. For every step the run's trainer announces
-(``node/roles/clock.py``), the worker draws its tasks from (its address, the step, the
+(``node/roles/decisions/clock.py``), the worker draws its tasks from (its address, the step, the
 index) (SPEC §13); its batch maker (``node/rollouts/maker.py``, in a child process)
 generates ``group_size`` samples per task with the engine (``node/engine/``: seeded
 sampling, TOPLOC proofs) and scores them, and the role seals one ``RolloutBatch``
@@ -11,10 +11,11 @@ then, in this order: stores the envelope durably (``node/rollouts/store.py``: no
 announced can be lost; a disk that refuses it, full, leaves the batch in memory, stored
 again every few seconds instead of generated again), announces a ``BatchNotice`` on the
 ``batches`` topic, and submits the work key with its units (the generated tokens)
-on-chain. Validators fetch the batch from here (``node/roles/exchange.py``) and judge it
-(``node/roles/validator.py``).
+on-chain (``Submissions``, ``node/roles/io/submissions.py``, which follows each submission
+to its verdict). Validators fetch the batch from here (``node/roles/io/exchange.py``) and judge it
+(``node/roles/services/validator.py``).
 
-The policy (``VersionChoice``, ``node/roles/working.py``): for step n the worker generates
+The policy (``VersionChoice``, ``node/roles/decisions/working.py``): for step n the worker generates
 with the newest version it holds in the async window (version ≥ n − ``async_level``, and not newer than the trainer announced): version 0
 is the run's base model (``--model``), later ones arrive over SHARDCAST
 (``node/shardcast/service.py``, which follows new versions by itself). It switches at batch
@@ -48,15 +49,15 @@ from ledger.client import LedgerError, WorkerInfo
 from node.config import NodeConfig
 from node.files import write_atomic
 from node.net.runtime import Node
-from node.roles.busy import BusyTime
-from node.roles.chain import WEI, ChainSetupError, open_ledger
-from node.roles.clock import StepClock, follow_steps
-from node.roles.exchange import Served, serve_batches
+from node.roles.children.offload import Offload, OffloadError
+from node.roles.decisions.busy import BusyTime
+from node.roles.decisions.clock import StepClock
+from node.roles.decisions.status import InferenceStatus, Stake
+from node.roles.decisions.working import PendingVerdicts, VersionChoice
 from node.roles.given import Maker, Weights
-from node.roles.offload import Offload, OffloadError
-from node.roles.status import InferenceStatus, Stake
-from node.roles.submissions import Submissions, stored_batch
-from node.roles.working import PendingVerdicts, VersionChoice
+from node.roles.io.chain import WEI, ChainSetupError, open_ledger
+from node.roles.io.exchange import Served, follow_steps, serve_batches
+from node.roles.io.submissions import Submissions, stored_batch
 from node.rollouts.maker import BatchMaker, MadeBatch, MakeBatch, MakerSpec
 from node.rollouts.store import BatchStore
 from protocol.batches import BATCH_TOPIC, BatchNotice
@@ -115,7 +116,7 @@ class InferenceRole:
         self.clock = StepClock(cfg.trainer_peer_id, cfg.async_level)
         self.counts = WorkerCounts()
         self.versions = VersionChoice(cfg.async_level)
-        # its account on-chain and its submissions until judged (node/roles/submissions.py)
+        # its account on-chain and its submissions until judged (node/roles/io/submissions.py)
         self.chain = Submissions(self.store, self.clock, cfg.async_level)
         self.maker_class = maker
         self._maker: Maker | None = None  # the child process, while the role serves

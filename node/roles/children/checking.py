@@ -1,6 +1,6 @@
-"""The validator's batch checker: the validator role's child process (``node/roles/offload.py``).
+"""The validator's batch checker: the validator role's child process (``node/roles/children/offload.py``).
 
-Where the rollout comes from: the validator (``node/roles/validator.py``) fetched the
+Where the rollout comes from: the validator (``node/roles/services/validator.py``) fetched the
 signed batch, checked who signed it and that it matches its on-chain submission, and
 calls ``CheckBatch`` with the model directory of the batch's policy version. Here, the
 expensive checks (4 and 5 of the validator's docstring), in this order:
@@ -17,7 +17,7 @@ expensive checks (4 and 5 of the validator's docstring), in this order:
    answer): a fake batch of such answers held the validator a minute before its proofs
    failed it in one; now only a batch whose rollouts the model really sampled gets there.
 
-Where it goes next: the ``Verdict`` (``node/roles/work.py``) goes back to the validator,
+Where it goes next: the ``Verdict`` (``node/roles/decisions/work.py``) goes back to the validator,
 which posts it on-chain (``ledger/client.py``).
 """
 
@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from node.roles.work import Verdict
+from node.roles.decisions.work import Verdict
 from protocol.rollouts import RolloutBatch, unpack_tokens
 
 if TYPE_CHECKING:

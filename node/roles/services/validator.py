@@ -1,16 +1,17 @@
 """The validator role: fetch every submitted batch, judge it, post the verdict on-chain.
 
-Where the rollout comes from: a worker (``node/roles/inference.py``) submitted a work key
+Where the rollout comes from: a worker (``node/roles/services/inference.py``) submitted a work key
 on-chain and announced the batch on the ``batches`` topic. The validator learns of
-submissions from the chain (``WorkSubmitted``) and of holders from the announcements and
+submissions from the chain (``WorkSubmitted``, read by its ``Docket``,
+``node/roles/io/docket.py``) and of holders from the announcements and
 the worker's registered peer (a validator restarted after a batch was announced still
 finds it), and
-``JudgingQueue`` (``node/roles/judging.py``) decides what to fetch next, when to retry and
+``JudgingQueue`` (``node/roles/decisions/judging.py``) decides what to fetch next, when to retry and
 when a batch is unavailable. Up to ``FETCHES`` batches are fetched at once
-(``node/roles/exchange.py``), at most one per worker, and one judging loop takes them as
+(``node/roles/io/exchange.py``), at most one per worker, and one judging loop takes them as
 they arrive, cheapest checks first: 1-3 here in a worker thread (``cheap_checks``), 4-6 in
 the batch checker, a child process (``Offload(BatchChecker, CheckerSpec.of(cfg))``,
-``node/roles/checking.py``):
+``node/roles/children/checking.py``):
 
 1. the batch is the worker's: signed by the peer key the worker registered on-chain, with a
    valid registration signature (SPEC §12; the EVM cannot check Ed25519);
@@ -26,10 +27,10 @@ the batch checker, a child process (``Offload(BatchChecker, CheckerSpec.of(cfg))
 6. every reward is what the task's verifier gives the completion (last: a verifier can
    be made slow, and only a batch the model really sampled gets here).
 
-Every check ends in one ``Verdict`` (``node/roles/work.py``). Where it goes next: ``accept``
+Every check ends in one ``Verdict`` (``node/roles/decisions/work.py``). Where it goes next: ``accept``
 or ``reject`` (reason ``invalid``, ``mismatch`` or, for a batch nobody served by the fetch
 deadline nor when asked again after it, ``unavailable``) on-chain (``ledger/client.py``), once per key; a post the chain
-refuses is tried again (``Votes``, ``node/roles/votes.py``). The trainer takes
+refuses is tried again (``Votes``, ``node/roles/io/votes.py``). The trainer takes
 accepted batches from there.
 """
 
@@ -47,18 +48,18 @@ from crypto.verdict import proof_parameters
 from node.config import NodeConfig
 from node.net.requests import RemoteRefusal
 from node.net.runtime import Node
-from node.roles.busy import BusyTime
-from node.roles.chain import ChainSetupError, PacedReads, Registrations, Submission, open_ledger
-from node.roles.checking import BatchChecker, CheckBatch, CheckerSpec
-from node.roles.clock import StepClock, follow_steps
-from node.roles.docket import Docket
-from node.roles.exchange import fetch_batch, follow_notices
+from node.roles.children.checking import BatchChecker, CheckBatch, CheckerSpec
+from node.roles.children.offload import Offload, OffloadError
+from node.roles.decisions.busy import BusyTime
+from node.roles.decisions.clock import StepClock
+from node.roles.decisions.judging import JudgingQueue
+from node.roles.decisions.status import ValidatorStatus
+from node.roles.decisions.work import Key, Submission, Verdict
 from node.roles.given import Checker, Weights
-from node.roles.judging import JudgingQueue
-from node.roles.offload import Offload, OffloadError
-from node.roles.status import ValidatorStatus
-from node.roles.votes import Votes
-from node.roles.work import Key, Verdict
+from node.roles.io.chain import ChainSetupError, PacedReads, Registrations, open_ledger
+from node.roles.io.docket import Docket
+from node.roles.io.exchange import fetch_batch, follow_notices, follow_steps
+from node.roles.io.votes import Votes
 from protocol.batches import BatchNotice
 from protocol.errors import Reason, WireError
 from protocol.rollouts import RolloutBatch, max_envelope_size
@@ -96,8 +97,8 @@ class ValidatorRole:
         self.fetches = 0  # fetches under way, and fetched batches not yet taken to judge
         self.fetching_from: Counter[str] = Counter()  # fetches under way, by peer
         self.busy = BusyTime()  # fetching, judging, posting
-        self.votes = Votes()  # its verdicts on-chain (node/roles/votes.py)
-        self.docket = Docket()  # what the chain gives it to judge (node/roles/docket.py)
+        self.votes = Votes()  # its verdicts on-chain (node/roles/io/votes.py)
+        self.docket = Docket()  # what the chain gives it to judge (node/roles/io/docket.py)
         self._checker: Checker | None = None  # the child process, while the role serves
         self.chain_reads = PacedReads(CHAIN_POLL_MIN_S, CHAIN_POLL_MAX_S)
         self.work = trio.Event()  # a new submission or notice: the judging loop wakes

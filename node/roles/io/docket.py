@@ -1,10 +1,10 @@
 """What the chain gives a validator to judge: the submissions since its last read.
 
-The validator role (``node/roles/validator.py``) reads its docket when the chain can have
-changed (``PacedReads``, ``node/roles/chain.py``). ``open`` reads, once at the start, what
+The validator role (``node/roles/services/validator.py``) reads its docket when the chain can have
+changed (``PacedReads``, ``node/roles/io/chain.py``). ``open`` reads, once at the start, what
 the validator is: its account, whether it was removed (then it judges only work submitted
 up to its removal, and leaves the rest to the others: ``not_ours``), and the chain before
-this start (``History``, ``node/roles/catchup.py``: what it voted on already, and the
+this start (``History``, ``node/roles/io/catchup.py``: what it voted on already, and the
 trainer's clock then). ``read`` returns each new submission it is to judge as a ``Case``,
 with the clock it is judged against when it came before this start, and the peer its
 worker registered (asked first for the batch).
@@ -15,9 +15,10 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from node.roles.catchup import History, read_history
-from node.roles.chain import ChainSetupError, Registrations, Submission, SubmissionWatcher
+from node.roles.decisions.work import Submission
 from node.roles.given import ValidatorLedger
+from node.roles.io.catchup import History, read_history
+from node.roles.io.chain import ChainSetupError, Registrations, SubmissionWatcher
 
 log = logging.getLogger("intellect.validator")
 

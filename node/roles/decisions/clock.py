@@ -10,10 +10,8 @@ retention and the trainer use). Pure: the role feeds it announcements.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
-from protocol.batches import STEP_TOPIC, StepNotice
-from protocol.errors import WireError
+from protocol.batches import StepNotice
 
 
 @dataclass
@@ -68,15 +66,3 @@ class StepClock:
         if policy_version + self.async_level < version_then:
             return f"policy version {policy_version} is older than the window allows"
         return None
-
-
-def follow_steps(node: Any, clock: StepClock) -> None:
-    """Feed ``clock`` every step notice ``node`` hears; a malformed one is counted."""
-
-    def on_step(msg: Any) -> None:
-        try:
-            clock.observe(msg.sender, StepNotice.decode(msg.body))
-        except WireError as err:
-            node.reject("announce/steps", msg.sender, err)
-
-    node.subscribe(STEP_TOPIC, on_step)

@@ -1,10 +1,10 @@
 """The trainer role: the run owner's node, where accepted rollouts become a new policy.
 
-Where the rollout comes from: a worker generated it (``node/roles/inference.py``), a
-validator judged it and posted ``accept`` on-chain (``node/roles/validator.py``). The
+Where the rollout comes from: a worker generated it (``node/roles/services/inference.py``), a
+validator judged it and posted ``accept`` on-chain (``node/roles/services/validator.py``). The
 trainer reads verdicts from the chain, never from gossip (``WorkWatcher``), fetches each
 accepted batch from its worker over ``/intellect/batch/1.0.0`` (``Gatherer``,
-``node/roles/gathering.py``: it must hash to the work key the chain accepted), keeps it in
+``node/roles/io/gathering.py``: it must hash to the work key the chain accepted), keeps it in
 its inbox, and trains on it: ``PolicyWorker`` (a
 child process, ``node/training/worker.py``) turns the batches into GRPO samples
 (``node/training/grpo.py``) and takes one optimizer step (``node/training/policy.py``);
@@ -49,14 +49,10 @@ from ledger.client import LedgerUnreachable
 from node.config import NodeConfig
 from node.files import SAVE_RETRY_FIRST, SAVE_RETRY_MAX, saved
 from node.net.runtime import Node
-from node.roles.chain import ChainSetupError, WorkWatcher, open_ledger
-from node.roles.exchange import follow_notices
-from node.roles.gathering import Gatherer
-from node.roles.given import TrainerLedger, Weights
-from node.roles.offload import Offload, OffloadError
-from node.roles.status import CURVE_POINTS, TrainerStatus, curve_point
-from node.roles.work import Key
-from node.roles.workbook import (
+from node.roles.children.offload import Offload, OffloadError
+from node.roles.decisions.status import CURVE_POINTS, TrainerStatus, curve_point
+from node.roles.decisions.work import Key
+from node.roles.decisions.workbook import (
     TrainerState,
     WorkBook,
     append_line,
@@ -66,6 +62,10 @@ from node.roles.workbook import (
     recorded_step,
     step_batches,
 )
+from node.roles.given import TrainerLedger, Weights
+from node.roles.io.chain import ChainSetupError, WorkWatcher, open_ledger
+from node.roles.io.exchange import follow_notices
+from node.roles.io.gathering import Gatherer
 from node.rollouts.store import BatchStore
 from node.training.ranks import RankedPolicyWorker, RanksSpec
 from node.training.worker import Evaluate, PolicySpec, PolicyWorker, StepStats, TrainStep

@@ -1,9 +1,9 @@
 """The validator's votes on-chain: each verdict posted once, from one account.
 
-The validator role (``node/roles/validator.py``) judges a batch and hands its ``Verdict``
+The validator role (``node/roles/services/validator.py``) judges a batch and hands its ``Verdict``
 here; ``post`` sends ``accept`` or ``reject`` (``ledger/client.py``), one transaction at a
 time (the account's nonce). A post the chain refuses is kept to be posted again
-(``VerdictPosts``, ``node/roles/judging.py``): not counted as a refusal while the chain is
+(``VerdictPosts``, ``node/roles/decisions/judging.py``): not counted as a refusal while the chain is
 down or its clock has not reached the fetch deadline yet, given up at once when the
 verdict window has closed, and counted as posted when another validator's vote already
 said it. ``posted`` is what ``/status`` shows of them (``PostedVerdicts``).
@@ -17,11 +17,11 @@ from typing import Any
 import trio
 
 from ledger.client import LedgerUnreachable
-from node.roles.chain import ChainSetupError
+from node.roles.decisions.judging import VerdictPosts, refusal
+from node.roles.decisions.status import PostedVerdicts
+from node.roles.decisions.work import Key, Verdict
 from node.roles.given import VoteLedger
-from node.roles.judging import VerdictPosts, refusal
-from node.roles.status import PostedVerdicts
-from node.roles.work import Key, Verdict
+from node.roles.io.chain import ChainSetupError
 
 log = logging.getLogger("intellect.validator")
 
