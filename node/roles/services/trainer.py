@@ -97,7 +97,7 @@ class TrainerRole:
             node,
             self.inbox,
             self.book,
-            registered=lambda worker: registered_peer(self.ledger, worker),
+            registered=lambda worker: registered_peer(self._ledger, worker),
             proofs=proof_parameters(cfg.verify_profile),
         )
         self.announced: tuple[int, int] = (-1, -1)
@@ -359,10 +359,13 @@ async def publish_on_chain(ledger: TrainerLedger, version: int) -> None:
             await trio.sleep(CHAIN_RETRY_S)
 
 
-def registered_peer(ledger: TrainerLedger, worker: str) -> str | None:
-    """The peer id ``worker`` registered on-chain (None: none, or the chain did not answer)."""
+def registered_peer(ledger: TrainerLedger | None, worker: str) -> str | None:
+    """The peer id ``worker`` registered on-chain (None: none, the chain did not answer, or
+    the role has not opened it yet)."""
     from crypto.identity import peer_id_of
 
+    if ledger is None:
+        return None
     try:
         peer_key, _ = ledger.registration(worker)
     except Exception:
