@@ -155,6 +155,15 @@ class StatusChain:
     claimable = pending
 
 
+def test_the_chain_double_has_the_shape_of_what_the_worker_reads():
+    """``StatusChain`` stands for the ledger where the worker follows its submissions and
+    its money: it has every member of the protocol those reads take, by its shape alone."""
+    from node.roles.given import SubmissionViews
+
+    assert isinstance(StatusChain(), SubmissionViews)
+    assert not isinstance(object(), SubmissionViews)
+
+
 def worker_role(tmp_path, ledger: StatusChain):
     """An inference role reading ``ledger``, with one batch submitted and pending."""
     from node.config import load_config

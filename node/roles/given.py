@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Collection, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     import trio
@@ -93,15 +93,20 @@ class RegistrationViews(Protocol):
     def registration_status(self, account: str) -> tuple[bytes, bool]: ...
 
 
-class WorkerLedger(ChainClock, StakeViews, Protocol):
+@runtime_checkable
+class SubmissionViews(ChainClock, StakeViews, Protocol):
+    """What a worker reads of its submissions and its money (``Submissions.refresh``)."""
+
+    def submission(self, worker: str, key: bytes) -> SubmissionInfo: ...
+
+
+class WorkerLedger(SubmissionViews, Protocol):
     """The inference role's ledger: its stake and registration, its submissions."""
 
     @property
     def address(self) -> str: ...
 
     def params(self) -> Params: ...
-
-    def submission(self, worker: str, key: bytes) -> SubmissionInfo: ...
 
     def register_identity(self, identity: PeerIdentity, stake: int) -> object: ...
 
