@@ -123,7 +123,7 @@ def big_batch(identity, groups: int):  # type: ignore[no-untyped-def]
 async def serve_target(limited: bool, data_dir: Path) -> None:
     from crypto.identity import Identity
     from node.net.runtime import Node
-    from node.roles.exchange import serve_batches
+    from node.roles.io.exchange import serve_batches
     from node.rollouts.store import BatchStore
     from protocol.wire import seal
     from tests.helpers.batches import a_batch
@@ -192,7 +192,7 @@ async def client(kind: str, info: dict, seconds: float, flooders: int, hogs: int
 
 async def honest(node, info: dict, seconds: float) -> dict:  # type: ignore[no-untyped-def]
     from node.net.requests import RemoteRefusal
-    from node.roles.exchange import fetch_batch
+    from node.roles.io.exchange import fetch_batch
     from protocol import ids
     from protocol.messages import NodeInfo
 

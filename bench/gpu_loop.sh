@@ -76,7 +76,7 @@ check() {  # every import the nodes make, and the tiny base policy's forward on 
     DEVICE="$DEVICE" $PY - <<'EOF' 2>&1 | tee -a "$LOG"
 import glob, os
 import torch, transformers, libp2p, web3, eth_tester, trio
-import node.cli.main, node.roles.validator, node.roles.inference, node.roles.trainer
+import node.cli.main, node.roles.services.validator, node.roles.services.inference, node.roles.services.trainer
 from node.engine.models import load_model
 gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
 print(f"torch {torch.__version__}, transformers {transformers.__version__}, libp2p ok, {gpu}")

@@ -1,14 +1,14 @@
 """The verdict on a rollout batch: TOPLOC, sampling and termination, judged per batch.
 
 Where the rollout came from: a worker generated it (``node/engine/``) and shipped it in a
-signed ``RolloutBatch`` (``protocol/rollouts.py``); the validator (``node/roles/validator.py``)
-fetched it. The validator's batch checker (``node/roles/checking.py``) recomputes, with one
+signed ``RolloutBatch`` (``protocol/rollouts.py``); the validator (``node/roles/services/validator.py``)
+fetched it. The validator's batch checker (``node/roles/children/checking.py``) recomputes, with one
 prefill pass per rollout over prompt + output[:-1], the hidden states the worker committed
 to and the logits that chose every output token, on any device and in bf16 or fp32, then
 calls ``check_batch`` (or ``check_rollout`` for one sequence). Where it goes next: the
 validator posts accept or reject for the batch's work key on-chain (``ledger/client.py``).
 A ``BatchVerdict`` is the evidence of this proof check; the decision the validator posts
-is a ``node.roles.work.Verdict``, made from it and from the cheaper checks.
+is a ``node.roles.decisions.work.Verdict``, made from it and from the cheaper checks.
 
 The batch is the unit that is submitted, paid and slashed, so it is the unit judged:
 

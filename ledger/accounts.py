@@ -15,7 +15,7 @@ from pathlib import Path
 
 from eth_account import Account
 from eth_account.signers.local import LocalAccount
-from eth_utils import to_checksum_address
+from eth_utils.address import to_checksum_address
 
 ACCOUNT_FILE = "account.json"
 PASSWORD_ENV = "INTELLECT_NODE_PASSWORD"

@@ -33,11 +33,12 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from eth_abi import encode as abi_encode
+from eth_abi.abi import encode as abi_encode
 from web3 import EthereumTesterProvider
 from web3.providers.eth_tester.middleware import request_formatters, result_formatters
 
@@ -75,10 +76,10 @@ def to_wire(value: Any) -> Any:
     return value
 
 
-def _sharing_seconds(vm: type) -> type:
+def _sharing_seconds(vm: Any) -> type:
     """``vm``, but a block may have its parent's timestamp (not an earlier one)."""
 
-    class SharingSeconds(vm):  # type: ignore[valid-type,misc]
+    class SharingSeconds(vm):  # type: ignore[misc]  # py-evm's VM classes are untyped (Any)
         @classmethod
         def validate_header(cls, header: Any, parent_header: Any) -> None:
             if parent_header is not None and header.timestamp == parent_header.timestamp:
@@ -89,7 +90,7 @@ def _sharing_seconds(vm: type) -> type:
     return SharingSeconds
 
 
-def _chain_sharing_seconds(chain_class: type) -> type:
+def _chain_sharing_seconds(chain_class: Any) -> type:
     """``chain_class`` whose every VM lets a block share its parent's second."""
     config = tuple((n, _sharing_seconds(vm)) for n, vm in chain_class.vm_configuration)
     return type(chain_class.__name__, (chain_class,), {"vm_configuration": config})
@@ -100,7 +101,10 @@ class DevChain:
 
     def __init__(self) -> None:
         self.provider = EthereumTesterProvider()
-        self.tester = self.provider.ethereum_tester
+        tester = self.provider.ethereum_tester
+        if tester is None:  # the provider makes one when given none
+            raise RuntimeError("eth-tester is not installed")
+        self.tester: Any = tester  # eth-tester is untyped
         backend = self.tester.backend
         # the same chain (genesis, funded keys) over the same store, its VMs sharing seconds
         backend.chain = _chain_sharing_seconds(type(backend.chain))(backend.chain.chaindb.db)
@@ -195,6 +199,7 @@ class DevChain:
             params = fmt(params)
         from eth_tester.exceptions import TransactionFailed
 
+        response: Mapping[str, Any]
         try:
             if method == "eth_getLogs" and params and "block_hash" not in params[0]:
                 response = {"result": self.logs(params[0])}
@@ -243,7 +248,7 @@ class DevChain:
         """The logs of block ``number`` in eth-tester's form, read from py-evm directly
         (eth-tester finds a receipt's transaction by scanning every block: 30 ms a receipt
         at 100 blocks, and growing)."""
-        from eth_utils import to_checksum_address
+        from eth_utils.address import to_checksum_address
 
         chain = self.tester.backend.chain
         block = chain.get_canonical_block_by_number(number)

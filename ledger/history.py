@@ -17,9 +17,9 @@ import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
-from eth_utils import event_abi_to_log_topic
+from eth_utils.abi import event_abi_to_log_topic
 from web3 import Web3
 from web3._utils.events import get_event_data
 
@@ -47,10 +47,9 @@ class EventIndex:
         self.path = path
         self.confirmations = confirmations
         self.keep = keep
+        abi = cast("list[Any]", load_artifact()["abi"])  # the JSON ABI: web3 reads each entry
         self.events_by_topic = {
-            event_abi_to_log_topic(abi): abi
-            for abi in load_artifact()["abi"]
-            if abi["type"] == "event"  # type: ignore[union-attr]
+            event_abi_to_log_topic(entry): entry for entry in abi if entry["type"] == "event"
         }
         state = self._load()
         if (

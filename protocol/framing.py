@@ -36,7 +36,7 @@ class TrioStream:
         self.stream = stream
 
     async def read(self, n: int | None = None) -> bytes:
-        return await self.stream.receive_some(n)
+        return bytes(await self.stream.receive_some(n))
 
     async def write(self, data: bytes) -> None:
         await self.stream.send_all(data)

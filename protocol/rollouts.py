@@ -13,9 +13,9 @@ BLAKE2b digest of its canonical encoding without ``seq`` and ``ts_ms``, so the s
 always has the same key (the ledger accepts each key once).
 
 Where a batch comes from: the worker's batch maker (``node/rollouts/maker.py``, run by
-``node/roles/inference.py``) builds it and the role signs it. Where it goes next: a
-validator fetches it (``node/roles/exchange.py``) and judges it
-(``node/roles/validator.py``).
+``node/roles/services/inference.py``) builds it and the role signs it. Where it goes next: a
+validator fetches it (``node/roles/io/exchange.py``) and judges it
+(``node/roles/services/validator.py``).
 """
 
 from __future__ import annotations

@@ -31,6 +31,10 @@ python3 -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)' \
 # pip pick from the project's range would pull a multi-GB CUDA build.
 .venv/bin/python -m pip install -q torch==2.13.0
 .venv/bin/python -m pip install -q -e '.[dev]'
+# py-libp2p depends on trio-typing, whose trio-stubs describe a trio before 0.23 (no
+# trio.TaskStatus, no abandon_on_cancel) and shadow the types trio ships itself: mypy
+# (pyproject.toml) reads trio's own. trio_typing, which py-libp2p imports, stays.
+rm -rf .venv/lib/python3*/site-packages/trio-stubs
 # anvil (Foundry's development node) for the ledger's tests and `--chain` comparisons;
 # the npm package ships the binary, so nothing is downloaded outside the registry.
 if [ ! -x .tools/node_modules/.bin/anvil ]; then

@@ -7,7 +7,7 @@ import re
 import pytest
 
 from crypto.identity import Identity
-from node.roles.checking import BatchChecker, CheckBatch, CheckerSpec
+from node.roles.children.checking import BatchChecker, CheckBatch, CheckerSpec
 from node.rollouts.maker import BatchMaker, MakerSpec
 from protocol.rollouts import RolloutBatch
 from protocol.wire import seal

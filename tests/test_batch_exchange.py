@@ -7,7 +7,7 @@ import pytest
 
 from crypto.identity import Identity
 from node.net.requests import RemoteRefusal
-from node.roles.exchange import fetch_batch, serve_batches
+from node.roles.io.exchange import fetch_batch, serve_batches
 from node.rollouts.store import BatchStore
 from protocol import ids
 from protocol.batches import BatchReply, BatchRequest
@@ -122,7 +122,7 @@ async def test_a_batch_sent_a_byte_at_a_time_is_cut_off_at_its_size_deadline(tmp
     frames get ``FRAMES_BASE_S`` plus ``size / MIN_RATE``."""
     import trio
 
-    from node.roles import exchange
+    from node.roles.io import exchange
 
     monkeypatch.setattr(exchange, "FRAMES_BASE_S", 1.0)
     async with two_nodes(tmp_path) as (holder, fetcher):

@@ -4,8 +4,8 @@ never in today's, and work it already voted on is not judged again."""
 
 from types import SimpleNamespace
 
-from node.roles.catchup import History, read_history
-from node.roles.clock import StepClock
+from node.roles.decisions.clock import StepClock
+from node.roles.io.catchup import History, read_history
 
 TRAINER = "trainer-peer"
 
@@ -74,8 +74,8 @@ def test_read_history_keeps_versions_and_only_this_validators_votes(monkeypatch)
         seen.update(names=names, span=span)
         return events
 
-    monkeypatch.setattr("node.roles.catchup.read_events", fake_read)
-    client = SimpleNamespace(w3=SimpleNamespace(eth=SimpleNamespace(block_number=9)))
+    monkeypatch.setattr("node.roles.io.catchup.read_events", fake_read)
+    client = SimpleNamespace(head=lambda: 9)  # the chain's head; its events: fake_read
     h = read_history(client, me, 3)
     assert seen["span"] == {"from_block": 3, "to_block": 9}
     assert set(seen["names"]) == {"PolicyVersion", "WorkAccepted", "WorkRejected"}

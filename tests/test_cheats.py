@@ -11,7 +11,7 @@ import shutil
 import pytest
 
 from crypto.identity import Identity
-from node.roles.checking import BatchChecker, CheckBatch, CheckerSpec
+from node.roles.children.checking import BatchChecker, CheckBatch, CheckerSpec
 from node.rollouts.maker import BatchMaker, MakeBatch, MakerSpec
 from node.rollouts.store import BatchStore
 from protocol.rollouts import RolloutBatch

@@ -114,8 +114,11 @@ def test_commands_and_a_network_node_import_no_answer_checker_and_no_web3(tmp_pa
     # what a network-only node's start imports (tests/test_adversarial.py's nodes), and a
     # worker's and a validator's roles (web3 there: they use the chain)
     for mods, absent in (
-        ("node.net.runtime, node.net.admin, node.roles.chain, node.shardcast.service", heavy),
-        ("node.roles.validator, node.roles.inference, node.roles.trainer", heavy[:2]),
+        ("node.net.runtime, node.net.admin, node.roles.io.chain, node.shardcast.service", heavy),
+        (
+            "node.roles.services.validator, node.roles.services.inference, node.roles.services.trainer",
+            heavy[:2],
+        ),
     ):
         names = imported(f"import {mods}")
         assert not [m for m in names if m.split(".")[0] in absent], (mods, names)

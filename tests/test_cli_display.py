@@ -14,7 +14,7 @@ from rich.console import Console
 
 from node.cli.progress import BYTES, progress
 from node.cli.tables import show, status_view, work_view
-from node.roles.status import InferenceStatus, Stake, TrainerStatus, ValidatorStatus
+from node.roles.decisions.status import InferenceStatus, Stake, TrainerStatus, ValidatorStatus
 from tests.helpers.net import CLI
 
 

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from node.cli.devnet import DEVNET_WORK, check_devices, devices_env, work_settings
-from node.roles.status import WorkerTally
+from node.roles.decisions.status import WorkerTally
 
 REPO = Path(__file__).resolve().parent.parent
 NO_GPU = not torch.cuda.is_available()
@@ -116,7 +116,7 @@ def test_a_node_asked_for_a_gpu_it_does_not_have_says_so_in_one_line(tmp_path, f
 
 def test_the_device_setting_reaches_the_engine_and_the_checker():
     from node.config import NodeConfig
-    from node.roles.checking import CheckerSpec
+    from node.roles.children.checking import CheckerSpec
     from node.rollouts.maker import MakerSpec
 
     cfg = NodeConfig(role="validator", device="cpu")
@@ -131,7 +131,7 @@ def test_a_maker_and_a_checker_load_their_model_where_the_setting_says(tiny_mode
     """On this machine a CUDA maker or checker fails to load: the setting reached
     ``load_model`` (with ``auto`` both would have loaded on the CPU)."""
     from node.engine.modeldir import ModelError
-    from node.roles.checking import BatchChecker, CheckerSpec
+    from node.roles.children.checking import BatchChecker, CheckerSpec
     from node.rollouts.maker import BatchMaker, MakerSpec
 
     spec = CheckerSpec(keep=2, taskset="arithmetic", verify_profile="gpu-bf16", spot_check=1.0)
@@ -179,7 +179,7 @@ def test_a_validator_tallies_its_verdicts_per_worker_for_the_latest_workers():
 
 
 async def test_the_validators_status_counts_each_posted_verdict_by_worker(tmp_path):
-    from node.roles.work import Verdict
+    from node.roles.decisions.work import Verdict
     from tests.test_roles import validator_role
 
     role = validator_role(tmp_path)
@@ -191,7 +191,7 @@ async def test_the_validators_status_counts_each_posted_verdict_by_worker(tmp_pa
         def reject(self, worker, work_key, reason):
             pass
 
-    role.ledger = Ledger()
+    role.votes.ledger = Ledger()
     role.node = type("N", (), {"metrics": type("M", (), {"inc": lambda *a, **k: None})()})()
     honest, cheater = "0x" + "11" * 20, "0x" + "22" * 20
     await role._post((honest, bytes(32)), Verdict.accept())
@@ -295,7 +295,7 @@ def test_the_gpu_devnet_bench_sums_each_role_and_each_validators_verdicts(tmp_pa
 
 
 def test_a_workers_status_adds_up_the_seconds_its_batch_maker_spent_generating():
-    from node.roles.inference import WorkerCounts
+    from node.roles.services.inference import WorkerCounts
 
     counts = WorkerCounts()
     counts.made(100, seconds=5.0, generation=1.5)  # the first batch loaded the model too
@@ -314,7 +314,7 @@ def test_the_profile_picks_the_dtype_the_maker_and_the_checker_load_with(
 ):
     from node import engine
     from node.engine import models
-    from node.roles.checking import BatchChecker, CheckerSpec
+    from node.roles.children.checking import BatchChecker, CheckerSpec
     from node.rollouts.maker import BatchMaker, MakerSpec
 
     asked = []

@@ -12,7 +12,7 @@ import json
 import pytest
 
 from node.config import NodeConfig
-from node.roles.grouping import Rosters, owner, share, step_ready
+from node.roles.decisions.grouping import Rosters, owner, share, step_ready
 from tests.helpers.net import wait_until
 
 A, B, C = "peer-a", "peer-b", "peer-c"
@@ -115,7 +115,7 @@ def made_envelopes(model_dir, n=2):
 
 
 def spec_for(model_dir, root, step=0, **kw):
-    from node.roles.grouppolicy import GroupSpec
+    from node.roles.children.grouppolicy import GroupSpec
     from node.training.worker import PolicySpec
 
     policy = PolicySpec(
@@ -141,7 +141,12 @@ def test_a_member_alone_with_outer_lr_1_trains_exactly_as_its_inner_steps(tiny_m
     from safetensors.torch import load_file
 
     from node.diloco.outer import params_hash
-    from node.roles.grouppolicy import GroupPolicyWorker, InnerSteps, OuterApply, PseudoGradient
+    from node.roles.children.grouppolicy import (
+        GroupPolicyWorker,
+        InnerSteps,
+        OuterApply,
+        PseudoGradient,
+    )
     from node.training.grpo import GRPOConfig
     from node.training.policy import Policy
     from node.training.worker import PolicyWorker, TrainStep
@@ -197,7 +202,12 @@ def test_an_outer_step_whose_checkpoint_failed_to_save_is_saved_again_not_taken_
     again saves the parameters the outer step made (refused before: "outer step 0 asked,
     the policy is at 1", and the member stopped), with the hash an undisturbed member
     reports; once saved, the step is refused again."""
-    from node.roles.grouppolicy import GroupPolicyWorker, InnerSteps, OuterApply, PseudoGradient
+    from node.roles.children.grouppolicy import (
+        GroupPolicyWorker,
+        InnerSteps,
+        OuterApply,
+        PseudoGradient,
+    )
     from tests.helpers.disk import file_size_limit
 
     envelopes = made_envelopes(tiny_model_dir)
@@ -228,7 +238,7 @@ def test_a_joiners_child_takes_the_leaders_state_into_both_parameter_copies(
 
     from node.diloco.outer import params_hash
     from node.diloco.state import state_hash
-    from node.roles.grouppolicy import (
+    from node.roles.children.grouppolicy import (
         GroupPolicyWorker,
         OuterApply,
         PackState,
@@ -267,7 +277,7 @@ def test_a_member_over_two_torchrun_ranks_is_the_member_in_one_process(tiny_mode
     from safetensors.torch import load, load_file
 
     from node.diloco.state import state_hash
-    from node.roles.grouppolicy import (
+    from node.roles.children.grouppolicy import (
         GroupPolicyWorker,
         InnerSteps,
         OuterApply,
@@ -583,8 +593,8 @@ async def test_a_joiner_late_for_its_first_step_joins_again_and_a_member_late_st
     from node.config import load_config
     from node.diloco.group import GroupError
     from node.net.metrics import Metrics
-    from node.roles import grouptrainer
-    from node.roles.joining import Joined
+    from node.roles.io.joining import Joined
+    from node.roles.services import grouptrainer
 
     me, leader = Identity.generate().peer_id, Identity.generate().peer_id
     node = SimpleNamespace(

@@ -1,8 +1,8 @@
-"""The validator's judging queue (``node/roles/judging.py``): which submitted batch to fetch
+"""The validator's judging queue (``node/roles/decisions/judging.py``): which submitted batch to fetch
 next and from whom, back-off and rotation on failure, when a batch is unavailable, and the
 bounds that keep a flood of announcements from crowding out real work."""
 
-from node.roles.judging import JudgingQueue
+from node.roles.decisions.judging import JudgingQueue
 
 WORKER = "0x" + "12" * 20
 K1, K2 = (WORKER, b"\x01" * 32), ("0x" + "56" * 20, b"\x02" * 32)

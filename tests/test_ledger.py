@@ -259,8 +259,9 @@ def test_an_unfunded_account_gets_one_clear_line(ledger):
 
 def test_transient_rpc_failures_are_retried_then_reported(monkeypatch):
     from ledger import client as client_module
+    from ledger import records
 
-    monkeypatch.setattr(client_module.time, "sleep", lambda s: None)
+    monkeypatch.setattr(records.time, "sleep", lambda s: None)  # retry's pause, where it lives
     calls = []
 
     def flaky():
@@ -293,7 +294,7 @@ def test_the_validators_registration_cache_follows_the_chains_registration_event
     change (rotation, a new registration, a revocation), which its submission watcher reads
     in the same poll as the submissions, before it hands them out; the trainer's watcher
     reads submissions and votes in chain order, in one read."""
-    from node.roles.chain import Registrations, SubmissionWatcher, WorkWatcher
+    from node.roles.io.chain import Registrations, SubmissionWatcher, WorkWatcher
 
     w = ledger.register(ledger.worker, 2 * ETH)
     me = ledger.worker.address

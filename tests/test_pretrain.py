@@ -160,7 +160,7 @@ def test_shards_are_disjoint_cover_the_text_and_are_read_in_order():
 
 
 def spec_for(model_dir, root, data, step=0, **kw):
-    from node.roles.pretrainpolicy import PretrainSpec
+    from node.roles.children.pretrainpolicy import PretrainSpec
 
     args = dict(
         base=str(model_dir),
@@ -186,8 +186,8 @@ def test_a_member_trains_its_shard_and_resumes_at_its_data_position(tiny_model_d
     import torch
 
     from node.diloco.outer import params_hash
-    from node.roles.grouppolicy import OuterApply, PseudoGradient
-    from node.roles.pretrainpolicy import PretrainInner, PretrainWorker, UseShard
+    from node.roles.children.grouppolicy import OuterApply, PseudoGradient
+    from node.roles.children.pretrainpolicy import PretrainInner, PretrainWorker, UseShard
 
     data = tmp_path / "c.txt"
     data.write_text(corpus(600, seed=1))
@@ -241,8 +241,8 @@ def test_a_pretraining_member_over_two_torchrun_ranks_is_the_member_in_one_proce
     import torch
 
     from node.diloco.state import state_hash
-    from node.roles.grouppolicy import OuterApply, PackState, PseudoGradient, Recover
-    from node.roles.pretrainpolicy import PretrainInner, PretrainWorker, UseShard
+    from node.roles.children.grouppolicy import OuterApply, PackState, PseudoGradient, Recover
+    from node.roles.children.pretrainpolicy import PretrainInner, PretrainWorker, UseShard
     from node.training.ranks import RankedPolicyWorker, RanksSpec
 
     data = tmp_path / "c.txt"
@@ -296,8 +296,8 @@ def test_a_joiner_recovers_a_members_whole_state_and_reads_on_exactly_as_it(
     is the member's bit for bit. A state of another version is refused."""
     from node.diloco.outer import params_hash
     from node.diloco.state import state_hash
-    from node.roles.grouppolicy import OuterApply, PackState, PseudoGradient, Recover
-    from node.roles.pretrainpolicy import PretrainInner, PretrainWorker, UseShard
+    from node.roles.children.grouppolicy import OuterApply, PackState, PseudoGradient, Recover
+    from node.roles.children.pretrainpolicy import PretrainInner, PretrainWorker, UseShard
 
     data = tmp_path / "c.txt"
     data.write_text(corpus(600, seed=1))
@@ -328,7 +328,7 @@ def test_a_joiner_recovers_a_members_whole_state_and_reads_on_exactly_as_it(
 
 def test_the_status_line_of_a_pretraining_trainer():
     from node.cli.tables import trainer_line
-    from node.roles.status import PretrainStatus
+    from node.roles.decisions.status import PretrainStatus
 
     st = PretrainStatus(
         step=2, policy_version=2, train_steps=3, done=False, loss=1.25,
@@ -596,8 +596,8 @@ async def test_a_pretraining_joiner_late_for_its_first_step_joins_again(tmp_path
 
     from crypto.identity import Identity
     from node.diloco.group import GroupError
-    from node.roles import pretrainer
-    from node.roles.joining import Joined
+    from node.roles.io.joining import Joined
+    from node.roles.services import pretrainer
 
     me, leader = Identity.generate().peer_id, Identity.generate().peer_id
     node = SimpleNamespace(peer_id=me, cfg=SimpleNamespace(run_id="r"))

@@ -9,18 +9,23 @@ import time
 import pytest
 import trio
 
-from node.roles.busy import BusyTime
-from node.roles.judging import VerdictPosts
-from node.roles.status import (
+from node.roles.decisions.busy import BusyTime
+from node.roles.decisions.judging import VerdictPosts
+from node.roles.decisions.status import (
     InferenceStatus,
     Stake,
     TrainerStatus,
     ValidatorStatus,
     VerdictLatency,
 )
-from node.roles.work import Verdict
-from node.roles.workbook import FetchRetry, prune_checkpoints, recorded_curve, step_batches
-from node.roles.working import ChainReads, PendingVerdicts, StoreRetention, VersionChoice
+from node.roles.decisions.work import Verdict
+from node.roles.decisions.workbook import (
+    FetchRetry,
+    prune_checkpoints,
+    recorded_curve,
+    step_batches,
+)
+from node.roles.decisions.working import ChainReads, PendingVerdicts, StoreRetention, VersionChoice
 
 W = "0x" + "22" * 20
 
@@ -150,11 +155,20 @@ class StatusChain:
     claimable = pending
 
 
+def test_the_chain_double_has_the_shape_of_what_the_worker_reads():
+    """``StatusChain`` stands for the ledger where the worker follows its submissions and
+    its money: it has every member of the protocol those reads take, by its shape alone."""
+    from node.roles.given import SubmissionViews
+
+    assert isinstance(StatusChain(), SubmissionViews)
+    assert not isinstance(object(), SubmissionViews)
+
+
 def worker_role(tmp_path, ledger: StatusChain):
     """An inference role reading ``ledger``, with one batch submitted and pending."""
     from node.config import load_config
     from node.net.metrics import Metrics
-    from node.roles.inference import InferenceRole
+    from node.roles.services.inference import InferenceRole
 
     cfg = load_config(
         environ={"INTELLECT_NODE_MODEL": str(tmp_path), "INTELLECT_NODE_DATA_DIR": str(tmp_path)}
@@ -164,8 +178,8 @@ def worker_role(tmp_path, ledger: StatusChain):
         metrics = Metrics()
 
     role = InferenceRole(Node(), cfg.model_copy(update={"trainer_peer_id": "12D3KooW" + "A" * 44}))
-    role.ledger, role.address = ledger, "0x" + "11" * 20
-    role.pending.submitted(b"k" * 32, 3)
+    role.chain.ledger, role.chain.address = ledger, "0x" + "11" * 20
+    role.chain.pending.submitted(b"k" * 32, 3)
     return role
 
 
@@ -177,15 +191,17 @@ async def test_the_worker_role_stops_waiting_for_a_batch_the_chain_says_is_past_
     ledger = StatusChain(until=time.time() - 10)  # our clock: 10 s past the window
     role = worker_role(tmp_path, ledger)
     ledger.now = int(ledger.until) - 5  # the chain's clock lags ours: not yet
-    await role._refresh_verdicts()
-    assert len(role.pending) == 1 and role.status().expired == 0
+    await role.chain.refresh()
+    assert len(role.chain.pending) == 1 and role.status().expired == 0
     ledger.block, ledger.now = ledger.block + 1, int(ledger.until) + 1  # a new block: read
-    await role._refresh_verdicts()
-    assert len(role.pending) == 0 and role.status().expired == 1 and role.status().unjudged == 0
+    await role.chain.refresh()
+    assert (
+        len(role.chain.pending) == 0 and role.status().expired == 1 and role.status().unjudged == 0
+    )
 
 
 def test_the_worker_looks_for_batches_to_delete_every_so_often_below_the_window():
-    from node.roles.clock import StepClock
+    from node.roles.decisions.clock import StepClock
 
     r = StoreRetention(every_s=30.0, keep=2)
     clock = StepClock("trainer", async_level=1)
@@ -213,19 +229,19 @@ async def test_the_worker_role_reads_the_chain_only_when_it_can_have_changed(tmp
     """Per poll: one block-number read; the pending batches' statuses only in a new block;
     the money after a verdict (else every 15 s)."""
     role = worker_role(tmp_path, StatusChain())
-    calls = role.ledger.calls
-    await role._refresh_verdicts()
+    calls = role.chain.ledger.calls
+    await role.chain.refresh()
     assert calls == ["head", "submission", "money"]
     calls.clear()
     for _ in range(3):  # no new block: nothing but the head
-        await role._refresh_verdicts()
+        await role.chain.refresh()
     assert calls == ["head"] * 3
     calls.clear()
-    role.ledger.block, role.ledger.status = 6, "accepted"
-    await role._refresh_verdicts()  # a new block with the verdict: statuses, then money
-    assert calls == ["head", "submission", "money"] and role.pending.accepted == 1
+    role.chain.ledger.block, role.chain.ledger.status = 6, "accepted"
+    await role.chain.refresh()  # a new block with the verdict: statuses, then money
+    assert calls == ["head", "submission", "money"] and role.chain.pending.accepted == 1
     calls.clear()
-    await role._refresh_verdicts()  # nothing pending: no reads until the money is due
+    await role.chain.refresh()  # nothing pending: no reads until the money is due
     assert calls == []
 
 
@@ -242,31 +258,31 @@ async def test_the_worker_deletes_stored_batches_once_matured_and_past_the_windo
     role = worker_role(tmp_path, chain)
     identity = Identity.generate()
     keys = {s: role.store.put(seal(identity, a_batch(identity, step=s))) for s in (1, 2, 6)}
-    role.pending.submitted(keys[1], 1)
-    role.pending.submitted(keys[6], 6)
-    role.pending.restored([keys[2]])  # stored by the worker's previous run
-    role.clock.async_level = role.retention.async_level = 1
+    role.chain.pending.submitted(keys[1], 1)
+    role.chain.pending.submitted(keys[6], 6)
+    role.chain.pending.restored([keys[2]])  # stored by the worker's previous run
+    role.clock.async_level = role.chain.retention.async_level = 1
 
     async def forget(step, chain_now):
-        role.clock.step, chain.now, role.retention.next_at = step, chain_now, 0.0
-        await role._forget_spent()
+        role.clock.step, chain.now, role.chain.retention.next_at = step, chain_now, 0.0
+        await role.chain.forget_spent()
         return sorted(role.store.keys())
 
     assert await forget(None, 0) == sorted(keys.values())  # no step announced yet
-    await role._refresh_verdicts()
-    assert len(role.pending) == 0 and role.pending.accepted == 4
+    await role.chain.refresh()
+    assert len(role.chain.pending) == 0 and role.chain.pending.accepted == 4
     matured = chain.until + 3600 + 1
-    floor_2 = 2 + 1 + role.retention.keep  # the clock's step whose floor is step 2
+    floor_2 = 2 + 1 + role.chain.retention.keep  # the clock's step whose floor is step 2
     assert await forget(100, matured - 2) == sorted(keys.values())  # not matured yet
     assert await forget(floor_2, matured) == sorted([keys[2], keys[6]])  # 1 is below 2
     role.clock.step += 1
-    await role._forget_spent()  # within every_s of the last look: not looked at
+    await role.chain.forget_spent()  # within every_s of the last look: not looked at
     assert sorted(role.store.keys()) == sorted([keys[2], keys[6]])
     assert await forget(floor_2 + 1, matured) == [keys[6]]
-    role.pending.submitted(keys[6], 6)  # waiting for a verdict: it stays however old
+    role.chain.pending.submitted(keys[6], 6)  # waiting for a verdict: it stays however old
     chain.status, chain.block = "pending", chain.block + 1
-    await role._refresh_verdicts()
-    assert await forget(100, matured) == [keys[6]] and role.pending.keys() == [keys[6]]
+    await role.chain.refresh()
+    assert await forget(100, matured) == [keys[6]] and role.chain.pending.keys() == [keys[6]]
 
 
 class ServedNode:
@@ -318,13 +334,13 @@ async def test_the_serve_loop_deletes_spent_batches(tmp_path):
     role = worker_role(tmp_path, chain)
     identity = Identity.generate()
     keys = {s: role.store.put(seal(identity, a_batch(identity, step=s))) for s in (1, 6)}
-    role.pending = PendingVerdicts()
+    role.chain.pending = PendingVerdicts()
     for step, key in keys.items():
-        role.pending.submitted(key, step)
-    role.clock.async_level = role.retention.async_level = 1
-    role.clock.step = 1 + 1 + role.retention.keep + 1  # the floor is step 2: 1 is below
+        role.chain.pending.submitted(key, step)
+    role.clock.async_level = role.chain.retention.async_level = 1
+    role.clock.step = 1 + 1 + role.chain.retention.keep + 1  # the floor is step 2: 1 is below
     await serving_until(role, lambda: role.store.keys() == [keys[6]])
-    assert role.pending.accepted == 2
+    assert role.chain.pending.accepted == 2
 
 
 async def test_a_chain_that_does_not_answer_at_start_is_read_again_by_the_loop(tmp_path):
@@ -344,8 +360,8 @@ async def test_a_chain_that_does_not_answer_at_start_is_read_again_by_the_loop(t
     chain.head = flaky_head
     role = worker_role(tmp_path, chain)
     role.clock.step = 3
-    await serving_until(role, lambda: role.pending.accepted == 1)
-    assert not down and len(role.pending) == 0
+    await serving_until(role, lambda: role.chain.pending.accepted == 1)
+    assert not down and len(role.chain.pending) == 0
 
 
 async def test_a_batch_the_full_disk_refuses_is_stored_later_not_generated_again(
@@ -354,7 +370,7 @@ async def test_a_batch_the_full_disk_refuses_is_stored_later_not_generated_again
     """A full disk refuses the batch just made: the worker keeps it and stores it again
     at each pass, and once the disk has room stores, announces and submits that batch. It
     used to generate the batch again every 5 s (minutes of a GPU each time), for nothing."""
-    from node.roles import inference
+    from node.roles.services import inference
     from node.rollouts.maker import MadeBatch
     from protocol.batches import BATCH_TOPIC
     from tests.helpers.batches import a_batch
@@ -399,8 +415,8 @@ async def test_a_worker_whose_batch_maker_died_stops_instead_of_failing_for_good
     """Its child process killed, a worker logged "work failed" every 5 s for as long as it
     ran, registered and announcing, and made nothing. A call failed with the child alive
     is retried; one failed with the child dead ends the role (the node stops)."""
-    from node.roles import inference
-    from node.roles.offload import OffloadError
+    from node.roles.children.offload import OffloadError
+    from node.roles.services import inference
 
     monkeypatch.setattr(inference, "POLL_S", 0.02)
     chain = StatusChain(status="pending")
@@ -447,14 +463,17 @@ async def test_a_stored_batch_the_chain_refuses_is_spent_and_one_unheard_waits(t
         raise (LedgerError if key == refused else LedgerUnreachable)("no")
 
     chain.submit_work = submit_work
-    role.pending.restored([refused, unheard])  # after a restart: the chain never heard
-    await role._refresh_verdicts()
-    assert role.pending.settled[refused] == (1, 0.0) and unheard not in role.pending.settled
-    assert unheard in role.pending.keys() and refused not in role.pending.keys()
-    role.clock.step = 1 + 1 + role.retention.keep + 1  # the floor is step 2: 1 is below
-    role.clock.async_level = role.retention.async_level = 1
+    role.chain.pending.restored([refused, unheard])  # after a restart: the chain never heard
+    await role.chain.refresh()
+    assert (
+        role.chain.pending.settled[refused] == (1, 0.0)
+        and unheard not in role.chain.pending.settled
+    )
+    assert unheard in role.chain.pending.keys() and refused not in role.chain.pending.keys()
+    role.clock.step = 1 + 1 + role.chain.retention.keep + 1  # the floor is step 2: 1 is below
+    role.clock.async_level = role.chain.retention.async_level = 1
     chain.now = 1  # the chain's clock, past the refused batch's "maturity" (none: 0)
-    await role._forget_spent()
+    await role.chain.forget_spent()
     assert role.store.keys() == [unheard], (refused, unheard, role.store.keys())
 
 
@@ -535,7 +554,7 @@ def test_the_chain_saying_a_verdict_stands_already_or_comes_too_late_is_told_apa
     is posted again."""
     from ledger.chain import connect
     from ledger.client import LedgerRevert
-    from node.roles.judging import refusal
+    from node.roles.decisions.judging import refusal
     from tests.helpers.ledger import ETH, Ledger, key
 
     ledger = Ledger(connect("embedded"))
@@ -574,14 +593,14 @@ async def test_a_validator_counts_a_verdict_that_stands_already_as_posted(tmp_pa
         def accept(self, worker, work_key):
             raise LedgerRevert("accept", answers[work_key])
 
-    role.ledger = FakeLedger()
+    role.votes.ledger = FakeLedger()
     role.node = type("N", (), {"metrics": type("M", (), {"inc": lambda *a, **k: None})()})()
     for i, reason in enumerate(("work already accepted", "verdict window closed", "paused")):
         answers[bytes([i]) * 32] = reason
         await role._post(("0x" + "12" * 20, bytes([i]) * 32), Verdict.accept())
-    assert role.posted.counts["accepted"] == 1
-    assert (len(role.unposted), role.unposted.given_up) == (1, 1)
-    assert [k[1][0] for k in role.unposted.waiting] == [2]
+    assert role.votes.posted.counts["accepted"] == 1
+    assert (len(role.votes.unposted), role.votes.unposted.given_up) == (1, 1)
+    assert [k[1][0] for k in role.votes.unposted.waiting] == [2]
 
 
 async def test_a_verdict_refused_before_the_chains_fetch_deadline_is_never_given_up_for_it(
@@ -591,7 +610,7 @@ async def test_a_verdict_refused_before_the_chains_fetch_deadline_is_never_given
     reject it refuses as "fetch deadline not reached" is posted again, however often, and
     counted as no refusal (the verdict window still ends it: "too late")."""
     from ledger.client import LedgerRevert
-    from node.roles.judging import refusal
+    from node.roles.decisions.judging import refusal
     from tests.test_roles import validator_role
 
     assert refusal(LedgerRevert("reject", "fetch deadline not reached")) == "not yet"
@@ -601,12 +620,12 @@ async def test_a_verdict_refused_before_the_chains_fetch_deadline_is_never_given
         def reject(self, worker, work_key, reason):
             raise LedgerRevert("reject", "fetch deadline not reached")
 
-    role.ledger = FakeLedger()
+    role.votes.ledger = FakeLedger()
     key = ("0x" + "12" * 20, bytes(32))
-    for _ in range(role.unposted.attempts + 5):
+    for _ in range(role.votes.unposted.attempts + 5):
         await role._post(key, Verdict.reject("unavailable", "nobody served the batch"))
-    assert list(role.unposted.waiting) == [key] and role.unposted.given_up == 0
-    assert role.unposted.waiting[key].attempts == 0
+    assert list(role.votes.unposted.waiting) == [key] and role.votes.unposted.given_up == 0
+    assert role.votes.unposted.waiting[key].attempts == 0
 
 
 def test_a_verdict_the_chain_could_not_take_while_down_is_never_given_up_for_it():

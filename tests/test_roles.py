@@ -11,8 +11,8 @@ import trio
 
 from node.config import load_config
 from node.net.metrics import Metrics
-from node.roles.clock import StepClock
-from node.roles.offload import Offload, OffloadError
+from node.roles.children.offload import Offload, OffloadError
+from node.roles.decisions.clock import StepClock
 from protocol.batches import BatchNotice, StepNotice
 from protocol.rollouts import max_envelope_size
 
@@ -165,7 +165,7 @@ async def test_a_dead_child_is_reported_as_dead_and_ctrl_c_is_left_to_the_node()
 
 NODE_WITH_A_BUSY_CHILD = """
 import sys, threading, time, trio
-from node.roles.offload import Offload
+from node.roles.children.offload import Offload
 from tests.test_roles import Slow
 
 async def main():
@@ -259,7 +259,7 @@ def test_a_batch_proven_with_other_proof_parameters_is_invalid_before_any_recomp
     import dataclasses
 
     from crypto.identity import Identity
-    from node.roles.validator import cheap_checks
+    from node.roles.services.validator import cheap_checks
     from tests.helpers.batches import WORKER, a_batch
 
     identity = Identity.generate()
@@ -299,7 +299,7 @@ class WorkLedger:
 
 def a_role(tmp_path, node, cheats=None, model=None):
     """The honest inference role, or with ``cheats`` the tests' cheating one."""
-    from node.roles.inference import InferenceRole
+    from node.roles.services.inference import InferenceRole
     from tests.helpers.cheating.role import CheatingRole
 
     cfg = load_config(
@@ -340,7 +340,7 @@ async def test_a_batch_the_window_moved_past_while_it_was_generated_is_not_submi
                 role.clock.observe(TRAINER, StepNotice(step=5, policy_version=4))
             return MadeBatch(a_batch(identity, step=3).encode())
 
-    role.maker, role.ledger = Maker(), ledger
+    role.maker, role.chain.ledger = Maker(), ledger
     await role._work(3, 1, str(tmp_path))
     assert role.done_step == 3  # either way, step 3 is not worked on again
     if trainer_moves_on:
@@ -380,16 +380,16 @@ async def test_a_cheat_whose_submission_the_chain_refused_is_not_counted_and_com
         def submit_work(self, key, units, version):
             raise LedgerError("refused")
 
-    role.maker, role.ledger = Maker(), Refusing(submitted)
+    role.maker, role.chain.ledger = Maker(), Refusing(submitted)
     with pytest.raises(LedgerError):
         await role._work(3, 1, str(tmp_path))
     assert role.plan.made == 0 and role.plan.by_key == {}
     assert role.plan.next() == "inflate_units"
-    role.ledger = WorkLedger(submitted)
+    role.chain.ledger = WorkLedger(submitted)
     await role._work(3, 1, str(tmp_path))  # the step again: the chain took it this time
     ((key, version),) = submitted
     assert role.plan.by_key == {key.hex(): "inflate_units"} and role.plan.next() == "withhold"
-    assert role.pending.keys() == [key] and version == 1
+    assert role.chain.pending.keys() == [key] and version == 1
 
 
 @pytest.mark.parametrize("far", [False, True])
@@ -429,7 +429,7 @@ async def test_a_version_cheat_is_made_only_with_weights_verification_can_tell_a
 
     role = a_role(tmp_path, node, "older_version", model=tiny_model_dir)
     role.clock.observe(TRAINER, StepNotice(step=3, policy_version=2))
-    role.maker, role.ledger, role.weights = Maker(), ledger, Weights()
+    role.maker, role.chain.ledger, role.weights = Maker(), ledger, Weights()
     await role._work(3, 2, str(versions[2]))
     assert len(submitted) == 1 and submitted[0][1] == 2
     if far:
@@ -448,7 +448,7 @@ def test_a_worker_never_generates_with_a_version_the_chain_would_refuse_as_stale
     """A worker configured with an async window (5) wider than the chain's
     ``max_staleness`` (2) used version 2 at step 7, and the chain refused the batch as stale:
     the step was lost and the run stalled (the matrix met it). The narrower window rules."""
-    from node.roles.inference import InferenceRole
+    from node.roles.services.inference import InferenceRole
 
     cfg = load_config(
         environ={"INTELLECT_NODE_MODEL": str(tmp_path), "INTELLECT_NODE_DATA_DIR": str(tmp_path)}
@@ -468,7 +468,7 @@ def test_a_worker_never_generates_with_a_version_the_chain_would_refuse_as_stale
 
 def validator_role(tmp_path):
     """A validator role of this run (no node, no chain: its decisions only)."""
-    from node.roles.validator import ValidatorRole
+    from node.roles.services.validator import ValidatorRole
 
     cfg = load_config(
         environ={"INTELLECT_NODE_MODEL": str(tmp_path), "INTELLECT_NODE_DATA_DIR": str(tmp_path)}
@@ -498,8 +498,8 @@ async def test_a_batch_a_validator_cannot_judge_now_is_judged_later_not_dropped(
     """Without the weights of the batch's version, or when the batch checker fails a call,
     the batch goes back to the queue (``check_failed``) instead of being dropped without a
     verdict; a checker process that died ends the role (every batch would fail so)."""
-    import node.roles.validator as validator_module
-    from node.roles.work import Verdict
+    import node.roles.services.validator as validator_module
+    from node.roles.decisions.work import Verdict
 
     role = validator_role(tmp_path)
     key = ("0x" + "12" * 20, b"\x01" * 32)
@@ -573,7 +573,7 @@ async def test_a_body_served_under_a_key_it_does_not_hash_to_is_a_failed_fetch(
     and burn that validator's bond, at no cost to itself. The chain cannot check the
     signature, so it is now a failed fetch: asked again, and ``unavailable`` (unbonded)
     if nobody ever serves the matching batch."""
-    import node.roles.validator as validator_module
+    import node.roles.services.validator as validator_module
     from protocol.errors import Reason, WireError
 
     role = validator_role(tmp_path)
@@ -605,7 +605,7 @@ async def test_a_timed_out_fetch_leaves_the_connection_to_other_fetches_from_its
     """A fetch that timed out drops its connection (a stuck one is dialled afresh); with
     fetches side by side, one peer (an announcer, or one node registered for several
     worker addresses) may serve several at once: theirs must not die with it."""
-    import node.roles.validator as validator_module
+    import node.roles.services.validator as validator_module
     from protocol.errors import Reason, WireError
 
     role = validator_role(tmp_path)
@@ -640,8 +640,8 @@ def serving_validator(tmp_path, monkeypatch, slow: dict[bytes, float]):
     ``slow`` takes that many seconds (a batch sent at the slowest rate its deadline allows),
     any other is at once; every batch is accepted. Returns the role and its event log:
     ("fetch", key byte, when) as a fetch starts, ("post", key byte, when) as it is posted."""
-    import node.roles.validator as validator_module
-    from node.roles.work import Verdict
+    import node.roles.services.validator as validator_module
+    from node.roles.decisions.work import Verdict
 
     role = validator_role(tmp_path)
     role.node = SimpleNamespace(subscribe=lambda *a: None, add_status=lambda *a: None)
@@ -710,7 +710,7 @@ async def test_a_slow_worker_holds_one_fetch_while_the_others_batches_are_judged
 
 
 async def test_at_most_fetches_batches_are_fetched_at_once(tmp_path, monkeypatch, autojump_clock):
-    from node.roles.validator import FETCHES
+    from node.roles.services.validator import FETCHES
 
     slow = {bytes([n]) * 32: 50.0 for n in range(1, FETCHES + 1)}
     role, log = serving_validator(tmp_path, monkeypatch, slow)
@@ -735,7 +735,7 @@ async def test_a_fetch_expects_the_size_its_own_peer_announced(
     that peer announced; the worker's registered peer is asked first."""
     import dataclasses
 
-    import node.roles.validator as validator_module
+    import node.roles.services.validator as validator_module
     from protocol.errors import Reason, WireError
 
     role = validator_role(tmp_path)

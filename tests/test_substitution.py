@@ -20,7 +20,7 @@ from node.engine.calibration import (
     model_layers,
     recompute_all,
 )
-from node.roles.checking import BatchChecker, CheckBatch, CheckerSpec
+from node.roles.children.checking import BatchChecker, CheckBatch, CheckerSpec
 from node.rollouts.maker import BatchMaker, MakerSpec
 from node.rollouts.recheck import judge_rollouts, with_substitution
 from node.rollouts.suspects import SuspectModels

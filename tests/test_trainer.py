@@ -10,10 +10,9 @@ from functools import partial
 
 import pytest
 
-from node.roles.chain import Ruling, Submission
-from node.roles.clock import StepClock
-from node.roles.work import Verdict
-from node.roles.workbook import (
+from node.roles.decisions.clock import StepClock
+from node.roles.decisions.work import Verdict
+from node.roles.decisions.workbook import (
     TrainerState,
     WorkBook,
     append_line,
@@ -21,6 +20,7 @@ from node.roles.workbook import (
     recorded_step,
     step_batches,
 )
+from node.roles.io.chain import Ruling, Submission
 from node.training.grpo import GRPOConfig
 from protocol.batches import StepNotice
 from tests.helpers.net import wait_until
@@ -137,8 +137,8 @@ async def test_a_checkpoint_the_disk_refuses_is_saved_again_and_other_failures_s
     any other failure of the step stops the trainer at once."""
     import trio
 
-    from node.roles.offload import OffloadError
-    from node.roles.trainer import trained
+    from node.roles.children.offload import OffloadError
+    from node.roles.services.trainer import trained
     from node.training.worker import StepStats, TrainStep
 
     class Policy:
@@ -201,7 +201,7 @@ def a_trainer(tmp_path):
     """A trainer role with no network, chain nor policy: its bookkeeping alone."""
     from node.config import load_config
     from node.net.metrics import Metrics
-    from node.roles.trainer import TrainerRole
+    from node.roles.services.trainer import TrainerRole
 
     class Node:
         metrics = Metrics()
@@ -222,8 +222,8 @@ async def test_a_trainer_fetches_from_the_workers_peer_and_forgets_old_announcer
     announcers, up to 8 of them tried for up to 120 s each, are asked only when the chain
     cannot name that peer; and notices of keys never submitted (200k of them held 50 MiB)
     are kept for the newest ``MAX_HOLDERS`` keys only."""
-    from node.roles import gathering
-    from node.roles import trainer as trainer_module
+    from node.roles.io import gathering
+    from node.roles.services import trainer as trainer_module
     from protocol.batches import BatchNotice
 
     role = a_trainer(tmp_path)
@@ -334,7 +334,7 @@ async def test_a_batch_that_failed_to_fetch_is_not_usable(tmp_path, monkeypatch)
     """A fetch no peer served, or whose batch does not match its submission, leaves the
     batch unfetched: not usable, still wanted."""
     from crypto.identity import Identity
-    from node.roles import gathering
+    from node.roles.io import gathering
     from tests.helpers.batches import a_batch
 
     role = a_trainer(tmp_path)
@@ -369,7 +369,7 @@ async def test_what_a_step_consumed_is_saved_with_it_and_a_restart_does_not_reus
     import dataclasses
 
     from crypto.identity import Identity
-    from node.roles.trainer import STATE_FILE
+    from node.roles.services.trainer import STATE_FILE
     from node.training.worker import StepStats
     from protocol.wire import seal
     from tests.helpers.batches import WORKER, a_batch
@@ -605,7 +605,7 @@ async def test_the_trainer_fetches_side_by_side_one_per_worker_within_the_units(
 
     import trio
 
-    from node.roles import gathering
+    from node.roles.io import gathering
     from protocol.rollouts import max_envelope_size
 
     slow, others = "0x" + "aa" * 20, ["0x" + f"{n:02x}" * 20 for n in (3, 4)]

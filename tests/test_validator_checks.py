@@ -1,4 +1,4 @@
-"""The validator's cheap checks (``node/roles/validator.py`` ``cheap_checks``, checks 1-3):
+"""The validator's cheap checks (``node/roles/services/validator.py`` ``cheap_checks``, checks 1-3):
 each refuses the batch that breaks it, whatever the ledger contract also enforces."""
 
 import dataclasses
@@ -7,8 +7,8 @@ from types import SimpleNamespace
 import pytest
 
 from crypto.identity import Identity
-from node.roles.clock import StepClock
-from node.roles.validator import cheap_checks
+from node.roles.decisions.clock import StepClock
+from node.roles.services.validator import cheap_checks
 from protocol.batches import StepNotice
 from tests.helpers.batches import WORKER, a_batch
 

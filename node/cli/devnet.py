@@ -345,7 +345,8 @@ def check_devices(devices: list[str]) -> None:
     """A GPU asked for on a machine whose torch sees none fails before anything starts,
     in the words a node uses for it (``pick_device``), with the flags that asked."""
     if "cuda" in devices:
-        from node.engine.models import ModelError, pick_device
+        from node.engine.modeldir import ModelError
+        from node.engine.models import pick_device
 
         try:
             pick_device("cuda")

@@ -413,7 +413,7 @@ def cmd_chain_fund(args: argparse.Namespace, address: str, amount_text: str) -> 
     from web3 import Web3
 
     from ledger.chain import connect
-    from ledger.client import _fees
+    from ledger.transactions import block_fees
 
     if not Web3.is_address(address):
         raise ValueError(f"not an address: {address!r}")
@@ -428,7 +428,7 @@ def cmd_chain_fund(args: argparse.Namespace, address: str, amount_text: str) -> 
     chain = connect(info["url"], dev_keys=info["dev_keys"])
     funder = Account.from_key(info.get("funder_key") or info["dev_keys"][-1])
     to = Web3.to_checksum_address(address)
-    tx = _fees(chain) | {
+    tx = block_fees(chain) | {
         "to": to,
         "value": amount,
         "gas": 21000,
@@ -437,7 +437,7 @@ def cmd_chain_fund(args: argparse.Namespace, address: str, amount_text: str) -> 
     }
     tx_hash = chain.w3.eth.send_raw_transaction(funder.sign_transaction(tx).raw_transaction)
     receipt = chain.w3.eth.wait_for_transaction_receipt(tx_hash, timeout=60)
-    if receipt.status != 1:
+    if receipt["status"] != 1:
         raise RuntimeError(f"the transfer failed (tx {tx_hash.hex()})")
     print(f"sent {fmt_eth(amount)} to {to}; balance now {fmt_eth(chain.w3.eth.get_balance(to))}")
     return 0

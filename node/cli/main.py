@@ -264,7 +264,8 @@ def cmd_start(args: argparse.Namespace) -> int:
     from node.net.dashboard import dashboard_routes
     from node.net.runtime import Node
     from node.roles import role_service
-    from node.roles.chain import ChainSetupError
+    from node.roles.given import RoleRun
+    from node.roles.io.chain import ChainSetupError
     from node.shardcast.service import WeightService
 
     setup_logging(
@@ -272,7 +273,7 @@ def cmd_start(args: argparse.Namespace) -> int:
     )  # after py-libp2p's import-time logging setup
 
     async def supervised(
-        role: Any,
+        role: RoleRun,
         node: Node,
         weights: WeightService,
         task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED,
@@ -296,7 +297,7 @@ def cmd_start(args: argparse.Namespace) -> int:
     async def main() -> None:
         node = Node(cfg, identity)
 
-        async def run_node(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        async def run_node(task_status: trio.TaskStatus[Node] = trio.TASK_STATUS_IGNORED) -> None:
             await node.serve(task_status=task_status)
             nursery.cancel_scope.cancel()
 
@@ -336,7 +337,7 @@ def cmd_start(args: argparse.Namespace) -> int:
                     print(f"  address : {a}/p2p/{node.peer_id}")
                 print(f"  admin   : http://127.0.0.1:{port}/status (metrics at /metrics)")
                 print(f"  page    : http://127.0.0.1:{port}/ (intellect-node dashboard)")
-                note = cfg.role
+                note: str = cfg.role
                 if cfg.role == "trainer" and cfg.diloco:
                     note = "pretrain" if cfg.objective == "pretrain" else "diloco"
                 print(f"  role    : {ROLE_NOTES[note]}", flush=True)
@@ -408,7 +409,7 @@ def cmd_keys(args: argparse.Namespace) -> int:
             ident = load_identity(directory)  # peer id (other nodes may know it already)
         else:
             ident = create_identity(directory, force=args.force)
-        address = create_account(directory, password, force=args.force).address
+        address: str = create_account(directory, password, force=args.force).address
     else:
         ident = load_identity(directory)
         address = "(none: intellect-node keys new creates one)"

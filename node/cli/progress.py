@@ -19,7 +19,7 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Protocol, TextIO
+from typing import IO, TYPE_CHECKING, Any, Protocol, TextIO
 
 if TYPE_CHECKING:  # rich is imported when a command shows progress, so --help stays instant
     from rich.console import Console
@@ -51,7 +51,7 @@ class _Bar:
 class _LogLines:
     """Plain lines, at most one every ``every`` seconds (and the last one on leaving)."""
 
-    def __init__(self, label: str, total: float | None, unit: str, out: TextIO, every: float):
+    def __init__(self, label: str, total: float | None, unit: str, out: IO[str], every: float):
         self.label, self.total, self.unit, self.out, self.every = label, total, unit, out, every
         self.completed: float = 0
         self.info = ""

@@ -207,7 +207,9 @@ async def ask_manifest(node: Node, donor: str, leader: str, step: int) -> Weight
     while True:
         req = WeightsQuery(**node.header(), version=step + 1, with_manifest=True)
         try:
-            reply: WeightsHolding = await node.request(donor, DILOCO_STATE, req, WeightsHolding)
+            reply: WeightsHolding | None = await node.request(
+                donor, DILOCO_STATE, req, WeightsHolding
+            )
         except RemoteRefusal:
             raise
         except Exception as exc:  # a lost stream (py-libp2p raises many types): ask again

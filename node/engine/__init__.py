@@ -37,5 +37,7 @@ def open_engine(
     from node.engine.torch_engine import TorchEngine
 
     loaded = load_model(model_dir, dtype=dtype, device=device)
-    engine = TorchEngine(loaded.model, eos_token_ids=loaded.eos_token_ids, max_batch=max_batch)
-    return engine, loaded.tokenizer
+    torch_engine = TorchEngine(
+        loaded.model, eos_token_ids=loaded.eos_token_ids, max_batch=max_batch
+    )
+    return torch_engine, loaded.tokenizer

@@ -144,7 +144,8 @@ def build_random_llama(config: dict[str, Any], init_seed: int, lm_head_scale: fl
     model = LlamaForCausalLM(LlamaConfig(**config))
     with torch.no_grad():
         model.lm_head.weight.mul_(lm_head_scale)
-    return model.to(torch.bfloat16).eval()
+    # transformers types .to through a decorator that loses its signature
+    return model.to(torch.bfloat16).eval()  # type: ignore[arg-type]
 
 
 def weights_sha256(model: Any) -> str:
@@ -180,7 +181,9 @@ def claim_of(rollout: dict[str, Any] | GenResult, params: dict[str, Any]) -> Rol
     )
 
 
-def fixture_batches(variant: dict[str, Any], size: int = BATCH_ROLLOUTS) -> list[list[dict]]:
+def fixture_batches(
+    variant: dict[str, Any], size: int = BATCH_ROLLOUTS
+) -> list[list[dict[str, Any]]]:
     """A variant's rollouts cut into batches in order (the last may be smaller)."""
     rollouts = variant["rollouts"]
     return [rollouts[i : i + size] for i in range(0, len(rollouts), size)]

@@ -97,7 +97,7 @@ def fusable(model: Any) -> bool:
                 return False
     except AttributeError:
         return False
-    return sum(p.numel() for p in model.parameters()) <= FUSE_MAX_PARAMS
+    return int(sum(p.numel() for p in model.parameters())) <= FUSE_MAX_PARAMS
 
 
 class SlotDecoder:
@@ -122,7 +122,7 @@ class SlotDecoder:
         if cached is None:
             cached = _Fused(base.layers) if fusable(model) else False
             model._intellect_fused = cached
-        self.fused: _Fused | None = cached.current() if cached else None
+        self.fused = cached.current() if isinstance(cached, _Fused) else None
         self.slots, self.max_len = slots, max_len
         self.k, self.v = self._cache(slots, max_len), self._cache(slots, max_len)
         self.lens = [0] * slots  # filled columns per row
@@ -154,7 +154,7 @@ class SlotDecoder:
             if self.fused is not None:
                 w, bias = self.fused.qkv[i]
                 nq, nkv = self.heads * self.head_dim, self.kv_heads * self.head_dim
-                q, k, v = F.linear(h, w, bias).split((nq, nkv, nkv), dim=-1)
+                q, k, v = torch.split(F.linear(h, w, bias), [nq, nkv, nkv], dim=-1)
             else:
                 q, k, v = attn.q_proj(h), attn.k_proj(h), attn.v_proj(h)
             q = q.view(b, t, self.heads, self.head_dim).transpose(1, 2)

@@ -99,7 +99,7 @@ class Graphs:
             torch.cuda.set_stream(stream)
 
     def _record(self, key: Hashable, fn: Callable[[], Any]) -> tuple[Any, Any]:
-        side = torch.cuda.Stream()
+        side = torch.cuda.Stream()  # type: ignore[no-untyped-call]  # torch: unannotated
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             fn()  # warm-up: workspaces and lazy state are made outside the graph
@@ -200,7 +200,7 @@ def proof_workers() -> Executor:
 def _children_allowed() -> Iterator[None]:
     """multiprocessing refuses children to a daemonic process ("daemonic processes are not
     allowed to have children", an AssertionError), and the engine runs in one: the node's
-    model process (``node.roles.offload``), which the node ends when it exits. Its proof
+    model process (``node.roles.children.offload``), which the node ends when it exits. Its proof
     workers start with the flag lifted; each dies with it (``_proof_worker``)."""
     config = multiprocessing.current_process()._config  # type: ignore[attr-defined]
     daemonic = config.get("daemon", False)
@@ -238,7 +238,7 @@ class ProofPipeline:
             event = None
             if idx.is_cuda:
                 idx, bits = idx.to("cpu", non_blocking=True), bits.to("cpu", non_blocking=True)
-                event = torch.cuda.Event()
+                event = torch.cuda.Event()  # type: ignore[no-untyped-call]  # torch: unannotated
                 event.record()
             self.copying.append((event, [keys[m] for m in members], idx, bits))
 

@@ -77,7 +77,7 @@ def load_model(path: str | Path, *, dtype: str = "auto", device: str = "auto") -
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
-    hf_logging.disable_progress_bar()
+    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # transformers: unannotated
 
     p = check_model_dir(path)
     dev = pick_device(device)
@@ -87,7 +87,8 @@ def load_model(path: str | Path, *, dtype: str = "auto", device: str = "auto") -
         model = AutoModelForCausalLM.from_pretrained(p, local_files_only=True, dtype=dt)
     except (OSError, ValueError, KeyError, RuntimeError, SafetensorError) as exc:
         raise ModelError(f"{p}: cannot load: {exc}") from exc
-    model = model.to(dev).eval()
+    # transformers types .to through a decorator that loses its signature
+    model = model.to(dev).eval()  # type: ignore[arg-type]
     return LoadedModel(model, tokenizer, p, dev, dt)
 
 

@@ -144,7 +144,7 @@ def build_tokenizer(out_dir: Path) -> None:
     tok.post_processor = processors.TemplateProcessing(
         single="<bos> $A", special_tokens=[("<bos>", vocab["<bos>"])]
     )
-    fast = PreTrainedTokenizerFast(
+    fast = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]  # transformers: unannotated
         tokenizer_object=tok,
         pad_token="<pad>",
         eos_token="<eos>",
@@ -187,7 +187,7 @@ def build_tiny_model(
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
     from transformers.utils import logging as hf_logging
 
-    hf_logging.disable_progress_bar()
+    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # transformers: unannotated
 
     r = recipe or Recipe()
     out = Path(out_dir)
@@ -220,7 +220,7 @@ def build_tiny_model(
         with torch.device(device):  # made where it trains (a 1.1B init is slow on a CPU)
             model = LlamaForCausalLM(cfg)
         _train(model, taskset, tokenizer, r, progress)
-        model.cpu().eval().save_pretrained(work, safe_serialization=True)
+        model.cpu().eval().save_pretrained(work, safe_serialization=True)  # type: ignore[no-untyped-call]  # transformers: unannotated
         (work / RECIPE_FILE).write_text(
             json.dumps({"recipe": asdict(r), "digest": r.digest()}, indent=2) + "\n"
         )

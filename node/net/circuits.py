@@ -96,7 +96,7 @@ class CountingRelay(CircuitV2Protocol):
         if ends is not None and ends[0] is stream and ends[1] is not None:
             await _reset(ends[1])
 
-    async def _send_status(
+    async def _send_status(  # type: ignore[override]  # forwards py-libp2p's arguments as given
         self, stream: Any, status_code: Any, message: str, *args: Any, **kw: Any
     ) -> None:
         outcome = _CIRCUIT_OUTCOMES.get(message)
@@ -104,8 +104,8 @@ class CountingRelay(CircuitV2Protocol):
             self.metrics.inc("relay_circuits", outcome=outcome)
         await super()._send_status(stream, status_code, message, *args, **kw)
 
-    async def _read_stream_with_retry(self, stream: Any, *args: Any, **kw: Any) -> bytes:
-        data: bytes = await super()._read_stream_with_retry(stream, *args, **kw)
+    async def _read_stream_with_retry(self, stream: Any, *args: Any, **kw: Any) -> bytes | None:
+        data: bytes | None = await super()._read_stream_with_retry(stream, *args, **kw)
         if data:
             self.metrics.inc("relay_bytes", len(data))
         return data

@@ -48,7 +48,7 @@ GREET_AGAIN = 30.0  # seconds before a connected peer of unknown role is greeted
 @dataclass(frozen=True)
 class ConnectionStatus:
     count: int
-    settled: bool
+    settled: int  # connections past their grace: what ``high`` bounds
     low: int
     high: int
     in_use: int

@@ -458,8 +458,9 @@ def _gossip_records_verified_once() -> None:
     if getattr(pubsub_utils, "_intellect_once", False):
         return
     once = verify_records_once(pubsub_utils.maybe_consume_signed_record)
-    gossipsub_module.maybe_consume_signed_record = once  # type: ignore[attr-defined]
-    pubsub_module.maybe_consume_signed_record = once  # type: ignore[attr-defined]
+    # py-libp2p's modules import it by name (its declared parameter types are narrower)
+    gossipsub_module.maybe_consume_signed_record = once  # type: ignore[attr-defined,assignment]
+    pubsub_module.maybe_consume_signed_record = once  # type: ignore[attr-defined,assignment]
     pubsub_utils._intellect_once = True  # type: ignore[attr-defined]
 
 

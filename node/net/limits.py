@@ -162,7 +162,7 @@ class PeerLimits:
         for counter, key in ((self._open, peer), (self._by_protocol, (peer, protocol))):
             counter[key] -= 1  # type: ignore[index]
             if counter[key] <= 0:  # type: ignore[index]
-                del counter[key]  # type: ignore[attr-defined]
+                del counter[key]
 
     def streams(self, peer: str) -> int:
         """Streams of ``peer`` being handled now."""

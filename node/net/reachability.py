@@ -32,6 +32,7 @@ from typing import Any
 import multiaddr
 import trio
 from libp2p.abc import IHost, INetStream
+from libp2p.custom_types import TProtocol
 from libp2p.host.autonat.pb.autonat_pb2 import Message
 from libp2p.peer.id import ID
 from libp2p.utils import encode_varint_prefixed, read_varint_prefixed_bytes_limited
@@ -160,7 +161,7 @@ class Reachability:
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         host = self.network.host
         assert host is not None, "reachability needs a running host"
-        host.set_stream_handler(PROTOCOL, self._answer)
+        host.set_stream_handler(TProtocol(PROTOCOL), self._answer)
         _watch_observations(host, self._observed)
         task_status.started()
         await trio.sleep(FIRST_ROUND)
@@ -238,6 +239,7 @@ class Reachability:
             with trio.move_on_after(ASK_TIMEOUT):
                 with trio.fail_after(QUESTION_TIMEOUT):
                     raw = await read_varint_prefixed_bytes_limited(stream, MAX_MESSAGE)
+                status: Message.ResponseStatus.ValueType
                 if is_relayed(getattr(stream, "swarm_conn", None)):
                     status, text, addr = Message.E_DIAL_REFUSED, "relayed connection", None
                 else:
@@ -260,7 +262,7 @@ class Reachability:
 
     async def _dial_back(
         self, peer: ID, raw: bytes, observed_ip: str | None
-    ) -> tuple[int, str, str | None]:
+    ) -> tuple[Message.ResponseStatus.ValueType, str, str | None]:
         """(status, reason, the address that reached the asker)."""
         try:
             question = Message()

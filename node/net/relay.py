@@ -264,9 +264,9 @@ class Relays:
         for relay in sorted(relays - set(self.held)):
             if len(self.held) >= RESERVE_ON:
                 break
-            addr = self.network.direct_addr(relay)
-            if addr is not None:
-                await self._reserve(relay, addr)
+            direct = self.network.direct_addr(relay)
+            if direct is not None:
+                await self._reserve(relay, direct)
 
     async def _reserve(self, relay: str, addr: str) -> bool:
         """Reserve (or renew) on ``relay``, reached at ``addr``; True if it accepted."""

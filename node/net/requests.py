@@ -21,6 +21,7 @@ from typing import Any
 
 import trio
 from libp2p.abc import INetStream
+from libp2p.custom_types import TProtocol
 from libp2p.network.stream.exceptions import StreamError
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo
@@ -164,7 +165,9 @@ class Requests:
             msg = await self._read_request(stream, peer, protocol, request_type)
             await handler(msg, Responder(self, stream, protocol, peer))
 
-        host.set_stream_handler(protocol, self._guard(protocol, handle, deadline, per_peer))
+        host.set_stream_handler(
+            TProtocol(protocol), self._guard(protocol, handle, deadline, per_peer)
+        )
 
     def _guard(
         self,
@@ -274,7 +277,7 @@ class Requests:
         if record and record.addrs and peer not in self.network.connected_peers():
             await self.network.connect(PeerInfo(pid, parse_addrs(record.addrs)))
         with trio.fail_after(self.cfg.connect_timeout):
-            stream = await host.new_stream(pid, [protocol])
+            stream = await host.new_stream(pid, [TProtocol(protocol)])
         try:
             data = seal(self.identity, message)
             self.count_out(protocol, data)

@@ -30,7 +30,7 @@ import logging
 import time
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
-from typing import Any
+from typing import Any, TypeVar
 
 import trio
 from libp2p.peer.peerinfo import PeerInfo
@@ -51,6 +51,7 @@ from protocol.errors import WireError
 from protocol.messages import Header, NodeInfo
 
 log = logging.getLogger("intellect.node")
+H = TypeVar("H", bound=Header)  # the reply type a request asks for
 
 
 class Node:
@@ -173,11 +174,10 @@ class Node:
         """Serve request/response ``protocol`` (see ``Requests.serve``)."""
         self.requests.serve(protocol, request_type, handler, deadline=deadline, per_peer=per_peer)
 
-    async def request(
-        self, peer: str, protocol: str, message: Header, reply_type: type[Header]
-    ) -> Any:
+    async def request(self, peer: str, protocol: str, message: Header, reply_type: type[H]) -> H:
         """Send one request to ``peer`` and return its verified, admitted reply."""
-        return await self.requests.request(peer, protocol, message, reply_type)
+        reply: H = await self.requests.request(peer, protocol, message, reply_type)
+        return reply
 
     def open_request(
         self, peer: str, protocol: str, message: Header, *reply_types: type[Header]

@@ -1,6 +1,6 @@
-"""The worker's batch maker: the inference role's child process (``node/roles/offload.py``).
+"""The worker's batch maker: the inference role's child process (``node/roles/children/offload.py``).
 
-Where the rollout starts: the inference role (``node/roles/inference.py``) picks the step
+Where the rollout starts: the inference role (``node/roles/services/inference.py``) picks the step
 and the policy version and calls ``MakeBatch``; here the engine (``node/engine/``: seeded
 sampling, TOPLOC proofs) generates ``group_size`` samples for each assigned task
 (``node/rollouts/generate.py``), the task's verifier scores them, and the batch goes back

@@ -2,7 +2,7 @@
 ``crypto.verdict.check_batch`` (TOPLOC proofs, seeded sampling, endings) under a
 verification profile, then, for a batch that passes, the profile's substitution test
 against each suspect (``crypto.substitution``; the models from ``node.rollouts.suspects``).
-The validator's batch checker runs it (``node/roles/checking.py``).
+The validator's batch checker runs it (``node/roles/children/checking.py``).
 """
 
 from __future__ import annotations

@@ -64,7 +64,7 @@ def _parse(text: str) -> list[object]:
     from math_verify import parse
 
     wrapped = text if "$" in text or "\\boxed" in text else f"${text}$"
-    return list(parse(wrapped, parsing_timeout=_timeout()))  # type: ignore[arg-type]
+    return list(parse(wrapped, parsing_timeout=_timeout()))
 
 
 def _verify(gold: list[object], predicted: list[object]) -> bool:

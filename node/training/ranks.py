@@ -1,6 +1,6 @@
 """The trainer's policy across several processes: ``torchrun`` ranks driven by the role.
 
-With ``train_procs`` > 1 the trainer role's child process (``node/roles/offload.py``) holds
+With ``train_procs`` > 1 the trainer role's child process (``node/roles/children/offload.py``) holds
 a ``RankedPolicyWorker`` (built from a ``RanksSpec``) instead of a ``PolicyWorker``
 (``node/training/worker.py``). It launches
 
@@ -14,7 +14,7 @@ same ``PolicyWorker`` on its FSDP2 shard of the policy (``node/training/policy.p
 rank 0 writes the checkpoint and the optimizer state), ``Evaluate`` (the held-out set, on the
 checkpoint directory rank 0 wrote) runs on rank 0 alone. Rank 0 sends the result back. A
 DiLoCo member's ranks hold its worker instead (``GroupPolicyWorker``,
-``node/roles/grouppolicy.py``, or ``PretrainWorker``, ``node/roles/pretrainpolicy.py``),
+``node/roles/children/grouppolicy.py``, or ``PretrainWorker``, ``node/roles/children/pretrainpolicy.py``),
 whose calls are all collective but ``Evaluate``.
 
 The process group is gloo on the CPU and NCCL with ``train_device`` cuda (rank r on GPU r
@@ -47,7 +47,7 @@ from dataclasses import asdict, dataclass
 from datetime import timedelta
 from multiprocessing.connection import Connection, answer_challenge, deliver_challenge
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NoReturn, Protocol
 
 from node.orphans import parent_death_signal
 from node.training.worker import Evaluate, PolicyWorker
@@ -79,6 +79,14 @@ def torchrun_command(procs: int) -> list[str]:
     return [*launcher, "--standalone", "--nproc-per-node", str(procs)]
 
 
+class RankWorker(Protocol):
+    """A worker class the ranks can run: it names the calls it takes."""
+
+    CALLS: tuple[type, ...]
+
+    def __init__(self, spec: Any, *, distributed: bool = False) -> None: ...
+
+
 @dataclass(frozen=True)
 class RanksSpec:
     """``procs`` torchrun ranks, each with a ``worker`` built from ``policy`` (sharded:
@@ -89,7 +97,7 @@ class RanksSpec:
 
     procs: int
     policy: Any  # the worker's spec (PolicySpec, GroupSpec, PretrainSpec)
-    worker: type = PolicyWorker
+    worker: type[RankWorker] = PolicyWorker
 
     def argument(self) -> str:
         """The ranks' command-line argument, readable in ``ps``: the worker class (module

@@ -1,6 +1,6 @@
-"""The trainer's policy worker: the trainer role's child process (``node/roles/offload.py``).
+"""The trainer's policy worker: the trainer role's child process (``node/roles/children/offload.py``).
 
-Where the rollouts come from: the trainer role (``node/roles/trainer.py``) fetched the
+Where the rollouts come from: the trainer role (``node/roles/services/trainer.py``) fetched the
 batches the chain accepted and calls ``TrainStep`` with their envelopes. Here they become
 GRPO samples (``node/training/grpo.py``; held-out tasks and batches sampled at another
 temperature are left out) and one optimizer step of the policy (``node/training/policy.py``),
@@ -141,17 +141,19 @@ class PolicyWorker:
         self.heldout = HeldOut(
             spec.taskset, per_level=spec.heldout_per_level, seed=spec.heldout_seed
         )
-        where = {"device": spec.device, "distributed": distributed}
         step = spec.step
         if step == 0:
-            self.policy = Policy(spec.base, self.cfg, seed=spec.seed, **where)
+            self.policy = Policy(
+                spec.base, self.cfg, seed=spec.seed, device=spec.device, distributed=distributed
+            )
         else:
             self.policy = Policy.from_checkpoint(
                 self.root / f"v{step}",
                 self.root / f"v{step}.state",
                 self.cfg,
                 seed=spec.seed,
-                **where,
+                device=spec.device,
+                distributed=distributed,
             )
             self.policy.base_dir = Path(spec.base)  # tokenizer and recipe files come from the base
         self.dropped_heldout = 0

@@ -1,4 +1,4 @@
-"""What a node's model process does (``node.roles.offload``: a daemonic child): starts the
+"""What a node's model process does (``node.roles.children.offload``: a daemonic child): starts the
 engine's proof workers, sends their pids, and waits to be killed."""
 
 import time

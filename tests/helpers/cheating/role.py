@@ -1,5 +1,5 @@
 """A cheating worker's inference role: the real ``InferenceRole`` with the parts it is built
-from (``node/roles/inference.py``: its batch maker, what it serves, its ``register``,
+from (``node/roles/services/inference.py``: its batch maker, what it serves, its ``register``,
 ``make`` and ``submit`` steps) swapped for ones that cheat (the catalogue is
 ``catalogue.py``, the matrix SPEC §19.1).
 
@@ -24,8 +24,8 @@ from typing import Any
 import trio
 
 from crypto.hashing import digest_parts
-from node.roles.chain import WEI
-from node.roles.inference import InferenceRole
+from node.roles.io.chain import WEI
+from node.roles.services.inference import InferenceRole
 from node.rollouts.store import BatchStore
 from protocol.batches import BatchNotice
 from tests.helpers.cheating.catalogue import parse_cheats, pick
@@ -193,7 +193,7 @@ class CheatingRole(InferenceRole):
             super().register(info)
         elif not info.registered:  # registered once, the other key stays its record
             identity = self.plan.registered_identity(self.node.identity)
-            self.ledger.register_identity(identity, int(self.cfg.stake * WEI))
+            self.chain.ledger.register_identity(identity, int(self.cfg.stake * WEI))
 
     async def make(self, step: int, version: int, model_dir: str) -> Any:
         cheat = self.plan.next()
@@ -211,7 +211,7 @@ class CheatingRole(InferenceRole):
             cheat = "none"
         call = CheatingBatch(
             model_dir,
-            self.address,
+            self.chain.address,
             step,
             version,
             self.node.header(),

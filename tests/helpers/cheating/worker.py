@@ -17,7 +17,7 @@ from typing import Any
 
 import trio
 
-from node.roles import inference
+from node.roles.services import inference
 from tests.helpers.cheating.catalogue import parse_cheats
 
 CHEATS = os.environ.get("CHEATS", "")

@@ -23,10 +23,10 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass, field
-from typing import Any
 
-from node.roles.chain import read_events
-from node.roles.work import Key
+from node.roles.decisions.work import Key
+from node.roles.given import EventSource
+from node.roles.io.chain import read_events
 
 
 @dataclass
@@ -54,9 +54,9 @@ class History:
         return v, v
 
 
-def read_history(client: Any, validator: str, from_block: int) -> History:
+def read_history(client: EventSource, validator: str, from_block: int) -> History:
     """The chain from ``from_block`` to its head now, read with one ``eth_getLogs``."""
-    head = int(client.w3.eth.block_number)
+    head = client.head()
     out = History(upto=head)
     if head < from_block:
         return out

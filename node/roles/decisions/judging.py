@@ -47,7 +47,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ledger.client import LedgerRevert
-from node.roles.work import Key, Verdict
+from node.roles.decisions.work import Key, Verdict
 
 # the contract's refusals of a vote that say the verdict stands already (WorkLedger._vote)
 STANDS = ("work already accepted", "work already rejected", "already voted on this work")

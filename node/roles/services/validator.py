@@ -1,16 +1,17 @@
 """The validator role: fetch every submitted batch, judge it, post the verdict on-chain.
 
-Where the rollout comes from: a worker (``node/roles/inference.py``) submitted a work key
+Where the rollout comes from: a worker (``node/roles/services/inference.py``) submitted a work key
 on-chain and announced the batch on the ``batches`` topic. The validator learns of
-submissions from the chain (``WorkSubmitted``) and of holders from the announcements and
+submissions from the chain (``WorkSubmitted``, read by its ``Docket``,
+``node/roles/io/docket.py``) and of holders from the announcements and
 the worker's registered peer (a validator restarted after a batch was announced still
 finds it), and
-``JudgingQueue`` (``node/roles/judging.py``) decides what to fetch next, when to retry and
+``JudgingQueue`` (``node/roles/decisions/judging.py``) decides what to fetch next, when to retry and
 when a batch is unavailable. Up to ``FETCHES`` batches are fetched at once
-(``node/roles/exchange.py``), at most one per worker, and one judging loop takes them as
+(``node/roles/io/exchange.py``), at most one per worker, and one judging loop takes them as
 they arrive, cheapest checks first: 1-3 here in a worker thread (``cheap_checks``), 4-6 in
 the batch checker, a child process (``Offload(BatchChecker, CheckerSpec.of(cfg))``,
-``node/roles/checking.py``):
+``node/roles/children/checking.py``):
 
 1. the batch is the worker's: signed by the peer key the worker registered on-chain, with a
    valid registration signature (SPEC §19; the EVM cannot check Ed25519);
@@ -26,10 +27,10 @@ the batch checker, a child process (``Offload(BatchChecker, CheckerSpec.of(cfg))
 6. every reward is what the task's verifier gives the completion (last: a verifier can
    be made slow, and only a batch the model really sampled gets here).
 
-Every check ends in one ``Verdict`` (``node/roles/work.py``). Where it goes next: ``accept``
+Every check ends in one ``Verdict`` (``node/roles/decisions/work.py``). Where it goes next: ``accept``
 or ``reject`` (reason ``invalid``, ``mismatch`` or, for a batch nobody served by the fetch
 deadline nor when asked again after it, ``unavailable``) on-chain (``ledger/client.py``), once per key; a post the chain
-refuses is tried again (``VerdictPosts``, ``node/roles/judging.py``). The trainer takes
+refuses is tried again (``Votes``, ``node/roles/io/votes.py``). The trainer takes
 accepted batches from there.
 """
 
@@ -38,32 +39,27 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import trio
 
 from crypto.verdict import proof_parameters
-from ledger.client import LedgerUnreachable
 from node.config import NodeConfig
 from node.net.requests import RemoteRefusal
 from node.net.runtime import Node
-from node.roles.busy import BusyTime
-from node.roles.catchup import History, read_history
-from node.roles.chain import (
-    ChainSetupError,
-    PacedReads,
-    Registrations,
-    Submission,
-    SubmissionWatcher,
-    open_ledger,
-)
-from node.roles.checking import BatchChecker, CheckBatch, CheckerSpec
-from node.roles.clock import StepClock, follow_steps
-from node.roles.exchange import fetch_batch, follow_notices
-from node.roles.judging import JudgingQueue, VerdictPosts, refusal
-from node.roles.offload import Offload, OffloadError
-from node.roles.status import PostedVerdicts, ValidatorStatus
-from node.roles.work import Key, Verdict
+from node.roles.children.checking import BatchChecker, CheckBatch, CheckerSpec
+from node.roles.children.offload import Offload, OffloadError
+from node.roles.decisions.busy import BusyTime
+from node.roles.decisions.clock import StepClock
+from node.roles.decisions.judging import JudgingQueue
+from node.roles.decisions.status import ValidatorStatus
+from node.roles.decisions.work import Key, Submission, Verdict
+from node.roles.given import Checker, Weights
+from node.roles.io.chain import ChainSetupError, PacedReads, Registrations, open_ledger
+from node.roles.io.docket import Docket
+from node.roles.io.exchange import fetch_batch, follow_notices, follow_steps
+from node.roles.io.votes import Votes
 from protocol.batches import BatchNotice
 from protocol.errors import Reason, WireError
 from protocol.rollouts import RolloutBatch, max_envelope_size
@@ -82,7 +78,7 @@ WEIGHTS_WAIT_S = 300.0  # a batch's policy version is waited for this long
 
 
 class ValidatorRole:
-    def __init__(self, node: Node, cfg: NodeConfig, weights: Any = None) -> None:
+    def __init__(self, node: Node, cfg: NodeConfig, weights: Weights | None = None) -> None:
         if cfg.model is None:
             raise ChainSetupError("the validator role needs the run's model (--model DIR)")
         if cfg.trainer_peer_id is None:
@@ -96,57 +92,44 @@ class ValidatorRole:
         self.notices: dict[tuple[Key, str], BatchNotice] = {}
         self.submissions: dict[Key, Submission] = {}
         self.clock_at: dict[Key, tuple[int | None, int]] = {}  # the clock when submitted
-        self.posted = PostedVerdicts()  # what /status shows of the verdicts posted
         self.fetch_failures = 0
         self.judging: int | None = None  # the policy version of the batch being judged
         self.fetches = 0  # fetches under way, and fetched batches not yet taken to judge
         self.fetching_from: Counter[str] = Counter()  # fetches under way, by peer
-        self.posting = trio.Lock()
         self.busy = BusyTime()  # fetching, judging, posting
-        self.unposted = VerdictPosts()
-        self.until = 0  # when this validator was removed on-chain (0: it was not)
-        self.history = History(upto=-1)  # the chain before this start (node/roles/catchup.py)
-        self.not_ours = 0  # submissions after the removal, left to the other validators
-        self.ledger: Any = None
-        self.address = ""
-        self.watcher: SubmissionWatcher | None = None
-        self.registrations: Registrations | None = None
-        self.checker: Any = None
+        self.votes = Votes()  # its verdicts on-chain (node/roles/io/votes.py)
+        self.docket = Docket()  # what the chain gives it to judge (node/roles/io/docket.py)
+        self._checker: Checker | None = None  # the child process, while the role serves
         self.chain_reads = PacedReads(CHAIN_POLL_MIN_S, CHAIN_POLL_MAX_S)
         self.work = trio.Event()  # a new submission or notice: the judging loop wakes
 
+    @property
+    def checker(self) -> Checker:
+        if self._checker is None:
+            raise OffloadError("the batch checker runs only while the role serves")
+        return self._checker
+
+    @checker.setter
+    def checker(self, checker: Checker) -> None:
+        self._checker = checker
+
     def _setup(self) -> None:
-        self.ledger = open_ledger(self.cfg)
-        self.address = self.ledger.address.lower()
-        if not self.ledger.is_validator(self.address):
-            self.until = self.ledger.validator_until(self.address)
-            if not self.until:
-                raise ChainSetupError(f"{self.address} is not a validator of this run's ledger")
-            log.warning(
-                "%s was removed as a validator: it judges only work submitted up to its "
-                "removal (timestamp %d)",
-                self.address,
-                self.until,
-            )
-        self.queue.fetch_deadline_s = float(self.ledger.params().fetch_deadline)
-        self.registrations = Registrations(self.ledger)
-        self.history = read_history(self.ledger, self.address, self.cfg.contract_block)
-        self.watcher = SubmissionWatcher(
-            self.ledger, self.cfg.contract_block, registrations=self.registrations
-        )
+        ledger = self.votes.ledger = open_ledger(self.cfg)
+        self.docket.open(ledger, self.cfg.contract_block)
+        self.queue.fetch_deadline_s = float(ledger.params().fetch_deadline)
 
     def status(self) -> ValidatorStatus:
         return ValidatorStatus(
-            address=self.address,
+            address=self.docket.address,
             step=self.clock.step,
             fetch_failures=self.fetch_failures,
-            unposted=len(self.unposted),
-            removed_at=self.until or None,
-            not_ours=self.not_ours,
+            unposted=len(self.votes.unposted),
+            removed_at=self.docket.until or None,
+            not_ours=self.docket.not_ours,
             idle_share=self.busy.idle_share(time.monotonic()),
             waiting=self.queue.waiting(),
             given_up=self.queue.given_up,
-            **self.posted.fields(),
+            **self.votes.posted.fields(),
         )
 
     def needed_versions(self) -> set[int]:
@@ -180,39 +163,21 @@ class ValidatorRole:
 
     async def _read_chain(self) -> bool:
         """One read of the chain; True when it found submissions."""
-        assert self.watcher is not None
-        found = False
-        try:
-            for sub in await trio.to_thread.run_sync(self.watcher.poll):
-                found = True
-                if self.until and await trio.to_thread.run_sync(self._after_removal, sub):
-                    self.not_ours += 1  # not ours to judge: submitted after our removal
-                    continue
-                key = (sub.worker, sub.key)
-                if self.history.covers(sub.block):  # submitted before this start
-                    if key in self.history.voted:
-                        continue  # voted on before: the chain refuses a second vote
-                    self.clock_at[key] = self.history.clock_at(sub.block)  # not today's
-                else:
-                    self.clock_at[key] = (self.clock.step, self.clock.policy_version)
-                self.submissions[key] = sub
-                self.posted.seen_at[key] = trio.current_time()
-                assert self.registrations is not None
-                holder = await trio.to_thread.run_sync(
-                    registered_peer, self.registrations, sub.worker
-                )
-                self.queue.submitted(
-                    key, sub.units, sub.policy_version, trio.current_time(), holder=holder
-                )
-        except Exception as exc:  # the chain may be briefly unreachable: try again
-            log.warning("reading submissions failed: %s", exc)
+        found, cases, error = await trio.to_thread.run_sync(self.docket.read)
+        for case in cases:
+            sub = case.sub
+            key = (sub.worker, sub.key)
+            self.clock_at[key] = case.then or (self.clock.step, self.clock.policy_version)
+            self.submissions[key] = sub
+            self.votes.posted.seen_at[key] = trio.current_time()
+            self.queue.submitted(
+                key, sub.units, sub.policy_version, trio.current_time(), holder=case.holder
+            )
+        if error is not None:  # the chain may be briefly unreachable: try again
+            log.warning("reading submissions failed: %s", error)
         if found:
             self.work.set()
         return found
-
-    def _after_removal(self, sub: Submission) -> bool:
-        block = self.ledger.w3.eth.get_block(sub.block)
-        return int(block["timestamp"]) > self.until
 
     # ---- judging -----------------------------------------------------------------------
 
@@ -220,7 +185,8 @@ class ValidatorRole:
         self, *, task_status: trio.TaskStatus[ValidatorRole] = trio.TASK_STATUS_IGNORED
     ) -> None:
         await trio.to_thread.run_sync(self._setup)
-        async with Offload.of(BatchChecker, CheckerSpec, self.cfg) as self.checker:
+        async with Offload.of(BatchChecker, CheckerSpec, self.cfg) as checker:
+            self.checker = checker
             await self._serve(task_status)
 
     async def _serve(self, task_status: trio.TaskStatus[ValidatorRole]) -> None:
@@ -237,7 +203,7 @@ class ValidatorRole:
             task_status.started(self)
             while True:
                 now = trio.current_time()
-                for key, verdict in self.unposted.due(now):
+                for key, verdict in self.votes.unposted.due(now):
                     await self._post(key, verdict)
                 if self.clock.step is None:
                     # no step announced yet (a restarted validator, or the trainer down):
@@ -318,7 +284,14 @@ class ValidatorRole:
 
     async def _judge(self, key: Key, batch: RolloutBatch, envelope: bytes) -> None:
         sub = self.submissions[key]
-        args = (batch, sub, self.registrations, self.clock, self.clock_at.get(key), self.proofs)
+        args = (
+            batch,
+            sub,
+            self.docket.registrations,
+            self.clock,
+            self.clock_at.get(key),
+            self.proofs,
+        )
         verdict = await trio.to_thread.run_sync(cheap_checks, *args)
         if verdict is None:  # they passed: tasks, rewards and proofs
             model_dir = await weights_of(batch.policy_version, self.cfg.model, self.weights)
@@ -347,30 +320,9 @@ class ValidatorRole:
             log.warning("%s: %s; judged again in %.0f s", key[1].hex()[:16], why, again - now)
 
     async def _post(self, key: Key, v: Verdict) -> None:
-        worker, work_key = key
-        try:
-            async with self.posting:  # one transaction of ours at a time (its nonce)
-                if v.accepted:
-                    await trio.to_thread.run_sync(self.ledger.accept, worker, work_key)
-                else:
-                    await trio.to_thread.run_sync(self.ledger.reject, worker, work_key, v.reason)
-        except Exception as exc:  # e.g. the chain's clock lags ours: posted again later
-            if (why := refusal(exc)) != "stands":  # else another validator's vote said it
-                # the chain down, or its clock not there yet: no refusal, never given up for it
-                counted = not isinstance(exc, LedgerUnreachable) and why != "not yet"
-                now, last = trio.current_time(), why == "too late"
-                tries = self.unposted.refused(key, v, now, counted=counted, last=last)
-                if why == "not yet":  # no failure: the chain's clock gets there
-                    log.info("the chain is not at %s's fetch deadline yet", work_key.hex()[:16])
-                    return
-                log.error(
-                    "posting the verdict on %s failed (attempt %d of %d): %s",
-                    *(work_key.hex()[:16], tries, self.unposted.attempts, exc),
-                )
-                return
-        self.unposted.posted(key)
-        now = trio.current_time()
-        entry, latency = self.posted.posted(key, v.reason, v.detail, v.seconds, now)
+        if (posted := await self.votes.post(key, v)) is None:
+            return  # posted again later, or given up
+        entry, latency = posted
         self.node.metrics.inc("verdicts", verdict=v.reason)
         if latency is not None:
             self.node.metrics.observe("verdict_latency_seconds", latency, verdict=v.reason)
@@ -380,7 +332,7 @@ class ValidatorRole:
 def cheap_checks(
     batch: RolloutBatch,
     sub: Submission,
-    registrations: Any,
+    registrations: Registrations | None,
     clock: StepClock,
     at: tuple[int | None, int] | None,
     proofs: tuple[int, int],
@@ -391,6 +343,7 @@ def cheap_checks(
     None when they pass and the batch goes on to ``BatchChecker``."""
     from crypto.identity import public_key_of_peer_id
 
+    assert registrations is not None, "the role reads registrations once it is set up"
     if batch.worker != sub.worker:
         return Verdict.reject("mismatch", "the batch names another worker")
     peer_key, valid = registrations.get(sub.worker)  # as new as the submission
@@ -411,12 +364,12 @@ def cheap_checks(
     return None
 
 
-async def weights_of(version: int, base: Any, weights: Any) -> str | None:
+async def weights_of(version: int, base: Path | None, weights: Weights | None) -> str | None:
     """The weights a batch was generated with: the base model for version 0, else the
     version from SHARDCAST (pulled if it is not here yet, waited for while it downloads,
     at most ``WEIGHTS_WAIT_S``); None when it cannot be had."""
     if version == 0:
-        return str(base)
+        return None if base is None else str(base)
     if weights is None:
         return None
     with trio.move_on_after(WEIGHTS_WAIT_S):
@@ -433,23 +386,10 @@ async def weights_of(version: int, base: Any, weights: Any) -> str | None:
     return None
 
 
-def registered_peer(registrations: Any, worker: str) -> str | None:
-    """The peer id ``worker`` registered (``registrations``: the validator's cache, one chain
-    read per worker until it changes); None when it has none or the chain cannot say now."""
-    from crypto.identity import peer_id_of
-
-    try:
-        peer_key, _ = registrations.get(worker)
-    except Exception as exc:  # the chain may be briefly unreachable: notices still count
-        log.debug("registration of %s not read: %s", worker, exc)
-        return None
-    return peer_id_of(peer_key) if any(peer_key) else None
-
-
 async def run(
     node: Node,
     cfg: NodeConfig,
-    weights: Any = None,
+    weights: Weights | None = None,
     *,
     task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED,
 ) -> None:

@@ -8,14 +8,19 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import trio
 
 from ledger.codes import REASON_NAMES, STATUS
 from node.config import NodeConfig
-from node.roles.work import ACCEPTED, Key, Verdict
+from node.roles.decisions.work import ACCEPTED, Ruling, Submission, Verdict
+from node.roles.given import EventSource, RegistrationViews
+
+if TYPE_CHECKING:
+    from web3.types import EventData
+
+    from ledger.client import LedgerClient
 
 WEI = 10**18
 
@@ -24,7 +29,7 @@ class ChainSetupError(RuntimeError):
     """The node cannot use the ledger as configured (one line for the user)."""
 
 
-def open_ledger(cfg: NodeConfig, *, signing: bool = True) -> Any:
+def open_ledger(cfg: NodeConfig, *, signing: bool = True) -> LedgerClient:
     """A ``LedgerClient`` for the configured contract, with this node's account."""
     from ledger.accounts import AccountError, load_account, read_password
     from ledger.chain import connect
@@ -48,34 +53,15 @@ def open_ledger(cfg: NodeConfig, *, signing: bool = True) -> Any:
         raise ChainSetupError(f"cannot reach the ledger at {cfg.chain}: {exc}") from exc
 
 
-@dataclass(frozen=True)
-class Submission:
-    worker: str  # lower-case 0x address
-    key: bytes
-    units: int
-    policy_version: int
-    block: int
-
-
 REGISTRATION_EVENTS = ("Registered", "PeerKeyChanged", "RegistrationRevoked")
 
 
-def read_events(client: Any, names: tuple[str, ...], span: dict[str, int]) -> list[Any]:
+def read_events(
+    client: EventSource, names: tuple[str, ...], span: dict[str, int]
+) -> list[EventData]:
     """The contract's events of the kinds ``names`` in the blocks of ``span``, in chain
-    order, read with one ``eth_getLogs`` (its first topic: any of theirs)."""
-    events = client.contract.events
-    kinds = {getattr(events, n).topic.removeprefix("0x"): getattr(events, n)() for n in names}
-    logs = client.w3.eth.get_logs(
-        {
-            "address": client.contract.address,
-            "fromBlock": span["from_block"],
-            "toBlock": span["to_block"],
-            "topics": [["0x" + t for t in kinds]],
-        }
-    )
-    out = [kinds[bytes(log["topics"][0]).hex()].process_log(log) for log in logs]
-    out.sort(key=lambda ev: (int(ev["blockNumber"]), int(ev["logIndex"])))
-    return out
+    order, read with one ``eth_getLogs`` (``ledger/events.py``)."""
+    return client.log.read(names, span["from_block"], span["to_block"])
 
 
 class Registrations:
@@ -86,7 +72,7 @@ class Registrations:
     submission is always judged against a registration at least as new as its own block.
     Thread-safe: a read that a change overtook is not kept."""
 
-    def __init__(self, client: Any) -> None:
+    def __init__(self, client: RegistrationViews) -> None:
         self.client = client
         self.known: dict[str, tuple[bytes, bool]] = {}
         self.changes: dict[str, int] = {}
@@ -118,7 +104,9 @@ class SubmissionWatcher:
     work), read up to the chain head; with ``registrations``, the registration changes in
     the same blocks are passed to it first."""
 
-    def __init__(self, client: Any, from_block: int, registrations: Registrations | None = None):
+    def __init__(
+        self, client: EventSource, from_block: int, registrations: Registrations | None = None
+    ) -> None:
         self.client = client
         self.next_block = from_block
         self.registrations = registrations
@@ -126,7 +114,7 @@ class SubmissionWatcher:
     def _span(self) -> dict[str, int] | None:
         """The blocks not read yet, up to the head (None: none); the caller marks them read
         once its reads succeeded (a failed poll reads them again)."""
-        head = int(self.client.w3.eth.block_number)
+        head = self.client.head()
         if head < self.next_block:
             return None
         return {"from_block": self.next_block, "to_block": head}
@@ -147,19 +135,7 @@ class SubmissionWatcher:
         return subs
 
 
-@dataclass(frozen=True)
-class Ruling:
-    """A validator's vote as the chain recorded it: the verdict that stands on the
-    submission ``key`` after it (accepted: its status is "accepted"; the reject reason is
-    the vote's, "rejected" when an accept vote left it rejected)."""
-
-    key: Key
-    verdict: Verdict
-    final: bool  # a quorum overturned the first verdict
-    block: int
-
-
-def _ruling(ev: Any) -> Ruling:
+def _ruling(ev: EventData) -> Ruling:
     args = ev["args"]
     if STATUS.get(int(args["status"])) == ACCEPTED:
         verdict = Verdict.accept("")
@@ -187,7 +163,7 @@ class WorkWatcher(SubmissionWatcher):
         return subs, [_ruling(ev) for ev in events if ev["event"] != "WorkSubmitted"]
 
 
-def _submission(ev: Any) -> Submission:
+def _submission(ev: EventData) -> Submission:
     return Submission(
         worker=str(ev["args"]["worker"]).lower(),
         key=bytes(ev["args"]["key"]),

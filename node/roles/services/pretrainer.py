@@ -9,7 +9,7 @@ reads no chain, fetches no batch and announces no step to workers.
 One outer step n (policy version n, the same on every member, bit for bit):
 
 1. the inner phase: ``diloco_inner_steps`` (H) AdamW steps on the next H batches of the
-   member's shard, in the role's child process (``node/roles/pretrainpolicy.py``);
+   member's shard, in the role's child process (``node/roles/children/pretrainpolicy.py``);
 2. the outer step: ``θ − θ_after`` through the group's ring all-reduce
    (``node/diloco/group.py``, int8 or fp32) and one Nesterov step on the average; the child
    writes checkpoint n + 1: the model directory and the member's DiLoCo state (θ, b, AdamW,
@@ -22,7 +22,7 @@ One outer step n (policy version n, the same on every member, bit for bit):
 
 Before its first outer step the group forms (an all-reduce of a zero vector, as with GRPO):
 its roster fixes the shards. A member started after that joins instead
-(``node/roles/joining.py``): it recovers the leader's state, data position included, sits
+(``node/roles/io/joining.py``): it recovers the leader's state, data position included, sits
 its first outer step out with a zero pseudo-gradient (it has no shard yet) and is admitted
 by that step's roster. Whenever an outer step's roster differs from the recorded one, every
 member cuts the text again over it and reads its new shard from the group's data position
@@ -45,12 +45,9 @@ from node.config import NodeConfig
 from node.diloco.group import DilocoGroup, GroupConfig, GroupError, Reduced
 from node.files import saved, write_atomic
 from node.net.runtime import Node
-from node.roles.chain import ChainSetupError
-from node.roles.grouping import form, reduce
-from node.roles.grouppolicy import Delta, OuterApply, PseudoGradient
-from node.roles.joining import Joined, came_too_late, enter, join, offer
-from node.roles.offload import Offload
-from node.roles.pretrainpolicy import (
+from node.roles.children.grouppolicy import Delta, OuterApply, PseudoGradient
+from node.roles.children.offload import Offload
+from node.roles.children.pretrainpolicy import (
     InnerStats,
     PretrainInner,
     PretrainSpec,
@@ -58,8 +55,12 @@ from node.roles.pretrainpolicy import (
     ShardInfo,
     UseShard,
 )
-from node.roles.status import CURVE_POINTS, PretrainStatus
-from node.roles.workbook import append_line, prune_checkpoints
+from node.roles.decisions.status import CURVE_POINTS, PretrainStatus
+from node.roles.decisions.workbook import append_line, prune_checkpoints
+from node.roles.given import Weights
+from node.roles.io.chain import ChainSetupError
+from node.roles.io.joining import Joined, came_too_late, enter, join, offer
+from node.roles.io.rounds import form, reduce
 from node.training.ranks import RankedPolicyWorker, RanksSpec
 
 log = logging.getLogger("intellect.trainer")
@@ -91,14 +92,15 @@ class PretrainState:
 
 
 class PretrainRole:
-    def __init__(self, node: Node, cfg: NodeConfig, weights: Any = None) -> None:
+    def __init__(self, node: Node, cfg: NodeConfig, weights: Weights | None = None) -> None:
         if cfg.model is None:
             raise ChainSetupError("pretraining needs the base model (--model DIR)")
         if weights is None:
             raise ChainSetupError("the trainer role needs the weight service (SHARDCAST)")
         if cfg.trainer_peer_id is None:
             raise ChainSetupError("a DiLoCo group needs the run's trainer_peer_id (its leader)")
-        self.node, self.cfg, self.weights = node, cfg, weights
+        self.node, self.cfg = node, cfg
+        self.weights: Weights = weights
         self.dir = cfg.resolved_data_dir
         self.state = PretrainState.load(self.dir / STATE_FILE)
         self.leading = node.peer_id == cfg.trainer_peer_id
@@ -175,7 +177,7 @@ class PretrainRole:
 
     async def _enter(self) -> None:
         """A member with no state of its own: form the group, or join it if it runs
-        already (``node/roles/joining.py``)."""
+        already (``node/roles/io/joining.py``)."""
         joined = await enter(self.group, self.policy) if not self.leading else None
         if joined is None:
             try:
@@ -375,7 +377,7 @@ def recorded_lines(path: Path) -> list[dict[str, Any]]:
 async def run(
     node: Node,
     cfg: NodeConfig,
-    weights: Any = None,
+    weights: Weights | None = None,
     *,
     task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED,
 ) -> None:

@@ -1,10 +1,11 @@
-"""The roles' shared words for work on the ledger: a submission's ``Key`` and the
-``Verdict`` on it.
+"""The roles' shared words for work on the ledger: a submission's ``Key``, the
+``Verdict`` on it, and the chain's records of both (``Submission``, ``Ruling``: read by
+``node/roles/io/chain.py``).
 
 A ``Verdict`` is what a validator decides about one submitted batch and posts on-chain
 (``accept``, or ``reject`` with the ledger's reason), and what the chain then says about
-the submission (``node/roles/chain.py`` reads it back for the trainer). The batch checker
-(``node/roles/checking.py``) returns one too. It is not ``crypto.verdict.BatchVerdict``:
+the submission (``node/roles/io/chain.py`` reads it back for the trainer). The batch checker
+(``node/roles/children/checking.py``) returns one too. It is not ``crypto.verdict.BatchVerdict``:
 that is the evidence of the proof check on the batch's rollouts (TOPLOC, sampling,
 termination), one of the inputs a ``Verdict`` is made from.
 """
@@ -36,3 +37,24 @@ class Verdict:
         cls, reason: str, detail: str, *, rollouts: int = 0, seconds: float = 0.0
     ) -> Verdict:
         return cls(False, reason, detail, rollouts, seconds)
+
+
+@dataclass(frozen=True)
+class Submission:
+    worker: str  # lower-case 0x address
+    key: bytes
+    units: int
+    policy_version: int
+    block: int
+
+
+@dataclass(frozen=True)
+class Ruling:
+    """A validator's vote as the chain recorded it: the verdict that stands on the
+    submission ``key`` after it (accepted: its status is "accepted"; the reject reason is
+    the vote's, "rejected" when an accept vote left it rejected)."""
+
+    key: Key
+    verdict: Verdict
+    final: bool  # a quorum overturned the first verdict
+    block: int

@@ -2,7 +2,7 @@
 worker into the trainer's inbox (``BatchStore``).
 
 Where the rollout comes from: a validator accepted its batch on-chain
-(``node/roles/validator.py``); the trainer's ``WorkBook`` says which accepted batches a
+(``node/roles/services/validator.py``); the trainer's ``WorkBook`` says which accepted batches a
 step may still use. Only the worker's registered peer can serve a batch that passes (the
 server must be its signer): it is asked, and the peers that announced the batch only when
 the chain cannot name it (at most 4 each, for the newest ``MAX_HOLDERS`` keys). A reply
@@ -10,7 +10,7 @@ larger than the submitted units allow is not read (``max_envelope_size``). Up to
 ``FETCHES`` batches are fetched at once, at most one per worker: a worker that serves the
 trainer slowly holds one fetch, not the others'. A fetch that fails is asked again after
 ``FetchRetry``'s wait, until the batch leaves the window. Where it goes next: the trainer
-role (``node/roles/trainer.py``) trains on the inbox's batches.
+role (``node/roles/services/trainer.py``) trains on the inbox's batches.
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from collections.abc import Callable
 import trio
 
 from node.net.runtime import Node
-from node.roles.exchange import fetch_batch
-from node.roles.work import Key
-from node.roles.workbook import FetchRetry, WorkBook
+from node.roles.decisions.work import Key
+from node.roles.decisions.workbook import FetchRetry, WorkBook
+from node.roles.io.exchange import fetch_batch
 from node.rollouts.store import BatchStore, BatchStoreError
 from protocol.batches import BatchNotice
 from protocol.errors import WireError

@@ -1,8 +1,8 @@
 """Serving and fetching rollout batches over ``/intellect/batch/1.0.0`` (SPEC §13).
 
-Where a rollout is on this hop: the worker (``node/roles/inference.py``) stored the signed
+Where a rollout is on this hop: the worker (``node/roles/services/inference.py``) stored the signed
 batch in its ``BatchStore`` and serves it from there; a validator
-(``node/roles/validator.py``) fetches it with ``fetch_batch``, which checks the size before
+(``node/roles/services/validator.py``) fetches it with ``fetch_batch``, which checks the size before
 reading (against what the peer announced and what the submitted units allow), every frame
 under the read deadline, and that what arrived is a ``RolloutBatch``
 of this run, signed by the peer that served it, with the work key asked for (a signed batch
@@ -21,15 +21,18 @@ import trio
 
 from node.net.requests import Responder
 from node.net.runtime import Node
+from node.roles.decisions.clock import StepClock
 from node.rollouts.store import BatchStore, BatchStoreError
 from protocol import ids
 from protocol.batches import (
     BATCH_FRAME,
     BATCH_TOPIC,
     MAX_BATCH_ENVELOPE,
+    STEP_TOPIC,
     BatchNotice,
     BatchReply,
     BatchRequest,
+    StepNotice,
 )
 from protocol.errors import Reason, WireError
 from protocol.rollouts import RolloutBatch
@@ -178,3 +181,15 @@ def opened_batch(envelope: bytes, peer: str, run_id: str) -> Opened:
     if batch.run_id != run_id:
         raise WireError(Reason.WRONG_RUN, f"batch of run {batch.run_id!r}")
     return Opened(batch, batch.work_key())
+
+
+def follow_steps(node: Node, clock: StepClock) -> None:
+    """Feed ``clock`` every step notice ``node`` hears; a malformed one is counted."""
+
+    def on_step(msg: Any) -> None:
+        try:
+            clock.observe(msg.sender, StepNotice.decode(msg.body))
+        except WireError as err:
+            node.reject("announce/steps", msg.sender, err)
+
+    node.subscribe(STEP_TOPIC, on_step)

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from node.roles.clock import StepClock
+    from node.roles.decisions.clock import StepClock
 
 RESTORED = -1  # the step of a batch found in the store after a restart (maybe unsubmitted)
 

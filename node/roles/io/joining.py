@@ -1,6 +1,6 @@
 """A trainer that starts after its DiLoCo group is running joins it (SPEC §21, §22).
 
-Both objectives (``node/roles/grouptrainer.py``, ``node/roles/pretrainer.py``) enter a group
+Both objectives (``node/roles/services/grouptrainer.py``, ``node/roles/services/pretrainer.py``) enter a group
 the same way. A member with no state of its own (no outer step taken, no roster recorded)
 that is not the leader:
 
@@ -37,8 +37,8 @@ from node.diloco.group import DilocoGroup, GroupError
 from node.diloco.recovery import JoinRefused, ask_join
 from node.diloco.state import state_hash
 from node.diloco.statecast import StateTransferError
-from node.roles.grouppolicy import PackState, Recover, Recovered
-from node.roles.offload import Offload
+from node.roles.children.grouppolicy import PackState, Recover, Recovered
+from node.roles.children.offload import Offload
 
 log = logging.getLogger("intellect.trainer")
 POLL_S = 0.5

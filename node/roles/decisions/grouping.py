@@ -19,22 +19,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from node.files import write_atomic
-
-if TYPE_CHECKING:
-    import torch
-
-    from node.diloco.group import DilocoGroup, Reduced
-    from node.roles.grouppolicy import Delta
-    from node.roles.offload import Offload
-
-log = logging.getLogger("intellect.trainer")
-FORMATION_VALUES = 16  # the zero vector the formation all-reduces
 
 
 def owner(work_key: bytes, roster: list[str]) -> str:
@@ -91,26 +79,3 @@ class Rosters:
     def save(self, path: Path) -> None:
         body = {str(v): r for v, r in sorted(self.by_version.items())}
         write_atomic(path, json.dumps(body).encode())
-
-
-async def reduce(group: DilocoGroup, step: int, vector: torch.Tensor, delta: Delta) -> Reduced:
-    """One all-reduce of the group for ``step`` (the member's Δ state and layout beside
-    ``vector``); a failure is logged with its step and raised."""
-    from node.diloco.group import GroupError
-
-    try:
-        return await group.all_reduce(step, vector, delta.state, delta.layout)
-    except GroupError as exc:
-        log.error("DiLoCo: outer step %d: %s", step, exc)
-        raise
-
-
-async def form(group: DilocoGroup, policy: Offload, step: int) -> Reduced:
-    """The group's formation at version ``step``: an all-reduce of a zero vector, whose
-    roster is the group's first."""
-    import torch
-
-    from node.roles.grouppolicy import PseudoGradient
-
-    delta: Delta = await policy.call(PseudoGradient())
-    return await reduce(group, step, torch.zeros(FORMATION_VALUES), delta)

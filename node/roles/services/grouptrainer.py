@@ -1,9 +1,9 @@
 """The trainer role in a DiLoCo group (``--diloco``, SPEC §21): several trainers of one run
 train the policy together and publish it as one.
 
-Where the rollouts come from: as for a single trainer (``node/roles/trainer.py``), accepted
+Where the rollouts come from: as for a single trainer (``node/roles/services/trainer.py``), accepted
 batches read from the chain and fetched from their workers; but each member fetches and
-trains on only its own share (``node/roles/grouping.py``: the owner of a batch is picked by
+trains on only its own share (``node/roles/decisions/grouping.py``: the owner of a batch is picked by
 its work key's hash over the roster that produced the batch's policy version).
 
 One outer step n (policy version n, the same on every member, bit for bit):
@@ -14,7 +14,7 @@ One outer step n (policy version n, the same on every member, bit for bit):
    the roster), or ``step_wait`` seconds: then it goes on with what it has, or with none
    (a zero pseudo-gradient) if other members have new accepted batches;
 3. the inner phase: up to ``diloco_inner_steps`` (H) GRPO steps on slices of its samples
-   (``node/roles/grouppolicy.py``, in the role's child process);
+   (``node/roles/children/grouppolicy.py``, in the role's child process);
 4. the outer step: the pseudo-gradient ``θ − θ_after`` goes through the group's ring
    all-reduce (``node/diloco/group.py``, int8 or fp32), the averaged one makes one Nesterov
    step on ``θ``; the child writes checkpoint n + 1, which every member now holds alike;
@@ -24,7 +24,7 @@ One outer step n (policy version n, the same on every member, bit for bit):
 
 Before its first outer step (or after a restart without a recorded roster) the group
 forms: an all-reduce of a zero vector whose roster decides the owners of version n's
-batches. A member started after the group formed joins it instead (``node/roles/joining.py``:
+batches. A member started after the group formed joins it instead (``node/roles/io/joining.py``:
 the leader's state over SHARDCAST, then its first outer step with no batch of its own); the
 leader offers its state at every boundary for that. Where the weights go next: as from a single trainer, the workers pull them.
 """
@@ -41,9 +41,7 @@ from node.config import NodeConfig
 from node.diloco.group import DilocoGroup, GroupConfig, GroupError
 from node.files import saved
 from node.net.runtime import Node
-from node.roles.chain import ChainSetupError, WorkWatcher, open_ledger
-from node.roles.grouping import Rosters, form, reduce, share, step_ready
-from node.roles.grouppolicy import (
+from node.roles.children.grouppolicy import (
     Delta,
     GroupPolicyWorker,
     GroupSpec,
@@ -51,10 +49,14 @@ from node.roles.grouppolicy import (
     OuterApply,
     PseudoGradient,
 )
-from node.roles.joining import Joined, came_too_late, enter, join, offer
-from node.roles.offload import Offload
-from node.roles.trainer import POLL_S, TrainerRole, trained
-from node.roles.work import Key
+from node.roles.children.offload import Offload
+from node.roles.decisions.grouping import Rosters, share, step_ready
+from node.roles.decisions.work import Key
+from node.roles.given import Weights
+from node.roles.io.chain import ChainSetupError, WorkWatcher, open_ledger
+from node.roles.io.joining import Joined, came_too_late, enter, join, offer
+from node.roles.io.rounds import form, reduce
+from node.roles.services.trainer import POLL_S, TrainerRole, trained
 from node.training.ranks import RankedPolicyWorker, RanksSpec
 from node.training.worker import PolicySpec, StepStats
 
@@ -63,7 +65,7 @@ ROSTERS_FILE = "diloco-rosters.json"
 
 
 class GroupTrainerRole(TrainerRole):
-    def __init__(self, node: Node, cfg: NodeConfig, weights: Any = None) -> None:
+    def __init__(self, node: Node, cfg: NodeConfig, weights: Weights | None = None) -> None:
         super().__init__(node, cfg, weights)
         if cfg.trainer_peer_id is None:
             raise ChainSetupError("a DiLoCo group needs the run's trainer_peer_id (its leader)")
@@ -262,7 +264,7 @@ class GroupTrainerRole(TrainerRole):
 async def run(
     node: Node,
     cfg: NodeConfig,
-    weights: Any = None,
+    weights: Weights | None = None,
     *,
     task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED,
 ) -> None:

@@ -5,13 +5,13 @@ Where the data comes from: the text file ``--data``, tokenized here once with th
 tokenizer (``node/diloco/corpus.py`` cuts it into the group's shards). The child holds the
 model in fp32 (``node/training/policy.py``: loading and complete model directories), its
 inner AdamW, the outer copy ``θ`` and momentum ``b`` (``node/diloco/outer.py``), and the data
-position. The role (``node/roles/pretrainer.py``) calls, per outer step n:
+position. The role (``node/roles/services/pretrainer.py``) calls, per outer step n:
 
 1. ``UseShard`` once, after the group formed (or from the role's record after a restart):
    which shard this member reads;
 2. ``PretrainInner``: ``H`` AdamW steps of next-token cross-entropy (``node/diloco/inner.py``'s
    ``inner_step``) on the next ``H`` batches of the shard; the data position advances by H;
-3. ``PseudoGradient`` / ``OuterApply`` as in the GRPO objective (``node/roles/grouppolicy.py``):
+3. ``PseudoGradient`` / ``OuterApply`` as in the GRPO objective (``node/roles/children/grouppolicy.py``):
    ``Δ = θ − θ_after``; then the group's average makes the Nesterov step and checkpoint
    ``n + 1`` is written: the model directory ``v{n+1}`` (what the leader publishes) and the
    member's whole DiLoCo state ``v{n+1}.diloco`` (``node/diloco/state.py``: θ, b, AdamW,
@@ -23,7 +23,7 @@ Where the weights go next: the leader publishes ``v{n+1}`` over SHARDCAST.
 With ``train_procs`` > 1 the same worker runs on every torchrun rank
 (``node/training/ranks.py``) over the FSDP2-sharded model: rank r trains on rows r, r + N, …
 of every batch, and the outer state is kept by rows as for a GRPO member
-(``node/roles/grouppolicy.py``, ``node/diloco/shards.py``).
+(``node/roles/children/grouppolicy.py``, ``node/diloco/shards.py``).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from typing import Any
 
 from node.config import NodeConfig
 from node.diloco.corpus import CorpusError, Shard, read_text, spans
-from node.roles.grouppolicy import (
+from node.roles.children.grouppolicy import (
     Delta,
     OuterApply,
     PackState,

@@ -1,6 +1,6 @@
-"""The validator's batch checker: the validator role's child process (``node/roles/offload.py``).
+"""The validator's batch checker: the validator role's child process (``node/roles/children/offload.py``).
 
-Where the rollout comes from: the validator (``node/roles/validator.py``) fetched the
+Where the rollout comes from: the validator (``node/roles/services/validator.py``) fetched the
 signed batch, checked who signed it and that it matches its on-chain submission, and
 calls ``CheckBatch`` with the model directory of the batch's policy version. Here, the
 expensive checks (4 and 5 of the validator's docstring), in this order:
@@ -17,7 +17,7 @@ expensive checks (4 and 5 of the validator's docstring), in this order:
    answer): a fake batch of such answers held the validator a minute before its proofs
    failed it in one; now only a batch whose rollouts the model really sampled gets there.
 
-Where it goes next: the ``Verdict`` (``node/roles/work.py``) goes back to the validator,
+Where it goes next: the ``Verdict`` (``node/roles/decisions/work.py``) goes back to the validator,
 which posts it on-chain (``ledger/client.py``).
 """
 
@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from node.roles.work import Verdict
+from node.roles.decisions.work import Verdict
 from protocol.rollouts import RolloutBatch, unpack_tokens
 
 if TYPE_CHECKING:
@@ -161,9 +161,10 @@ class BatchChecker:
             samples = random.SystemRandom().sample(samples, count)  # unpredictable to workers
         eos = int(self.tokenizer.eos_token_id)
         evidence = judge_rollouts(self.model, eos, batch, samples, self.config, self.suspects)
-        spent = {"rollouts": len(samples), "seconds": time.perf_counter() - started}
+        rollouts, seconds = len(samples), time.perf_counter() - started
         if evidence.passed:  # how close it came: the pooled sampling statistic and its bound
             pooled = f"sampling statistic {evidence.statistic:.1f}, bound {evidence.bound:.1f}"
             tested = "".join(f"; {t.describe()}" for t in evidence.substitution)
-            return Verdict.accept(f"{evidence.reason}: {pooled}{tested}", **spent)
-        return Verdict.reject("invalid", evidence.reason, **spent)
+            detail = f"{evidence.reason}: {pooled}{tested}"
+            return Verdict.accept(detail, rollouts=rollouts, seconds=seconds)
+        return Verdict.reject("invalid", evidence.reason, rollouts=rollouts, seconds=seconds)

@@ -1,7 +1,7 @@
 """The inference role: generate rollout batches for the assigned tasks, prove, submit.
 
 This is where a rollout starts. For every step the run's trainer announces
-(``node/roles/clock.py``), the worker draws its tasks from (its address, the step, the
+(``node/roles/decisions/clock.py``), the worker draws its tasks from (its address, the step, the
 index) (SPEC §12); its batch maker (``node/rollouts/maker.py``, in a child process)
 generates ``group_size`` samples per task with the engine (``node/engine/``: seeded
 sampling, TOPLOC proofs) and scores them, and the role seals one ``RolloutBatch``
@@ -11,10 +11,11 @@ then, in this order: stores the envelope durably (``node/rollouts/store.py``: no
 announced can be lost; a disk that refuses it, full, leaves the batch in memory, stored
 again every few seconds instead of generated again), announces a ``BatchNotice`` on the
 ``batches`` topic, and submits the work key with its units (the generated tokens)
-on-chain. Validators fetch the batch from here (``node/roles/exchange.py``) and judge it
-(``node/roles/validator.py``).
+on-chain (``Submissions``, ``node/roles/io/submissions.py``, which follows each submission
+to its verdict). Validators fetch the batch from here (``node/roles/io/exchange.py``) and judge it
+(``node/roles/services/validator.py``).
 
-The policy (``VersionChoice``, ``node/roles/working.py``): for step n the worker generates
+The policy (``VersionChoice``, ``node/roles/decisions/working.py``): for step n the worker generates
 with the newest version it holds in the async window (version ≥ n − ``async_level``, and not newer than the trainer announced): version 0
 is the run's base model (``--model``), later ones arrive over SHARDCAST
 (``node/shardcast/service.py``, which follows new versions by itself). It switches at batch
@@ -44,24 +45,24 @@ from typing import Any
 
 import trio
 
-from ledger.client import LedgerError, LedgerUnreachable
-from ledger.codes import REASON_NAMES
+from ledger.client import LedgerError, WorkerInfo
 from node.config import NodeConfig
 from node.files import write_atomic
 from node.net.runtime import Node
-from node.roles.busy import BusyTime
-from node.roles.chain import WEI, ChainSetupError, open_ledger
-from node.roles.clock import StepClock, follow_steps
-from node.roles.exchange import Served, serve_batches
-from node.roles.offload import Offload, OffloadError
-from node.roles.status import InferenceStatus, Stake
-from node.roles.working import ChainReads, PendingVerdicts, StoreRetention, VersionChoice
+from node.roles.children.offload import Offload, OffloadError
+from node.roles.decisions.busy import BusyTime
+from node.roles.decisions.clock import StepClock
+from node.roles.decisions.status import InferenceStatus, Stake
+from node.roles.decisions.working import PendingVerdicts, VersionChoice
+from node.roles.given import Maker, Weights
+from node.roles.io.chain import WEI, ChainSetupError, open_ledger
+from node.roles.io.exchange import Served, follow_steps, serve_batches
+from node.roles.io.submissions import Submissions, stored_batch
 from node.rollouts.maker import BatchMaker, MadeBatch, MakeBatch, MakerSpec
-from node.rollouts.store import BatchStore, BatchStoreError
+from node.rollouts.store import BatchStore
 from protocol.batches import BATCH_TOPIC, BatchNotice
-from protocol.errors import WireError
 from protocol.rollouts import RolloutBatch
-from protocol.wire import open_message, seal
+from protocol.wire import seal
 
 log = logging.getLogger("intellect.inference")
 POLL_S = 1.0
@@ -71,7 +72,6 @@ REANNOUNCE_S = 20.0  # a batch still without a verdict is announced again this o
 @dataclass
 class WorkerCounts:
     generated: int = 0
-    submitted: int = 0
     tokens: int = 0
     seconds: float = 0.0
     generation: float = 0.0  # of the seconds, the batch maker's generating (no loading)
@@ -101,7 +101,7 @@ class InferenceRole:
         self,
         node: Node,
         cfg: NodeConfig,
-        weights: Any = None,
+        weights: Weights | None = None,
         *,
         maker: type[BatchMaker] = BatchMaker,
     ) -> None:
@@ -115,40 +115,46 @@ class InferenceRole:
         self.state_path = cfg.resolved_data_dir / "inference-state.json"
         self.clock = StepClock(cfg.trainer_peer_id, cfg.async_level)
         self.counts = WorkerCounts()
-        self.pending = PendingVerdicts()  # submitted, no verdict yet
         self.versions = VersionChoice(cfg.async_level)
-        self.ledger: Any = None
-        self.address = ""
+        # its account on-chain and its submissions until judged (node/roles/io/submissions.py)
+        self.chain = Submissions(self.store, self.clock, cfg.async_level)
         self.maker_class = maker
-        self.maker: Any = None  # the child process, while the role serves
+        self._maker: Maker | None = None  # the child process, while the role serves
         self.done_step: int | None = None
         self.busy = BusyTime()  # generating, signing, storing, submitting
-        self.stake: Stake | None = None
-        self.reads = ChainReads()
         self.served: Served | BatchStore = self.store  # every stored batch, to every peer
         self.notices: dict[bytes, bytes] = {}  # submitted key -> its encoded notice
         self.announced_at = 0.0
-        self.retention = StoreRetention(cfg.async_level)  # when stored batches are deleted
         self.unstored: Sealed | None = None  # made, but the disk refused it
+
+    @property
+    def maker(self) -> Maker:
+        if self._maker is None:
+            raise OffloadError("the batch maker runs only while the role serves")
+        return self._maker
+
+    @maker.setter
+    def maker(self, maker: Maker) -> None:
+        self._maker = maker
 
     # ---- setup -------------------------------------------------------------------------
 
     def _setup(self) -> None:
         """Blocking: the ledger account, registration with stake."""
-        self.ledger = open_ledger(self.cfg)
-        self.address = self.ledger.address.lower()
-        self.adopt_window(self.ledger.params().max_staleness)
-        self.register(self.ledger.worker(self.address))
+        ledger = self.chain.ledger = open_ledger(self.cfg)
+        self.chain.address = ledger.address.lower()
+        self.adopt_window(ledger.params().max_staleness)
+        self.register(ledger.worker(self.chain.address))
 
-    def register(self, info: Any) -> None:
+    def register(self, info: WorkerInfo) -> None:
         """Blocking: stake and register this node's peer key for the account, or make sure
         the account (``info``: the ledger's record of it) is registered for it."""
         if not info.registered:
-            self.ledger.register_identity(self.node.identity, int(self.cfg.stake * WEI))
-            log.info("registered %s with %.3f ETH stake", self.address, self.cfg.stake)
+            self.chain.ledger.register_identity(self.node.identity, int(self.cfg.stake * WEI))
+            log.info("registered %s with %.3f ETH stake", self.chain.address, self.cfg.stake)
         elif info.peer_key != self.node.identity.public_bytes:
             raise ChainSetupError(
-                f"{self.address} is registered for another peer key; this node cannot work for it"
+                f"{self.chain.address} is registered for another peer key; this node cannot work for it"
             )
 
     def adopt_window(self, chain_staleness: int) -> None:
@@ -156,9 +162,9 @@ class InferenceRole:
         self.clock.async_level = self.versions.async_level = level
 
     def status(self) -> InferenceStatus:
-        c = self.counts
+        c, pending = self.counts, self.chain.pending
         return InferenceStatus(
-            address=self.address,
+            address=self.chain.address,
             step=self.clock.step,
             policy_version=self.clock.policy_version,
             version_used=self.versions.used,
@@ -166,18 +172,18 @@ class InferenceRole:
             last_batch_step=self.done_step,
             idle_share=self.busy.idle_share(time.monotonic()),
             generated=c.generated,
-            submitted=c.submitted,
-            accepted=self.pending.accepted,
-            rejected=self.pending.rejected,
-            unjudged=len(self.pending),
-            expired=self.pending.expired,
+            submitted=self.chain.submitted,
+            accepted=pending.accepted,
+            rejected=pending.rejected,
+            unjudged=len(pending),
+            expired=pending.expired,
             tokens=c.tokens,
             errors=c.errors,
             stale=c.stale,
             tokens_per_s=round(c.tokens / c.seconds, 1) if c.seconds else 0.0,
             generation_s=round(c.generation, 3),
-            stake=self.stake,
-            rejected_by_reason=dict(self.pending.rejected_by_reason),
+            stake=self.chain.stake,
+            rejected_by_reason=dict(pending.rejected_by_reason),
         )
 
     # ---- the loop ----------------------------------------------------------------------
@@ -186,7 +192,8 @@ class InferenceRole:
         self, *, task_status: trio.TaskStatus[InferenceRole] = trio.TASK_STATUS_IGNORED
     ) -> None:
         await trio.to_thread.run_sync(self._setup)
-        async with Offload.of(self.maker_class, MakerSpec, self.cfg) as self.maker:
+        async with Offload.of(self.maker_class, MakerSpec, self.cfg) as maker:
+            self.maker = maker
             await self._serve(task_status)
 
     async def _serve(self, task_status: trio.TaskStatus[InferenceRole]) -> None:
@@ -197,16 +204,16 @@ class InferenceRole:
         self.busy.since = time.monotonic()
         task_status.started(self)
         try:
-            await self._refresh_verdicts()  # resubmits what a crash left unsubmitted
+            await self.chain.refresh()  # resubmits what a crash left unsubmitted
         except LedgerError as exc:  # the chain not answering yet: the loop reads it again
             log.warning("cannot read the chain yet: %s", exc)
-        for key in self.pending.keys():  # and tells validators where to fetch it again
+        for key in self.chain.pending.keys():  # and tells validators where to fetch it again
             if stored := stored_batch(self.store, key):
                 self.node.announce(BATCH_TOPIC, BatchNotice.of(*stored).encode())
         while True:
             try:
-                await self._refresh_verdicts()
-                await self._forget_spent()
+                await self.chain.refresh()
+                await self.chain.forget_spent()
                 self._reannounce()
                 if self.unstored is not None:  # the disk refused it: store it, not make anew
                     sealed, self.unstored = self.unstored, None
@@ -216,7 +223,7 @@ class InferenceRole:
                 if (
                     step is None
                     or step == self.done_step
-                    or len(self.pending) >= self.cfg.max_unjudged
+                    or len(self.chain.pending) >= self.cfg.max_unjudged
                 ):
                     await trio.sleep(POLL_S)
                     continue
@@ -244,7 +251,7 @@ class InferenceRole:
         if now - self.announced_at < REANNOUNCE_S:
             return
         self.announced_at = now
-        pending = set(self.pending.keys())
+        pending = set(self.chain.pending.keys())
         self.notices = {k: n for k, n in self.notices.items() if k in pending}
         for body in self.notices.values():
             try:
@@ -255,7 +262,7 @@ class InferenceRole:
     def _resume_pending(self) -> None:
         """After a restart: the stored batches still without a verdict are pending, and the
         last step worked on is not worked on again (same tasks, same work key)."""
-        self.pending.restored(self.store.keys())
+        self.chain.pending.restored(self.store.keys())
         try:
             self.done_step = int(json.loads(self.state_path.read_text())["done_step"])
         except (FileNotFoundError, ValueError, KeyError, TypeError):
@@ -269,48 +276,6 @@ class InferenceRole:
         except OSError as exc:
             log.warning("cannot save %s: %s", self.state_path.name, exc)
 
-    async def _refresh_verdicts(self) -> None:
-        waiting = len(self.pending)
-        head = await trio.to_thread.run_sync(self.ledger.head) if waiting else None
-        if head is not None and self.reads.statuses_due(head):
-            keys = self.pending.keys()
-            infos = await trio.to_thread.run_sync(
-                lambda: [self.ledger.submission(self.address, k) for k in keys]
-            )
-            late = await windows_passed(self.ledger, keys, infos)
-            for key, info, gone in zip(keys, infos, late, strict=True):
-                reason = REASON_NAMES.get(info.reason, "rejected")
-                if self.pending.settle(
-                    key, info.status, reason, window_passed=gone, unlock_at=info.unlock_at
-                ):
-                    await self._resubmit(key)  # stored, but a crash came before the submission
-        if self.reads.money_due(time.monotonic(), len(self.pending) < waiting):
-            self.stake = await trio.to_thread.run_sync(read_stake, self.ledger, self.address)
-
-    async def _forget_spent(self) -> None:
-        """Delete the stored batches nobody fetches again (``PendingVerdicts.spent``)."""
-        floor = self.retention.floor(time.monotonic(), self.clock, len(self.pending.settled))
-        if floor is None:
-            return
-        chain_now = await trio.to_thread.run_sync(self.ledger.chain_time)
-        for key in self.pending.spent(floor, chain_now, lambda k: stored_step(self.store, k)):
-            self.store.delete(key)
-
-    async def _resubmit(self, key: bytes) -> None:
-        if (found := stored_batch(self.store, key)) is None:
-            return
-        batch = found[0]
-        try:
-            await trio.to_thread.run_sync(
-                self.ledger.submit_work, key, batch.num_tokens, batch.policy_version
-            )
-        except LedgerError as exc:
-            log.warning("stored batch %s not submitted: %s", key.hex()[:16], exc)
-            self.pending.refused(key, batch.step, unreachable=isinstance(exc, LedgerUnreachable))
-            return
-        self.counts.submitted += 1
-        self.pending.submitted(key, batch.step)
-
     def held_versions(self) -> list[int]:
         held = set(self.weights.store.complete) if self.weights is not None else set()
         return sorted(held | {0})
@@ -321,7 +286,11 @@ class InferenceRole:
         v = self.versions.pick(step, self.held_versions(), self.clock.policy_version)
         if v is None:
             return None
-        path = self.cfg.model if v == 0 else self.weights.model_dir(v)
+        if v == 0:
+            path = self.cfg.model
+        else:
+            assert self.weights is not None  # held_versions: only version 0 without them
+            path = self.weights.model_dir(v)
         return None if path is None else (v, str(path))
 
     async def _work(self, step: int, version: int, model_dir: str) -> None:
@@ -341,10 +310,9 @@ class InferenceRole:
     async def make(self, step: int, version: int, model_dir: str) -> MadeBatch:
         """The batch of ``step``, made by the child process with policy ``version`` (its
         weights in ``model_dir``), encoded and unsigned."""
-        made: MadeBatch = await self.maker.call(
-            MakeBatch(model_dir, self.address, step, version, self.node.header())
+        return await self.maker.call(
+            MakeBatch(model_dir, self.chain.address, step, version, self.node.header())
         )
-        return made
 
     async def _send(self, sealed: Sealed) -> None:
         """Store, announce and submit a batch made (``unstored`` again if the disk refuses)."""
@@ -369,16 +337,10 @@ class InferenceRole:
         key = notice.work_key
         self.node.announce(BATCH_TOPIC, notice.encode())
         self.notices[key] = notice.encode()
-        try:
-            await trio.to_thread.run_sync(self.ledger.submit_work, key, notice.units, version)
-        except LedgerError as exc:
-            self.pending.refused(key, step, unreachable=isinstance(exc, LedgerUnreachable))
-            raise
-        self.counts.submitted += 1
-        self.pending.submitted(key, step)
+        await self.chain.submit(key, step, notice.units, version)
         self.node.metrics.inc("batches_submitted")
         self.node.metrics.inc("tokens_generated", notice.units)
-        log_progress(self.counts, self.pending, self.stake)
+        log_progress(self.counts, self.chain.pending, self.chain.stake)
         log.info(
             "batch step %d v%d: %d tokens, key %s submitted",
             step,
@@ -391,7 +353,7 @@ class InferenceRole:
 async def run(
     node: Node,
     cfg: NodeConfig,
-    weights: Any = None,
+    weights: Weights | None = None,
     *,
     task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED,
 ) -> None:
@@ -426,45 +388,3 @@ def narrower_window(async_level: int, chain_staleness: int) -> int:
             chain_staleness,
         )
     return min(async_level, chain_staleness)
-
-
-def stored_batch(store: BatchStore, key: bytes) -> tuple[RolloutBatch, bytes] | None:
-    """A stored batch with its envelope; None if not stored."""
-    envelope = store.get(key)
-    return None if envelope is None else (open_message(envelope, RolloutBatch), envelope)
-
-
-def stored_step(store: BatchStore, key: bytes) -> int | None:
-    """The step of a stored batch; None if it is gone or damaged (it can go too)."""
-    try:
-        found = stored_batch(store, key)
-    except (BatchStoreError, WireError):
-        return None
-    return None if found is None else found[0].step
-
-
-def read_stake(ledger: Any, address: str) -> Stake:
-    """The worker's money as the ledger has it (blocking)."""
-    w = ledger.worker(address)
-    return Stake(
-        stake_wei=w.stake,
-        locked_wei=w.locked,
-        slashed=w.slashed,
-        pending_wei=ledger.pending(address),
-        claimable_wei=ledger.claimable(address),
-    )
-
-
-async def windows_passed(ledger: Any, keys: list[bytes], infos: list[Any]) -> list[bool]:
-    """For each pending submission: whether its verdict window has passed without a
-    verdict (no validator can judge it now). The chain's clock decides; it is read only
-    when our clock says some window has passed."""
-    late = [i.status == "pending" and time.time() > i.verdict_until for i in infos]
-    if not any(late):
-        return late
-    now = int(await trio.to_thread.run_sync(ledger.chain_time))
-    out = [was and now > i.verdict_until for was, i in zip(late, infos, strict=True)]
-    for key, gone in zip(keys, out, strict=True):
-        if gone:
-            log.warning("batch %s got no verdict within its verdict window", key.hex()[:16])
-    return out

@@ -11,7 +11,7 @@ from collections import Counter, deque
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from node.roles.work import ACCEPTED
+from node.roles.decisions.work import ACCEPTED
 
 LATENCY_WINDOW = 200  # verdicts the latency figures are over
 TALLY_WORKERS = 256  # workers whose verdicts a validator's /status counts (the latest)

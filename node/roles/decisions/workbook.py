@@ -1,7 +1,7 @@
 """The trainer's decisions, with no I/O but their own files: what it may train on
 (``WorkBook``), which batches a step takes (``step_batches``), when a failed fetch is tried
 again (``FetchRetry``), what survives a restart (``TrainerState``), and which checkpoints
-are kept. The trainer role (``node/roles/trainer.py``) drives them.
+are kept. The trainer role (``node/roles/services/trainer.py``) drives them.
 """
 
 from __future__ import annotations
@@ -13,9 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from node.files import write_atomic
-from node.roles.chain import Ruling, Submission
-from node.roles.status import curve_point
-from node.roles.work import Key
+from node.roles.decisions.status import curve_point
+from node.roles.decisions.work import Key, Ruling, Submission
 
 
 def step_batches(

@@ -1,10 +1,10 @@
 """The trainer role: the run owner's node, where accepted rollouts become a new policy.
 
-Where the rollout comes from: a worker generated it (``node/roles/inference.py``), a
-validator judged it and posted ``accept`` on-chain (``node/roles/validator.py``). The
+Where the rollout comes from: a worker generated it (``node/roles/services/inference.py``), a
+validator judged it and posted ``accept`` on-chain (``node/roles/services/validator.py``). The
 trainer reads verdicts from the chain, never from gossip (``WorkWatcher``), fetches each
 accepted batch from its worker over ``/intellect/batch/1.0.0`` (``Gatherer``,
-``node/roles/gathering.py``: it must hash to the work key the chain accepted), keeps it in
+``node/roles/io/gathering.py``: it must hash to the work key the chain accepted), keeps it in
 its inbox, and trains on it: ``PolicyWorker`` (a
 child process, ``node/training/worker.py``) turns the batches into GRPO samples
 (``node/training/grpo.py``) and takes one optimizer step (``node/training/policy.py``);
@@ -49,13 +49,10 @@ from ledger.client import LedgerUnreachable
 from node.config import NodeConfig
 from node.files import SAVE_RETRY_FIRST, SAVE_RETRY_MAX, saved
 from node.net.runtime import Node
-from node.roles.chain import ChainSetupError, WorkWatcher, open_ledger
-from node.roles.exchange import follow_notices
-from node.roles.gathering import Gatherer
-from node.roles.offload import Offload, OffloadError
-from node.roles.status import CURVE_POINTS, TrainerStatus, curve_point
-from node.roles.work import Key
-from node.roles.workbook import (
+from node.roles.children.offload import Offload, OffloadError
+from node.roles.decisions.status import CURVE_POINTS, TrainerStatus, curve_point
+from node.roles.decisions.work import Key
+from node.roles.decisions.workbook import (
     TrainerState,
     WorkBook,
     append_line,
@@ -65,6 +62,10 @@ from node.roles.workbook import (
     recorded_step,
     step_batches,
 )
+from node.roles.given import TrainerLedger, Weights
+from node.roles.io.chain import ChainSetupError, WorkWatcher, open_ledger
+from node.roles.io.exchange import follow_notices
+from node.roles.io.gathering import Gatherer
 from node.rollouts.store import BatchStore
 from node.training.ranks import RankedPolicyWorker, RanksSpec
 from node.training.worker import Evaluate, PolicySpec, PolicyWorker, StepStats, TrainStep
@@ -80,12 +81,13 @@ CHAIN_RETRY_S = 2.0  # a chain that does not answer is asked again this often
 
 
 class TrainerRole:
-    def __init__(self, node: Node, cfg: NodeConfig, weights: Any = None) -> None:
+    def __init__(self, node: Node, cfg: NodeConfig, weights: Weights | None = None) -> None:
         if cfg.model is None:
             raise ChainSetupError("the trainer role needs the run's base model (--model DIR)")
         if weights is None:
             raise ChainSetupError("the trainer role needs the weight service (SHARDCAST)")
-        self.node, self.cfg, self.weights = node, cfg, weights
+        self.node, self.cfg = node, cfg
+        self.weights: Weights = weights
         self.dir = cfg.resolved_data_dir
         self.state_path = self.dir / STATE_FILE
         self.state = TrainerState.load(self.state_path)
@@ -95,12 +97,12 @@ class TrainerRole:
             node,
             self.inbox,
             self.book,
-            registered=lambda worker: registered_peer(self.ledger, worker),
+            registered=lambda worker: registered_peer(self._ledger, worker),
             proofs=proof_parameters(cfg.verify_profile),
         )
         self.announced: tuple[int, int] = (-1, -1)
         self.policy: Any = None
-        self.ledger: Any = None
+        self._ledger: TrainerLedger | None = None  # opened when the role starts
         self.watcher: WorkWatcher | None = None
         self.slashed = 0
         self.idle_s = 0.0
@@ -111,6 +113,16 @@ class TrainerRole:
     @property
     def step(self) -> int:
         return self.state.step
+
+    @property
+    def ledger(self) -> TrainerLedger:
+        if self._ledger is None:
+            raise ChainSetupError("the ledger is opened when the role starts")
+        return self._ledger
+
+    @ledger.setter
+    def ledger(self, ledger: TrainerLedger) -> None:
+        self._ledger = ledger
 
     # ---- setup -------------------------------------------------------------------------
 
@@ -211,7 +223,8 @@ class TrainerRole:
 
     async def _step(self, n: int, envelopes: list[bytes]) -> StepStats:
         """Train version ``n`` on the batches; checkpoint ``n + 1`` is written."""
-        return await trained(self.policy, TrainStep(n, envelopes))
+        stats: StepStats = await trained(self.policy, TrainStep(n, envelopes))
+        return stats
 
     def _mine(self, keys: list[Key]) -> list[Key]:
         """Those of ``keys`` this trainer fetches (all; a DiLoCo member: its share)."""
@@ -332,7 +345,7 @@ class TrainerRole:
         return sum(1 for w in workers if self.ledger.worker(w).slashed)
 
 
-async def publish_on_chain(ledger: Any, version: int) -> None:
+async def publish_on_chain(ledger: TrainerLedger, version: int) -> None:
     """Set the contract's policy version to ``version`` unless it is there already; no
     worker can submit work of it before that, so a chain that does not answer (down,
     restarting) is waited for, not a reason for the role to fail."""
@@ -346,10 +359,13 @@ async def publish_on_chain(ledger: Any, version: int) -> None:
             await trio.sleep(CHAIN_RETRY_S)
 
 
-def registered_peer(ledger: Any, worker: str) -> str | None:
-    """The peer id ``worker`` registered on-chain (None: none, or the chain did not answer)."""
+def registered_peer(ledger: TrainerLedger | None, worker: str) -> str | None:
+    """The peer id ``worker`` registered on-chain (None: none, the chain did not answer, or
+    the role has not opened it yet)."""
     from crypto.identity import peer_id_of
 
+    if ledger is None:
+        return None
     try:
         peer_key, _ = ledger.registration(worker)
     except Exception:
@@ -384,7 +400,7 @@ async def trained(policy: Any, call: Any) -> Any:
 async def run(
     node: Node,
     cfg: NodeConfig,
-    weights: Any = None,
+    weights: Weights | None = None,
     *,
     task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED,
 ) -> None:

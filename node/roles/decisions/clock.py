@@ -10,10 +10,8 @@ retention and the trainer use). Pure: the role feeds it announcements.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
-from protocol.batches import STEP_TOPIC, StepNotice
-from protocol.errors import WireError
+from protocol.batches import StepNotice
 
 
 @dataclass
@@ -56,9 +54,9 @@ class StepClock:
         now (gossip may have brought the step to the worker before it reached us)."""
         if self.step is None:
             return "no step announced by the trainer yet"
-        then, version_then = (
-            at if at is not None and at[0] is not None else (self.step, self.policy_version)
-        )
+        then, version_then = self.step, self.policy_version
+        if at is not None and at[0] is not None:
+            then, version_then = at[0], at[1]
         if step > self.step or policy_version > self.policy_version:
             return f"step {step} / version {policy_version} is ahead of the trainer's"
         if policy_version + self.async_level < step:
@@ -68,15 +66,3 @@ class StepClock:
         if policy_version + self.async_level < version_then:
             return f"policy version {policy_version} is older than the window allows"
         return None
-
-
-def follow_steps(node: Any, clock: StepClock) -> None:
-    """Feed ``clock`` every step notice ``node`` hears; a malformed one is counted."""
-
-    def on_step(msg: Any) -> None:
-        try:
-            clock.observe(msg.sender, StepNotice.decode(msg.body))
-        except WireError as err:
-            node.reject("announce/steps", msg.sender, err)
-
-    node.subscribe(STEP_TOPIC, on_step)

@@ -2,7 +2,7 @@
 
 The same ``PolicyWorker`` (``node/training/worker.py``) as without DiLoCo, plus the outer
 copy of the parameters (``node/diloco/outer.py``: ``θ`` in fp32 and the Nesterov momentum
-``b``), and three calls the group role (``node/roles/grouptrainer.py``) makes per outer step:
+``b``), and three calls the group role (``node/roles/services/grouptrainer.py``) makes per outer step:
 
 1. ``InnerSteps``: the member's accepted batches of the step become GRPO samples, cut into
    ``H`` contiguous slices (fewer if there are fewer samples), one AdamW step on each: the
@@ -92,7 +92,7 @@ class PackState:
 
 @dataclass(frozen=True)
 class Recover:
-    """Continue from a peer's state (a joiner, ``node/roles/joining.py``): load ``data``
+    """Continue from a peer's state (a joiner, ``node/roles/io/joining.py``): load ``data``
     into both parameter copies (the model and ``θ``), the momentum and the inner optimizer;
     it must be the state of policy version ``version``, whose checkpoint is then written."""
 
