@@ -627,3 +627,154 @@ async def test_a_refusal_of_the_leader_names_its_reason():
     with pytest.raises(GroupError) as refused:
         await DilocoGroup._sync(group, 3, 0, "s" * 64, "l" * 64, 1.0, "")
     assert refused.value.why == "late"
+
+
+# ---- what a member takes and whom it serves (the group's checks) ------------------------
+
+
+def _roster_from(signer, sender, members):
+    """A ``DilocoRoster`` for step 3 sealed by ``signer`` naming ``sender``, opened as
+    ``node.request`` hands a reply over (signature and sender checked)."""
+    from protocol.diloco import DilocoRoster
+    from protocol.wire import open_message, seal
+
+    roster = DilocoRoster(
+        run_id="test-run",
+        sender=sender,
+        seq=1,
+        ts_ms=1,
+        step=3,
+        attempt=0,
+        state="ready",
+        encoding="int8",
+        members=members,
+        norms=[1.0] * len(members),
+    )
+    return open_message(seal(signer, roster), DilocoRoster)
+
+
+def test_a_member_takes_only_the_roster_its_leader_signed():
+    # a roster signed by another peer of the run (any peer can sign one naming itself)
+    # would let it pick the ring: who pulls from whom, and with which declared norms
+    from types import SimpleNamespace
+
+    from crypto.identity import Identity
+    from node.diloco.group import DilocoGroup, GroupError
+
+    leader, other, me = (Identity.generate() for _ in range(3))
+    group = SimpleNamespace(
+        me=me.peer_id, cfg=SimpleNamespace(leader=leader.peer_id, encoding="int8")
+    )
+    members = [leader.peer_id, me.peer_id]
+    signed = _roster_from(leader, leader.peer_id, members)
+    assert DilocoGroup._checked(group, signed, 3, 0) == members
+    with pytest.raises(GroupError, match="not from the leader"):
+        DilocoGroup._checked(group, _roster_from(other, other.peer_id, members), 3, 0)
+    with pytest.raises(WireError, match="sender is not the signer"):  # nor in its name
+        _roster_from(other, leader.peer_id, members)
+
+
+def _chunk_request(ident, phase="rs"):
+    from protocol.diloco import DilocoRequest
+
+    return DilocoRequest(
+        run_id="test-run",
+        sender=ident.peer_id,
+        seq=1,
+        ts_ms=1,
+        op="chunk",
+        step=0,
+        attempt=0,
+        phase=phase,
+        round=0,
+        layout="",
+        norm=0.0,
+        state="",
+        blame="",
+    )
+
+
+async def test_a_ring_chunk_is_served_to_our_right_neighbour_in_the_roster_only():
+    import hashlib
+    from types import SimpleNamespace
+
+    from crypto.identity import Identity
+    from node.diloco.chunks import Attempt, serve_chunk
+    from protocol.errors import Reason
+
+    left, me, right, outsider = (Identity.generate() for _ in range(4))
+    outbox = ring.Outbox()
+    outbox.offer("rs", 0, b"chunk bytes")
+    attempt = Attempt([left.peer_id, me.peer_id, right.peer_id], outbox, [1.0] * 3, {})
+    node = SimpleNamespace(
+        peer_id=me.peer_id,
+        cfg=SimpleNamespace(read_timeout=2.0),
+        header=lambda: {"run_id": "test-run", "sender": me.peer_id, "seq": 1, "ts_ms": 1},
+    )
+
+    class Responder:
+        def __init__(self):
+            self.sent, self.written = [], []
+
+        async def send(self, msg):
+            self.sent.append(msg)
+
+        async def write(self, data):
+            self.written.append(data)
+
+    for peer in (outsider, left, me):  # not in the roster; in it, but not to our right
+        refused = Responder()
+        with pytest.raises(WireError, match="right neighbour") as info:
+            await serve_chunk(node, attempt, _chunk_request(peer), refused)
+        assert info.value.reason == Reason.NOT_MEMBER
+        assert refused.sent == refused.written == []
+    served = Responder()
+    await serve_chunk(node, attempt, _chunk_request(right), served)
+    assert served.written == [b"chunk bytes"]
+    assert served.sent[0].digest == hashlib.sha256(b"chunk bytes").digest()
+
+
+class _OneFailedAttempt:
+    """What ``DilocoGroup.all_reduce`` uses of its group: attempt 0 in the roster
+    ``[a, me, b]`` whose every pull ends with ``failure``; attempt 1 alone (it returns at
+    once). ``syncs``: (attempt, blamed) of each ask for a roster."""
+
+    def __init__(self, failure):
+        from types import SimpleNamespace
+
+        self.me, self.failure, self.syncs = "me", failure, []
+        self.cfg = SimpleNamespace(step_timeout=30.0, encoding="fp32")
+        self.attempts, self.failures = {}, 0
+
+    async def _sync(self, step, attempt, state, layout, norm, blame):
+        self.syncs.append((attempt, blame))
+        if attempt == 0:
+            return ["a", "me", "b"], [1.0] * 3, 0
+        return ["me"], [1.0], attempt
+
+    def _puller(self, key, roster):
+        async def pull(phase, rnd):
+            if isinstance(self.failure, Exception):
+                raise self.failure
+            return self.failure
+
+        return pull
+
+
+@pytest.mark.parametrize(
+    ("failure", "blamed"),
+    [
+        (b"\x00" * 7, "a"),  # does not decode: from our left neighbour, the one we pull from
+        (ConnectionError("stream reset"), ""),  # a dead or slow peer: nobody is blamed
+    ],
+    ids=["bad_chunk", "dead_peer"],
+)
+async def test_a_failed_ring_attempt_blames_the_left_neighbour_for_a_bad_chunk_only(
+    failure, blamed
+):
+    from node.diloco.group import DilocoGroup
+
+    group = _OneFailedAttempt(failure)
+    out = await DilocoGroup.all_reduce(group, 0, torch.ones(12), "s" * 64, "l" * 64)
+    assert group.syncs == [(0, ""), (1, blamed)]
+    assert out.attempts == 2 and out.roster == ["me"] and group.failures == 1

@@ -1096,3 +1096,179 @@ def test_asking_for_weights_waits_out_a_disk_back_off_unless_a_person_asks():
     assert started == [2, 4]
     downloads.ensure(1, now=True)
     assert started == [2, 4, 1]
+
+
+# ---- bans outlive a download; bulk bytes wait for a hole punch ---------------------------
+
+
+class _Versions:
+    """What ``Downloads`` uses of its ``VersionBook``: every version of ``shards`` shards
+    of 10 bytes from ``origin``, none held; ``finished`` the versions completed."""
+
+    def __init__(self, shards=4, origin="origin"):
+        self.shards, self.origin, self.finished = shards, origin, []
+
+    async def begin(self, version):
+        from types import SimpleNamespace
+
+        manifest = SimpleNamespace(
+            version=version,
+            num_shards=self.shards,
+            sender=self.origin,
+            total_size=10 * self.shards,
+            shard_length=lambda shard: 10,
+        )
+        return SimpleNamespace(manifest=manifest, held=set(), resumed=0)
+
+    async def finish(self, partial):
+        self.finished.append(partial.manifest.version)
+
+    def end(self, version):
+        pass
+
+    async def retain(self, downloading):
+        pass
+
+
+def _downloads(monkeypatch, holders, holding):
+    """``Downloads`` over fakes: each plan learns that every peer of ``holding`` holds
+    every shard; ``asked`` records (version, shard, peer) of each fetch, ``fetch`` is
+    ``Downloads._fetch``'s stand-in (an ``evil`` peer serves bad bytes)."""
+    from types import SimpleNamespace
+
+    from node.shardcast import pulling
+
+    async def provide(node, cfg, version):
+        pass
+
+    monkeypatch.setattr(pulling, "provide", provide)
+    node = SimpleNamespace(
+        peer_id="me",
+        reject=lambda protocol, peer, err: None,
+        metrics=SimpleNamespace(inc=lambda *a, **k: None),
+    )
+    cfg = SimpleNamespace(download_slots=2, read_timeout=1.0)
+    downloads = pulling.Downloads(node, cfg, _Versions(), holders)  # type: ignore[arg-type]
+    asked = []
+
+    async def refresh(m, plan, wakeup):
+        for peer in holding:
+            plan.update_peer(peer, set(range(m.num_shards)))
+        wakeup.set()
+        await trio.sleep_forever()
+
+    async def fetch(partial, job, shard, peer):
+        asked.append((partial.manifest.version, shard, peer))
+        if peer == "evil":
+            raise BadShard("bad bytes")
+        return 10
+
+    downloads._refresh_loop = refresh  # type: ignore[method-assign]
+    downloads._fetch = fetch  # type: ignore[method-assign]
+    return downloads, asked
+
+
+async def test_a_peer_banned_in_one_download_is_banned_in_every_later_plan(
+    autojump_clock, monkeypatch
+):
+    from node.shardcast.pulling import DownloadJob, Holders
+
+    holders = Holders()
+    downloads, asked = _downloads(monkeypatch, holders, ["evil", "good"])
+    for version in (1, 2):
+        downloads._jobs[version] = DownloadJob(version, 40, 4)
+        await downloads._download(version)
+        assert downloads._jobs[version].state == "complete"
+    assert holders.banned == {"evil"}
+    assert [peer for v, _, peer in asked if v == 1].count("evil") == 1  # once, then banned
+    assert [peer for v, _, peer in asked if v == 2] == ["good"] * 4  # never asked again
+    assert downloads._jobs[2].plan.banned == ["evil"]
+
+
+async def test_the_holdings_of_a_banned_peer_are_never_asked_for(autojump_clock, monkeypatch):
+    from types import SimpleNamespace
+
+    from node.shardcast import pulling
+    from node.shardcast.pulling import Downloads, Holders
+
+    async def find_providers(node, cfg, version):
+        return {"evil", "good"}
+
+    monkeypatch.setattr(pulling, "find_providers", find_providers)
+    holders = Holders()
+    holders.saw(3, "evil")
+    holders.ban("evil")
+    node = SimpleNamespace(peer_id="me", known_peers=lambda: ["evil", "good", "me"])
+    downloads = Downloads(node, SimpleNamespace(read_timeout=1.0), None, holders)  # type: ignore[arg-type]
+    asked = []
+
+    async def refresh_one(m, plan, peer):
+        asked.append(peer)
+
+    downloads._refresh_one = refresh_one  # type: ignore[method-assign]
+    plan = DownloadPlan(4)
+    with trio.move_on_after(3.5):  # refreshes at 0, 1, 2 and 3 s
+        await downloads._refresh_loop(SimpleNamespace(version=3), plan, Wakeup())
+    assert asked == ["good"] * 4  # known, provided, seen with the version: still banned
+
+
+async def test_a_version_poll_never_asks_a_banned_peer(monkeypatch):
+    from types import SimpleNamespace
+
+    from node.shardcast import following
+    from node.shardcast.following import Follower
+    from node.shardcast.pulling import Holders
+
+    asked = []
+
+    async def ask_holding(node, peer, version, *, with_manifest):
+        asked.append(peer)
+        return SimpleNamespace(version=0, manifest=None)
+
+    monkeypatch.setattr(following, "ask_holding", ask_holding)
+    holders = Holders()
+    holders.ban("evil")
+    peers = ["evil", "good"]
+    node = SimpleNamespace(connected_peers=lambda: set(peers), known_peers=lambda: peers)
+    follower = Follower(
+        node,  # type: ignore[arg-type]
+        SimpleNamespace(discovery_interval=1.0),  # type: ignore[arg-type]
+        SimpleNamespace(newest_known=0),  # type: ignore[arg-type]
+        None,  # type: ignore[arg-type]
+        holders,
+        follow=False,
+    )
+    for _ in range(5):  # peers are sampled at random: every time
+        assert await follower._poll_some() is False
+    assert asked == ["good"] * 5
+
+
+async def test_a_shard_fetch_waits_for_a_hole_punch_before_it_opens_its_stream():
+    from contextlib import asynccontextmanager
+    from types import SimpleNamespace
+
+    from node.shardcast.pulling import DownloadJob, Downloads
+
+    steps = []
+
+    async def direct_path(peer):
+        steps.append(("direct_path", peer))
+        await trio.lowlevel.checkpoint()
+        return True
+
+    @asynccontextmanager
+    async def open_request(peer, protocol, msg, reply_type):
+        steps.append(("open_request", peer))
+        raise ConnectionError("stop here")
+        yield
+
+    node = SimpleNamespace(
+        header=lambda: {"run_id": "r", "sender": TRAINER.peer_id, "seq": 1, "ts_ms": 1},
+        direct_path=direct_path,
+        open_request=open_request,
+    )
+    downloads = Downloads(node, SimpleNamespace(read_timeout=1.0), None, None)  # type: ignore[arg-type]
+    manifest = SimpleNamespace(version=1, shard_length=lambda shard: 10)
+    with pytest.raises(ConnectionError, match="stop here"):
+        await downloads._fetch(SimpleNamespace(manifest=manifest), DownloadJob(1, 10, 1), 0, "p")
+    assert steps == [("direct_path", "p"), ("open_request", "p")]
