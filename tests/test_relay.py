@@ -395,3 +395,109 @@ async def test_no_hole_punch_is_waited_for_past_the_window_after_meeting_a_peer_
     assert trio.current_time() == pytest.approx(PUNCH_WINDOW, abs=0.21)
     assert await relays.direct_path(peer) is False  # met relayed long ago: at once
     assert trio.current_time() == pytest.approx(PUNCH_WINDOW, abs=0.21)
+
+
+class _RelayNet:
+    """What ``Relays`` upkeep uses of the network: connected to ``relays``, which the DHT
+    names as relays; ``found``: how many lookups were made."""
+
+    def __init__(self, relays):
+        self.relays, self.found, self.circuit_addrs = relays, 0, []
+        self.identity, self.host = SimpleNamespace(peer_id="me"), object()
+
+    def connected_peers(self):
+        return set(self.relays)
+
+    async def find_providers(self, key):
+        self.found += 1
+        return set(self.relays)
+
+    def direct_addr(self, relay):
+        return f"/ip4/192.0.2.1/tcp/{4000 + self.relays.index(relay)}"
+
+    def set_circuit_addrs(self, addrs):
+        self.circuit_addrs = addrs
+
+
+def _upkeep(monkeypatch, relays, state, now=1000.0):
+    """``Relays`` (without a config) whose reachability says ``state``; every reservation
+    is accepted for 600 s (``reserved``: on which relays)."""
+    from node.net import relay as relay_module
+    from node.net.relay import Relays
+
+    reserved = []
+
+    async def reserve(host, transport, relay):
+        reserved.append(relay.to_base58())
+        return now + 600
+
+    monkeypatch.setattr(relay_module, "reserve", reserve)
+    r = Relays.__new__(Relays)
+    r.cfg = SimpleNamespace(run_id="run", read_timeout=1.0)
+    r.network, r.reachability = _RelayNet(relays), SimpleNamespace(state=lambda: state)
+    r.clock, r.pin, r.transport, r.dcutr, r.serving = (
+        lambda: now,
+        lambda peers: None,
+        object(),
+        None,
+        False,
+    )
+    r.held, r._last_find, r._retried, r._relayed_since = {}, -1e18, {}, {}
+    return r, reserved
+
+
+async def test_reservations_are_renewed_before_they_expire_and_new_ones_made_only_private(
+    monkeypatch,
+):
+    from node.net.relay import RENEW_BEFORE, RESERVE_ON
+
+    relays = [Identity.generate().peer_id for _ in range(3)]
+    r, reserved = _upkeep(monkeypatch, relays, PUBLIC)
+    await r._tend()  # public: nobody needs a circuit to us
+    assert r.network.found == 0 and r.held == {}
+    r.reachability = SimpleNamespace(state=lambda: "unknown")
+    await r._tend()  # unknown: nothing new reserved (it may well be public)
+    assert r.network.found == 0 and r.held == {} and reserved == []
+    r.reachability = SimpleNamespace(state=lambda: PRIVATE)
+    await r._tend()
+    assert len(r.held) == RESERVE_ON == len(reserved) and r.network.found == 1
+    assert len(r.network.circuit_addrs) == RESERVE_ON
+    soon, later = sorted(r.held)
+    r.held[soon] = (1000.0 + RENEW_BEFORE - 1, r.held[soon][1])  # close to expiry
+    r.held[later] = (1000.0 + RENEW_BEFORE + 100, r.held[later][1])
+    reserved.clear()
+    await r._tend()
+    assert reserved == [soon] and r.held[soon][0] == 1600.0  # renewed, the other left alone
+    r.reachability = SimpleNamespace(state=lambda: "unknown")
+    r.held[soon] = (1000.0 + RENEW_BEFORE - 1, r.held[soon][1])
+    del r.held[later]  # one short of RESERVE_ON, and the last lookup long ago
+    r._last_find = -1e18
+    reserved.clear()
+    await r._tend()  # unknown again: what it holds is kept alive, nothing new reserved
+    assert reserved == [soon] and r.network.found == 1 and list(r.held) == [soon]
+
+
+async def test_a_peer_relayed_again_after_a_direct_spell_starts_its_punch_schedule_anew(
+    autojump_clock,
+):
+    from node.net.relay import PUNCH_RETRY, Relays
+
+    fake = _Relayed(Identity.generate().peer_id)
+    relays = Relays.__new__(Relays)  # what ``_punch_again`` uses of it: no config needed
+    relays.network = relays.dcutr = fake  # type: ignore[assignment]
+    relays._retried, relays._relayed_since = {}, {}
+
+    async def rounds(seconds):
+        for _ in range(seconds):  # one upkeep round a second
+            relays._punch_again()
+            await trio.sleep(1)
+
+    start = trio.current_time()
+    await rounds(int(4 * PUNCH_RETRY))
+    assert [round(t - start) for t in fake.budgets] == [60, 180]  # the gap doubled
+    fake.relayed_now = False  # a punch made it direct ...
+    await rounds(10)
+    fake.relayed_now, again = True, trio.current_time()  # ... and it is relayed again
+    fake.budgets.clear()
+    await rounds(int(2 * PUNCH_RETRY))
+    assert [round(t - again) for t in fake.budgets] == [60]  # 60 s, not 240 s from before
