@@ -627,3 +627,432 @@ async def test_a_refusal_of_the_leader_names_its_reason():
     with pytest.raises(GroupError) as refused:
         await DilocoGroup._sync(group, 3, 0, "s" * 64, "l" * 64, 1.0, "")
     assert refused.value.why == "late"
+
+
+# ---- what a member takes and whom it serves (the group's checks) ------------------------
+
+
+def _roster_from(signer, sender, members, **fields):
+    """A ``DilocoRoster`` (step 3, attempt 0 unless ``fields`` say otherwise) sealed by
+    ``signer`` naming ``sender``, opened as ``node.request`` hands a reply over (signature
+    and sender checked)."""
+    from protocol.diloco import DilocoRoster
+    from protocol.wire import open_message, seal
+
+    roster = DilocoRoster(
+        **{
+            "run_id": "test-run",
+            "sender": sender,
+            "seq": 1,
+            "ts_ms": 1,
+            "step": 3,
+            "attempt": 0,
+            "state": "ready",
+            "encoding": "int8",
+            "members": members,
+            "norms": [1.0] * len(members),
+            **fields,
+        }
+    )
+    return open_message(seal(signer, roster), DilocoRoster)
+
+
+def test_a_member_takes_only_the_roster_its_leader_signed():
+    # a roster signed by another peer of the run (any peer can sign one naming itself)
+    # would let it pick the ring: who pulls from whom, and with which declared norms
+    from types import SimpleNamespace
+
+    from crypto.identity import Identity
+    from node.diloco.group import DilocoGroup, GroupError
+
+    leader, other, me = (Identity.generate() for _ in range(3))
+    group = SimpleNamespace(
+        me=me.peer_id, cfg=SimpleNamespace(leader=leader.peer_id, encoding="int8")
+    )
+    members = [leader.peer_id, me.peer_id]
+    signed = _roster_from(leader, leader.peer_id, members)
+    assert DilocoGroup._checked(group, signed, 3, 0) == members
+    with pytest.raises(GroupError, match="not from the leader"):
+        DilocoGroup._checked(group, _roster_from(other, other.peer_id, members), 3, 0)
+    with pytest.raises(WireError, match="sender is not the signer"):  # nor in its name
+        _roster_from(other, leader.peer_id, members)
+
+
+@pytest.mark.parametrize(
+    ("fields", "why"),
+    [
+        ({"step": 2}, "not for this attempt"),  # the roster of another step
+        ({"attempt": 0}, "not for this attempt"),  # an attempt before the one we asked for
+        ({"members": ["L", "other"]}, "without us"),
+        ({"members": ["L", "me", "other", "me"]}, "with a peer twice"),
+        ({"norms": [1.0]}, "without a norm for each member"),
+        ({"encoding": "fp32"}, "we were set up for another"),
+    ],
+    ids=["step", "attempt", "not_us", "twice", "norms", "encoding"],
+)
+def test_a_member_refuses_a_roster_of_its_leader_that_does_not_fit_its_ask(fields, why):
+    from types import SimpleNamespace
+
+    from crypto.identity import Identity
+    from node.diloco.group import DilocoGroup, GroupError
+
+    ids = {name: Identity.generate() for name in ("L", "me", "other")}
+    peer = {name: ident.peer_id for name, ident in ids.items()}
+    fields = {k: [peer[m] for m in v] if k == "members" else v for k, v in fields.items()}
+    if "members" in fields and "norms" not in fields:
+        fields["norms"] = [1.0] * len(fields["members"])
+    group = SimpleNamespace(me=peer["me"], cfg=SimpleNamespace(leader=peer["L"], encoding="int8"))
+    fits = _roster_from(ids["L"], peer["L"], [peer["L"], peer["me"]], attempt=1)
+    assert DilocoGroup._checked(group, fits, 3, 1) == [peer["L"], peer["me"]]
+    members = fields.pop("members", [peer["L"], peer["me"]])
+    bad = _roster_from(ids["L"], peer["L"], members, **{"attempt": 1, **fields})
+    with pytest.raises(GroupError, match=why):
+        DilocoGroup._checked(group, bad, 3, 1)
+
+
+def _chunk_request(ident, phase="rs"):
+    from protocol.diloco import DilocoRequest
+
+    return DilocoRequest(
+        run_id="test-run",
+        sender=ident.peer_id,
+        seq=1,
+        ts_ms=1,
+        op="chunk",
+        step=0,
+        attempt=0,
+        phase=phase,
+        round=0,
+        layout="",
+        norm=0.0,
+        state="",
+        blame="",
+    )
+
+
+async def test_a_ring_chunk_is_served_to_our_right_neighbour_in_the_roster_only():
+    import hashlib
+    from types import SimpleNamespace
+
+    from crypto.identity import Identity
+    from node.diloco.chunks import Attempt, serve_chunk
+    from protocol.errors import Reason
+
+    left, me, right, outsider = (Identity.generate() for _ in range(4))
+    outbox = ring.Outbox()
+    outbox.offer("rs", 0, b"chunk bytes")
+    attempt = Attempt([left.peer_id, me.peer_id, right.peer_id], outbox, [1.0] * 3, {})
+    node = SimpleNamespace(
+        peer_id=me.peer_id,
+        cfg=SimpleNamespace(read_timeout=2.0),
+        header=lambda: {"run_id": "test-run", "sender": me.peer_id, "seq": 1, "ts_ms": 1},
+    )
+
+    class Responder:
+        def __init__(self):
+            self.sent, self.written = [], []
+
+        async def send(self, msg):
+            self.sent.append(msg)
+
+        async def write(self, data):
+            self.written.append(data)
+
+    for peer in (outsider, left, me):  # not in the roster; in it, but not to our right
+        refused = Responder()
+        with pytest.raises(WireError, match="right neighbour") as info:
+            await serve_chunk(node, attempt, _chunk_request(peer), refused)
+        assert info.value.reason == Reason.NOT_MEMBER
+        assert refused.sent == refused.written == []
+    served = Responder()
+    await serve_chunk(node, attempt, _chunk_request(right), served)
+    assert served.written == [b"chunk bytes"]
+    assert served.sent[0].digest == hashlib.sha256(b"chunk bytes").digest()
+
+
+class _OneFailedAttempt:
+    """What ``DilocoGroup.all_reduce`` uses of its group: attempt 0 in the roster
+    ``[a, me, b]`` whose every pull ends with ``failure``; attempt 1 alone (it returns at
+    once). ``syncs``: (attempt, blamed) of each ask for a roster."""
+
+    def __init__(self, failure):
+        from types import SimpleNamespace
+
+        self.me, self.failure, self.syncs = "me", failure, []
+        self.cfg = SimpleNamespace(step_timeout=30.0, encoding="fp32")
+        self.attempts, self.failures = {}, 0
+
+    async def _sync(self, step, attempt, state, layout, norm, blame):
+        self.syncs.append((attempt, blame))
+        if attempt == 0:
+            return ["a", "me", "b"], [1.0] * 3, 0
+        return ["me"], [1.0], attempt
+
+    def _puller(self, key, roster):
+        async def pull(phase, rnd):
+            if isinstance(self.failure, Exception):
+                raise self.failure
+            return self.failure
+
+        return pull
+
+
+@pytest.mark.parametrize(
+    ("failure", "blamed"),
+    [
+        (b"\x00" * 7, "a"),  # does not decode: from our left neighbour, the one we pull from
+        (ConnectionError("stream reset"), ""),  # a dead or slow peer: nobody is blamed
+    ],
+    ids=["bad_chunk", "dead_peer"],
+)
+async def test_a_failed_ring_attempt_blames_the_left_neighbour_for_a_bad_chunk_only(
+    failure, blamed
+):
+    from node.diloco.group import DilocoGroup
+
+    group = _OneFailedAttempt(failure)
+    out = await DilocoGroup.all_reduce(group, 0, torch.ones(12), "s" * 64, "l" * 64)
+    assert group.syncs == [(0, ""), (1, blamed)]
+    assert out.attempts == 2 and out.roster == ["me"] and group.failures == 1
+
+
+# ---- more of the rosters' and the group's checks -------------------------------------
+
+
+def test_a_peer_not_admitted_cannot_announce_a_join_either():
+    # an announced joiner holds the next roster up to join_timeout: a peer the leader does
+    # not admit would hold every step that long for free
+    m = Membership(L, min_members=2, admit=frozenset({A}))
+    with pytest.raises(Refused, match="not_admitted"):
+        m.expect(C, 0)
+    assert m.joining == {} and m.expect(A, 0) == 0
+
+
+def test_the_leaders_own_norm_is_never_an_outlier():
+    m = Membership(L, min_members=3)
+    alive = {L, A, B}
+    m.arrive(A, (0, 0), 0.0, alive, norm=1.0)
+    m.arrive(B, (0, 0), 0.0, alive, norm=1.1)
+    assert m.arrive(L, (0, 0), 0.0, alive, norm=500.0) == [L, A, B]
+    assert m.rejected["norm"] == 0
+
+
+def test_a_blamed_member_that_asked_early_for_the_retry_is_left_out_of_it():
+    # the member that sent the bad chunk may ask for the next attempt before the leader
+    # opens it (it saw the attempt fail too); the blame comes after it
+    m = Membership(L, min_members=3, resync_timeout=5)
+    alive = {L, A, B}
+    for p in (A, B, L):
+        m.arrive(p, (0, 0), 0.0, alive, norm=1.0)
+    assert m.arrive(B, (0, 1), 1.0, alive, norm=1.0) is None  # waits: not opened yet
+    m.blame(B, L, 0)  # the leader pulled a bad chunk from B (its left neighbour)
+    assert m.arrive(A, (0, 1), 1.0, alive, norm=1.0) is None
+    assert m.arrive(L, (0, 1), 1.0, alive, norm=1.0) == [L, A]
+
+
+def test_only_transient_stream_failures_are_pulled_again():
+    from node.diloco.group import _transient
+    from node.net.requests import RemoteRefusal
+    from protocol.errors import Reason
+
+    assert _transient(ConnectionError("reset"))
+    assert _transient(WireError(Reason.TRUNCATED, "closed")) and _transient(
+        WireError(Reason.TIMEOUT, "slow")
+    )
+    assert not _transient(ring.BadChunk("does not decode"))  # blamed at once, not pulled again
+    assert not _transient(RemoteRefusal("not_member", "no"))
+    assert not _transient(WireError(Reason.MALFORMED, "a chunk for another round"))
+
+
+async def test_a_chunk_reply_for_another_round_is_refused():
+    import hashlib
+
+    from node.diloco.group import DilocoGroup
+    from protocol.diloco import DilocoChunk
+
+    data = bytes(1124)
+    _, header = _header()
+    reply = DilocoChunk(
+        **header,
+        step=0,
+        attempt=0,
+        phase="rs",
+        round=1,  # asked: round 0 (the same size: the frame would have been taken)
+        size=1124,
+        digest=hashlib.sha256(data).digest(),
+    )
+    source = _FrameSource(data)
+    group = _puller_of(reply, source, {("rs", 0): 1124})
+    with pytest.raises(WireError, match="another round"):
+        await DilocoGroup._pull_once(group, "left", (0, 0), "rs", 0)
+    assert source.asked == []
+
+
+class _Replies:
+    """A responder that records what it was given."""
+
+    def __init__(self):
+        self.sent, self.written = [], []
+
+    async def send(self, msg):
+        self.sent.append(msg)
+
+    async def write(self, data):
+        self.written.append(data)
+
+
+def _leader_group(leading, roster):
+    """What ``DilocoGroup._handle`` uses of a group: its node (the first peer of
+    ``roster``), and a ``Membership`` whose roster of step 0 attempt 0 is ``roster``."""
+    from types import SimpleNamespace
+
+    from node.diloco.group import DilocoGroup
+
+    ident, header = roster[0], {"run_id": "test-run", "seq": 1, "ts_ms": 1}
+    node = SimpleNamespace(
+        peer_id=ident.peer_id,
+        header=lambda: {**header, "sender": ident.peer_id},
+        known_peers=lambda: [i.peer_id for i in roster],
+    )
+    peers = [i.peer_id for i in roster]
+    membership = Membership(peers[0], min_members=len(peers))
+    for p in peers:
+        membership.arrive(p, (0, 0), 0.0, set(peers), norm=1.0)
+    group = SimpleNamespace(
+        node=node,
+        me=ident.peer_id,
+        leading=leading,
+        membership=membership,
+        cfg=SimpleNamespace(leader=peers[0], encoding="int8"),
+    )
+    group._arrive = lambda *args: DilocoGroup._arrive(group, *args)
+    return group
+
+
+def _sync_request(ident, attempt=1, blame=""):
+    from protocol.diloco import DilocoRequest
+
+    return DilocoRequest(
+        run_id="test-run",
+        sender=ident.peer_id,
+        seq=1,
+        ts_ms=1,
+        op="sync",
+        step=0,
+        attempt=attempt,
+        phase="",
+        round=0,
+        layout="",
+        norm=1.0,
+        state="",
+        blame=blame,
+    )
+
+
+async def test_only_the_leader_answers_a_sync_and_only_members_may_blame():
+    from crypto.identity import Identity
+    from node.diloco.group import DilocoGroup
+    from protocol.errors import Reason
+
+    lead, a, b, c, outsider = (Identity.generate() for _ in range(5))
+    member = _leader_group(False, [a, lead, b, c])  # a, not the leader, is asked
+    with pytest.raises(WireError, match="not the group's leader") as info:
+        await DilocoGroup._handle(member, _sync_request(b), _Replies())
+    assert info.value.reason == Reason.NOT_FOUND and member.membership.current == (0, 0)
+
+    group = _leader_group(True, [lead, a, b, c])
+    await DilocoGroup._handle(group, _sync_request(outsider, blame=c.peer_id), _Replies())
+    assert group.membership.excluded == {} and group.membership.rejected["chunk"] == 0
+    replies = _Replies()  # b, a member, got a bad chunk from a, its left neighbour
+    await DilocoGroup._handle(group, _sync_request(b, blame=a.peer_id), replies)
+    assert group.membership.excluded == {0: {a.peer_id}}
+    assert replies.sent[0].state == "wait"
+
+
+async def test_a_joiner_takes_a_join_answer_only_from_the_leader():
+    from types import SimpleNamespace
+
+    from crypto.identity import Identity
+    from node.diloco.recovery import JoinRefused, ask_join
+
+    leader, other, me = (Identity.generate() for _ in range(3))
+    answer = {}
+
+    async def request(peer, protocol, msg, reply_type):
+        return answer["reply"]
+
+    node = SimpleNamespace(
+        header=lambda: {"run_id": "test-run", "sender": me.peer_id, "seq": 1, "ts_ms": 1},
+        request=request,
+    )
+    answer["reply"] = _roster_from(leader, leader.peer_id, [leader.peer_id], step=4)
+    assert (await ask_join(node, leader.peer_id)).step == 4
+    answer["reply"] = _roster_from(other, other.peer_id, [other.peer_id], step=4)
+    with pytest.raises(JoinRefused, match="not from the leader"):
+        await ask_join(node, leader.peer_id)
+
+
+async def test_a_member_serves_the_state_of_the_step_asked_for_only():
+    from types import SimpleNamespace
+
+    from crypto.identity import Identity
+    from node.diloco.recovery import request, serve_state
+    from protocol.errors import Reason
+
+    me = Identity.generate()
+    node = SimpleNamespace(
+        header=lambda: {"run_id": "test-run", "sender": me.peer_id, "seq": 1, "ts_ms": 1}
+    )
+    snapshot = (5, b"state at 5")
+    for step, reason in ((6, Reason.BUSY), (4, Reason.NOT_FOUND)):
+        with pytest.raises(WireError) as info:
+            await serve_state(node, snapshot, request(node, "state", step), _Replies())
+        assert info.value.reason == reason
+    served = _Replies()
+    await serve_state(node, snapshot, request(node, "state", 5), served)
+    assert served.sent[0].step == 5 and b"".join(served.written) == b"state at 5"
+
+
+async def test_a_joiner_loads_only_state_bytes_that_match_their_digest_and_step(
+    autojump_clock,
+):
+    import hashlib
+    from contextlib import asynccontextmanager
+    from types import SimpleNamespace
+
+    from crypto.identity import Identity
+    from node.diloco.recovery import fetch_state
+    from protocol.diloco import DilocoChunk
+
+    donor = Identity.generate()
+    good = b"the state at step 5"
+    replies = [  # (declared step, declared digest, bytes sent)
+        (5, hashlib.sha256(good).digest(), b"another state at 5!"),  # not its digest
+        (4, hashlib.sha256(b"the state at step 4").digest(), b"the state at step 4"),
+        (5, hashlib.sha256(good).digest(), good),
+    ]
+
+    @asynccontextmanager
+    async def open_request(peer, protocol, msg, reply_type):
+        step, digest, data = replies.pop(0)
+        reply = DilocoChunk(
+            run_id="test-run",
+            sender=donor.peer_id,
+            seq=1,
+            ts_ms=1,
+            step=step,
+            attempt=0,
+            phase="",
+            round=0,
+            size=len(data),
+            digest=digest,
+        )
+        yield SimpleNamespace(reply=reply, reader=_FrameSource(data))
+
+    node = SimpleNamespace(
+        header=lambda: {"run_id": "test-run", "sender": donor.peer_id, "seq": 1, "ts_ms": 1},
+        open_request=open_request,
+        cfg=SimpleNamespace(read_timeout=5.0),
+    )
+    assert await fetch_state(node, donor.peer_id, 5) == good
+    assert replies == []  # the two bad transfers were asked again, not loaded

@@ -116,7 +116,11 @@ def test_group_key_is_derived_from_the_run_and_the_leader():
 
 
 def test_a_manifest_names_the_step_and_one_file():
+    import dataclasses
+
     from node.diloco.statecast import check_manifest
+    from protocol.shardcast import WeightFile
+    from protocol.wire import seal
 
     ident = Identity.generate()
     header = {"run_id": RUN, "sender": ident.peer_id, "seq": 1, "ts_ms": 1}
@@ -127,6 +131,16 @@ def test_a_manifest_names_the_step_and_one_file():
         check_manifest(offer.envelope, run_id=RUN, leader=ident.peer_id, step=4)
     with pytest.raises(WireError):
         check_manifest(offer.envelope, run_id="other-run", leader=ident.peer_id, step=5)
+    # signed by the leader, but naming other files (a checkpoint, not a member's state)
+    half = len(STATE) // 2
+    for files in (
+        [WeightFile(name="model.safetensors", size=len(STATE), offset=0)],
+        [WeightFile(name="a.bin", size=half, offset=0)]
+        + [WeightFile(name="b.bin", size=half, offset=half)],
+    ):
+        other = seal(ident, dataclasses.replace(offer.manifest, files=files))
+        with pytest.raises(WireError, match="one file"):
+            check_manifest(other, run_id=RUN, leader=ident.peer_id, step=5)
 
 
 async def test_one_peer_cannot_hold_every_state_upload_slot(tmp_path):

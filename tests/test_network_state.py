@@ -158,6 +158,15 @@ def test_links_of_a_dht_round_are_closed_first_and_young_links_do_not_count():
     assert c.to_close(11, transient={"q1", "q2"}) == ["q1", "q2", "c"]
 
 
+def test_a_link_inside_its_grace_is_not_closed_even_when_the_settled_ones_are_too_many():
+    # a greeting may be running on it: closing the newest link first would cut it
+    c = ConnectionPlan(low=1, high=2, grace=5, keep_per_role=0)
+    c.update(0, {"a": "inference", "b": "inference", "c": "inference"})
+    c.update(10, {"a": "inference", "b": "inference", "c": "inference", "young": "inference"})
+    closing = c.to_close(11)
+    assert closing and "young" not in closing
+
+
 def test_connection_plan_needs_ordered_watermarks():
     with pytest.raises(ValueError, match="low"):
         ConnectionPlan(low=5, high=4)

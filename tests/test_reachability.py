@@ -312,3 +312,46 @@ async def test_only_peers_joined_directly_are_asked():
     r.ask = ask
     await r.ask_round()
     assert sorted(asked) == sorted(peers - through_relay)
+
+
+async def test_one_asker_is_dialed_back_once_at_a_time_and_others_meanwhile(monkeypatch):
+    """A peer that asks again while its dial-back runs is refused ``busy``: each question
+    would otherwise take one of the ``SERVE_AT_ONCE`` dial-backs every asker shares."""
+    from trio.testing import wait_all_tasks_blocked
+
+    from node.net import reachability
+    from node.net.reachability import Reachability
+
+    release, dialing = trio.Event(), []
+
+    async def first_reached(network, peer, targets):
+        dialing.append(peer)
+        await release.wait()
+        return targets[0]
+
+    monkeypatch.setattr(reachability, "_first_reached", first_reached)
+    answering = Reachability(SimpleNamespace(), Metrics())  # type: ignore[arg-type]
+    one, other = (ID.from_base58(Identity.generate().peer_id) for _ in range(2))
+
+    def question(peer):
+        q = Message(type=Message.DIAL)
+        q.dial.peer.id = peer.to_bytes()
+        q.dial.peer.addrs.append(b("/ip4/10.0.0.5/tcp/4001"))
+        return q.SerializeToString()
+
+    answers = {}
+
+    async def ask(key, peer):
+        answers[key] = await answering._dial_back(peer, question(peer), "198.51.100.7")
+
+    with trio.fail_after(5):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(ask, "first", one)
+            await wait_all_tasks_blocked()
+            await ask("again", one)
+            nursery.start_soon(ask, "other", other)
+            await wait_all_tasks_blocked()
+            release.set()
+    assert answers["again"] == (Message.E_DIAL_REFUSED, "busy", None)
+    assert answers["first"][:2] == answers["other"][:2] == (Message.OK, "reached")
+    assert dialing == [one, other]

@@ -305,3 +305,199 @@ async def test_a_peer_still_relayed_gets_new_hole_punches_later_and_less_often(
         relays._punch_again()
         await trio.sleep(1)
     assert len(fake.budgets) == 3
+
+
+async def test_a_spent_hole_punch_budget_is_renewed_and_a_running_one_is_not():
+    """``CountingDCUtR.try_again`` (what ``Relays._punch_again`` calls for a peer still
+    relayed): the library's own punches stop at ``MAX_HOLE_PUNCH_ATTEMPTS`` and go on only
+    after a fresh budget; a budget with tries left is not renewed."""
+    from libp2p.relay.circuit_v2.dcutr import MAX_HOLE_PUNCH_ATTEMPTS
+
+    from node.net.circuits import CountingDCUtR
+
+    dials = []
+
+    async def new_stream(peer, protocols):  # each punch the library starts opens one
+        dials.append(peer)
+        raise ConnectionError("mistimed")
+
+    dcutr = CountingDCUtR(SimpleNamespace(new_stream=new_stream), Metrics())  # type: ignore[arg-type]
+
+    async def no(peer):
+        return False
+
+    dcutr._have_direct_connection = no  # type: ignore[method-assign]
+    dcutr._try_unilateral_upgrade = no  # type: ignore[method-assign]
+    pid = ID.from_base58(Identity.generate().peer_id)
+    for _ in range(MAX_HOLE_PUNCH_ATTEMPTS + 2):
+        assert await dcutr.initiate_hole_punch(pid) is False
+    assert len(dials) == MAX_HOLE_PUNCH_ATTEMPTS  # the budget is spent: no more punches
+    assert dcutr.punching(pid) == (False, False)
+    assert dcutr.try_again(pid) is True
+    assert dcutr.punching(pid) == (False, True)
+    await dcutr.initiate_hole_punch(pid)
+    assert len(dials) == MAX_HOLE_PUNCH_ATTEMPTS + 1  # the fresh budget punches again
+    assert dcutr.try_again(pid) is False  # tries left: nothing to renew
+    for _ in range(MAX_HOLE_PUNCH_ATTEMPTS):
+        await dcutr.initiate_hole_punch(pid)
+    assert len(dials) == 2 * MAX_HOLE_PUNCH_ATTEMPTS  # two budgets, no more
+
+
+class _Punching:
+    """A network where only a relay joins us to a peer until ``direct_at``; a DCUtR whose
+    punch to it runs (``running``) or may still run (``tries_left``)."""
+
+    def __init__(self, direct_at, running, tries_left):
+        self.direct_at, self.running, self.tries_left = direct_at, running, tries_left
+
+    def relayed(self, peer):
+        return trio.current_time() < self.direct_at
+
+    def punching(self, pid):
+        return self.running, self.tries_left
+
+
+@pytest.mark.parametrize(
+    ("direct_at", "running", "tries_left", "waited", "direct"),
+    [
+        (3.0, True, True, 3.0, True),  # a punch under way succeeds: wait for it
+        (3.0, True, False, 3.0, True),  # the last one the budget allows, too
+        (1e9, True, True, 10.0, False),  # it never does: DIRECT_WAIT, then over the relay
+        (3.0, False, True, 3.0, True),  # one still to come (tries left, within the window)
+        (1e9, False, False, 0.0, False),  # no punch runs and none is left: at once
+        (0.0, True, True, 0.0, True),  # direct already
+    ],
+)
+async def test_a_bulk_transfer_waits_for_a_hole_punch_only_while_one_may_succeed(
+    autojump_clock, direct_at, running, tries_left, waited, direct
+):
+    from node.net.relay import DIRECT_WAIT, Relays
+
+    assert DIRECT_WAIT == 10.0
+    relays = Relays.__new__(Relays)  # what ``direct_path`` uses of it: no config needed
+    relays.network = relays.dcutr = _Punching(direct_at, running, tries_left)  # type: ignore[assignment]
+    relays._relayed_since = {}
+    start = trio.current_time()
+    assert await relays.direct_path(Identity.generate().peer_id) is direct
+    assert trio.current_time() - start == pytest.approx(waited, abs=0.21)  # polled at 5 Hz
+
+
+async def test_no_hole_punch_is_waited_for_past_the_window_after_meeting_a_peer_relayed(
+    autojump_clock,
+):
+    from node.net.relay import PUNCH_WINDOW, Relays
+
+    relays = Relays.__new__(Relays)
+    relays.network = relays.dcutr = _Punching(1e9, False, True)  # type: ignore[assignment]
+    relays._relayed_since = {}
+    peer = Identity.generate().peer_id
+    assert await relays.direct_path(peer, limit=PUNCH_WINDOW + 5) is False
+    assert trio.current_time() == pytest.approx(PUNCH_WINDOW, abs=0.21)
+    assert await relays.direct_path(peer) is False  # met relayed long ago: at once
+    assert trio.current_time() == pytest.approx(PUNCH_WINDOW, abs=0.21)
+
+
+class _RelayNet:
+    """What ``Relays`` upkeep uses of the network: connected to ``relays``, which the DHT
+    names as relays; ``found``: how many lookups were made."""
+
+    def __init__(self, relays):
+        self.relays, self.found, self.circuit_addrs = relays, 0, []
+        self.identity, self.host = SimpleNamespace(peer_id="me"), object()
+
+    def connected_peers(self):
+        return set(self.relays)
+
+    async def find_providers(self, key):
+        self.found += 1
+        return set(self.relays)
+
+    def direct_addr(self, relay):
+        return f"/ip4/192.0.2.1/tcp/{4000 + self.relays.index(relay)}"
+
+    def set_circuit_addrs(self, addrs):
+        self.circuit_addrs = addrs
+
+
+def _upkeep(monkeypatch, relays, state, now=1000.0):
+    """``Relays`` (without a config) whose reachability says ``state``; every reservation
+    is accepted for 600 s (``reserved``: on which relays)."""
+    from node.net import relay as relay_module
+    from node.net.relay import Relays
+
+    reserved = []
+
+    async def reserve(host, transport, relay):
+        reserved.append(relay.to_base58())
+        return now + 600
+
+    monkeypatch.setattr(relay_module, "reserve", reserve)
+    r = Relays.__new__(Relays)
+    r.cfg = SimpleNamespace(run_id="run", read_timeout=1.0)
+    r.network, r.reachability = _RelayNet(relays), SimpleNamespace(state=lambda: state)
+    r.clock, r.pin, r.transport, r.dcutr, r.serving = (
+        lambda: now,
+        lambda peers: None,
+        object(),
+        None,
+        False,
+    )
+    r.held, r._last_find, r._retried, r._relayed_since = {}, -1e18, {}, {}
+    return r, reserved
+
+
+async def test_reservations_are_renewed_before_they_expire_and_new_ones_made_only_private(
+    monkeypatch,
+):
+    from node.net.relay import RENEW_BEFORE, RESERVE_ON
+
+    relays = [Identity.generate().peer_id for _ in range(3)]
+    r, reserved = _upkeep(monkeypatch, relays, PUBLIC)
+    await r._tend()  # public: nobody needs a circuit to us
+    assert r.network.found == 0 and r.held == {}
+    r.reachability = SimpleNamespace(state=lambda: "unknown")
+    await r._tend()  # unknown: nothing new reserved (it may well be public)
+    assert r.network.found == 0 and r.held == {} and reserved == []
+    r.reachability = SimpleNamespace(state=lambda: PRIVATE)
+    await r._tend()
+    assert len(r.held) == RESERVE_ON == len(reserved) and r.network.found == 1
+    assert len(r.network.circuit_addrs) == RESERVE_ON
+    soon, later = sorted(r.held)
+    r.held[soon] = (1000.0 + RENEW_BEFORE - 1, r.held[soon][1])  # close to expiry
+    r.held[later] = (1000.0 + RENEW_BEFORE + 100, r.held[later][1])
+    reserved.clear()
+    await r._tend()
+    assert reserved == [soon] and r.held[soon][0] == 1600.0  # renewed, the other left alone
+    r.reachability = SimpleNamespace(state=lambda: "unknown")
+    r.held[soon] = (1000.0 + RENEW_BEFORE - 1, r.held[soon][1])
+    del r.held[later]  # one short of RESERVE_ON, and the last lookup long ago
+    r._last_find = -1e18
+    reserved.clear()
+    await r._tend()  # unknown again: what it holds is kept alive, nothing new reserved
+    assert reserved == [soon] and r.network.found == 1 and list(r.held) == [soon]
+
+
+async def test_a_peer_relayed_again_after_a_direct_spell_starts_its_punch_schedule_anew(
+    autojump_clock,
+):
+    from node.net.relay import PUNCH_RETRY, Relays
+
+    fake = _Relayed(Identity.generate().peer_id)
+    relays = Relays.__new__(Relays)  # what ``_punch_again`` uses of it: no config needed
+    relays.network = relays.dcutr = fake  # type: ignore[assignment]
+    relays._retried, relays._relayed_since = {}, {}
+
+    async def rounds(seconds):
+        for _ in range(seconds):  # one upkeep round a second
+            relays._punch_again()
+            await trio.sleep(1)
+
+    start = trio.current_time()
+    await rounds(int(4 * PUNCH_RETRY))
+    assert [round(t - start) for t in fake.budgets] == [60, 180]  # the gap doubled
+    fake.relayed_now = False  # a punch made it direct ...
+    await rounds(10)
+    fake.relayed_now, again = True, trio.current_time()  # ... and it is relayed again
+    fake.budgets.clear()
+    await rounds(int(2 * PUNCH_RETRY))
+    assert [round(t - again) for t in fake.budgets] == [60]  # 60 s, not 240 s from before

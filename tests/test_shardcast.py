@@ -1096,3 +1096,350 @@ def test_asking_for_weights_waits_out_a_disk_back_off_unless_a_person_asks():
     assert started == [2, 4]
     downloads.ensure(1, now=True)
     assert started == [2, 4, 1]
+
+
+# ---- bans outlive a download; bulk bytes wait for a hole punch ---------------------------
+
+
+class _Versions:
+    """What ``Downloads`` uses of its ``VersionBook``: every version of ``shards`` shards
+    of 10 bytes from ``origin``, none held; ``finished`` the versions completed."""
+
+    def __init__(self, shards=4, origin="origin"):
+        self.shards, self.origin, self.finished = shards, origin, []
+
+    async def begin(self, version):
+        from types import SimpleNamespace
+
+        manifest = SimpleNamespace(
+            version=version,
+            num_shards=self.shards,
+            sender=self.origin,
+            total_size=10 * self.shards,
+            shard_length=lambda shard: 10,
+        )
+        return SimpleNamespace(manifest=manifest, held=set(), resumed=0)
+
+    async def finish(self, partial):
+        self.finished.append(partial.manifest.version)
+
+    def end(self, version):
+        pass
+
+    async def retain(self, downloading):
+        pass
+
+
+def _downloads(monkeypatch, holders, holding):
+    """``Downloads`` over fakes: each plan learns that every peer of ``holding`` holds
+    every shard; ``asked`` records (version, shard, peer) of each fetch, ``fetch`` is
+    ``Downloads._fetch``'s stand-in (an ``evil`` peer serves bad bytes)."""
+    from types import SimpleNamespace
+
+    from node.shardcast import pulling
+
+    async def provide(node, cfg, version):
+        pass
+
+    monkeypatch.setattr(pulling, "provide", provide)
+    node = SimpleNamespace(
+        peer_id="me",
+        reject=lambda protocol, peer, err: None,
+        metrics=SimpleNamespace(inc=lambda *a, **k: None),
+    )
+    cfg = SimpleNamespace(download_slots=2, read_timeout=1.0)
+    downloads = pulling.Downloads(node, cfg, _Versions(), holders)  # type: ignore[arg-type]
+    asked = []
+
+    async def refresh(m, plan, wakeup):
+        for peer in holding:
+            plan.update_peer(peer, set(range(m.num_shards)))
+        wakeup.set()
+        await trio.sleep_forever()
+
+    async def fetch(partial, job, shard, peer):
+        asked.append((partial.manifest.version, shard, peer))
+        if peer == "evil":
+            raise BadShard("bad bytes")
+        return 10
+
+    downloads._refresh_loop = refresh  # type: ignore[method-assign]
+    downloads._fetch = fetch  # type: ignore[method-assign]
+    return downloads, asked
+
+
+async def test_a_peer_banned_in_one_download_is_banned_in_every_later_plan(
+    autojump_clock, monkeypatch
+):
+    from node.shardcast.pulling import DownloadJob, Holders
+
+    holders = Holders()
+    downloads, asked = _downloads(monkeypatch, holders, ["evil", "good"])
+    for version in (1, 2):
+        downloads._jobs[version] = DownloadJob(version, 40, 4)
+        await downloads._download(version)
+        assert downloads._jobs[version].state == "complete"
+    assert holders.banned == {"evil"}
+    assert [peer for v, _, peer in asked if v == 1].count("evil") == 1  # once, then banned
+    assert [peer for v, _, peer in asked if v == 2] == ["good"] * 4  # never asked again
+    assert downloads._jobs[2].plan.banned == ["evil"]
+
+
+async def test_the_holdings_of_a_banned_peer_are_never_asked_for(autojump_clock, monkeypatch):
+    from types import SimpleNamespace
+
+    from node.shardcast import pulling
+    from node.shardcast.pulling import Downloads, Holders
+
+    async def find_providers(node, cfg, version):
+        return {"evil", "good"}
+
+    monkeypatch.setattr(pulling, "find_providers", find_providers)
+    holders = Holders()
+    holders.saw(3, "evil")
+    holders.ban("evil")
+    node = SimpleNamespace(peer_id="me", known_peers=lambda: ["evil", "good", "me"])
+    downloads = Downloads(node, SimpleNamespace(read_timeout=1.0), None, holders)  # type: ignore[arg-type]
+    asked = []
+
+    async def refresh_one(m, plan, peer):
+        asked.append(peer)
+
+    downloads._refresh_one = refresh_one  # type: ignore[method-assign]
+    plan = DownloadPlan(4)
+    with trio.move_on_after(3.5):  # refreshes at 0, 1, 2 and 3 s
+        await downloads._refresh_loop(SimpleNamespace(version=3), plan, Wakeup())
+    assert asked == ["good"] * 4  # known, provided, seen with the version: still banned
+
+
+async def test_a_version_poll_never_asks_a_banned_peer(monkeypatch):
+    from types import SimpleNamespace
+
+    from node.shardcast import following
+    from node.shardcast.following import Follower
+    from node.shardcast.pulling import Holders
+
+    asked = []
+
+    async def ask_holding(node, peer, version, *, with_manifest):
+        asked.append(peer)
+        return SimpleNamespace(version=0, manifest=None)
+
+    monkeypatch.setattr(following, "ask_holding", ask_holding)
+    holders = Holders()
+    holders.ban("evil")
+    peers = ["evil", "good"]
+    node = SimpleNamespace(connected_peers=lambda: set(peers), known_peers=lambda: peers)
+    follower = Follower(
+        node,  # type: ignore[arg-type]
+        SimpleNamespace(discovery_interval=1.0),  # type: ignore[arg-type]
+        SimpleNamespace(newest_known=0),  # type: ignore[arg-type]
+        None,  # type: ignore[arg-type]
+        holders,
+        follow=False,
+    )
+    for _ in range(5):  # peers are sampled at random: every time
+        assert await follower._poll_some() is False
+    assert asked == ["good"] * 5
+
+
+async def test_a_shard_fetch_waits_for_a_hole_punch_before_it_opens_its_stream():
+    from contextlib import asynccontextmanager
+    from types import SimpleNamespace
+
+    from node.shardcast.pulling import DownloadJob, Downloads
+
+    steps = []
+
+    async def direct_path(peer):
+        steps.append(("direct_path", peer))
+        await trio.lowlevel.checkpoint()
+        return True
+
+    @asynccontextmanager
+    async def open_request(peer, protocol, msg, reply_type):
+        steps.append(("open_request", peer))
+        raise ConnectionError("stop here")
+        yield
+
+    node = SimpleNamespace(
+        header=lambda: {"run_id": "r", "sender": TRAINER.peer_id, "seq": 1, "ts_ms": 1},
+        direct_path=direct_path,
+        open_request=open_request,
+    )
+    downloads = Downloads(node, SimpleNamespace(read_timeout=1.0), None, None)  # type: ignore[arg-type]
+    manifest = SimpleNamespace(version=1, shard_length=lambda shard: 10)
+    with pytest.raises(ConnectionError, match="stop here"):
+        await downloads._fetch(SimpleNamespace(manifest=manifest), DownloadJob(1, 10, 1), 0, "p")
+    assert steps == [("direct_path", "p"), ("open_request", "p")]
+
+
+# ---- what a download takes, and what an upload serves ----------------------------------
+
+
+def _fetching(tmp_path, reply_of, served):
+    """``Downloads`` whose node answers a shard request with ``reply_of(manifest, shard)``
+    and then ``served(manifest, shard)``'s bytes; a real ``Partial`` of a published
+    version (``source``: the origin's copy)."""
+    from contextlib import asynccontextmanager
+    from types import SimpleNamespace
+
+    from node.shardcast.pulling import Downloads
+
+    _, source, _ = published(tmp_path)
+    m = source.manifest
+    partial = make_store(tmp_path).begin(m, source.envelope)
+
+    class Frames:
+        def __init__(self, data):
+            self.data = memoryview(data)
+
+        async def read_frame_into(self, view, deadline):
+            n = min(len(view), len(self.data))
+            view[:n] = self.data[:n]
+            self.data = self.data[n:]
+            return view[:n]
+
+    @asynccontextmanager
+    async def open_request(peer, protocol, req, reply_type):
+        yield SimpleNamespace(
+            reply=reply_of(m, req.index), reader=Frames(served(source, req.index))
+        )
+
+    async def direct_path(peer):
+        return False
+
+    node = SimpleNamespace(
+        header=lambda: {"run_id": "run-1", "sender": TRAINER.peer_id, "seq": 1, "ts_ms": 1},
+        direct_path=direct_path,
+        open_request=open_request,
+        metrics=SimpleNamespace(inc=lambda *a, **k: None, observe=lambda *a, **k: None),
+    )
+    downloads = Downloads(node, SimpleNamespace(read_timeout=1.0), None, None)  # type: ignore[arg-type]
+    return downloads, partial, source
+
+
+def _shard_reply(m, shard, **over):
+    from protocol.shardcast import ShardReply
+
+    fields = dict(version=m.version, index=shard, size=m.shard_length(shard))
+    fields.update(over)
+    return ShardReply(run_id="run-1", sender=TRAINER.peer_id, seq=1, ts_ms=1, **fields)
+
+
+async def test_a_shard_whose_bytes_do_not_match_its_hash_is_never_stored(tmp_path):
+    from node.shardcast.pulling import DownloadJob
+
+    def other_bytes(source, shard):
+        return bytes(len(source.read_shard(shard)))
+
+    downloads, partial, source = _fetching(tmp_path, _shard_reply, other_bytes)
+    job = DownloadJob(1, source.manifest.total_size, source.manifest.num_shards)
+    with pytest.raises(BadShard, match="does not match its hash"):  # its peer is banned
+        await downloads._fetch(partial, job, 1, "evil")
+    assert partial.held == set() and job.done_bytes == 0
+    downloads, partial, source = _fetching(
+        tmp_path / "honest", _shard_reply, lambda s, i: s.read_shard(i)
+    )
+    assert await downloads._fetch(partial, job, 1, "honest") == source.manifest.shard_length(1)
+    assert partial.held == {1}
+    partial.close()
+
+
+@pytest.mark.parametrize(
+    "over", [{"index": 2}, {"version": 2}, {"size": 10}], ids=["index", "version", "size"]
+)
+async def test_a_shard_reply_for_another_shard_is_refused_before_its_bytes(tmp_path, over):
+    from node.shardcast.pulling import DownloadJob
+
+    read = []
+
+    def served(source, shard):
+        read.append(shard)
+        return source.read_shard(shard)
+
+    downloads, partial, source = _fetching(
+        tmp_path, lambda m, shard: _shard_reply(m, shard, **over), served
+    )
+    job = DownloadJob(1, source.manifest.total_size, source.manifest.num_shards)
+    with pytest.raises(WireError, match="another shard or size"):
+        await downloads._fetch(partial, job, 1, "peer")
+    assert partial.held == set() and job.fetched_bytes == 0
+    partial.close()
+
+
+async def test_holdings_of_another_version_take_the_peer_out_of_the_plan(monkeypatch):
+    from types import SimpleNamespace
+
+    from node.shardcast import pulling
+    from node.shardcast.pulling import Downloads, Holders
+
+    answer = {"version": 3}
+
+    async def ask_holding(node, peer, version, *, with_manifest):
+        return SimpleNamespace(version=answer["version"], have=bitmap({0, 1, 2, 3}, 4))
+
+    monkeypatch.setattr(pulling, "ask_holding", ask_holding)
+    node = SimpleNamespace(relayed=lambda peer: False)
+    downloads = Downloads(node, SimpleNamespace(read_timeout=1.0), None, Holders())  # type: ignore[arg-type]
+    plan, m = DownloadPlan(4), SimpleNamespace(version=3, num_shards=4)
+    await downloads._refresh_one(m, plan, "peer")
+    assert plan.peers["peer"].have == {0, 1, 2, 3} and plan.peers["peer"].joined
+    answer["version"] = 4  # it moved on (and dropped version 3)
+    await downloads._refresh_one(m, plan, "peer")
+    assert plan.peers["peer"].have == set() and not plan.peers["peer"].joined
+    assert plan.assign(0.0) == []
+
+
+def test_a_banned_downloader_takes_no_share_of_the_origins_shards():
+    p = DownloadPlan(4, origin="origin", me="m", max_inflight=4, per_peer=4)
+    p.update_peer("origin", {0, 1, 2, 3})
+    p.update_peer("a", set())  # another downloader of the version ...
+    p.corrupt(0, "a")  # ... that served a bad shard: it will get nothing from us
+    assert sorted(shard for shard, _ in p.assign(0.0)) == [0, 1, 2, 3]
+
+
+async def test_an_upload_serves_only_held_shards_and_at_most_upload_slots_at_once(
+    autojump_clock,
+):
+    from types import SimpleNamespace
+
+    from node.shardcast.serving import ShardServer
+    from protocol.shardcast import ShardRequest
+
+    m = SimpleNamespace(shard_length=lambda index: 10)
+    book = SimpleNamespace(source=lambda version: SimpleNamespace(held={0, 1}, manifest=m))
+    node = SimpleNamespace(
+        header=lambda: {"run_id": "run-1", "sender": TRAINER.peer_id, "seq": 1, "ts_ms": 1},
+        metrics=SimpleNamespace(inc=lambda *a, **k: None),
+    )
+    cfg = SimpleNamespace(upload_slots=1, upload_rate=0, read_timeout=4.0)
+    server = ShardServer(node, cfg, book, read=lambda src, i, off, n: bytes(n))  # type: ignore[arg-type]
+    release = trio.Event()
+
+    class Slow:
+        async def send(self, msg):
+            pass
+
+        async def write(self, data, deadline):
+            await release.wait()
+
+    def req(index):
+        return ShardRequest(
+            run_id="run-1", sender=TRAINER.peer_id, seq=1, ts_ms=1, version=1, index=index
+        )
+
+    with trio.fail_after(30):  # a broken check serves, and waits on the slow peer
+        with pytest.raises(WireError) as info:
+            await server.on_shard(req(2), Slow())
+        assert info.value.reason == Reason.NOT_FOUND
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(server.on_shard, req(0), Slow())  # takes the only slot
+            await trio.sleep(1)
+            start = trio.current_time()
+            with pytest.raises(WireError) as info:
+                await server.on_shard(req(1), Slow())
+            assert info.value.reason == Reason.BUSY
+            assert trio.current_time() - start == pytest.approx(2.0)  # read_timeout / 2
+            release.set()
+    assert server.status().active == 0
