@@ -411,10 +411,11 @@ def test_a_blamed_member_is_refused_for_the_rest_of_the_step():
     alive = {L, A, B, C}
     for p in (A, B, C, L):
         m.arrive(p, (0, 0), 0.0, alive, norm=1.0)
-    m.blame(C, B, 0)  # B got a bad chunk from C
-    m.blame(C, A, 0)  # counted once
-    m.blame(L, A, 0)  # the leader is never refused
-    m.blame(B, "outsider", 0)  # only members may blame
+    # the ring of attempt 0 is L, A, B, C: each member pulls from its left
+    m.blame(C, L, 0, 0)  # L got a bad chunk from C
+    m.blame(C, L, 0, 0)  # counted once
+    m.blame(L, A, 0, 0)  # the leader is never refused
+    m.blame(B, "outsider", 0, 0)  # only members may blame
     assert m.rejected["chunk"] == 1
     assert m.arrive(A, (0, 1), 1.0, alive, norm=1.0) is None
     assert m.arrive(B, (0, 1), 1.0, alive, norm=1.0) is None
@@ -837,6 +838,23 @@ def test_the_leaders_own_norm_is_never_an_outlier():
     assert m.rejected["norm"] == 0
 
 
+def test_a_member_can_blame_only_its_left_neighbour_in_the_attempt_that_failed():
+    """A member pulls only from its left neighbour, so that is the only peer its bad chunk
+    can have come from: a blame of anyone else would let one member have any honest one
+    refused for the step. Nor does a blame count for an attempt with no roster."""
+    m = Membership(L, min_members=4, resync_timeout=5)
+    alive = {L, A, B, C}
+    for p in (A, B, C, L):
+        m.arrive(p, (0, 0), 0.0, alive, norm=1.0)
+    assert m.rosters[(0, 0)] == [L, A, B, C]
+    m.blame(C, A, 0, 0)  # A's left neighbour is L, not C
+    m.blame(A, C, 0, 0)  # nor is C's: B is
+    m.blame(A, B, 0, 1)  # attempt 1 never formed
+    assert m.rejected["chunk"] == 0 and m.excluded.get(0, set()) == set()
+    m.blame(A, B, 0, 0)  # B's left neighbour is A
+    assert m.rejected["chunk"] == 1 and m.excluded[0] == {A}
+
+
 def test_a_blamed_member_that_asked_early_for_the_retry_is_left_out_of_it():
     # the member that sent the bad chunk may ask for the next attempt before the leader
     # opens it (it saw the attempt fail too); the blame comes after it
@@ -845,7 +863,7 @@ def test_a_blamed_member_that_asked_early_for_the_retry_is_left_out_of_it():
     for p in (A, B, L):
         m.arrive(p, (0, 0), 0.0, alive, norm=1.0)
     assert m.arrive(B, (0, 1), 1.0, alive, norm=1.0) is None  # waits: not opened yet
-    m.blame(B, L, 0)  # the leader pulled a bad chunk from B (its left neighbour)
+    m.blame(B, L, 0, 0)  # the leader pulled a bad chunk from B (its left neighbour)
     assert m.arrive(A, (0, 1), 1.0, alive, norm=1.0) is None
     assert m.arrive(L, (0, 1), 1.0, alive, norm=1.0) == [L, A]
 
@@ -963,9 +981,14 @@ async def test_only_the_leader_answers_a_sync_and_only_members_may_blame():
     group = _leader_group(True, [lead, a, b, c])
     await DilocoGroup._handle(group, _sync_request(outsider, blame=c.peer_id), _Replies())
     assert group.membership.excluded == {} and group.membership.rejected["chunk"] == 0
-    replies = _Replies()  # b, a member, got a bad chunk from a, its left neighbour
-    await DilocoGroup._handle(group, _sync_request(b, blame=a.peer_id), replies)
-    assert group.membership.excluded == {0: {a.peer_id}}
+    ring = group.membership.rosters[(0, 0)]  # the leader first
+    assert ring[0] == lead.peer_id
+    accuser = next(i for i in (a, b, c) if i.peer_id == ring[2])
+    await DilocoGroup._handle(group, _sync_request(accuser, blame=ring[3]), _Replies())
+    assert group.membership.excluded == {}  # it pulled nothing from that one
+    replies = _Replies()  # a member got a bad chunk from its left neighbour
+    await DilocoGroup._handle(group, _sync_request(accuser, blame=ring[1]), replies)
+    assert group.membership.excluded == {0: {ring[1]}}
     assert replies.sent[0].state == "wait"
 
 

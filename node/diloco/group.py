@@ -183,7 +183,7 @@ class DilocoGroup:
         while True:
             if self.leading:
                 if blame:
-                    self.membership.blame(blame, self.me, step)
+                    self.membership.blame(blame, self.me, step, attempt - 1)  # the failed one
                 attempt = self.membership.resolve((step, attempt))[1]
                 roster = self._arrive(self.me, (step, attempt), layout, state, norm)
                 norms = self.membership.norms.get((step, attempt), [])
@@ -312,7 +312,7 @@ class DilocoGroup:
             roster: list[str] | None = self.membership.members
         else:
             if msg.blame:
-                self.membership.blame(msg.blame, msg.sender, msg.step)
+                self.membership.blame(msg.blame, msg.sender, msg.step, msg.attempt - 1)
             key = self.membership.resolve(key)
             roster = self._arrive(msg.sender, key, msg.layout, msg.state, msg.norm)
         await responder.send(

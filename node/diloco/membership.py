@@ -157,12 +157,16 @@ class Membership:
         self.joining[peer] = step
         return step
 
-    def blame(self, peer: str, accuser: str, step: int) -> None:
-        """``accuser`` (a member of the roster) received from ``peer``, its left neighbour,
-        a chunk that did not decode or broke the declared norms: ``peer`` is refused for the
-        rest of ``step`` (it must recover to take part again)."""
-        members = self.rosters.get(self.current, self.members)
-        if accuser not in members or peer not in members or peer == self.leader:
+    def blame(self, peer: str, accuser: str, step: int, attempt: int) -> None:
+        """``accuser`` received from ``peer``, its left neighbour in the roster of ``step``'s
+        ``attempt``, a chunk that did not decode or broke the declared norms: ``peer`` is
+        refused for the rest of ``step`` (it must recover to take part again). A blame of
+        anyone else (not the accuser's left neighbour in that roster, the leader, or from
+        outside the roster) is ignored: a member can only have pulled from its left."""
+        roster = self.rosters.get((step, attempt))
+        if roster is None or accuser not in roster or peer == self.leader:
+            return
+        if roster[(roster.index(accuser) - 1) % len(roster)] != peer:
             return
         if peer not in self.excluded.setdefault(step, set()):
             self.excluded[step].add(peer)
