@@ -58,15 +58,17 @@ class Announcements:
         self, cfg: NodeConfig, identity: Identity, network: Network, requests: Requests
     ) -> None:
         self.cfg, self.identity, self.network, self.requests = cfg, identity, network, requests
-        self.outbox = Outbox(session=requests.header()["seq"], capacity=cfg.announce_buffer)
-        self.inbox = Inbox(horizon=cfg.announce_buffer)
+        self.outbox = Outbox(session=requests.header()["seq"], capacity=cfg.net.announce_buffer)
+        self.inbox = Inbox(horizon=cfg.net.announce_buffer)
         self.delivered: Counter[str] = Counter()
         self.delivered_via: Counter[str] = Counter()
         self.duplicates: Counter[str] = Counter()
         self._handlers: defaultdict[str, list[AnnouncementHandler]] = defaultdict(list)
-        self._pacer = TokenBucket(rate=cfg.gossip_rate, burst=max(1.0, cfg.gossip_rate / 10))
+        self._pacer = TokenBucket(
+            rate=cfg.net.gossip_rate, burst=max(1.0, cfg.net.gossip_rate / 10)
+        )
         self._queue_send, self._queue_recv = trio.open_memory_channel[tuple[str, bytes]](
-            cfg.gossip_queue
+            cfg.net.gossip_queue
         )
         # publishers a sync is running for -> the newest count heard from them meanwhile
         self._syncing: dict[str, int] = {}
@@ -90,7 +92,7 @@ class Announcements:
         validator = topic_validator(
             self.requests, own, "gossip-announce", lambda data: self._receive(data, "gossip")
         )
-        sub = await subscribe(self.network, ids.announce_topic(self.cfg.run_id), validator)
+        sub = await subscribe(self.network, ids.announce_topic(self.cfg.run.id), validator)
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             nursery.start_soon(drain, sub)
@@ -143,7 +145,7 @@ class Announcements:
         )
 
     async def _publisher_loop(self) -> None:
-        topic_name = ids.announce_topic(self.cfg.run_id)
+        topic_name = ids.announce_topic(self.cfg.run.id)
         async for topic, body in self._queue_recv:
             await trio.sleep(self._pacer.delay(trio.current_time()))
             self._pacer.take(trio.current_time())

@@ -1,7 +1,7 @@
 """The roles a node plays, each a service the runtime starts: ``inference`` generates and
 submits rollout batches, ``validator`` judges them, ``trainer`` turns accepted batches
-into new policies (alone, or with ``--diloco`` as one member of a DiLoCo group; with
-``--objective pretrain`` the group pretrains on a text file instead). The
+into new policies (alone, or with ``--diloco.enabled`` as one member of a DiLoCo group; with
+``--trainer.objective pretrain`` the group pretrains on a text file instead). The
 decisions each role makes live in small pure classes beside it."""
 
 from __future__ import annotations

@@ -106,17 +106,17 @@ class InferenceRole:
         maker: type[BatchMaker] = BatchMaker,
     ) -> None:
         """``maker``: the class the child process runs (``BatchMaker`` or a subclass)."""
-        if cfg.model is None:
+        if cfg.run.model is None:
             raise ChainSetupError("the inference role needs a model (--model DIR)")
-        if cfg.trainer_peer_id is None:
+        if cfg.run.trainer_peer_id is None:
             raise ChainSetupError("the inference role needs the run's trainer_peer_id")
         self.node, self.cfg, self.weights = node, cfg, weights
         self.store = BatchStore(cfg.resolved_data_dir / "batches")
         self.state_path = cfg.resolved_data_dir / "inference-state.json"
-        self.clock = StepClock(cfg.trainer_peer_id, cfg.async_level)
+        self.clock = StepClock(cfg.run.trainer_peer_id, cfg.run.async_level)
         self.counts = WorkerCounts()
         self.pending = PendingVerdicts()  # submitted, no verdict yet
-        self.versions = VersionChoice(cfg.async_level)
+        self.versions = VersionChoice(cfg.run.async_level)
         self.ledger: Any = None
         self.address = ""
         self.maker_class = maker
@@ -128,7 +128,7 @@ class InferenceRole:
         self.served: Served | BatchStore = self.store  # every stored batch, to every peer
         self.notices: dict[bytes, bytes] = {}  # submitted key -> its encoded notice
         self.announced_at = 0.0
-        self.retention = StoreRetention(cfg.async_level)  # when stored batches are deleted
+        self.retention = StoreRetention(cfg.run.async_level)  # when stored batches are deleted
         self.unstored: Sealed | None = None  # made, but the disk refused it
 
     # ---- setup -------------------------------------------------------------------------
@@ -144,15 +144,15 @@ class InferenceRole:
         """Blocking: stake and register this node's peer key for the account, or make sure
         the account (``info``: the ledger's record of it) is registered for it."""
         if not info.registered:
-            self.ledger.register_identity(self.node.identity, int(self.cfg.stake * WEI))
-            log.info("registered %s with %.3f ETH stake", self.address, self.cfg.stake)
+            self.ledger.register_identity(self.node.identity, int(self.cfg.inference.stake * WEI))
+            log.info("registered %s with %.3f ETH stake", self.address, self.cfg.inference.stake)
         elif info.peer_key != self.node.identity.public_bytes:
             raise ChainSetupError(
                 f"{self.address} is registered for another peer key; this node cannot work for it"
             )
 
     def adopt_window(self, chain_staleness: int) -> None:
-        level = narrower_window(self.cfg.async_level, chain_staleness)
+        level = narrower_window(self.cfg.run.async_level, chain_staleness)
         self.clock.async_level = self.versions.async_level = level
 
     def status(self) -> InferenceStatus:
@@ -216,7 +216,7 @@ class InferenceRole:
                 if (
                     step is None
                     or step == self.done_step
-                    or len(self.pending) >= self.cfg.max_unjudged
+                    or len(self.pending) >= self.cfg.inference.max_unjudged
                 ):
                     await trio.sleep(POLL_S)
                     continue
@@ -321,7 +321,7 @@ class InferenceRole:
         v = self.versions.pick(step, self.held_versions(), self.clock.policy_version)
         if v is None:
             return None
-        path = self.cfg.model if v == 0 else self.weights.model_dir(v)
+        path = self.cfg.run.model if v == 0 else self.weights.model_dir(v)
         return None if path is None else (v, str(path))
 
     async def _work(self, step: int, version: int, model_dir: str) -> None:

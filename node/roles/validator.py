@@ -83,13 +83,13 @@ WEIGHTS_WAIT_S = 300.0  # a batch's policy version is waited for this long
 
 class ValidatorRole:
     def __init__(self, node: Node, cfg: NodeConfig, weights: Any = None) -> None:
-        if cfg.model is None:
+        if cfg.run.model is None:
             raise ChainSetupError("the validator role needs the run's model (--model DIR)")
-        if cfg.trainer_peer_id is None:
+        if cfg.run.trainer_peer_id is None:
             raise ChainSetupError("the validator role needs the run's trainer_peer_id")
         self.node, self.cfg, self.weights = node, cfg, weights
-        self.clock = StepClock(cfg.trainer_peer_id, cfg.async_level)
-        self.proofs = proof_parameters(cfg.verify_profile)  # what the batches must use
+        self.clock = StepClock(cfg.run.trainer_peer_id, cfg.run.async_level)
+        self.proofs = proof_parameters(cfg.run.verify_profile)  # what the batches must use
         self.queue = JudgingQueue()
         # (key, announcer) -> its notice: the size a fetch from that peer may have (the
         # first announcer's notice, anyone's, once set it for every peer asked)
@@ -130,9 +130,9 @@ class ValidatorRole:
             )
         self.queue.fetch_deadline_s = float(self.ledger.params().fetch_deadline)
         self.registrations = Registrations(self.ledger)
-        self.history = read_history(self.ledger, self.address, self.cfg.contract_block)
+        self.history = read_history(self.ledger, self.address, self.cfg.chain.contract_block)
         self.watcher = SubmissionWatcher(
-            self.ledger, self.cfg.contract_block, registrations=self.registrations
+            self.ledger, self.cfg.chain.contract_block, registrations=self.registrations
         )
 
     def status(self) -> ValidatorStatus:
@@ -321,7 +321,7 @@ class ValidatorRole:
         args = (batch, sub, self.registrations, self.clock, self.clock_at.get(key), self.proofs)
         verdict = await trio.to_thread.run_sync(cheap_checks, *args)
         if verdict is None:  # they passed: tasks, rewards and proofs
-            model_dir = await weights_of(batch.policy_version, self.cfg.model, self.weights)
+            model_dir = await weights_of(batch.policy_version, self.cfg.run.model, self.weights)
             if model_dir is None:
                 self._not_judged(key, f"no weights of version {batch.policy_version} here")
                 return

@@ -51,18 +51,18 @@ class PolicySpec:
     @classmethod
     def of(cls, cfg: NodeConfig, checkpoints: Path, step: int) -> PolicySpec:
         return cls(
-            base=str(cfg.model),
+            base=str(cfg.run.model),
             checkpoints=str(checkpoints),
             step=step,
-            lr=cfg.learning_rate,
-            seed=cfg.seed,
-            taskset=cfg.taskset,
-            heldout_per_level=cfg.heldout_per_level,
-            heldout_seed=cfg.heldout_seed,
-            max_new_tokens=cfg.max_new_tokens,
-            temperature=cfg.temperature,
-            device=cfg.train_device,
-            heldout_draws=cfg.heldout_draws,
+            lr=cfg.trainer.learning_rate,
+            seed=cfg.trainer.seed,
+            taskset=cfg.run.taskset,
+            heldout_per_level=cfg.trainer.heldout_per_level,
+            heldout_seed=cfg.trainer.heldout_seed,
+            max_new_tokens=cfg.run.max_new_tokens,
+            temperature=cfg.run.temperature,
+            device=cfg.trainer.device,
+            heldout_draws=cfg.trainer.heldout_draws,
         )
 
 
