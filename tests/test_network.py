@@ -140,7 +140,7 @@ def test_start_refuses_a_data_dir_in_use_a_taken_port_and_a_taken_admin_port(clu
         assert said.startswith(
             f"intellect-node: error: cannot listen on /ip4/127.0.0.1/tcp/{port}: "
         )
-        said = start(tmp_path / "c", "--listen", "/ip4/127.0.0.1/tcp/0", "--admin-port", str(port))
+        said = start(tmp_path / "c", "--listen", "/ip4/127.0.0.1/tcp/0", "--admin.port", str(port))
         assert said == f"intellect-node: error: admin port {port}: Address already in use"
 
 

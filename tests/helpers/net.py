@@ -15,15 +15,15 @@ from node.cli.devnet import NodeProcess, p2p_addr, spawn_node, wait_ready
 
 CLI = [sys.executable, "-m", "node.cli"]  # the binary, as a test runs it
 FAST = {
-    "--heartbeat-interval": "0.5",
-    "--peer-ttl": "6",
-    "--discovery-interval": "0.5",
-    "--read-timeout": "2",
-    "--connect-timeout": "2",
+    "--net.heartbeat-interval": "0.5",
+    "--net.peer-ttl": "6",
+    "--net.discovery-interval": "0.5",
+    "--net.read-timeout": "2",
+    "--net.connect-timeout": "2",
 }
 # as environment variables (inherited by every node of a test): heartbeats every 0.5 s
 # whatever the network's size (the tests' networks are small)
-FAST_ENV = {"INTELLECT_NODE_PRESENCE_RATE": "1000"}
+FAST_ENV = {"INTELLECT_NODE_NET__PRESENCE_RATE": "1000"}
 
 
 class Cluster:
@@ -171,10 +171,10 @@ async def two_nodes(
                 environ={},
                 flags={
                     **flags,
-                    "listen": ["/ip4/127.0.0.1/tcp/0"],
+                    "net.listen": ["/ip4/127.0.0.1/tcp/0"],
                     "data_dir": tmp_path / name,
-                    "read_timeout": 3.0,
-                    "discovery_interval": 600.0,
+                    "net.read_timeout": 3.0,
+                    "net.discovery_interval": 600.0,
                 },
             )
             nodes.append(await nursery.start(Node(cfg, Identity.generate()).serve))
