@@ -62,7 +62,7 @@ def test_pretrain_settings_and_their_errors(tmp_path):
         16,
         8,
     )
-    assert NodeConfig().objective == "grpo" and NodeConfig().data is None
+    assert NodeConfig().trainer.objective == "grpo" and NodeConfig().trainer.data is None
     with pytest.raises(ConfigError, match="objective pretrain trains in a DiLoCo group"):
         load_config(environ={}, flags={"trainer.objective": "pretrain", "trainer.data": str(text)})
     with pytest.raises(ConfigError, match="objective pretrain needs the text"):
@@ -119,7 +119,8 @@ def test_start_refuses_a_bad_corpus_before_it_joins_the_network(tmp_path, tiny_m
         assert message in res.stderr and "Traceback" not in res.stderr
         assert len(res.stderr.strip().splitlines()) == 1, res.stderr
     res = subprocess.run(
-        [*CLI, "start", "--role", "trainer", "--trainer.objective", "pretrain", "--print-config"],
+        [*CLI, "start", "--role", "trainer", "--trainer.objective", "pretrain"]
+        + ["--trainer.data", str(tmp_path / "c.txt"), "--print-config"],
         capture_output=True,
         text=True,
         env=env,
