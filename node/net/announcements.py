@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import trio
 
 from crypto.identity import Identity
-from node.config import NodeConfig
+from node.config import NetConfig
 from node.net.delivery import Inbox, Outbox
 from node.net.gossip import drain, subscribe, topic_validator
 from node.net.network import Network
@@ -55,20 +55,20 @@ class Announcements:
     """Paced publishing, once-only delivery and gap repair of announcements."""
 
     def __init__(
-        self, cfg: NodeConfig, identity: Identity, network: Network, requests: Requests
+        self, cfg: NetConfig, run_id: str, identity: Identity, network: Network, requests: Requests
     ) -> None:
-        self.cfg, self.identity, self.network, self.requests = cfg, identity, network, requests
-        self.outbox = Outbox(session=requests.header()["seq"], capacity=cfg.net.announce_buffer)
-        self.inbox = Inbox(horizon=cfg.net.announce_buffer)
+        """``cfg``: the node's ``[net]`` section; ``run_id``: the run whose topic it uses."""
+        self.cfg, self.run_id = cfg, run_id
+        self.identity, self.network, self.requests = identity, network, requests
+        self.outbox = Outbox(session=requests.header()["seq"], capacity=cfg.announce_buffer)
+        self.inbox = Inbox(horizon=cfg.announce_buffer)
         self.delivered: Counter[str] = Counter()
         self.delivered_via: Counter[str] = Counter()
         self.duplicates: Counter[str] = Counter()
         self._handlers: defaultdict[str, list[AnnouncementHandler]] = defaultdict(list)
-        self._pacer = TokenBucket(
-            rate=cfg.net.gossip_rate, burst=max(1.0, cfg.net.gossip_rate / 10)
-        )
+        self._pacer = TokenBucket(rate=cfg.gossip_rate, burst=max(1.0, cfg.gossip_rate / 10))
         self._queue_send, self._queue_recv = trio.open_memory_channel[tuple[str, bytes]](
-            cfg.net.gossip_queue
+            cfg.gossip_queue
         )
         # publishers a sync is running for -> the newest count heard from them meanwhile
         self._syncing: dict[str, int] = {}
@@ -92,7 +92,7 @@ class Announcements:
         validator = topic_validator(
             self.requests, own, "gossip-announce", lambda data: self._receive(data, "gossip")
         )
-        sub = await subscribe(self.network, ids.announce_topic(self.cfg.run.id), validator)
+        sub = await subscribe(self.network, ids.announce_topic(self.run_id), validator)
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             nursery.start_soon(drain, sub)
@@ -145,7 +145,7 @@ class Announcements:
         )
 
     async def _publisher_loop(self) -> None:
-        topic_name = ids.announce_topic(self.cfg.run.id)
+        topic_name = ids.announce_topic(self.run_id)
         async for topic, body in self._queue_recv:
             await trio.sleep(self._pacer.delay(trio.current_time()))
             self._pacer.take(trio.current_time())

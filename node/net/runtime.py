@@ -69,7 +69,9 @@ class Node:
         )
         self.network = Network(cfg, identity)
         self.requests = Requests(cfg, identity, self.network, peers, self.metrics, self.header)
-        self.announcements = Announcements(cfg, identity, self.network, self.requests)
+        self.announcements = Announcements(
+            cfg.net, cfg.run.id, identity, self.network, self.requests
+        )
         self.presence = Presence(
             cfg,
             identity,
