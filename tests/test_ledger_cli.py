@@ -279,7 +279,7 @@ def test_ledger_commands_take_the_chain_from_the_environment(dev_chain, tmp_path
     assert res.returncode == 0, res.stderr
     assert json.loads(res.stdout)["contract"] == info["contract"]
     res = run("stake", "add", "1", "--data-dir", str(node_dir), check=False, env=env)
-    one_clear_line(res, "no chain id", "chain_id")  # never signs for an unknown chain
+    one_clear_line(res, "no chain id", "[chain] id")  # never signs for an unknown chain
     env["INTELLECT_NODE_CHAIN__ID"] = str(info["chain_id"])
     res = run("stake", "add", "1", "--data-dir", str(node_dir), check=False, env=env)
     one_clear_line(res, "has 0 ETH", "chain fund")  # no ETH yet
