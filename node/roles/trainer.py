@@ -8,7 +8,7 @@ accepted batch from its worker over ``/intellect/batch/1.0.0`` (``Gatherer``,
 its inbox, and trains on it: ``PolicyWorker`` (a
 child process, ``node/training/worker.py``) turns the batches into GRPO samples
 (``node/training/grpo.py``) and takes one optimizer step (``node/training/policy.py``);
-with ``train_procs`` > 1 the child drives that many torchrun ranks that shard the step
+with ``[trainer] procs`` > 1 the child drives that many torchrun ranks that shard the step
 with FSDP2 (``node/training/ranks.py``).
 
 One training step n (the policy is version n; version 0 is the base ``--model``):

@@ -8,7 +8,7 @@ then checkpoint ``step + 1`` is written (weights, then optimizer state). Where t
 next: the role publishes the checkpoint as policy version ``step + 1`` over SHARDCAST.
 ``Evaluate`` scores a checkpoint on the held-out set (``node/training/heldout.py``).
 
-With ``train_procs`` > 1 the same worker runs on every torchrun rank, driven by
+With ``[trainer] procs`` > 1 the same worker runs on every torchrun rank, driven by
 ``RankedPolicyWorker`` (``node/training/ranks.py``), which takes the same calls.
 """
 
