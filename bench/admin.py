@@ -101,10 +101,10 @@ def serve(kind: str, data_dir: Path) -> None:
     cfg = load_config(
         environ={},
         flags={
-            "run_id": "bench-admin",
-            "listen": ["/ip4/127.0.0.1/tcp/0"],
+            "run.id": "bench-admin",
+            "net.listen": ["/ip4/127.0.0.1/tcp/0"],
             "data_dir": data_dir,
-            "discovery_interval": 600.0,
+            "net.discovery_interval": 600.0,
         },
     )
 

@@ -94,14 +94,14 @@ class Chaos:
         self.loop = Loop(base, model, step_wait=8, chain_args=["--state", str(self.state)])
         self.loop.env.update(
             {
-                "INTELLECT_NODE_ASYNC_LEVEL": "2",
-                "INTELLECT_NODE_MAX_UNJUDGED": "2",
-                "INTELLECT_NODE_BATCHES_PER_STEP": str(workers),
-                "INTELLECT_NODE_HELDOUT_PER_LEVEL": "2",
+                "INTELLECT_NODE_RUN__ASYNC_LEVEL": "2",
+                "INTELLECT_NODE_INFERENCE__MAX_UNJUDGED": "2",
+                "INTELLECT_NODE_TRAINER__BATCHES_PER_STEP": str(workers),
+                "INTELLECT_NODE_TRAINER__HELDOUT_PER_LEVEL": "2",
             }
         )
         self.envs: dict[str, dict[str, str]] = {
-            "trainer": {"INTELLECT_NODE_TRAIN_STEPS": str(steps)}
+            "trainer": {"INTELLECT_NODE_TRAINER__STEPS": str(steps)}
         }
         self.roles = {"bootstrap": "bootstrap", "trainer": "trainer", "validator": "validator"}
         self.workers = [f"worker-{i}" for i in range(workers)]
@@ -159,7 +159,7 @@ class Chaos:
         self.loop.chain_proc, env = start_chain(
             self.loop.base / "chain", timeout=300, extra=["--state", str(self.state)], port=port
         )
-        if env["INTELLECT_NODE_CONTRACT"] != self.loop.env["INTELLECT_NODE_CONTRACT"]:
+        if env["INTELLECT_NODE_CHAIN__CONTRACT"] != self.loop.env["INTELLECT_NODE_CHAIN__CONTRACT"]:
             raise RuntimeError("the restarted chain has another contract: its state was lost")
         if self.loop.client().w3.eth.block_number == 0:  # chain.json is written once it serves
             raise RuntimeError("the restarted chain has no blocks: its state was lost")

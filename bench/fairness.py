@@ -45,11 +45,11 @@ import trio  # noqa: E402
 RUN = "bench-fairness"
 READ_TIMEOUT = 2.0
 UNLIMITED = {
-    "peer_max_streams": 4096,
-    "peer_request_rate": 1e5,
-    "peer_request_burst": 10**6,
-    "peer_presence_rate": 1e5,
-    "peer_presence_streams": 4096,
+    "net.peer_max_streams": 4096,
+    "net.peer_request_rate": 1e5,
+    "net.peer_request_burst": 10**6,
+    "net.peer_presence_rate": 1e5,
+    "net.peer_presence_streams": 4096,
 }
 
 
@@ -57,11 +57,11 @@ def config(data_dir: Path, limits: dict):  # type: ignore[no-untyped-def]
     from node.config import load_config
 
     flags = {
-        "run_id": RUN,
-        "listen": ["/ip4/127.0.0.1/tcp/0"],
+        "run.id": RUN,
+        "net.listen": ["/ip4/127.0.0.1/tcp/0"],
         "data_dir": data_dir,
-        "read_timeout": READ_TIMEOUT,
-        "discovery_interval": 600.0,
+        "net.read_timeout": READ_TIMEOUT,
+        "net.discovery_interval": 600.0,
         **limits,
     }
     return load_config(environ={}, flags=flags)

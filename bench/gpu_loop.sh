@@ -140,8 +140,8 @@ if [ "$big" -lt 90 ] || [ ! -f "$WORK/big-model/config.json" ]; then
     exit 0
 fi
 say "run 2: that model, $BIG_STEPS steps, 8 tasks x 8 samples a batch, at most $big s"
-INTELLECT_NODE_TASKSET="$BIG_TASKS" INTELLECT_NODE_TASKS_PER_BATCH=8 INTELLECT_NODE_GROUP_SIZE=8 \
-    INTELLECT_NODE_EVAL_EVERY=0 \
+INTELLECT_NODE_RUN__TASKSET="$BIG_TASKS" INTELLECT_NODE_RUN__TASKS_PER_BATCH=8 INTELLECT_NODE_RUN__GROUP_SIZE=8 \
+    INTELLECT_NODE_TRAINER__EVAL_EVERY=0 \
     timeout -k 20 $((big + 50)) $PY bench/gpu_devnet.py --device "$DEVICE" \
     --validator-devices "$DEVICE,cpu" --inference 3 --cheaters 1 \
     --cheats other_weights,int8_weights --steps "$BIG_STEPS" --model "$WORK/big-model" \

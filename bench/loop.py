@@ -120,10 +120,10 @@ def main() -> None:
         loop = Loop(base, model, step_wait=args.step_wait, fast=args.heartbeats == "test")
         loop.env.update(
             {
-                "INTELLECT_NODE_TASKS_PER_BATCH": "4",
-                "INTELLECT_NODE_GROUP_SIZE": "4",
-                "INTELLECT_NODE_MAX_NEW_TOKENS": "48",
-                "INTELLECT_NODE_SPOT_CHECK": str(args.spot_check),
+                "INTELLECT_NODE_RUN__TASKS_PER_BATCH": "4",
+                "INTELLECT_NODE_RUN__GROUP_SIZE": "4",
+                "INTELLECT_NODE_RUN__MAX_NEW_TOKENS": "48",
+                "INTELLECT_NODE_VALIDATOR__SPOT_CHECK": str(args.spot_check),
             }
         )
         try:

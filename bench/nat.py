@@ -52,7 +52,14 @@ from tests.helpers.netns import PUBLIC_IP, NatLab, NsNode, joining, nat_reason  
 
 IDLE_S = 5.0  # seconds the relay's idle CPU is measured, per try
 PAIRS = (("cone", "cone"), ("cone", "random"), ("random", "random"))
-FLAGS = ["--heartbeat-interval", "0.5", "--peer-ttl", "6", "--discovery-interval", "0.5"]
+FLAGS = [
+    "--net.heartbeat-interval",
+    "0.5",
+    "--net.peer-ttl",
+    "6",
+    "--net.discovery-interval",
+    "0.5",
+]
 PING = (
     "import json,sys;from pathlib import Path;from node.cli.adminclient import admin_post;"
     "print(json.dumps(admin_post(Path(sys.argv[1]),'/ping',{'peer_id':sys.argv[2]})))"

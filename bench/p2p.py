@@ -194,11 +194,11 @@ def dht_bench(lookups: int) -> dict[str, float]:
                     listen="/ip4/127.0.0.1/tcp/0",
                     bootstrap=[prev] if prev else [],
                     extra=[
-                        "--heartbeat-interval",
+                        "--net.heartbeat-interval",
                         "1",
-                        "--peer-ttl",
+                        "--net.peer-ttl",
                         "10",
-                        "--discovery-interval",
+                        "--net.discovery-interval",
                         "0.5",
                     ],
                 )

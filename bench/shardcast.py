@@ -60,7 +60,7 @@ SHARD: list[str] = []  # --shard-mib: the origin's shard size (default: the node
 # processes share this machine's cores with the bench
 NODE_ARGS = [
     "--network-only",  # the trainer role's own work needs a model and a chain
-    "--connect-timeout", "10", "--read-timeout", "20",
+    "--net.connect-timeout", "10", "--net.read-timeout", "20",
 ]  # fmt: skip
 
 
@@ -111,7 +111,7 @@ def swarm(base: Path, ckpt: Path, total: int, peers: int, cap: float) -> dict[st
     """One origin, ``peers`` downloaders started first; all capped at ``cap`` MB/s."""
     nodes: list[NodeProcess] = []
     try:
-        capped = ["--upload-rate", str(cap)] if cap else []
+        capped = ["--shardcast.upload-rate", str(cap)] if cap else []
         origin = spawn_node(
             "origin",
             "trainer",
@@ -135,7 +135,7 @@ def swarm(base: Path, ckpt: Path, total: int, peers: int, cap: float) -> dict[st
                     bootstrap=[p2p_addr(st)],
                     extra=NODE_ARGS
                     + capped
-                    + ["--trainer-peer-id", tid, "--follow-weights", "true"],
+                    + ["--run.trainer-peer-id", tid, "--shardcast.follow-weights", "true"],
                 )
             )
         for n in nodes[1:]:
@@ -221,7 +221,8 @@ def single(base: Path, ckpt: Path, total: int) -> float:
             run_id="bench1",
             listen="/ip4/127.0.0.1/tcp/0",
             bootstrap=[p2p_addr(st)],
-            extra=NODE_ARGS + ["--trainer-peer-id", st["peer_id"], "--follow-weights", "true"],
+            extra=NODE_ARGS
+            + ["--run.trainer-peer-id", st["peer_id"], "--shardcast.follow-weights", "true"],
         )
         nodes.append(d)
         wait_ready(d)
@@ -356,8 +357,8 @@ def main() -> None:
     args = ap.parse_args()
     global TIMEOUT
     TIMEOUT = args.timeout
-    shard_mib = args.shard_mib or NodeConfig().shard_size // MiB
-    SHARD[:] = ["--shard-size", str(shard_mib * MiB)]
+    shard_mib = args.shard_mib or NodeConfig().shardcast.shard_size // MiB
+    SHARD[:] = ["--shardcast.shard-size", str(shard_mib * MiB)]
     with tempfile.TemporaryDirectory() as tmp:
         base = Path(tmp)
         total = make_checkpoint(base / "ckpt", args.mib)

@@ -1,9 +1,9 @@
 """The configuration reference (docs/CONFIG.md), generated from ``node.config.NodeConfig``.
 
-Every field with its type, default, bounds, environment variable, ``intellect-node start``
-flag (named by ``node.cli.flags``, which generates the start command's flags from the same
-model, so the two cannot drift) and description, grouped by what it is about. A field no group names lands under "Other"
-so it is never missing.
+Every setting with its type, default, bounds, environment variable, ``intellect-node start``
+flags (named by ``node.cli.flags``, which generates the start command's flags from the same
+model, so the two cannot drift), description and old flat name, under a heading per
+section (the section model's docstring says what it is about).
 
     .venv/bin/python scripts/config_reference.py > docs/CONFIG.md   # regenerate
     .venv/bin/python scripts/config_reference.py --check docs/CONFIG.md  # exit 1 if stale
@@ -24,117 +24,8 @@ if str(ROOT) not in sys.path:
 
 from pydantic.fields import FieldInfo  # noqa: E402
 
-from node.cli.flags import flag_name  # noqa: E402
-from node.config import ENV_PREFIX, NodeConfig  # noqa: E402
-
-# (title, one line on who needs it, fields in reading order)
-GROUPS: list[tuple[str, str, list[str]]] = [
-    (
-        "Node",
-        "Who this node is and where it keeps its files.",
-        ["role", "name", "data_dir", "run_id", "log_level", "admin_port"],
-    ),
-    (
-        "Network",
-        "libp2p transport, discovery, presence and gossip. The defaults suit most nodes; "
-        "a bootstrap node wants a fixed `listen` port.",
-        [
-            "listen",
-            "bootstrap",
-            "heartbeat_interval",
-            "peer_ttl",
-            "presence_rate",
-            "discovery_interval",
-            "discovery_max_interval",
-            "conn_low",
-            "conn_high",
-            "peers_per_role",
-            "read_timeout",
-            "connect_timeout",
-            "peer_max_streams",
-            "peer_request_rate",
-            "peer_request_burst",
-            "peer_presence_rate",
-            "peer_presence_streams",
-            "peer_shun_cooldown",
-            "max_clock_skew",
-            "gossip_rate",
-            "gossip_queue",
-            "announce_buffer",
-        ],
-    ),
-    (
-        "Ledger",
-        "The chain and contract of the run (inference, validator and trainer roles). "
-        "`intellect-node chain` prints them for the local development chain, and writes "
-        "them to `~/.intellect-node/chain/chain.json`.",
-        ["chain", "contract", "contract_block", "chain_id", "chain_confirmations", "stake"],
-    ),
-    (
-        "Weights (SHARDCAST)",
-        "Who may publish policy versions, how far workers may lag, and how shards move.",
-        [
-            "trainer_peer_id",
-            "async_level",
-            "shard_size",
-            "download_slots",
-            "upload_slots",
-            "upload_rate",
-            "follow_weights",
-        ],
-    ),
-    (
-        "Work",
-        "The run's model, tasks and verification. Every node of a run must use the same "
-        "`taskset`, `tasks_per_batch`, `group_size`, `max_new_tokens`, `temperature` and "
-        "`verify_profile`: a validator checks a batch against them.",
-        [
-            "model",
-            "verify_profile",
-            "taskset",
-            "tasks_per_batch",
-            "group_size",
-            "max_new_tokens",
-            "temperature",
-            "engine_batch",
-            "torch_threads",
-            "max_unjudged",
-            "spot_check",
-        ],
-    ),
-    (
-        "Training",
-        "The trainer role only.",
-        [
-            "train_steps",
-            "batches_per_step",
-            "step_wait",
-            "learning_rate",
-            "train_procs",
-            "train_device",
-            "diloco",
-            "diloco_inner_steps",
-            "diloco_outer_lr",
-            "diloco_momentum",
-            "diloco_quant",
-            "diloco_members",
-            "diloco_admit",
-            "objective",
-            "data",
-            "pretrain_seq_len",
-            "pretrain_batch",
-            "eval_every",
-            "heldout_per_level",
-            "heldout_draws",
-            "seed",
-        ],
-    ),
-    (
-        "Development and tests only",
-        "Not for a real run.",
-        ["network_only"],
-    ),
-]
+from node.cli.flags import flag_strings  # noqa: E402
+from node.config import Setting, section_models, settings  # noqa: E402
 
 HEADER = """\
 # Configuration reference
@@ -143,28 +34,40 @@ Generated from `node.config.NodeConfig` by `scripts/config_reference.py`; do not
 hand (`.venv/bin/python scripts/config_reference.py > docs/CONFIG.md` regenerates it, and
 a test fails when it is out of date).
 
-A node's settings come from, in increasing precedence: the defaults below, a TOML file
-(`intellect-node start --config FILE`, keys are the setting names), the environment
-(`INTELLECT_NODE_<SETTING>` in upper case; lists comma-separated; booleans `true` /
-`false`) and the flags of `intellect-node start`, one per setting (a list flag is
-repeated; a boolean flag alone means `true`): flag > environment > TOML file > default.
-`intellect-node start --print-config` prints the resolved configuration and exits.
+A node's settings are a few top-level keys and one section per part of the node. They
+come from, in increasing precedence: the defaults below, a TOML file (`intellect-node
+start --config FILE`: the top-level keys, then a `[section]` table each), the environment
+(`INTELLECT_NODE_<SECTION>__<SETTING>` in upper case, `INTELLECT_NODE_<SETTING>` for a
+top-level key; lists comma-separated; booleans `true` / `false`) and the flags of
+`intellect-node start`, one per setting, `--<section>.<setting>` with dashes (a list flag
+is repeated; a boolean flag alone means `true`; a few settings also have a short flag):
+flag > environment > TOML file > default. `intellect-node start --print-config` prints the
+resolved configuration in this file's form and exits.
 
 ```toml
 # node.toml: intellect-node start --config node.toml
 role = "inference"
-bootstrap = ["/ip4/203.0.113.7/tcp/4001/p2p/12D3KooW..."]
+
+[run]
 model = "/models/tiny"
 trainer_peer_id = "12D3KooW..."
-chain = "http://127.0.0.1:8545"
+
+[net]
+bootstrap = ["/ip4/203.0.113.7/tcp/4001/p2p/12D3KooW..."]
+
+[chain]
+url = "http://127.0.0.1:8545"
 contract = "0x..."
-chain_id = 131277322940537
+id = 131277322940537
 ```
 
-The ledger commands (`stake`, `rewards`) read `chain`, `contract`, `contract_block` and
-`chain_id` from the same file and environment (`--config`), and fall back to the local
-development chain's `chain.json`; `intellect-node start` does not fall back: a role that
-uses the ledger needs `contract` and `chain_id` set.
+The ledger commands (`stake`, `rewards`) read the `[chain]` section from the same file and
+environment (`--config`), and fall back to the local development chain's `chain.json`;
+`intellect-node start` does not fall back: a role that uses the ledger needs `[chain]
+contract` and `id` set.
+
+Settings were once flat (`heartbeat_interval`, `INTELLECT_NODE_HEARTBEAT_INTERVAL`,
+`--heartbeat-interval`); an old key is refused with one line naming its new place.
 """
 
 
@@ -216,8 +119,9 @@ def bounds_text(field: FieldInfo) -> str:
 
 
 def start_flags() -> dict[str, str]:
-    """Setting name -> its ``intellect-node start`` flag (every setting has one)."""
-    return {name: flag_name(name) for name in NodeConfig.model_fields}
+    """Setting place -> its ``intellect-node start`` flags (every setting has one, a few
+    a short one beside it), as ``node.cli.flags`` declares them."""
+    return {s.path: ", ".join(flag_strings(s)) for s in settings()}
 
 
 def cell(text: str) -> str:
@@ -225,42 +129,41 @@ def cell(text: str) -> str:
     return " ".join(text.split()).replace("|", "\\|").replace("<", "&lt;")
 
 
-def field_row(name: str, field: FieldInfo, flags: dict[str, str]) -> str:
+def field_row(setting: Setting, flags: dict[str, str]) -> str:
+    field = setting.field
     kind = f"`{type_text(field.annotation)}`"
     bounds = bounds_text(field)
     if bounds:
         kind += f"; {bounds}"
-    flag = f"`{flags[name]}`"
-    env = f"`{ENV_PREFIX}{name.upper()}`"
+    flag = ", ".join(f"`{f}`" for f in flags[setting.path].split(", "))
+    was = f" Was `{setting.was}`." if setting.was and setting.was != setting.name else ""
     return (
-        f"| `{name}` | {cell(kind)} | {default_text(field)} | {env} | {flag} "
-        f"| {cell(field.description or '(no description)')} |"
+        f"| `{setting.name}` | {cell(kind)} | {default_text(field)} | `{setting.env}` | {flag} "
+        f"| {cell((field.description or '(no description)') + was)} |"
     )
 
 
-def grouped() -> list[tuple[str, str, list[str]]]:
-    """GROUPS restricted to fields that exist, plus "Other" for fields no group names."""
-    fields = NodeConfig.model_fields
-    named = {n for _, _, names in GROUPS for n in names}
-    out = [(t, note, [n for n in names if n in fields]) for t, note, names in GROUPS]
-    other = [n for n in fields if n not in named]
-    if other:
-        out.append(("Other", "Settings not yet placed in a group above.", other))
-    return [g for g in out if g[2]]
+def grouped() -> list[tuple[str, str, list[Setting]]]:
+    """(title, note, settings): the top-level keys, then each section, in the model's order."""
+    notes = {name: " ".join((m.__doc__ or "").split()) for name, m in section_models().items()}
+    top = [s for s in settings() if s.section is None]
+    out = [("Top level", "Who this node is and where it keeps its files.", top)]
+    for name, note in notes.items():
+        out.append((f"[{name}]", note, [s for s in settings() if s.section == name]))
+    return out
 
 
 def render() -> str:
-    fields = NodeConfig.model_fields
     flags = start_flags()
     groups = grouped()
     lines = [HEADER]
-    lines.append("Groups: " + ", ".join(f"[{t}](#{anchor(t)})" for t, _, _ in groups) + ".\n")
-    for title, note, names in groups:
+    lines.append("Sections: " + ", ".join(f"[{t}](#{anchor(t)})" for t, _, _ in groups) + ".\n")
+    for title, note, members in groups:
         lines.append(f"## {title}\n")
         lines.append(f"{note}\n")
         lines.append("| setting | type | default | environment | flag | description |")
         lines.append("| --- | --- | --- | --- | --- | --- |")
-        lines.extend(field_row(n, fields[n], flags) for n in names)
+        lines.extend(field_row(s, flags) for s in members)
         lines.append("")
     return "\n".join(lines)
 

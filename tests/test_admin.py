@@ -50,10 +50,10 @@ async def endpoint(tmp_path: Path, **server_args: Any) -> AsyncIterator[Endpoint
     cfg = load_config(
         environ={},
         flags={
-            "run_id": "admin-test",
-            "listen": ["/ip4/127.0.0.1/tcp/0"],
+            "run.id": "admin-test",
+            "net.listen": ["/ip4/127.0.0.1/tcp/0"],
             "data_dir": tmp_path,
-            "discovery_interval": 600.0,
+            "net.discovery_interval": 600.0,
         },
     )
     calls: list[dict[str, Any]] = []

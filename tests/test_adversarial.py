@@ -32,7 +32,7 @@ RUN = "test-run"
 @pytest.fixture
 def target(tmp_path):
     c = Cluster(tmp_path, run_id=RUN)
-    node, st = c.start("validator", read_timeout="1.5")
+    node, st = c.start("validator", net__read_timeout="1.5")
     yield node, st
     c.close()
 

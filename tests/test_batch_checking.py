@@ -126,7 +126,7 @@ def test_a_run_below_top_p_one_samples_and_checks_with_its_own_top_p(tiny_model_
     run at top-p 1 (and the reverse)."""
     from node.config import NodeConfig
 
-    cfg = NodeConfig(top_p=0.9, temperature=0.8, taskset="arithmetic")
+    cfg = NodeConfig(run={"top_p": 0.9, "temperature": 0.8, "taskset": "arithmetic"})
     assert MakerSpec.of(cfg).top_p == 0.9 and CheckerSpec.of(cfg).top_p == 0.9
     spec = dataclasses.replace(MAKER, temperature=0.8, top_p=0.9)
     _, batch, envelope = made_by(BatchMaker(spec), tiny_model_dir, WORKER)

@@ -20,7 +20,7 @@ RUN = "test-run"
 
 
 def two_nodes(tmp_path):
-    return net.two_nodes(tmp_path, ("holder", "fetcher"), run_id=RUN)
+    return net.two_nodes(tmp_path, ("holder", "fetcher"), run__id=RUN)
 
 
 def rejected(node, reason):

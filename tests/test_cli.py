@@ -27,33 +27,36 @@ def test_config_precedence_file_env_flags(tmp_path):
     A, B = f"/ip4/10.0.0.1/tcp/1{peer}", f"/ip4/10.0.0.2/tcp/2{peer}"
     f = tmp_path / "node.toml"
     f.write_text(
-        'role = "trainer"\nrun_id = "from-file"\npeer_ttl = 30.0\nheartbeat_interval = 2.0\n'
+        'role = "trainer"\n[run]\nid = "from-file"\n[net]\npeer_ttl = 30.0\nheartbeat_interval = 2.0\n'
     )
     cfg = load_config(file=f, environ={}, flags={})
-    assert (cfg.role, cfg.run_id, cfg.peer_ttl) == ("trainer", "from-file", 30.0)
+    assert (cfg.role, cfg.run.id, cfg.net.peer_ttl) == ("trainer", "from-file", 30.0)
     cfg = load_config(
         file=f,
-        environ={"INTELLECT_NODE_RUN_ID": "from-env", "INTELLECT_NODE_BOOTSTRAP": f"{A}, {B}"},
+        environ={
+            "INTELLECT_NODE_RUN__ID": "from-env",
+            "INTELLECT_NODE_NET__BOOTSTRAP": f"{A}, {B}",
+        },
         flags={},
     )
-    assert cfg.run_id == "from-env" and cfg.bootstrap == [A, B] and cfg.role == "trainer"
+    assert cfg.run.id == "from-env" and cfg.net.bootstrap == [A, B] and cfg.role == "trainer"
     cfg = load_config(
         file=f,
-        environ={"INTELLECT_NODE_RUN_ID": "from-env"},
-        flags={"run_id": "from-flag", "role": None},
+        environ={"INTELLECT_NODE_RUN__ID": "from-env"},
+        flags={"run.id": "from-flag", "role": None},
     )
-    assert cfg.run_id == "from-flag" and cfg.role == "trainer"
+    assert cfg.run.id == "from-flag" and cfg.role == "trainer"
 
 
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
-        ({"peer_ttl": 1, "heartbeat_interval": 2}, "peer_ttl must be longer"),
-        ({"read_timeout": 0}, "read_timeout"),
-        ({"admin_port": 70000}, "admin_port"),
-        ({"run_id": "Bad Run"}, "run_id"),
+        ({"net.peer_ttl": 1, "net.heartbeat_interval": 2}, "peer_ttl must be longer"),
+        ({"net.read_timeout": 0}, "net.read_timeout"),
+        ({"admin.port": 70000}, "admin.port"),
+        ({"run.id": "Bad Run"}, "run.id"),
         ({"role": "king"}, "role"),
-        ({"colour": "red"}, "colour"),
+        ({"colour": "red"}, "unknown setting: colour"),
     ],
 )
 def test_config_errors_are_clear(flags, message):
@@ -77,12 +80,12 @@ def test_print_config_and_help_do_not_import_libp2p(tmp_path):
         "validator",
         "--data-dir",
         str(tmp_path),
-        "--peer-ttl",
+        "--net.peer-ttl",
         "12",
         "--print-config",
-        env={"INTELLECT_NODE_RUN_ID": "env-run"},
+        env={"INTELLECT_NODE_RUN__ID": "env-run"},
     ).stdout
-    assert 'role = "validator"' in out and 'run_id = "env-run"' in out and "peer_ttl = 12.0" in out
+    assert 'role = "validator"' in out and 'id = "env-run"' in out and "peer_ttl = 12.0" in out
     code = "import sys; from node.cli import main; main(['start','--print-config']); print(sorted(m for m in sys.modules if m.split('.')[0] in ('libp2p','trio','torch')))"
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert res.stdout.strip().endswith("[]"), res.stdout
@@ -129,7 +132,13 @@ def test_commands_and_a_network_node_import_no_answer_checker_and_no_web3(tmp_pa
 
 def test_cli_reports_bad_flags_without_a_traceback(tmp_path):
     res = run(
-        "start", "--peer-ttl", "0.5", "--heartbeat-interval", "1", "--print-config", check=False
+        "start",
+        "--net.peer-ttl",
+        "0.5",
+        "--net.heartbeat-interval",
+        "1",
+        "--print-config",
+        check=False,
     )
     assert (
         res.returncode == 2
@@ -271,7 +280,7 @@ def test_devnet_main_job(tmp_path, base_model_dir):
     assert (
         f'model = "{tmp_path / "model"}"'
         in run(
-            "start", "--print-config", env={"INTELLECT_NODE_MODEL": str(tmp_path / "model")}
+            "start", "--print-config", env={"INTELLECT_NODE_RUN__MODEL": str(tmp_path / "model")}
         ).stdout
     )
     lines = [json.loads(x) for x in (report / "metrics.jsonl").read_text().splitlines()]

@@ -10,7 +10,7 @@ from types import ModuleType
 
 import pytest
 
-from node.config import NodeConfig
+from node.config import section_models, settings
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "CONFIG.md"
@@ -35,16 +35,21 @@ def test_committed_reference_is_current(reference: ModuleType) -> None:
 
 def test_every_setting_has_a_row_with_its_env_var(reference: ModuleType) -> None:
     text = reference.render()
-    for name in NodeConfig.model_fields:
-        assert f"| `{name}` |" in text, name
-        assert f"`INTELLECT_NODE_{name.upper()}`" in text, name
+    for s in settings():
+        assert f"| `{s.name}` |" in text, s.path
+        assert f"`{s.env}`" in text, s.path
+    assert "`INTELLECT_NODE_NET__HEARTBEAT_INTERVAL`" in text
+    assert "`--net.heartbeat-interval`" in text and "Was `relay_circuit_bytes`." in text
 
 
-def test_groups_name_each_setting_once(reference: ModuleType) -> None:
-    placed = [n for _, _, names in reference.GROUPS for n in names]
-    assert len(placed) == len(set(placed)), "a setting is listed in two groups"
-    rows = [line for line in reference.render().splitlines() if line.startswith("| `")]
-    assert len(rows) == len(NodeConfig.model_fields)
+def test_a_heading_per_section_each_setting_once(reference: ModuleType) -> None:
+    """The top-level keys, then one heading per section in the model's order; as many rows
+    as settings."""
+    text = reference.render()
+    headings = [line[3:] for line in text.splitlines() if line.startswith("## ")]
+    assert headings == ["Top level", *(f"[{name}]" for name in section_models())]
+    rows = [line for line in text.splitlines() if line.startswith("| `")]
+    assert len(rows) == len(settings())
 
 
 def test_flags_are_the_start_commands_own(reference: ModuleType) -> None:
@@ -54,15 +59,16 @@ def test_flags_are_the_start_commands_own(reference: ModuleType) -> None:
     from node.cli.main import build_parser
 
     sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    paths = {s.path for s in settings()}
     parsed = {
-        a.dest: a.option_strings[0]
+        a.dest: ", ".join(a.option_strings)
         for a in sub.choices["start"]._actions
-        if a.dest in NodeConfig.model_fields
+        if a.dest in paths
     }
     assert reference.start_flags() == parsed
-    assert (
-        parsed["trainer_peer_id"] == "--trainer-peer-id" and parsed["spot_check"] == "--spot-check"
-    )
+    assert parsed["run.trainer_peer_id"] == "--run.trainer-peer-id"
+    assert parsed["net.bootstrap"] == "--net.bootstrap, --bootstrap"
+    assert parsed["role"] == "--role"
 
 
 def test_check_mode(reference: ModuleType, tmp_path: Path) -> None:

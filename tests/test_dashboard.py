@@ -63,12 +63,12 @@ def test_history_says_why_it_is_unavailable():
         "reason": "no ledger contract configured",
     }
     trainer = {"role": "trainer", "peer_id": "x", "run_id": "r", "trainer": {"step": 1}}
-    assert client(trainer, contract="0x" + "11" * 20).get("/history").json() == {
+    assert client(trainer, chain={"contract": "0x" + "11" * 20}).get("/history").json() == {
         "available": False,
         "reason": "this role has no ledger account",
     }
     assert account_of(WORKER) == "0x" + "ab" * 20
-    unreachable = client(WORKER, contract="0x" + "11" * 20, chain="http://127.0.0.1:9")
+    unreachable = client(WORKER, chain={"contract": "0x" + "11" * 20, "url": "http://127.0.0.1:9"})
     reply = unreachable.get("/history").json()
     assert reply["available"] is False and reply["reason"].startswith("cannot read the chain")
 
@@ -77,12 +77,14 @@ def test_history_shows_why_the_chain_failed_but_not_its_url(tmp_path):
     """An RPC URL often carries an API key (…/v3/KEY, ?apikey=): the reason names the error
     and never the URL, its path or its host."""
     chain = "http://127.0.0.1:9/v3/SECRETKEY?apikey=SECRET2"
-    reply = client(WORKER, contract=CONTRACT, chain=chain, data_dir=tmp_path).get("/history")
+    reply = client(WORKER, chain={"contract": CONTRACT, "url": chain}, data_dir=tmp_path).get(
+        "/history"
+    )
     reason = reply.json()["reason"]
     assert reason.startswith("cannot read the chain (ConnectionError: "), reason
     assert "SECRET" not in reason and "/v3" not in reason and "127.0.0.1" not in reason
     # an RPC's HTTP error (web3 raises requests' HTTPError, naming the whole URL)
-    history = AccountHistory(NodeConfig(contract=CONTRACT, chain=chain))
+    history = AccountHistory(NodeConfig(chain={"contract": CONTRACT, "url": chain}))
 
     def refused(_address):
         raise requests.HTTPError(f"401 Client Error: Unauthorized for url: {chain}")
@@ -97,7 +99,9 @@ def test_a_failed_history_read_is_reused_as_long_as_a_good_one():
     """A chain that is down is asked once per ``every`` seconds, like one that answers; the
     answer says so and when the next try is."""
     now, asked = [100.0], []
-    history = AccountHistory(NodeConfig(contract=CONTRACT), every=5.0, clock=lambda: now[0])
+    history = AccountHistory(
+        NodeConfig(chain={"contract": CONTRACT}), every=5.0, clock=lambda: now[0]
+    )
     address = WORKER["inference"]["address"]
 
     def down(_address):
@@ -165,7 +169,7 @@ async def test_history_requests_hold_one_worker_thread_and_ask_a_dead_chain_once
         raise ConnectionError("the chain did not answer")
 
     monkeypatch.setattr(AccountHistory, "_read", never_answers)
-    cfg = NodeConfig(contract=CONTRACT, data_dir=tmp_path)
+    cfg = NodeConfig(chain={"contract": CONTRACT}, data_dir=tmp_path)
     app = Starlette(routes=dashboard_routes(cfg, lambda: WORKER))
     many = trio.to_thread.current_default_thread_limiter().total_tokens + 10
     replies = []

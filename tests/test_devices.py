@@ -28,37 +28,40 @@ NO_GPU = not torch.cuda.is_available()
 def test_a_gpu_devnet_is_a_gpu_bf16_run_with_each_validator_on_its_own_device():
     common, own = devices_env("cuda", ["cuda", "cpu"], ["validator-0", "validator-1"])
     assert common == {
-        "INTELLECT_NODE_DEVICE": "cuda",
-        "INTELLECT_NODE_TRAIN_DEVICE": "cuda",
-        "INTELLECT_NODE_VERIFY_PROFILE": "gpu-bf16",
+        "INTELLECT_NODE_ENGINE__DEVICE": "cuda",
+        "INTELLECT_NODE_TRAINER__DEVICE": "cuda",
+        "INTELLECT_NODE_RUN__VERIFY_PROFILE": "gpu-bf16",
     }
-    assert own["validator-0"] == {"INTELLECT_NODE_DEVICE": "cuda"}
+    assert own["validator-0"] == {"INTELLECT_NODE_ENGINE__DEVICE": "cuda"}
     # the CPU validator of a GPU run takes the cores the GPU nodes leave
     assert own["validator-1"] == {
-        "INTELLECT_NODE_DEVICE": "cpu",
-        "INTELLECT_NODE_TORCH_THREADS": "0",
+        "INTELLECT_NODE_ENGINE__DEVICE": "cpu",
+        "INTELLECT_NODE_ENGINE__TORCH_THREADS": "0",
     }
 
 
 def test_a_cpu_devnet_stays_strict_fp32():
     common, own = devices_env("cpu", ["cpu"], ["validator"])
-    assert "INTELLECT_NODE_VERIFY_PROFILE" not in common
-    assert work_settings(common, environ={})["INTELLECT_NODE_VERIFY_PROFILE"] == "strict-fp32"
-    assert own == {"validator": {"INTELLECT_NODE_DEVICE": "cpu"}}
+    assert "INTELLECT_NODE_RUN__VERIFY_PROFILE" not in common
+    assert work_settings(common, environ={})["INTELLECT_NODE_RUN__VERIFY_PROFILE"] == "strict-fp32"
+    assert own == {"validator": {"INTELLECT_NODE_ENGINE__DEVICE": "cpu"}}
     # one GPU validator makes it a gpu-bf16 run: a CPU worker's fp32 is within that profile
     common, own = devices_env("cpu", ["cuda", "cpu"], ["validator-0", "validator-1"])
-    assert work_settings(common, environ={})["INTELLECT_NODE_VERIFY_PROFILE"] == "gpu-bf16"
+    assert work_settings(common, environ={})["INTELLECT_NODE_RUN__VERIFY_PROFILE"] == "gpu-bf16"
     # the CPU validator shares the cores with CPU workers and trainer: one thread, as they
-    assert own["validator-1"] == {"INTELLECT_NODE_DEVICE": "cpu"}
+    assert own["validator-1"] == {"INTELLECT_NODE_ENGINE__DEVICE": "cpu"}
 
 
 def test_the_devnets_work_settings_yield_to_the_environment():
     common, _ = devices_env("cuda", ["cuda"], ["validator"])
-    env = {"INTELLECT_NODE_TASKS_PER_BATCH": "8", "INTELLECT_NODE_VERIFY_PROFILE": "paper"}
+    env = {
+        "INTELLECT_NODE_RUN__TASKS_PER_BATCH": "8",
+        "INTELLECT_NODE_RUN__VERIFY_PROFILE": "paper",
+    }
     got = work_settings(common, environ=env)
-    assert got["INTELLECT_NODE_TASKS_PER_BATCH"] == "8"
-    assert got["INTELLECT_NODE_VERIFY_PROFILE"] == "paper"  # the user's, over the device's
-    assert got["INTELLECT_NODE_GROUP_SIZE"] == DEVNET_WORK["INTELLECT_NODE_GROUP_SIZE"]
+    assert got["INTELLECT_NODE_RUN__TASKS_PER_BATCH"] == "8"
+    assert got["INTELLECT_NODE_RUN__VERIFY_PROFILE"] == "paper"  # the user's, over the device's
+    assert got["INTELLECT_NODE_RUN__GROUP_SIZE"] == DEVNET_WORK["INTELLECT_NODE_RUN__GROUP_SIZE"]
 
 
 @pytest.mark.parametrize(
@@ -98,7 +101,10 @@ def test_a_gpu_asked_for_on_a_machine_without_one_is_refused_before_anything_sta
 @pytest.mark.skipif(not NO_GPU, reason="asserts the refusal on a machine without a GPU")
 @pytest.mark.parametrize(
     "flags",
-    [["--role", "validator", "--device", "cuda"], ["--role", "trainer", "--train-device", "cuda"]],
+    [
+        ["--role", "validator", "--engine.device", "cuda"],
+        ["--role", "trainer", "--trainer.device", "cuda"],
+    ],
 )
 def test_a_node_asked_for_a_gpu_it_does_not_have_says_so_in_one_line(tmp_path, flags):
     run = subprocess.run(
@@ -119,11 +125,11 @@ def test_the_device_setting_reaches_the_engine_and_the_checker():
     from node.roles.children.checking import CheckerSpec
     from node.rollouts.maker import MakerSpec
 
-    cfg = NodeConfig(role="validator", device="cpu")
+    cfg = NodeConfig(role="validator", engine={"device": "cpu"})
     assert MakerSpec.of(cfg).device == "cpu" and CheckerSpec.of(cfg).device == "cpu"
     assert MakerSpec.of(NodeConfig(role="inference")).device == "auto"
     with pytest.raises(ValueError, match="device"):
-        NodeConfig(role="inference", device="gpu")
+        NodeConfig(role="inference", engine={"device": "gpu"})
 
 
 @pytest.mark.skipif(not NO_GPU, reason="asserts the refusal on a machine without a GPU")

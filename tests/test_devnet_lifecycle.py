@@ -146,12 +146,12 @@ def test_ctrl_c_reaches_a_node_still_starting_and_a_second_one_forces_it(
     env = dict(
         os.environ,
         PYTHONUNBUFFERED="1",
-        INTELLECT_NODE_CHAIN=silent_chain.url,
-        INTELLECT_NODE_CONTRACT="0x" + "11" * 20,
+        INTELLECT_NODE_CHAIN__URL=silent_chain.url,
+        INTELLECT_NODE_CHAIN__CONTRACT="0x" + "11" * 20,
         INTELLECT_NODE_PASSWORD=DEVNET_PASSWORD,
-        INTELLECT_NODE_MODEL=str(tiny_model_dir),
-        INTELLECT_NODE_TRAINER_PEER_ID=trainer,
-        INTELLECT_NODE_CHAIN_ID="1337",
+        INTELLECT_NODE_RUN__MODEL=str(tiny_model_dir),
+        INTELLECT_NODE_RUN__TRAINER_PEER_ID=trainer,
+        INTELLECT_NODE_CHAIN__ID="1337",
     )
     cmd = [sys.executable, "-m", "node.cli", "start", "--role", "validator"]
     cmd += ["--data-dir", str(data), "--listen", "/ip4/127.0.0.1/tcp/0"]

@@ -531,7 +531,9 @@ def _puller_of(reply, source, sizes):
 
     _, header = _header()
     node = SimpleNamespace(
-        header=lambda: header, open_request=open_request, cfg=SimpleNamespace(read_timeout=5.0)
+        header=lambda: header,
+        open_request=open_request,
+        cfg=SimpleNamespace(net=SimpleNamespace(read_timeout=5.0)),
     )
     return SimpleNamespace(node=node, attempts={(0, 0): SimpleNamespace(sizes=sizes)})
 

@@ -18,7 +18,7 @@ STATE = bytes(range(256)) * 1000  # 256,000 bytes: four shards of 64 KiB
 
 
 def two_nodes(tmp_path):
-    return net.two_nodes(tmp_path, ("leader", "joiner"), role="trainer", run_id=RUN)
+    return net.two_nodes(tmp_path, ("leader", "joiner"), role="trainer", run__id=RUN)
 
 
 def serve(node, snapshot, *, offers=True):

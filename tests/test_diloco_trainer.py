@@ -1,4 +1,4 @@
-"""The trainer role as a DiLoCo group (``--diloco``, SPEC §21): who trains on which batch
+"""The trainer role as a DiLoCo group (``--diloco.enabled``, SPEC §21): who trains on which batch
 (pure), the member's policy process (inner steps, pseudo-gradient, outer step, checkpoint),
 in one process and over two torchrun ranks, and one real run: chain, bootstrap, two trainers
 in one group (the second on two ranks), a validator and two workers as processes on
@@ -83,10 +83,12 @@ def test_a_member_with_nothing_to_train_on_does_not_make_the_others_outliers():
 
 
 def test_diloco_settings_and_their_errors():
-    NodeConfig(role="trainer", diloco=True, train_procs=2)  # a member over 2 ranks
-    NodeConfig(role="trainer", diloco=True, diloco_quant="fp32", diloco_inner_steps=3)
-    with pytest.raises(ValueError, match="diloco_quant"):
-        NodeConfig(diloco_quant="int4")
+    NodeConfig(
+        role="trainer", diloco={"enabled": True}, trainer={"procs": 2}
+    )  # a member over 2 ranks
+    NodeConfig(role="trainer", diloco={"enabled": True, "quant": "fp32", "inner_steps": 3})
+    with pytest.raises(ValueError, match="diloco.quant"):
+        NodeConfig(diloco={"quant": "int4"})
 
 
 def made_envelopes(model_dir, n=2):
@@ -266,7 +268,7 @@ def test_a_joiners_child_takes_the_leaders_state_into_both_parameter_copies(
 
 
 def test_a_member_over_two_torchrun_ranks_is_the_member_in_one_process(tiny_model_dir, tmp_path):
-    """``--diloco --train-procs 2``: the member's calls go to two gloo ranks that shard the
+    """``--diloco.enabled --trainer.procs 2``: the member's calls go to two gloo ranks that shard the
     policy with FSDP2 and keep θ and the momentum of their own rows. From the same start and
     the same group average, the outer step gives the one-process member's parameters bit for
     bit (hash, checkpoint, momentum file); the pseudo-gradient is the one-process one up to
@@ -364,12 +366,12 @@ def group_env(*admitted: str, steps: int) -> dict[str, str]:
     """A two-member GRPO group's settings: the leader admits ``admitted``; ``steps`` outer
     steps (0: on until the test stops it); no held-out evaluation."""
     return {
-        "INTELLECT_NODE_DILOCO_ADMIT": ",".join(admitted),
-        "INTELLECT_NODE_DILOCO": "true",
-        "INTELLECT_NODE_DILOCO_MEMBERS": "2",
-        "INTELLECT_NODE_DILOCO_INNER_STEPS": str(H),
-        "INTELLECT_NODE_TRAIN_STEPS": str(steps),
-        "INTELLECT_NODE_EVAL_EVERY": "0",
+        "INTELLECT_NODE_DILOCO__ADMIT": ",".join(admitted),
+        "INTELLECT_NODE_DILOCO__ENABLED": "true",
+        "INTELLECT_NODE_DILOCO__MEMBERS": "2",
+        "INTELLECT_NODE_DILOCO__INNER_STEPS": str(H),
+        "INTELLECT_NODE_TRAINER__STEPS": str(steps),
+        "INTELLECT_NODE_TRAINER__EVAL_EVERY": "0",
     }
 
 
@@ -378,13 +380,13 @@ def grpo_run_env(*, batches_per_step: int) -> dict[str, str]:
     half of them right, so nearly every group has mixed rewards (a GRPO signal); on levels
     2-3 a whole batch is often wrong and trains nothing."""
     return {
-        "INTELLECT_NODE_ASYNC_LEVEL": "2",
-        "INTELLECT_NODE_MAX_UNJUDGED": "2",
-        "INTELLECT_NODE_TASKSET": "arithmetic:1-1",
-        "INTELLECT_NODE_TASKS_PER_BATCH": "6",
-        "INTELLECT_NODE_GROUP_SIZE": "4",
-        "INTELLECT_NODE_BATCHES_PER_STEP": str(batches_per_step),
-        "INTELLECT_NODE_LEARNING_RATE": "0.001",
+        "INTELLECT_NODE_RUN__ASYNC_LEVEL": "2",
+        "INTELLECT_NODE_INFERENCE__MAX_UNJUDGED": "2",
+        "INTELLECT_NODE_RUN__TASKSET": "arithmetic:1-1",
+        "INTELLECT_NODE_RUN__TASKS_PER_BATCH": "6",
+        "INTELLECT_NODE_RUN__GROUP_SIZE": "4",
+        "INTELLECT_NODE_TRAINER__BATCHES_PER_STEP": str(batches_per_step),
+        "INTELLECT_NODE_TRAINER__LEARNING_RATE": "0.001",
     }
 
 
@@ -407,7 +409,7 @@ def test_two_trainers_train_as_one_group_on_disjoint_batches_and_only_the_leader
         leader = loop.spawn("trainer", "trainer", env=group)
         # the member shards its policy over two torchrun ranks (FSDP2 inside, DiLoCo across)
         member = loop.spawn(
-            "trainer-1", "trainer", env={**group, "INTELLECT_NODE_TRAIN_PROCS": "2"}
+            "trainer-1", "trainer", env={**group, "INTELLECT_NODE_TRAINER__PROCS": "2"}
         )
         loop.validator()
         loop.worker("honest-0")
@@ -598,11 +600,17 @@ async def test_a_joiner_late_for_its_first_step_joins_again_and_a_member_late_st
 
     me, leader = Identity.generate().peer_id, Identity.generate().peer_id
     node = SimpleNamespace(
-        peer_id=me, cfg=SimpleNamespace(run_id="r"), metrics=Metrics(), announce=print
+        peer_id=me,
+        cfg=SimpleNamespace(run=SimpleNamespace(id="r")),
+        metrics=Metrics(),
+        announce=print,
     )
     cfg = load_config(
-        environ={"INTELLECT_NODE_MODEL": str(tmp_path), "INTELLECT_NODE_DATA_DIR": str(tmp_path)}
-    ).model_copy(update={"trainer_peer_id": leader, "diloco": True})
+        environ={
+            "INTELLECT_NODE_RUN__MODEL": str(tmp_path),
+            "INTELLECT_NODE_DATA_DIR": str(tmp_path),
+        }
+    ).changed({"run.trainer_peer_id": leader, "diloco.enabled": True})
     role = grouptrainer.GroupTrainerRole(node, cfg, weights=object())
     role.state.step = 4
     role.rosters.record(4, [leader, "b"])  # joined at version 4: its roster is not ours

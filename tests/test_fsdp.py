@@ -56,7 +56,7 @@ def test_fsdp2_step_matches_single_process(tiny_model_dir, tmp_path):
 def test_the_trainer_step_on_two_torchrun_ranks_equals_the_step_in_one_process(
     tiny_model_dir, tmp_path
 ):
-    """What `start --role trainer --train-procs 2` runs: the role's PolicyWorker calls go to
+    """What `start --role trainer --trainer.procs 2` runs: the role's PolicyWorker calls go to
     torchrun rank 0, which broadcasts them; two gloo ranks with FSDP2 take the same GRPO
     step on real worker batches as one process (same statistics, same checkpoint), rank 0
     evaluates the held-out set; a step that fails on the ranks fails the role's call and

@@ -313,7 +313,7 @@ async def test_a_new_peer_gets_the_newest_heartbeat_of_each_publisher_not_the_wh
     # and a node's router is built so
     cfg = load_config(
         environ={},
-        flags={"run_id": "r", "listen": ["/ip4/127.0.0.1/tcp/0"], "data_dir": tmp_path},
+        flags={"run.id": "r", "net.listen": ["/ip4/127.0.0.1/tcp/0"], "data_dir": tmp_path},
     )
     async with trio.open_nursery() as nursery:
         node = await nursery.start(Node(cfg, Identity.generate()).serve)

@@ -266,20 +266,24 @@ def blast(client, calls):
 
 
 def test_ledger_commands_take_the_chain_from_the_environment(dev_chain, tmp_path):
-    """What the devnet does: INTELLECT_NODE_CHAIN / _CONTRACT / _CHAIN_ID point the CLI at a chain."""
+    """What the devnet does: INTELLECT_NODE_CHAIN__URL / _CONTRACT / _CHAIN_ID point the CLI at a chain."""
     info, _, _ = dev_chain
     node_dir = tmp_path / "n"
     run("keys", "new", "--data-dir", str(node_dir))
-    env = {**ENV, "INTELLECT_NODE_CHAIN": info["url"], "INTELLECT_NODE_CONTRACT": info["contract"]}
+    env = {
+        **ENV,
+        "INTELLECT_NODE_CHAIN__URL": info["url"],
+        "INTELLECT_NODE_CHAIN__CONTRACT": info["contract"],
+    }
     res = run("rewards", "--json", "--data-dir", str(node_dir), check=False, env=env)
     assert res.returncode == 0, res.stderr
     assert json.loads(res.stdout)["contract"] == info["contract"]
     res = run("stake", "add", "1", "--data-dir", str(node_dir), check=False, env=env)
-    one_clear_line(res, "no chain id", "chain_id")  # never signs for an unknown chain
-    env["INTELLECT_NODE_CHAIN_ID"] = str(info["chain_id"])
+    one_clear_line(res, "no chain id", "[chain] id")  # never signs for an unknown chain
+    env["INTELLECT_NODE_CHAIN__ID"] = str(info["chain_id"])
     res = run("stake", "add", "1", "--data-dir", str(node_dir), check=False, env=env)
     one_clear_line(res, "has 0 ETH", "chain fund")  # no ETH yet
-    env["INTELLECT_NODE_CHAIN_ID"] = str(info["chain_id"] + 1)
+    env["INTELLECT_NODE_CHAIN__ID"] = str(info["chain_id"] + 1)
     res = run("stake", "add", "1", "--data-dir", str(node_dir), check=False, env=env)
     one_clear_line(res, "config says")
 

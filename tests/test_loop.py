@@ -25,7 +25,7 @@ from node.cli.devnet import (
 from tests.helpers.net import counter, metrics, wait_until
 
 RUN = "loop-run"
-FAST = ["--heartbeat-interval", "1", "--peer-ttl", "8", "--discovery-interval", "1"]
+FAST = ["--net.heartbeat-interval", "1", "--net.peer-ttl", "8", "--net.discovery-interval", "1"]
 
 
 class Loop:
@@ -44,17 +44,17 @@ class Loop:
         make_account(base / "trainer", self.chain_info["owner_key"])  # the contract's owner
         self.env = {
             **ledger_env,
-            "INTELLECT_NODE_TRAINER_PEER_ID": trainer_id,
+            "INTELLECT_NODE_RUN__TRAINER_PEER_ID": trainer_id,
             "INTELLECT_NODE_PASSWORD": DEVNET_PASSWORD,
-            "INTELLECT_NODE_STEP_WAIT": str(step_wait),
-            "INTELLECT_NODE_MODEL": str(model),
-            "INTELLECT_NODE_MAX_UNJUDGED": "1",
-            "INTELLECT_NODE_TASKS_PER_BATCH": "2",
-            "INTELLECT_NODE_GROUP_SIZE": "2",
-            "INTELLECT_NODE_MAX_NEW_TOKENS": "24",
-            "INTELLECT_NODE_VERIFY_PROFILE": "strict-fp32",
-            "INTELLECT_NODE_TORCH_THREADS": "1",  # the nodes share the machine's cores
-            "INTELLECT_NODE_ASYNC_LEVEL": "5",  # a loaded CI machine may generate slowly
+            "INTELLECT_NODE_TRAINER__STEP_WAIT": str(step_wait),
+            "INTELLECT_NODE_RUN__MODEL": str(model),
+            "INTELLECT_NODE_INFERENCE__MAX_UNJUDGED": "1",
+            "INTELLECT_NODE_RUN__TASKS_PER_BATCH": "2",
+            "INTELLECT_NODE_RUN__GROUP_SIZE": "2",
+            "INTELLECT_NODE_RUN__MAX_NEW_TOKENS": "24",
+            "INTELLECT_NODE_RUN__VERIFY_PROFILE": "strict-fp32",
+            "INTELLECT_NODE_ENGINE__TORCH_THREADS": "1",  # the nodes share the machine's cores
+            "INTELLECT_NODE_RUN__ASYNC_LEVEL": "5",  # a loaded CI machine may generate slowly
         }
         self.nodes = {}
         self.addresses = {}

@@ -24,7 +24,14 @@ from tests.helpers.netns import (
 )
 
 REASON = nat_reason()
-FLAGS = ["--heartbeat-interval", "0.5", "--peer-ttl", "6", "--discovery-interval", "0.5"]
+FLAGS = [
+    "--net.heartbeat-interval",
+    "0.5",
+    "--net.peer-ttl",
+    "6",
+    "--net.discovery-interval",
+    "0.5",
+]
 
 
 @pytest.mark.skipif(REASON is not None, reason=REASON or "")
@@ -77,7 +84,7 @@ def test_a_worker_behind_nat_knows_it_is_private_and_public_nodes_know_they_are_
 @pytest.mark.timeout(900)
 @pytest.mark.slow
 def test_workers_at_home_reserve_on_two_relays_and_cone_homes_punch_a_direct_path(tmp_path):
-    """Two relays in public (the bootstrap by default, the validator with --relay), and
+    """Two relays in public (the bootstrap by default, the validator with --relay.enabled), and
     three workers at home: two behind port-preserving NATs, one behind a NAT that maps
     ports at random. Routers drop unsolicited connections, as home routers do (tests/
     helpers/netns.py says why TCP hole punching needs it). Each worker finds it is private,
@@ -97,7 +104,7 @@ def test_workers_at_home_reserve_on_two_relays_and_cone_homes_punch_a_direct_pat
                 tmp_path,
                 "validator",
                 PUBLIC_IP,
-                [*entry, "--relay", "true"],
+                [*entry, "--relay.enabled", "true"],
             )
         )
         nodes.append(NsNode.start(lab.public, "trainer", tmp_path, "trainer", PUBLIC_IP, entry))
@@ -278,7 +285,7 @@ def test_a_relay_past_its_reservation_limit_refuses_a_home_and_counts_it(tmp_pat
             tmp_path,
             "bootstrap",
             PUBLIC_IP,
-            [*FLAGS, "--relay-max-reservations", "1"],
+            [*FLAGS, "--relay.max-reservations", "1"],
         )
         nodes.append(boot)
         entry = joining(boot, FLAGS)

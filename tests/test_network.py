@@ -40,7 +40,7 @@ def start_chain(cluster, roles, **overrides):
 
 
 def test_six_node_chain_discovery_sigkill_and_sigterm(cluster):
-    procs, stats = start_chain(cluster, ROLES, peer_ttl="6")
+    procs, stats = start_chain(cluster, ROLES, net__peer_ttl="6")
     ids = [s["peer_id"] for s in stats]
     expected = {pid: role for pid, role in zip(ids, ROLES, strict=True)}
 
@@ -140,7 +140,7 @@ def test_start_refuses_a_data_dir_in_use_a_taken_port_and_a_taken_admin_port(clu
         assert said.startswith(
             f"intellect-node: error: cannot listen on /ip4/127.0.0.1/tcp/{port}: "
         )
-        said = start(tmp_path / "c", "--listen", "/ip4/127.0.0.1/tcp/0", "--admin-port", str(port))
+        said = start(tmp_path / "c", "--listen", "/ip4/127.0.0.1/tcp/0", "--admin.port", str(port))
         assert said == f"intellect-node: error: admin port {port}: Address already in use"
 
 
@@ -298,8 +298,10 @@ def test_late_joiner_fetches_announcements_gossip_never_gave_it(cluster):
 
 
 def test_frozen_peer_does_not_hang_its_counterpart(cluster):
-    a, sa = cluster.start("inference", read_timeout="1.5", connect_timeout="1.5")
-    b, sb = cluster.start("inference", [addr_of(sa)], read_timeout="1.5", connect_timeout="1.5")
+    a, sa = cluster.start("inference", net__read_timeout="1.5", net__connect_timeout="1.5")
+    b, sb = cluster.start(
+        "inference", [addr_of(sa)], net__read_timeout="1.5", net__connect_timeout="1.5"
+    )
     c, sc = cluster.start("validator", [addr_of(sa)])
     wait_until(
         lambda: sa["peer_id"] in peer_roles(b) and sc["peer_id"] in peer_roles(b),

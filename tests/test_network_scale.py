@@ -12,12 +12,12 @@ from tests.helpers.net import Cluster, addr_of, dump_logs, status, wait_until
 
 NODES = 12
 BOUNDED = {
-    "INTELLECT_NODE_CONN_LOW": "3",
-    "INTELLECT_NODE_CONN_HIGH": "6",
-    "INTELLECT_NODE_PRESENCE_RATE": "2",  # heartbeats spaced out as the network grows
+    "INTELLECT_NODE_NET__CONN_LOW": "3",
+    "INTELLECT_NODE_NET__CONN_HIGH": "6",
+    "INTELLECT_NODE_NET__PRESENCE_RATE": "2",  # heartbeats spaced out as the network grows
 }
 # lookup rounds from 5 s on, doubling: every round opens short-lived links to DHT peers
-DEFAULT_DISCOVERY = {"discovery_interval": "5", "connect_timeout": "5"}
+DEFAULT_DISCOVERY = {"net__discovery_interval": "5", "net__connect_timeout": "5"}
 
 
 @pytest.mark.slow

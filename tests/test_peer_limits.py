@@ -186,18 +186,23 @@ def test_bad_limits_are_refused():
 
 @asynccontextmanager
 async def three_nodes(tmp_path, dialers: dict | None = None, **limits):
-    """The target (with ``limits`` in its config), a greedy peer and an honest peer (with
-    ``dialers`` in theirs), both connected to the target."""
+    """The target (with ``limits``, ``[net]`` settings, in its config), a greedy peer and an
+    honest peer (with ``dialers``, settings by place, in theirs), both connected to the
+    target."""
     nodes = []
     async with trio.open_nursery() as nursery:
         for name in ("target", "greedy", "honest"):
             flags = {
-                "run_id": RUN,
-                "listen": ["/ip4/127.0.0.1/tcp/0"],
+                "run.id": RUN,
+                "net.listen": ["/ip4/127.0.0.1/tcp/0"],
                 "data_dir": tmp_path / name,
-                "read_timeout": 1.0,
-                "discovery_interval": 600.0,
-                **(limits if name == "target" else dialers or {}),
+                "net.read_timeout": 1.0,
+                "net.discovery_interval": 600.0,
+                **(
+                    {f"net.{k}": v for k, v in limits.items()}
+                    if name == "target"
+                    else dialers or {}
+                ),
             }
             cfg = load_config(environ={}, flags=flags)
             nodes.append(await nursery.start(Node(cfg, Identity.generate()).serve))
@@ -471,7 +476,7 @@ async def test_a_shunned_peer_is_not_read_until_its_cooldown_ends(tmp_path):
     cooldown = 15.0
     async with three_nodes(
         tmp_path,
-        dialers={"connect_timeout": 120.0},  # the held stream's negotiation waits it out
+        dialers={"net.connect_timeout": 120.0},  # the held stream's negotiation waits it out
         peer_request_rate=0.1,
         peer_request_burst=1,
         peer_shun_cooldown=cooldown,

@@ -1,4 +1,5 @@
-"""Pretraining in a DiLoCo group (``--role trainer --diloco --objective pretrain --data PATH``,
+"""Pretraining in a DiLoCo group (``--role trainer --diloco.enabled --trainer.objective pretrain
+--trainer.data PATH``,
 SPEC §22): the settings and their errors, the shards of the corpus (pure), the member's
 child process (inner phase, outer step, checkpoint with the data position, resume), in one
 process and over two torchrun ranks, and one real run: two trainer processes on 127.0.0.1
@@ -45,29 +46,34 @@ def test_pretrain_settings_and_their_errors(tmp_path):
     text.write_text("hello")
     cfg = load_config(
         environ={
-            "INTELLECT_NODE_OBJECTIVE": "pretrain",
-            "INTELLECT_NODE_DILOCO": "true",
-            "INTELLECT_NODE_DATA": str(text),
+            "INTELLECT_NODE_TRAINER__OBJECTIVE": "pretrain",
+            "INTELLECT_NODE_DILOCO__ENABLED": "true",
+            "INTELLECT_NODE_TRAINER__DATA": str(text),
         },
-        flags={"pretrain_seq_len": 16},
+        flags={"trainer.pretrain_seq_len": 16},
     )
-    assert (cfg.objective, cfg.data, cfg.pretrain_seq_len, cfg.pretrain_batch) == (
+    assert (
+        cfg.trainer.objective,
+        cfg.trainer.data,
+        cfg.trainer.pretrain_seq_len,
+        cfg.trainer.pretrain_batch,
+    ) == (
         "pretrain",
         text,
         16,
         8,
     )
-    assert NodeConfig().objective == "grpo" and NodeConfig().data is None
+    assert NodeConfig().trainer.objective == "grpo" and NodeConfig().trainer.data is None
     with pytest.raises(ConfigError, match="objective pretrain trains in a DiLoCo group"):
-        load_config(environ={}, flags={"objective": "pretrain", "data": str(text)})
+        load_config(environ={}, flags={"trainer.objective": "pretrain", "trainer.data": str(text)})
     with pytest.raises(ConfigError, match="objective pretrain needs the text"):
-        load_config(environ={}, flags={"objective": "pretrain", "diloco": True})
+        load_config(environ={}, flags={"trainer.objective": "pretrain", "diloco.enabled": True})
     with pytest.raises(ConfigError, match="data is the pretraining corpus"):
-        load_config(environ={}, flags={"data": str(text), "diloco": True})
+        load_config(environ={}, flags={"trainer.data": str(text), "diloco.enabled": True})
     with pytest.raises(ConfigError, match="objective"):
-        load_config(environ={"INTELLECT_NODE_OBJECTIVE": "sft"})
+        load_config(environ={"INTELLECT_NODE_TRAINER__OBJECTIVE": "sft"})
     with pytest.raises(ConfigError, match="pretrain_seq_len"):
-        load_config(environ={}, flags={"pretrain_seq_len": 1})
+        load_config(environ={}, flags={"trainer.pretrain_seq_len": 1})
 
 
 def test_a_bad_data_file_is_refused_with_one_line(tmp_path):
@@ -95,7 +101,7 @@ def test_a_bad_data_file_is_refused_with_one_line(tmp_path):
 def test_start_refuses_a_bad_corpus_before_it_joins_the_network(tmp_path, tiny_model_dir):
     (tmp_path / "bin.txt").write_bytes(b"\x80abc")
     base = [
-        "start", "--role", "trainer", "--diloco", "--objective", "pretrain",
+        "start", "--role", "trainer", "--diloco.enabled", "--trainer.objective", "pretrain",
         "--model", str(tiny_model_dir), "--data-dir", str(tmp_path / "node"),
     ]  # fmt: skip
     env = {**os.environ, "INTELLECT_NODE_PASSWORD": "pw"}
@@ -104,21 +110,28 @@ def test_start_refuses_a_bad_corpus_before_it_joins_the_network(tmp_path, tiny_m
         (tmp_path / "bin.txt", "is not UTF-8 text"),
     ):
         res = subprocess.run(
-            [*CLI, *base, "--data", str(data)], capture_output=True, text=True, env=env, timeout=120
+            [*CLI, *base, "--trainer.data", str(data)],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
         )
         assert res.returncode == 1, res.stderr
         assert message in res.stderr and "Traceback" not in res.stderr
         assert len(res.stderr.strip().splitlines()) == 1, res.stderr
     res = subprocess.run(
-        [*CLI, "start", "--role", "trainer", "--objective", "pretrain", "--print-config"],
+        [*CLI, "start", "--role", "trainer", "--trainer.objective", "pretrain"]
+        + ["--trainer.data", str(tmp_path / "c.txt"), "--print-config"],
         capture_output=True,
         text=True,
         env=env,
         timeout=120,
     )
-    assert res.returncode == 2 and "add diloco = true" in res.stderr
+    assert res.returncode == 2 and "add [diloco] enabled = true" in res.stderr
     res = subprocess.run([*CLI, "start", "--help"], capture_output=True, text=True, timeout=120)
-    assert "--objective {grpo,pretrain}" in res.stdout and "--data PATH" in res.stdout
+    assert (
+        "--trainer.objective {grpo,pretrain}" in res.stdout and "--trainer.data PATH" in res.stdout
+    )
 
 
 # ---- shards (pure) ----------------------------------------------------------------------
@@ -232,7 +245,7 @@ def test_a_member_trains_its_shard_and_resumes_at_its_data_position(tiny_model_d
 def test_a_pretraining_member_over_two_torchrun_ranks_is_the_member_in_one_process(
     tiny_model_dir, tmp_path
 ):
-    """``--objective pretrain --train-procs 2``: each rank trains on half of every inner
+    """``--trainer.objective pretrain --trainer.procs 2``: each rank trains on half of every inner
     step's sequences of the same shard; the loss, the data read and the position are the
     one-process member's, the pseudo-gradient is its up to the order in which the ranks'
     gradients add, and the same group average gives the same parameters bit for bit. Its
@@ -274,16 +287,17 @@ def test_a_pretraining_member_over_two_torchrun_ranks_is_the_member_in_one_proce
         assert torch.equal(joiner.outer.momentum[0], one.outer.momentum[0])
     finally:
         two.close()
-    with pytest.raises(ValueError, match="pretrain_batch 5 does not split over train_procs 2"):
+    with pytest.raises(ValueError, match="pretrain_batch 5 does not split over procs 2"):
         NodeConfig(
             role="trainer",
-            diloco=True,
-            objective="pretrain",
-            data=str(data),
-            train_procs=2,
-            pretrain_batch=5,
+            diloco={"enabled": True},
+            trainer={"objective": "pretrain", "data": str(data), "procs": 2, "pretrain_batch": 5},
         )
-    NodeConfig(role="trainer", diloco=True, objective="pretrain", data=str(data), train_procs=2)
+    NodeConfig(
+        role="trainer",
+        diloco={"enabled": True},
+        trainer={"objective": "pretrain", "data": str(data), "procs": 2},
+    )
 
 
 @pytest.mark.timeout(900)  # a deadline only (three tiny models on a loaded machine)
@@ -388,17 +402,17 @@ def test_two_trainers_pretrain_as_one_group_on_disjoint_shards_and_resume(tmp_pa
     member_id = load_or_create_identity(tmp_path / "member").peer_id
     env = {
         "INTELLECT_NODE_NETWORK_ONLY": "false",
-        "INTELLECT_NODE_MODEL": str(tiny_model_dir),
-        "INTELLECT_NODE_TRAINER_PEER_ID": lead_id,
-        "INTELLECT_NODE_DILOCO": "true",
-        "INTELLECT_NODE_OBJECTIVE": "pretrain",
-        "INTELLECT_NODE_DATA": str(text),
-        "INTELLECT_NODE_DILOCO_MEMBERS": "2",
-        "INTELLECT_NODE_DILOCO_ADMIT": member_id,
-        "INTELLECT_NODE_DILOCO_INNER_STEPS": str(H),
-        "INTELLECT_NODE_PRETRAIN_SEQ_LEN": str(SEQ),
-        "INTELLECT_NODE_PRETRAIN_BATCH": str(BATCH),
-        "INTELLECT_NODE_LEARNING_RATE": "0.003",
+        "INTELLECT_NODE_RUN__MODEL": str(tiny_model_dir),
+        "INTELLECT_NODE_RUN__TRAINER_PEER_ID": lead_id,
+        "INTELLECT_NODE_DILOCO__ENABLED": "true",
+        "INTELLECT_NODE_TRAINER__OBJECTIVE": "pretrain",
+        "INTELLECT_NODE_TRAINER__DATA": str(text),
+        "INTELLECT_NODE_DILOCO__MEMBERS": "2",
+        "INTELLECT_NODE_DILOCO__ADMIT": member_id,
+        "INTELLECT_NODE_DILOCO__INNER_STEPS": str(H),
+        "INTELLECT_NODE_TRAINER__PRETRAIN_SEQ_LEN": str(SEQ),
+        "INTELLECT_NODE_TRAINER__PRETRAIN_BATCH": str(BATCH),
+        "INTELLECT_NODE_TRAINER__LEARNING_RATE": "0.003",
     }
     names = ("lead", "member")
 
@@ -407,10 +421,10 @@ def test_two_trainers_pretrain_as_one_group_on_disjoint_shards_and_resume(tmp_pa
         the member pulled the leader's version ``steps``, stop both; their last status."""
         cluster = Cluster(tmp_path, run_id="pretrain-run")
         try:
-            e = {**env, "INTELLECT_NODE_TRAIN_STEPS": str(steps)}
+            e = {**env, "INTELLECT_NODE_TRAINER__STEPS": str(steps)}
             lead, st = cluster.start("trainer", name="lead", env=e)
             # the member trains on two torchrun ranks (FSDP2 inside, DiLoCo across)
-            ranked = {**e, "INTELLECT_NODE_TRAIN_PROCS": "2"}
+            ranked = {**e, "INTELLECT_NODE_TRAINER__PROCS": "2"}
             cluster.start("trainer", [addr_of(st)], name="member", env=ranked)
 
             def done():
@@ -500,18 +514,18 @@ def test_a_trainer_started_later_joins_the_running_pretraining_group(tmp_path, t
     ids = {n: load_or_create_identity(tmp_path / n).peer_id for n in names}
     env = {
         "INTELLECT_NODE_NETWORK_ONLY": "false",
-        "INTELLECT_NODE_MODEL": str(tiny_model_dir),
-        "INTELLECT_NODE_TRAINER_PEER_ID": ids["lead"],
-        "INTELLECT_NODE_DILOCO": "true",
-        "INTELLECT_NODE_OBJECTIVE": "pretrain",
-        "INTELLECT_NODE_DATA": str(text),
-        "INTELLECT_NODE_DILOCO_MEMBERS": "2",
-        "INTELLECT_NODE_DILOCO_ADMIT": f"{ids['member']},{ids['joiner']}",
-        "INTELLECT_NODE_DILOCO_INNER_STEPS": str(H),
-        "INTELLECT_NODE_PRETRAIN_SEQ_LEN": str(SEQ),
-        "INTELLECT_NODE_PRETRAIN_BATCH": str(BATCH),
-        "INTELLECT_NODE_LEARNING_RATE": "0.003",
-        "INTELLECT_NODE_TRAIN_STEPS": "0",  # on until the test stops it
+        "INTELLECT_NODE_RUN__MODEL": str(tiny_model_dir),
+        "INTELLECT_NODE_RUN__TRAINER_PEER_ID": ids["lead"],
+        "INTELLECT_NODE_DILOCO__ENABLED": "true",
+        "INTELLECT_NODE_TRAINER__OBJECTIVE": "pretrain",
+        "INTELLECT_NODE_TRAINER__DATA": str(text),
+        "INTELLECT_NODE_DILOCO__MEMBERS": "2",
+        "INTELLECT_NODE_DILOCO__ADMIT": f"{ids['member']},{ids['joiner']}",
+        "INTELLECT_NODE_DILOCO__INNER_STEPS": str(H),
+        "INTELLECT_NODE_TRAINER__PRETRAIN_SEQ_LEN": str(SEQ),
+        "INTELLECT_NODE_TRAINER__PRETRAIN_BATCH": str(BATCH),
+        "INTELLECT_NODE_TRAINER__LEARNING_RATE": "0.003",
+        "INTELLECT_NODE_TRAINER__STEPS": "0",  # on until the test stops it
     }
     cluster = Cluster(tmp_path, run_id="pretrain-join")
     try:
@@ -600,16 +614,14 @@ async def test_a_pretraining_joiner_late_for_its_first_step_joins_again(tmp_path
     from node.roles.services import pretrainer
 
     me, leader = Identity.generate().peer_id, Identity.generate().peer_id
-    node = SimpleNamespace(peer_id=me, cfg=SimpleNamespace(run_id="r"))
+    node = SimpleNamespace(peer_id=me, cfg=SimpleNamespace(run=SimpleNamespace(id="r")))
     (tmp_path / "c.txt").write_text(corpus(60, seed=1))
     cfg = NodeConfig(
         role="trainer",
-        diloco=True,
-        objective="pretrain",
-        data=tmp_path / "c.txt",
-        model=tmp_path,
+        diloco={"enabled": True},
+        trainer={"objective": "pretrain", "data": tmp_path / "c.txt"},
+        run={"model": tmp_path, "trainer_peer_id": leader},
         data_dir=tmp_path,
-        trainer_peer_id=leader,
     )
     role = pretrainer.PretrainRole(node, cfg, weights=object())
     role.state = pretrainer.PretrainState(5, -1, 0, [leader])  # joined at 5: reads nothing

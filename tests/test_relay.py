@@ -37,13 +37,13 @@ async def _start(nursery, tmp_path, name, role, **flags):
         environ={},
         flags={
             "role": role,
-            "listen": ["/ip4/127.0.0.1/tcp/0"],
+            "net.listen": ["/ip4/127.0.0.1/tcp/0"],
             "data_dir": tmp_path / name,
-            "read_timeout": 3.0,
-            "connect_timeout": 3.0,
-            "discovery_interval": 0.5,
-            "heartbeat_interval": 0.5,
-            "peer_ttl": 6.0,
+            "net.read_timeout": 3.0,
+            "net.connect_timeout": 3.0,
+            "net.discovery_interval": 0.5,
+            "net.heartbeat_interval": 0.5,
+            "net.peer_ttl": 6.0,
             **flags,
         },
     )
@@ -239,7 +239,7 @@ class _Host:
 async def test_a_peer_with_circuit_addresses_is_dialed_through_its_relays_first(tmp_path):
     from node.net.network import Network
 
-    cfg = load_config(environ={}, flags={"data_dir": tmp_path, "connect_timeout": 1.0})
+    cfg = load_config(environ={}, flags={"data_dir": tmp_path, "net.connect_timeout": 1.0})
     net = Network(cfg, Identity.generate())
     net.host = host = _Host()
     peer, relay_a, relay_b = (Identity.generate().peer_id for _ in range(3))

@@ -171,13 +171,16 @@ def worker_role(tmp_path, ledger: StatusChain):
     from node.roles.services.inference import InferenceRole
 
     cfg = load_config(
-        environ={"INTELLECT_NODE_MODEL": str(tmp_path), "INTELLECT_NODE_DATA_DIR": str(tmp_path)}
+        environ={
+            "INTELLECT_NODE_RUN__MODEL": str(tmp_path),
+            "INTELLECT_NODE_DATA_DIR": str(tmp_path),
+        }
     )
 
     class Node:
         metrics = Metrics()
 
-    role = InferenceRole(Node(), cfg.model_copy(update={"trainer_peer_id": "12D3KooW" + "A" * 44}))
+    role = InferenceRole(Node(), cfg.changed({"run.trainer_peer_id": "12D3KooW" + "A" * 44}))
     role.chain.ledger, role.chain.address = ledger, "0x" + "11" * 20
     role.chain.pending.submitted(b"k" * 32, 3)
     return role

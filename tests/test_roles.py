@@ -304,10 +304,10 @@ def a_role(tmp_path, node, cheats=None, model=None):
 
     cfg = load_config(
         environ={
-            "INTELLECT_NODE_MODEL": str(model or tmp_path),
+            "INTELLECT_NODE_RUN__MODEL": str(model or tmp_path),
             "INTELLECT_NODE_DATA_DIR": str(tmp_path),
         }
-    ).model_copy(update={"trainer_peer_id": TRAINER})
+    ).changed({"run.trainer_peer_id": TRAINER})
     if cheats is None:
         return InferenceRole(node, cfg)
     return CheatingRole(node, cfg, cheats=cheats)
@@ -451,11 +451,14 @@ def test_a_worker_never_generates_with_a_version_the_chain_would_refuse_as_stale
     from node.roles.services.inference import InferenceRole
 
     cfg = load_config(
-        environ={"INTELLECT_NODE_MODEL": str(tmp_path), "INTELLECT_NODE_DATA_DIR": str(tmp_path)}
+        environ={
+            "INTELLECT_NODE_RUN__MODEL": str(tmp_path),
+            "INTELLECT_NODE_DATA_DIR": str(tmp_path),
+        }
     )
     role = InferenceRole(
         SimpleNamespace(metrics=Metrics()),
-        cfg.model_copy(update={"trainer_peer_id": TRAINER, "async_level": 5}),
+        cfg.changed({"run.trainer_peer_id": TRAINER, "run.async_level": 5}),
     )
     role.clock.observe(TRAINER, StepNotice(step=7, policy_version=7))
     role.adopt_window(chain_staleness)
@@ -471,9 +474,12 @@ def validator_role(tmp_path):
     from node.roles.services.validator import ValidatorRole
 
     cfg = load_config(
-        environ={"INTELLECT_NODE_MODEL": str(tmp_path), "INTELLECT_NODE_DATA_DIR": str(tmp_path)}
+        environ={
+            "INTELLECT_NODE_RUN__MODEL": str(tmp_path),
+            "INTELLECT_NODE_DATA_DIR": str(tmp_path),
+        }
     )
-    return ValidatorRole(None, cfg.model_copy(update={"trainer_peer_id": TRAINER}))
+    return ValidatorRole(None, cfg.changed({"run.trainer_peer_id": TRAINER}))
 
 
 def test_a_validator_keeps_the_weights_of_work_it_has_not_judged_yet(tmp_path):

@@ -999,7 +999,7 @@ async def test_version_polls_back_off_while_gossip_keeps_up_and_restart_after_a_
     book = SimpleNamespace(newest_known=0)
     follower = Follower(
         node,  # type: ignore[arg-type]
-        SimpleNamespace(discovery_interval=1.0),  # type: ignore[arg-type]
+        SimpleNamespace(net=SimpleNamespace(discovery_interval=1.0)),  # type: ignore[arg-type]
         book,  # type: ignore[arg-type]
         None,  # type: ignore[arg-type]
         SimpleNamespace(banned=set()),  # type: ignore[arg-type]
@@ -1047,7 +1047,7 @@ async def test_a_flood_of_weights_notices_asks_for_a_few_manifests_at_a_time(
     node = SimpleNamespace(metrics=Metrics(), reject=lambda *a: None)
     follower = Follower(
         node,  # type: ignore[arg-type]
-        SimpleNamespace(discovery_interval=1.0),  # type: ignore[arg-type]
+        SimpleNamespace(net=SimpleNamespace(discovery_interval=1.0)),  # type: ignore[arg-type]
         SimpleNamespace(newest_known=0),  # type: ignore[arg-type]
         None,  # type: ignore[arg-type]
         SimpleNamespace(saw=lambda version, peer: None),  # type: ignore[arg-type]

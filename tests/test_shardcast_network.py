@@ -91,7 +91,11 @@ def cli(*args):
 def follower(cluster, st, **opts):
     """A network-only node that follows the weights of the trainer whose status is ``st``."""
     return cluster.start(
-        "bootstrap", [addr_of(st)], trainer_peer_id=st["peer_id"], follow_weights="true", **opts
+        "bootstrap",
+        [addr_of(st)],
+        run__trainer_peer_id=st["peer_id"],
+        shardcast__follow_weights="true",
+        **opts,
     )
 
 
@@ -109,9 +113,12 @@ def wait_known(nodes, count, timeout=30):
 
 def test_publish_follow_bit_exact_cli_progress_and_retention(cluster, tmp_path):
     t, tid, (a, b) = trainer_and(
-        cluster, 2, trainer_opts={"async_level": 1, "shard_size": 256 * KiB}, async_level=1
+        cluster,
+        2,
+        trainer_opts={"run__async_level": 1, "shardcast__shard_size": 256 * KiB},
+        run__async_level=1,
     )
-    boot, _ = cluster.start("bootstrap", [addr_of(status(t))], trainer_peer_id=tid)
+    boot, _ = cluster.start("bootstrap", [addr_of(status(t))], run__trainer_peer_id=tid)
     wait_known([t, a, b, boot], 3)
     src = checkpoint(tmp_path / "v1", ODD)
     r = cli("weights", "publish", str(src), "--data-dir", str(t.data_dir))
@@ -152,7 +159,9 @@ def test_publish_follow_bit_exact_cli_progress_and_retention(cluster, tmp_path):
 
 
 def test_malicious_peer_serving_corrupt_shards_is_banned(cluster, tmp_path):
-    t, st = cluster.start("trainer", upload_rate="2", shard_size=str(256 * KiB))
+    t, st = cluster.start(
+        "trainer", shardcast__upload_rate="2", shardcast__shard_size=str(256 * KiB)
+    )
     tid = st["peer_id"]
     evil, se = follower(cluster, st, module="tests.helpers.evil_node", env={"EVIL": "corrupt"})
     src = checkpoint(tmp_path / "ckpt", {"w.safetensors": 3 * MiB + 5, "config.json": 100})
@@ -210,9 +219,11 @@ def test_forged_oversized_inconsistent_and_replayed_manifests_are_refused(cluste
 
 @pytest.mark.parametrize("how", ["sigkill", "sigstop"])
 def test_serving_peer_dies_or_freezes_mid_download(cluster, tmp_path, how):
-    t, st = cluster.start("trainer", upload_rate="2", shard_size=str(256 * KiB))
+    t, st = cluster.start(
+        "trainer", shardcast__upload_rate="2", shardcast__shard_size=str(256 * KiB)
+    )
     tid = st["peer_id"]
-    relay, sr = follower(cluster, st, upload_rate="1.5")
+    relay, sr = follower(cluster, st, shardcast__upload_rate="1.5")
     src = checkpoint(tmp_path / "ckpt", {"w.safetensors": 4 * MiB + 77})
     post(t, "/weights/publish", {"dir": str(src)})
     wait_until(lambda: has(relay, 1), 30, "the relay to hold version 1")
@@ -240,7 +251,9 @@ def test_serving_peer_dies_or_freezes_mid_download(cluster, tmp_path, how):
 
 
 def test_downloader_killed_with_sigkill_resumes_without_refetching(cluster, tmp_path):
-    t, st = cluster.start("trainer", upload_rate="1", shard_size=str(256 * KiB))
+    t, st = cluster.start(
+        "trainer", shardcast__upload_rate="1", shardcast__shard_size=str(256 * KiB)
+    )
     src = checkpoint(tmp_path / "ckpt", {"a.safetensors": 3 * MiB + 3, "b.json": 1000})
     post(t, "/weights/publish", {"dir": str(src)})
     total = 3 * MiB + 3 + 1000
@@ -270,7 +283,9 @@ def test_a_full_disk_fails_the_download_and_it_resumes_by_itself_given_room(clus
     fails with that cause; the node stays up; no peer is blamed; ``weights pull`` says why
     and when the node tries again. Given room, the node starts again by itself and fetches
     only the shards it had not verified."""
-    t, st = cluster.start("trainer", upload_rate="1", shard_size=str(256 * KiB))
+    t, st = cluster.start(
+        "trainer", shardcast__upload_rate="1", shardcast__shard_size=str(256 * KiB)
+    )
     src = checkpoint(tmp_path / "ckpt", {"a.safetensors": 3 * MiB + 3, "b.json": 1000})
     post(t, "/weights/publish", {"dir": str(src)})
     total = 3 * MiB + 3 + 1000

@@ -91,7 +91,9 @@ def test_weights_status_and_summary_keep_their_exact_shape(tmp_path):
     from node.shardcast.store import publish
     from tests.test_shardcast import TRAINER, checkpoint, make_store
 
-    cfg = NodeConfig(data_dir=tmp_path / "node", run_id="run-1", trainer_peer_id=TRAINER.peer_id)
+    cfg = NodeConfig(
+        data_dir=tmp_path / "node", run={"id": "run-1", "trainer_peer_id": TRAINER.peer_id}
+    )
     svc = WeightService(SimpleNamespace(peer_id="me"), cfg)  # type: ignore[arg-type]
     src = checkpoint(tmp_path, {"w.bin": 200 * 1024})
     kw = dict(identity=TRAINER, shard_size=64 * 1024, ts_ms=1)
@@ -106,7 +108,7 @@ def test_weights_status_and_summary_keep_their_exact_shape(tmp_path):
         "trainer": TRAINER.peer_id,
         "current": 3,
         "newest_known": 4,
-        "keep": cfg.async_level + 2,
+        "keep": cfg.run.async_level + 2,
         "versions": [
             {**row, "complete": True, "files": 1, "path": path},
             {**row, "version": 4, "step": 40, "held": 0, "complete": False, "files": 1}

@@ -210,8 +210,11 @@ def a_trainer(tmp_path):
             pass
 
     cfg = load_config(
-        environ={"INTELLECT_NODE_MODEL": str(tmp_path), "INTELLECT_NODE_DATA_DIR": str(tmp_path)}
-    ).model_copy(update={"async_level": 1, "eval_every": 0})
+        environ={
+            "INTELLECT_NODE_RUN__MODEL": str(tmp_path),
+            "INTELLECT_NODE_DATA_DIR": str(tmp_path),
+        }
+    ).changed({"run.async_level": 1, "trainer.eval_every": 0})
     return TrainerRole(Node(), cfg, weights=object())
 
 
@@ -449,19 +452,19 @@ def test_a_devnet_learns_for_a_few_steps_and_a_killed_trainer_resumes_exactly(
     try:
         loop.env.update(
             {
-                "INTELLECT_NODE_ASYNC_LEVEL": "2",
-                "INTELLECT_NODE_MAX_UNJUDGED": "2",
-                "INTELLECT_NODE_TASKS_PER_BATCH": "4",
-                "INTELLECT_NODE_GROUP_SIZE": "4",
-                "INTELLECT_NODE_HELDOUT_PER_LEVEL": "4",
-                "INTELLECT_NODE_HELDOUT_DRAWS": "2",
-                "INTELLECT_NODE_BATCHES_PER_STEP": "2",
+                "INTELLECT_NODE_RUN__ASYNC_LEVEL": "2",
+                "INTELLECT_NODE_INFERENCE__MAX_UNJUDGED": "2",
+                "INTELLECT_NODE_RUN__TASKS_PER_BATCH": "4",
+                "INTELLECT_NODE_RUN__GROUP_SIZE": "4",
+                "INTELLECT_NODE_TRAINER__HELDOUT_PER_LEVEL": "4",
+                "INTELLECT_NODE_TRAINER__HELDOUT_DRAWS": "2",
+                "INTELLECT_NODE_TRAINER__BATCHES_PER_STEP": "2",
             }
         )
-        trainer_env = {"INTELLECT_NODE_TRAIN_STEPS": str(STEPS)}
+        trainer_env = {"INTELLECT_NODE_TRAINER__STEPS": str(STEPS)}
         # the first trainer takes its steps on two torchrun ranks (FSDP2, gloo); the
         # restarted one resumes from their checkpoint in one process
-        loop.spawn("trainer", "trainer", env={**trainer_env, "INTELLECT_NODE_TRAIN_PROCS": "2"})
+        loop.spawn("trainer", "trainer", env={**trainer_env, "INTELLECT_NODE_TRAINER__PROCS": "2"})
         loop.validator()
         loop.worker("honest-0")
         loop.worker("honest-1")

@@ -272,9 +272,11 @@ def test_the_run_setting_names_every_profile():
     from node.config import VerifyProfile, load_config
 
     assert set(get_args(VerifyProfile)) == set(PROFILES)
-    assert load_config(environ={}).verify_profile == "gpu-bf16"
+    assert load_config(environ={}).run.verify_profile == "gpu-bf16"
     assert (
-        load_config(environ={"INTELLECT_NODE_VERIFY_PROFILE": "strict-fp32"}).verify_profile
+        load_config(
+            environ={"INTELLECT_NODE_RUN__VERIFY_PROFILE": "strict-fp32"}
+        ).run.verify_profile
         == "strict-fp32"
     )
 

@@ -82,16 +82,17 @@ async def wait_for(path: Path) -> dict:
 async def main(args: argparse.Namespace) -> None:
     cfg = NodeConfig(
         role="trainer",
-        run_id="bench-diloco",
         data_dir=args.dir,
-        listen=["/ip4/127.0.0.1/tcp/0"],
-        bootstrap=args.bootstrap,
-        heartbeat_interval=0.5,
-        peer_ttl=10,
-        discovery_interval=0.5,
-        read_timeout=10,
-        connect_timeout=10,
-        trainer_peer_id=args.leader,
+        run={"id": "bench-diloco", "trainer_peer_id": args.leader},
+        net={
+            "listen": ["/ip4/127.0.0.1/tcp/0"],
+            "bootstrap": args.bootstrap,
+            "heartbeat_interval": 0.5,
+            "peer_ttl": 10,
+            "discovery_interval": 0.5,
+            "read_timeout": 10,
+            "connect_timeout": 10,
+        },
     )
     node = Node(cfg, load_or_create_identity(args.dir))
     model = make_model(args.seed, args.hidden, args.layers)

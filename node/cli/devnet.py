@@ -212,10 +212,10 @@ def start_chain(
         flush=True,
     )
     env = {
-        "INTELLECT_NODE_CHAIN": info["url"],
-        "INTELLECT_NODE_CONTRACT": info["contract"],
-        "INTELLECT_NODE_CONTRACT_BLOCK": str(info["block"]),
-        "INTELLECT_NODE_CHAIN_ID": str(info["chain_id"]),
+        "INTELLECT_NODE_CHAIN__URL": info["url"],
+        "INTELLECT_NODE_CHAIN__CONTRACT": info["contract"],
+        "INTELLECT_NODE_CHAIN__CONTRACT_BLOCK": str(info["block"]),
+        "INTELLECT_NODE_CHAIN__ID": str(info["chain_id"]),
     }
     return proc, env
 
@@ -283,30 +283,30 @@ def group_env(trainers: int, inner_steps: int, admit: list[str]) -> dict[str, st
     """The settings of every trainer of a devnet DiLoCo group (SPEC §21); the leader
     admits only the ``admit`` peer ids."""
     return {
-        "INTELLECT_NODE_DILOCO": "true",
-        "INTELLECT_NODE_DILOCO_ADMIT": ",".join(admit),
-        "INTELLECT_NODE_DILOCO_MEMBERS": str(trainers),
-        "INTELLECT_NODE_DILOCO_INNER_STEPS": str(inner_steps),
+        "INTELLECT_NODE_DILOCO__ENABLED": "true",
+        "INTELLECT_NODE_DILOCO__ADMIT": ",".join(admit),
+        "INTELLECT_NODE_DILOCO__MEMBERS": str(trainers),
+        "INTELLECT_NODE_DILOCO__INNER_STEPS": str(inner_steps),
         # a member whose share of a step's batches is short goes on after this long
-        "INTELLECT_NODE_STEP_WAIT": "30",
+        "INTELLECT_NODE_TRAINER__STEP_WAIT": "30",
     }
 
 
 # the run's work settings on the devnet (one CPU machine): small batches, short answers
 DEVNET_WORK = {
-    "INTELLECT_NODE_TASKSET": RL_TASKSET,  # what the base policy is built for
+    "INTELLECT_NODE_RUN__TASKSET": RL_TASKSET,  # what the base policy is built for
     # a step trains on two batches: 32 tasks x 16 samples, the central baseline's settings
     # (node/training/central.py; at 8 x 8 a batch, 20 steps lifted held-out accuracy 1.5 points)
-    "INTELLECT_NODE_TASKS_PER_BATCH": "16",
-    "INTELLECT_NODE_GROUP_SIZE": "16",
-    "INTELLECT_NODE_MAX_NEW_TOKENS": "40",  # level 3's worked answers take up to ~35
-    "INTELLECT_NODE_TEMPERATURE": "1.0",
-    "INTELLECT_NODE_ENGINE_BATCH": "64",
+    "INTELLECT_NODE_RUN__TASKS_PER_BATCH": "16",
+    "INTELLECT_NODE_RUN__GROUP_SIZE": "16",
+    "INTELLECT_NODE_RUN__MAX_NEW_TOKENS": "40",  # level 3's worked answers take up to ~35
+    "INTELLECT_NODE_RUN__TEMPERATURE": "1.0",
+    "INTELLECT_NODE_ENGINE__BATCH": "64",
     # every node shares this machine's cores: one torch thread per engine and checker
     # (measured: a batch checked on 2 threads took twice the CPU of 1, in the same time)
-    "INTELLECT_NODE_TORCH_THREADS": "1",
+    "INTELLECT_NODE_ENGINE__TORCH_THREADS": "1",
     # every node computes in fp32 on a CPU: the exact profile (SPEC section 18.1)
-    "INTELLECT_NODE_VERIFY_PROFILE": "strict-fp32",
+    "INTELLECT_NODE_RUN__VERIFY_PROFILE": "strict-fp32",
 }
 
 
@@ -330,14 +330,14 @@ def devices_env(
             "validators: one each"
         )
     gpu = "cuda" in (device, *validator_devices)
-    common = {"INTELLECT_NODE_DEVICE": device, "INTELLECT_NODE_TRAIN_DEVICE": device}
+    common = {"INTELLECT_NODE_ENGINE__DEVICE": device, "INTELLECT_NODE_TRAINER__DEVICE": device}
     if gpu:
-        common["INTELLECT_NODE_VERIFY_PROFILE"] = "gpu-bf16"
+        common["INTELLECT_NODE_RUN__VERIFY_PROFILE"] = "gpu-bf16"
     own = {}
     for name, d in zip(names, validator_devices, strict=True):
-        own[name] = {"INTELLECT_NODE_DEVICE": d}
+        own[name] = {"INTELLECT_NODE_ENGINE__DEVICE": d}
         if device == "cuda" and d == "cpu":
-            own[name]["INTELLECT_NODE_TORCH_THREADS"] = "0"
+            own[name]["INTELLECT_NODE_ENGINE__TORCH_THREADS"] = "0"
     return common, own
 
 
@@ -359,7 +359,7 @@ def work_settings(
 ) -> dict[str, str]:
     """The run's work settings: ``DEVNET_WORK``, then what the devices ask for
     (``devices_env``), then each of ``DEVNET_WORK``'s variables set in the environment
-    (``INTELLECT_NODE_TASKS_PER_BATCH=8 intellect-node devnet``: smaller batches)."""
+    (``INTELLECT_NODE_RUN__TASKS_PER_BATCH=8 intellect-node devnet``: smaller batches)."""
     env = os.environ if environ is None else environ
     return {**DEVNET_WORK, **on_device, **{k: env[k] for k in DEVNET_WORK if k in env}}
 
@@ -575,7 +575,14 @@ def run_devnet(
 
         model = check_model_dir(model).resolve()
     base_dir.mkdir(parents=True, exist_ok=True)
-    fast = ["--heartbeat-interval", "2", "--peer-ttl", "10", "--discovery-interval", "1"]
+    fast = [
+        "--net.heartbeat-interval",
+        "2",
+        "--net.peer-ttl",
+        "10",
+        "--net.discovery-interval",
+        "1",
+    ]
     nodes: list[NodeProcess] = []
     say = (lambda *_a, **_k: None) if quiet else print
 
@@ -597,9 +604,9 @@ def run_devnet(
         ledger_env = {
             **ledger_env,
             **work_settings(on_device),
-            "INTELLECT_NODE_TRAINER_PEER_ID": trainer_id,
+            "INTELLECT_NODE_RUN__TRAINER_PEER_ID": trainer_id,
             "INTELLECT_NODE_PASSWORD": DEVNET_PASSWORD,
-            "INTELLECT_NODE_ASYNC_LEVEL": str(async_level),
+            "INTELLECT_NODE_RUN__ASYNC_LEVEL": str(async_level),
             **(env_extra or {}),
         }
         say(f"devnet: trainer (weights and steps trust root) {trainer_id}", flush=True)
@@ -616,7 +623,7 @@ def run_devnet(
             label = f" ({how.label})" if how.label else ""
             say(f"devnet: {name} account {address}, funded {WORKER_FUNDS} ETH{label}", flush=True)
         base = model or prepare_model(base_dir / "model")
-        model_env = {"INTELLECT_NODE_MODEL": str(base)}
+        model_env = {"INTELLECT_NODE_RUN__MODEL": str(base)}
         boot = spawn_node(
             "bootstrap",
             "bootstrap",
@@ -632,8 +639,8 @@ def run_devnet(
         boot_addr = p2p_addr(wait_ready(boot))
         say(f"devnet: bootstrap at {boot_addr}", flush=True)
         trainer_env = {
-            "INTELLECT_NODE_TRAIN_STEPS": str(steps),
-            "INTELLECT_NODE_BATCHES_PER_STEP": str(batches_per_step or inference),
+            "INTELLECT_NODE_TRAINER__STEPS": str(steps),
+            "INTELLECT_NODE_TRAINER__BATCHES_PER_STEP": str(batches_per_step or inference),
         }
         members: list[tuple[str, str, Mapping[str, str]]] = [("trainer", "trainer", trainer_env)]
         if trainers > 1:  # a DiLoCo group: the others skip the held-out evaluation
@@ -641,7 +648,11 @@ def run_devnet(
             admit = [load_or_create_identity(base_dir / name).peer_id for name in others]
             trainer_env.update(group_env(trainers, inner_steps, admit))
             members += [
-                (f"trainer-{i}", "trainer", {**trainer_env, "INTELLECT_NODE_EVAL_EVERY": "0"})
+                (
+                    f"trainer-{i}",
+                    "trainer",
+                    {**trainer_env, "INTELLECT_NODE_TRAINER__EVAL_EVERY": "0"},
+                )
                 for i in range(1, trainers)
             ]
             say(f"devnet: {trainers} trainers in one DiLoCo group, H = {inner_steps}", flush=True)

@@ -34,7 +34,7 @@ def cmd_history(args: argparse.Namespace, located: tuple[Any, NodeConfig, int]) 
         client.contract.address,
         start_block,
         cfg.resolved_data_dir / "ledger-events.json",
-        confirmations=cfg.chain_confirmations,
+        confirmations=cfg.chain.confirmations,
     )
     report = account_history(index, address)
     if args.json:

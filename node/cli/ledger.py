@@ -179,10 +179,10 @@ def _locate(args: argparse.Namespace, cfg: NodeConfig) -> tuple[str, str, int, i
     """(chain URL, contract address, deployment block, chain id): flags, else config, else
     the dev chain."""
     url, contract, block, chain_id = (
-        args.chain_url or cfg.chain,
-        args.contract or cfg.contract,
-        cfg.contract_block,
-        args.chain_id or cfg.chain_id,
+        args.chain_url or cfg.chain.url,
+        args.contract or cfg.chain.contract,
+        cfg.chain.contract_block,
+        args.chain_id or cfg.chain.id,
     )
     dev = DEV_CHAIN_DIR / CHAIN_FILE
     if (not args.chain_url or not contract) and dev.exists():
@@ -197,7 +197,7 @@ def _locate(args: argparse.Namespace, cfg: NodeConfig) -> tuple[str, str, int, i
             chain_id = info["chain_id"]
     if not contract:
         raise RuntimeError(
-            "no contract address: pass --contract, set 'contract' in the config, or run 'intellect-node chain'"
+            "no contract address: pass --contract, set [chain] contract in the config, or run 'intellect-node chain'"
         )
     return url, contract, block, chain_id
 
@@ -212,8 +212,8 @@ def _client(args: argparse.Namespace, *, signing: bool) -> tuple[Any, NodeConfig
     url, contract, block, chain_id = _locate(args, cfg)
     if signing and chain_id is None:
         raise RuntimeError(
-            f"no chain id for {url}: pass --chain-id (or set chain_id in the config, or "
-            "INTELLECT_NODE_CHAIN_ID) so that nothing is ever signed for another chain"
+            f"no chain id for {url}: pass --chain-id (or set [chain] id in the config, or "
+            "INTELLECT_NODE_CHAIN__ID) so that nothing is ever signed for another chain"
         )
     data_dir = cfg.resolved_data_dir
     account = load_account(data_dir, read_password(args.password_file)) if signing else None
@@ -250,7 +250,7 @@ def cmd_rewards(args: argparse.Namespace) -> int:
         client.contract.address,
         start_block,
         data_dir / "ledger-events.json",
-        confirmations=cfg.chain_confirmations,
+        confirmations=cfg.chain.confirmations,
     )
     recent = EventIndex.involving(index.update(), address)[-10:]
     report = {

@@ -33,11 +33,11 @@ ROLE_NOTES = {
     "trainer": "the run owner's node: takes the batches validators accepted on-chain, trains "
     "the policy with GRPO, publishes each new version over SHARDCAST and on-chain, announces "
     "the training step, evaluates held-out accuracy (metrics.jsonl in its data dir).",
-    "pretrain": "a member of the run's DiLoCo trainer group pretraining on --data: next-token "
-    "loss on its own shard of the text, averaging with the group every diloco_inner_steps; "
-    "the member trainer_peer_id names leads and alone publishes each version (SHARDCAST).",
+    "pretrain": "a member of the run's DiLoCo trainer group pretraining on --trainer.data: next-token "
+    "loss on its own shard of the text, averaging with the group every [diloco] inner_steps; "
+    "the member [run] trainer_peer_id names leads and alone publishes each version (SHARDCAST).",
     "diloco": "a member of the run's DiLoCo trainer group: trains with GRPO on its share of "
-    "the accepted batches and averages with the group every diloco_inner_steps; the member "
+    "the accepted batches and averages with the group every [diloco] inner_steps; the member "
     "trainer_peer_id names leads, announces steps and alone publishes each version.",
 }
 
@@ -56,16 +56,18 @@ examples:
   intellect-node weights pull --name inference          # fetch the newest version from peers
 
 configuration (intellect-node start --help lists every setting):
-  flag > INTELLECT_NODE_<SETTING> environment variable > --config FILE (TOML) > default
+  flag > INTELLECT_NODE_<SECTION>__<SETTING> environment variable > --config FILE (TOML) > default
 """
 
 
 START_DESCRIPTION = """\
 Run a node in one role until Ctrl-C / SIGTERM.
 
-Every setting has a flag below; the same setting can come from a TOML file (--config FILE,
-keys are the setting names) or the environment (INTELLECT_NODE_<SETTING>, lists
-comma-separated). Precedence: flag > environment > TOML file > default.
+Every setting has a flag below, --<section>.<setting> (a few also a short one); the same
+setting can come from a TOML file (--config FILE: [section] tables of the setting names) or
+the environment (INTELLECT_NODE_<SECTION>__<SETTING>, lists comma-separated); the top-level
+keys (role, name, data_dir, log_level, network_only) have no section. Precedence: flag >
+environment > TOML file > default. --print-config prints the resolved file.
 """
 
 
@@ -238,20 +240,20 @@ def cmd_start(args: argparse.Namespace) -> int:
     from node.keystore import claim_data_dir, ensure_data_dir, load_or_create_identity
     from node.logs import setup_logging
 
-    if cfg.model is not None:
+    if cfg.run.model is not None:
         from node.engine.modeldir import check_model_dir
 
-        check_model_dir(cfg.model)  # a wrong path fails now, not when the role needs it
-    if (cfg.role in ("inference", "validator") and cfg.device == "cuda") or (
-        cfg.role == "trainer" and cfg.train_device == "cuda"
+        check_model_dir(cfg.run.model)  # a wrong path fails now, not when the role needs it
+    if (cfg.role in ("inference", "validator") and cfg.engine.device == "cuda") or (
+        cfg.role == "trainer" and cfg.trainer.device == "cuda"
     ):
         from node.engine.models import pick_device
 
         pick_device("cuda")  # so does a GPU asked for on a machine without one
-    if cfg.data is not None and cfg.role == "trainer":
+    if cfg.trainer.data is not None and cfg.role == "trainer":
         from node.diloco.corpus import check_readable
 
-        check_readable(cfg.data)  # so does a missing, unreadable or empty corpus
+        check_readable(cfg.trainer.data)  # so does a missing, unreadable or empty corpus
     data_dir = ensure_data_dir(cfg.resolved_data_dir)
     claim_data_dir(data_dir)  # held until this process exits
     identity = load_or_create_identity(data_dir)
@@ -310,7 +312,7 @@ def cmd_start(args: argparse.Namespace) -> int:
                 admin = AdminServer(
                     node,
                     data_dir,
-                    cfg.admin_port,
+                    cfg.admin.port,
                     routes=weights.admin_routes(),
                     pages=dashboard_routes(cfg, node.status),  # the page at /
                 )
@@ -320,7 +322,12 @@ def cmd_start(args: argparse.Namespace) -> int:
                     None
                     if cfg.network_only
                     else await trio.to_thread.run_sync(
-                        partial(role_service, cfg.role, diloco=cfg.diloco, objective=cfg.objective)
+                        partial(
+                            role_service,
+                            cfg.role,
+                            diloco=cfg.diloco.enabled,
+                            objective=cfg.trainer.objective,
+                        )
                     )
                 )
                 if role is not None:
@@ -338,8 +345,8 @@ def cmd_start(args: argparse.Namespace) -> int:
                 print(f"  admin   : http://127.0.0.1:{port}/status (metrics at /metrics)")
                 print(f"  page    : http://127.0.0.1:{port}/ (intellect-node dashboard)")
                 note: str = cfg.role
-                if cfg.role == "trainer" and cfg.diloco:
-                    note = "pretrain" if cfg.objective == "pretrain" else "diloco"
+                if cfg.role == "trainer" and cfg.diloco.enabled:
+                    note = "pretrain" if cfg.trainer.objective == "pretrain" else "diloco"
                 print(f"  role    : {ROLE_NOTES[note]}", flush=True)
 
     failed: list[BaseException] = []

@@ -142,7 +142,7 @@ def add_model_parsers(sub: Any) -> None:
         "--profile",
         default=None,
         help="verification profile: gpu-bf16, paper or strict-fp32 (default: the run's "
-        "verify_profile setting, INTELLECT_NODE_VERIFY_PROFILE, else gpu-bf16)",
+        "verify_profile setting, INTELLECT_NODE_RUN__VERIFY_PROFILE, else gpu-bf16)",
     )
     cal.add_argument("--device", default="auto", help="worker device: auto, cpu, cuda, cuda:N")
     cal.add_argument("--dtype", default="auto", help="worker dtype (auto: bf16 on a GPU)")
@@ -175,12 +175,13 @@ def cmd_model(args: argparse.Namespace) -> int:
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
     from crypto.verdict import DEFAULT_PROFILE, profile
+    from node.config import by_path
     from node.engine.calibration import calibrate, model_layers, random_prompts
     from node.engine.models import load_model, prompt_ids
     from node.tasks import assign, load_taskset
 
     config = profile(
-        args.profile or os.environ.get("INTELLECT_NODE_VERIFY_PROFILE") or DEFAULT_PROFILE
+        args.profile or os.environ.get(by_path()["run.verify_profile"].env) or DEFAULT_PROFILE
     )
     if args.rollouts < 1 or args.batch < 1 or args.new_tokens < 1:
         raise ValueError("--rollouts, --batch and --new-tokens must be >= 1")

@@ -81,7 +81,7 @@ async def pull_chunk(node: Node, left: str, want: Round, size: int) -> bytes | N
         async with node.open_request(left, DILOCO, msg, DilocoChunk) as ex:
             reply: DilocoChunk = ex.reply
             check_reply(reply, want, size)
-            data = await ex.reader.read_frame(reply.size, node.cfg.read_timeout)
+            data = await ex.reader.read_frame(reply.size, node.cfg.net.read_timeout)
     except RemoteRefusal as exc:
         if exc.reason == Reason.BUSY.value:  # not offered yet: ask again
             return None
@@ -105,7 +105,7 @@ async def serve_chunk(
     if msg.sender != right or msg.phase not in PHASES:
         raise WireError(Reason.NOT_MEMBER, "only our right neighbour in the roster may pull")
     try:
-        with trio.fail_after(node.cfg.read_timeout / 2):
+        with trio.fail_after(node.cfg.net.read_timeout / 2):
             data = await attempt.outbox.take(msg.phase, msg.round)
     except trio.TooSlowError:
         raise WireError(Reason.BUSY, "not offered yet") from None

@@ -14,7 +14,7 @@ batch ``p`` is sequences ``p·B … p·B + B − 1``. So the number of batches c
 stopped, and tokens seen = ``position·B·T``.
 
 Reading and checking the file is here too, without torch, so that ``intellect-node start``
-refuses a bad ``--data`` at once with one line.
+refuses a bad ``--trainer.data`` at once with one line.
 """
 
 from __future__ import annotations

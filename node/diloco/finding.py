@@ -28,7 +28,7 @@ Active = Callable[[], bool]
 
 def _bound(node: Node) -> float:
     """One provide or lookup (a walk, then a dial of each provider): a loaded node is slow."""
-    return max(4 * node.cfg.read_timeout, 20.0)
+    return max(4 * node.cfg.net.read_timeout, 20.0)
 
 
 async def advertise(

@@ -106,7 +106,7 @@ class DilocoGroup:
         self.attempts: dict[Key, Attempt] = {}
         self.failures = 0  # attempts we abandoned
         self.snapshot: tuple[int, bytes] | None = None  # (outer step, state) we serve joiners
-        self.key = group_key(node.cfg.run_id, cfg.leader)  # our DHT provider key
+        self.key = group_key(node.cfg.run.id, cfg.leader)  # our DHT provider key
         self.statecast = statecast.StateServer(
             node, lambda: self.snapshot, offers=self.leading, shard_size=cfg.state_shard
         )
@@ -114,7 +114,7 @@ class DilocoGroup:
     def register(self) -> None:
         """Serve the group's protocols (``serve`` also advertises the group in the DHT)."""
         self.node.serve_requests(
-            DILOCO, DilocoRequest, self._handle, deadline=self.node.cfg.read_timeout * 3
+            DILOCO, DilocoRequest, self._handle, deadline=self.node.cfg.net.read_timeout * 3
         )
         self.statecast.register()
 

@@ -105,7 +105,7 @@ async def fetch_state(node: Node, donor: str, step: int) -> bytes | None:
                 parts, have = [], 0
                 while have < reply.size:
                     part = await ex.reader.read_frame(
-                        min(STATE_FRAME, reply.size - have), node.cfg.read_timeout
+                        min(STATE_FRAME, reply.size - have), node.cfg.net.read_timeout
                     )
                     parts.append(part)
                     have += len(part)

@@ -1,6 +1,6 @@
 """Where each parameter's values live on this process: the whole tensor, or an FSDP2 shard.
 
-A DiLoCo member may train on several processes (``train_procs`` > 1: torchrun ranks that
+A DiLoCo member may train on several processes (``[trainer] procs`` > 1: torchrun ranks that
 shard the policy with FSDP2, ``node/training/policy.py``). Then every parameter is a
 ``DTensor`` split along dim 0 across the ranks (``Shard(0)``, ``torch.chunk``'s rows: rank r
 holds rows ``[lo, hi)``, possibly none). The outer step is elementwise, so each rank keeps

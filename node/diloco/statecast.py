@@ -177,7 +177,7 @@ class StateServer:
         if req.index >= m.num_shards:
             raise WireError(Reason.NOT_FOUND, f"no shard {req.index} of v{req.version}")
         acquired = False
-        with trio.move_on_after(self.node.cfg.read_timeout / 2):
+        with trio.move_on_after(self.node.cfg.net.read_timeout / 2):
             await self._slots.acquire()
             acquired = True
         if not acquired:
@@ -191,7 +191,7 @@ class StateServer:
             )
             for at in range(start, end, UPLOAD_FRAME):
                 data = self.read(offer, at, min(end, at + UPLOAD_FRAME))
-                await r.write(data, self.node.cfg.read_timeout)
+                await r.write(data, self.node.cfg.net.read_timeout)
             self.uploaded += end - start
         finally:
             self._slots.release()
@@ -231,7 +231,7 @@ async def pull_state(node: Node, donor: str, leader: str, step: int) -> Pulled |
     if holding is None:
         return None
     try:
-        m = check_manifest(holding.manifest, run_id=node.cfg.run_id, leader=leader, step=step)
+        m = check_manifest(holding.manifest, run_id=node.cfg.run.id, leader=leader, step=step)
         have = unbitmap(holding.have, m.num_shards)
     except WireError as exc:
         node.reject(DILOCO_STATE, donor, exc)
@@ -255,7 +255,7 @@ async def pull_state(node: Node, donor: str, leader: str, step: int) -> Pulled |
                 while got < len(view):
                     piece = await ex.reader.read_frame_into(
                         view[got : got + min(DATA_FRAME, len(view) - got)],  # type: ignore[arg-type]
-                        node.cfg.read_timeout,
+                        node.cfg.net.read_timeout,
                     )
                     if not piece:
                         raise WireError(Reason.MALFORMED, "empty data frame")
@@ -290,7 +290,9 @@ async def pull_state(node: Node, donor: str, leader: str, step: int) -> Pulled |
         await run_download(
             plan,
             fetch,
-            shard_deadline=lambda s: max(4 * node.cfg.read_timeout, m.shard_length(s) / 262_144),
+            shard_deadline=lambda s: max(
+                4 * node.cfg.net.read_timeout, m.shard_length(s) / 262_144
+            ),
             wakeup=Wakeup(),
             report=report,
         )

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import trio
 
 from crypto.identity import Identity
-from node.config import NodeConfig
+from node.config import NetConfig
 from node.net.delivery import Inbox, Outbox
 from node.net.gossip import drain, subscribe, topic_validator
 from node.net.network import Network
@@ -55,9 +55,11 @@ class Announcements:
     """Paced publishing, once-only delivery and gap repair of announcements."""
 
     def __init__(
-        self, cfg: NodeConfig, identity: Identity, network: Network, requests: Requests
+        self, cfg: NetConfig, run_id: str, identity: Identity, network: Network, requests: Requests
     ) -> None:
-        self.cfg, self.identity, self.network, self.requests = cfg, identity, network, requests
+        """``cfg``: the node's ``[net]`` section; ``run_id``: the run whose topic it uses."""
+        self.cfg, self.run_id = cfg, run_id
+        self.identity, self.network, self.requests = identity, network, requests
         self.outbox = Outbox(session=requests.header()["seq"], capacity=cfg.announce_buffer)
         self.inbox = Inbox(horizon=cfg.announce_buffer)
         self.delivered: Counter[str] = Counter()
@@ -90,7 +92,7 @@ class Announcements:
         validator = topic_validator(
             self.requests, own, "gossip-announce", lambda data: self._receive(data, "gossip")
         )
-        sub = await subscribe(self.network, ids.announce_topic(self.cfg.run_id), validator)
+        sub = await subscribe(self.network, ids.announce_topic(self.run_id), validator)
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             nursery.start_soon(drain, sub)
@@ -143,7 +145,7 @@ class Announcements:
         )
 
     async def _publisher_loop(self) -> None:
-        topic_name = ids.announce_topic(self.cfg.run_id)
+        topic_name = ids.announce_topic(self.run_id)
         async for topic, body in self._queue_recv:
             await trio.sleep(self._pacer.delay(trio.current_time()))
             self._pacer.take(trio.current_time())

@@ -80,7 +80,7 @@ class AccountHistory:
     def read(self, address: str | None) -> dict[str, Any]:
         if address is None:
             return {"available": False, "reason": "this role has no ledger account"}
-        if not self.cfg.contract:
+        if not self.cfg.chain.contract:
             return {"available": False, "reason": "no ledger contract configured"}
         with self.lock:
             if not self._fresh(address):
@@ -110,13 +110,13 @@ class AccountHistory:
         from ledger.history import EventIndex
 
         if self.index is None:
-            chain = connect(self.cfg.chain)
+            chain = connect(self.cfg.chain.url)
             self.index = EventIndex(
                 chain.w3,
-                self.cfg.contract or "",
-                self.cfg.contract_block,
+                self.cfg.chain.contract or "",
+                self.cfg.chain.contract_block,
                 self.cfg.resolved_data_dir / HISTORY_FILE,
-                confirmations=self.cfg.chain_confirmations,
+                confirmations=self.cfg.chain.confirmations,
             )
         return {"available": True, **account_history(self.index, address)}
 

@@ -81,17 +81,17 @@ class Discovery:
         self.cfg, self.network, self.peers = cfg, network, peers
         self.presence, self.metrics = presence, metrics
         self.links = ConnectionPlan(
-            low=cfg.conn_low,
-            high=cfg.conn_high,
-            grace=cfg.connect_timeout,
+            low=cfg.net.conn_low,
+            high=cfg.net.conn_high,
+            grace=cfg.net.connect_timeout,
             cooldown=DIAL_COOLDOWN,
         )
-        base = cfg.discovery_interval
+        base = cfg.net.discovery_interval
         self.lookups = LookupSchedule(
             NEEDS[cfg.role],
             base=base,
-            longest=max(base, cfg.discovery_max_interval),
-            longest_missing=max(base, cfg.discovery_max_interval / 2),
+            longest=max(base, cfg.net.discovery_max_interval),
+            longest_missing=max(base, cfg.net.discovery_max_interval / 2),
         )
         self.provides = ProvideSchedule(
             republish=float(PROVIDER_RECORD_REPUBLISH_INTERVAL), retry=4 * base
@@ -121,8 +121,8 @@ class Discovery:
         return ConnectionStatus(
             count=len(connected),
             settled=self.links.settled(now),
-            low=self.cfg.conn_low,
-            high=self.cfg.conn_high,
+            low=self.cfg.net.conn_low,
+            high=self.cfg.net.conn_high,
             in_use=len(self.links.protected()),
             dialed=self.metrics.get("connections_dialed"),
             trimmed=self.metrics.get("connections_trimmed"),
@@ -141,7 +141,7 @@ class Discovery:
         )
 
     async def _discovery_loop(self) -> None:
-        bootstrap = [info_from_p2p_addr(a) for a in parse_addrs(self.cfg.bootstrap)]
+        bootstrap = [info_from_p2p_addr(a) for a in parse_addrs(self.cfg.net.bootstrap)]
         await self._greet_all(bootstrap)
         assert self._nursery is not None
         self._nursery.start_soon(self._connection_loop, bootstrap)
@@ -161,7 +161,7 @@ class Discovery:
             # links a DHT query opened (Kademlia asks the peers closest to a key, not our
             # neighbours) are the first to close if they take us above the high watermark
             self._transient |= self.network.connected_peers() - before
-            await trio.sleep(min(TEND_INTERVAL, self.cfg.discovery_interval))
+            await trio.sleep(min(TEND_INTERVAL, self.cfg.net.discovery_interval))
 
     async def _connection_loop(self, bootstrap: list[PeerInfo]) -> None:
         """Every second, whatever the lookups are doing: trim above, dial below."""
@@ -178,18 +178,21 @@ class Discovery:
         greet: list[PeerInfo] = []
         host, dht, own = self.network.host, self.network.dht, self.network.identity.peer_id
         assert host is not None
-        with trio.move_on_after(self.cfg.read_timeout):
+        with trio.move_on_after(self.cfg.net.read_timeout):
             for role in roles:
-                key = ids.role_key(self.cfg.run_id, role)
+                key = ids.role_key(self.cfg.run.id, role)
                 # in the network (enough links, or enough known peers to dial): ask our
                 # neighbours only. A walk dials the peers closest to the key, who mostly are
                 # not our neighbours, and each link it opens pushes some peer above its high
                 # watermark to close another; gossip presence brings new peers anyway.
                 connected = host.get_connected_peers()
-                if connected and max(len(connected), len(self.peers.peers)) >= self.cfg.conn_low:
+                if (
+                    connected
+                    and max(len(connected), len(self.peers.peers)) >= self.cfg.net.conn_low
+                ):
                     self.metrics.inc("dht_lookups", scope="connected")
                     found = await providers_nearby(
-                        dht, key, connected, NEARBY_ASKED, self.cfg.connect_timeout
+                        dht, key, connected, NEARBY_ASKED, self.cfg.net.connect_timeout
                     )
                 else:
                     self.metrics.inc("dht_lookups", scope="network")
@@ -277,7 +280,7 @@ class Discovery:
 
     async def _provide(self) -> bool:
         try:
-            ok = await self.network.provide(ids.role_key(self.cfg.run_id, self.cfg.role))
+            ok = await self.network.provide(ids.role_key(self.cfg.run.id, self.cfg.role))
         except Exception as exc:
             log.debug("dht provide failed: %s", exc)
             return False

@@ -61,25 +61,25 @@ class Network:
         """Listen, start gossipsub (with its router: without it gossipsub's heartbeat never
         runs: no mesh upkeep, no IHAVE gossip, and a message cache that never shifts,
         replayed whole to every new peer) and the DHT; stop them all on exit."""
-        host = self.host = build_host(self.identity, open_stream_s=self.cfg.connect_timeout)
+        host = self.host = build_host(self.identity, open_stream_s=self.cfg.net.connect_timeout)
         gate_inbound_streams(
             host, lambda peer: None if self.inbound_gate is None else self.inbound_gate(peer)
         )
         self.pubsub = build_pubsub(
-            host, replay_newest={ids.presence_topic(self.cfg.run_id): REPLAY_PRESENCE}
+            host, replay_newest={ids.presence_topic(self.cfg.run.id): REPLAY_PRESENCE}
         )
         self.pubsub.on_bad_rpc = lambda peer, detail: (
             None if self.on_bad_gossip is None else self.on_bad_gossip(peer.to_base58(), detail)
         )
         self.dht = build_dht(host)
         async with AsyncExitStack() as stack:
-            listen = parse_addrs(self.cfg.listen)
+            listen = parse_addrs(self.cfg.net.listen)
             probe_ports(listen)
             await stack.enter_async_context(host.run(listen))
-            if len(host.get_transport_addrs()) < len(self.cfg.listen):
+            if len(host.get_transport_addrs()) < len(self.cfg.net.listen):
                 # py-libp2p logs a failed bind at debug level and runs on, deaf
                 raise OSError(
-                    f"cannot listen on {', '.join(self.cfg.listen)}: the port is taken"
+                    f"cannot listen on {', '.join(self.cfg.net.listen)}: the port is taken"
                     " (another node?) or the address is not one of this machine's"
                 )
             await stack.enter_async_context(background_trio_service(self.pubsub))
@@ -143,19 +143,19 @@ class Network:
             for circuit in circuits:
                 base = circuit[: -len(suffix)] if circuit.endswith(suffix) else circuit
                 try:
-                    with trio.fail_after(self.cfg.connect_timeout):
+                    with trio.fail_after(self.cfg.net.connect_timeout):
                         await self.circuit_dialer(base + suffix)
                     return
                 except Exception as exc:  # that relay is gone or refused: the next
                     log.debug("dialing %s through %s failed: %r", peer[-8:], base, exc)
             info = PeerInfo(info.peer_id, [a for a in info.addrs if "/p2p-circuit" not in str(a)])
-        with trio.fail_after(self.cfg.connect_timeout):
+        with trio.fail_after(self.cfg.net.connect_timeout):
             await self.host.connect(info)
 
     async def disconnect(self, peer: str) -> None:
         """Close our connection to ``peer`` (within ``connect_timeout``; failures logged)."""
         assert self.host is not None
-        with trio.move_on_after(self.cfg.connect_timeout):
+        with trio.move_on_after(self.cfg.net.connect_timeout):
             try:
                 await self.host.disconnect(ID.from_base58(peer))
             except Exception as exc:

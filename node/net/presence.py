@@ -100,18 +100,18 @@ class Presence:
         # The defaults (20/s, 4) are twice bench/fairness.py's honest peer (one every
         # 100 ms) and a fifth of ``peer_request_rate``: presence is the cheapest request to
         # flood, and each still costs ~5 ms of py-libp2p's stream set-up and a signature.
-        rate = self.cfg.peer_presence_rate
+        rate = self.cfg.net.peer_presence_rate
         self.requests.serve(
             ids.PRESENCE,
             NodeInfo,
             self._handle_presence,
-            per_peer=self.cfg.peer_presence_streams,
+            per_peer=self.cfg.net.peer_presence_streams,
             rate=(rate, rate),
         )
         assert self.network.host is not None
         own = self.network.host.get_id().to_bytes()
         validator = topic_validator(self.requests, own, "gossip-presence", self._on_gossip)
-        sub = await subscribe(self.network, ids.presence_topic(self.cfg.run_id), validator)
+        sub = await subscribe(self.network, ids.presence_topic(self.cfg.run.id), validator)
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             nursery.start_soon(drain, sub)
@@ -173,11 +173,11 @@ class Presence:
         """Seconds between our heartbeats: ``heartbeat_interval``, or longer in a network
         whose heartbeats would otherwise exceed ``presence_rate`` a second in all."""
         known = len(self.peers.peers) + 1
-        return max(self.cfg.heartbeat_interval, known / self.cfg.presence_rate)
+        return max(self.cfg.net.heartbeat_interval, known / self.cfg.net.presence_rate)
 
     def peer_ttl(self) -> float:
         """Silence after which a peer is in doubt: ``peer_ttl``, scaled with the period."""
-        return self.cfg.peer_ttl * self.heartbeat_period() / self.cfg.heartbeat_interval
+        return self.cfg.net.peer_ttl * self.heartbeat_period() / self.cfg.net.heartbeat_interval
 
     def status(self) -> PresenceStatus:
         return PresenceStatus(
@@ -209,7 +209,7 @@ class Presence:
         """Tell gossip and every connected peer that we are leaving, within a short deadline
         (peers we are not connected to hear it through gossip, or forget us after the TTL)."""
         known = sorted(self.network.connected_peers())
-        with trio.move_on_after(min(3.0, self.cfg.read_timeout)):
+        with trio.move_on_after(min(3.0, self.cfg.net.read_timeout)):
             try:
                 await self._publish()
             except Exception as exc:  # shutting down: report, never block the exit
@@ -241,7 +241,7 @@ class Presence:
     async def _publish(self) -> None:
         data = seal(self.identity, self.node_info())
         self.requests.count_out("gossip-presence", data)
-        await self.network.publish(ids.presence_topic(self.cfg.run_id), data)
+        await self.network.publish(ids.presence_topic(self.cfg.run.id), data)
 
     async def _heartbeat_loop(self) -> None:
         with self._heartbeats:
@@ -255,7 +255,7 @@ class Presence:
 
     async def _expiry_loop(self) -> None:
         while True:
-            await trio.sleep(min(1.0, self.cfg.peer_ttl / 4))
+            await trio.sleep(min(1.0, self.cfg.net.peer_ttl / 4))
             self.peers.ttl = self.peer_ttl()
             connected = self.network.connected_peers()
             for peer in self.peers.silent(time.monotonic()):
@@ -272,7 +272,7 @@ class Presence:
         """Ask a silent peer directly; forget it only if it does not answer."""
         metrics = self.requests.metrics
         try:
-            with trio.fail_after(self.cfg.connect_timeout + self.cfg.read_timeout):
+            with trio.fail_after(self.cfg.net.connect_timeout + self.cfg.net.read_timeout):
                 await self.greet(peer)
             metrics.inc("liveness_probes", outcome="alive")
         except Exception as exc:

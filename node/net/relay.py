@@ -93,13 +93,15 @@ class Relays:
         )
         self.pin = pin  # keeps the connections to our relays from being trimmed
         self.clock = clock
-        self.serving = cfg.relay if cfg.relay is not None else cfg.role == "bootstrap"
+        self.serving = (
+            cfg.relay.enabled if cfg.relay.enabled is not None else cfg.role == "bootstrap"
+        )
         self.limits = RelayLimits(
-            duration=cfg.relay_circuit_seconds,
-            data=cfg.relay_circuit_bytes,
-            max_circuit_conns=cfg.relay_circuits_per_reservation,
-            max_reservations=cfg.relay_max_reservations,
-            reservation_ttl=cfg.relay_reservation_ttl,
+            duration=cfg.relay.circuit_seconds,
+            data=cfg.relay.circuit_bytes,
+            max_circuit_conns=cfg.relay.circuits_per_reservation,
+            max_reservations=cfg.relay.max_reservations,
+            reservation_ttl=cfg.relay.reservation_ttl,
         )
         self.protocol: CountingRelay | None = None
         self.transport: CircuitV2Transport | None = None
@@ -133,7 +135,7 @@ class Relays:
                 "max_reservations": self.limits.max_reservations,
                 "reservation_ttl_s": self.limits.reservation_ttl,
                 "circuits_per_reservation": self.limits.max_circuit_conns,
-                "circuits_per_peer": self.cfg.relay_circuits_per_peer,
+                "circuits_per_peer": self.cfg.relay.circuits_per_peer,
                 "circuit_bytes": self.limits.data,
                 "circuit_seconds": self.limits.duration,
             },
@@ -178,7 +180,7 @@ class Relays:
         host = self.network.host
         assert host is not None, "relays need a running host"
         self.protocol = CountingRelay(
-            host, self.limits, self.serving, self.cfg.relay_circuits_per_peer, self.metrics
+            host, self.limits, self.serving, self.cfg.relay.circuits_per_peer, self.metrics
         )
         # no CLIENT role: with it the library reserves on a relay before every dial through
         # it; we reserve only when private (``_keep_reservations``)
@@ -242,7 +244,7 @@ class Relays:
         if self._provided_at is not None and now - self._provided_at < PROVIDE_AGAIN:
             return
         with trio.move_on_after(PROVIDE_LIMIT):
-            if await self.network.provide(ids.relay_key(self.cfg.run_id)):
+            if await self.network.provide(ids.relay_key(self.cfg.run.id)):
                 self._provided_at = now
                 log.info("providing relay service (DHT)")
 
@@ -259,8 +261,8 @@ class Relays:
             return
         self._last_find = now
         relays: set[str] = set()
-        with trio.move_on_after(self.cfg.read_timeout * 2):
-            relays = await self.network.find_providers(ids.relay_key(self.cfg.run_id))
+        with trio.move_on_after(self.cfg.net.read_timeout * 2):
+            relays = await self.network.find_providers(ids.relay_key(self.cfg.run.id))
         for relay in sorted(relays - set(self.held)):
             if len(self.held) >= RESERVE_ON:
                 break

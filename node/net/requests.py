@@ -68,7 +68,7 @@ class Responder:
     async def write(self, data: bytes, deadline: float | None = None) -> None:
         """Write one raw frame (bulk data after the reply), counted as traffic."""
         self.requests.count_out(self.protocol, data)
-        await write_frame(self.stream, data, deadline or self.requests.cfg.read_timeout)
+        await write_frame(self.stream, data, deadline or self.requests.cfg.net.read_timeout)
 
 
 @dataclass
@@ -98,12 +98,12 @@ class Requests:
     ) -> None:
         self.cfg, self.identity, self.network = cfg, identity, network
         self.peers, self.metrics, self.header = peers, metrics, header
-        self.admission = Admission(cfg.run_id, max_skew_ms=int(cfg.max_clock_skew * 1000))
+        self.admission = Admission(cfg.run.id, max_skew_ms=int(cfg.net.max_clock_skew * 1000))
         self.limits = PeerLimits(
-            cfg.peer_max_streams,
-            cfg.peer_request_rate,
-            float(cfg.peer_request_burst),
-            cooldown=cfg.peer_shun_cooldown,
+            cfg.net.peer_max_streams,
+            cfg.net.peer_request_rate,
+            float(cfg.net.peer_request_burst),
+            cooldown=cfg.net.peer_shun_cooldown,
         )
         network.inbound_gate = self.admits_stream
         network.on_bad_gossip = lambda peer, detail: self.reject(
@@ -178,7 +178,7 @@ class Requests:
     ) -> Callable[[INetStream], Awaitable[None]]:
         """Wrap a stream handler so no exception or hang escapes into the host, and no
         peer holds more than its share (refused streams cost one signed refusal)."""
-        limit = deadline if deadline is not None else self.cfg.read_timeout * 3
+        limit = deadline if deadline is not None else self.cfg.net.read_timeout * 3
 
         async def guarded(stream: INetStream) -> None:
             peer = stream.muxed_conn.peer_id.to_base58()
@@ -240,7 +240,7 @@ class Requests:
     async def _read_request(
         self, stream: INetStream, peer: str, protocol: str, cls: type[Header]
     ) -> Any:
-        data = await read_frame(stream, max_envelope_size(cls), self.cfg.read_timeout)
+        data = await read_frame(stream, max_envelope_size(cls), self.cfg.net.read_timeout)
         self.count_in(protocol, data)
         msg = open_message(data, cls)
         self.admit(msg, remote_peer=peer)
@@ -249,7 +249,7 @@ class Requests:
     async def reply(self, stream: INetStream, protocol: str, message: Header) -> None:
         data = seal(self.identity, message)
         self.count_out(protocol, data)
-        await write_frame(stream, data, self.cfg.read_timeout)
+        await write_frame(stream, data, self.cfg.net.read_timeout)
 
     # ---- dialing ----------------------------------------------------------------------
 
@@ -276,16 +276,16 @@ class Requests:
         record = self.peers.peers.get(peer)
         if record and record.addrs and peer not in self.network.connected_peers():
             await self.network.connect(PeerInfo(pid, parse_addrs(record.addrs)))
-        with trio.fail_after(self.cfg.connect_timeout):
+        with trio.fail_after(self.cfg.net.connect_timeout):
             stream = await host.new_stream(pid, [TProtocol(protocol)])
         try:
             data = seal(self.identity, message)
             self.count_out(protocol, data)
-            await write_frame(stream, data, self.cfg.read_timeout)
+            await write_frame(stream, data, self.cfg.net.read_timeout)
             reader = FrameReader(stream)
             try:
                 reply_data = await reader.read_frame(
-                    max_envelope_size(*reply_types, Refusal), self.cfg.read_timeout
+                    max_envelope_size(*reply_types, Refusal), self.cfg.net.read_timeout
                 )
             except EOFError as exc:
                 raise WireError(Reason.TRUNCATED, "peer closed without replying") from exc

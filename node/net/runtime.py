@@ -65,10 +65,14 @@ class Node:
         self._seq = time.time_ns() // 1000
         self._stop = trio.Event()
         self._status_sections: dict[str, Callable[[], dict[str, Any]]] = {}
-        peers = self.peers = PeerTable(self.peer_id, cfg.peer_ttl, per_role=cfg.peers_per_role)
+        peers = self.peers = PeerTable(
+            self.peer_id, cfg.net.peer_ttl, per_role=cfg.net.peers_per_role
+        )
         self.network = Network(cfg, identity)
         self.requests = Requests(cfg, identity, self.network, peers, self.metrics, self.header)
-        self.announcements = Announcements(cfg, identity, self.network, self.requests)
+        self.announcements = Announcements(
+            cfg.net, cfg.run.id, identity, self.network, self.requests
+        )
         self.presence = Presence(
             cfg,
             identity,
@@ -118,7 +122,7 @@ class Node:
                     "node up peer_id=%s role=%s run=%s addrs=%s",
                     self.peer_id,
                     self.cfg.role,
-                    self.cfg.run_id,
+                    self.cfg.run.id,
                     self.addrs,
                 )
                 task_status.started(self)
@@ -146,7 +150,7 @@ class Node:
         """A fresh message header (run id, our peer id, next sequence number, now)."""
         self._seq += 1
         return {
-            "run_id": self.cfg.run_id,
+            "run_id": self.cfg.run.id,
             "sender": self.peer_id,
             "seq": self._seq,
             "ts_ms": now_ms(),

@@ -54,8 +54,8 @@ def node_status(v: StatusView) -> dict[str, Any]:
     return {
         "peer_id": v.network.identity.peer_id,
         "role": v.cfg.role,
-        "run_id": v.cfg.run_id,
-        "model": str(v.cfg.model) if v.cfg.model else None,
+        "run_id": v.cfg.run.id,
+        "model": str(v.cfg.run.model) if v.cfg.run.model else None,
         "addrs": v.network.addrs,
         "reachability": asdict(v.reachability.status()),  # SPEC §16
         "relay": asdict(v.relays.status()),  # SPEC §17

@@ -1,7 +1,7 @@
 """The roles a node plays, each a service the runtime starts: ``inference`` generates and
 submits rollout batches, ``validator`` judges them, ``trainer`` turns accepted batches
-into new policies (alone, or with ``--diloco`` as one member of a DiLoCo group; with
-``--objective pretrain`` the group pretrains on a text file instead).
+into new policies (alone, or with ``--diloco.enabled`` as one member of a DiLoCo group; with
+``--trainer.objective pretrain`` the group pretrains on a text file instead).
 
 Grouped by kind, lowest first (``tests/test_quality.py`` keeps the imports downward):
 - ``decisions/``: pure decisions and the words they share (no network, no chain, no clock);

@@ -35,15 +35,15 @@ class MakerSpec:
     @classmethod
     def of(cls, cfg: NodeConfig) -> MakerSpec:
         return cls(
-            taskset=cfg.taskset,
-            tasks_per_batch=cfg.tasks_per_batch,
-            group_size=cfg.group_size,
-            max_new_tokens=cfg.max_new_tokens,
-            temperature=cfg.temperature,
-            engine_batch=cfg.engine_batch,
-            verify_profile=cfg.verify_profile,
-            device=cfg.device,
-            top_p=cfg.top_p,
+            taskset=cfg.run.taskset,
+            tasks_per_batch=cfg.run.tasks_per_batch,
+            group_size=cfg.run.group_size,
+            max_new_tokens=cfg.run.max_new_tokens,
+            temperature=cfg.run.temperature,
+            engine_batch=cfg.engine.batch,
+            verify_profile=cfg.run.verify_profile,
+            device=cfg.engine.device,
+            top_p=cfg.run.top_p,
         )
 
 

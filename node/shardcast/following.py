@@ -105,7 +105,7 @@ class Follower:
         if self.book.outside(version):
             raise ValueError(
                 f"version {version} is outside the retention window "
-                f"({self.book.newest_known} - {self.cfg.async_level})"
+                f"({self.book.newest_known} - {self.cfg.run.async_level})"
             )
         if not self.book.knows(version):
             for peer in self.node.known_peers():
@@ -170,7 +170,7 @@ class Follower:
     async def _poll_loop(self) -> None:
         """Gossip can miss a notice: ask a few known peers for their newest version, less
         often while gossip keeps up (``next_poll``)."""
-        base = interval = self.cfg.discovery_interval
+        base = interval = self.cfg.net.discovery_interval
         while True:
             await trio.sleep(interval)
             missed = await self._poll_some()
@@ -201,7 +201,7 @@ class Follower:
                 nursery.start_soon(self._poll_one, peer)
 
     async def _poll_one(self, peer: str) -> None:
-        with trio.move_on_after(self.cfg.read_timeout * 2):
+        with trio.move_on_after(self.cfg.net.read_timeout * 2):
             try:
                 holding = await ask_holding(self.node, peer, 0, with_manifest=True)
             except Exception:

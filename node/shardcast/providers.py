@@ -18,18 +18,18 @@ log = logging.getLogger("intellect.shardcast")
 
 async def provide(node: Node, cfg: NodeConfig, version: int) -> None:
     """Announce in the DHT that we hold (something of) ``version``."""
-    with trio.move_on_after(cfg.read_timeout):
+    with trio.move_on_after(cfg.net.read_timeout):
         try:
-            await node.provide(ids.weights_key(cfg.run_id, version))
+            await node.provide(ids.weights_key(cfg.run.id, version))
         except Exception as exc:
             log.debug("dht provide of version %d failed: %s", version, exc)
 
 
 async def find_providers(node: Node, cfg: NodeConfig, version: int) -> set[str]:
     """Peers that say in the DHT that they hold ``version`` (empty on any failure)."""
-    with trio.move_on_after(cfg.read_timeout):
+    with trio.move_on_after(cfg.net.read_timeout):
         try:
-            return await node.find_providers(ids.weights_key(cfg.run_id, version))
+            return await node.find_providers(ids.weights_key(cfg.run.id, version))
         except Exception as exc:
             log.debug("find_providers failed: %s", exc)
     return set()

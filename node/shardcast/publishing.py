@@ -76,7 +76,7 @@ class Publisher:
                     identity=self.node.identity,
                     version=version,
                     step=step if step is not None else version,
-                    shard_size=self.cfg.shard_size,
+                    shard_size=self.cfg.shardcast.shard_size,
                     seq=header["seq"],
                     ts_ms=header["ts_ms"],
                 )

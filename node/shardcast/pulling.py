@@ -262,8 +262,8 @@ class Downloads:
             done=set(partial.held),
             origin=m.sender,
             me=self.node.peer_id,
-            max_inflight=self.cfg.download_slots,
-            per_peer=max(1, min(2, self.cfg.download_slots)),
+            max_inflight=self.cfg.shardcast.download_slots,
+            per_peer=max(1, min(2, self.cfg.shardcast.download_slots)),
         )
         for peer in self.holders.banned:
             plan.peers.setdefault(peer, PeerState(peer)).banned = True
@@ -317,7 +317,7 @@ class Downloads:
 
     def _shard_deadline(self, m: WeightManifest) -> Callable[[int], float]:
         """A whole shard's deadline: a peer slower than 256 kB/s counts as stalled."""
-        return lambda shard: max(4 * self.cfg.read_timeout, m.shard_length(shard) / 262_144)
+        return lambda shard: max(4 * self.cfg.net.read_timeout, m.shard_length(shard) / 262_144)
 
     def _report(self, version: int) -> Callable[[str, int, str, BaseException | None], None]:
         def report(outcome: str, shard: int, peer: str, err: BaseException | None) -> None:
@@ -361,7 +361,7 @@ class Downloads:
             while got < length:
                 piece = await ex.reader.read_frame_into(
                     view[got : got + min(DATA_FRAME, length - got)],  # type: ignore[arg-type]
-                    self.cfg.read_timeout,
+                    self.cfg.net.read_timeout,
                 )
                 if not piece:
                     raise WireError(Reason.MALFORMED, "empty data frame")
@@ -413,7 +413,7 @@ class Downloads:
                 await trio.sleep(REFRESH)
 
     async def _refresh_one(self, m: WeightManifest, plan: DownloadPlan, peer: str) -> None:
-        with trio.move_on_after(self.cfg.read_timeout):
+        with trio.move_on_after(self.cfg.net.read_timeout):
             try:
                 holding = await ask_holding(self.node, peer, m.version, with_manifest=False)
                 if holding.version != m.version:

@@ -49,13 +49,15 @@ class WeightService:
     def __init__(self, node: Node, cfg: NodeConfig) -> None:
         self.node = node
         self.cfg = cfg
-        self.trainer = cfg.trainer_peer_id or (node.peer_id if cfg.role == "trainer" else None)
+        self.trainer = cfg.run.trainer_peer_id or (node.peer_id if cfg.role == "trainer" else None)
         self.follow = (
-            cfg.follow_weights if cfg.follow_weights is not None else cfg.role != "bootstrap"
+            cfg.shardcast.follow_weights
+            if cfg.shardcast.follow_weights is not None
+            else cfg.role != "bootstrap"
         )
-        store = WeightStore(cfg.resolved_data_dir / "weights", cfg.run_id, self.trainer)
+        store = WeightStore(cfg.resolved_data_dir / "weights", cfg.run.id, self.trainer)
         self.book = VersionBook(
-            store, run_id=cfg.run_id, trainer=self.trainer, async_level=cfg.async_level
+            store, run_id=cfg.run.id, trainer=self.trainer, async_level=cfg.run.async_level
         )
         holders = Holders()
         self.downloads = Downloads(node, cfg, self.book, holders)
@@ -139,7 +141,9 @@ class WeightService:
             ShardRequest,
             self.server.on_shard,
             deadline=3600,
-            per_peer=max(1, self.cfg.upload_slots // 2),  # one peer never holds every slot
+            per_peer=max(
+                1, self.cfg.shardcast.upload_slots // 2
+            ),  # one peer never holds every slot
         )
         self.node.subscribe(WEIGHTS_TOPIC, self.follower.on_notice)
         async with trio.open_nursery() as nursery:

@@ -64,10 +64,10 @@ class ShardServer:
         self.cfg = cfg
         self.book = book
         self.read = read
-        self._slots = trio.Semaphore(cfg.upload_slots)
-        rate = cfg.upload_rate * 1e6
+        self._slots = trio.Semaphore(cfg.shardcast.upload_slots)
+        rate = cfg.shardcast.upload_rate * 1e6
         self._bucket = ByteBucket(rate, burst=max(rate / 10, DATA_FRAME)) if rate else None
-        self._frame = upload_frame(rate, cfg.upload_slots)
+        self._frame = upload_frame(rate, cfg.shardcast.upload_slots)
         self._uploaded = 0
         self._active = 0
 
@@ -97,7 +97,7 @@ class ShardServer:
             raise WireError(Reason.NOT_FOUND, f"shard {req.index} of v{req.version} not held")
         # wait in line for a slot a while (a refusal would only bring the request back)
         acquired = False
-        with trio.move_on_after(self.cfg.read_timeout / 2):
+        with trio.move_on_after(self.cfg.net.read_timeout / 2):
             await self._slots.acquire()
             acquired = True
         if not acquired:
@@ -113,7 +113,7 @@ class ShardServer:
                 data = self.read(src, req.index, offset, n)
                 if self._bucket is not None:
                     await self._bucket.spend(n)
-                await r.write(data, self.cfg.read_timeout)
+                await r.write(data, self.cfg.net.read_timeout)
                 self._uploaded += n
                 self.node.metrics.inc("shardcast_bytes", n, direction="out")
             self.node.metrics.inc("shardcast_uploads")

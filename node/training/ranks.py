@@ -1,6 +1,6 @@
 """The trainer's policy across several processes: ``torchrun`` ranks driven by the role.
 
-With ``train_procs`` > 1 the trainer role's child process (``node/roles/children/offload.py``) holds
+With ``[trainer] procs`` > 1 the trainer role's child process (``node/roles/children/offload.py``) holds
 a ``RankedPolicyWorker`` (built from a ``RanksSpec``) instead of a ``PolicyWorker``
 (``node/training/worker.py``). It launches
 
@@ -17,7 +17,7 @@ DiLoCo member's ranks hold its worker instead (``GroupPolicyWorker``,
 ``node/roles/children/grouppolicy.py``, or ``PretrainWorker``, ``node/roles/children/pretrainpolicy.py``),
 whose calls are all collective but ``Evaluate``.
 
-The process group is gloo on the CPU and NCCL with ``train_device`` cuda (rank r on GPU r
+The process group is gloo on the CPU and NCCL with ``[trainer] device`` cuda (rank r on GPU r
 of this machine); their sockets are kept on the loopback interface. When the role's child
 exits, also when the node is killed, the connection closes; rank 0 then broadcasts a stop
 and every rank exits, and torchrun with them (torchrun also gets SIGTERM when the role's

@@ -8,7 +8,7 @@ then checkpoint ``step + 1`` is written (weights, then optimizer state). Where t
 next: the role publishes the checkpoint as policy version ``step + 1`` over SHARDCAST.
 ``Evaluate`` scores a checkpoint on the held-out set (``node/training/heldout.py``).
 
-With ``train_procs`` > 1 the same worker runs on every torchrun rank, driven by
+With ``[trainer] procs`` > 1 the same worker runs on every torchrun rank, driven by
 ``RankedPolicyWorker`` (``node/training/ranks.py``), which takes the same calls.
 """
 
@@ -51,18 +51,18 @@ class PolicySpec:
     @classmethod
     def of(cls, cfg: NodeConfig, checkpoints: Path, step: int) -> PolicySpec:
         return cls(
-            base=str(cfg.model),
+            base=str(cfg.run.model),
             checkpoints=str(checkpoints),
             step=step,
-            lr=cfg.learning_rate,
-            seed=cfg.seed,
-            taskset=cfg.taskset,
-            heldout_per_level=cfg.heldout_per_level,
-            heldout_seed=cfg.heldout_seed,
-            max_new_tokens=cfg.max_new_tokens,
-            temperature=cfg.temperature,
-            device=cfg.train_device,
-            heldout_draws=cfg.heldout_draws,
+            lr=cfg.trainer.learning_rate,
+            seed=cfg.trainer.seed,
+            taskset=cfg.run.taskset,
+            heldout_per_level=cfg.trainer.heldout_per_level,
+            heldout_seed=cfg.trainer.heldout_seed,
+            max_new_tokens=cfg.run.max_new_tokens,
+            temperature=cfg.run.temperature,
+            device=cfg.trainer.device,
+            heldout_draws=cfg.trainer.heldout_draws,
         )
 
 

@@ -67,17 +67,18 @@ def parse() -> argparse.Namespace:
 def node_config(args: argparse.Namespace) -> NodeConfig:
     return NodeConfig(
         role="trainer",
-        run_id="test-run",
         data_dir=args.dir,
-        listen=["/ip4/127.0.0.1/tcp/0"],
-        bootstrap=args.bootstrap,
-        heartbeat_interval=0.5,
-        peer_ttl=6,
-        discovery_interval=0.5,
-        read_timeout=5,
-        connect_timeout=5,
-        presence_rate=1000,
-        trainer_peer_id=args.leader,
+        run={"id": "test-run", "trainer_peer_id": args.leader},
+        net={
+            "listen": ["/ip4/127.0.0.1/tcp/0"],
+            "bootstrap": args.bootstrap,
+            "heartbeat_interval": 0.5,
+            "peer_ttl": 6,
+            "discovery_interval": 0.5,
+            "read_timeout": 5,
+            "connect_timeout": 5,
+            "presence_rate": 1000,
+        },
     )
 
 

@@ -91,19 +91,19 @@ class MatrixBooks:
 
 
 def start(loop: Loop, cheaters: dict[str, str], honest: tuple[str, ...]) -> None:
-    loop.env["INTELLECT_NODE_BATCHES_PER_STEP"] = str(len(honest))
-    loop.env["INTELLECT_NODE_EVAL_EVERY"] = "0"  # the books need no held-out accuracy
+    loop.env["INTELLECT_NODE_TRAINER__BATCHES_PER_STEP"] = str(len(honest))
+    loop.env["INTELLECT_NODE_TRAINER__EVAL_EVERY"] = "0"  # the books need no held-out accuracy
     # a step that trains moves the policy ~2e-2 apart at this rate, beyond what verification
     # tells apart (DETECTABLE_APART, SPEC §19.1); at the devnet's 1e-4 an older version is
     # within the noise and ``older_version`` could never be made. A step trains only on
     # groups with unequal rewards: on level 1 the tiny policy is right about 60% of the time
     # (on levels 1-5, 10-25%: most steps trained nothing, every version stayed the same)
-    loop.env["INTELLECT_NODE_LEARNING_RATE"] = "1e-3"
-    loop.env["INTELLECT_NODE_TASKSET"] = "arithmetic:1-1"
+    loop.env["INTELLECT_NODE_TRAINER__LEARNING_RATE"] = "1e-3"
+    loop.env["INTELLECT_NODE_RUN__TASKSET"] = "arithmetic:1-1"
     # a loaded machine (each worker and its engine compete for the CPU) may answer a fetch
     # slowly: an honest batch must not end "unavailable" for it, nor a cheat's
-    loop.env["INTELLECT_NODE_READ_TIMEOUT"] = "30"
-    loop.env["INTELLECT_NODE_CONNECT_TIMEOUT"] = "20"
+    loop.env["INTELLECT_NODE_NET__READ_TIMEOUT"] = "30"
+    loop.env["INTELLECT_NODE_NET__CONNECT_TIMEOUT"] = "20"
     loop.spawn("trainer", "trainer")
     loop.validator()
     for name in honest:

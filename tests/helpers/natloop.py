@@ -1,7 +1,7 @@
 """The work loop through real NATs (issue #29 item 4), for tests/test_nat.py and bench/nat.py.
 
 In a ``NatLab`` (routers dropping unsolicited connections): the development chain (on the
-public address, ``chain --host``), the bootstrap, the validator (a second relay, ``--relay
+public address, ``chain --host``), the bootstrap, the validator (a second relay, ``--relay.enabled
 true``) and the trainer in the public namespace; one honest worker in each home, with
 tests/test_loop.py's small work settings on the tiny model. Every process and the lab are
 stopped on exit, and each node's exit code kept in ``codes``."""
@@ -19,10 +19,17 @@ from typing import Any
 from node.cli.devnet import DEVNET_PASSWORD, fund, make_account, start_chain, wait_ready
 from tests.helpers.netns import PUBLIC_IP, NatLab, NsNode, joining
 
-FAST = ["--heartbeat-interval", "1", "--peer-ttl", "8", "--discovery-interval", "1"]  # test_loop's
+FAST = [
+    "--net.heartbeat-interval",
+    "1",
+    "--net.peer-ttl",
+    "8",
+    "--net.discovery-interval",
+    "1",
+]  # test_loop's
 # the tiny model's ~3 MB in 256 KiB shards, the trainer's uploads capped at 2 MB/s: the workers
 # pulling a version together split its shards and trade them (SHARDCAST's origin shares)
-TRAINER = ["--shard-size", "262144", "--upload-rate", "2"]
+TRAINER = ["--shardcast.shard-size", "262144", "--shardcast.upload-rate", "2"]
 
 
 def work_env(base: Path, ledger_env: dict[str, str], model: Path) -> dict[str, str]:
@@ -32,17 +39,17 @@ def work_env(base: Path, ledger_env: dict[str, str], model: Path) -> dict[str, s
 
     return {
         **ledger_env,
-        "INTELLECT_NODE_TRAINER_PEER_ID": load_or_create_identity(base / "trainer").peer_id,
+        "INTELLECT_NODE_RUN__TRAINER_PEER_ID": load_or_create_identity(base / "trainer").peer_id,
         "INTELLECT_NODE_PASSWORD": DEVNET_PASSWORD,
-        "INTELLECT_NODE_STEP_WAIT": "20",
-        "INTELLECT_NODE_MODEL": str(model),
-        "INTELLECT_NODE_MAX_UNJUDGED": "1",
-        "INTELLECT_NODE_TASKS_PER_BATCH": "2",
-        "INTELLECT_NODE_GROUP_SIZE": "2",
-        "INTELLECT_NODE_MAX_NEW_TOKENS": "24",
-        "INTELLECT_NODE_VERIFY_PROFILE": "strict-fp32",
-        "INTELLECT_NODE_TORCH_THREADS": "1",
-        "INTELLECT_NODE_ASYNC_LEVEL": "5",
+        "INTELLECT_NODE_TRAINER__STEP_WAIT": "20",
+        "INTELLECT_NODE_RUN__MODEL": str(model),
+        "INTELLECT_NODE_INFERENCE__MAX_UNJUDGED": "1",
+        "INTELLECT_NODE_RUN__TASKS_PER_BATCH": "2",
+        "INTELLECT_NODE_RUN__GROUP_SIZE": "2",
+        "INTELLECT_NODE_RUN__MAX_NEW_TOKENS": "24",
+        "INTELLECT_NODE_RUN__VERIFY_PROFILE": "strict-fp32",
+        "INTELLECT_NODE_ENGINE__TORCH_THREADS": "1",
+        "INTELLECT_NODE_RUN__ASYNC_LEVEL": "5",
     }
 
 
@@ -159,7 +166,7 @@ def nat_work_loop(
 
         boot = start(lab.public, "bootstrap", "bootstrap", PUBLIC_IP, FAST)
         entry = joining(boot, FAST)
-        relay = ["--relay", "true"]
+        relay = ["--relay.enabled", "true"]
         trainer = [*entry, *TRAINER, *(relay if validator_at else [])]
         start(lab.public, "trainer", "trainer", PUBLIC_IP, trainer)
         if validator_at:

@@ -15,15 +15,21 @@ from node.cli.devnet import NodeProcess, p2p_addr, spawn_node, wait_ready
 
 CLI = [sys.executable, "-m", "node.cli"]  # the binary, as a test runs it
 FAST = {
-    "--heartbeat-interval": "0.5",
-    "--peer-ttl": "6",
-    "--discovery-interval": "0.5",
-    "--read-timeout": "2",
-    "--connect-timeout": "2",
+    "--net.heartbeat-interval": "0.5",
+    "--net.peer-ttl": "6",
+    "--net.discovery-interval": "0.5",
+    "--net.read-timeout": "2",
+    "--net.connect-timeout": "2",
 }
 # as environment variables (inherited by every node of a test): heartbeats every 0.5 s
 # whatever the network's size (the tests' networks are small)
-FAST_ENV = {"INTELLECT_NODE_PRESENCE_RATE": "1000"}
+FAST_ENV = {"INTELLECT_NODE_NET__PRESENCE_RATE": "1000"}
+
+
+def setting_flag(key: str) -> str:
+    """A keyword argument naming a setting as ``section__name`` (``net__read_timeout``, the
+    environment's delimiter) -> its ``start`` flag (``--net.read-timeout``)."""
+    return "--" + key.replace("__", ".").replace("_", "-")
 
 
 class Cluster:
@@ -47,7 +53,7 @@ class Cluster:
         """Start a node (``name``: reuse that data dir, e.g. to restart a killed node;
         ``module``: run another entry point with the same flags, e.g. a test's evil node)."""
         opts = dict(FAST)
-        opts.update({"--" + k.replace("_", "-"): str(v) for k, v in overrides.items()})
+        opts.update({setting_flag(k): str(v) for k, v in overrides.items()})
         extra = [x for kv in opts.items() for x in kv]
         name = name or f"n{len(self.nodes)}-{role}"
         node = spawn_node(
@@ -76,7 +82,7 @@ class Cluster:
     ) -> list[tuple[NodeProcess, dict[str, Any]]]:
         """Start ``count`` nodes at once (all spawned, then each waited for)."""
         opts = dict(FAST)
-        opts.update({"--" + k.replace("_", "-"): str(v) for k, v in overrides.items()})
+        opts.update({setting_flag(k): str(v) for k, v in overrides.items()})
         extra = [x for kv in opts.items() for x in kv]
         started = []
         for _ in range(count):
@@ -154,7 +160,8 @@ async def two_nodes(
     tmp_path: Path, names: tuple[str, str], **flags: Any
 ) -> AsyncIterator[tuple[Any, Any]]:
     """Two in-process nodes on 127.0.0.1 (data under ``tmp_path / name``, ``flags`` added to
-    their settings), the second connected to the first; both stopped on exit."""
+    their settings, ``section__name`` for ``[section] name``: ``run__id="r"``), the second
+    connected to the first; both stopped on exit."""
     import trio
     from libp2p.peer.id import ID
     from libp2p.peer.peerinfo import PeerInfo
@@ -170,11 +177,11 @@ async def two_nodes(
             cfg = load_config(
                 environ={},
                 flags={
-                    **flags,
-                    "listen": ["/ip4/127.0.0.1/tcp/0"],
+                    **{k.replace("__", "."): v for k, v in flags.items()},
+                    "net.listen": ["/ip4/127.0.0.1/tcp/0"],
                     "data_dir": tmp_path / name,
-                    "read_timeout": 3.0,
-                    "discovery_interval": 600.0,
+                    "net.read_timeout": 3.0,
+                    "net.discovery_interval": 600.0,
                 },
             )
             nodes.append(await nursery.start(Node(cfg, Identity.generate()).serve))

@@ -209,7 +209,7 @@ class NsNode(NodeProcess):
         cmd += ["--listen", f"/ip4/{listen_ip}/tcp/0", *args]
         full_env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
         full_env["INTELLECT_NODE_NETWORK_ONLY"] = "true" if network_only else "false"
-        full_env["INTELLECT_NODE_PRESENCE_RATE"] = "1000"
+        full_env["INTELLECT_NODE_NET__PRESENCE_RATE"] = "1000"
         with open(log_path, "wb") as log:
             proc = subprocess.Popen(
                 cmd, stdout=log, stderr=subprocess.STDOUT, env=full_env, cwd=REPO_ROOT

@@ -324,7 +324,7 @@
   }
 
   // nothing heard for SILENT_MS: say so plainly (a node restarted without a fixed
-  // admin_port listens on another port, which this page cannot know)
+  // [admin] port listens on another port, which this page cannot know)
   function silence(panel) {
     const quiet = Date.now() - panel.heard;
     if (quiet < SILENT_MS) return;

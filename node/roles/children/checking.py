@@ -50,13 +50,13 @@ class CheckerSpec:
     @classmethod
     def of(cls, cfg: NodeConfig) -> CheckerSpec:
         return cls(
-            keep=cfg.async_level + 2,
-            taskset=cfg.taskset,
-            verify_profile=cfg.verify_profile,
-            spot_check=cfg.spot_check,
-            temperature=cfg.temperature,
-            top_p=cfg.top_p,
-            device=cfg.device,
+            keep=cfg.run.async_level + 2,
+            taskset=cfg.run.taskset,
+            verify_profile=cfg.run.verify_profile,
+            spot_check=cfg.validator.spot_check,
+            temperature=cfg.run.temperature,
+            top_p=cfg.run.top_p,
+            device=cfg.engine.device,
         )
 
 

@@ -1,4 +1,4 @@
-"""A DiLoCo member's policy: the trainer role's child process with ``--diloco`` (SPEC §15).
+"""A DiLoCo member's policy: the trainer role's child process with ``--diloco.enabled`` (SPEC §15).
 
 The same ``PolicyWorker`` (``node/training/worker.py``) as without DiLoCo, plus the outer
 copy of the parameters (``node/diloco/outer.py``: ``θ`` in fp32 and the Nesterov momentum
@@ -18,7 +18,7 @@ The policy is kept in fp32 (``Policy`` loads it so), so the model's parameters a
 bit for bit after each outer step, and equal on every member. The pipe to the role carries
 only this process's own tensors, never anything from the network.
 
-A member with ``train_procs`` > 1: the same worker on every torchrun rank
+A member with ``[trainer] procs`` > 1: the same worker on every torchrun rank
 (``node/training/ranks.py``, which forwards the role's calls and returns rank 0's answers),
 over the FSDP2-sharded policy. Each rank trains on its share of every inner step's samples
 and keeps ``θ`` and ``b`` of its own rows of each parameter (``node/diloco/shards.py``):

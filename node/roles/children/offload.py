@@ -110,7 +110,7 @@ class Offload:
     @classmethod
     def of(cls, handler: type, spec_type: Any, cfg: Any) -> Offload:
         """``handler(spec_type.of(cfg))`` on the node's ``torch_threads``."""
-        return cls(handler, spec_type.of(cfg), threads=cfg.torch_threads)
+        return cls(handler, spec_type.of(cfg), threads=cfg.engine.torch_threads)
 
     def _recv(self) -> Any:
         try:

@@ -1,7 +1,7 @@
-"""A pretraining DiLoCo member's model: the child process of ``--objective pretrain`` (SPEC
+"""A pretraining DiLoCo member's model: the child process of ``--trainer.objective pretrain`` (SPEC
 §22).
 
-Where the data comes from: the text file ``--data``, tokenized here once with the model's
+Where the data comes from: the text file ``--trainer.data``, tokenized here once with the model's
 tokenizer (``node/diloco/corpus.py`` cuts it into the group's shards). The child holds the
 model in fp32 (``node/training/policy.py``: loading and complete model directories), its
 inner AdamW, the outer copy ``θ`` and momentum ``b`` (``node/diloco/outer.py``), and the data
@@ -20,7 +20,7 @@ position. The role (``node/roles/services/pretrainer.py``) calls, per outer step
 
 Where the weights go next: the leader publishes ``v{n+1}`` over SHARDCAST.
 
-With ``train_procs`` > 1 the same worker runs on every torchrun rank
+With ``[trainer] procs`` > 1 the same worker runs on every torchrun rank
 (``node/training/ranks.py``) over the FSDP2-sharded model: rank r trains on rows r, r + N, …
 of every batch, and the outer state is kept by rows as for a GRPO member
 (``node/roles/children/grouppolicy.py``, ``node/diloco/shards.py``).
@@ -70,19 +70,19 @@ class PretrainSpec:
     @classmethod
     def of(cls, cfg: NodeConfig, checkpoints: Path, step: int) -> PretrainSpec:
         return cls(
-            base=str(cfg.model),
+            base=str(cfg.run.model),
             checkpoints=str(checkpoints),
             step=step,
-            data=str(cfg.data),
-            lr=DEFAULT_LR if cfg.learning_rate is None else cfg.learning_rate,
-            seq_len=cfg.pretrain_seq_len,
-            batch=cfg.pretrain_batch,
-            inner_steps=cfg.diloco_inner_steps,
-            outer_lr=cfg.diloco_outer_lr,
-            outer_momentum=cfg.diloco_momentum,
-            seed=cfg.seed,
-            min_shards=cfg.diloco_members,
-            device=cfg.train_device,
+            data=str(cfg.trainer.data),
+            lr=DEFAULT_LR if cfg.trainer.learning_rate is None else cfg.trainer.learning_rate,
+            seq_len=cfg.trainer.pretrain_seq_len,
+            batch=cfg.trainer.pretrain_batch,
+            inner_steps=cfg.diloco.inner_steps,
+            outer_lr=cfg.diloco.outer_lr,
+            outer_momentum=cfg.diloco.momentum,
+            seed=cfg.trainer.seed,
+            min_shards=cfg.diloco.members,
+            device=cfg.trainer.device,
         )
 
 

@@ -110,7 +110,7 @@ class TrainerStatus:
 
 @dataclass(frozen=True)
 class PretrainStatus:
-    """A pretraining DiLoCo member (``--objective pretrain``): the trainer section's keys
+    """A pretraining DiLoCo member (``--trainer.objective pretrain``): the trainer section's keys
     (what the CLI's table and the dashboard read; no rollouts, so no verdicts) and its own."""
 
     step: int  # outer steps taken = the policy version its parameters are

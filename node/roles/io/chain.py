@@ -35,9 +35,11 @@ def open_ledger(cfg: NodeConfig, *, signing: bool = True) -> LedgerClient:
     from ledger.chain import connect
     from ledger.client import LedgerClient
 
-    if not cfg.contract:
-        raise ChainSetupError("no ledger contract configured (contract / INTELLECT_NODE_CONTRACT)")
-    if signing and cfg.chain_id is None:
+    if not cfg.chain.contract:
+        raise ChainSetupError(
+            "no ledger contract configured ([chain] contract: --contract, INTELLECT_NODE_CHAIN__CONTRACT)"
+        )
+    if signing and cfg.chain.id is None:
         raise ChainSetupError("no chain id configured (chain_id): nothing is signed without one")
     account = None
     if signing:
@@ -47,10 +49,10 @@ def open_ledger(cfg: NodeConfig, *, signing: bool = True) -> LedgerClient:
             raise ChainSetupError(str(exc)) from exc
     try:
         return LedgerClient(
-            connect(cfg.chain), cfg.contract, account, expected_chain_id=cfg.chain_id
+            connect(cfg.chain.url), cfg.chain.contract, account, expected_chain_id=cfg.chain.id
         )
     except Exception as exc:
-        raise ChainSetupError(f"cannot reach the ledger at {cfg.chain}: {exc}") from exc
+        raise ChainSetupError(f"cannot reach the ledger at {cfg.chain.url}: {exc}") from exc
 
 
 REGISTRATION_EVENTS = ("Registered", "PeerKeyChanged", "RegistrationRevoked")

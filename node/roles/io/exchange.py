@@ -144,7 +144,7 @@ async def fetch_batch(
                     while len(data) < reply.size:
                         try:
                             frame = await exchange.reader.read_frame(
-                                min(BATCH_FRAME, reply.size - len(data)), node.cfg.read_timeout
+                                min(BATCH_FRAME, reply.size - len(data)), node.cfg.net.read_timeout
                             )
                         except EOFError as exc:
                             raise WireError(Reason.TRUNCATED, "the batch ended early") from exc
@@ -155,7 +155,7 @@ async def fetch_batch(
         ) from exc
     envelope = bytes(data)
     try:  # off the trio thread: up to 48 MiB to check, decode and hash, sized by the peer
-        opened = await trio.to_thread.run_sync(opened_batch, envelope, peer, node.cfg.run_id)
+        opened = await trio.to_thread.run_sync(opened_batch, envelope, peer, node.cfg.run.id)
         if opened.work_key != work_key:  # even signed by the worker: a failed fetch, since
             # only this fetcher saw it and the chain cannot check an Ed25519 signature (SPEC
             # §19.1, key_mismatch: a bonded reject for it could be overturned by the others)

@@ -46,7 +46,7 @@ POLL_S = 0.5
 
 def came_too_late(exc: GroupError) -> bool:
     """The leader refused a joiner's first outer step because it formed, or moved on,
-    without it (it recovered for longer than the leader's ``diloco_join_timeout``): having
+    without it (it recovered for longer than the leader's ``diloco.join_timeout``): having
     taken nothing of its own yet, the joiner joins again."""
     return exc.why in ("late", "stale")
 

@@ -1,4 +1,4 @@
-"""The trainer role in a DiLoCo group (``--diloco``, SPEC §21): several trainers of one run
+"""The trainer role in a DiLoCo group (``--diloco.enabled``, SPEC §21): several trainers of one run
 train the policy together and publish it as one.
 
 Where the rollouts come from: as for a single trainer (``node/roles/services/trainer.py``), accepted
@@ -13,7 +13,7 @@ One outer step n (policy version n, the same on every member, bit for bit):
 2. each member waits for its share of the step's batches (``batches_per_step`` spread over
    the roster), or ``step_wait`` seconds: then it goes on with what it has, or with none
    (a zero pseudo-gradient) if other members have new accepted batches;
-3. the inner phase: up to ``diloco_inner_steps`` (H) GRPO steps on slices of its samples
+3. the inner phase: up to ``[diloco] inner_steps`` (H) GRPO steps on slices of its samples
    (``node/roles/children/grouppolicy.py``, in the role's child process);
 4. the outer step: the pseudo-gradient ``θ − θ_after`` goes through the group's ring
    all-reduce (``node/diloco/group.py``, int8 or fp32), the averaged one makes one Nesterov
@@ -67,19 +67,19 @@ ROSTERS_FILE = "diloco-rosters.json"
 class GroupTrainerRole(TrainerRole):
     def __init__(self, node: Node, cfg: NodeConfig, weights: Weights | None = None) -> None:
         super().__init__(node, cfg, weights)
-        if cfg.trainer_peer_id is None:
+        if cfg.run.trainer_peer_id is None:
             raise ChainSetupError("a DiLoCo group needs the run's trainer_peer_id (its leader)")
         self.me = node.peer_id
-        self.leading = self.me == cfg.trainer_peer_id
-        sync = 600.0 + 2 * cfg.step_wait  # members still waiting for batches, then training
+        self.leading = self.me == cfg.run.trainer_peer_id
+        sync = 600.0 + 2 * cfg.trainer.step_wait  # members still waiting for batches, then training
         self.group = DilocoGroup(
             node,
             GroupConfig(
-                leader=cfg.trainer_peer_id,
-                encoding=cfg.diloco_quant,
-                min_members=cfg.diloco_members,
-                admit=frozenset(cfg.diloco_admit) or None,
-                join_timeout=cfg.diloco_join_timeout,
+                leader=cfg.run.trainer_peer_id,
+                encoding=cfg.diloco.quant,
+                min_members=cfg.diloco.members,
+                admit=frozenset(cfg.diloco.admit) or None,
+                join_timeout=cfg.diloco.join_timeout,
                 sync_timeout=sync,
                 step_timeout=sync + 300.0,
             ),
@@ -94,15 +94,17 @@ class GroupTrainerRole(TrainerRole):
             super()._setup()
             return
         self.ledger = open_ledger(self.cfg, signing=False)
-        self.watcher = WorkWatcher(self.ledger, self.cfg.contract_block)
+        self.watcher = WorkWatcher(self.ledger, self.cfg.chain.contract_block)
 
     def _child(self, spec: PolicySpec) -> Offload:
-        """The member's policy: in the child, or with ``train_procs`` > 1 on that many
+        """The member's policy: in the child, or with ``[trainer] procs`` > 1 on that many
         torchrun ranks the child drives (FSDP2 inside the member, DiLoCo across)."""
         cfg = self.cfg
-        group = GroupSpec(spec, cfg.diloco_inner_steps, cfg.diloco_outer_lr, cfg.diloco_momentum)
-        if cfg.train_procs > 1:
-            return Offload(RankedPolicyWorker, RanksSpec(cfg.train_procs, group, GroupPolicyWorker))
+        group = GroupSpec(spec, cfg.diloco.inner_steps, cfg.diloco.outer_lr, cfg.diloco.momentum)
+        if cfg.trainer.procs > 1:
+            return Offload(
+                RankedPolicyWorker, RanksSpec(cfg.trainer.procs, group, GroupPolicyWorker)
+            )
         return Offload(GroupPolicyWorker, group)
 
     async def _serve(self, task_status: trio.TaskStatus[TrainerRole]) -> None:
@@ -118,7 +120,7 @@ class GroupTrainerRole(TrainerRole):
     def group_status(self) -> dict[str, Any]:
         return {
             **self.group.status(),
-            "inner_steps": self.cfg.diloco_inner_steps,
+            "inner_steps": self.cfg.diloco.inner_steps,
             "roster": self.rosters.latest(),
             "last": self.outer,
         }
@@ -154,13 +156,13 @@ class GroupTrainerRole(TrainerRole):
             await super()._train_one()
         except GroupError as exc:
             # a joiner that came after its first roster formed (it recovered for longer than
-            # the leader's diloco_join_timeout) has taken nothing of its own: it joins again
+            # the leader's diloco.join_timeout) has taken nothing of its own: it joins again
             joining = self.me not in self.rosters.by_version.get(self.step, [self.me])
             if not came_too_late(exc) or not joining:
                 raise
             log.warning(
                 "DiLoCo: step %d formed before we came (our recovery took longer than the "
-                "leader's diloco_join_timeout): joining again",
+                "leader's diloco.join_timeout): joining again",
                 self.step + 1,
             )
             await self._joined(await join(self.group, self.policy))
@@ -170,8 +172,8 @@ class GroupTrainerRole(TrainerRole):
         log.info(
             "DiLoCo: forming the group at version %d (leader %s, %d members at least)",
             n,
-            self.cfg.trainer_peer_id,
-            self.cfg.diloco_members,
+            self.cfg.run.trainer_peer_id,
+            self.cfg.diloco.members,
         )
         red = await form(self.group, self.policy, n)
         self.rosters.record(n, red.roster)
@@ -186,7 +188,7 @@ class GroupTrainerRole(TrainerRole):
         red = await reduce(self.group, n + 1, delta.vector, delta)
         reduce_s = time.monotonic() - began
         self.rosters.record(n + 1, red.roster)
-        self.rosters.forget_before(n - self.cfg.async_level)
+        self.rosters.forget_before(n - self.cfg.run.async_level)
         await saved(self.rosters.save, self.dir / ROSTERS_FILE, what="the rosters")
         digest = await trained(self.policy, OuterApply(n, red.average, len(red.roster) == 1))
         offered = await offer(self.group, self.policy, n + 1) if self.leading else None
@@ -194,7 +196,7 @@ class GroupTrainerRole(TrainerRole):
             "state_hash": offered,
             "params_hash": digest,
             "roster": red.roster,
-            "inner_steps": min(self.cfg.diloco_inner_steps, stats.samples),
+            "inner_steps": min(self.cfg.diloco.inner_steps, stats.samples),
             "attempts": red.attempts,
             "reduce_s": round(reduce_s, 3),
             "received_bytes": red.received,
@@ -216,12 +218,12 @@ class GroupTrainerRole(TrainerRole):
         if self.me not in self.rosters.by_version.get(n, [self.me]):
             return []  # a joiner's first step: version n's batches were split without it
         started = time.monotonic()
-        want = share(self.cfg.batches_per_step, len(self.rosters.latest()))
+        want = share(self.cfg.trainer.batches_per_step, len(self.rosters.latest()))
         while True:
             waited = time.monotonic() - started
             usable = self._mine(self.book.usable(n))
             theirs = self._theirs(n) - self.seen
-            if step_ready(len(usable), want, waited, self.cfg.step_wait, len(theirs)):
+            if step_ready(len(usable), want, waited, self.cfg.trainer.step_wait, len(theirs)):
                 self.idle_s += waited
                 self.seen |= theirs
                 return usable
@@ -268,5 +270,5 @@ async def run(
     *,
     task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """The role as a service the runtime starts (``--role trainer --diloco``)."""
+    """The role as a service the runtime starts (``--role trainer --diloco.enabled``)."""
     await GroupTrainerRole(node, cfg, weights).serve(task_status=task_status)

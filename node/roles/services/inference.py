@@ -106,18 +106,18 @@ class InferenceRole:
         maker: type[BatchMaker] = BatchMaker,
     ) -> None:
         """``maker``: the class the child process runs (``BatchMaker`` or a subclass)."""
-        if cfg.model is None:
+        if cfg.run.model is None:
             raise ChainSetupError("the inference role needs a model (--model DIR)")
-        if cfg.trainer_peer_id is None:
+        if cfg.run.trainer_peer_id is None:
             raise ChainSetupError("the inference role needs the run's trainer_peer_id")
         self.node, self.cfg, self.weights = node, cfg, weights
         self.store = BatchStore(cfg.resolved_data_dir / "batches")
         self.state_path = cfg.resolved_data_dir / "inference-state.json"
-        self.clock = StepClock(cfg.trainer_peer_id, cfg.async_level)
+        self.clock = StepClock(cfg.run.trainer_peer_id, cfg.run.async_level)
         self.counts = WorkerCounts()
-        self.versions = VersionChoice(cfg.async_level)
+        self.versions = VersionChoice(cfg.run.async_level)
         # its account on-chain and its submissions until judged (node/roles/io/submissions.py)
-        self.chain = Submissions(self.store, self.clock, cfg.async_level)
+        self.chain = Submissions(self.store, self.clock, cfg.run.async_level)
         self.maker_class = maker
         self._maker: Maker | None = None  # the child process, while the role serves
         self.done_step: int | None = None
@@ -150,15 +150,19 @@ class InferenceRole:
         """Blocking: stake and register this node's peer key for the account, or make sure
         the account (``info``: the ledger's record of it) is registered for it."""
         if not info.registered:
-            self.chain.ledger.register_identity(self.node.identity, int(self.cfg.stake * WEI))
-            log.info("registered %s with %.3f ETH stake", self.chain.address, self.cfg.stake)
+            self.chain.ledger.register_identity(
+                self.node.identity, int(self.cfg.inference.stake * WEI)
+            )
+            log.info(
+                "registered %s with %.3f ETH stake", self.chain.address, self.cfg.inference.stake
+            )
         elif info.peer_key != self.node.identity.public_bytes:
             raise ChainSetupError(
                 f"{self.chain.address} is registered for another peer key; this node cannot work for it"
             )
 
     def adopt_window(self, chain_staleness: int) -> None:
-        level = narrower_window(self.cfg.async_level, chain_staleness)
+        level = narrower_window(self.cfg.run.async_level, chain_staleness)
         self.clock.async_level = self.versions.async_level = level
 
     def status(self) -> InferenceStatus:
@@ -223,7 +227,7 @@ class InferenceRole:
                 if (
                     step is None
                     or step == self.done_step
-                    or len(self.chain.pending) >= self.cfg.max_unjudged
+                    or len(self.chain.pending) >= self.cfg.inference.max_unjudged
                 ):
                     await trio.sleep(POLL_S)
                     continue
@@ -287,7 +291,7 @@ class InferenceRole:
         if v is None:
             return None
         if v == 0:
-            path = self.cfg.model
+            path = self.cfg.run.model
         else:
             assert self.weights is not None  # held_versions: only version 0 without them
             path = self.weights.model_dir(v)

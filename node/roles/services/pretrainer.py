@@ -1,5 +1,5 @@
-"""The trainer role pretraining in a DiLoCo group (``--diloco --objective pretrain --data
-PATH``, SPEC §22): INTELLECT-1's objective, next-token loss on a text corpus.
+"""The trainer role pretraining in a DiLoCo group (``--diloco.enabled --trainer.objective pretrain
+--trainer.data PATH``, SPEC §22): INTELLECT-1's objective, next-token loss on a text corpus.
 
 Where the data comes from: not from the network. Every member reads the same local text
 file, each its own contiguous shard of it (``node/diloco/corpus.py``: shard i of k, i the
@@ -8,7 +8,7 @@ reads no chain, fetches no batch and announces no step to workers.
 
 One outer step n (policy version n, the same on every member, bit for bit):
 
-1. the inner phase: ``diloco_inner_steps`` (H) AdamW steps on the next H batches of the
+1. the inner phase: ``[diloco] inner_steps`` (H) AdamW steps on the next H batches of the
    member's shard, in the role's child process (``node/roles/children/pretrainpolicy.py``);
 2. the outer step: ``θ − θ_after`` through the group's ring all-reduce
    (``node/diloco/group.py``, int8 or fp32) and one Nesterov step on the average; the child
@@ -93,25 +93,25 @@ class PretrainState:
 
 class PretrainRole:
     def __init__(self, node: Node, cfg: NodeConfig, weights: Weights | None = None) -> None:
-        if cfg.model is None:
+        if cfg.run.model is None:
             raise ChainSetupError("pretraining needs the base model (--model DIR)")
         if weights is None:
             raise ChainSetupError("the trainer role needs the weight service (SHARDCAST)")
-        if cfg.trainer_peer_id is None:
+        if cfg.run.trainer_peer_id is None:
             raise ChainSetupError("a DiLoCo group needs the run's trainer_peer_id (its leader)")
         self.node, self.cfg = node, cfg
         self.weights: Weights = weights
         self.dir = cfg.resolved_data_dir
         self.state = PretrainState.load(self.dir / STATE_FILE)
-        self.leading = node.peer_id == cfg.trainer_peer_id
+        self.leading = node.peer_id == cfg.run.trainer_peer_id
         self.group = DilocoGroup(
             node,
             GroupConfig(
-                leader=cfg.trainer_peer_id,
-                encoding=cfg.diloco_quant,
-                min_members=cfg.diloco_members,
-                admit=frozenset(cfg.diloco_admit) or None,
-                join_timeout=cfg.diloco_join_timeout,
+                leader=cfg.run.trainer_peer_id,
+                encoding=cfg.diloco.quant,
+                min_members=cfg.diloco.members,
+                admit=frozenset(cfg.diloco.admit) or None,
+                join_timeout=cfg.diloco.join_timeout,
                 sync_timeout=600.0,
                 step_timeout=900.0,
             ),
@@ -131,12 +131,12 @@ class PretrainRole:
         return self.state.step
 
     def _child(self, spec: PretrainSpec) -> Offload:
-        """The member's model: in the child, or with ``train_procs`` > 1 on that many
+        """The member's model: in the child, or with ``[trainer] procs`` > 1 on that many
         torchrun ranks the child drives (FSDP2 inside the member, DiLoCo across)."""
-        if self.cfg.train_procs > 1:
-            ranks = RanksSpec(self.cfg.train_procs, spec, PretrainWorker)
+        if self.cfg.trainer.procs > 1:
+            ranks = RanksSpec(self.cfg.trainer.procs, spec, PretrainWorker)
             return Offload(RankedPolicyWorker, ranks)
-        return Offload(PretrainWorker, spec, threads=self.cfg.torch_threads)
+        return Offload(PretrainWorker, spec, threads=self.cfg.engine.torch_threads)
 
     def checkpoint_dir(self, version: int) -> Path:
         return self.dir / "checkpoints" / f"v{version}"
@@ -156,7 +156,7 @@ class PretrainRole:
                     await self._enter()
                 if self.state.shard >= 0:
                     await self._use_shard()
-                while self.cfg.train_steps == 0 or self.step < self.cfg.train_steps:
+                while self.cfg.trainer.steps == 0 or self.step < self.cfg.trainer.steps:
                     await self._outer_step()
                 self.done = True
                 log.info("pretrained %d outer steps: done (still serving weights)", self.step)
@@ -243,7 +243,7 @@ class PretrainRole:
                 raise
             log.warning(
                 "DiLoCo: step %d formed before we came (our recovery took longer than the "
-                "leader's diloco_join_timeout): joining again",
+                "leader's diloco.join_timeout): joining again",
                 n + 1,
             )
             await self._joined(await join(self.group, self.policy))
@@ -295,7 +295,7 @@ class PretrainRole:
             "diloco": {
                 "params_hash": digest,
                 "roster": red.roster,
-                "inner_steps": self.cfg.diloco_inner_steps,
+                "inner_steps": self.cfg.diloco.inner_steps,
                 "attempts": red.attempts,
                 "reduce_s": round(reduce_s, 3),
                 "received_bytes": red.received,
@@ -317,24 +317,24 @@ class PretrainRole:
     # ---- /status -------------------------------------------------------------------------
 
     def _tokens_seen(self) -> int:
-        return self.position * self.cfg.pretrain_batch * self.cfg.pretrain_seq_len
+        return self.position * self.cfg.trainer.pretrain_batch * self.cfg.trainer.pretrain_seq_len
 
     def status(self) -> PretrainStatus:
         total = self.idle_s + self.busy_s
-        data: dict[str, Any] = {"path": str(self.cfg.data), "position": self.position}
+        data: dict[str, Any] = {"path": str(self.cfg.trainer.data), "position": self.position}
         if self.info is not None:
             per_pass = self.info.shard["per_pass"]
             data |= {
                 **self.info.shard,
                 "text_tokens": self.info.text_tokens,
                 "tokens_seen": self._tokens_seen(),
-                "passes": round(self.position * self.cfg.pretrain_batch / per_pass, 4),
+                "passes": round(self.position * self.cfg.trainer.pretrain_batch / per_pass, 4),
                 "read": self.last.get("read", []),
             }
         return PretrainStatus(
             step=self.step,
             policy_version=self.step,
-            train_steps=self.cfg.train_steps,
+            train_steps=self.cfg.trainer.steps,
             done=self.done,
             loss=self.last.get("loss"),
             data=data,
@@ -349,7 +349,7 @@ class PretrainRole:
         return {
             **self.group.status(),
             "objective": "pretrain",
-            "inner_steps": self.cfg.diloco_inner_steps,
+            "inner_steps": self.cfg.diloco.inner_steps,
             "roster": self.state.roster,
             "last": self.last.get("diloco", {}),
         }
@@ -381,6 +381,6 @@ async def run(
     *,
     task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """The role as a service the runtime starts (``--role trainer --diloco --objective
+    """The role as a service the runtime starts (``--role trainer --diloco.enabled --trainer.objective
     pretrain``)."""
     await PretrainRole(node, cfg, weights).serve(task_status=task_status)

@@ -8,7 +8,7 @@ accepted batch from its worker over ``/intellect/batch/1.0.0`` (``Gatherer``,
 its inbox, and trains on it: ``PolicyWorker`` (a
 child process, ``node/training/worker.py``) turns the batches into GRPO samples
 (``node/training/grpo.py``) and takes one optimizer step (``node/training/policy.py``);
-with ``train_procs`` > 1 the child drives that many torchrun ranks that shard the step
+with ``[trainer] procs`` > 1 the child drives that many torchrun ranks that shard the step
 with FSDP2 (``node/training/ranks.py``).
 
 One training step n (the policy is version n; version 0 is the base ``--model``):
@@ -82,7 +82,7 @@ CHAIN_RETRY_S = 2.0  # a chain that does not answer is asked again this often
 
 class TrainerRole:
     def __init__(self, node: Node, cfg: NodeConfig, weights: Weights | None = None) -> None:
-        if cfg.model is None:
+        if cfg.run.model is None:
             raise ChainSetupError("the trainer role needs the run's base model (--model DIR)")
         if weights is None:
             raise ChainSetupError("the trainer role needs the weight service (SHARDCAST)")
@@ -91,14 +91,14 @@ class TrainerRole:
         self.dir = cfg.resolved_data_dir
         self.state_path = self.dir / STATE_FILE
         self.state = TrainerState.load(self.state_path)
-        self.book = WorkBook.resumed(cfg.async_level, self.state)
+        self.book = WorkBook.resumed(cfg.run.async_level, self.state)
         self.inbox = BatchStore(self.dir / "trainer-inbox")
         self.gatherer = Gatherer(  # fetches the accepted batches into the inbox
             node,
             self.inbox,
             self.book,
             registered=lambda worker: registered_peer(self._ledger, worker),
-            proofs=proof_parameters(cfg.verify_profile),
+            proofs=proof_parameters(cfg.run.verify_profile),
         )
         self.announced: tuple[int, int] = (-1, -1)
         self.policy: Any = None
@@ -135,12 +135,14 @@ class TrainerRole:
                 f"the trainer publishes policy versions on-chain: its account "
                 f"{self.ledger.address} must be the contract's owner {owner}"
             )
-        self.watcher = WorkWatcher(self.ledger, self.cfg.contract_block)
+        self.watcher = WorkWatcher(self.ledger, self.cfg.chain.contract_block)
 
     def checkpoint_dir(self, version: int) -> Path:
         """The model directory of ``version`` (0: the base model)."""
         return (
-            Path(str(self.cfg.model)) if version == 0 else self.dir / "checkpoints" / f"v{version}"
+            Path(str(self.cfg.run.model))
+            if version == 0
+            else self.dir / "checkpoints" / f"v{version}"
         )
 
     def status(self) -> TrainerStatus:
@@ -148,7 +150,7 @@ class TrainerRole:
         return TrainerStatus(
             step=self.step,
             policy_version=self.step,
-            train_steps=self.cfg.train_steps,
+            train_steps=self.cfg.trainer.steps,
             done=self.done,
             accepted=len(self.book.accepted),
             rejected=len(self.book.rejected),
@@ -174,8 +176,8 @@ class TrainerRole:
 
     def _child(self, spec: PolicySpec) -> Offload:
         """The policy's process: one, or torchrun ranks with FSDP2 (node/training/ranks.py)."""
-        if self.cfg.train_procs > 1:
-            return Offload(RankedPolicyWorker, RanksSpec(self.cfg.train_procs, spec))
+        if self.cfg.trainer.procs > 1:
+            return Offload(RankedPolicyWorker, RanksSpec(self.cfg.trainer.procs, spec))
         return Offload(PolicyWorker, spec)
 
     async def _serve(self, task_status: trio.TaskStatus[TrainerRole]) -> None:
@@ -190,7 +192,7 @@ class TrainerRole:
             if recorded_step(self.dir / METRICS_FILE) < self.step:  # the base policy's line,
                 await self._record(self.state.line or self._line(StepStats(), [], time.monotonic()))
                 # or the line a crash cut off between the checkpoint and the record
-            while self.cfg.train_steps == 0 or self.step < self.cfg.train_steps:
+            while self.cfg.trainer.steps == 0 or self.step < self.cfg.trainer.steps:
                 await self._train_one()
             self.done = True
             log.info("trained %d steps: done (still serving weights)", self.step)
@@ -201,7 +203,7 @@ class TrainerRole:
         self._announce(n, n)
         began = time.monotonic()
         keys = await self._wait_for_batches(n)
-        if self.cfg.async_level >= 1:  # workers go on with version n while n trains
+        if self.cfg.run.async_level >= 1:  # workers go on with version n while n trains
             self._announce(n + 1, n)
         envelopes = [e for k in keys if (e := self.inbox.get(k[1])) is not None]
         busy = time.monotonic()
@@ -236,7 +238,10 @@ class TrainerRole:
         while True:
             waited = time.monotonic() - started
             keys = step_batches(
-                self.book.usable(n), waited, self.cfg.batches_per_step, self.cfg.step_wait
+                self.book.usable(n),
+                waited,
+                self.cfg.trainer.batches_per_step,
+                self.cfg.trainer.step_wait,
             )
             if keys is not None:
                 self.idle_s += waited
@@ -283,7 +288,7 @@ class TrainerRole:
             "heldout_sampled": None,
             "heldout_greedy": None,
             "heldout_pass_at_k": None,
-            "heldout_draws": self.cfg.heldout_draws,
+            "heldout_draws": self.cfg.trainer.heldout_draws,
             "heldout_by_level": {},
             "accepted": len(self.book.accepted),
             "rejected": len(self.book.rejected),
@@ -297,7 +302,7 @@ class TrainerRole:
             "loss": stats.loss,
             "grad_norm": stats.grad_norm,
             "clip_frac": stats.clip_frac,
-            "train_ranks": self.cfg.train_procs if stats.ranks is None else stats.ranks,
+            "train_ranks": self.cfg.trainer.procs if stats.ranks is None else stats.ranks,
             "versions_used": sorted({self.book.submitted[k].policy_version for k in keys}),
             "used": [key_text(k) for k in keys],
             "seconds": round(time.monotonic() - began, 3),  # the step, its checkpoint saved
@@ -309,7 +314,7 @@ class TrainerRole:
     async def _record(self, line: dict[str, Any]) -> None:
         """Evaluate (when due) and append the step's line to ``metrics.jsonl``."""
         line = dict(line)
-        if self.cfg.eval_every and self.step % self.cfg.eval_every == 0:
+        if self.cfg.trainer.eval_every and self.step % self.cfg.trainer.eval_every == 0:
             scores = await self.policy.call(Evaluate(str(self.checkpoint_dir(self.step))))
             line |= scores.fields()
         self.curve.append(curve_point(line))

@@ -79,13 +79,13 @@ WEIGHTS_WAIT_S = 300.0  # a batch's policy version is waited for this long
 
 class ValidatorRole:
     def __init__(self, node: Node, cfg: NodeConfig, weights: Weights | None = None) -> None:
-        if cfg.model is None:
+        if cfg.run.model is None:
             raise ChainSetupError("the validator role needs the run's model (--model DIR)")
-        if cfg.trainer_peer_id is None:
+        if cfg.run.trainer_peer_id is None:
             raise ChainSetupError("the validator role needs the run's trainer_peer_id")
         self.node, self.cfg, self.weights = node, cfg, weights
-        self.clock = StepClock(cfg.trainer_peer_id, cfg.async_level)
-        self.proofs = proof_parameters(cfg.verify_profile)  # what the batches must use
+        self.clock = StepClock(cfg.run.trainer_peer_id, cfg.run.async_level)
+        self.proofs = proof_parameters(cfg.run.verify_profile)  # what the batches must use
         self.queue = JudgingQueue()
         # (key, announcer) -> its notice: the size a fetch from that peer may have (the
         # first announcer's notice, anyone's, once set it for every peer asked)
@@ -115,7 +115,7 @@ class ValidatorRole:
 
     def _setup(self) -> None:
         ledger = self.votes.ledger = open_ledger(self.cfg)
-        self.docket.open(ledger, self.cfg.contract_block)
+        self.docket.open(ledger, self.cfg.chain.contract_block)
         self.queue.fetch_deadline_s = float(ledger.params().fetch_deadline)
 
     def status(self) -> ValidatorStatus:
@@ -294,7 +294,7 @@ class ValidatorRole:
         )
         verdict = await trio.to_thread.run_sync(cheap_checks, *args)
         if verdict is None:  # they passed: tasks, rewards and proofs
-            model_dir = await weights_of(batch.policy_version, self.cfg.model, self.weights)
+            model_dir = await weights_of(batch.policy_version, self.cfg.run.model, self.weights)
             if model_dir is None:
                 self._not_judged(key, f"no weights of version {batch.policy_version} here")
                 return

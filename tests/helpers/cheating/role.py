@@ -177,7 +177,7 @@ class CheatingRole(InferenceRole):
     def __init__(self, node: Any, cfg: Any, weights: Any = None, *, cheats: str) -> None:
         super().__init__(node, cfg, weights, maker=CheatingMaker)
         self.plan = CheatPlan.of(cheats)
-        self.served = ServedStore(self.store, cfg.trainer_peer_id)
+        self.served = ServedStore(self.store, cfg.run.trainer_peer_id)
         self.cheat_of: dict[int, str] = {}  # step -> the cheat its batch made
 
     def record(self) -> dict[str, Any]:
@@ -193,7 +193,7 @@ class CheatingRole(InferenceRole):
             super().register(info)
         elif not info.registered:  # registered once, the other key stays its record
             identity = self.plan.registered_identity(self.node.identity)
-            self.chain.ledger.register_identity(identity, int(self.cfg.stake * WEI))
+            self.chain.ledger.register_identity(identity, int(self.cfg.inference.stake * WEI))
 
     async def make(self, step: int, version: int, model_dir: str) -> Any:
         cheat = self.plan.next()
@@ -201,7 +201,7 @@ class CheatingRole(InferenceRole):
             cheat, version, self.held_versions(), self.clock.oldest_version()
         )
         if used != version:  # other weights than the version claimed
-            used_dir = str(self.cfg.model if used == 0 else self.weights.model_dir(used))
+            used_dir = str(self.cfg.run.model if used == 0 else self.weights.model_dir(used))
             apart = await trio.to_thread.run_sync(self.plan.apart, used_dir, model_dir)
             if apart < DETECTABLE_APART:
                 cheat = "none"  # too close to tell apart (SPEC §19.1): honest, comes again

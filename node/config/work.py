@@ -1,0 +1,158 @@
+"""The run's sections: ``[run]`` (what every worker and validator must agree on with the
+run), ``[chain]`` (the ledger), ``[engine]`` (where generation and checking compute),
+``[inference]`` and ``[validator]`` (each role's own)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, field_validator
+
+from node.config.section import Section
+from protocol.ids import check_run_id
+
+VerifyProfile = Literal["gpu-bf16", "paper", "strict-fp32"]  # crypto.verdict.PROFILES
+
+
+class RunConfig(Section):
+    """What every node of a run must agree on with it: a validator checks a batch against
+    the run's model, tasks, sampling and verification profile."""
+
+    id: str = Field(
+        "devnet",
+        description="The training run this node belongs to; other runs are rejected.",
+        json_schema_extra={"was": "run_id", "flag": "--run-id"},
+    )
+    trainer_peer_id: str | None = Field(
+        None,
+        pattern=r"^[1-9A-HJ-NP-Za-km-z]{40,64}$",
+        description="The run's trainer: weight manifests are accepted only under this key.",
+        json_schema_extra={"metavar": "PEER_ID"},
+    )
+    model: Path | None = Field(
+        None,
+        description="Local Hugging Face model directory for the inference, validator and "
+        "trainer roles (the devnet passes the tiny base model).",
+        json_schema_extra={"metavar": "DIR", "flag": "--model"},
+    )
+    verify_profile: VerifyProfile = Field(
+        "gpu-bf16",
+        description="How the run's work is verified: gpu-bf16 (workers in bf16, validators in "
+        "bf16 or fp32), paper (the same with the TOPLOC paper's name), strict-fp32 (everyone "
+        "in fp32: the CPU engine). Check one with `intellect-node model calibrate`.",
+    )
+    taskset: str = Field(
+        "arithmetic", description="The run's task set (arithmetic, arithmetic:LO-HI, or a file)."
+    )
+    tasks_per_batch: int = Field(4, ge=1, le=256, description="Tasks in one rollout batch.")
+    group_size: int = Field(4, ge=1, le=64, description="Samples per task (GRPO group size G).")
+    max_new_tokens: int = Field(48, ge=1, le=16384, description="Tokens per sample at most.")
+    temperature: float = Field(1.0, gt=0, le=10, description="Sampling temperature.")
+    top_p: float = Field(
+        1.0,
+        gt=0,
+        le=1,
+        description="Nucleus sampling's top-p: workers sample with it, validators expect it "
+        "(1: no nucleus; below, SPEC section 18.1's boundary events).",
+    )
+    async_level: int = Field(
+        2,
+        ge=0,
+        le=64,
+        description="A worker at trainer step n may use policy versions >= n - async_level.",
+    )
+
+    @field_validator("id")
+    @classmethod
+    def _run_id(cls, v: str) -> str:
+        return check_run_id(v)
+
+
+class ChainConfig(Section):
+    """The ledger's chain and contract (inference, validator and trainer roles).
+    `intellect-node chain` prints them for the local development chain, and writes them to
+    `~/.intellect-node/chain/chain.json`."""
+
+    url: str = Field(
+        "http://127.0.0.1:8545",
+        description="The ledger's JSON-RPC URL (intellect-node chain serves one there).",
+        json_schema_extra={"metavar": "URL", "was": "chain", "flag": "--chain"},
+    )
+    contract: str | None = Field(
+        None,
+        pattern=r"^0x[0-9a-fA-F]{40}$",
+        description="The ledger contract's address.",
+        json_schema_extra={"metavar": "ADDRESS", "flag": "--contract"},
+    )
+    contract_block: int = Field(
+        0, ge=0, description="The contract's deployment block (events are indexed from it)."
+    )
+    id: int | None = Field(
+        None,
+        ge=1,
+        description="Expected chain id; transactions are refused on any other chain.",
+        json_schema_extra={"was": "chain_id"},
+    )
+    confirmations: int = Field(
+        2,
+        ge=0,
+        le=1000,
+        description="Blocks deep an event must be before the event index caches it.",
+        json_schema_extra={"was": "chain_confirmations"},
+    )
+
+
+TORCH_THREADS = (
+    "Threads torch computes with in the engine's and the batch checker's processes (0: "
+    "torch's default, one per core). Where several nodes share a machine's cores (the "
+    "devnet), 1 each: more threads than cores spin against each other and burn CPU for nothing."
+)
+
+
+DEVICE = (
+    "Inference and validator: where the engine and the batch checker compute (auto: the "
+    "GPU when torch sees one, else the CPU). The dtype follows: bfloat16 on a GPU (float16 on "
+    "one without bf16), float32 on a CPU; under verify_profile strict-fp32, float32 "
+    "everywhere. A validator on the CPU judges a GPU worker's bf16 work in fp32 under "
+    "gpu-bf16 (SPEC section 18.1)."
+)
+
+
+class EngineConfig(Section):
+    """The inference engine and the validator's batch checker: where and how they compute."""
+
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description=DEVICE)
+    torch_threads: int = Field(0, ge=0, le=1024, description=TORCH_THREADS)
+    batch: int = Field(
+        32,
+        ge=1,
+        le=1024,
+        description="Sequences the engine decodes together.",
+        json_schema_extra={"was": "engine_batch"},
+    )
+
+
+class InferenceConfig(Section):
+    """The inference role: its stake and how far it works ahead of the validators."""
+
+    stake: float = Field(
+        2.0, gt=0, le=1e6, description="ETH an inference node stakes when it registers."
+    )
+    max_unjudged: int = Field(
+        4,
+        ge=1,
+        le=1024,
+        description="Submitted batches without a verdict after which a worker waits.",
+    )
+
+
+class ValidatorConfig(Section):
+    """The validator role: how much of each batch it recomputes."""
+
+    spot_check: float = Field(
+        1.0,
+        gt=0,
+        le=1,
+        description="Share of each batch's rollouts a validator recomputes (SPEC §18).",
+    )
