@@ -288,3 +288,50 @@ def test_ci_runs_the_readme_test_command_and_it_runs_both_tiers():
     assert "-m" not in quick  # pyproject's addopts: not slow and not gpu
     assert slow[slow.index("-m") + 1] == "slow"
     assert '-m \\"not slow and not gpu\\"' in (ROOT / "pyproject.toml").read_text()
+
+
+# "SPEC §15", "SPEC section 18.1", "SPEC.md §3", "SPEC §§11–12" (the first of a range)
+SPEC_REFERENCE = re.compile(r"SPEC(?:\.md)?\s+(?:§§?|section\s+)(\d+(?:\.\d+)?)")
+
+
+def dangling_spec_references(texts: dict[str, str], sections: set[str]) -> list[str]:
+    """Each ``SPEC §N`` in ``texts`` (name -> text) that names no section of ``sections``."""
+    return [
+        f"{name}: SPEC §{m[1]}"
+        for name, text in texts.items()
+        for m in SPEC_REFERENCE.finditer(text)
+        if m[1] not in sections
+    ]
+
+
+def spec_sections() -> set[str]:
+    """The numbers of the spec's sections and subsections: "15", "18.1", ..."""
+    _, numbered = numbering_problems({f: (ROOT / f).read_text() for f in SPEC_FILES})
+    sections = set()
+    for heading in (h for headings in numbered.values() for h in headings):
+        m = NUMBERED.match(f"## {heading}")
+        sections.add(m[2] if m[3] is None else f"{m[2]}.{m[3]}")
+    return sections
+
+
+def test_every_spec_reference_in_the_house_names_a_section_that_exists():
+    """The spec was renumbered once (split in three files): a reference left with its old
+    number, or one to a section that went, is found here."""
+    sections = spec_sections()
+    assert {"1", "18.1", "22"} <= sections
+    listed = subprocess.run(
+        ["git", "ls-files", "*.py", "*.md", "*.vy", "*.yml", "*.toml", "*.html", "*.js", "*.sh"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    texts = {f: (ROOT / f).read_text() for f in listed if (ROOT / f).is_file()}
+    texts.pop("scripts/spec_renumber.py", None)  # its table holds the old numbers
+    texts.pop("tests/test_docs.py", None)
+    assert dangling_spec_references(texts, sections) == []
+    # and the check finds one
+    assert dangling_spec_references({"x.py": "see SPEC §23 and SPEC section 18.9"}, sections) == [
+        "x.py: SPEC §23",
+        "x.py: SPEC §18.9",
+    ]

@@ -1,6 +1,5 @@
-"""Pretraining in a DiLoCo group (``--role trainer --diloco.enabled --trainer.objective pretrain
---trainer.data PATH``,
-SPEC §22): the settings and their errors, the shards of the corpus (pure), the member's
+"""Pretraining in a DiLoCo group (``--role trainer --diloco.enabled --trainer.objective
+pretrain --trainer.data PATH``, SPEC §22): the settings and their errors, the shards of the corpus (pure), the member's
 child process (inner phase, outer step, checkpoint with the data position, resume), in one
 process and over two torchrun ranks, and one real run: two trainer processes on 127.0.0.1
 (the second on two ranks) form a group, pretrain for two outer steps, stop, and resume for
