@@ -13,6 +13,7 @@ import trio
 from libp2p.peer.id import ID
 
 from crypto.identity import Identity
+from node.config import NodeConfig
 from node.net.announcements import Announcements
 from node.net.metrics import Metrics
 from node.net.requests import Requests, now_ms
@@ -54,18 +55,17 @@ class Topic:
 
 
 def service(topic, identity, run=RUN):
-    cfg = SimpleNamespace(
-        run_id=run,
-        max_clock_skew=30.0,
-        peer_max_streams=8,
-        peer_request_rate=100.0,
-        peer_request_burst=100,
-        peer_shun_cooldown=60.0,
-        read_timeout=5.0,
-        connect_timeout=5.0,
-        announce_buffer=64,
-        gossip_rate=100.0,
-        gossip_queue=16,
+    cfg = NodeConfig(
+        run={"id": run},
+        net={
+            "max_clock_skew": 30.0,
+            "peer_max_streams": 8,
+            "peer_request_burst": 100,
+            "peer_shun_cooldown": 60.0,
+            "read_timeout": 5.0,
+            "announce_buffer": 64,
+            "gossip_queue": 16,
+        },
     )
     seq = iter(range(now_ms() * 1000, now_ms() * 1000 + 10_000))
 
@@ -75,7 +75,7 @@ def service(topic, identity, run=RUN):
     network = topic.network_of(identity)
     peers = SimpleNamespace(peers={})
     requests = Requests(cfg, identity, network, peers, Metrics(), header)
-    return Announcements(cfg, identity, network, requests)
+    return Announcements(cfg.net, run, identity, network, requests)
 
 
 async def test_an_announcement_reaches_another_node_by_gossip(autojump_clock):

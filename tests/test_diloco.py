@@ -12,6 +12,7 @@ import pytest
 import torch
 import trio
 
+from node.config import NodeConfig
 from node.diloco import quant, ring
 from node.diloco.inner import Corpus, InnerConfig, inner_step, make_optimizer
 from node.diloco.membership import Membership, Refused
@@ -533,7 +534,7 @@ def _puller_of(reply, source, sizes):
     node = SimpleNamespace(
         header=lambda: header,
         open_request=open_request,
-        cfg=SimpleNamespace(net=SimpleNamespace(read_timeout=5.0)),
+        cfg=NodeConfig(net={"read_timeout": 5.0}),
     )
     return SimpleNamespace(node=node, attempts={(0, 0): SimpleNamespace(sizes=sizes)})
 
@@ -747,7 +748,7 @@ async def test_a_ring_chunk_is_served_to_our_right_neighbour_in_the_roster_only(
     attempt = Attempt([left.peer_id, me.peer_id, right.peer_id], outbox, [1.0] * 3, {})
     node = SimpleNamespace(
         peer_id=me.peer_id,
-        cfg=SimpleNamespace(read_timeout=2.0),
+        cfg=NodeConfig(net={"read_timeout": 2.0}),
         header=lambda: {"run_id": "test-run", "sender": me.peer_id, "seq": 1, "ts_ms": 1},
     )
 
@@ -1077,7 +1078,7 @@ async def test_a_joiner_loads_only_state_bytes_that_match_their_digest_and_step(
     node = SimpleNamespace(
         header=lambda: {"run_id": "test-run", "sender": donor.peer_id, "seq": 1, "ts_ms": 1},
         open_request=open_request,
-        cfg=SimpleNamespace(read_timeout=5.0),
+        cfg=NodeConfig(net={"read_timeout": 5.0}),
     )
     assert await fetch_state(node, donor.peer_id, 5) == good
     assert replies == []  # the two bad transfers were asked again, not loaded

@@ -632,7 +632,7 @@ def test_after_a_lost_connection_a_client_signs_nothing_for_another_chain(monkey
     client refuses to send there."""
     ledger = Ledger(connect("embedded"))
     c = ledger.client(ledger.stranger)
-    c.chain = moved = MovableChain(c.chain)
+    c.tx.guard.chain = moved = MovableChain(c.chain)  # what the client asks the chain id of
     c.add_stake(ETH)  # pins the chain id
     pinned = moved.chain_id
     send = c.w3.eth.send_raw_transaction

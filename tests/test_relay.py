@@ -22,7 +22,7 @@ from libp2p.relay.circuit_v2.transport import CircuitV2Transport
 from libp2p.tools.anyio_service import background_trio_service
 
 from crypto.identity import Identity
-from node.config import load_config
+from node.config import NodeConfig, load_config
 from node.net.circuits import CountingRelay, dial_circuit, reserve
 from node.net.host import build_host, parse_addrs
 from node.net.metrics import Metrics
@@ -433,7 +433,7 @@ def _upkeep(monkeypatch, relays, state, now=1000.0):
 
     monkeypatch.setattr(relay_module, "reserve", reserve)
     r = Relays.__new__(Relays)
-    r.cfg = SimpleNamespace(run_id="run", read_timeout=1.0)
+    r.cfg = NodeConfig(run={"id": "run"}, net={"read_timeout": 1.0})
     r.network, r.reachability = _RelayNet(relays), SimpleNamespace(state=lambda: state)
     r.clock, r.pin, r.transport, r.dcutr, r.serving = (
         lambda: now,

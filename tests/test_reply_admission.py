@@ -13,6 +13,7 @@ import trio
 import trio.testing
 
 from crypto.identity import Identity
+from node.config import NodeConfig
 from node.net.metrics import Metrics
 from node.net.requests import Requests, now_ms
 from protocol.errors import Reason, WireError
@@ -47,15 +48,15 @@ class Host:
 
 
 def requests_over(host, me):
-    cfg = SimpleNamespace(
-        run_id=RUN,
-        max_clock_skew=SKEW_S,
-        peer_max_streams=8,
-        peer_request_rate=100.0,
-        peer_request_burst=100,
-        peer_shun_cooldown=60.0,
-        read_timeout=5.0,
-        connect_timeout=5.0,
+    cfg = NodeConfig(
+        run={"id": RUN},
+        net={
+            "max_clock_skew": SKEW_S,
+            "peer_max_streams": 8,
+            "peer_request_burst": 100,
+            "peer_shun_cooldown": 60.0,
+            "read_timeout": 5.0,
+        },
     )
     network = SimpleNamespace(host=host, connected_peers=lambda: set())
     peers = SimpleNamespace(peers={})

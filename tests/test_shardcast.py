@@ -14,6 +14,7 @@ import trio
 from crypto.hashing import digest
 from crypto.identity import Identity
 from node.cli.weights import pull_info
+from node.config import NodeConfig
 from node.shardcast.schedule import DownloadPlan
 from node.shardcast.store import DiskFault, StoreError, WeightStore, publish, version_dir_name
 from node.shardcast.transfer import BadShard, ByteBucket, LocalFault, Wakeup, run_download
@@ -1147,7 +1148,7 @@ def _downloads(monkeypatch, holders, holding):
         reject=lambda protocol, peer, err: None,
         metrics=SimpleNamespace(inc=lambda *a, **k: None),
     )
-    cfg = SimpleNamespace(download_slots=2, read_timeout=1.0)
+    cfg = NodeConfig(shardcast={"download_slots": 2}, net={"read_timeout": 1.0})
     downloads = pulling.Downloads(node, cfg, _Versions(), holders)  # type: ignore[arg-type]
     asked = []
 
@@ -1199,7 +1200,7 @@ async def test_the_holdings_of_a_banned_peer_are_never_asked_for(autojump_clock,
     holders.saw(3, "evil")
     holders.ban("evil")
     node = SimpleNamespace(peer_id="me", known_peers=lambda: ["evil", "good", "me"])
-    downloads = Downloads(node, SimpleNamespace(read_timeout=1.0), None, holders)  # type: ignore[arg-type]
+    downloads = Downloads(node, NodeConfig(net={"read_timeout": 1.0}), None, holders)
     asked = []
 
     async def refresh_one(m, plan, peer):
@@ -1267,7 +1268,7 @@ async def test_a_shard_fetch_waits_for_a_hole_punch_before_it_opens_its_stream()
         direct_path=direct_path,
         open_request=open_request,
     )
-    downloads = Downloads(node, SimpleNamespace(read_timeout=1.0), None, None)  # type: ignore[arg-type]
+    downloads = Downloads(node, NodeConfig(net={"read_timeout": 1.0}), None, None)
     manifest = SimpleNamespace(version=1, shard_length=lambda shard: 10)
     with pytest.raises(ConnectionError, match="stop here"):
         await downloads._fetch(SimpleNamespace(manifest=manifest), DownloadJob(1, 10, 1), 0, "p")
@@ -1315,7 +1316,7 @@ def _fetching(tmp_path, reply_of, served):
         open_request=open_request,
         metrics=SimpleNamespace(inc=lambda *a, **k: None, observe=lambda *a, **k: None),
     )
-    downloads = Downloads(node, SimpleNamespace(read_timeout=1.0), None, None)  # type: ignore[arg-type]
+    downloads = Downloads(node, NodeConfig(net={"read_timeout": 1.0}), None, None)
     return downloads, partial, source
 
 
@@ -1381,7 +1382,7 @@ async def test_holdings_of_another_version_take_the_peer_out_of_the_plan(monkeyp
 
     monkeypatch.setattr(pulling, "ask_holding", ask_holding)
     node = SimpleNamespace(relayed=lambda peer: False)
-    downloads = Downloads(node, SimpleNamespace(read_timeout=1.0), None, Holders())  # type: ignore[arg-type]
+    downloads = Downloads(node, NodeConfig(net={"read_timeout": 1.0}), None, Holders())
     plan, m = DownloadPlan(4), SimpleNamespace(version=3, num_shards=4)
     await downloads._refresh_one(m, plan, "peer")
     assert plan.peers["peer"].have == {0, 1, 2, 3} and plan.peers["peer"].joined
@@ -1413,7 +1414,7 @@ async def test_an_upload_serves_only_held_shards_and_at_most_upload_slots_at_onc
         header=lambda: {"run_id": "run-1", "sender": TRAINER.peer_id, "seq": 1, "ts_ms": 1},
         metrics=SimpleNamespace(inc=lambda *a, **k: None),
     )
-    cfg = SimpleNamespace(upload_slots=1, upload_rate=0, read_timeout=4.0)
+    cfg = NodeConfig(shardcast={"upload_slots": 1}, net={"read_timeout": 4.0})
     server = ShardServer(node, cfg, book, read=lambda src, i, off, n: bytes(n))  # type: ignore[arg-type]
     release = trio.Event()
 
