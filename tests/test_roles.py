@@ -809,3 +809,17 @@ async def test_a_validator_reads_the_chain_at_once_after_a_notice_and_less_often
         nursery.cancel_scope.cancel()
     assert reads[:8] == [0, 0.5, 1.5, 3.5, 7.5, 10.2, 10.45, 10.95]
     assert reads[8:] == [11.2, 11.45, 11.7, 11.95], reads
+
+
+def test_a_part_held_only_once_started_is_refused_before_and_held_after():
+    """``Started``: the ledger and the child process a role opens when it starts; read
+    before, a clear error (not an AttributeError on None far from the cause)."""
+    from node.roles.io.chain import ChainSetupError
+    from node.roles.io.votes import Votes
+
+    votes = Votes()
+    with pytest.raises(ChainSetupError, match="opened when the role starts"):
+        votes.ledger  # noqa: B018
+    double = object()
+    votes.ledger = double
+    assert votes.ledger is double and votes._ledger is double

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Collection, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, overload, runtime_checkable
 
 if TYPE_CHECKING:
     import trio
@@ -218,3 +218,37 @@ class RoleRun(Protocol):
         *,
         task_status: trio.TaskStatus[Any] = ...,
     ) -> Awaitable[None]: ...
+
+
+# ---- what a role holds only once it has started ------------------------------------------
+
+T = TypeVar("T")
+
+
+class Started(Generic[T]):
+    """A part a role (or a part of it) holds only once the role has started: its ledger, its
+    child process. Read before, it raises ``error(message)``; assigned, it is held (the tests
+    assign their doubles). The value lives in the instance's ``_<name>``, None until then,
+    which code that must not raise may read as it is."""
+
+    def __init__(self, error: Callable[[str], Exception], message: str) -> None:
+        self.error, self.message = error, message
+        self.slot = ""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.slot = f"_{name}"
+
+    @overload
+    def __get__(self, obj: None, owner: type) -> Started[T]: ...
+    @overload
+    def __get__(self, obj: object, owner: type) -> T: ...
+    def __get__(self, obj: object | None, owner: type) -> Started[T] | T:
+        if obj is None:
+            return self
+        value: T | None = getattr(obj, self.slot, None)
+        if value is None:
+            raise self.error(self.message)
+        return value
+
+    def __set__(self, obj: object, value: T) -> None:
+        setattr(obj, self.slot, value)

@@ -16,7 +16,7 @@ import logging
 from dataclasses import dataclass
 
 from node.roles.decisions.work import Submission
-from node.roles.given import ValidatorLedger
+from node.roles.given import Started, ValidatorLedger
 from node.roles.io.catchup import History, read_history
 from node.roles.io.chain import ChainSetupError, Registrations, SubmissionWatcher
 
@@ -37,6 +37,8 @@ class Case:
 class Docket:
     """The submissions this validator is to judge, as the chain lists them (blocking)."""
 
+    ledger = Started[ValidatorLedger](ChainSetupError, "the ledger is opened when the role starts")
+
     def __init__(self) -> None:
         self._ledger: ValidatorLedger | None = None  # opened when the role starts
         self.address = ""
@@ -45,12 +47,6 @@ class Docket:
         self.not_ours = 0  # submissions after the removal, left to the other validators
         self.watcher: SubmissionWatcher | None = None
         self.registrations: Registrations | None = None
-
-    @property
-    def ledger(self) -> ValidatorLedger:
-        if self._ledger is None:
-            raise ChainSetupError("the ledger is opened when the role starts")
-        return self._ledger
 
     def open(self, ledger: ValidatorLedger, from_block: int) -> None:
         """Who this validator is on ``ledger``, and the chain from ``from_block`` so far."""

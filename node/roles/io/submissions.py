@@ -23,7 +23,7 @@ from ledger.codes import REASON_NAMES
 from node.roles.decisions.clock import StepClock
 from node.roles.decisions.status import Stake
 from node.roles.decisions.working import ChainReads, PendingVerdicts, StoreRetention
-from node.roles.given import ChainClock, StakeViews, WorkerLedger
+from node.roles.given import ChainClock, StakeViews, Started, WorkerLedger
 from node.roles.io.chain import ChainSetupError
 from node.rollouts.store import BatchStore, BatchStoreError
 from protocol.errors import WireError
@@ -37,6 +37,8 @@ class Submissions:
     """The worker's account on-chain (``ledger``, ``address``, ``stake``) and its submitted
     batches (``pending``) until each is judged, expired, and spent."""
 
+    ledger = Started[WorkerLedger](ChainSetupError, "the ledger is opened when the role starts")
+
     def __init__(self, store: BatchStore, clock: StepClock, async_level: int) -> None:
         self.store, self.clock = store, clock
         self._ledger: WorkerLedger | None = None  # opened when the role starts
@@ -46,16 +48,6 @@ class Submissions:
         self.retention = StoreRetention(async_level)  # when stored batches are deleted
         self.stake: Stake | None = None
         self.submitted = 0  # submissions the chain took
-
-    @property
-    def ledger(self) -> WorkerLedger:
-        if self._ledger is None:
-            raise ChainSetupError("the ledger is opened when the role starts")
-        return self._ledger
-
-    @ledger.setter
-    def ledger(self, ledger: WorkerLedger) -> None:
-        self._ledger = ledger
 
     async def submit(self, key: bytes, step: int, units: int, version: int) -> None:
         """Submit a stored batch's work key and units on-chain; it waits for its verdict."""

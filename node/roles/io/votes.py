@@ -20,7 +20,7 @@ from ledger.client import LedgerUnreachable
 from node.roles.decisions.judging import VerdictPosts, refusal
 from node.roles.decisions.status import PostedVerdicts
 from node.roles.decisions.work import Key, Verdict
-from node.roles.given import VoteLedger
+from node.roles.given import Started, VoteLedger
 from node.roles.io.chain import ChainSetupError
 
 log = logging.getLogger("intellect.validator")
@@ -30,21 +30,13 @@ class Votes:
     """The verdicts this validator posts (``post``) and those waiting to be posted again
     (``unposted``)."""
 
+    ledger = Started[VoteLedger](ChainSetupError, "the ledger is opened when the role starts")
+
     def __init__(self) -> None:
         self._ledger: VoteLedger | None = None  # opened when the role starts
         self.posting = trio.Lock()
         self.unposted = VerdictPosts()
         self.posted = PostedVerdicts()  # what /status shows of the verdicts posted
-
-    @property
-    def ledger(self) -> VoteLedger:
-        if self._ledger is None:
-            raise ChainSetupError("the ledger is opened when the role starts")
-        return self._ledger
-
-    @ledger.setter
-    def ledger(self, ledger: VoteLedger) -> None:
-        self._ledger = ledger
 
     async def post(self, key: Key, v: Verdict) -> tuple[dict[str, Any], float | None] | None:
         """Post ``v`` on ``key``: its ``/status`` entry and latency once the chain has it

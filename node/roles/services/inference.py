@@ -54,7 +54,7 @@ from node.roles.decisions.busy import BusyTime
 from node.roles.decisions.clock import StepClock
 from node.roles.decisions.status import InferenceStatus, Stake
 from node.roles.decisions.working import PendingVerdicts, VersionChoice
-from node.roles.given import Maker, Weights
+from node.roles.given import Maker, Started, Weights
 from node.roles.io.chain import WEI, ChainSetupError, open_ledger
 from node.roles.io.exchange import Served, follow_steps, serve_batches
 from node.roles.io.submissions import Submissions, stored_batch
@@ -97,6 +97,8 @@ class Sealed:
 
 
 class InferenceRole:
+    maker = Started[Maker](OffloadError, "the batch maker runs only while the role serves")
+
     def __init__(
         self,
         node: Node,
@@ -126,16 +128,6 @@ class InferenceRole:
         self.notices: dict[bytes, bytes] = {}  # submitted key -> its encoded notice
         self.announced_at = 0.0
         self.unstored: Sealed | None = None  # made, but the disk refused it
-
-    @property
-    def maker(self) -> Maker:
-        if self._maker is None:
-            raise OffloadError("the batch maker runs only while the role serves")
-        return self._maker
-
-    @maker.setter
-    def maker(self, maker: Maker) -> None:
-        self._maker = maker
 
     # ---- setup -------------------------------------------------------------------------
 

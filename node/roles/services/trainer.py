@@ -62,7 +62,7 @@ from node.roles.decisions.workbook import (
     recorded_step,
     step_batches,
 )
-from node.roles.given import TrainerLedger, Weights
+from node.roles.given import Started, TrainerLedger, Weights
 from node.roles.io.chain import ChainSetupError, WorkWatcher, open_ledger
 from node.roles.io.exchange import follow_notices
 from node.roles.io.gathering import Gatherer
@@ -81,6 +81,8 @@ CHAIN_RETRY_S = 2.0  # a chain that does not answer is asked again this often
 
 
 class TrainerRole:
+    ledger = Started[TrainerLedger](ChainSetupError, "the ledger is opened when the role starts")
+
     def __init__(self, node: Node, cfg: NodeConfig, weights: Weights | None = None) -> None:
         if cfg.run.model is None:
             raise ChainSetupError("the trainer role needs the run's base model (--model DIR)")
@@ -113,16 +115,6 @@ class TrainerRole:
     @property
     def step(self) -> int:
         return self.state.step
-
-    @property
-    def ledger(self) -> TrainerLedger:
-        if self._ledger is None:
-            raise ChainSetupError("the ledger is opened when the role starts")
-        return self._ledger
-
-    @ledger.setter
-    def ledger(self, ledger: TrainerLedger) -> None:
-        self._ledger = ledger
 
     # ---- setup -------------------------------------------------------------------------
 

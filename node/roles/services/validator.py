@@ -55,7 +55,7 @@ from node.roles.decisions.clock import StepClock
 from node.roles.decisions.judging import JudgingQueue
 from node.roles.decisions.status import ValidatorStatus
 from node.roles.decisions.work import Key, Submission, Verdict
-from node.roles.given import Checker, Weights
+from node.roles.given import Checker, Started, Weights
 from node.roles.io.chain import ChainSetupError, PacedReads, Registrations, open_ledger
 from node.roles.io.docket import Docket
 from node.roles.io.exchange import fetch_batch, follow_notices, follow_steps
@@ -78,6 +78,8 @@ WEIGHTS_WAIT_S = 300.0  # a batch's policy version is waited for this long
 
 
 class ValidatorRole:
+    checker = Started[Checker](OffloadError, "the batch checker runs only while the role serves")
+
     def __init__(self, node: Node, cfg: NodeConfig, weights: Weights | None = None) -> None:
         if cfg.run.model is None:
             raise ChainSetupError("the validator role needs the run's model (--model DIR)")
@@ -102,16 +104,6 @@ class ValidatorRole:
         self._checker: Checker | None = None  # the child process, while the role serves
         self.chain_reads = PacedReads(CHAIN_POLL_MIN_S, CHAIN_POLL_MAX_S)
         self.work = trio.Event()  # a new submission or notice: the judging loop wakes
-
-    @property
-    def checker(self) -> Checker:
-        if self._checker is None:
-            raise OffloadError("the batch checker runs only while the role serves")
-        return self._checker
-
-    @checker.setter
-    def checker(self, checker: Checker) -> None:
-        self._checker = checker
 
     def _setup(self) -> None:
         ledger = self.votes.ledger = open_ledger(self.cfg)
