@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import trio
@@ -36,6 +36,9 @@ from node.net.runtime import Node
 from protocol.diloco import DILOCO, DilocoRequest, DilocoRoster, group_key
 from protocol.errors import Reason, WireError
 from protocol.shardcast import DEFAULT_SHARD
+
+if TYPE_CHECKING:
+    from node.config import DilocoConfig
 
 log = logging.getLogger("intellect.diloco")
 
@@ -78,6 +81,22 @@ class GroupConfig:
     provide_every: float = 30.0  # seconds between DHT provides of the group's key
     find_timeout: float = 60.0  # a joiner looks the leader up in the DHT this long
     state_shard: int = DEFAULT_SHARD  # shard size of the state offered to joiners
+
+    @classmethod
+    def of_run(
+        cls, leader: str, diloco: DilocoConfig, sync_timeout: float, step_timeout: float
+    ) -> GroupConfig:
+        """The group a trainer of the run is in: led by ``leader`` (the run's
+        trainer_peer_id), with the node's ``[diloco]`` section."""
+        return cls(
+            leader=leader,
+            encoding=diloco.quant,
+            min_members=diloco.members,
+            admit=frozenset(diloco.admit) or None,
+            join_timeout=diloco.join_timeout,
+            sync_timeout=sync_timeout,
+            step_timeout=step_timeout,
+        )
 
 
 @dataclass

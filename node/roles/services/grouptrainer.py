@@ -74,15 +74,7 @@ class GroupTrainerRole(TrainerRole):
         sync = 600.0 + 2 * cfg.trainer.step_wait  # members still waiting for batches, then training
         self.group = DilocoGroup(
             node,
-            GroupConfig(
-                leader=cfg.run.trainer_peer_id,
-                encoding=cfg.diloco.quant,
-                min_members=cfg.diloco.members,
-                admit=frozenset(cfg.diloco.admit) or None,
-                join_timeout=cfg.diloco.join_timeout,
-                sync_timeout=sync,
-                step_timeout=sync + 300.0,
-            ),
+            GroupConfig.of_run(cfg.run.trainer_peer_id, cfg.diloco, sync, sync + 300.0),
         )
         self.rosters = Rosters.load(self.dir / ROSTERS_FILE)
         self.outer: dict[str, Any] = {}  # the last outer step, for metrics and /status

@@ -106,15 +106,7 @@ class PretrainRole:
         self.leading = node.peer_id == cfg.run.trainer_peer_id
         self.group = DilocoGroup(
             node,
-            GroupConfig(
-                leader=cfg.run.trainer_peer_id,
-                encoding=cfg.diloco.quant,
-                min_members=cfg.diloco.members,
-                admit=frozenset(cfg.diloco.admit) or None,
-                join_timeout=cfg.diloco.join_timeout,
-                sync_timeout=600.0,
-                step_timeout=900.0,
-            ),
+            GroupConfig.of_run(cfg.run.trainer_peer_id, cfg.diloco, 600.0, 900.0),
         )
         self.policy: Any = None
         self.recovered: dict[str, Any] | None = None  # how a joiner got the group's state
