@@ -629,3 +629,64 @@ async def test_random_gossip_rpcs_from_a_peer_never_stop_its_pubsub():
                     pass
     assert any("not parsed" in b for b in bad) and any("not processed" in b for b in bad)
     assert streams > 1  # ours dropped the fuzzer's stream after garbage, not the node
+
+
+async def test_a_writer_out_of_window_waits_for_the_update_not_the_librarys_poll():
+    """A writer whose window ran out is woken by the peer's update (``wake_writers_on_window``):
+    py-libp2p's own 10 ms poll (its ``_zero_window_waits``) is never reached, however
+    often a slow reader lets the window run out; a writer waiting on a stream the reader
+    resets gets an error at once, not after the 5 s the library waits."""
+    import multiaddr
+    from libp2p.network.stream.exceptions import StreamError
+    from libp2p.peer.peerinfo import PeerInfo
+
+    from crypto.identity import Identity
+    from node.net.host import build_host
+
+    sender, receiver = build_host(Identity.generate()), build_host(Identity.generate())
+    got = [0]
+    reset, all_read = trio.Event(), trio.Event()
+
+    async def slow(stream) -> None:
+        while got[0] < 4 << 20:
+            data = await stream.read(64 << 10)
+            if not data:
+                return
+            got[0] += len(data)
+            await trio.sleep(0.001)  # slower than the sender: its window runs out
+        all_read.set()
+
+    async def resetting(stream) -> None:
+        await reset.wait()
+        await stream.reset()
+
+    receiver.set_stream_handler("/intellect/test-slow/1.0.0", slow)
+    receiver.set_stream_handler("/intellect/test-reset/1.0.0", resetting)
+    listen = [multiaddr.Multiaddr("/ip4/127.0.0.1/tcp/0")]
+    with trio.fail_after(60):
+        async with sender.run(listen), receiver.run(listen):
+            await sender.connect(PeerInfo(receiver.get_id(), receiver.get_addrs()))
+            stream = await sender.new_stream(receiver.get_id(), ["/intellect/test-slow/1.0.0"])
+            for _ in range(4):
+                await stream.write(bytes(1 << 20))
+            muxed = stream.muxed_stream
+            await all_read.wait()
+            assert muxed._zero_window_waits == 0
+            assert muxed.send_window >= 0
+
+            stuck = await sender.new_stream(receiver.get_id(), ["/intellect/test-reset/1.0.0"])
+            failed = trio.Event()
+
+            async def write_past_the_window() -> None:
+                with pytest.raises(StreamError):
+                    await stuck.write(bytes(1 << 20))  # 4 x the 256 KiB window, never read
+                failed.set()
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(write_past_the_window)
+                await trio.sleep(0.2)
+                assert not failed.is_set()
+                reset.set()
+                with trio.fail_after(2):  # the library alone: 5 s
+                    await failed.wait()
+    assert got[0] == 4 << 20
