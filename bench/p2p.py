@@ -194,6 +194,7 @@ def dht_bench(lookups: int) -> dict[str, float]:
                     listen="/ip4/127.0.0.1/tcp/0",
                     bootstrap=[prev] if prev else [],
                     extra=[
+                        "--network-only",  # the roles' own work needs a model and a chain
                         "--net.heartbeat-interval",
                         "1",
                         "--net.peer-ttl",
@@ -212,7 +213,11 @@ def dht_bench(lookups: int) -> dict[str, float]:
                     break
                 time.sleep(0.3)
             else:
-                raise RuntimeError("the six-node network did not converge")
+                seen = [len((p.status() or {"peers": []})["peers"]) for p in procs]
+                raise RuntimeError(
+                    f"the six-node network did not converge in 60 s: peers known per node "
+                    f"{seen}, {len(roles) - 1} each expected"
+                )
             keys = [
                 ids.role_key(run_id, r) for r in ("bootstrap", "trainer", "validator", "inference")
             ]

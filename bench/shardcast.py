@@ -15,24 +15,7 @@ stream and a raw TCP socket between two processes moving the same bytes.
     (``--cap`` MB/s, a home uplink): time from the publish request until every downloader
     holds the version, against the ideal ``size / cap`` (one copy leaving the origin at
     its cap); per-node MB/s; the origin's egress divided by the checkpoint size.
-MB/s = 10^6 bytes per second.
-
-Measured on this 2-core machine, idle before the run. Earlier (8e92dd7, 64 KiB yamux
-frames, 4 MiB shards): pull 116.6 against 139.0 MB/s (0.838x), swarm 18.94 s (2.82x),
-egress 1.031. Since then, three changes, each measured here: larger yamux frames
-(``node/net/host.py``: py-libp2p's cost is per frame; the pull went 122-137 -> 146-158 MB/s at
-256 KiB, 171-179 at 1 MiB, 175-183 at 2 MiB; 1 MiB kept, the largest body rust-yamux
-takes), 8 MiB shards (one pull 142-143 MB/s at 4 MiB, 155 at 8, 160-162 at 16; the swarm
-12.0-13.2 s at 4, 12.2 at 8, 13.4 at 16), and a finish with nothing left to do
-(``node/shardcast/store.py``: the whole hash and the disk flush happen as shards are
-written; they took 0.08 s and 0.14 s at the end of a 1.55 s pull). Full runs: with 2 MiB
-frames, pull 178.8 / 184.0 MB/s against a bare stream of 188.9 / 193.6 (0.947x / 0.951x),
-swarm 11.53 / 12.64 s (1.72x / 1.88x); on the final code (1 MiB frames), an hour later on
-a slower machine, pull 153.0 / 158.2 against 157.9 / 152.2 (0.969x / 1.04x), swarm 13.32 /
-13.45 s (1.985x / 2.004x), and in swarm-only runs of the same code 12.48, 13.05, 13.19,
-12.53, 11.96 s (1.78x-1.97x); origin egress 1.000-1.125, 6 of 6 every time, peak
-downloader RSS 199-217 MiB. The swarm's seven processes share the two cores (vmstat: no
-idle time; 23 CPU-s in a 12.8 s run), so the machine, not the upload caps, sets its pace.
+MB/s = 10^6 bytes per second. Figures, and their history: docs/benchmarks.md.
 """
 
 from __future__ import annotations
