@@ -26,15 +26,18 @@ def batch_of(worker, step=3):
     return dataclasses.replace(a_batch(worker, step=step), policy_version=step - 1)
 
 
-def judged(batch, worker_key, *, units=None, valid=True, clock_step=3, at=None):
-    """``cheap_checks`` of ``batch`` as submitted by ``WORKER`` with ``units`` (default:
-    its tokens), ``WORKER`` registered with ``worker_key``, the trainer at ``clock_step``."""
+def judged(batch, worker_key, *, units=None, version=None, valid=True, clock_step=3, at=None):
+    """``cheap_checks`` of ``batch`` as submitted by ``WORKER`` with ``units`` and policy
+    ``version`` (default: the batch's), ``WORKER`` registered with ``worker_key``, the
+    trainer at ``clock_step``."""
     sub = SimpleNamespace(
         worker=WORKER,
         units=batch.num_tokens if units is None else units,
-        policy_version=batch.policy_version,
+        policy_version=batch.policy_version if version is None else version,
     )
-    registrations = SimpleNamespace(get=lambda address: (worker_key, valid))
+    # the chain's answer for an address nobody registered: no key, not valid
+    registered = {WORKER: (worker_key, valid)}
+    registrations = SimpleNamespace(get=lambda address: registered.get(address, (bytes(32), False)))
     clock = StepClock(TRAINER, async_level=2)
     clock.observe(TRAINER, StepNotice(step=clock_step, policy_version=clock_step - 1))
     return cheap_checks(batch, sub, registrations, clock, at, PROOFS)
@@ -112,3 +115,38 @@ def test_a_batch_naming_another_worker_is_a_mismatch(worker):
     verdict = judged(batch, worker.public_bytes)
     assert verdict is not None and verdict.reason == "mismatch"
     assert "another worker" in verdict.detail
+    assert verdict.detail == "the batch names another worker"
+
+
+def test_checks_before_the_role_read_its_registrations_fail_loudly(worker):
+    """A programming error, not a verdict: no batch is judged without the chain's word."""
+    batch = batch_of(worker)
+    sub = SimpleNamespace(worker=WORKER, units=batch.num_tokens, policy_version=1)
+    clock = StepClock(TRAINER, async_level=2)
+    with pytest.raises(AssertionError) as exc:
+        cheap_checks(batch, sub, None, clock, None, PROOFS)
+    assert str(exc.value) == "the role reads registrations once it is set up"
+
+
+def test_a_batch_of_another_policy_version_than_submitted_is_a_mismatch(worker):
+    """Both versions inside the window: the batch must still be the one submitted."""
+    batch = batch_of(worker)  # step 3, version 2
+    verdict = judged(batch, worker.public_bytes, version=1)
+    assert verdict is not None, "a batch of version 2 passed for a submission of version 1"
+    assert verdict.reason == "mismatch"
+    assert verdict.detail == "policy version differs from the submission"
+
+
+@pytest.mark.parametrize(("chunk", "topk"), [(16, 2), (32, 4), (64, 1)])
+def test_a_batch_whose_proofs_are_not_the_profiles_is_invalid(worker, chunk, topk):
+    """Proofs of another chunk size or top-k than the run's profile checks: refused before
+    any prefill, whatever they prove."""
+    batch = dataclasses.replace(batch_of(worker), proof_chunk=chunk, proof_topk=topk)
+    verdict = judged(batch, worker.public_bytes)
+    assert verdict is not None, f"proofs of {chunk}-token chunks, top-{topk} passed"
+    assert verdict.reason == "invalid"
+    assert verdict.detail == (
+        f"proofs of {chunk}-token chunks, top-{topk}: the run's profile checks 32-token"
+        " chunks, top-2"
+    )
+    assert not verdict.accepted
