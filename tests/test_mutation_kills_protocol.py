@@ -4,7 +4,8 @@ Each test names what it pins down: the schema helpers declare what they say (a m
 class declared here, so the helpers run under test, not only at import), rejection details
 (they travel to the peer in a ``Refusal`` and into the logs), the replay window's bounds and
 eviction order, frame boundaries and the stream adapter, envelope size limits, rollout batch
-rejections, and SHARDCAST's shard ranges, manifest checks, notices and have-bitmaps.
+rejections, SHARDCAST's shard ranges, manifest checks, notices and have-bitmaps, and
+DiLoCo's group key.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from crypto.sampling import derive_seed
 from crypto.toploc import proof_size
 from protocol import ids
 from protocol.admission import Admission, ReplayWindow
+from protocol.diloco import group_key
 from protocol.errors import Reason, WireError
 from protocol.framing import MAX_FRAME, FrameReader, TrioStream, read_frame, write_frame
 from protocol.messages import Announcement, NodeInfo, Refusal
@@ -544,6 +546,19 @@ def test_notice_decoding_names_the_notice_in_its_detail():
     with pytest.raises(WireError) as exc:
         check_notice(bad)
     assert exc.value.detail.startswith("weights notice.version: 0 not in"), exc.value.detail
+    too_many = msgpack.packb({"version": 1, "step": 1, "manifest": bytes(32), "extra": 1})
+    with pytest.raises(WireError) as exc:
+        check_notice(too_many)
+    assert exc.value.detail == "weights notice: 4 fields, at most 3"
+
+
+def test_the_diloco_group_key_without_a_leader_is_the_runs_and_a_bad_leader_is_named():
+    leader = Identity(bytes(range(32))).peer_id
+    assert group_key("run-1") == "/intellect/run-1/diloco"
+    assert group_key("run-1", "") == "/intellect/run-1/diloco"
+    assert group_key("run-1", leader) == f"/intellect/run-1/diloco/{leader}"
+    with pytest.raises(ValueError, match="^not a peer id: 'not/a peer'$"):
+        group_key("run-1", "not/a peer")
 
 
 @pytest.mark.parametrize("n", [1, 8, 9, 10, 17, 20])
