@@ -292,3 +292,52 @@ def test_judged_keys_keep_no_entry_and_their_announcements_cost_nothing():
     assert list(q.entries) == fresh
     q.noticed(keys[0], "A", now=62)  # a judged key: not a refusal of the full share either
     assert q.dropped == 0
+
+
+def test_an_unsubmitted_key_counts_against_its_first_announcer_only():
+    """The peer whose announcement brought a key in holds its share, however many other
+    peers announce the key after it."""
+    q = JudgingQueue(per_peer_unsubmitted=1)
+    q.noticed(K1, "A", now=0)
+    q.noticed(K1, "B", now=0)  # B announces it too: still A's
+    q.noticed(K2, "A", now=1)  # A's share is full
+    assert list(q.entries) == [K1] and q.dropped == 1
+    q.noticed(K2, "B", now=1)  # B's is not
+    assert list(q.entries) == [K1, K2] and q.dropped == 1
+
+
+def test_every_batch_given_up_is_counted():
+    q = JudgingQueue(check_tries=1)
+    for key in (K1, K2):
+        q.submitted(key, units=1, policy_version=0, now=0)
+        q.noticed(key, "A", now=0)
+        assert q.next_fetch(0)[0] == key
+        q.fetched(key)
+        assert q.check_failed(key, now=1) is None
+    assert q.given_up == 2
+
+
+def test_the_role_wakes_at_once_for_a_key_nobody_serves_and_never_for_one_in_judgement():
+    q = JudgingQueue(fetch_deadline_s=60, retry_s=1, last_tries=1)
+    q.submitted(K1, units=1, policy_version=0, now=0)
+    q.noticed(K1, "A", now=0)
+    assert q.next_fetch(0) == (K1, "A")
+    q.fetched(K1)  # in judgement: nothing to wake for
+    assert q.wake_at(5) is None
+    q.submitted(K2, units=1, policy_version=0, now=0)
+    q.noticed(K2, "A", now=0)
+    assert q.next_fetch(60) == (K2, "A")
+    q.fetch_failed(K2, now=60)  # its last try failed: unavailable, due now
+    assert q.wake_at(61) == 61 and q.wake_at(61, can_fetch=False) == 61
+    assert q.unavailable(61) == [K2]
+
+
+def test_a_key_waiting_for_its_workers_fetch_does_not_hide_the_next_keys_time():
+    q = JudgingQueue(fetch_deadline_s=60)
+    again = (WORKER, b"\x03" * 32)  # K1's worker's next batch
+    for key in (K1, again, K2):
+        q.submitted(key, units=1, policy_version=0, now=0)
+    q.noticed(K1, "A", now=0)
+    assert q.next_fetch(0) == (K1, "A")  # K1's worker busy: ``again`` waits for that fetch
+    q.noticed(again, "A", now=0)
+    assert q.wake_at(5) == 60  # K2: nobody announced it, unavailable at its deadline
