@@ -178,6 +178,50 @@ async def test_ring_refuses_a_bad_chunk():
     assert info.group_contains(ring.BadChunk, match="must be")
 
 
+async def test_ring_reports_the_payload_bytes_it_pulled_and_asks_the_limit_of_each_pull():
+    """Each member counts every byte it pulled (both phases) and bounds each chunk by
+    ``limit(phase, round)`` of that very pull."""
+    n = 3
+    vecs = [torch.randn(50, generator=torch.Generator().manual_seed(i)) for i in range(n)]
+    boxes = [ring.Outbox() for _ in range(n)]
+    pulled = [0] * n
+    asked: list[list[tuple[str, int]]] = [[] for _ in range(n)]
+    out = [None] * n
+
+    async def member(i):
+        async def pull(phase, rnd):
+            data = await boxes[(i - 1) % n].take(phase, rnd)
+            pulled[i] += len(data)
+            return data
+
+        def limit(phase, rnd):
+            asked[i].append((phase, rnd))
+            return float("inf")
+
+        out[i] = await ring.all_reduce(vecs[i], i, n, "fp32", boxes[i], pull, limit)
+
+    async with trio.open_nursery() as nursery:
+        for i in range(n):
+            nursery.start_soon(member, i)
+    assert [received for _, received in out] == pulled
+    # chunks of 17, 17, 16 values, fp32 (4 bytes each): reduce-scatter brings member i every
+    # chunk but chunk i, the all-gather every chunk but the one it reduced, (i + 1) mod 3
+    assert pulled == [4 * (33 + 33), 4 * (33 + 34), 4 * (34 + 33)]
+    assert asked == [[("rs", 0), ("rs", 1), ("ag", 0), ("ag", 1)]] * n
+
+
+def test_a_chunks_norm_limit_is_its_senders_partial_sum_then_the_average():
+    """Member 2 of 4 pulls from 1: in reduce-scatter round r the sum of the norms of members
+    1, 0, ... (r + 1 of them), in the all-gather the roster's mean, each with its slack."""
+    norms = [1.0, 2.0, 4.0, 8.0]
+    limit = ring.norm_limits(norms, 2)
+    slack = 1 + 1e-3
+    assert limit("rs", 0) == pytest.approx(2.0 * slack + 1e-6, rel=1e-12)
+    assert limit("rs", 1) == pytest.approx(3.0 * slack + 1e-6, rel=1e-12)
+    assert limit("rs", 2) == pytest.approx(11.0 * slack + 1e-6, rel=1e-12)
+    assert limit("ag", 0) == limit("ag", 2) == pytest.approx(3.75 * slack + 1e-6, rel=1e-12)
+
+
 def test_ring_bounds_cover_everything():
     assert ring.bounds(10, 3) == [(0, 4), (4, 7), (7, 10)]
     assert ring.bounds(2, 3) == [(0, 1), (1, 2), (2, 2)]
