@@ -471,6 +471,40 @@ def test_a_blamed_member_is_refused_for_the_rest_of_the_step():
         m.arrive(C, (0, 0), 2.0, alive, norm=1.0)  # it learns why, not just "stale"
 
 
+def test_every_outlier_is_counted_and_two_declared_norms_are_enough_to_find_one():
+    m = Membership(L, min_members=5)
+    alive = {L, A, B, C, "d"}
+    for p, norm in ((A, 1.0), (B, 1.1), (C, 50.0), ("d", 60.0)):
+        m.arrive(p, (0, 0), 0.0, alive, norm=norm)
+    assert m.arrive(L, (0, 0), 0.0, alive, norm=0.9) == [L, A, B]
+    assert m.rejected["norm"] == 2
+    pair = Membership(L, min_members=2)
+    pair.arrive(A, (0, 0), 0.0, {L, A}, norm=100.0)
+    assert pair.arrive(L, (0, 0), 0.0, {L, A}, norm=1.0) == [L]  # 100 > 10 x 1
+    with pytest.raises(Refused, match="^excluded$"):  # the reason it is told, exactly
+        pair.arrive(A, (0, 1), 1.0, {L, A}, norm=1.0)
+    assert pair.refused == {"excluded": 1}
+
+
+def test_a_member_blamed_before_it_asked_for_the_retry_is_left_out_of_it():
+    m = Membership(L, min_members=3, resync_timeout=5)
+    alive = {L, A, B}
+    for p in (A, B, L):
+        m.arrive(p, (0, 0), 0.0, alive, norm=1.0)
+    assert m.arrive(L, (0, 1), 1.0, alive, norm=1.0) is None  # the retry: A, B not there yet
+    m.blame(A, B, 0, 0)  # B pulled a bad chunk from A in attempt 0
+    assert m.rejected["chunk"] == 1
+    assert m.arrive(B, (0, 1), 1.5, alive, norm=1.0) == [L, B]
+
+
+def test_the_rosters_of_the_last_two_steps_are_kept_and_older_ones_forgotten():
+    m = Membership(L)
+    for step in range(4):
+        assert m.arrive(L, (step, 0), float(step), {L}, norm=1.0) == [L]
+        kept = {(s, 0) for s in (step - 1, step) if s >= 0}
+        assert set(m.rosters) == set(m.norms) == kept
+
+
 # ---- wire messages ---------------------------------------------------------------------
 
 
