@@ -793,6 +793,23 @@ def test_plan_backs_off_failed_peers_and_bans_corrupt_ones():
     assert all(peer not in p.banned for _, peer in p.assign(100.0))
 
 
+def test_a_peers_score_is_its_rate_times_its_success_shared_over_its_fetches_in_flight():
+    p = plan(4, max_inflight=1, per_peer=1, explore=0.0, alpha=0.3, backoff=1.0)
+    p.update_peer("x", {0, 1, 2, 3})
+    x = p.peers["x"]
+    assert x.score() == 0.0  # never measured: no rate to go by
+    ((s, _),) = p.assign(0.0)
+    p.completed(s, "x", 3_000_000, 2.0)
+    assert x.rate == 1_500_000  # bytes per second
+    ((s, _),) = p.assign(0.0)
+    assert x.score() == 1_500_000 / 2  # one fetch in flight
+    p.failed(s, "x", 0.0)
+    ((s, _),) = p.assign(5.0)
+    p.failed(s, "x", 5.0)
+    assert x.success == pytest.approx(0.7 * 0.7)  # each failure takes alpha of it
+    assert x.score() == pytest.approx(1_500_000 * 0.49)
+
+
 # ---- the download loop and the upload cap, on a mock clock -----------------------------
 
 
