@@ -313,6 +313,12 @@ async def test_a_stream_that_raises_eof_is_a_clean_end_or_a_truncation():
         assert (exc.value.reason, exc.value.detail) == (Reason.TRUNCATED, detail)
 
 
+async def test_a_clean_end_between_frames_says_so():
+    reader = FrameReader(Scripted())
+    with pytest.raises(EOFError, match="^stream closed between frames$"):
+        await reader.read_frame(10, 1)
+
+
 async def test_read_timeout_detail_names_the_deadline(autojump_clock):
     class Silent:
         async def read(self, n=None):
@@ -366,6 +372,51 @@ def test_malformed_envelope_details(data, detail):
     with pytest.raises(WireError) as exc:
         open_message(data, NodeInfo)
     assert (exc.value.reason, exc.value.detail) == (Reason.MALFORMED, detail)
+
+
+@pytest.mark.parametrize(
+    ("fields", "detail"),
+    [
+        ({"e": 1}, "not valid msgpack: 5 exceeds max_map_len(4)"),
+        ({f"x{i}": i for i in range(11)}, "not valid msgpack: 15 exceeds max_map_len(4)"),
+        ({"d": [1]}, "not valid msgpack: 1 exceeds max_array_len(0)"),
+        ({"d": []}, "more than 1 maps and lists"),
+        ({"d": {}}, "more than 1 maps and lists"),
+    ],
+)
+def test_an_envelope_beyond_its_shape_is_refused_while_it_decodes(fields, detail):
+    """Five keys, a list, a second container: refused by the decoder as they are met (a
+    15-key fixmap too: the last fixmap header), not built and then found wrong."""
+    with pytest.raises(WireError) as exc:
+        open_message(envelope(**fields), NodeInfo)
+    assert (exc.value.reason, exc.value.detail) == (Reason.MALFORMED, detail)
+
+
+def test_an_oversized_envelope_names_its_size_and_the_limit():
+    most = NodeInfo.MAX_SIZE + ENVELOPE_OVERHEAD
+    with pytest.raises(WireError) as exc:
+        open_message(bytes(most + 1), NodeInfo)
+    assert (exc.value.reason, exc.value.detail) == (
+        Reason.OVERSIZED,
+        f"{most + 1} bytes > {most}",
+    )
+
+
+def test_a_message_with_an_unknown_field_is_malformed_and_names_it():
+    obj = {**info(1).to_obj(), "zz": 1}
+    with pytest.raises(WireError) as exc:
+        NodeInfo.from_obj(obj)
+    assert (exc.value.reason, exc.value.detail) == (
+        Reason.MALFORMED,
+        "intellect/node-info/1: unknown fields ['zz']",
+    )
+
+
+def test_unpack_limited_gives_lists_and_names_an_oversize():
+    assert unpack_limited(msgpack.packb([1, [2]]), 100) == [1, [2]]  # lists, not tuples
+    with pytest.raises(WireError) as exc:
+        unpack_limited(bytes(101), 100)
+    assert (exc.value.reason, exc.value.detail) == (Reason.OVERSIZED, "101 bytes > 100")
 
 
 # --- names -------------------------------------------------------------------------------
