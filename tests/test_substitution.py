@@ -351,3 +351,38 @@ def test_the_suspect_models_of_an_fp32_policy_come_in_fp32_and_bf16():
     assert suspects.reference(torch.float32) is model
     assert next(suspects.reference(torch.bfloat16).parameters()).dtype == torch.bfloat16
     assert SuspectModels(model.to(torch.bfloat16)).precisions() == [torch.bfloat16]
+
+
+def test_a_batch_is_rechecked_with_its_own_sampling_settings_under_the_given_profile(
+    monkeypatch,
+):
+    """``judge_rollouts`` turns each sample into the claim the proof check judges: its
+    tokens, proofs, seed and ending, the batch's max_new_tokens, temperature and top-p,
+    all judged under the profile it is given (a batch that fails is not tested further)."""
+    from crypto import verdict as verdict_module
+    from crypto.identity import Identity
+    from node.engine import torch_engine
+    from tests.helpers.batches import a_batch
+
+    seen = {}
+    monkeypatch.setattr(
+        torch_engine, "recompute_batch", lambda model, prompts, outputs: [("acts", None)] * 2
+    )
+
+    def check_batch(claims, recomputed, *, eos_token_id, config):
+        seen.update(claims=claims, eos=eos_token_id, config=config)
+        return Passed(passed=False, reason="mismatch")
+
+    monkeypatch.setattr(verdict_module, "check_batch", check_batch)
+    batch = dataclasses.replace(a_batch(Identity.generate()), temperature=0.7, top_p=0.9)
+    samples = [(g, s) for g in batch.groups for s in g.samples]
+    config = dataclasses.replace(GPU_BF16, suspects=("int8",))
+    verdict = judge_rollouts("model", 7, batch, samples, config, suspects=FakeSuspects(None))
+    assert verdict == Passed(passed=False, reason="mismatch")
+    assert seen["config"] is config and seen["eos"] == 7
+    assert [
+        (c.tokens, c.proofs, c.seed, c.finish_reason, c.max_new_tokens, c.temperature, c.top_p)
+        for c in seen["claims"]
+    ] == [
+        (unpack(s.tokens), list(s.proofs), s.seed, s.finish_reason, 3, 0.7, 0.9) for _, s in samples
+    ]
