@@ -386,3 +386,27 @@ def test_a_batch_is_rechecked_with_its_own_sampling_settings_under_the_given_pro
     ] == [
         (unpack(s.tokens), list(s.proofs), s.seed, s.finish_reason, 3, 0.7, 0.9) for _, s in samples
     ]
+
+
+def test_a_position_sums_only_entries_whose_sign_and_exponent_all_three_share():
+    """``_rows``: per output position (flat index // width, from the chunk's first), the
+    distance to the reference minus the distance to the suspect, summed over the entries
+    where the worker's value and both recomputations agree in sign and exponent (bf16
+    patterns: 0x3F8m is 1 + m/128); a position with no such entry is left out."""
+    import numpy as np
+
+    from crypto.substitution import _rows, _Shared
+
+    entries = [  # (flat index, worker, reference, suspect)
+        (0, 0x3F85, 0x3F84, 0x3F80),  # position 10: 1 - 5
+        (1, 0x3F85, 0x3F85, 0x4000),  # the suspect's exponent differs: not counted
+        (5, 0x3F80, 0xBF82, 0x3F80),  # position 11: the reference's sign differs
+        (9, 0x3F83, 0x3F81, 0x3F83),  # position 12: 2 - 0
+        (10, 0x3F83, 0x3F80, 0x3F82),  # position 12: 3 - 1
+    ]
+    index, worker, ours, theirs = (
+        np.array(col, dtype=np.int64) for col in zip(*entries, strict=True)
+    )
+    shared = _Shared(0, 10, 4, 0, np.zeros(1), index, ours, theirs)
+    assert _rows(shared, worker) == [(10, -4.0), (12, 4.0)]
+    assert _rows(shared, np.full(5, 0xC000, dtype=np.int64)) == []  # nothing agrees
