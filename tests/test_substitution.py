@@ -50,6 +50,11 @@ def test_the_sign_tail_is_the_binomial_tail():
     assert sign_tail(0, 0) == 1.0 and sign_tail(1, 0) == 0.0
 
 
+def test_no_position_nearer_the_suspect_is_a_p_value_of_exactly_one():
+    """k = 0: certain, not a sum of terms that rounds to just below 1."""
+    assert [sign_tail(0, n) for n in (2, 4, 8, 9, 10, 100, 1000)] == [1.0] * 7
+
+
 def test_a_position_is_keyed_by_the_tokens_up_to_it():
     a = position_keys([5, 6, 7], [8, 9, 10])
     b = position_keys([5, 6, 7], [8, 11, 12])
