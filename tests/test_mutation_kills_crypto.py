@@ -5,7 +5,8 @@ signature alone is malformed; the messages a user or a peer reads when a key, pe
 signature or profile name is wrong; the per-rollout and per-batch verdict text and the
 pooled-statistic rejection judged under the batch's own profile; the bounds of the
 honest-noise model; nucleus edges; EOS plausibility at the sampling temperature; proofs of
-decode states alone and of a chunk with an entry at flat index P.
+decode states alone and of a chunk with an entry at flat index P; EOS judged at the
+position that drew it; the boundary bound and the top-k selection on their input's device.
 """
 
 from __future__ import annotations
@@ -332,3 +333,30 @@ def test_a_stop_ending_is_judged_under_the_profiles_eos_threshold():
     demanding = replace(GPU_BF16, sampling=SamplingCheck(min_eos_prob=0.999), name="demanding")
     verdict = check_rollout(stop, acts, logits, eos_token_id=eos, config=demanding)
     assert not verdict.termination_ok and verdict.reason == "termination"
+
+
+def test_a_stop_endings_eos_is_judged_at_the_position_that_drew_it():
+    """The EOS probability is read from the logits of the last position, not another."""
+    [claim], [(acts, logits)] = synthetic_batch(1, 0.0, GPU_BF16.sampling)
+    stop = replace(claim, finish_reason="stop", max_new_tokens=len(claim.tokens) + 1)
+    eos = claim.tokens[-1]  # the sampled last token plays EOS
+    before = logits.clone()
+    before[-2, eos] = -1e4  # EOS impossible one position earlier: no matter
+    assert check_rollout(stop, acts, before, eos_token_id=eos, config=GPU_BF16).termination_ok
+    last = logits.clone()
+    last[-1, eos] = -1e4  # impossible where it was drawn: implausible
+    verdict = check_rollout(stop, acts, last, eos_token_id=eos, config=GPU_BF16)
+    assert not verdict.termination_ok
+
+
+def test_the_boundary_bound_and_the_top_k_selection_stay_on_their_inputs_device():
+    """The meta device stands in for a GPU: nothing comes back on (or mixes in) the CPU."""
+    from crypto.sampling import _boundary_rate
+    from crypto.toploc import _select
+
+    ell = torch.zeros(3, 5, device="meta")
+    assert _boundary_rate(ell, 1.0, 1.0, [], ell, SamplingCheck()).device == ell.device
+    chunks = [torch.zeros(4, 8, device="meta") for _ in range(2)]
+    idx, picked = _select(chunks, [0, 1], 32, 4)
+    assert idx.device == picked.device == chunks[0].device
+    assert idx.shape == picked.shape == (2, 4)
