@@ -46,6 +46,7 @@ class Submission:
     units: int
     policy_version: int
     block: int
+    block_hash: bytes = b""  # of ``block``: seeds the spot check (decisions/spotcheck.py)
 
 
 @dataclass(frozen=True)

@@ -172,6 +172,7 @@ def _submission(ev: EventData) -> Submission:
         units=int(ev["args"]["units"]),
         policy_version=int(ev["args"]["policy_version"]),
         block=int(ev["blockNumber"]),
+        block_hash=bytes(ev["blockHash"]),
     )
 
 

@@ -23,7 +23,8 @@ the batch checker, a child process (``Offload(BatchChecker, CheckerSpec.of(cfg))
 4. the tasks are the worker's assigned ones (SPEC §12), every token in the vocabulary;
 5. the proofs: one prefill per rollout (``recompute_batch``) and the proof check of
    ``crypto.verdict.check_batch`` (``crypto/verdict.py``, the next hop) under the run's
-   verification profile (``spot_check`` < 1 recomputes a random share of the rollouts);
+   verification profile (``spot_check`` < 1 recomputes a share of the rollouts that every
+   validator draws alike, ``node/roles/decisions/spotcheck.py``);
 6. every reward is what the task's verifier gives the completion (last: a verifier can
    be made slow, and only a batch the model really sampled gets here).
 
@@ -53,6 +54,7 @@ from node.roles.children.offload import Offload, OffloadError
 from node.roles.decisions.busy import BusyTime
 from node.roles.decisions.clock import StepClock
 from node.roles.decisions.judging import JudgingQueue
+from node.roles.decisions.spotcheck import spot_check_seed
 from node.roles.decisions.status import ValidatorStatus
 from node.roles.decisions.work import Key, Submission, Verdict
 from node.roles.given import Checker, Started, Weights
@@ -291,8 +293,9 @@ class ValidatorRole:
                 self._not_judged(key, f"no weights of version {batch.policy_version} here")
                 return
             try:
+                seed = spot_check_seed(sub.key, sub.block_hash)
                 verdict = await self.checker.call(
-                    CheckBatch(model_dir, batch.policy_version, envelope)
+                    CheckBatch(model_dir, batch.policy_version, envelope, seed)
                 )
             except OffloadError as exc:
                 if not self.checker.alive():  # every batch would fail so: the node stops
