@@ -264,8 +264,8 @@ def test_a_batch_proven_with_other_proof_parameters_is_invalid_before_any_recomp
 
     identity = Identity.generate()
     honest = dataclasses.replace(a_batch(identity, step=2), proof_topk=128)
-    sub = SimpleNamespace(worker=WORKER, units=honest.num_tokens, policy_version=0)
-    registrations = SimpleNamespace(get=lambda worker: (identity.public_bytes, True))
+    sub = SimpleNamespace(worker=WORKER, units=honest.num_tokens, policy_version=0, block=5)
+    registrations = SimpleNamespace(get=lambda worker, block: (identity.public_bytes, True))
     clock = StepClock(TRAINER, async_level=2)
     clock.observe(TRAINER, StepNotice(step=2, policy_version=0))
     args = (sub, registrations, clock, None, (32, 128))

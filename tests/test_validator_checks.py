@@ -34,8 +34,9 @@ def judged(batch, worker_key, *, units=None, valid=True, clock_step=3, at=None):
         worker=WORKER,
         units=batch.num_tokens if units is None else units,
         policy_version=batch.policy_version,
+        block=5,
     )
-    registrations = SimpleNamespace(get=lambda address: (worker_key, valid))
+    registrations = SimpleNamespace(get=lambda address, block: (worker_key, valid))
     clock = StepClock(TRAINER, async_level=2)
     clock.observe(TRAINER, StepNotice(step=clock_step, policy_version=clock_step - 1))
     return cheap_checks(batch, sub, registrations, clock, at, PROOFS)

@@ -346,7 +346,7 @@ def cheap_checks(
     assert registrations is not None, "the role reads registrations once it is set up"
     if batch.worker != sub.worker:
         return Verdict.reject("mismatch", "the batch names another worker")
-    peer_key, valid = registrations.get(sub.worker)  # as new as the submission
+    peer_key, valid = registrations.get(sub.worker, sub.block)  # as of the submission
     if peer_key != public_key_of_peer_id(batch.sender) or not valid:
         return Verdict.reject("invalid", "not signed by the worker's registered peer key")
     if why := clock.ahead(batch.step, batch.policy_version):
