@@ -61,9 +61,7 @@ class LedgerViews(ChainClock, StakeViews, Protocol):
 
     def registration(self, account: str) -> tuple[bytes, bytes]: ...
 
-    def registration_status(
-        self, account: str, block: int | None = None
-    ) -> tuple[bytes, bool]: ...
+    def registration_status(self, account: str, block: int | None = None) -> tuple[bytes, bool]: ...
 
     def block_time(self, block: int) -> int: ...
 
@@ -92,9 +90,7 @@ class EventSource(ChainClock, Protocol):
 class RegistrationViews(Protocol):
     """Each worker's registration: (peer key, whether its signature is valid)."""
 
-    def registration_status(
-        self, account: str, block: int | None = None
-    ) -> tuple[bytes, bool]: ...
+    def registration_status(self, account: str, block: int | None = None) -> tuple[bytes, bool]: ...
 
 
 @runtime_checkable
