@@ -115,7 +115,7 @@ class Member:
             self.outer.step, delta, start_hash, layout_of(self.model)
         )
         t2 = time.perf_counter()
-        self.outer.apply(self.model, red.average, alone=len(red.roster) == 1)
+        self.outer.apply(self.model, red.average, alone=red.alone)
         packed = self._publish()
         rec = OuterRecord(
             step=self.outer.step,

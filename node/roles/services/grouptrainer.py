@@ -182,7 +182,7 @@ class GroupTrainerRole(TrainerRole):
         self.rosters.record(n + 1, red.roster)
         self.rosters.forget_before(n - self.cfg.run.async_level)
         await saved(self.rosters.save, self.dir / ROSTERS_FILE, what="the rosters")
-        digest = await trained(self.policy, OuterApply(n, red.average, len(red.roster) == 1))
+        digest = await trained(self.policy, OuterApply(n, red.average, red.alone))
         offered = await offer(self.group, self.policy, n + 1) if self.leading else None
         self.outer = {
             "state_hash": offered,

@@ -241,7 +241,7 @@ class PretrainRole:
             await self._joined(await join(self.group, self.policy))
             return
         reduce_s = time.monotonic() - reducing
-        digest = await self.policy.call(OuterApply(n, red.average, len(red.roster) == 1))
+        digest = await self.policy.call(OuterApply(n, red.average, red.alone))
         self.position = stats.position
         self.state.step = n + 1
         await saved(self.state.save, self.dir / STATE_FILE, what="the pretrainer state")
