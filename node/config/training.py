@@ -155,7 +155,7 @@ class DilocoConfig(Section):
         json_schema_extra={"was": "diloco_quant"},
     )
     sparse_k: int = Field(
-        64,
+        384,
         ge=1,
         le=4096,
         description="quant sparse: values sent of every block of 4096 (the group must agree).",

@@ -17,7 +17,8 @@ only late. This codec:
 - bytes (little-endian): the tables (``4·nb`` float32, ``nb`` blocks), then the positions
   (``K·12`` bits, ``K = Σ k_j``, least significant bit first, zero-padded to a byte), then
   the codes (``K·2`` bits, the same): ``16·nb + ⌈12K/8⌉ + ⌈2K/8⌉`` bytes, ``wire_size``.
-  With k = 64 that is 128 bytes per 4096 values: 0.25 bits per value.
+  With k = 64 that is 128 bytes per 4096 values (0.25 bits per value), with the default
+  k = 384, 688 bytes (1.34 bits per value).
 ``decode`` refuses another length, a non-finite table, a table value of the wrong sign for
 its code (codes 0–1 must decode to ≤ 0, codes 2–3 to ≥ 0: a code out of its range), a
 position at or past its block's length, positions not strictly increasing within a block,
@@ -47,7 +48,7 @@ BLOCK = 4096
 POS_BITS = 12  # 2**12 = BLOCK
 CODE_BITS = 2
 CODES = 1 << CODE_BITS
-DEFAULT_K = 64
+DEFAULT_K = 384  # chosen on the pretraining bench: docs/benchmarks.md, diloco.py
 
 
 def _blocks(n: int, k: int) -> tuple[int, int, int]:
