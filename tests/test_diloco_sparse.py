@@ -404,3 +404,36 @@ async def test_a_member_sending_out_of_range_values_is_blamed(payload):
     out = await DilocoGroup.all_reduce(group, 0, torch.ones(N), "s" * 64, "l" * 64)
     assert group.syncs == [(0, ""), (1, "a")]  # the next ask names the left neighbour
     assert out.attempts == 2 and group.failures == 1
+
+
+# ---- the remainder across a restart (node/roles/io/rounds.py) ------------------------------
+
+
+def _holder(codec):
+    return SimpleNamespace(cfg=SimpleNamespace(compressor=codec), feedback=ErrorFeedback())
+
+
+async def test_a_restart_takes_back_the_remainder_written_with_its_checkpoint(tmp_path):
+    from node.roles.decisions.workbook import prune_checkpoints
+    from node.roles.io.rounds import feedback_path, keep_feedback, resume_feedback
+
+    group = _holder(Sparse())
+    group.feedback.buffer = torch.randn(100)
+    await keep_feedback(group, tmp_path, 3)
+    again = _holder(Sparse())
+    assert resume_feedback(again, tmp_path, 3)
+    assert torch.equal(again.feedback.buffer, group.feedback.buffer)
+    other = _holder(Sparse())
+    assert not resume_feedback(other, tmp_path, 2)  # another checkpoint's: from zero
+    assert other.feedback.buffer is None
+    feedback_path(tmp_path, 4).write_bytes(b"not safetensors")
+    assert not resume_feedback(other, tmp_path, 4)
+    group.feedback.buffer = torch.full((5,), float("nan"))
+    await keep_feedback(group, tmp_path, 5)
+    assert not resume_feedback(other, tmp_path, 5) and other.feedback.buffer is None
+    dense = _holder(quant.Int8())
+    dense.feedback.buffer = torch.ones(3)
+    await keep_feedback(dense, tmp_path, 6)  # no error feedback: nothing written
+    assert not feedback_path(tmp_path, 6).exists()
+    prune_checkpoints(tmp_path, 10, 2)  # pruned with its checkpoint
+    assert not feedback_path(tmp_path, 3).exists()
