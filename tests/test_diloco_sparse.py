@@ -437,3 +437,22 @@ async def test_a_restart_takes_back_the_remainder_written_with_its_checkpoint(tm
     assert not feedback_path(tmp_path, 6).exists()
     prune_checkpoints(tmp_path, 10, 2)  # pruned with its checkpoint
     assert not feedback_path(tmp_path, 3).exists()
+
+
+async def test_a_joiners_recovery_starts_the_remainder_at_zero():
+    from node.roles.children.grouppolicy import Recovered
+    from node.roles.io.joining import join
+
+    group = _holder(Sparse())
+    group.feedback.buffer = torch.ones(10)  # held back for a state the joiner leaves
+
+    async def pull_state(step):
+        return SimpleNamespace(data=b"state", signer="L", shards=1, via="shardcast")
+
+    async def call(request):
+        return Recovered(request.version, "s" * 64, "p" * 64, 0)
+
+    group.pull_state = pull_state
+    reply = SimpleNamespace(state="ready", step=3, members=["L"])
+    joined = await join(group, SimpleNamespace(call=call), reply)
+    assert joined.version == 2 and group.feedback.buffer is None
