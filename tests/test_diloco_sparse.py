@@ -456,3 +456,29 @@ async def test_a_joiners_recovery_starts_the_remainder_at_zero():
     reply = SimpleNamespace(state="ready", step=3, members=["L"])
     joined = await join(group, SimpleNamespace(call=call), reply)
     assert joined.version == 2 and group.feedback.buffer is None
+
+
+async def test_a_library_member_joining_starts_the_remainder_at_zero():
+    from node.diloco.member import Member
+
+    group = _holder(Sparse())
+    group.cfg.leader = "L"
+    group.feedback.buffer = torch.ones(10)
+
+    async def find_leader():
+        return {"L"}
+
+    async def announce_join(at_least):
+        return 3
+
+    async def pull_state(step):
+        return SimpleNamespace(data=b"state")
+
+    group.find_leader, group.announce_join, group.pull_state = (
+        find_leader,
+        announce_join,
+        pull_state,
+    )
+    me = SimpleNamespace(group=group, restore=lambda data: None, packed=lambda: b"packed")
+    step, _ = await Member.join(me)
+    assert step == 3 and group.feedback.buffer is None

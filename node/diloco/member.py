@@ -99,6 +99,7 @@ class Member:
                 self.restore(pulled.data)
             except ValueError as exc:
                 raise GroupError(f"the leader's state does not fit our model: {exc}") from exc
+            self.group.feedback.reset()  # held back for a state we left (SPEC §15)
             self.recovered = pulled
             return step, state_hash(self.packed())  # what we hold now, packed again
 
