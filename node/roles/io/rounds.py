@@ -65,6 +65,7 @@ def resume_feedback(group: DilocoGroup, checkpoints: Path, version: int) -> bool
         log.warning("DiLoCo: error feedback of version %d not taken back: %s", version, exc)
         return False
     group.feedback.buffer = buf
+    log.info("DiLoCo: error feedback of version %d taken back (%d values)", version, buf.numel())
     return True
 
 
