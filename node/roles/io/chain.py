@@ -47,7 +47,7 @@ def open_ledger(cfg: NodeConfig, *, signing: bool = True) -> LedgerClient:
     account = None
     if signing:
         try:
-            account = load_account(cfg.resolved_data_dir, read_password())
+            account = load_account(cfg.resolved_data_dir, read_password(cfg.chain.password_file))
         except AccountError as exc:
             raise ChainSetupError(str(exc)) from exc
     try:
