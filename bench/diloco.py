@@ -2,6 +2,9 @@
 
     .venv/bin/python bench/diloco.py [--members 2] [--inner 10] [--outer 6] [--seeds 3]
                                      [--util-outer 2] [--hidden 64] [--layers 2] [--json]
+                                     [--sparse-k 384] [--sparse-lr 1.5] [--sparse-momentum 0]
+    .venv/bin/python bench/diloco.py --sweep [--seeds 3] [--sweep-k 64,256,384]
+                                     [--sweep-outer 0.7/0.9,1/0.5,1.5/0]  # lr/momentum
 
 The tiny Llama shape (vocabulary 256: byte tokens), pretraining on a tiny local corpus (this
 repository's README.md, SPEC.md and docs/, the last 10% held out).
@@ -16,9 +19,12 @@ repository's README.md, SPEC.md and docs/, the last 10% held out).
    H(=100) x fp32 bytes / int8 bytes. It is a little under 4 x 100: each int8 chunk carries
    its 1 KiB lookup table, which is 2 KiB / P per member and step (P parameters): visible on
    this tiny model, nothing at 10B. Not counted: envelopes, framing, yamux and noise.
+   ``bandwidth_reduction_sparse``: the same with the bytes of one outer step of the sparse
+   all-gather (``node/diloco/sparse.py``, ``--sparse-k`` of every 4096 values at 2 bits).
 2. Final loss at equal tokens, mean over ``--seeds``, in this process (the ring's arithmetic
    does not depend on the transport; ``tests/test_diloco_network.py`` checks the processes
-   agree bit for bit): DiLoCo int8 and fp32 (``--members`` members, ``--outer`` x
+   agree bit for bit): DiLoCo int8, fp32 and sparse (with error feedback and its own outer
+   ``--sparse-lr`` / ``--sparse-momentum``) (``--members`` members, ``--outer`` x
    ``--inner`` steps each), one worker (``members x inner x outer`` steps of the same batch)
    and data parallel (``inner x outer`` steps of ``members`` batches: one model, the
    gradient of the concatenated batch = the members' averaged gradients). The loss is
@@ -32,12 +38,20 @@ repository's README.md, SPEC.md and docs/, the last 10% held out).
    inner compute). Measured: inner / (inner + all-reduce) wall-clock of every member's
    outer steps, against the predicted 95.7 / 85.6 / 83.0 %. The all-reduce time includes
    waiting in the sync for the slowest member's inner steps, as in a real group.
+   ``utilization_sparse``: the same links (the bandwidths calibrated on int8) carrying the
+   sparse all-gather.
 
-``--json``: the last line is one JSON object with ``bandwidth_reduction``, ``bytes``
-(``diloco_outer_step``, ``ddp_step``), ``loss`` (``int8``, ``fp32``, ``single``, ``ddp``:
-mean over seeds), ``loss_per_seed``, ``utilization`` (``us``, ``transatlantic``,
-``global``), ``predicted_utilization``, ``links`` (per link: the simulated bandwidth, the
-target and measured all-reduce/inner, the utilization), ``unthrottled`` and ``seconds``.
+``--sweep``: only the in-process loss of sparse DiLoCo for a grid of ``k`` (``--sweep-k``)
+and outer lr / momentum (``--sweep-outer``) against int8's, ``--seeds`` seeds each (how the
+defaults were chosen: docs/benchmarks.md).
+
+``--json``: the last line is one JSON object with ``bandwidth_reduction``,
+``bandwidth_reduction_sparse``, ``bytes`` (``diloco_outer_step``, ``sparse_outer_step``,
+``ddp_step``), ``loss`` (``int8``, ``fp32``, ``sparse``, ``single``, ``ddp``: mean over
+seeds), ``loss_per_seed``, ``sparse`` (its settings), ``utilization`` and
+``utilization_sparse`` (``us``, ``transatlantic``, ``global``), ``predicted_utilization``,
+``links`` (per link: the simulated bandwidth, the target and measured all-reduce/inner, the
+utilization, int8 and sparse), ``unthrottled`` and ``seconds``.
 """
 
 from __future__ import annotations
@@ -59,8 +73,11 @@ import trio  # noqa: E402
 from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 
 from node.diloco import ring  # noqa: E402
+from node.diloco.codecs import compressor  # noqa: E402
 from node.diloco.inner import Corpus, InnerConfig, eval_loss, inner_step, make_optimizer  # noqa: E402
 from node.diloco.outer import OuterConfig, OuterState  # noqa: E402
+from node.diloco.quant import Compressor  # noqa: E402
+from node.diloco.sparse import ErrorFeedback  # noqa: E402
 from node.keystore import load_or_create_identity  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -97,15 +114,20 @@ class Link:
         self.n = n
         self.received = 0
 
-    async def reduce(self, vecs: list[torch.Tensor], encoding: str) -> torch.Tensor:
+    async def reduce(
+        self, vecs: list[torch.Tensor], codec: Compressor, feedback: list[ErrorFeedback]
+    ) -> torch.Tensor:
+        """The group's average; with error feedback as ``DilocoGroup.all_reduce`` keeps it."""
         boxes = [ring.Outbox() for _ in range(self.n)]
         out: list[Any] = [None] * self.n
+        if codec.feedback:
+            vecs = [fb.compensate(v) for fb, v in zip(feedback, vecs, strict=True)]
 
         async def member(i: int) -> None:
             async def pull(phase: str, rnd: int) -> bytes:
                 return await boxes[(i - 1) % self.n].take(phase, rnd)
 
-            out[i] = await ring.all_reduce(vecs[i], i, self.n, encoding, boxes[i], pull)
+            out[i] = await ring.all_reduce(vecs[i], i, self.n, codec, boxes[i], pull)
 
         async with trio.open_nursery() as nursery:
             for i in range(self.n):
@@ -113,17 +135,28 @@ class Link:
         for avg, _ in out[1:]:
             assert torch.equal(avg, out[0][0]), "ring members disagree"
         self.received = out[0][1]
+        if codec.feedback:
+            for fb, v in zip(feedback, vecs, strict=True):
+                fb.keep(v, codec.roundtrip(v))
         return out[0][0]
 
 
-def diloco(args: argparse.Namespace, seed: int, encoding: str, train: bytes, link: Link) -> Any:
+def diloco(
+    args: argparse.Namespace,
+    seed: int,
+    codec: Compressor,
+    train: bytes,
+    link: Link,
+    outer_cfg: OuterConfig | None = None,
+) -> Any:
     """A DiLoCo group of ``args.members`` in one process; (model, inner s, all-reduce s)."""
     base = make_model(seed, args.hidden, args.layers)
     cfg = InnerConfig(batch=args.batch, seq_len=args.seq)
     models = [copy.deepcopy(base) for _ in range(args.members)]
     opts = [make_optimizer(m, cfg) for m in models]
     data = [Corpus(train, seed=seed, shard=k) for k in range(args.members)]
-    outer = OuterState.of(base, OuterConfig())
+    outer = OuterState.of(base, outer_cfg or OuterConfig())
+    feedback = [ErrorFeedback() for _ in models]
     inner_s = reduce_s = 0.0
     for _ in range(args.outer):
         t0 = time.perf_counter()
@@ -131,7 +164,7 @@ def diloco(args: argparse.Namespace, seed: int, encoding: str, train: bytes, lin
             for _ in range(args.inner):
                 inner_step(m, o, d.batch(cfg.batch, cfg.seq_len), cfg)
         t1 = time.perf_counter()
-        avg = trio.run(link.reduce, [outer.pseudo_gradient(m) for m in models], encoding)
+        avg = trio.run(link.reduce, [outer.pseudo_gradient(m) for m in models], codec, feedback)
         t2 = time.perf_counter()
         outer.apply(models[0], avg, alone=False)
         for m in models[1:]:
@@ -289,10 +322,51 @@ def over_libp2p(args: argparse.Namespace) -> dict[str, Any]:
                     f"  {name:<13} all-reduce/inner {r_s / i_s:.4f} (target {ratio:.4f})",
                     flush=True,
                 )
+            sparse = sparse_codec(args).wire
+            out["sparse_outer_step"] = round(mean(group.run(1, sparse, None), "received"))
+            for name, link in out["links"].items():
+                recs = group.run(args.util_outer, sparse, link["bandwidth_Bps"])
+                i_s, r_s = sum(r["inner_s"] for r in recs), sum(r["reduce_s"] for r in recs)
+                link["utilization_sparse"] = i_s / (i_s + r_s)
+                print(f"  {name:<13} sparse all-reduce/inner {r_s / i_s:.4f}", flush=True)
         finally:
             group.stop()
     out["bandwidth_reduction"] = H_PUBLISHED * out["ddp_step"] / out["diloco_outer_step"]
+    out["bandwidth_reduction_sparse"] = H_PUBLISHED * out["ddp_step"] / out["sparse_outer_step"]
     return out
+
+
+def sparse_codec(args: argparse.Namespace) -> Compressor:
+    return compressor("sparse", args.sparse_k)
+
+
+def sweep(args: argparse.Namespace, train: bytes, held: bytes) -> None:
+    """Sparse DiLoCo's held-out loss for a grid of k and outer settings, against int8's."""
+    outers = [tuple(float(v) for v in o.split("/")) for o in args.sweep_outer.split(",")]
+    grid = [(int(k), lr, mu) for k in args.sweep_k.split(",") for lr, mu in outers]
+    ref = []
+    for seed in range(args.seeds):
+        ref.append(
+            held_out_loss(
+                diloco(args, seed, compressor("int8"), train, Link(args.members))[0], held, args.seq
+            )
+        )
+    int8 = sum(ref) / len(ref)
+    print(f"int8 (lr 0.7, momentum 0.9): {int8:.4f} {[round(x, 4) for x in ref]}", flush=True)
+    for k, lr, mu in grid:
+        codec, outer = compressor("sparse", k), OuterConfig(lr, mu)
+        got = [
+            held_out_loss(
+                diloco(args, seed, codec, train, Link(args.members), outer)[0], held, args.seq
+            )
+            for seed in range(args.seeds)
+        ]
+        m = sum(got) / len(got)
+        print(
+            f"k {k:>4} lr {lr} momentum {mu}: {m:.4f} ({100 * (m / int8 - 1):+.2f}% of int8) "
+            f"{[round(x, 4) for x in got]}",
+            flush=True,
+        )
 
 
 def main() -> None:
@@ -308,27 +382,37 @@ def main() -> None:
     ap.add_argument(
         "--util-outer", type=int, default=2, help="outer steps per link in the libp2p group"
     )
+    ap.add_argument("--sparse-k", type=int, default=384, help="sparse: values of every 4096 sent")
+    ap.add_argument("--sparse-lr", type=float, default=1.5, help="sparse: outer lr")
+    ap.add_argument("--sparse-momentum", type=float, default=0.0, help="sparse: outer momentum")
+    ap.add_argument("--sweep", action="store_true", help="only the sparse settings' loss sweep")
+    ap.add_argument("--sweep-k", default="64,256,384", help="--sweep: the k values")
+    ap.add_argument("--sweep-outer", default="0.7/0.9,1/0.5,1.5/0", help="--sweep: lr/momentum")
     ap.add_argument("--json", action="store_true", help="end with one JSON line of the figures")
     args = ap.parse_args()
     torch.set_num_threads(1)
     started = time.perf_counter()
     train, held = corpus_bytes()
+    if args.sweep:
+        sweep(args, train, held)
+        return
     bw = over_libp2p(args)
     print(
         f"bytes a member receives: int8 DiLoCo {bw['diloco_outer_step']} per outer step, "
         f"DDP {bw['ddp_step']} per step ({bw['params']} parameters): "
-        f"{bw['bandwidth_reduction']:.1f}x less at H = {H_PUBLISHED}",
+        f"{bw['bandwidth_reduction']:.1f}x less at H = {H_PUBLISHED}; sparse "
+        f"{bw['sparse_outer_step']}: {bw['bandwidth_reduction_sparse']:.1f}x less",
         flush=True,
     )
-    losses: dict[str, list[float]] = {"int8": [], "fp32": [], "single": [], "ddp": []}
+    losses: dict[str, list[float]] = {"int8": [], "fp32": [], "sparse": [], "single": [], "ddp": []}
+    sparse_outer = OuterConfig(args.sparse_lr, args.sparse_momentum)
     for seed in range(args.seeds):
         link = Link(args.members)
-        losses["int8"].append(
-            held_out_loss(diloco(args, seed, "int8", train, link)[0], held, args.seq)
-        )
-        losses["fp32"].append(
-            held_out_loss(diloco(args, seed, "fp32", train, link)[0], held, args.seq)
-        )
+        for name in ("int8", "fp32"):
+            model = diloco(args, seed, compressor(name), train, link)[0]
+            losses[name].append(held_out_loss(model, held, args.seq))
+        model = diloco(args, seed, sparse_codec(args), train, link, sparse_outer)[0]
+        losses["sparse"].append(held_out_loss(model, held, args.seq))
         losses["single"].append(held_out_loss(single(args, seed, train, False), held, args.seq))
         losses["ddp"].append(held_out_loss(single(args, seed, train, True), held, args.seq))
         print(
@@ -337,17 +421,29 @@ def main() -> None:
     avg = {k: sum(v) / len(v) for k, v in losses.items()}
     print("final held-out loss (mean): " + ", ".join(f"{k} {v:.4f}" for k, v in avg.items()))
     print(f"int8 / fp32 {avg['int8'] / avg['fp32']:.4f}, int8 / ddp {avg['int8'] / avg['ddp']:.4f}")
+    print(f"sparse / int8 {avg['sparse'] / avg['int8']:.4f}")
     util = {k: v["utilization"] for k, v in bw["links"].items()}
+    util_sparse = {k: v["utilization_sparse"] for k, v in bw["links"].items()}
     predicted = {k: 1 / (1 + r) for k, r in LINKS.items()}
     for k in LINKS:
-        print(f"utilization {k:<13} {util[k]:.3f} (predicted {predicted[k]:.3f})")
+        print(
+            f"utilization {k:<13} {util[k]:.3f} (predicted {predicted[k]:.3f}), "
+            f"sparse {util_sparse[k]:.3f}"
+        )
     figures = {
         "bandwidth_reduction": bw["bandwidth_reduction"],
-        "bytes": {"diloco_outer_step": bw["diloco_outer_step"], "ddp_step": bw["ddp_step"]},
+        "bandwidth_reduction_sparse": bw["bandwidth_reduction_sparse"],
+        "bytes": {
+            "diloco_outer_step": bw["diloco_outer_step"],
+            "sparse_outer_step": bw["sparse_outer_step"],
+            "ddp_step": bw["ddp_step"],
+        },
         "params": bw["params"],
         "loss": avg,
         "loss_per_seed": losses,
+        "sparse": {"k": args.sparse_k, "lr": args.sparse_lr, "momentum": args.sparse_momentum},
         "utilization": util,
+        "utilization_sparse": util_sparse,
         "predicted_utilization": predicted,
         "links": bw["links"],
         "unthrottled": bw["unthrottled"],

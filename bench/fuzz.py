@@ -194,7 +194,9 @@ def worker(args: argparse.Namespace) -> None:
 
         with atheris.instrument_imports(include=["protocol", "crypto", "node", "tests"]):
             import crypto.toploc  # noqa: F401
+            import node.diloco.codecs  # noqa: F401
             import node.diloco.quant  # noqa: F401
+            import node.diloco.sparse  # noqa: F401
             import node.rollouts.store  # noqa: F401
             import node.shardcast.store  # noqa: F401
             from tests.helpers import fuzz_targets

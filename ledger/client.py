@@ -166,8 +166,8 @@ class LedgerClient:
     def registration_valid(self, account: str) -> bool:
         return self.reads.registration_valid(account)
 
-    def registration_status(self, account: str) -> tuple[bytes, bool]:
-        return self.reads.registration_status(account)
+    def registration_status(self, account: str, block: int | None = None) -> tuple[bytes, bool]:
+        return self.reads.registration_status(account, block)
 
     def submission(self, worker: str, key: bytes) -> SubmissionInfo:
         return self.reads.submission(worker, key)

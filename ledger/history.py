@@ -5,10 +5,11 @@ from block 0 took 66 s at 800 blocks here), so the index starts at the contract'
 deployment block, remembers the last block it read, and only ever asks for new blocks,
 in bounded ranges.
 
-Only blocks at least ``confirmations`` deep are cached (a reorg can drop newer ones); the
-newer tail is read fresh on every update and never stored. Events are kept per account
-(every address an event names), the newest ``keep`` of each, so one busy account cannot
-push another's history out.
+The cache is kept per contract address, chain id and genesis block hash: a new chain may
+repeat the first two, never the third. Only blocks at least ``confirmations`` deep are
+cached (a reorg can drop newer ones); the newer tail is read fresh on every update and never
+stored. Events are kept per account (every address an event names), the newest ``keep`` of
+each, so one busy account cannot push another's history out.
 """
 
 from __future__ import annotations
@@ -51,19 +52,18 @@ class EventIndex:
         self.events_by_topic = {
             event_abi_to_log_topic(entry): entry for entry in abi if entry["type"] == "event"
         }
+        # the cache is of one contract on one chain: a new development chain has the same
+        # chain id and, deployed by the same key, the same contract address, but its own
+        # genesis block (an index kept from the old chain showed the old chain's history)
+        key = {
+            "format": FORMAT,
+            "contract": self.contract,
+            "chain_id": w3.eth.chain_id,
+            "genesis": Web3.to_hex(w3.eth.get_block(0)["hash"]),
+        }
         state = self._load()
-        if (
-            state.get("format") != FORMAT
-            or state.get("contract") != self.contract
-            or state.get("chain_id") != w3.eth.chain_id
-        ):
-            state = {
-                "format": FORMAT,
-                "contract": self.contract,
-                "chain_id": w3.eth.chain_id,
-                "last_block": start_block - 1,
-                "accounts": {},
-            }
+        if any(state.get(k) != v for k, v in key.items()):
+            state = {**key, "last_block": start_block - 1, "accounts": {}}
         self.state = state
 
     def _load(self) -> dict[str, Any]:

@@ -56,10 +56,14 @@ class LedgerReads:
         self.contract = contract
         self.guard = guard
 
-    def view(self, name: str, *args: Any) -> Any:
-        """The contract's view ``name`` (web3 decodes its ABI types: the callers narrow)."""
+    def view(self, name: str, *args: Any, block: int | None = None) -> Any:
+        """The contract's view ``name`` (web3 decodes its ABI types: the callers narrow), as
+        of block number ``block`` (default: the newest)."""
+        at: Any = "latest" if block is None else block
         try:
-            return retry(lambda: getattr(self.contract.functions, name)(*args).call())
+            return retry(
+                lambda: getattr(self.contract.functions, name)(*args).call(block_identifier=at)
+            )
         except BadFunctionCallOutput:  # empty output: most likely no code there
             self.require_contract()
             raise
@@ -83,23 +87,24 @@ class LedgerReads:
         """The proposed parameters and when they may be applied (0: no proposal)."""
         return Params(*self.view("proposed_params")), int(self.view("params_eta"))
 
-    def worker(self, account: str) -> WorkerInfo:
-        r = self.view("workers", self.checksum(account))
+    def worker(self, account: str, block: int | None = None) -> WorkerInfo:
+        r = self.view("workers", self.checksum(account), block=block)
         return WorkerInfo(bytes(r[0]), *r[1:])
 
-    def registration(self, account: str) -> tuple[bytes, bytes]:
-        """(peer key, stored signature) of an account."""
-        peer_key = self.worker(account).peer_key
-        return peer_key, bytes(self.view("signatures", self.checksum(account)))
+    def registration(self, account: str, block: int | None = None) -> tuple[bytes, bytes]:
+        """(peer key, stored signature) of an account, as of ``block`` (default: now)."""
+        peer_key = self.worker(account, block).peer_key
+        return peer_key, bytes(self.view("signatures", self.checksum(account), block=block))
 
     def registration_valid(self, account: str) -> bool:
         """Whether the account's stored registration signature is valid (checked off-chain:
         the EVM cannot verify Ed25519)."""
         return self.registration_status(account)[1]
 
-    def registration_status(self, account: str) -> tuple[bytes, bool]:
-        """(peer key, whether its stored signature is valid for this chain and account)."""
-        peer_key, signature = self.registration(account)
+    def registration_status(self, account: str, block: int | None = None) -> tuple[bytes, bool]:
+        """(peer key, whether its stored signature is valid for this chain and account), as
+        of ``block`` (default: now; an older block needs a node that keeps its state)."""
+        peer_key, signature = self.registration(account, block)
         return peer_key, verify_registration(peer_key, signature, self.guard.check(), account)
 
     def submission(self, worker: str, key: bytes) -> SubmissionInfo:

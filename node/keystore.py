@@ -28,23 +28,41 @@ def ensure_data_dir(data_dir: Path) -> Path:
 LOCK_FILE = "node.lock"
 
 
-def claim_data_dir(data_dir: Path) -> int:
-    """Hold ``data_dir`` for this process (an flock the kernel releases when it exits,
-    killed or not); returns the descriptor to keep open. Two nodes on one data dir would
-    run with one identity, one weight store and one admin file: the second is refused."""
-    fd = os.open(data_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
+class LockHeld(RuntimeError):
+    """Another process holds the lock (``holder``: its pid as it wrote it, or ``?``)."""
+
+    def __init__(self, holder: str) -> None:
+        super().__init__(f"held by pid {holder}")
+        self.holder = holder
+
+
+def hold_lock(path: Path) -> int:
+    """An exclusive flock on ``path`` for this process, which the kernel releases when it
+    exits, killed or not, with this pid written in it; returns the descriptor to keep open.
+    ``LockHeld`` when another process holds it."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
         os.close(fd)
-        raise KeystoreError(
-            f"another node (pid {holder}) runs with the data dir {data_dir}: stop it first,"
-            " or give this one another --data-dir or --name"
-        ) from None
+        raise LockHeld(holder) from None
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     return fd
+
+
+def claim_data_dir(data_dir: Path) -> int:
+    """Hold ``data_dir`` for this process (``hold_lock``); returns the descriptor to keep
+    open. Two nodes on one data dir would run with one identity, one weight store and one
+    admin file: the second is refused."""
+    try:
+        return hold_lock(data_dir / LOCK_FILE)
+    except LockHeld as held:
+        raise KeystoreError(
+            f"another node (pid {held.holder}) runs with the data dir {data_dir}: stop it first,"
+            " or give this one another --data-dir or --name"
+        ) from None
 
 
 def create_identity(data_dir: Path, *, force: bool = False) -> Identity:

@@ -15,7 +15,8 @@ One request type, ``DilocoRequest``, with an ``op``:
   ``DilocoChunk`` naming ``size`` (< 2³¹, else it does not decode) and ``digest`` (sha256)
   of the one raw frame that follows; the puller refuses a ``size`` other than the chunk
   length it expects (``node/diloco/group.py``) before it reads the frame.
-The chunk byte formats are in ``node/diloco/quant.py`` and SPEC.md section 17.
+The chunk byte formats are in ``node/diloco/quant.py``, ``node/diloco/sparse.py`` and SPEC.md
+section 15.
 """
 
 from __future__ import annotations
@@ -42,7 +43,8 @@ STATE_FRAME = 4 << 20
 DIGEST_SIZE = 32
 OPS = ("sync", "leave", "chunk", "join", "state")
 PHASES = ("", "rs", "ag")
-ENCODINGS = ("int8", "fp32")
+ENCODINGS = ("int8", "fp32")  # and sparse-<k>: top-k of every 4096 values, 1 ≤ k ≤ 4096
+ENCODING_PATTERN = r"int8|fp32|sparse-[1-9][0-9]{0,3}"
 
 
 def group_key(run_id: str, leader: str = "") -> str:
@@ -79,7 +81,7 @@ class DilocoRoster(Header):
     step: int = u64()
     attempt: int = u64(0, 1_000_000)
     state: str = text(8, choices=("wait", "ready"))
-    encoding: str = text(4, choices=ENCODINGS)
+    encoding: str = text(11, pattern=ENCODING_PATTERN)
     members: list[str] = listof(FieldSpec(str, max_len=64, pattern=PEER_ID_PATTERN), MAX_MEMBERS)
     norms: list[float] = listof(FieldSpec(float, lo=0.0, hi=1e30), MAX_MEMBERS)
 

@@ -139,3 +139,22 @@ def test_a_run_below_top_p_one_samples_and_checks_with_its_own_top_p(tiny_model_
     )
     assert not other.accepted and other.reason == "invalid"
     assert "top-p 0.9" in other.detail, other.detail
+
+
+def test_validators_checking_a_share_agree_on_a_batch_with_one_faked_rollout(tiny_model_dir):
+    """With ``spot_check`` 0.5 two validators (two checkers) judge a batch with one edited
+    rollout of four: for each submission's seed they both accept or both reject (drawn
+    alike: SPEC §18), and over seeds both happen (the draw follows the seed)."""
+    from node.roles.decisions.spotcheck import spot_check_seed
+
+    first = BatchChecker(dataclasses.replace(CHECKER, spot_check=0.5))
+    second = BatchChecker(dataclasses.replace(CHECKER, spot_check=0.5))
+    envelope = make(tiny_model_dir, "edit_token")
+    outcomes = set()
+    for block in range(6):
+        seed = spot_check_seed(b"k" * 32, bytes([block]) * 32)
+        a = first(CheckBatch(str(tiny_model_dir), 0, envelope, seed))
+        b = second(CheckBatch(str(tiny_model_dir), 0, envelope, seed))
+        assert (a.accepted, a.rollouts) == (b.accepted, b.rollouts) == (a.accepted, 2)
+        outcomes.add(a.accepted)
+    assert outcomes == {True, False}

@@ -348,3 +348,27 @@ def test_the_devnet_has_no_cheaters_and_the_tests_devnet_adds_them():
     )
     with pytest.raises(ValueError, match="unknown cheat"):
         cheating_workers(2, 1, "teleport")
+
+
+def test_start_unlocks_the_account_with_its_password_file(tmp_path, monkeypatch):
+    """`start --password-file FILE` (as `keys new` and the ledger commands take it) is the
+    password the node's roles unlock the keystore with, ahead of INTELLECT_NODE_PASSWORD."""
+    import ledger.chain
+    import ledger.client
+    from ledger.accounts import LIGHT_SCRYPT_N, create_account
+    from node.cli.main import _config_from_args, build_parser
+    from node.roles.io.chain import open_ledger
+
+    data_dir = tmp_path / "n"
+    address = create_account(data_dir, "from-file", scrypt_n=LIGHT_SCRYPT_N).address
+    (tmp_path / "pw").write_text("from-file\n")
+    monkeypatch.setenv("INTELLECT_NODE_PASSWORD", "from-env")
+    monkeypatch.setattr(ledger.chain, "connect", lambda url: url)
+    monkeypatch.setattr(
+        ledger.client, "LedgerClient", lambda chain, contract, account, **_: account
+    )
+    flags = ["--data-dir", str(data_dir), "--contract", "0x" + "11" * 20, "--chain.id", "1"]
+    args = build_parser().parse_args(["start", *flags, "--password-file", str(tmp_path / "pw")])
+    cfg = _config_from_args(args)
+    assert cfg.chain.password_file == tmp_path / "pw"
+    assert open_ledger(cfg).address == address

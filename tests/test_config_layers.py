@@ -115,6 +115,7 @@ def test_short_flags_are_few_and_name_their_setting() -> None:
         "--bootstrap": "net.bootstrap",
         "--chain": "chain.url",
         "--contract": "chain.contract",
+        "--password-file": "chain.password_file",  # as `keys new` and the ledger commands
     }
 
 
@@ -284,7 +285,9 @@ def test_every_old_flat_name_maps_to_a_place() -> None:
     assert old["admin_port"].path == "admin.port" and old["diloco"].path == "diloco.enabled"
     top = {s.name for s in settings() if s.section is None}
     assert top == {"role", "name", "data_dir", "log_level", "network_only"}
-    assert len(old) + len(top) == len(settings())
+    newer = {s.path for s in settings() if s.section is not None and s.was is None}
+    assert newer == {"chain.password_file"}  # came after the sections: never flat
+    assert len(old) + len(top) + len(newer) == len(settings())
     with pytest.raises(
         ConfigError, match="^--run-id moved: \\[run\\] id \\(--run.id, INTELLECT_NODE_RUN__ID\\)$"
     ):

@@ -65,6 +65,53 @@ def test_an_earlier_run_is_set_aside_and_an_older_one_replaced(tmp_path):
     assert (moved / "chain.log").read_text() == "second" and not (moved / "trainer").exists()
 
 
+HOLDER = """
+import sys, time
+from pathlib import Path
+from node.cli.devnet import claim_base_dir
+
+claim_base_dir(Path(sys.argv[1]))
+print("held", flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_second_devnet_on_the_same_base_dir_is_refused_at_once(tmp_path, monkeypatch, capsys):
+    """A second devnet on a running one's base dir set the running one's files aside and
+    both terminals showed the second's figures: it now exits at once, in one line naming
+    the base dir and the running devnet's pid, and touches nothing there."""
+    import node.cli.devnet
+    from node.cli.main import main
+
+    def no_chain(*_a, **_k):
+        raise AssertionError("the second devnet went on to start a chain")
+
+    monkeypatch.setattr(node.cli.devnet, "start_chain", no_chain)
+    (tmp_path / "trainer").mkdir()
+    (tmp_path / "trainer" / "trainer-state.json").write_text('{"step": 2}')
+    running = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(tmp_path)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert running.stdout is not None and running.stdout.readline() == "held\n"
+        assert main(["devnet", "--base-dir", str(tmp_path)]) == 1
+        said = capsys.readouterr().err
+        assert said == (
+            f"intellect-node: error: another devnet (pid {running.pid}) runs in {tmp_path}:"
+            " stop it first, or give this one another --base-dir\n"
+        )
+        assert (tmp_path / "trainer" / "trainer-state.json").exists()
+        assert not (tmp_path / "previous-run").exists()
+    finally:
+        running.kill()
+        running.wait()
+        running.stdout.close()
+    with pytest.raises(AssertionError, match="went on to start a chain"):  # free again
+        main(["devnet", "--base-dir", str(tmp_path)])
+    assert (tmp_path / "previous-run" / "trainer" / "trainer-state.json").exists()
+    assert (tmp_path / "devnet.lock").exists()  # not set aside: a third devnet finds it
+
+
 def test_nodes_are_stopped_together_and_one_that_will_not_is_killed(tmp_path):
     def child(code):
         proc = subprocess.Popen([sys.executable, "-c", code])

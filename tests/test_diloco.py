@@ -13,7 +13,7 @@ import torch
 import trio
 
 from node.config import NodeConfig
-from node.diloco import quant, ring
+from node.diloco import codecs, quant, ring
 from node.diloco.inner import Corpus, InnerConfig, inner_step, make_optimizer
 from node.diloco.membership import Membership, Refused
 from node.diloco.outer import OuterConfig, OuterState, params_hash
@@ -99,33 +99,33 @@ def test_int8_range_rule_and_bucket_means():
         members = x[codes == code]
         if members.numel():
             torch.testing.assert_close(table[code], members.mean(), rtol=1e-5, atol=1e-6)
-    out = quant.decode(quant.encode(x, "int8"), "int8", x.numel())
+    out = codecs.decode(codecs.encode(x, "int8"), "int8", x.numel())
     inside = (x - mu).abs() < 3 * sigma - scale
     assert (out - x)[inside].abs().max() <= scale  # within a bucket inside ±3σ
     assert inside.float().mean() > 0.99
     assert abs(float(out.sum() - x.sum())) < 1e-2 * x.numel() ** 0.5
-    assert len(quant.encode(x, "int8")) == 1024 + x.numel()
+    assert len(codecs.encode(x, "int8")) == 1024 + x.numel()
 
 
 def test_fp32_is_exact_and_constant_chunks_work():
     x = torch.randn(257)
-    assert torch.equal(quant.decode(quant.encode(x, "fp32"), "fp32", 257), x)
+    assert torch.equal(codecs.decode(codecs.encode(x, "fp32"), "fp32", 257), x)
     c = torch.full((10,), 0.25)
-    assert torch.equal(quant.decode(quant.encode(c, "int8"), "int8", 10), c)
+    assert torch.equal(codecs.decode(codecs.encode(c, "int8"), "int8", 10), c)
 
 
 def test_decode_refuses_malformed_chunks():
     x = torch.randn(100)
-    good = quant.encode(x, "int8")
+    good = codecs.encode(x, "int8")
     with pytest.raises(WireError, match="must be"):
-        quant.decode(good[:-1], "int8", 100)
+        codecs.decode(good[:-1], "int8", 100)
     nan_table = torch.full((256,), float("nan")).numpy().tobytes() + good[1024:]
     with pytest.raises(WireError, match="non-finite"):
-        quant.decode(nan_table, "int8", 100)
+        codecs.decode(nan_table, "int8", 100)
     with pytest.raises(WireError, match="non-finite"):
-        quant.decode(torch.full((4,), float("inf")).numpy().tobytes(), "fp32", 4)
+        codecs.decode(torch.full((4,), float("inf")).numpy().tobytes(), "fp32", 4)
     with pytest.raises(ValueError, match="non-finite"):
-        quant.encode(torch.tensor([1.0, float("nan")]), "int8")
+        codecs.encode(torch.tensor([1.0, float("nan")]), "int8")
 
 
 # ---- the ring --------------------------------------------------------------------------
@@ -141,7 +141,8 @@ async def _ring(vecs, encoding, tamper=None):
             data = await boxes[(i - 1) % n].take(phase, rnd)
             return tamper(i, phase, rnd, data) if tamper else data
 
-        out[i] = await ring.all_reduce(vecs[i], i, n, encoding, boxes[i], pull)
+        codec = codecs.compressor(encoding)
+        out[i] = await ring.all_reduce(vecs[i], i, n, codec, boxes[i], pull)
 
     async with trio.open_nursery() as nursery:
         for i in range(n):
@@ -198,7 +199,9 @@ async def test_ring_reports_the_payload_bytes_it_pulled_and_asks_the_limit_of_ea
             asked[i].append((phase, rnd))
             return float("inf")
 
-        out[i] = await ring.all_reduce(vecs[i], i, n, "fp32", boxes[i], pull, limit)
+        out[i] = await ring.all_reduce(
+            vecs[i], i, n, codecs.compressor("fp32"), boxes[i], pull, limit
+        )
 
     async with trio.open_nursery() as nursery:
         for i in range(n):
@@ -431,7 +434,7 @@ async def _ring_limited(vecs, norms):
             return await boxes[(i - 1) % n].take(phase, rnd)
 
         limit = ring.norm_limits(norms, i)
-        out[i] = await ring.all_reduce(vecs[i], i, n, "int8", boxes[i], pull, limit)
+        out[i] = await ring.all_reduce(vecs[i], i, n, quant.Int8(), boxes[i], pull, limit)
 
     async with trio.open_nursery() as nursery:
         for i in range(n):
@@ -584,7 +587,7 @@ async def test_pulled_sizes_are_the_lengths_the_left_neighbour_offers(encoding, 
     await _ring([torch.randn(numel) for _ in range(n)], encoding, record)
     for i in range(n):
         want = {(p, r): seen[(i, p, r)] for p in ("rs", "ag") for r in range(n - 1)}
-        assert pulled_sizes(numel, i, n, encoding) == want
+        assert pulled_sizes(numel, i, n, codecs.compressor(encoding)) == want
 
 
 class _FrameSource:
@@ -861,7 +864,7 @@ class _OneFailedAttempt:
         from types import SimpleNamespace
 
         self.me, self.failure, self.syncs = "me", failure, []
-        self.cfg = SimpleNamespace(step_timeout=30.0, encoding="fp32")
+        self.cfg = SimpleNamespace(step_timeout=30.0, compressor=quant.Fp32())
         self.attempts, self.failures = {}, 0
 
     async def _sync(self, step, attempt, state, layout, norm, blame):

@@ -14,6 +14,9 @@ both a ring chunk and a place in the roster. A fourth starting member cheats in 
 sends its pseudo-gradient × 1000 while declaring its true norm; its right neighbour finds
 the chunk above the declared norms, the leader refuses the cheater for the step (counted),
 and the step completes without it.
+
+A second, smaller cluster does the same with ``quant = "sparse"`` (the all-gather of SPEC
+§15): two honest members and a cheater.
 """
 
 from __future__ import annotations
@@ -138,6 +141,55 @@ def test_three_members_stay_identical_and_survive_a_kill(tmp_path):
         assert status["refused"].get("not_admitted", 0) >= 1
         assert status["evicted"].get(ids[2], 0) >= 1
         assert status["rejected"] == {"chunk": 1}  # the cheater's step, counted once
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+SPARSE_STEPS = 3
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.slow
+def test_a_sparse_group_stays_identical_and_refuses_a_cheat(tmp_path):
+    """``quant = "sparse"`` between processes: a leader, a member and a cheater (× 1000 in
+    step 0, its true norm declared) train; the all-gather's first round finds the cheater's
+    payload above its declared norm, the leader refuses it for the step, and the two honest
+    members end every outer step with the same parameters, each receiving exactly the other
+    members' payloads."""
+    from node.diloco.sparse import Sparse
+    from tests.helpers.tiny_lm import tiny_llama
+
+    dirs = [tmp_path / f"m{i}" for i in range(3)]
+    for d in dirs:
+        d.mkdir()
+    ids = [load_or_create_identity(d).peer_id for d in dirs]
+    common = ["--min-members", "3", "--outer-steps", str(SPARSE_STEPS), "--inner-steps", "2"]
+    common += ["--encoding", "sparse"]
+    procs = []
+    try:
+        procs.append(spawn(dirs[0], ids[0], *common))
+        wait_until(lambda: (dirs[0] / "addr").exists(), 90, "the leader's address")
+        boot = ["--bootstrap", (dirs[0] / "addr").read_text()]
+        procs.append(spawn(dirs[1], ids[0], *common, *boot, "--shard", "1"))
+        procs.append(spawn(dirs[2], ids[0], *common, *boot, "--shard", "2", "--cheat-at", "0"))
+        for p in procs:
+            p.wait(timeout=600)
+        logs = {d.name: (d / "log").read_text()[-3000:] for d in dirs}
+        a, b = steps(dirs[0]), steps(dirs[1])
+        assert len(a) == len(b) == SPARSE_STEPS, logs
+        assert steps(dirs[2]) == [] and "excluded" in (dirs[2] / "refused").read_text()
+        numel = sum(p.numel() for p in tiny_llama(0, layers=1, hidden=32).parameters())
+        for ra, rb in zip(a, b, strict=True):
+            assert ra["hash"] == rb["hash"]  # bitwise identical after every outer step
+            assert ra["members"] == rb["members"] == ids[:2]
+            assert ra["received"] == rb["received"] == Sparse().wire_size(numel)
+        assert a[0]["attempts"] >= 2  # the cheat spoiled the first attempt
+        assert len({r["hash"] for r in a}) == SPARSE_STEPS  # training moved the parameters
+        status = json.loads((dirs[0] / "status.json").read_text())
+        assert status["rejected"] == {"chunk": 1}
     finally:
         for p in procs:
             if p.poll() is None:

@@ -4,12 +4,17 @@ a file), and the site that mkdocs.yml builds from docs/ (and the root SPEC.md) b
 a reader. The spec is three files with one numbering (SPEC §N): the sections run 1, 2, … with
 no gap across them, subsections N.1, N.2, …, and each file's contents list its headings."""
 
+import contextlib
 import importlib.util
+import io
 import re
+import shlex
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
@@ -145,6 +150,66 @@ def test_every_relative_link_in_the_readme_resolves():
     links = relative_links(README.read_text())
     assert any(t.startswith("docs/guides/") for t in links)  # the guides are linked from it
     assert broken_links(README) == []
+
+
+BLOCK = re.compile(r"^```[^\n]*\n(.*?)^```", re.M | re.S)
+COMMAND = re.compile(r"^\s*(\S*/)?intellect-node(\s|$)")
+OPTIONAL = re.compile(r"\[[^\[\]]*\]")  # a synopsis's [--flag VALUE] group
+
+
+def command_lines(markdown: str) -> list[list[str]]:
+    """The arguments of each ``intellect-node ...`` command in ``markdown``'s code blocks:
+    continuation lines joined, comments and a synopsis's ``[optional]`` groups and ``...``
+    dropped, ``a|b`` read as ``a``; each command of a line joined by ``&&``, ``;`` or a
+    pipe."""
+    commands = []
+    for block in BLOCK.findall(markdown):
+        for line in block.replace("\\\n", " ").splitlines():
+            line = re.sub(r"(^|\s)#.*", "", line)
+            while OPTIONAL.search(line):
+                line = OPTIONAL.sub("", line)
+            for part in re.split(r"&&|\|\||;| \| ", line):
+                if COMMAND.match(part):
+                    words = [w.split("|")[0] for w in shlex.split(part) if w != "..."]
+                    commands.append(words[1:])
+    return commands
+
+
+def test_the_command_finder_reads_continuations_synopses_and_chains():
+    page = (
+        "```bash\nintellect-node start --role trainer \\\n    --name t   # the trainer\n"
+        "cd x && .venv/bin/intellect-node keys new|show [--force] ...\n```\n"
+        "`intellect-node not-in-a-block`\n"
+    )
+    assert command_lines(page) == [["start", "--role", "trainer", "--name", "t"], ["keys", "new"]]
+
+
+@pytest.mark.parametrize(
+    "page", [README, *sorted((ROOT / "docs").rglob("*.md"))], ids=lambda p: p.name
+)
+def test_every_command_line_in_the_docs_parses(page):
+    """Each ``intellect-node ...`` line a reader may copy parses with the real parser (flags
+    that exist, values of their type and choices), without running it: a renamed or
+    removed flag left in a page fails here, and so does an old flat one (``--async-level``,
+    which ``start`` refuses with its new place)."""
+    from node.cli.flags import OLD
+    from node.cli.main import build_parser
+
+    wrong = []
+    for argv in command_lines(page.read_text()):
+        said = io.StringIO()
+        try:
+            with contextlib.redirect_stderr(said), contextlib.redirect_stdout(io.StringIO()):
+                args = build_parser().parse_args(argv)
+            moved = [k for k, v in vars(args).items() if k.startswith(OLD) and v]
+            if moved:  # an old flat flag parses only to be refused with its new place
+                wrong.append(f"intellect-node {shlex.join(argv)}: old flag {moved}")
+        except SystemExit as exc:
+            if exc.code:
+                wrong.append(
+                    f"intellect-node {shlex.join(argv)}: {said.getvalue().splitlines()[-1]}"
+                )
+    assert wrong == []
 
 
 def test_link_finder_reads_links_and_skips_code(tmp_path):

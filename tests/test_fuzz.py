@@ -302,6 +302,6 @@ def test_regression_diloco_chunk_of_zero_values() -> None:
     bytes) instead of returning an empty chunk (found by diloco/chunk-bytes)."""
     from node.diloco import quant
 
-    assert quant.decode(bytes(quant.TABLE_BYTES), "int8", 0).numel() == 0
+    assert quant.Int8().decode(bytes(quant.TABLE_BYTES), 0).numel() == 0
     with pytest.raises(WireError):
-        quant.decode(bytes(quant.TABLE_BYTES + 1), "int8", 0)
+        quant.Int8().decode(bytes(quant.TABLE_BYTES + 1), 0)

@@ -330,3 +330,32 @@ def test_the_validators_registration_cache_follows_the_chains_registration_event
     assert [x.key for x in subs] == [key(1)]
     assert [(r.key, r.verdict.accepted) for r in rulings] == [((me.lower(), key(1)), True)]
     assert trainer.poll_work() == ([], [])
+
+
+def test_a_submission_is_judged_against_the_registration_as_of_its_block(ledger):
+    """Issue #54: a worker submits, rotates its peer key, and serves a validator that judges
+    after the rotation a batch signed with the new key, the others one signed with the old.
+    Every validator judges against the registration as of the submission's block (read from
+    the chain as it stood then once a change came after it), so all agree, whatever the
+    order; work submitted after the rotation is judged against the new key."""
+    from node.roles.io.chain import Registrations, SubmissionWatcher
+
+    w = ledger.register(ledger.worker, 2 * ETH)
+    me = ledger.worker.address
+    old = ledger.identities[me]
+    regs = Registrations(ledger.client(ledger.v1))
+    watcher = SubmissionWatcher(ledger.client(ledger.v1), ledger.block, registrations=regs)
+    w.submit_work(key(1), 10, 0)
+    new = Identity.generate()
+    w.change_peer_key(new)
+    w.submit_work(key(2), 10, 0)
+    first, second = watcher.poll()  # the rotation logged between them, read in this poll
+    assert first.block < second.block
+    assert regs.get(me, first.block) == (old.public_bytes, True)  # as it stood then
+    assert regs.get(me, second.block) == (new.public_bytes, True)
+    assert regs.get(me) == (new.public_bytes, True)
+    reads = regs.reads
+    assert regs.get(me, second.block) == (new.public_bytes, True) and regs.reads == reads  # kept
+    # a validator that has not polled the rotation yet still reads the key as of the block
+    fresh = Registrations(ledger.client(ledger.v2))
+    assert fresh.get(me, first.block) == (old.public_bytes, True)

@@ -345,6 +345,28 @@ def test_event_index_confirmation_lag_per_account_retention_and_fields(tmp_path)
     assert [e["event"] for e in events if not e["confirmed"]] == ["Claimed", "StakeAdded"]
 
 
+def test_event_index_of_an_earlier_chain_with_the_same_contract_address_is_not_reused(
+    tmp_path,
+):
+    """A new development chain has the same chain id and, deployed by the same key, the
+    same contract address: `rewards history` showed the earlier chain's events from the
+    index cached in the data dir. The cache is keyed by the genesis block hash too."""
+    earlier = Ledger(connect("embedded"))
+    earlier.register(earlier.worker, 2 * ETH).submit_work_many([(key(i), 1, 0) for i in range(3)])
+    earlier.mature()  # the work is confirmed and cached
+    path = tmp_path / "events.json"
+    w3 = earlier.chain.w3
+    cached = EventIndex(w3, earlier.address, earlier.block, path, confirmations=2).update()
+    assert "WorkSubmitted" in {e["event"] for e in cached}
+    while w3.eth.get_block(0)["timestamp"] >= int(time.time()):
+        time.sleep(0.1)  # a genesis of another second: the embedded chain's is the clock's
+    now = Ledger(connect("embedded"))
+    assert (now.address, now.chain.w3.eth.chain_id) == (earlier.address, w3.eth.chain_id)
+    index = EventIndex(now.chain.w3, now.address, now.block, path, confirmations=2)
+    fresh = EventIndex(now.chain.w3, now.address, now.block, tmp_path / "new.json").update()
+    assert index.update() == fresh and "WorkSubmitted" not in {e["event"] for e in fresh}
+
+
 def test_the_development_chains_log_index_answers_as_eth_tester_does():
     """``eth_getLogs`` comes from an index built as blocks are mined (eth-tester reads
     every block of the range on every call, holding the chain's lock): for every kind of

@@ -144,6 +144,41 @@ def test_start_refuses_a_data_dir_in_use_a_taken_port_and_a_taken_admin_port(clu
         assert said == f"intellect-node: error: admin port {port}: Address already in use"
 
 
+def test_ping_checks_its_peer_id_and_says_a_failure_in_one_line(cluster):
+    """`ping` took any string as a peer id and printed the node's raw exception text as
+    JSON: a bad peer id or a multiaddr is now one line and status 2 before the node is
+    asked (the admin endpoint refuses one too: 400), a peer that does not answer one line
+    and status 1, an answer one line on stdout."""
+    import subprocess
+
+    from tests.helpers.net import CLI
+
+    node, first = cluster.start("bootstrap")
+    _, second = cluster.start("bootstrap", [addr_of(first)])
+    wait_until(lambda: second["peer_id"] in peer_roles(node), 30, "the first to know the second")
+    nobody = "12D3KooWNTfKZ37isa5RWx23UwAhoHxHvSb6jxggwB1qqbZBRF4A"
+
+    def ping(peer, code):
+        argv = [*CLI, "ping", peer, "--data-dir", str(node.data_dir)]
+        res = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+        assert res.returncode == code, res.stdout + res.stderr
+        out = res.stdout if code == 0 else res.stderr
+        assert len(out.strip().splitlines()) == 1 and "Traceback" not in out, out
+        return out.strip()
+
+    assert ping("hello", 2) == "intellect-node: ping: 'hello' is not a peer id (12D3KooW...)"
+    assert ping(f"/ip4/1.2.3.4/tcp/4001/p2p/{nobody}", 2) == (
+        f"intellect-node: ping takes a peer id, not a multiaddr: intellect-node ping {nobody}"
+    )
+    with pytest.raises(RuntimeError, match="^not an Ed25519 peer id: '12D3Koo'$"):
+        post(node, "/ping", {"peer_id": "12D3Koo"})
+    assert ping(nobody, 1) == (
+        f"intellect-node: error: no answer from {nobody}: No known addresses to peer {nobody}"
+    )
+    peer = second["peer_id"]
+    assert ping(peer, 0).startswith(f"{peer}: bootstrap, ")
+
+
 def test_commands_on_a_killed_nodes_data_dir_say_no_node_runs(cluster):
     """A SIGKILLed node leaves its admin.json: status, ping and dashboard said "Connection
     refused" (dashboard printed its page's address, status 0); a damaged admin.json gave a

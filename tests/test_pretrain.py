@@ -387,7 +387,10 @@ def published(base, version):
 
 @pytest.mark.timeout(900)  # about 2 minutes on a quiet 2-core machine; a deadline only
 @pytest.mark.slow
-def test_two_trainers_pretrain_as_one_group_on_disjoint_shards_and_resume(tmp_path, tiny_model_dir):
+@pytest.mark.parametrize("quant", ["int8", "sparse"])
+def test_two_trainers_pretrain_as_one_group_on_disjoint_shards_and_resume(
+    tmp_path, tiny_model_dir, quant
+):
     import torch
     from safetensors.torch import load_file
 
@@ -412,6 +415,7 @@ def test_two_trainers_pretrain_as_one_group_on_disjoint_shards_and_resume(tmp_pa
         "INTELLECT_NODE_TRAINER__PRETRAIN_SEQ_LEN": str(SEQ),
         "INTELLECT_NODE_TRAINER__PRETRAIN_BATCH": str(BATCH),
         "INTELLECT_NODE_TRAINER__LEARNING_RATE": "0.003",
+        "INTELLECT_NODE_DILOCO__QUANT": quant,
     }
     names = ("lead", "member")
 
@@ -482,6 +486,10 @@ def test_two_trainers_pretrain_as_one_group_on_disjoint_shards_and_resume(tmp_pa
             assert set(pub) == set(own) and all(torch.equal(pub[k], own[k]) for k in pub)
     logs = {n: (tmp_path / n / "node.log").read_text() for n in names}
     assert "published" not in logs["member"] and "policy version 3 published" in logs["lead"]
+    if quant == "sparse":  # what error feedback held back survived the restart
+        for n in names:
+            assert (tmp_path / n / "checkpoints" / "v3.feedback").exists()
+            assert "error feedback of version 2 taken back" in logs[n]
     for n in names:  # progress in the node's log, as /status has it
         assert "pretrain: outer step 3 with 2 members" in logs[n]
         assert f"data position {3 * H}" in logs[n]

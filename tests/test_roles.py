@@ -264,8 +264,8 @@ def test_a_batch_proven_with_other_proof_parameters_is_invalid_before_any_recomp
 
     identity = Identity.generate()
     honest = dataclasses.replace(a_batch(identity, step=2), proof_topk=128)
-    sub = SimpleNamespace(worker=WORKER, units=honest.num_tokens, policy_version=0)
-    registrations = SimpleNamespace(get=lambda worker: (identity.public_bytes, True))
+    sub = SimpleNamespace(worker=WORKER, units=honest.num_tokens, policy_version=0, block=5)
+    registrations = SimpleNamespace(get=lambda worker, block: (identity.public_bytes, True))
     clock = StepClock(TRAINER, async_level=2)
     clock.observe(TRAINER, StepNotice(step=2, policy_version=0))
     args = (sub, registrations, clock, None, (32, 128))
@@ -540,7 +540,7 @@ async def test_a_batch_a_validator_cannot_judge_now_is_judged_later_not_dropped(
     monkeypatch.setattr(validator_module, "weights_of", weights_of)
     monkeypatch.setattr(validator_module, "cheap_checks", lambda *args: None)
     role.checker, role._post = Checker(), post
-    role.submissions[key] = SimpleNamespace(policy_version=4, units=10)
+    role.submissions[key] = SimpleNamespace(policy_version=4, units=10, block_hash=b"")
     role.queue.submitted(key, 10, 4, now=trio.current_time(), holder="peerA")
 
     async def fetch_and_judge():
@@ -562,12 +562,62 @@ async def test_a_batch_a_validator_cannot_judge_now_is_judged_later_not_dropped(
     assert role.queue.next_fetch(10_000) is None  # judged once only
 
     other = ("0x" + "12" * 20, b"\x02" * 32)
-    role.submissions[other] = SimpleNamespace(policy_version=4, units=10)
+    role.submissions[other] = SimpleNamespace(policy_version=4, units=10, block_hash=b"")
     role.queue.submitted(other, 10, 4, now=trio.current_time(), holder="peerA")
     role.checker.fail, role.checker.dead = "the worker process died (exit code -9)", True
     got = role.queue.next_fetch(trio.current_time())
     with pytest.raises(OffloadError, match="died"):
         await role._judge(got[0], *await role._fetch(*got))
+
+
+async def test_a_batch_ahead_of_the_validators_clock_gets_no_verdict_until_it_catches_up(
+    tmp_path, monkeypatch
+):
+    """A batch the cheap checks find ahead of the trainer's step as this validator knows it
+    (``Later``) is not rejected (a bonded reject, overturned by validators told of the step
+    first: issue #54): nothing is posted, and it is judged again, on its merits, later."""
+    import node.roles.services.validator as validator_module
+    from node.roles.decisions.work import Later, Verdict
+
+    role = validator_role(tmp_path)
+    key = ("0x" + "12" * 20, b"\x01" * 32)
+    batch = SimpleNamespace(policy_version=4)
+
+    async def fetch_batch(node, peer, work_key, expected_size=None, max_size=None):
+        return batch, b"envelope"
+
+    async def weights_of(version, base, store):
+        return str(tmp_path)
+
+    class Checker:
+        async def call(self, call):
+            return Verdict.accept()
+
+    posted, told = [], {"step": False}
+
+    async def post(k, verdict):
+        posted.append((k, verdict.reason))
+
+    def cheap_checks(*args):
+        return None if told["step"] else Later("step 5 / version 4 is ahead of the trainer's")
+
+    monkeypatch.setattr(validator_module, "fetch_batch", fetch_batch)
+    monkeypatch.setattr(validator_module, "weights_of", weights_of)
+    monkeypatch.setattr(validator_module, "cheap_checks", cheap_checks)
+    role.checker, role._post = Checker(), post
+    role.submissions[key] = SimpleNamespace(policy_version=4, units=10, block_hash=b"")
+    role.queue.submitted(key, 10, 4, now=trio.current_time(), holder="peerA")
+
+    async def fetch_and_judge():
+        got = role.queue.next_fetch(trio.current_time() + 10_000)
+        assert got == (key, "peerA")
+        await role._judge(got[0], *await role._fetch(*got))
+
+    await fetch_and_judge()
+    assert posted == [] and role.queue.entries[key].check_failures == 1
+    told["step"] = True
+    await fetch_and_judge()
+    assert posted == [(key, "accepted")]
 
 
 async def test_a_body_served_under_a_key_it_does_not_hash_to_is_a_failed_fetch(
@@ -596,7 +646,7 @@ async def test_a_body_served_under_a_key_it_does_not_hash_to_is_a_failed_fetch(
 
     monkeypatch.setattr(validator_module, "fetch_batch", fetch_batch)
     role._post = post
-    role.submissions[key] = SimpleNamespace(policy_version=0, units=6)
+    role.submissions[key] = SimpleNamespace(policy_version=0, units=6, block_hash=b"")
     role.queue.submitted(key, 6, 0, now=0.0, holder="worker-peer")
     got = role.queue.next_fetch(0.0)
     assert await role._fetch(*got) is None
@@ -630,7 +680,7 @@ async def test_a_timed_out_fetch_leaves_the_connection_to_other_fetches_from_its
     role.node = SimpleNamespace(disconnect=disconnect)
     for n in (1, 2, 3):
         key = ("0x" + f"{n:02x}" * 20, bytes([n]) * 32)
-        role.submissions[key] = SimpleNamespace(policy_version=0, units=6)
+        role.submissions[key] = SimpleNamespace(policy_version=0, units=6, block_hash=b"")
         role.queue.submitted(key, 6, 0, now=float(n), holder="shared-peer")
     first, second = role.queue.next_fetch(5.0), role.queue.next_fetch(5.0)
     async with trio.open_nursery() as nursery:
@@ -685,7 +735,7 @@ def serving_validator(tmp_path, monkeypatch, slow: dict[bytes, float]):
 
 def submit(role, worker: str, n: int, at: float) -> None:
     key = (worker, bytes([n]) * 32)
-    role.submissions[key] = SimpleNamespace(policy_version=0, units=10)
+    role.submissions[key] = SimpleNamespace(policy_version=0, units=10, block_hash=b"")
     role.queue.submitted(key, 10, 0, now=at, holder=f"peer-{worker[-2:]}")
 
 
@@ -760,7 +810,7 @@ async def test_a_fetch_expects_the_size_its_own_peer_announced(
     monkeypatch.setattr(validator_module, "fetch_batch", fetch_batch)
     role.on_notice("spoofer", notice(1))  # first, before the worker's own
     role.on_notice("worker-peer", notice(5000))
-    role.submissions[key] = SimpleNamespace(policy_version=0, units=1)
+    role.submissions[key] = SimpleNamespace(policy_version=0, units=1, block_hash=b"")
     role.queue.submitted(key, 1, 0, now=trio.current_time(), holder="worker-peer")
     got = role.queue.next_fetch(trio.current_time())
     assert got == (key, "worker-peer")

@@ -8,6 +8,7 @@ import pytest
 
 from crypto.identity import Identity
 from node.roles.decisions.clock import StepClock
+from node.roles.decisions.work import Later
 from node.roles.services.validator import cheap_checks
 from protocol.batches import StepNotice
 from tests.helpers.batches import WORKER, a_batch
@@ -34,10 +35,14 @@ def judged(batch, worker_key, *, units=None, version=None, valid=True, clock_ste
         worker=WORKER,
         units=batch.num_tokens if units is None else units,
         policy_version=batch.policy_version if version is None else version,
+        block=5,
     )
-    # the chain's answer for an address nobody registered: no key, not valid
-    registered = {WORKER: (worker_key, valid)}
-    registrations = SimpleNamespace(get=lambda address: registered.get(address, (bytes(32), False)))
+    # the registration as of the submission's block; the chain's answer for an address
+    # (or a block) nobody registered at: no key, not valid
+    registered = {(WORKER, 5): (worker_key, valid)}
+    registrations = SimpleNamespace(
+        get=lambda address, block: registered.get((address, block), (bytes(32), False))
+    )
     clock = StepClock(TRAINER, async_level=2)
     clock.observe(TRAINER, StepNotice(step=clock_step, policy_version=clock_step - 1))
     return cheap_checks(batch, sub, registrations, clock, at, PROOFS)
@@ -62,8 +67,6 @@ def test_a_batch_whose_units_are_not_its_tokens_is_a_mismatch(worker, extra):
     ("step", "version", "why"),
     [
         (3, 5, "step 3 is older than 6 - 2"),
-        (7, 5, "ahead of the trainer"),
-        (6, 6, "ahead of the trainer"),
         (6, 3, "policy version 3 is older than step 6 - 2"),
         (4, 2, "policy version 2 is older than the window allows"),
     ],
@@ -74,6 +77,19 @@ def test_a_batch_outside_the_step_window_is_invalid(worker, step, version, why):
     assert verdict is not None, f"step {step} / version {version} accepted at step 6 / version 5"
     assert verdict.reason == "invalid"
     assert why in verdict.detail
+
+
+@pytest.mark.parametrize(("step", "version"), [(7, 5), (6, 6), (9, 8)])
+def test_a_batch_ahead_of_the_trainer_is_judged_later_never_rejected(worker, step, version):
+    """Ahead of the step this validator knows is a matter of when (the worker may have been
+    told first, or served this validator before the announcement): no verdict now, the
+    batch is judged again later (issue #54: a bonded reject for it was overturned)."""
+    batch = dataclasses.replace(batch_of(worker, step=step), policy_version=version)
+    later = judged(batch, worker.public_bytes, clock_step=6)
+    assert isinstance(later, Later), later
+    assert "ahead of the trainer" in later.why
+    told = max(step, version + 1)  # the trainer announced the step since
+    assert judged(batch, worker.public_bytes, clock_step=told) is None
 
 
 @pytest.mark.parametrize(("step", "version"), [(4, 5), (6, 5), (6, 4), (4, 3)])

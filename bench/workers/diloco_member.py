@@ -33,6 +33,7 @@ import trio  # noqa: E402
 from diloco import corpus_bytes, make_model  # noqa: E402
 
 from node.config import NodeConfig  # noqa: E402
+from node.diloco.codecs import compressor  # noqa: E402
 from node.diloco.group import DilocoGroup, GroupConfig, Key  # noqa: E402
 from node.diloco.inner import Corpus, InnerConfig, inner_step, make_optimizer  # noqa: E402
 from node.diloco.member import Member  # noqa: E402
@@ -134,7 +135,7 @@ async def main(args: argparse.Namespace) -> None:
                 seg = await wait_for(args.dir.parent / f"segment-{k}.json")
                 if seg.get("stop"):
                     break
-                group.cfg = dataclasses.replace(group.cfg, encoding=seg["encoding"])
+                group.cfg = dataclasses.replace(group.cfg, compressor=compressor(seg["encoding"]))
                 group.bandwidth = seg["bandwidth"]
                 for _ in range(seg["outer"]):
                     rec = await member.outer_step()

@@ -507,6 +507,22 @@ def stop_all(nodes: list[NodeProcess], grace: float = 10) -> None:
 
 
 PREVIOUS_RUN = "previous-run"
+DEVNET_LOCK = "devnet.lock"  # held for a devnet's life, kept where it is between runs
+
+
+def claim_base_dir(base_dir: Path) -> int:
+    """Hold ``base_dir`` for this devnet (``hold_lock``); the descriptor to close at its
+    end. A second devnet there set the running one's files aside and both terminals showed
+    the second's figures: it is refused, naming the running one."""
+    from node.keystore import LockHeld, hold_lock
+
+    try:
+        return hold_lock(base_dir / DEVNET_LOCK)
+    except LockHeld as held:
+        raise RuntimeError(
+            f"another devnet (pid {held.holder}) runs in {base_dir}: stop it first, or give"
+            " this one another --base-dir"
+        ) from None
 
 
 def set_aside_earlier_run(base_dir: Path) -> Path | None:
@@ -514,7 +530,7 @@ def set_aside_earlier_run(base_dir: Path) -> Path | None:
     older one there goes) and return that; None when there was nothing. Each devnet run
     deploys a new chain: its nodes must start afresh (a trainer resumed at its old step on
     the new chain finished "2 steps done" without training, or had every batch refused)."""
-    earlier = [p for p in base_dir.iterdir() if p.name != PREVIOUS_RUN]
+    earlier = [p for p in base_dir.iterdir() if p.name not in (PREVIOUS_RUN, DEVNET_LOCK)]
     if not earlier:
         return None
     target = base_dir / PREVIOUS_RUN
@@ -575,6 +591,7 @@ def run_devnet(
 
         model = check_model_dir(model).resolve()
     base_dir.mkdir(parents=True, exist_ok=True)
+    lock = claim_base_dir(base_dir)  # before anything there is moved or written
     fast = [
         "--net.heartbeat-interval",
         "2",
@@ -741,4 +758,5 @@ def run_devnet(
         signal.signal(signal.SIGINT, old[0])
         signal.signal(signal.SIGTERM, old[1])
         say("devnet: all nodes and the chain stopped", flush=True)
+        os.close(lock)
     return 0

@@ -109,6 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
     ping.add_argument("peer_id", help="the peer to reach (a 12D3KooW... peer id)")
     ping.add_argument("--data-dir", type=Path, help="the running node's data dir")
     ping.add_argument("--name", help="the node's name (data dir ~/.intellect-node/<name>)")
+    ping.add_argument("--json", action="store_true", help="print the raw JSON reply")
 
     keys = sub.add_parser(
         "keys",
@@ -390,9 +391,32 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def ping_target(text: str) -> str:
+    """The peer id ``ping`` was given, checked before any node is asked: a ``ConfigError``
+    (one line, status 2) for anything else, a multiaddr answered with its /p2p/ part."""
+    from crypto.identity import IdentityError, public_key_of_peer_id
+
+    if text.startswith("/"):
+        parts = text.split("/")
+        hint = parts[parts.index("p2p") + 1] if "p2p" in parts[:-1] else "12D3KooW..."
+        raise ConfigError(f"ping takes a peer id, not a multiaddr: intellect-node ping {hint}")
+    try:
+        public_key_of_peer_id(text)
+    except IdentityError:
+        raise ConfigError(f"ping: {text!r} is not a peer id (12D3KooW...)") from None
+    return text
+
+
 def cmd_ping(args: argparse.Namespace) -> int:
-    result = admin_post(data_dir(args), "/ping", {"peer_id": args.peer_id})
-    print(json.dumps(result))
+    peer = ping_target(args.peer_id)
+    result = admin_post(data_dir(args), "/ping", {"peer_id": peer})
+    if args.json:
+        print(json.dumps(result))
+    elif result.get("ok"):
+        print(f"{peer}: {result.get('role')}, {result.get('rtt_ms')} ms")
+    else:
+        reason = " ".join(str(result.get("error", "no answer")).split())  # one line
+        print(f"intellect-node: error: no answer from {peer}: {reason[:300]}", file=sys.stderr)
     return 0 if result.get("ok") else 1
 
 

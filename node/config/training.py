@@ -148,10 +148,17 @@ class DilocoConfig(Section):
         description="The outer Nesterov momentum (0: none).",
         json_schema_extra={"was": "diloco_momentum"},
     )
-    quant: Literal["int8", "fp32"] = Field(
+    quant: Literal["int8", "fp32", "sparse"] = Field(
         "int8",
-        description="Encoding of pseudo-gradients in the all-reduce.",
+        description="Encoding of pseudo-gradients in the all-reduce (sparse: top-k of every "
+        "4096 values at 2 bits, with error feedback).",
         json_schema_extra={"was": "diloco_quant"},
+    )
+    sparse_k: int = Field(
+        384,
+        ge=1,
+        le=4096,
+        description="quant sparse: values sent of every block of 4096 (the group must agree).",
     )
     members: int = Field(
         1,

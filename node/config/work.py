@@ -101,6 +101,14 @@ class ChainConfig(Section):
         description="Blocks deep an event must be before the event index caches it.",
         json_schema_extra={"was": "chain_confirmations"},
     )
+    password_file: Path | None = Field(
+        None,
+        description=(
+            "File holding the password of the node's EVM keystore (else "
+            "INTELLECT_NODE_PASSWORD, else a prompt), as the ledger commands' --password-file."
+        ),
+        json_schema_extra={"metavar": "FILE", "flag": "--password-file", "was": None},
+    )
 
 
 TORCH_THREADS = (

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import trio
 
-from node.diloco import quant
+from node.diloco.quant import Compressor
 from node.diloco.ring import PHASES, Aborted, BadChunk, Outbox, bounds, chunk_of
 from node.net.requests import RemoteRefusal, Responder
 from node.net.runtime import Node
@@ -35,15 +35,18 @@ class Attempt:
     sizes: dict[tuple[str, int], int]  # of the chunks we pull (``pulled_sizes``)
 
 
-def pulled_sizes(numel: int, rank: int, n: int, encoding: str) -> dict[tuple[str, int], int]:
+def pulled_sizes(numel: int, rank: int, n: int, codec: Compressor) -> dict[tuple[str, int], int]:
     """The bytes of each chunk member ``rank`` of ``n`` pulls, by (phase, round), in an
-    all-reduce of ``numel`` values: ``ring.all_reduce``'s chunk order and ``quant``'s
-    lengths. Every member knows them before it pulls, so a reply that declares another size
-    is refused before a byte of it is read (a peer could otherwise make us buffer up to
-    the 2³¹ bytes the field allows, until the read deadline)."""
+    all-reduce of ``numel`` values: ``ring.all_reduce``'s chunk order and the codec's
+    lengths (a sparse codec: one payload of the whole vector per all-gather round). Every
+    member knows them before it pulls, so a reply that declares another size is refused
+    before a byte of it is read (a peer could otherwise make us buffer up to the 2³¹ bytes
+    the field allows, until the read deadline)."""
+    if not codec.summable:
+        return {("ag", r): codec.wire_size(numel) for r in range(n - 1)}
     spans, left = bounds(numel, n), (rank - 1) % n
     return {
-        (phase, r): quant.wire_size(encoding, hi - lo)
+        (phase, r): codec.wire_size(hi - lo)
         for phase in PHASES
         for r in range(n - 1)
         for lo, hi in [spans[chunk_of(phase, left, r, n)]]

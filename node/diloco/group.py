@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -29,8 +29,11 @@ import trio
 
 from node.diloco import finding, recovery, statecast
 from node.diloco.chunks import Attempt, pull_chunk, pulled_sizes, serve_chunk
+from node.diloco.codecs import compressor
 from node.diloco.membership import Key, Membership, Refused
+from node.diloco.quant import Compressor, Int8
 from node.diloco.ring import BadChunk, Outbox, all_reduce, norm_limits
+from node.diloco.sparse import ErrorFeedback
 from node.net.requests import RemoteRefusal, Responder
 from node.net.runtime import Node
 from protocol.diloco import DILOCO, DilocoRequest, DilocoRoster, group_key
@@ -69,7 +72,7 @@ class GroupError(Exception):
 @dataclass(frozen=True)
 class GroupConfig:
     leader: str  # the run's trainer_peer_id
-    encoding: str = "int8"  # of pseudo-gradient chunks on the wire: int8 | fp32
+    compressor: Compressor = field(default_factory=Int8)  # of pseudo-gradient chunks
     min_members: int = 1  # the first roster waits for this many
     sync_timeout: float = 600.0  # a new step waits this long for members still training
     resync_timeout: float = 10.0  # a retry waits this long for the survivors
@@ -90,13 +93,18 @@ class GroupConfig:
         trainer_peer_id), with the node's ``[diloco]`` section."""
         return cls(
             leader=leader,
-            encoding=diloco.quant,
+            compressor=compressor(diloco.quant, diloco.sparse_k),
             min_members=diloco.members,
             admit=frozenset(diloco.admit) or None,
             join_timeout=diloco.join_timeout,
             sync_timeout=sync_timeout,
             step_timeout=step_timeout,
         )
+
+    @property
+    def encoding(self) -> str:
+        """The compressor's wire name (the roster's ``encoding``)."""
+        return self.compressor.wire
 
 
 @dataclass
@@ -107,6 +115,13 @@ class Reduced:
     roster: list[str]
     attempts: int
     received: int  # payload bytes we received
+    compensated: bool = False  # error feedback added a buffer of earlier steps to ours
+
+    @property
+    def alone(self) -> bool:
+        """The average is exactly our own pseudo-gradient (``OuterState.apply``'s
+        ``alone``): a group of one, with no unsent remainder of earlier steps added."""
+        return len(self.roster) == 1 and not self.compensated
 
 
 class DilocoGroup:
@@ -124,6 +139,7 @@ class DilocoGroup:
         )
         self.attempts: dict[Key, Attempt] = {}
         self.failures = 0  # attempts we abandoned
+        self.feedback = ErrorFeedback()  # what a sparse compressor has not sent yet
         self.snapshot: tuple[int, bytes] | None = None  # (outer step, state) we serve joiners
         self.key = group_key(node.cfg.run.id, cfg.leader)  # our DHT provider key
         self.statecast = statecast.StateServer(
@@ -151,14 +167,21 @@ class DilocoGroup:
     ) -> Reduced:
         """The group's average of ``vec`` for outer ``step``; ``state``: the hash of the outer
         parameters we start from (the leader admits only those that match its own);
-        ``norm``: the L2 norm we declare (``vec``'s own; tests declare another)."""
+        ``norm``: the L2 norm we declare (``vec``'s own; tests declare another).
+
+        With error feedback (a sparse compressor) we send ``vec`` plus what earlier steps
+        left unsent, declare that sum's norm, and keep what this step leaves unsent."""
+        codec = self.cfg.compressor
+        compensated = codec.feedback and self.feedback.holds(vec.numel())
+        if codec.feedback:
+            vec = self.feedback.compensate(vec)
         norm = float(vec.norm()) if norm is None else norm
         attempt, blame = 0, ""
         with trio.fail_after(self.cfg.step_timeout):
             while True:
                 roster, norms, attempt = await self._sync(step, attempt, state, layout, norm, blame)
                 key, rank, n = (step, attempt), roster.index(self.me), len(roster)
-                sizes = pulled_sizes(vec.numel(), rank, n, self.cfg.encoding)
+                sizes = pulled_sizes(vec.numel(), rank, n, codec)
                 current = self.attempts[key] = Attempt(roster, Outbox(), norms, sizes)
                 for old in [k for k in self.attempts if k[0] < step - 1]:
                     del self.attempts[old]
@@ -167,12 +190,14 @@ class DilocoGroup:
                         vec,
                         rank,
                         n,
-                        self.cfg.encoding,
+                        codec,
                         current.outbox,
                         self._puller(key, roster),
-                        norm_limits(norms, rank),
+                        norm_limits(norms, rank, codec.summable),
                     )
-                    return Reduced(avg, roster, attempt + 1, received)
+                    if codec.feedback:  # alone, the average took all of ``vec``
+                        self.feedback.keep(vec, vec if n == 1 else codec.roundtrip(vec))
+                    return Reduced(avg, roster, attempt + 1, received, compensated)
                 except BadChunk as exc:
                     blame = roster[(rank - 1) % n]
                     log.warning("step=%d: bad chunk from %s: %s", step, blame[-8:], exc)

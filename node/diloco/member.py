@@ -99,6 +99,7 @@ class Member:
                 self.restore(pulled.data)
             except ValueError as exc:
                 raise GroupError(f"the leader's state does not fit our model: {exc}") from exc
+            self.group.feedback.reset()  # held back for a state we left (SPEC §15)
             self.recovered = pulled
             return step, state_hash(self.packed())  # what we hold now, packed again
 
@@ -115,7 +116,7 @@ class Member:
             self.outer.step, delta, start_hash, layout_of(self.model)
         )
         t2 = time.perf_counter()
-        self.outer.apply(self.model, red.average, alone=len(red.roster) == 1)
+        self.outer.apply(self.model, red.average, alone=red.alone)
         packed = self._publish()
         rec = OuterRecord(
             step=self.outer.step,

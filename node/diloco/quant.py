@@ -1,4 +1,23 @@
-"""Pseudo-gradient chunks on the wire: int8 with a 256-entry lookup table, or raw fp32.
+"""Pseudo-gradient chunks on the wire: the ``Compressor`` interface and its dense codecs.
+
+A ``Compressor`` turns a flat fp32 vector of ``n`` values into bytes and back. It is the
+whole contract between the exchange (``node/diloco/ring.py``), the group's chunk checks
+(``node/diloco/chunks.py``: the size of a frame is known before it is read) and a codec:
+
+- ``wire``: its name on the wire (the roster's ``encoding``: members of one group agree);
+- ``wire_size(n)``: the exact bytes of the encoding of ``n`` values (nothing else is read);
+- ``encode(x)``: the bytes of flat fp32 ``x`` (``ValueError`` for non-finite values);
+- ``decode(data, n)``: the ``n`` values ``data`` encodes, or ``WireError`` for bytes that
+  are not a valid encoding (another length, non-finite or out-of-range values), before any
+  of it touches a sum: the exchange blames the peer that sent them;
+- ``summable``: the decoded chunks of several members may be added hop by hop (a dense
+  ring); a sparse codec is not (``node/diloco/sparse.py``: every member's positions are
+  its own), and is exchanged whole instead;
+- ``feedback``: what it does not send is kept by the member and added to its next
+  pseudo-gradient (error feedback, ``sparse.ErrorFeedback``).
+``node/diloco/codecs.py`` names them (the settings, the roster's wire names).
+
+The dense codecs here:
 
 int8 (PRIME's ``uniform_8bit_quantize``, after hivemind's ``Uniform8BitQuantization``):
 the range rule is *mean ± 3 standard deviations in 256 equal buckets*. With
@@ -12,13 +31,14 @@ every value gets code 128 and the table holds the value itself.
 Byte formats (little-endian; ``n`` is known to both sides from the agreed chunk bounds):
 - ``int8``: 256 float32 (the table, 1024 bytes) then ``n`` uint8 codes: ``1024 + n`` bytes;
 - ``fp32``: ``n`` float32: ``4 n`` bytes, exact.
-``decode`` checks the length and that every value it yields is finite, so a malformed or
-NaN chunk from a peer is a ``WireError`` before it touches the sum.
 """
 
 from __future__ import annotations
 
 import math
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -28,12 +48,59 @@ from protocol.errors import Reason, WireError
 BINS = 256
 RANGE_IN_SIGMAS = 6.0
 TABLE_BYTES = BINS * 4
-ENCODINGS = ("int8", "fp32")
 
 
-def wire_size(encoding: str, n: int) -> int:
-    """Bytes of one encoded chunk of ``n`` values."""
-    return TABLE_BYTES + n if encoding == "int8" else 4 * n
+class Compressor(ABC):
+    """A codec of pseudo-gradient chunks (see the module docstring)."""
+
+    summable: ClassVar[bool] = True
+    feedback: ClassVar[bool] = False
+
+    @property
+    @abstractmethod
+    def wire(self) -> str:
+        """The name the roster carries (``encoding``)."""
+
+    @abstractmethod
+    def wire_size(self, n: int) -> int:
+        """Bytes of one encoded chunk of ``n`` values."""
+
+    @abstractmethod
+    def encode(self, x: torch.Tensor) -> bytes:
+        """The wire bytes of flat fp32 ``x``."""
+
+    @abstractmethod
+    def decode(self, data: bytes, n: int) -> torch.Tensor:
+        """The flat fp32 tensor of ``n`` values ``data`` encodes; ``WireError`` if malformed."""
+
+    def decode_entries(self, data: bytes, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(index, values)`` of the entries ``data`` sets (all ``n`` for a dense codec)."""
+        return torch.arange(n), self.decode(data, n)
+
+    def roundtrip(self, x: torch.Tensor) -> torch.Tensor:
+        """What the group receives of ``x``: ``decode(encode(x))``."""
+        return self.decode(self.encode(x), x.numel())
+
+    def _check_size(self, data: bytes, n: int) -> None:
+        if len(data) != self.wire_size(n):
+            raise WireError(
+                Reason.MALFORMED, f"{self.wire} chunk of {n} values must be {self.wire_size(n)} B"
+            )
+
+
+def _flat(x: torch.Tensor) -> torch.Tensor:
+    return x.detach().reshape(-1).float().contiguous()
+
+
+def _finite(out: torch.Tensor) -> torch.Tensor:
+    if not bool(torch.isfinite(out).all()):
+        raise WireError(Reason.MALFORMED, "chunk holds non-finite values")
+    return out
+
+
+def le_floats(data: bytes) -> torch.Tensor:
+    """Little-endian float32 bytes as a tensor, whatever this host's byte order."""
+    return torch.from_numpy(np.frombuffer(data, dtype="<f4").astype(np.float32))
 
 
 def quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -57,38 +124,45 @@ def quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return codes.to(torch.uint8), table.float()
 
 
-def encode(x: torch.Tensor, encoding: str) -> bytes:
-    """The wire bytes of flat fp32 ``x`` in ``encoding`` (``int8`` or ``fp32``)."""
-    x = x.detach().reshape(-1).float().contiguous()
-    if encoding == "fp32":
+@dataclass(frozen=True)
+class Int8(Compressor):
+    """256 buckets over μ ± 3σ, a table of the bucket means (module docstring)."""
+
+    @property
+    def wire(self) -> str:
+        return "int8"
+
+    def wire_size(self, n: int) -> int:
+        return TABLE_BYTES + n
+
+    def encode(self, x: torch.Tensor) -> bytes:
+        codes, table = quantize(_flat(x))
+        return table.numpy().astype("<f4").tobytes() + codes.numpy().tobytes()
+
+    def decode(self, data: bytes, n: int) -> torch.Tensor:
+        self._check_size(data, n)
+        table = le_floats(data[:TABLE_BYTES])
+        codes = torch.from_numpy(np.frombuffer(data, dtype=np.uint8, offset=TABLE_BYTES).copy())
+        return _finite(table[codes.to(torch.int64)])  # n = 0: no codes (frombuffer refuses 0 B)
+
+
+@dataclass(frozen=True)
+class Fp32(Compressor):
+    """Raw float32: exact."""
+
+    @property
+    def wire(self) -> str:
+        return "fp32"
+
+    def wire_size(self, n: int) -> int:
+        return 4 * n
+
+    def encode(self, x: torch.Tensor) -> bytes:
+        x = _flat(x)
         if not bool(torch.isfinite(x).all()):
             raise ValueError("cannot send non-finite values")
         return x.numpy().astype("<f4").tobytes()
-    if encoding == "int8":
-        codes, table = quantize(x)
-        return table.numpy().astype("<f4").tobytes() + codes.numpy().tobytes()
-    raise ValueError(f"unknown encoding {encoding!r} (one of {ENCODINGS})")
 
-
-def _le_floats(data: bytes) -> torch.Tensor:
-    """Little-endian float32 bytes as a tensor, whatever this host's byte order."""
-    return torch.from_numpy(np.frombuffer(data, dtype="<f4").astype(np.float32))
-
-
-def decode(data: bytes, encoding: str, n: int) -> torch.Tensor:
-    """The flat fp32 tensor of ``n`` values that ``data`` encodes; ``WireError`` if malformed."""
-    if encoding not in ENCODINGS:
-        raise WireError(Reason.MALFORMED, f"unknown encoding {encoding!r}")
-    if len(data) != wire_size(encoding, n):
-        raise WireError(
-            Reason.MALFORMED, f"{encoding} chunk of {n} values must be {wire_size(encoding, n)} B"
-        )
-    if encoding == "fp32":
-        out = _le_floats(data)
-    else:
-        table = _le_floats(data[:TABLE_BYTES])
-        codes = torch.from_numpy(np.frombuffer(data, dtype=np.uint8, offset=TABLE_BYTES).copy())
-        out = table[codes.to(torch.int64)]  # n = 0: no codes (torch.frombuffer refuses 0 B)
-    if not bool(torch.isfinite(out).all()):
-        raise WireError(Reason.MALFORMED, "chunk holds non-finite values")
-    return out
+    def decode(self, data: bytes, n: int) -> torch.Tensor:
+        self._check_size(data, n)
+        return _finite(le_floats(data))

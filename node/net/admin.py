@@ -63,6 +63,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from crypto.identity import public_key_of_peer_id
 from node.net.adminfile import ADMIN_FILE, local_host
 
 if TYPE_CHECKING:
@@ -246,7 +247,9 @@ class AdminApp:
             await trio.sleep(interval)
 
     async def ping(self, args: dict[str, Any]) -> Any:
-        return await self.node.ping(str(args.get("peer_id", "")))
+        peer = str(args.get("peer_id", ""))
+        public_key_of_peer_id(peer)  # an IdentityError (a ValueError) is the caller's: 400
+        return await self.node.ping(peer)
 
     async def announce(self, args: dict[str, Any]) -> Any:
         wrong = f"count must be a whole number from 0 to {MAX_ANNOUNCE}"

@@ -147,10 +147,10 @@ class Presence:
                 "error": f"{err.reason.value}: {err.detail}",
                 "elapsed_ms": _ms_since(started),
             }
-        except Exception as exc:
+        except Exception as exc:  # a dial's failure: its message, on one line
             return {
                 "ok": False,
-                "error": f"{type(exc).__name__}: {exc}",
+                "error": " ".join(str(exc).split()) or type(exc).__name__,
                 "elapsed_ms": _ms_since(started),
             }
         return {"ok": True, "role": reply.role, "rtt_ms": _ms_since(started)}

@@ -33,6 +33,7 @@ from node.net.limits import PeerLimits
 from node.net.metrics import Metrics
 from node.net.network import Network
 from node.net.peers import PeerTable
+from node.net.rejections import RejectionLog
 from protocol.admission import Admission
 from protocol.errors import Reason, WireError
 from protocol.framing import FrameReader, read_frame, write_frame
@@ -98,6 +99,7 @@ class Requests:
     ) -> None:
         self.cfg, self.identity, self.network = cfg, identity, network
         self.peers, self.metrics, self.header = peers, metrics, header
+        self.rejections = RejectionLog()
         self.admission = Admission(cfg.run.id, max_skew_ms=int(cfg.net.max_clock_skew * 1000))
         self.limits = PeerLimits(
             cfg.net.peer_max_streams,
@@ -121,15 +123,19 @@ class Requests:
         self.metrics.inc("bytes", len(data), direction="in", protocol=protocol)
 
     def reject(self, protocol: str, peer: str, err: WireError) -> None:
-        """Count and log an input rejected for ``err.reason``."""
+        """Count and log an input rejected for ``err.reason`` (an expected one, such as
+        ``stale``, at DEBUG and in a summary now and then: ``node/net/rejections.py``)."""
         self.metrics.inc("rejected", reason=err.reason.value, protocol=protocol)
-        log.info(
+        log.log(
+            self.rejections.level(err.reason),
             "rejected input protocol=%s peer=%s reason=%s detail=%s",
             protocol,
             peer[-8:],
             err.reason,
             err.detail,
         )
+        if summary := self.rejections.summary(err.reason, time.monotonic()):
+            log.info("%s", summary)
 
     def admit(self, msg: Header, remote_peer: str | None = None) -> None:
         """Admission of a verified message (run, sequence, clock); ``WireError`` if not."""

@@ -29,6 +29,7 @@ import torch
 import trio
 
 from node.config import NodeConfig
+from node.diloco.codecs import compressor
 from node.diloco.group import DilocoGroup, GroupConfig, GroupError
 from node.diloco.inner import Corpus, InnerConfig, inner_step, make_optimizer
 from node.diloco.member import Member
@@ -100,7 +101,7 @@ async def main(args: argparse.Namespace) -> None:
         node,
         GroupConfig(
             leader=args.leader,
-            encoding=args.encoding,
+            compressor=compressor(args.encoding),
             min_members=args.min_members,
             sync_timeout=60,
             resync_timeout=args.resync_timeout,

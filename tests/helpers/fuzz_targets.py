@@ -279,15 +279,24 @@ def _proofs(data: bytes) -> object:
 
 
 def _quant(data: bytes) -> object:
-    """A DiLoCo ring chunk (``node/diloco/quant.py``): ``data[0]`` picks the encoding,
-    ``data[1:3]`` the agreed value count, the rest is the chunk."""
-    from node.diloco import quant
+    """A DiLoCo ring chunk (``node/diloco/quant.py``, ``sparse.py``): ``data[0]`` picks the
+    encoding, ``data[1:3]`` the agreed value count, the rest is the chunk."""
+    from node.diloco import codecs
 
-    encoding = ("int8", "fp32", "bf16")[data[0] % 3] if data else "int8"
+    encodings = ("int8", "fp32", "bf16", "sparse-2", "sparse-64")
+    encoding = encodings[data[0] % len(encodings)] if data else "int8"
     n = int.from_bytes(data[1:3], "big") if len(data) >= 3 else 0
-    out = quant.decode(data[3:], encoding, n)
+    out = codecs.decode(data[3:], encoding, n)
     assert out.numel() == n
     return out
+
+
+def _sparse_seed() -> bytes:
+    import torch
+
+    from node.diloco import codecs
+
+    return codecs.encode(torch.linspace(-1, 1, 4097), "sparse-2")
 
 
 @dataclass
@@ -446,6 +455,7 @@ def targets(workdir: Path) -> dict[str, Target]:
             lambda: [
                 b"\x01\x00\x03" + pack_floats([1.0, -2.0, 0.5]),
                 b"\x00\x00\x02" + bytes(1026),
+                b"\x03\x10\x01" + _sparse_seed(),  # sparse-2, 4097 values
             ],
         )
     )

@@ -10,7 +10,8 @@ expensive checks (4 and 5 of the validator's docstring), in this order:
    made the tokenizer raise: the batch went unjudged, and its worker unslashed);
 5. the proofs: one prefill per rollout (``recompute_batch``) and the proof check of
    ``crypto.verdict.check_batch`` under the run's verification profile (``spot_check`` < 1
-   recomputes a random share of the rollouts), then the profile's substitution test: is
+   recomputes a share of the rollouts, the same for every validator: seeded by the work
+   key and the submission's block hash), then the profile's substitution test: is
    the batch nearer a cheaper copy of the policy (int8 weights) than the policy itself?
 6. only then, every reward is what the task's verifier gives the completion. A verifier
    may take seconds on an answer made to be slow (math-verify's timeout is 5 s per
@@ -23,11 +24,11 @@ which posts it on-chain (``ledger/client.py``).
 
 from __future__ import annotations
 
-import random
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from node.roles.decisions.spotcheck import spot_check_sample
 from node.roles.decisions.work import Verdict
 from protocol.rollouts import RolloutBatch, unpack_tokens
 
@@ -68,6 +69,7 @@ class CheckBatch:
     model_dir: str
     version: int
     envelope: bytes
+    seed: bytes = b""  # of the spot check (decisions/spotcheck.py); unused at spot_check 1
 
 
 class BatchChecker:
@@ -108,7 +110,7 @@ class BatchChecker:
         batch = open_message(call.envelope, RolloutBatch)
         if why := self._check_tasks(batch):
             return Verdict.reject("invalid", why)
-        verdict = self._check_proofs(batch)
+        verdict = self._check_proofs(batch, call.seed)
         if verdict.accepted and (why := self._check_rewards(batch)):
             return Verdict.reject(
                 "invalid", why, rollouts=verdict.rollouts, seconds=verdict.seconds
@@ -151,14 +153,14 @@ class BatchChecker:
 
         return list(assign(self.taskset, batch.worker, batch.step, len(batch.groups)))
 
-    def _check_proofs(self, batch: RolloutBatch) -> Verdict:
+    def _check_proofs(self, batch: RolloutBatch, seed: bytes) -> Verdict:
         from node.rollouts.recheck import judge_rollouts
 
         started = time.perf_counter()
         samples = [(g, s) for g in batch.groups for s in g.samples]
-        if self.spec.spot_check < 1:
-            count = max(1, round(self.spec.spot_check * len(samples)))
-            samples = random.SystemRandom().sample(samples, count)  # unpredictable to workers
+        if self.spec.spot_check < 1:  # every validator the same ones (decisions/spotcheck.py)
+            drawn = spot_check_sample(self.spec.spot_check, len(samples), seed)
+            samples = [samples[i] for i in drawn]
         eos = int(self.tokenizer.eos_token_id)
         evidence = judge_rollouts(self.model, eos, batch, samples, self.config, self.suspects)
         rollouts, seconds = len(samples), time.perf_counter() - started

@@ -44,6 +44,15 @@ class StepClock:
         """The oldest policy version a batch may be generated with now."""
         return max(0, self.step_or(0) - self.async_level)
 
+    def ahead(self, step: int, policy_version: int) -> str | None:
+        """Why a batch of ``step`` made with ``policy_version`` is ahead of what this clock
+        knows of the trainer (None: it is not): a matter of when, not of the batch."""
+        if self.step is None:
+            return "no step announced by the trainer yet"
+        if step > self.step or policy_version > self.policy_version:
+            return f"step {step} / version {policy_version} is ahead of the trainer's"
+        return None
+
     def window(
         self, step: int, policy_version: int, at: tuple[int | None, int] | None = None
     ) -> str | None:
@@ -52,13 +61,12 @@ class StepClock:
         staleness is judged against it (a validator judging later must not count its own
         delay against the worker), while "ahead of the trainer" is judged against the clock
         now (gossip may have brought the step to the worker before it reached us)."""
-        if self.step is None:
-            return "no step announced by the trainer yet"
+        if why := self.ahead(step, policy_version):
+            return why
+        assert self.step is not None  # ahead() said so
         then, version_then = self.step, self.policy_version
         if at is not None and at[0] is not None:
             then, version_then = at[0], at[1]
-        if step > self.step or policy_version > self.policy_version:
-            return f"step {step} / version {policy_version} is ahead of the trainer's"
         if policy_version + self.async_level < step:
             return f"policy version {policy_version} is older than step {step} - {self.async_level}"
         if step + self.async_level < then:

@@ -40,12 +40,23 @@ class Verdict:
 
 
 @dataclass(frozen=True)
+class Later:
+    """No verdict now: the batch rests on what this validator has not seen yet (a step its
+    trainer has not announced to it). Judged again later, never rejected for it: a bonded
+    reject of a batch served before the announcement was overturned by validators served
+    after it, and the honest validator's bond burned (issue #54)."""
+
+    why: str
+
+
+@dataclass(frozen=True)
 class Submission:
     worker: str  # lower-case 0x address
     key: bytes
     units: int
     policy_version: int
     block: int
+    block_hash: bytes = b""  # of ``block``: seeds the spot check (decisions/spotcheck.py)
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ node keeps answering while a transaction is mined.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
@@ -16,6 +17,8 @@ from ledger.codes import REASON_NAMES, STATUS
 from node.config import NodeConfig
 from node.roles.decisions.work import ACCEPTED, Ruling, Submission, Verdict
 from node.roles.given import EventSource, RegistrationViews
+
+log = logging.getLogger("intellect.chain")
 
 if TYPE_CHECKING:
     from web3.types import EventData
@@ -44,7 +47,7 @@ def open_ledger(cfg: NodeConfig, *, signing: bool = True) -> LedgerClient:
     account = None
     if signing:
         try:
-            account = load_account(cfg.resolved_data_dir, read_password())
+            account = load_account(cfg.resolved_data_dir, read_password(cfg.chain.password_file))
         except AccountError as exc:
             raise ChainSetupError(str(exc)) from exc
     try:
@@ -70,35 +73,59 @@ class Registrations:
     """Each worker's registration as the validator checks it: (peer key, whether its stored
     signature is valid), read once from the chain and kept until the chain logs a change
     (``Registered``, ``PeerKeyChanged``, ``RegistrationRevoked``: ``changed``). The watcher
-    reads those events in the same poll as the submissions, before it hands them out, so a
-    submission is always judged against a registration at least as new as its own block.
+    reads those events in the same poll as the submissions, before it hands them out, so it
+    knows of every change after a submission it hands out. A submission is judged against
+    the registration as of its own block (``get(worker, block)``): the one kept while no
+    change came after that block, else a read of the chain as of the block. A worker that
+    rotated its key after submitting, to serve one validator a batch signed with the new
+    key and the others with the old, split them (issue #54): the validators judging after
+    the rotation rejected with a bond, those before accepted and overturned them.
     Thread-safe: a read that a change overtook is not kept."""
 
     def __init__(self, client: RegistrationViews) -> None:
         self.client = client
         self.known: dict[str, tuple[bytes, bool]] = {}
         self.changes: dict[str, int] = {}
+        self.changed_at: dict[str, int] = {}  # the newest block that logged a change
         self.reads = 0  # chain reads so far (a test counts them)
         self.lock = threading.Lock()
 
-    def get(self, worker: str) -> tuple[bytes, bool]:
+    def get(self, worker: str, block: int | None = None) -> tuple[bytes, bool]:
+        """As of ``block`` (default: now)."""
         worker = worker.lower()
-        with self.lock:
-            if worker in self.known:
+        with self.lock:  # kept: the registration now, the same as of any block since the
+            # last change the watcher logged (it logs every change before the work after it)
+            past = block is not None and self.changed_at.get(worker, -1) > block
+            if not past and worker in self.known:
                 return self.known[worker]
             seen = self.changes.get(worker, 0)
-        got = self.client.registration_status(worker)
+        # as of the block, not the head: a change mined since the last poll must not count
+        got = self._read(worker, block)
         with self.lock:
             self.reads += 1
-            if self.changes.get(worker, 0) == seen:
+            if not past and self.changes.get(worker, 0) == seen:
                 self.known[worker] = got
         return got
 
-    def changed(self, worker: str) -> None:
+    def _read(self, worker: str, block: int | None) -> tuple[bytes, bool]:
+        if block is None:
+            return self.client.registration_status(worker)
+        try:
+            return self.client.registration_status(worker, block)
+        except Exception as exc:  # a node that no longer keeps that block's state
+            log.warning(
+                "registration of %s as of block %d not read (%s): read now", worker, block, exc
+            )
+            return self.client.registration_status(worker)
+
+    def changed(self, worker: str, block: int | None = None) -> None:
+        """The chain logged a change of ``worker``'s registration (in ``block``)."""
         worker = worker.lower()
         with self.lock:
             self.known.pop(worker, None)
             self.changes[worker] = self.changes.get(worker, 0) + 1
+            if block is not None:
+                self.changed_at[worker] = max(block, self.changed_at.get(worker, -1))
 
 
 class SubmissionWatcher:
@@ -133,7 +160,7 @@ class SubmissionWatcher:
             if ev["event"] == "WorkSubmitted":
                 subs.append(_submission(ev))
             elif self.registrations is not None:
-                self.registrations.changed(str(ev["args"]["worker"]))
+                self.registrations.changed(str(ev["args"]["worker"]), int(ev["blockNumber"]))
         return subs
 
 
@@ -172,6 +199,7 @@ def _submission(ev: EventData) -> Submission:
         units=int(ev["args"]["units"]),
         policy_version=int(ev["args"]["policy_version"]),
         block=int(ev["blockNumber"]),
+        block_hash=bytes(ev["blockHash"]),
     )
 
 

@@ -122,6 +122,7 @@ async def join(group: DilocoGroup, policy: Offload, reply: Any = None) -> Joined
         if pulled is None:  # the group moved past that boundary meanwhile: ask again
             reply = None
             continue
+        group.feedback.reset()  # what we held back belongs to a state we leave (SPEC §15)
         try:
             got: Recovered = await policy.call(Recover(pulled.data, step - 1))
         except Exception as exc:  # the child refused it (another model, a bad state)

@@ -55,7 +55,7 @@ from node.roles.decisions.work import Key
 from node.roles.given import Weights
 from node.roles.io.chain import ChainSetupError, WorkWatcher, open_ledger
 from node.roles.io.joining import Joined, came_too_late, enter, join, offer
-from node.roles.io.rounds import form, reduce
+from node.roles.io.rounds import form, keep_feedback, reduce, resume_feedback
 from node.roles.services.trainer import POLL_S, TrainerRole, trained
 from node.training.ranks import RankedPolicyWorker, RanksSpec
 from node.training.worker import PolicySpec, StepStats
@@ -104,6 +104,7 @@ class GroupTrainerRole(TrainerRole):
         async with trio.open_nursery() as nursery:
             # the group's protocols, and its DHT provider record (the leader's from the start)
             await nursery.start(self.group.serve)
+            resume_feedback(self.group, self.dir / "checkpoints", self.step)
             if self._fresh():  # started after the group formed: recover its state first
                 await self._joined(await enter(self.group, self.policy))
             await super()._serve(task_status)
@@ -182,7 +183,8 @@ class GroupTrainerRole(TrainerRole):
         self.rosters.record(n + 1, red.roster)
         self.rosters.forget_before(n - self.cfg.run.async_level)
         await saved(self.rosters.save, self.dir / ROSTERS_FILE, what="the rosters")
-        digest = await trained(self.policy, OuterApply(n, red.average, len(red.roster) == 1))
+        digest = await trained(self.policy, OuterApply(n, red.average, red.alone))
+        await keep_feedback(self.group, self.dir / "checkpoints", n + 1)
         offered = await offer(self.group, self.policy, n + 1) if self.leading else None
         self.outer = {
             "state_hash": offered,

@@ -60,7 +60,7 @@ from node.roles.decisions.workbook import append_line, prune_checkpoints
 from node.roles.given import Weights
 from node.roles.io.chain import ChainSetupError
 from node.roles.io.joining import Joined, came_too_late, enter, join, offer
-from node.roles.io.rounds import form, reduce
+from node.roles.io.rounds import form, keep_feedback, reduce, resume_feedback
 from node.training.ranks import RankedPolicyWorker, RanksSpec
 
 log = logging.getLogger("intellect.trainer")
@@ -142,6 +142,7 @@ class PretrainRole:
             self.node.add_status("diloco", self.group_status)
             async with trio.open_nursery() as nursery:
                 await nursery.start(self.group.serve)
+                resume_feedback(self.group, self.dir / "checkpoints", self.step)
                 await self._publish(self.step)  # after a restart: what a crash left unpublished
                 task_status.started(self)
                 if self.state.shards == 0 and self.state.shard < 0:
@@ -241,7 +242,8 @@ class PretrainRole:
             await self._joined(await join(self.group, self.policy))
             return
         reduce_s = time.monotonic() - reducing
-        digest = await self.policy.call(OuterApply(n, red.average, len(red.roster) == 1))
+        digest = await self.policy.call(OuterApply(n, red.average, red.alone))
+        await keep_feedback(self.group, self.dir / "checkpoints", n + 1)
         self.position = stats.position
         self.state.step = n + 1
         await saved(self.state.save, self.dir / STATE_FILE, what="the pretrainer state")

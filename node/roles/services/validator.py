@@ -16,14 +16,16 @@ the batch checker, a child process (``Offload(BatchChecker, CheckerSpec.of(cfg))
 1. the batch is the worker's: signed by the peer key the worker registered on-chain, with a
    valid registration signature (SPEC §19; the EVM cannot check Ed25519);
 2. its step and policy version are inside the async window of the trainer's clock, and the
-   version is the one submitted on-chain;
+   version is the one submitted on-chain (a batch ahead of the step this validator knows
+   is judged again later, ``Later``: when it was told is not the worker's fault);
 3. the on-chain ``units`` are the batch's generated tokens (a batch larger than its units
    allow, ``max_envelope_size``, is not even read), and its TOPLOC proofs have the chunk
    size and top-k of the run's profile;
 4. the tasks are the worker's assigned ones (SPEC §12), every token in the vocabulary;
 5. the proofs: one prefill per rollout (``recompute_batch``) and the proof check of
    ``crypto.verdict.check_batch`` (``crypto/verdict.py``, the next hop) under the run's
-   verification profile (``spot_check`` < 1 recomputes a random share of the rollouts);
+   verification profile (``spot_check`` < 1 recomputes a share of the rollouts that every
+   validator draws alike, ``node/roles/decisions/spotcheck.py``);
 6. every reward is what the task's verifier gives the completion (last: a verifier can
    be made slow, and only a batch the model really sampled gets here).
 
@@ -53,8 +55,9 @@ from node.roles.children.offload import Offload, OffloadError
 from node.roles.decisions.busy import BusyTime
 from node.roles.decisions.clock import StepClock
 from node.roles.decisions.judging import JudgingQueue
+from node.roles.decisions.spotcheck import spot_check_seed
 from node.roles.decisions.status import ValidatorStatus
-from node.roles.decisions.work import Key, Submission, Verdict
+from node.roles.decisions.work import Key, Later, Submission, Verdict
 from node.roles.given import Checker, Started, Weights
 from node.roles.io.chain import ChainSetupError, PacedReads, Registrations, open_ledger
 from node.roles.io.docket import Docket
@@ -285,14 +288,18 @@ class ValidatorRole:
             self.proofs,
         )
         verdict = await trio.to_thread.run_sync(cheap_checks, *args)
+        if isinstance(verdict, Later):
+            self._not_judged(key, verdict.why)
+            return
         if verdict is None:  # they passed: tasks, rewards and proofs
             model_dir = await weights_of(batch.policy_version, self.cfg.run.model, self.weights)
             if model_dir is None:
                 self._not_judged(key, f"no weights of version {batch.policy_version} here")
                 return
             try:
+                seed = spot_check_seed(key[1], sub.block_hash)
                 verdict = await self.checker.call(
-                    CheckBatch(model_dir, batch.policy_version, envelope)
+                    CheckBatch(model_dir, batch.policy_version, envelope, seed)
                 )
             except OffloadError as exc:
                 if not self.checker.alive():  # every batch would fail so: the node stops
@@ -328,19 +335,22 @@ def cheap_checks(
     clock: StepClock,
     at: tuple[int | None, int] | None,
     proofs: tuple[int, int],
-) -> Verdict | None:
+) -> Verdict | Later | None:
     """Checks 1-3 of the module docstring (blocking: ledger reads through
     ``registrations``); ``at``: the trainer's clock when the batch was submitted;
     ``proofs``: the run's TOPLOC chunk size and top-k, the only ones its profile checks.
-    None when they pass and the batch goes on to ``BatchChecker``."""
+    None when they pass and the batch goes on to ``BatchChecker``; ``Later`` when it is
+    ahead of the step this validator knows (judged again later, never rejected for it)."""
     from crypto.identity import public_key_of_peer_id
 
     assert registrations is not None, "the role reads registrations once it is set up"
     if batch.worker != sub.worker:
         return Verdict.reject("mismatch", "the batch names another worker")
-    peer_key, valid = registrations.get(sub.worker)  # as new as the submission
+    peer_key, valid = registrations.get(sub.worker, sub.block)  # as of the submission
     if peer_key != public_key_of_peer_id(batch.sender) or not valid:
         return Verdict.reject("invalid", "not signed by the worker's registered peer key")
+    if why := clock.ahead(batch.step, batch.policy_version):
+        return Later(why)  # a matter of when: judged again once the step is announced
     if why := clock.window(batch.step, batch.policy_version, at):
         return Verdict.reject("invalid", why)
     if batch.policy_version != sub.policy_version:
