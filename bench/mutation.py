@@ -117,7 +117,7 @@ PROTOCOL_TESTS = (
     "tests/test_mutation_kills_protocol.py",
 )
 SUBSTITUTION_TESTS = ("tests/test_substitution.py",)  # ~10 s, the H200 fixture's two
-DILOCO_TESTS = ("tests/test_diloco.py",)  # in-process rings over memory streams
+DILOCO_TESTS = ("tests/test_diloco.py", "tests/test_diloco_sparse.py")  # in-process rings
 # What the bench mutates: every file of crypto/ and protocol/ (the wire and the proofs),
 # and the decisions a validator, SHARDCAST and DiLoCo take on what peers send (issue #59):
 # the validator's cheap checks (1-3) and its recheck (proofs, then the substitution test),
@@ -256,7 +256,7 @@ EQUIVALENT: dict[str, tuple[str, str]] = {
         "entry.in_flight = False  ->  entry.in_flight = None",
         "in_flight is only ever read as a truth value",
     ),
-    "node.diloco.ring.x_all_reduce__mutmut_117": (
+    "node.diloco.ring.x_all_reduce__mutmut_124": (
         'lo, hi = spans[chunk_of("ag", (rank - 1) % n, r, n)]  ->  lo, hi = spans[chunk_of(None, (rank - 1) % n, r, n)]',
         'chunk_of tells only "rs" from any other phase',
     ),

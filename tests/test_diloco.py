@@ -223,6 +223,10 @@ def test_a_chunks_norm_limit_is_its_senders_partial_sum_then_the_average():
     assert limit("rs", 1) == pytest.approx(3.0 * slack + 1e-6, rel=1e-12)
     assert limit("rs", 2) == pytest.approx(11.0 * slack + 1e-6, rel=1e-12)
     assert limit("ag", 0) == limit("ag", 2) == pytest.approx(3.75 * slack + 1e-6, rel=1e-12)
+    sparse = ring.norm_limits(norms, 2, summable=False)  # round r: member 1 - r's alone
+    assert [sparse("ag", r) for r in range(3)] == pytest.approx(
+        [n * slack + 1e-6 for n in (2.0, 1.0, 8.0)], rel=1e-12
+    )
 
 
 def test_ring_bounds_cover_everything():

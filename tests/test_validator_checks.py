@@ -111,6 +111,7 @@ def test_a_batch_signed_by_another_peer_than_the_registered_one_is_invalid(worke
     assert verdict is not None, "a batch signed by a peer the worker did not register passed"
     assert verdict.reason == "invalid"
     assert "registered peer key" in verdict.detail
+    assert verdict.detail == "not signed by the worker's registered peer key"
 
 
 def test_a_batch_of_a_worker_whose_registration_signature_is_invalid_is_invalid(worker):
@@ -119,6 +120,7 @@ def test_a_batch_of_a_worker_whose_registration_signature_is_invalid_is_invalid(
     assert verdict is not None, "a batch of an invalid registration passed"
     assert verdict.reason == "invalid"
     assert "registered peer key" in verdict.detail
+    assert verdict.detail == "not signed by the worker's registered peer key"
 
 
 def test_a_batch_of_an_unregistered_worker_is_invalid(worker):
