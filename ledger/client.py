@@ -166,6 +166,10 @@ class LedgerClient:
     def registration_valid(self, account: str) -> bool:
         return self.reads.registration_valid(account)
 
+    def peer_owner(self, peer_key: bytes) -> str:
+        """The account that registered ``peer_key`` (the zero address: none)."""
+        return str(self.reads.view("peer_owner", peer_key))
+
     def registration_status(self, account: str, block: int | None = None) -> tuple[bytes, bool]:
         return self.reads.registration_status(account, block)
 

@@ -57,8 +57,8 @@ GAS = {
     "reject": 250_000,
     "unbond": 120_000,
     "withdraw": 100_000,
-    "propose_validator": 80_000,
-    "remove_validator": 60_000,
+    "propose_validator": 150_000,
+    "remove_validator": 300_000,  # up to 64 list entries read
     "propose_params": 350_000,
     "apply_params": 350_000,
     "cancel_params": 60_000,

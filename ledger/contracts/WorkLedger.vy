@@ -1,5 +1,6 @@
 # pragma version 0.4.3
 # pragma evm-version cancun
+# pragma optimize codesize
 """
 @title intellect-node work ledger
 @notice Stake, work submission, validator verdicts, slashing and rewards for one run.
@@ -123,6 +124,7 @@ V_REASON: constant(uint256) = 176  # 8
 B_LOCKED: constant(uint256) = 112  # 112 (stake at 0, 112)
 B_VOTER: constant(uint256) = 224  # 1: counted in ``voters``
 B_REGISTERED: constant(uint256) = 225  # 1
+B_APPOINTED: constant(uint256) = 226  # 1: ever appointed a validator (its work locks no bond)
 
 # fifo[worker]: settlement queue [head, tail) and reserved rewards
 F_TAIL: constant(uint256) = 40  # 40 (head at 0, 40)
@@ -359,6 +361,7 @@ def __init__(p: Params, validators: DynArray[address, MAX_INITIAL_VALIDATORS]):
         assert self.validator_terms[v] == 0, "duplicate validator"
         self.validator_terms[v] = block.timestamp
         self.validator_list.append(v)
+        self.bal[v] |= 1 << B_APPOINTED
         log ValidatorProposed(validator=v, active_at=block.timestamp)
 
 
@@ -565,6 +568,7 @@ def propose_validator(validator: address):
     active_at: uint256 = block.timestamp + self._timelock()
     self.validator_terms[validator] = active_at
     self.validator_list.append(validator)
+    self.bal[validator] |= 1 << B_APPOINTED
     log ValidatorProposed(validator=validator, active_at=active_at)
 
 
@@ -579,6 +583,13 @@ def remove_validator(validator: address):
     until: uint256 = block.timestamp + self._timelock()
     self.validator_terms[validator] = terms | (until << 64)
     self._count(validator)
+    # it never counts again (apply_params recounts the list): room for a new appointment
+    n: uint256 = len(self.validator_list)
+    for i: uint256 in range(n, bound=MAX_VALIDATORS):
+        if self.validator_list[i] == validator:
+            self.validator_list[i] = self.validator_list[n - 1]
+            self.validator_list.pop()
+            break
     log ValidatorRemoved(validator=validator, removed_at=until)
 
 
@@ -786,9 +797,14 @@ def revoke_registration(worker: address):
     b: uint256 = self.bal[worker]
     stake: uint256 = b & M112
     locked: uint256 = (b >> B_LOCKED) & M112
-    charged: uint256 = min(self.cfg & M80, stake - locked)
+    free: uint256 = stake - locked
+    x: uint256 = self.exits[worker]
+    # from free stake, then from unbonding stake: a squatter that unbonded at once still pays
+    charged: uint256 = min(self.cfg & M80, free + (x & M112))
+    if charged > free:
+        self.exits[worker] = x - (charged - free)
     b = self._put(b, B_REGISTERED, M1, 0)
-    self.bal[worker] = self._put(b, 0, M112, stake - charged)
+    self.bal[worker] = self._put(b, 0, M112, stake - min(charged, free))
     self._add_slashed(worker, charged)
     self._count(worker)
     self.total_burned += charged
@@ -861,7 +877,10 @@ def submit_work(key: bytes32, units: uint256, policy_version: uint256):
     assert self.index_of[msg.sender][key] == 0, "work key already submitted"
     reward: uint256 = units * (t & M60)
     collateral: uint256 = reward * ((t >> E_CBPS) & M17) // BPS
-    assert stake - locked >= collateral, "free stake below this work's collateral"
+    free: uint256 = stake - locked
+    if (b >> B_APPOINTED) & 1 == 1:  # a validator's work leaves its bond free for rejects
+        free -= min(free, t >> E_BOND)
+    assert free >= collateral, "free stake below this work's collateral"
     pool: uint256 = p & M120
     assert pool >= reward, "reward pool too small"
     total: uint256 = (p >> P_RESERVED) & M120
@@ -869,10 +888,11 @@ def submit_work(key: bytes32, units: uint256, policy_version: uint256):
     mine: uint256 = (f >> F_RESERVED) + reward
     assert mine * BPS <= (pool + total) * MAX_RESERVE_BPS, "worker's reserved rewards above its share of the pool"
     self.pools = (p & ~(M120 | (M120 << P_RESERVED))) | (pool - reward) | ((total + reward) << P_RESERVED)
-    self.bal[msg.sender] = self._put(b, B_LOCKED, M112, locked + collateral)
+    # locked + collateral <= stake < 2**112; the tail stays below 2**40 and the reserved
+    # rewards below the pool: plain additions, no field checks
+    self.bal[msg.sender] = b + (collateral << B_LOCKED)
     i: uint256 = (f >> F_TAIL) & M40
-    f = self._put(f, F_TAIL, M40, i + 1)
-    self.fifo[msg.sender] = self._put(f, F_RESERVED, M112, mine)
+    self.fifo[msg.sender] = f + (1 << F_TAIL) + (reward << F_RESERVED)
     self.index_of[msg.sender][key] = i + 1
     self.records[msg.sender][i] = (
         units
