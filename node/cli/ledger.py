@@ -1,4 +1,5 @@
-"""The ledger commands: ``chain [fund]``, ``rewards [claim]``, ``stake add|unbond|withdraw``.
+"""The ledger commands: ``chain [fund]``, ``rewards [claim]``,
+``stake add|unbond|withdraw|revoke``.
 
 Where the chain and contract are: ``--chain`` / ``--contract`` flags, else the config
 (``chain``, ``contract``, ``contract_block``), else the local development chain that
@@ -157,15 +158,23 @@ def add_ledger_parsers(sub: Any) -> None:
     rewards.add_argument("--csv", action="store_true", help="'history' as CSV: rows, then days")
     common(rewards)
 
-    stake = sub.add_parser("stake", help="register/add stake, unbond, or withdraw unbonded stake")
-    stake.add_argument(
-        "action",
-        choices=["add", "unbond", "withdraw"],
-        help="add: register with AMOUNT, or add it; unbond: start AMOUNT's unbonding delay;"
-        " withdraw: take back what finished unbonding",
+    stake = sub.add_parser(
+        "stake",
+        help="register/add stake, unbond, withdraw unbonded stake, or (a validator) revoke a squat",
     )
     stake.add_argument(
-        "amount", nargs="?", help="ETH (e.g. 2.5) or wei (e.g. 1000wei); not for withdraw"
+        "action",
+        choices=["add", "unbond", "withdraw", "revoke"],
+        help="add: register with AMOUNT, or add it; unbond: start AMOUNT's unbonding delay;"
+        " withdraw: take back what finished unbonding; revoke [ADDRESS]: a validator's vote"
+        " to revoke ADDRESS's registration, only if its signature is invalid (a squat; q votes"
+        " free the key and burn min_stake of the squatter's stake, unbonding stake included);"
+        " without ADDRESS, the account that holds this node's own peer key",
+    )
+    stake.add_argument(
+        "amount",
+        nargs="?",
+        help="ETH (e.g. 2.5) or wei (e.g. 1000wei); not for withdraw; for revoke: an ADDRESS",
     )
     common(stake)
 
@@ -284,7 +293,9 @@ def cmd_rewards(args: argparse.Namespace) -> int:
 
 def cmd_stake(args: argparse.Namespace) -> int:
     client, cfg, _ = _client(args, signing=True)
-    if args.action == "withdraw":
+    if args.action == "revoke":
+        receipt = revoke_squat(client, cfg, args.amount)
+    elif args.action == "withdraw":
         receipt = client.withdraw()
     else:
         if not args.amount:
@@ -304,6 +315,24 @@ def cmd_stake(args: argparse.Namespace) -> int:
         f"stake {args.action}: done in block {receipt.blockNumber} (tx {receipt.transactionHash.hex()})"
     )
     return 0
+
+
+def revoke_squat(client: Any, cfg: NodeConfig, target: str | None) -> Any:
+    """Vote to revoke ``target``'s registration (default: whoever holds this node's peer
+    key), only if its stored signature is invalid: a valid one is never voted on."""
+    if target is None:
+        from node.keystore import load_identity
+
+        target = str(client.peer_owner(load_identity(cfg.resolved_data_dir).public_bytes))
+        if int(target, 16) == 0:
+            raise ValueError("no account holds this node's peer key: nothing to revoke")
+    if not client.worker(target).registered:
+        raise ValueError(f"{target} is not registered: nothing to revoke")
+    if client.registration_valid(target):
+        raise ValueError(f"{target}'s registration signature is valid: not a squat, no vote")
+    receipt = client.revoke_registration(target)
+    print(f"voted to revoke the registration of {target}")
+    return receipt
 
 
 def dev_params(args: argparse.Namespace) -> Any:

@@ -87,6 +87,7 @@ class Registrations:
         self.known: dict[str, tuple[bytes, bool]] = {}
         self.changes: dict[str, int] = {}
         self.changed_at: dict[str, int] = {}  # the newest block that logged a change
+        self.unchecked: set[str] = set()  # changed since ``take_changed`` (revocations)
         self.reads = 0  # chain reads so far (a test counts them)
         self.lock = threading.Lock()
 
@@ -124,8 +125,16 @@ class Registrations:
         with self.lock:
             self.known.pop(worker, None)
             self.changes[worker] = self.changes.get(worker, 0) + 1
+            self.unchecked.add(worker)
             if block is not None:
                 self.changed_at[worker] = max(block, self.changed_at.get(worker, -1))
+
+    def take_changed(self) -> set[str]:
+        """The workers whose registration the chain logged a change of since the last call
+        (every registration since the watcher's first block, at the first call)."""
+        with self.lock:
+            taken, self.unchecked = self.unchecked, set()
+        return taken
 
 
 class SubmissionWatcher:

@@ -7,7 +7,9 @@ up to its removal, and leaves the rest to the others: ``not_ours``), and the cha
 this start (``History``, ``node/roles/io/catchup.py``: what it voted on already, and the
 trainer's clock then). ``read`` returns each new submission it is to judge as a ``Case``,
 with the clock it is judged against when it came before this start, and the peer its
-worker registered (asked first for the batch).
+worker registered (asked first for the batch). ``revoke_squats`` votes out the
+registrations with an invalid signature among those the chain changed
+(``node/roles/io/revocations.py``).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from node.roles.decisions.work import Submission
 from node.roles.given import Started, ValidatorLedger
 from node.roles.io.catchup import History, read_history
 from node.roles.io.chain import ChainSetupError, Registrations, SubmissionWatcher
+from node.roles.io.revocations import Revocations
 
 log = logging.getLogger("intellect.validator")
 
@@ -47,6 +50,7 @@ class Docket:
         self.not_ours = 0  # submissions after the removal, left to the other validators
         self.watcher: SubmissionWatcher | None = None
         self.registrations: Registrations | None = None
+        self.revocations = Revocations()
 
     def open(self, ledger: ValidatorLedger, from_block: int) -> None:
         """Who this validator is on ``ledger``, and the chain from ``from_block`` so far."""
@@ -86,6 +90,13 @@ class Docket:
         except Exception as exc:  # the chain may be briefly unreachable: read again later
             return found, cases, exc
         return found, cases, None
+
+    def revoke_squats(self) -> list[str]:
+        """Blocking: after ``read``, vote to revoke each registration the chain changed
+        since the last call that holds an invalid signature; returns the accounts voted on."""
+        assert self.registrations is not None
+        self.revocations.check(self.registrations.take_changed())
+        return self.revocations.vote(self.ledger, self.registrations.get)
 
 
 def registered_peer(registrations: Registrations, worker: str) -> str | None:

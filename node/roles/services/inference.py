@@ -142,6 +142,13 @@ class InferenceRole:
         """Blocking: stake and register this node's peer key for the account, or make sure
         the account (``info``: the ledger's record of it) is registered for it."""
         if not info.registered:
+            squatter = self.chain.ledger.peer_owner(self.node.identity.public_bytes)
+            if int(squatter, 16) != 0:
+                raise ChainSetupError(
+                    f"this node's peer key is registered by {squatter} with a signature this "
+                    "node never made (a squat): the run's validators vote it out on their own; "
+                    f"a validator votes now with 'intellect-node stake revoke {squatter}'"
+                )
             self.chain.ledger.register_identity(
                 self.node.identity, int(self.cfg.inference.stake * WEI)
             )

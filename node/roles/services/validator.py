@@ -159,6 +159,8 @@ class ValidatorRole:
     async def _read_chain(self) -> bool:
         """One read of the chain; True when it found submissions."""
         found, cases, error = await trio.to_thread.run_sync(self.docket.read)
+        async with self.votes.posting:  # one transaction of ours at a time (its nonce)
+            await trio.to_thread.run_sync(self.docket.revoke_squats)
         for case in cases:
             sub = case.sub
             key = (sub.worker, sub.key)
