@@ -13,7 +13,8 @@ their sum divided by the batch size. ``submit_work`` is printed next to what it 
 issue #33 packed the storage; ``--json`` ends with one JSON object (``submit_work_gas``
 among its keys). ``claim_256`` accepts 256 submissions, lets them
 mature and claims them the way ``intellect-node rewards claim`` does (gas estimated, as
-many transactions as it takes) on the embedded chain.
+many transactions as it takes) on the embedded chain. The deployed contract's code size is
+printed against EIP-170's limit of 24,576 bytes (``code_size`` in the JSON).
 
 Measured on 2026-12-03 (2 cores, 200 transactions): embedded 42.3 tx/s, served 25.7, anvil
 61.5 (served 0.42x anvil). Before the served chain turned Nagle's algorithm off on its kept
@@ -57,6 +58,7 @@ PARAMS = Params(
 
 # submit_work before issue #33 packed the ledger's storage (same call, same parameters)
 SUBMIT_WORK_BEFORE = 224_747
+CODE_SIZE_LIMIT = 24_576  # EIP-170: the most runtime code a contract may have
 
 
 def setup(chain: Chain) -> tuple[LedgerClient, LedgerClient, LedgerClient, LedgerClient]:
@@ -70,6 +72,12 @@ def setup(chain: Chain) -> tuple[LedgerClient, LedgerClient, LedgerClient, Ledge
     for v in (a, b, c):
         v.add_stake(10 * ETH)
     return o, a, b, w
+
+
+def code_size(chain: Chain) -> int:
+    """Bytes of runtime code of a fresh deployment."""
+    o, *_ = setup(chain)
+    return len(chain.w3.eth.get_code(o.contract.address))
 
 
 def run_backend(chain: Chain, txs: int) -> tuple[dict[str, int], float]:
@@ -138,6 +146,7 @@ def main() -> None:
         node.stop()
 
     gas_256, txs_256 = claim_256(connect("embedded"))
+    size = code_size(connect("embedded"))
     gas = results["embedded"][0]
 
     def same(g: dict[str, int]) -> dict[str, int]:  # register's calldata (a signature over
@@ -145,6 +154,10 @@ def main() -> None:
 
     if any(same(r[0]) != same(gas) for r in results.values()):
         print(f"note: gas differs between backends: { {k: r[0] for k, r in results.items()} }")
+    print(
+        f"contract code: {size} bytes of {CODE_SIZE_LIMIT} (EIP-170), "
+        f"{CODE_SIZE_LIMIT - size} bytes free"
+    )
     print("gas per call (from receipts):")
     for call, g in gas.items():
         print(f"  {call:<16} {g:>8}")
@@ -176,6 +189,7 @@ def main() -> None:
                     "batch": args.batch,
                     "gas_claim_256": gas_256,
                     "claim_256_txs": txs_256,
+                    "code_size": size,
                 }
             )
         )

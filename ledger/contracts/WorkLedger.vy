@@ -23,14 +23,16 @@ The economic rules (SPEC section 19 has the arithmetic):
   invalid or mismatched batch locks the same amount of the rejecting validator's free bond
   when it has that much (burned if it is overturned); an "unavailable" reject, or one
   beyond the free bond, locks and risks nothing and earns nothing. A validator votes only
-  while its stake covers the bond recorded with the submission.
+  while its stake covers the bond recorded with the submission, and its own work locks
+  only stake above the bond (its first rejects stay bonded).
 - The validators of a submission are those active when it was made: they keep their votes
   on it if the owner removes them later, and validators added later have none.
 - Parameters, new validators and removals take effect only after a timelock longer than
   unbonding_delay + verdict_window + reward_lock, within hard bounds; a proposal not applied
-  within a day of its due time expires; ownership moves in two steps. Work keys live under
-  (worker, key). Payouts forward all gas. A registration is revoked only by a quorum of
-  bonded validators (votes outlive rotations), and the revoked account pays min_stake.
+  within a day of its due time expires; ownership moves in two steps; a removed validator
+  leaves the list. Work keys live under (worker, key). Payouts forward all gas. A
+  registration is revoked only by a quorum of bonded validators (votes outlive rotations),
+  and the revoked account pays min_stake, from free then unbonding stake.
 
 Storage is packed (bit offset, width) so that submit_work writes two new words.
 """
