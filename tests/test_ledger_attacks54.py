@@ -157,3 +157,24 @@ def test_54_the_stake_revoke_command_votes_only_against_an_invalid_registration(
     assert not squatter.worker(ledger.stranger.address).registered
     with pytest.raises(ValueError, match="not registered"):
         revoke_squat(v1, None, ledger.stranger.address)
+
+
+def test_54_a_worker_whose_key_is_squatted_names_the_squatter_and_registers_once_freed(
+    ledger, tmp_path
+):
+    """The inference role's registration (what a worker node does at start) finds its own
+    peer key held by another account: it stops with one line naming the squatter and the
+    command, and registers once the validators voted the squat out."""
+    from node.roles.io.chain import ChainSetupError
+    from tests.test_roles import a_role, worker_node
+
+    identity = Identity.generate()
+    role = a_role(tmp_path, worker_node(identity, []))
+    role.chain.ledger = w = ledger.client(ledger.worker)
+    role.chain.address = me = ledger.worker.address
+    ledger.client(ledger.stranger).register(identity.public_bytes, bytes(64), PARAMS.min_stake)
+    with pytest.raises(ChainSetupError, match=f"registered by {ledger.stranger.address}"):
+        role.register(w.worker(me))
+    judge(dockets(ledger, ledger.v1, ledger.v2))
+    role.register(w.worker(me))
+    assert w.worker(me).peer_key == identity.public_bytes
