@@ -10,7 +10,8 @@ stream and a raw TCP socket between two processes moving the same bytes.
     over a bare py-libp2p stream (Noise + yamux, 1 MiB writes; ``plain_host``: the library
     as shipped, without the read-ahead our nodes put on their TCP streams), over the same
     stream with that read-ahead (for reference: what the nodes' transport itself moves),
-    and over a raw TCP socket.
+    and over a raw TCP socket. Also for reference: how fast this machine's disk takes as
+    many new bytes, written as a downloader's store writes them (``disk_write_MBps``).
 (b) one origin → ``--peers`` downloaders at once, every node with the same upload cap
     (``--cap`` MB/s, a home uplink): time from the publish request until every downloader
     holds the version, against the ideal ``size / cap`` (one copy leaving the origin at
@@ -38,6 +39,11 @@ from node.config import NodeConfig  # noqa: E402
 
 MiB = 1024 * 1024
 TIMEOUT = 600
+# seconds between the bench's status requests to a node: each costs the node a few ms of
+# CPU (HTTP in Python), which polling 7 nodes 20 times a second took from the transfer
+# itself; the figures come from the nodes' own records (a job's elapsed_s and ended_at),
+# so the poll's period does not blur them
+POLL = 0.5
 SHARD: list[str] = []  # --shard-mib: the origin's shard size (default: the node's)
 # the node's default intervals (as a real run has them), deadlines relaxed: seven node
 # processes share this machine's cores with the bench
@@ -129,20 +135,20 @@ def swarm(base: Path, ckpt: Path, total: int, peers: int, cap: float) -> dict[st
             "the nodes to meet",
             0.2,
         )
-        t0 = time.monotonic()
+        t0 = time.time()
         admin_post(origin.data_dir, "/weights/publish", {"dir": str(ckpt)}, timeout=600)
-        published = time.monotonic()
+        published = time.time()
         jobs = {}
         while len(jobs) < peers:
             for n in nodes[1:]:
                 if n.name not in jobs and (job := complete(n)):
-                    jobs[n.name] = (time.monotonic(), job)
-            if time.monotonic() - published > TIMEOUT:
+                    jobs[n.name] = (float(job["ended_at"]), job)
+            if time.time() - published > TIMEOUT:
                 break  # reported: completed < peers
-            time.sleep(0.05)
-        done = max((t for t, _ in jobs.values()), default=time.monotonic())
+            time.sleep(POLL)
+        done = max((t for t, _ in jobs.values()), default=time.time())
         if len(jobs) < peers:
-            done = time.monotonic()
+            done = time.time()
             for n in nodes[1:]:
                 if n.name not in jobs:  # where the unfinished ones stand
                     job = _admin_get(n.data_dir, "/weights")["downloads"].get("1") or {}
@@ -172,6 +178,25 @@ def swarm(base: Path, ckpt: Path, total: int, peers: int, cap: float) -> dict[st
     finally:
         for n in nodes:
             n.stop(grace=10)
+
+
+def disk_write(base: Path, total: int, shard: int) -> float:
+    """MB/s of writing ``total`` new bytes to a new file the way a downloader's store does
+    (``node/shardcast/store.py``: one ``pwrite`` per shard, then ``fdatasync``): the most a
+    pull can move on this machine's disk, page cache included."""
+    data = memoryview(os.urandom(shard))
+    path = base / "disk-probe"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        started = time.perf_counter()
+        for offset in range(0, total, shard):
+            os.pwrite(fd, data[: min(shard, total - offset)], offset)
+            os.fdatasync(fd)
+        elapsed = time.perf_counter() - started
+    finally:
+        os.close(fd)
+        path.unlink()
+    return total / elapsed / 1e6
 
 
 def peak_rss_mib(node: NodeProcess) -> float:
@@ -209,7 +234,7 @@ def single(base: Path, ckpt: Path, total: int) -> float:
         )
         nodes.append(d)
         wait_ready(d)
-        job = wait(lambda: complete(d), 600, "the single download", 0.1)
+        job = wait(lambda: complete(d), 600, "the single download", POLL)
         return float(total / job["elapsed_s"] / 1e6)
     finally:
         for n in nodes:
@@ -349,6 +374,7 @@ def main() -> None:
         tcp = two_process("tcp", size)
         libp2p = two_process("libp2p", size)
         tuned = two_process("tuned", size)  # last: it wraps this process's TCP streams
+        disk = disk_write(base, total, shard_mib * MiB)
         one = single(base / "single", base / "ckpt", total)
         print(f"(a) {args.mib} MiB, one origin -> one downloader, separate processes on 127.0.0.1:")
         print(f"  raw TCP socket           {tcp:8.1f} MB/s")
@@ -356,7 +382,15 @@ def main() -> None:
         print(
             f"  the same, nodes' TCP     {tuned:8.1f} MB/s   (with our read-ahead, node/net/host.py)"
         )
+        print(
+            f"  disk, new bytes          {disk:8.1f} MB/s   (as a downloader's store writes them)"
+        )
         print(f"  SHARDCAST pull           {one:8.1f} MB/s   ({one / libp2p:.3f} x bare libp2p)")
+        if one < 0.9 * libp2p and disk < 1.5 * libp2p:
+            print(
+                "  (the pull writes every byte to disk, which moves new bytes at "
+                f"{disk / libp2p:.2f} x the bare stream here)"
+            )
         sw = swarm(base / "swarm", base / "ckpt", total, args.peers, args.cap)
         ideal = total / (args.cap * 1e6) if args.cap else 0.0
         print(f"(b) one origin -> {args.peers} downloaders, every node capped at {args.cap} MB/s:")
@@ -379,6 +413,7 @@ def main() -> None:
                         "libp2p_MBps": round(libp2p, 1),
                         "libp2p_read_ahead_MBps": round(tuned, 1),
                         "tcp_MBps": round(tcp, 1),
+                        "disk_write_MBps": round(disk, 1),
                         "single_vs_libp2p": round(one / libp2p, 3),
                         "swarm_seconds": sw["swarm_seconds"],
                         "swarm_ideal_seconds": round(ideal, 3),

@@ -50,6 +50,7 @@ from ledger.transactions import (
     Transactions,
     block_fees,
 )
+from ledger.vouchers import sign_voucher
 
 # what callers import from here, as before the client was split into its parts
 __all__ = [
@@ -267,6 +268,12 @@ class LedgerClient:
     def sign_registration(self, identity: PeerIdentity) -> bytes:
         """The Ed25519 signature ``register`` stores, by the node's identity."""
         return bytes(identity.sign(registration_message(self.reads.guard.check(), self.address)))
+
+    def voucher(self, peer: str) -> bytes:
+        """This account's validator voucher for ``peer`` (``ledger/vouchers.py``)."""
+        if self.account is None:
+            raise LedgerError("no account to sign a voucher with")
+        return sign_voucher(self.account, self.reads.guard.check(), self.contract.address, peer)
 
     def register(self, peer_key: bytes, signature: bytes, stake: int) -> Any:
         if len(peer_key) != 32:

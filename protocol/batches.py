@@ -27,6 +27,7 @@ BATCH_TOPIC = "batches"  # announcement topic of BatchNotice bodies
 STEP_TOPIC = "steps"  # announcement topic of StepNotice bodies
 MAX_BATCH_ENVELOPE = MAX_BATCH_SIZE + 192  # a RolloutBatch envelope (protocol.wire overhead)
 BATCH_FRAME = 1 << 20  # bulk frames of the envelope, at most this many bytes each
+VOUCHER_SIZE = 65  # a validator's voucher: an EIP-191 signature, r ‖ s ‖ v (ledger/vouchers.py)
 
 
 @dataclass(frozen=True)
@@ -69,12 +70,15 @@ class StepNotice(Message):
 
 @dataclass(frozen=True)
 class BatchRequest(Header):
-    """Ask a peer for the batch with ``work_key``."""
+    """Ask a peer for the batch with ``work_key``; a validator adds its ``voucher`` (its
+    account's signature of its peer id, ``ledger/vouchers.py``: served first), anyone
+    else sends it empty."""
 
     TYPE = "intellect/batch-request/1"
     MAX_SIZE = 512
 
     work_key: bytes = blob(DIGEST_SIZE, exact_len=DIGEST_SIZE)
+    voucher: bytes = blob(VOUCHER_SIZE, default=b"")
 
 
 @dataclass(frozen=True)

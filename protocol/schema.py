@@ -80,9 +80,10 @@ class FieldSpec:
             raise TypeError(f"unsupported field kind {self.kind}")
 
 
-def spec(s: FieldSpec) -> Any:
-    """Declare a dataclass field with its wire spec."""
-    return dataclasses.field(metadata={"spec": s})
+def spec(s: FieldSpec, default: Any = dataclasses.MISSING) -> Any:
+    """Declare a dataclass field with its wire spec (and a default for who builds one: on
+    the wire every field is always there)."""
+    return dataclasses.field(default=default, metadata={"spec": s})
 
 
 def u64(lo: int = 0, hi: int = U64_MAX) -> Any:
@@ -95,8 +96,8 @@ def text(
     return spec(FieldSpec(str, max_len=max_len, pattern=pattern, choices=choices))
 
 
-def blob(max_len: int, *, exact_len: int | None = None) -> Any:
-    return spec(FieldSpec(bytes, max_len=max_len, exact_len=exact_len))
+def blob(max_len: int, *, exact_len: int | None = None, default: Any = dataclasses.MISSING) -> Any:
+    return spec(FieldSpec(bytes, max_len=max_len, exact_len=exact_len), default)
 
 
 def f64(lo: float, hi: float) -> Any:

@@ -162,3 +162,147 @@ async def test_a_batch_larger_than_its_units_allow_is_refused_before_it_is_read(
         serve_batches(holder, store)
         got, raw = await fetch_batch(fetcher, holder.peer_id, key, max_size=len(envelope))
         assert got == mine and raw == envelope
+
+
+# ---- served first: the run's validators and trainer (SPEC §13) ------------------------
+
+CHAIN_ID, CONTRACT = 1337, "0x" + "11" * 20
+
+
+def test_a_voucher_names_one_account_for_one_peer_on_one_chain_and_contract():
+    from eth_account import Account
+
+    from ledger.vouchers import sign_voucher, voucher_signer
+
+    account = Account.create()
+    voucher = sign_voucher(account, CHAIN_ID, CONTRACT, "peer-a")
+    assert len(voucher) == 65
+    assert voucher_signer(voucher, CHAIN_ID, CONTRACT.upper().replace("0X", "0x"), "peer-a") == (
+        account.address
+    )
+    for chain_id, contract, peer in [
+        (CHAIN_ID, CONTRACT, "peer-b"),  # copied by another peer
+        (CHAIN_ID + 1, CONTRACT, "peer-a"),  # another chain
+        (CHAIN_ID, "0x" + "22" * 20, "peer-a"),  # another run's contract
+    ]:
+        assert voucher_signer(voucher, chain_id, contract, peer) != account.address
+    assert voucher_signer(voucher[:64], CHAIN_ID, CONTRACT, "peer-a") is None
+    assert voucher_signer(b"", CHAIN_ID, CONTRACT, "peer-a") is None
+
+
+async def test_first_served_are_the_trainer_and_vouched_validators_one_chain_read_per_peer(
+    autojump_clock,
+):
+    import trio
+    from eth_account import Account
+
+    from ledger.vouchers import sign_voucher
+    from node.roles.io.exchange import FirstServed
+
+    validator, other = Account.create(), Account.create()
+    asked = []
+
+    def is_validator(account):
+        asked.append(account)
+        if account == "down":
+            raise ConnectionError("the chain is down")
+        return account == validator.address
+
+    first = FirstServed("trainer", is_validator, chain_id=CHAIN_ID, contract=CONTRACT, ttl=60)
+    assert await first("trainer", b"")  # by its peer id: no voucher, no chain read
+    assert not await first("stranger", b"") and asked == []
+    ours = sign_voucher(validator, CHAIN_ID, CONTRACT, "validator-peer")
+    assert await first("validator-peer", ours)
+    assert not await first("copycat", ours)  # the voucher names another peer
+    assert not await first("other-peer", sign_voucher(other, CHAIN_ID, CONTRACT, "other-peer"))
+    assert len(asked) == 3
+    for _ in range(5):  # kept: whatever a peer sends next, no more chain reads
+        assert await first("validator-peer", b"junk")
+        assert not await first("copycat", ours)
+    assert len(asked) == 3
+    await trio.sleep(61)  # then asked again
+    assert await first("validator-peer", ours) and len(asked) == 4
+
+    flaky = FirstServed(None, lambda a: is_validator("down"), chain_id=CHAIN_ID, contract=CONTRACT)
+    assert not await flaky("validator-peer", ours)  # served as anyone, not remembered
+    assert not await flaky("validator-peer", ours) and asked.count("down") == 2
+
+
+async def test_strangers_holding_every_open_slot_cannot_keep_a_validator_from_a_batch(tmp_path):
+    """Two strangers ask for a large batch and never read: they hold the worker's two open
+    upload slots, and a stranger's fetch is refused busy. A validator whose voucher the
+    chain backs still gets the batch (a slot kept for the run's validators and trainer);
+    without its voucher, or with it copied by a stranger, busy. A slot held without reading
+    is lost within the read deadline: then the stranger is served too."""
+    import trio
+    from eth_account import Account
+
+    from ledger.vouchers import sign_voucher
+    from node.roles.io.exchange import FirstServed
+
+    names = ("holder", "hog-1", "hog-2", "validator", "stranger")
+    async with net.some_nodes(tmp_path, names, run__id=RUN) as nodes:
+        holder, hog1, hog2, validator, stranger = nodes
+        batch = a_batch(holder.identity)
+        envelope = seal(holder.identity, type(batch)(**{**batch.__dict__, "run_id": RUN}))
+        store = BatchStore(tmp_path / "store")
+        key, junk_key = store.put(envelope), bytes(range(32))
+        junk = os.urandom(24 << 20)  # more than a stalled reader's windows and buffers take
+
+        class Served:
+            def get(self, work_key, peer=None):
+                return junk if work_key == junk_key else store.get(work_key)
+
+        account = Account.create()
+        first = FirstServed(
+            None, lambda a: a == account.address, chain_id=CHAIN_ID, contract=CONTRACT
+        )
+        serve_batches(holder, Served(), slots=2, kept=1, first=first)
+        voucher = sign_voucher(account, CHAIN_ID, CONTRACT, validator.peer_id)
+
+        async def hold(hog, task_status=trio.TASK_STATUS_IGNORED):
+            req = BatchRequest(**hog.header(), work_key=junk_key)
+            async with hog.open_request(holder.peer_id, ids.BATCH, req, BatchReply):
+                task_status.started()
+                await trio.sleep_forever()  # never reads a frame
+
+        async with trio.open_nursery() as hogs:
+            await hogs.start(hold, hog1)
+            await hogs.start(hold, hog2)
+            with pytest.raises(RemoteRefusal) as busy:
+                await fetch_batch(stranger, holder.peer_id, key)
+            assert busy.value.reason == Reason.BUSY.value
+            for who, sent in [(validator, b""), (stranger, voucher)]:
+                with pytest.raises(RemoteRefusal) as busy:
+                    await fetch_batch(who, holder.peer_id, key, voucher=sent)
+                assert busy.value.reason == Reason.BUSY.value
+            got, raw = await fetch_batch(validator, holder.peer_id, key, voucher=voucher)
+            assert raw == envelope
+            with trio.fail_after(30):  # the hogs' uploads stall past the read deadline (3 s)
+                while True:
+                    try:
+                        await fetch_batch(stranger, holder.peer_id, key)
+                        break
+                    except RemoteRefusal:
+                        await trio.sleep(0.5)
+            hogs.cancel_scope.cancel()
+
+
+async def test_a_validators_ledger_voucher_is_first_served_by_the_contracts_word():
+    """The real path on the embedded chain: a validator's ``LedgerClient.voucher`` for its
+    peer id is served first by a worker whose ``FirstServed`` reads ``is_validator`` from
+    the contract; the same voucher from the worker's own account (not a validator), or sent
+    by another peer, is not."""
+    from ledger.chain import connect
+    from node.roles.io.exchange import FirstServed
+    from tests.helpers.ledger import Ledger
+
+    run = Ledger(connect("embedded"))
+    as_worker = run.client(run.worker)
+    first = FirstServed(
+        None, as_worker.is_validator, chain_id=run.chain.chain_id, contract=run.address
+    )
+    voucher = run.client(run.v2).voucher("validator-peer")
+    assert await first("validator-peer", voucher)
+    assert not await first("worker-peer", as_worker.voucher("worker-peer"))
+    assert not await first("copycat", voucher)

@@ -690,3 +690,97 @@ async def test_a_writer_out_of_window_waits_for_the_update_not_the_librarys_poll
                 with trio.fail_after(2):  # the library alone: 5 s
                     await failed.wait()
     assert got[0] == 4 << 20
+
+
+class Pieces:
+    """A reader that returns the given pieces, one per read (at most ``n`` bytes of each),
+    then b"" (the end of the stream)."""
+
+    def __init__(self, *pieces: bytes) -> None:
+        self.pieces = list(pieces)
+        self.reads = 0
+
+    async def read(self, n: int | None = None) -> bytes:
+        self.reads += 1
+        if not self.pieces:
+            return b""
+        piece = self.pieces.pop(0)
+        if n is not None and len(piece) > n:
+            self.pieces.insert(0, piece[n:])
+            piece = piece[:n]
+        return piece
+
+
+@pytest.mark.trio
+async def test_read_exactly_returns_a_whole_read_as_is_and_gathers_short_ones():
+    """With the nodes' tuning, a read that came whole is handed on without a copy (the
+    same object); short reads are gathered in order; a stream that ends early raises the
+    library's IncompleteReadError with the bytes it did get (so a frame cut short is never
+    mistaken for a clean close)."""
+    from libp2p.io import msgio, utils
+    from libp2p.io.exceptions import IncompleteReadError
+    from libp2p.stream_muxer.yamux import yamux
+
+    from node.net.host import fewer_read_copies
+
+    fewer_read_copies()
+    assert msgio.read_exactly is utils.read_exactly is yamux.read_exactly
+
+    whole = os.urandom(70_000)
+    assert await utils.read_exactly(Pieces(whole), len(whole)) is whole
+
+    data = os.urandom(10_000)
+    reader = Pieces(data[:1], data[1:4000], data[4000:], b"tail")
+    assert await utils.read_exactly(reader, len(data)) == data
+    assert await utils.read_exactly(reader, 4) == b"tail"
+
+    with pytest.raises(IncompleteReadError) as err:
+        await utils.read_exactly(Pieces(b"abc", b"de"), 12)
+    assert err.value.received_bytes == 5 and not err.value.is_clean_close
+    with pytest.raises(IncompleteReadError) as err:
+        await utils.read_exactly(Pieces(), 12)
+    assert err.value.received_bytes == 0 and err.value.is_clean_close
+
+
+class Messages:
+    """The Noise connection under a SecureSession: ``read_msg`` returns one message."""
+
+    def __init__(self, *msgs: bytes) -> None:
+        self.msgs = list(msgs)
+
+    async def read_msg(self) -> bytes:
+        return self.msgs.pop(0) if self.msgs else b""
+
+
+def secure_session(conn: Messages):  # type: ignore[no-untyped-def]
+    from libp2p.security.secure_session import SecureSession
+
+    session = SecureSession.__new__(SecureSession)  # only its buffer and conn are used
+    session.conn = conn
+    session._reset_internal_buffer()
+    return session
+
+
+@pytest.mark.trio
+async def test_a_secure_session_joins_messages_once_and_keeps_what_is_left_for_the_next_read():
+    """A read of n bytes across several decrypted messages returns exactly those bytes (a
+    message that came whole: the same object), keeps the rest of the last message for the
+    next read, returns what it has when the connection ends within, and raises the
+    library's ConnectionClosedError when it ends before any byte."""
+    from libp2p.io.exceptions import ConnectionClosedError
+
+    from node.net.host import fewer_read_copies
+
+    fewer_read_copies()
+    msgs = [os.urandom(n) for n in (65_519, 65_519, 1_000)]
+    joined = b"".join(msgs)
+    session = secure_session(Messages(*msgs))
+    assert await session.read(100_000) == joined[:100_000]
+    assert await session.read(20) == joined[100_000:100_020]  # from the kept remainder
+    assert await session.read(10**6) == joined[100_020:]  # drained, then the end
+
+    whole = os.urandom(4096)
+    assert await secure_session(Messages(whole)).read(4096) is whole
+    assert await secure_session(Messages(b"abc")).read(10) == b"abc"
+    with pytest.raises(ConnectionClosedError):
+        await secure_session(Messages()).read(10)

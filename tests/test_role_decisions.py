@@ -154,6 +154,10 @@ class StatusChain:
 
     claimable = pending
 
+    def is_validator(self, account):  # whom its uploads serve first
+        self.calls.append("validator")
+        return False
+
 
 def test_the_chain_double_has_the_shape_of_what_the_worker_reads():
     """``StatusChain`` stands for the ledger where the worker follows its submissions and

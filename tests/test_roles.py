@@ -511,7 +511,7 @@ async def test_a_batch_a_validator_cannot_judge_now_is_judged_later_not_dropped(
     key = ("0x" + "12" * 20, b"\x01" * 32)
     batch = SimpleNamespace(policy_version=4)
 
-    async def fetch_batch(node, peer, work_key, expected_size=None, max_size=None):
+    async def fetch_batch(node, peer, work_key, expected_size=None, max_size=None, voucher=b""):
         return batch, b"envelope"
 
     weights = {"dir": None}
@@ -583,7 +583,7 @@ async def test_a_batch_ahead_of_the_validators_clock_gets_no_verdict_until_it_ca
     key = ("0x" + "12" * 20, b"\x01" * 32)
     batch = SimpleNamespace(policy_version=4)
 
-    async def fetch_batch(node, peer, work_key, expected_size=None, max_size=None):
+    async def fetch_batch(node, peer, work_key, expected_size=None, max_size=None, voucher=b""):
         return batch, b"envelope"
 
     async def weights_of(version, base, store):
@@ -635,7 +635,7 @@ async def test_a_body_served_under_a_key_it_does_not_hash_to_is_a_failed_fetch(
     role = validator_role(tmp_path)
     key = ("0x" + "12" * 20, b"\x01" * 32)
 
-    async def fetch_batch(node, peer, work_key, expected_size=None, max_size=None):
+    async def fetch_batch(node, peer, work_key, expected_size=None, max_size=None, voucher=b""):
         # what fetch_batch raises for it (tests/test_batch_exchange.py, "other_batch")
         raise WireError(Reason.MALFORMED, "the batch does not hash to its work key")
 
@@ -670,7 +670,7 @@ async def test_a_timed_out_fetch_leaves_the_connection_to_other_fetches_from_its
     async def disconnect(peer):
         dropped.append(peer)
 
-    async def fetch_batch(node, peer, work_key, expected_size=None, max_size=None):
+    async def fetch_batch(node, peer, work_key, expected_size=None, max_size=None, voucher=b""):
         await trio.sleep(10 if work_key[0] != 2 else 100)
         if work_key[0] != 2:
             raise WireError(Reason.TIMEOUT, "no whole batch within the deadline")
@@ -704,7 +704,7 @@ def serving_validator(tmp_path, monkeypatch, slow: dict[bytes, float]):
     role.clock.step = 0
     log = []
 
-    async def fetch_batch(node, peer, work_key, expected_size=None, max_size=None):
+    async def fetch_batch(node, peer, work_key, expected_size=None, max_size=None, voucher=b""):
         log.append(("fetch", work_key[0], trio.current_time()))
         await trio.sleep(slow.get(work_key, 0.0))
         return SimpleNamespace(policy_version=0), b"envelope"
@@ -798,7 +798,7 @@ async def test_a_fetch_expects_the_size_its_own_peer_announced(
     key = ("0x" + "12" * 20, b"\x01" * 32)
     expected = []
 
-    async def fetch_batch(node, peer, work_key, expected_size=None, max_size=None):
+    async def fetch_batch(node, peer, work_key, expected_size=None, max_size=None, voucher=b""):
         expected.append((peer, expected_size, max_size))
         raise WireError(Reason.OVERSIZED, "stop here")
 

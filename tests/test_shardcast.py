@@ -1203,6 +1203,25 @@ async def test_a_peer_banned_in_one_download_is_banned_in_every_later_plan(
     assert downloads._jobs[2].plan.banned == ["evil"]
 
 
+async def test_a_finished_download_says_when_it_ended_in_wall_clock_time(
+    autojump_clock, monkeypatch
+):
+    """A job's view has ``ended_at`` (Unix time) once it completes: what a bench or an
+    operator compares with its own clock; None while it runs."""
+    import time
+
+    from node.shardcast.pulling import DownloadJob, Holders
+
+    downloads, _ = _downloads(monkeypatch, Holders(), ["good"])
+    job = downloads._jobs[1] = DownloadJob(1, 40, 4)
+    assert job.view()["ended_at"] is None
+    before = time.time()
+    await downloads._download(1)
+    view = job.view()
+    assert view["state"] == "complete"
+    assert before - 0.01 <= view["ended_at"] <= time.time() + 0.01
+
+
 async def test_the_holdings_of_a_banned_peer_are_never_asked_for(autojump_clock, monkeypatch):
     from types import SimpleNamespace
 

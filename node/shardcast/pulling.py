@@ -97,6 +97,7 @@ class DownloadJob:
     shards: int
     started: float = field(default_factory=time.monotonic)
     finished: float | None = None
+    ended_at: float | None = None  # Unix time of ``finished``: when, for people and benches
     resumed_shards: int = 0
     resumed_bytes: int = 0
     fetched_bytes: int = 0
@@ -123,6 +124,7 @@ class DownloadJob:
             "done_shards": len(plan.done) if plan else 0,
             "rate_Bps": round(self.fetched_bytes / elapsed),
             "elapsed_s": round(elapsed, 3),
+            "ended_at": None if self.ended_at is None else round(self.ended_at, 3),
             "peers": {
                 p.peer: {"bytes": p.fetched_bytes, "holds": len(p.have), "banned": p.banned}
                 for p in (plan.peers.values() if plan else [])
@@ -180,6 +182,7 @@ class Downloads:
     def _failed(self, job: DownloadJob, exc: StoreError) -> None:
         """End ``job`` with ``exc``; one its own disk failed starts again later."""
         job.state, job.error, job.finished = "failed", str(exc), time.monotonic()
+        job.ended_at = time.time()
         if not isinstance(exc, DiskFault):
             log.error("version %d failed: %s", job.version, exc)
             return
@@ -304,7 +307,7 @@ class Downloads:
             return
         finally:
             self.book.end(version)
-        job.state, job.finished = "complete", time.monotonic()
+        job.state, job.finished, job.ended_at = "complete", time.monotonic(), time.time()
         log.info(
             "version complete version=%d bytes=%d fetched=%d resumed=%d seconds=%.2f",
             version,

@@ -162,6 +162,16 @@ async def two_nodes(
     """Two in-process nodes on 127.0.0.1 (data under ``tmp_path / name``, ``flags`` added to
     their settings, ``section__name`` for ``[section] name``: ``run__id="r"``), the second
     connected to the first; both stopped on exit."""
+    async with some_nodes(tmp_path, names, **flags) as (first, second):
+        yield first, second
+
+
+@asynccontextmanager
+async def some_nodes(
+    tmp_path: Path, names: tuple[str, ...], **flags: Any
+) -> AsyncIterator[tuple[Any, ...]]:
+    """In-process nodes as ``two_nodes`` starts them, every one after the first connected
+    to the first."""
     import trio
     from libp2p.peer.id import ID
     from libp2p.peer.peerinfo import PeerInfo
@@ -185,10 +195,11 @@ async def two_nodes(
                 },
             )
             nodes.append(await nursery.start(Node(cfg, Identity.generate()).serve))
-        first, second = nodes
-        await second.connect(PeerInfo(ID.from_base58(first.peer_id), parse_addrs(first.addrs)))
+        first = nodes[0]
+        for other in nodes[1:]:
+            await other.connect(PeerInfo(ID.from_base58(first.peer_id), parse_addrs(first.addrs)))
         try:
-            yield first, second
+            yield tuple(nodes)
         finally:
             for n in nodes:
                 n.request_stop()

@@ -284,7 +284,7 @@ def messages() -> dict:
         ("intellect/sync-reply/1", {"items": [b"\x82\xa1a\x01", b""]}),
         ("intellect/refusal/1", {"reason": "replay", "detail": "seq 5 already seen"}),
         ("intellect/rollout-batch/1", batch_fields),
-        ("intellect/batch-request/1", {"work_key": bytes(range(32))}),
+        ("intellect/batch-request/1", {"work_key": bytes(range(32)), "voucher": bytes(65)}),
         ("intellect/batch-reply/1", {"work_key": bytes(range(32)), "size": 70_000}),
         ("intellect/weight-manifest/1", MANIFEST),
         ("intellect/weights-query/1", {"version": 7, "with_manifest": True}),

@@ -13,12 +13,13 @@ fetched whole is timed in ``/metrics`` (``intellect_batch_fetch_seconds``).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import trio
 
+from ledger.vouchers import voucher_signer
 from node.net.requests import Responder
 from node.net.runtime import Node
 from node.roles.decisions.clock import StepClock
@@ -68,13 +69,86 @@ class Served(Protocol):
     def get(self, work_key: bytes, peer: str | None = None) -> bytes | None: ...
 
 
+class FirstServed:
+    """Which peers a worker's uploads serve first (SPEC §13): the run's trainer, and every
+    peer whose voucher (``ledger/vouchers.py``) recovers to an account the contract says
+    is a validator. ``is_validator(account)`` reads the chain (blocking: it runs in a
+    thread); each peer's answer is kept ``ttl`` seconds, whatever voucher it sends next,
+    so a peer costs at most one chain read per ``ttl`` and a flood of made-up vouchers
+    from one peer costs nothing more. At most ``max_peers`` answers are kept."""
+
+    def __init__(
+        self,
+        trainer: str | None,
+        is_validator: Callable[[str], bool],
+        *,
+        chain_id: int,
+        contract: str,
+        ttl: float = 300.0,
+        max_peers: int = 4096,
+    ) -> None:
+        self.trainer = trainer
+        self.is_validator = is_validator
+        self.chain_id, self.contract = chain_id, contract
+        self.ttl, self.max_peers = ttl, max_peers
+        self._known: dict[str, tuple[bool, float]] = {}  # peer -> (first?, until)
+
+    async def __call__(self, peer: str, voucher: bytes) -> bool:
+        if peer == self.trainer:
+            return True
+        now = trio.current_time()
+        known = self._known.get(peer)
+        if known is not None and known[1] > now:
+            return known[0]
+        if not voucher:  # no claim to check: not kept, a later voucher is read at once
+            return False
+        account = voucher_signer(voucher, self.chain_id, self.contract, peer)
+        first = False
+        if account is not None:
+            try:
+                first = await trio.to_thread.run_sync(self.is_validator, account)
+            except Exception as exc:  # the chain did not answer: served as anyone, asked again
+                log.warning("cannot check a validator voucher of %s: %s", peer[-8:], exc)
+                return False
+        if len(self._known) >= self.max_peers:
+            self._known = {p: k for p, k in self._known.items() if k[1] > now}
+            if len(self._known) >= self.max_peers:
+                self._known.pop(next(iter(self._known)))
+        self._known[peer] = (first, now + self.ttl)
+        return first
+
+
 def serve_batches(
-    node: Node, store: Served | BatchStore, *, slots: int = 4, per_peer: int | None = 2
+    node: Node,
+    store: Served | BatchStore,
+    *,
+    slots: int = 4,
+    kept: int = 4,
+    first: Callable[[str, bytes], Awaitable[bool]] | None = None,
+    per_peer: int | None = 2,
 ) -> None:
-    """Answer batch requests from ``store``; at most ``slots`` uploads at a time, and at
-    most ``per_peer`` streams of one peer (SPEC §6: its concurrent fetches leave room for
-    others; None: no cap of this protocol's own)."""
+    """Answer batch requests from ``store``; at most ``slots`` uploads at a time for
+    anyone, and ``kept`` more only for the peers ``first(peer, voucher)`` names (the run's
+    validators and trainer: strangers holding every open slot cannot make a validator
+    find an honest batch unavailable); at most ``per_peer`` streams of one peer (SPEC §6:
+    its concurrent fetches leave room for others; None: no cap of this protocol's own).
+    An upload whose reader takes no frame within the read deadline ends and frees its
+    slot."""
     uploads = trio.Semaphore(slots)
+    kept_uploads = trio.Semaphore(kept) if first is not None and kept else None
+
+    def take_slot(served_first: bool) -> trio.Semaphore:
+        if served_first and kept_uploads is not None:
+            try:
+                kept_uploads.acquire_nowait()
+                return kept_uploads
+            except trio.WouldBlock:
+                pass
+        try:
+            uploads.acquire_nowait()
+        except trio.WouldBlock:
+            raise WireError(Reason.BUSY, "every upload slot is taken") from None
+        return uploads
 
     async def handle(req: BatchRequest, responder: Responder) -> None:
         try:
@@ -88,10 +162,8 @@ def serve_batches(
             raise WireError(Reason.INTERNAL, "stored batch is damaged") from exc
         if envelope is None:
             raise WireError(Reason.NOT_FOUND, "no batch with this work key here")
-        try:
-            uploads.acquire_nowait()
-        except trio.WouldBlock:
-            raise WireError(Reason.BUSY, "every upload slot is taken") from None
+        served_first = first is not None and await first(responder.peer, req.voucher)
+        slot = take_slot(served_first)
         try:
             await responder.send(
                 BatchReply(**node.header(), work_key=req.work_key, size=len(envelope))
@@ -100,7 +172,7 @@ def serve_batches(
                 await responder.write(envelope[start : start + BATCH_FRAME])
             node.metrics.inc("batches_served")
         finally:
-            uploads.release()
+            slot.release()
 
     node.serve_requests(
         ids.BATCH, BatchRequest, handle, deadline=TRANSFER_DEADLINE_S, per_peer=per_peer
@@ -114,13 +186,14 @@ async def fetch_batch(
     *,
     expected_size: int | None = None,
     max_size: int | None = None,
+    voucher: bytes = b"",
 ) -> tuple[RolloutBatch, bytes]:
     """The batch ``work_key`` from ``peer`` and its envelope; ``WireError`` (counted as a
     rejection under the batch protocol) when what arrives is not that batch.
     ``expected_size``: what ``peer`` announced; ``max_size``: the most its submitted units
     allow (``protocol.rollouts.max_envelope_size``); a reply declaring more than either is
-    refused before a byte of the batch is read."""
-    request = BatchRequest(**node.header(), work_key=work_key)
+    refused before a byte of the batch is read. ``voucher``: a validator's (served first)."""
+    request = BatchRequest(**node.header(), work_key=work_key, voucher=voucher)
     started = trio.current_time()
     try:
         with trio.fail_after(TRANSFER_DEADLINE_S):

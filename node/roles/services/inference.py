@@ -56,7 +56,7 @@ from node.roles.decisions.status import InferenceStatus, Stake
 from node.roles.decisions.working import PendingVerdicts, VersionChoice
 from node.roles.given import Maker, Started, Weights
 from node.roles.io.chain import WEI, ChainSetupError, open_ledger
-from node.roles.io.exchange import Served, follow_steps, serve_batches
+from node.roles.io.exchange import FirstServed, Served, follow_steps, serve_batches
 from node.roles.io.submissions import Submissions, stored_batch
 from node.rollouts.maker import BatchMaker, MadeBatch, MakeBatch, MakerSpec
 from node.rollouts.store import BatchStore
@@ -200,7 +200,13 @@ class InferenceRole:
             await self._serve(task_status)
 
     async def _serve(self, task_status: trio.TaskStatus[InferenceRole]) -> None:
-        serve_batches(self.node, self.served)
+        first = FirstServed(  # the run's trainer and validators before anyone else
+            self.cfg.run.trainer_peer_id,
+            self.chain.ledger.is_validator,
+            chain_id=int(self.cfg.chain.id or 0),
+            contract=self.cfg.chain.contract or "",
+        )
+        serve_batches(self.node, self.served, first=first)
         follow_steps(self.node, self.clock)
         self.node.add_status("inference", lambda: self.status().as_dict())
         self._resume_pending()

@@ -107,9 +107,11 @@ class ValidatorRole:
         self._checker: Checker | None = None  # the child process, while the role serves
         self.chain_reads = PacedReads(CHAIN_POLL_MIN_S, CHAIN_POLL_MAX_S)
         self.work = trio.Event()  # a new submission or notice: the judging loop wakes
+        self.voucher = b""  # its account's voucher for its peer id (ledger/vouchers.py)
 
     def _setup(self) -> None:
         ledger = self.votes.ledger = open_ledger(self.cfg)
+        self.voucher = ledger.voucher(self.node.peer_id)  # workers serve it first
         self.docket.open(ledger, self.cfg.chain.contract_block)
         self.queue.fetch_deadline_s = float(ledger.params().fetch_deadline)
 
@@ -258,6 +260,7 @@ class ValidatorRole:
                 key[1],
                 expected_size=notice.size if notice else None,
                 max_size=max_envelope_size(units, *self.proofs),
+                voucher=self.voucher,
             )
         except Exception as exc:  # refused, timed out, any of py-libp2p's dial errors, or a
             # body that does not hash to the key (its signer's, but nothing the chain can
