@@ -117,8 +117,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     keys.add_argument(
         "action",
-        choices=["new", "show"],
-        help="new: make the peer identity and the EVM account; show: print them",
+        choices=["new", "show", "import"],
+        help="new: make the peer identity and the EVM account; show: print them; import: "
+        "make the EVM account from a private key (hex) read from --key-file or stdin",
+    )
+    keys.add_argument(
+        "--key-file",
+        type=Path,
+        metavar="FILE",
+        help="with import: the file holding the private key, 64 hex digits (default, or -: "
+        "stdin; a prompt that does not echo on a terminal)",
     )
     keys.add_argument("--data-dir", type=Path, help="the node's data dir")
     keys.add_argument("--name", help="the node's name (data dir ~/.intellect-node/<name>)")
@@ -431,7 +439,20 @@ def cmd_keys(args: argparse.Namespace) -> int:
     from node.keystore import create_identity, key_path, load_identity
 
     directory = data_dir(args)
-    if args.action == "new":
+    if args.action == "import":
+        key = _read_key(args.key_file)  # garbage is refused before a password is asked
+        if account_path(directory).exists() and not args.force:
+            raise AccountError(
+                f"{account_path(directory)} already exists (use --force to replace it)"
+            )
+        password = read_password(args.password_file, confirm=True)
+        if not password:
+            raise AccountError("refusing an empty keystore password")
+        ident = (
+            load_identity(directory) if key_path(directory).exists() else create_identity(directory)
+        )
+        address = create_account(directory, password, force=args.force, private_key=key).address
+    elif args.action == "new":
         password = read_password(args.password_file, confirm=True)  # before anything is written
         if not password:
             raise AccountError("refusing an empty keystore password")
@@ -452,6 +473,25 @@ def cmd_keys(args: argparse.Namespace) -> int:
     print(f"account    {address}")
     print(f"keystore   {account_path(directory)}")
     return 0
+
+
+def _read_key(key_file: Path | None) -> str:
+    """The private key of ``keys import``: from ``key_file``, else stdin (a prompt that does
+    not echo on a terminal); refused in one line, never printed, if it is not one."""
+    import getpass
+
+    from node.keystore import KeystoreError, parse_private_key
+
+    if key_file is not None and str(key_file) != "-":
+        try:
+            return parse_private_key(key_file.read_text(), str(key_file))
+        except (OSError, UnicodeDecodeError) as exc:
+            raise KeystoreError(f"cannot read the key file {key_file}: {exc}") from exc
+    try:
+        text = getpass.getpass("private key (hex): ") if sys.stdin.isatty() else sys.stdin.read()
+    except (EOFError, UnicodeDecodeError):
+        text = ""
+    return parse_private_key(text, "stdin")
 
 
 def cmd_devnet(args: argparse.Namespace) -> int:
