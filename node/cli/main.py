@@ -451,7 +451,9 @@ def cmd_keys(args: argparse.Namespace) -> int:
         ident = (
             load_identity(directory) if key_path(directory).exists() else create_identity(directory)
         )
-        address = create_account(directory, password, force=args.force, private_key=key).address
+        address: str = create_account(
+            directory, password, force=args.force, private_key=key
+        ).address
     elif args.action == "new":
         password = read_password(args.password_file, confirm=True)  # before anything is written
         if not password:
@@ -461,7 +463,7 @@ def cmd_keys(args: argparse.Namespace) -> int:
             ident = load_identity(directory)  # peer id (other nodes may know it already)
         else:
             ident = create_identity(directory, force=args.force)
-        address: str = create_account(directory, password, force=args.force).address
+        address = create_account(directory, password, force=args.force).address
     else:
         ident = load_identity(directory)
         address = "(none: intellect-node keys new creates one)"
