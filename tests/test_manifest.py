@@ -287,3 +287,70 @@ def test_spec_documents_the_terms():
         for field in set(cls.specs()) - header:
             assert f"| `{field}` |" in section, (cls.TYPE, field)
     assert str(RunManifest.MAX_SIZE) in section.replace(",", "")
+
+
+# ---- which run a node joins, and when (node/net/runs.py, node/cli/manifest.py) --------
+
+
+def found_with(*manifests, refused=None, empty=(), unreachable=None):
+    from node.net.runs import Found
+
+    return Found(
+        runs={m.run_id: (m, seal(TRAINER, m)) for m in manifests},
+        refused=refused or {},
+        empty=set(empty),
+        unreachable=unreachable or {},
+    )
+
+
+def test_choose_run():
+    from node.net.runs import JoinError, choose_run
+
+    a, b = a_manifest(), a_manifest(a_terms(async_level=0))
+    assert choose_run(found_with(a), None)[0] == a  # the only run
+    assert choose_run(found_with(a, b), b.run_id)[0] == b  # --run-id picks
+    with pytest.raises(JoinError, match=f"^several runs found: {min(a.run_id, b.run_id)}, "):
+        choose_run(found_with(a, b), None)
+    forged = {"P": "peer P served a manifest that fails its check: wrong_run: ..."}
+    with pytest.raises(JoinError) as err:
+        choose_run(found_with(b, refused=forged), a.run_id)
+    assert str(err.value) == (
+        f"no bootstrap peer serves the manifest of run {a.run_id} (runs found: {b.run_id}); "
+        + forged["P"]
+    )
+    with pytest.raises(JoinError, match="^no run to join: peer P served"):
+        choose_run(found_with(refused=forged), None)
+    with pytest.raises(JoinError, match="^the bootstrap peers know no run"):
+        choose_run(found_with(empty={"B"}), None)
+    with pytest.raises(JoinError, match=r"^no bootstrap peer could be reached \(.*: refused\)"):
+        choose_run(found_with(unreachable={"12D3KooWB": "refused"}), None)
+
+
+def test_which_nodes_join_by_a_manifest():
+    from node.cli.manifest import joins
+
+    def cfg(**flags):
+        return load_config(flags={"role": "inference", **flags}, environ={})
+
+    m = a_manifest()
+    assert joins(cfg())  # neither a run id nor a trainer: found through the bootstrap
+    assert joins(cfg(**{"run.id": m.run_id}))  # --run-id of a manifest's run picks it
+    assert not joins(cfg(**{"run.id": "devnet"}))  # a hand-made run: no manifest
+    assert not joins(cfg(**{"run.trainer_peer_id": TRAINER.peer_id}))
+    assert not joins(cfg(role="trainer")) and not joins(cfg(role="bootstrap"))
+
+
+def test_the_trainer_signs_its_manifest_and_takes_its_run_id(tmp_path):
+    from node.cli.manifest import trainer_manifest
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    cfg = trainer_cfg(model=str(model))
+    joined, env = trainer_manifest(cfg, TRAINER)
+    assert env is not None
+    m = open_run_manifest(env, trainer=TRAINER.peer_id)
+    assert joined.run.id == m.run_id and m.terms.temperature == 0.7
+    with pytest.raises(ManifestError, match="^--run-id other contradicts the run manifest"):
+        trainer_manifest(trainer_cfg(model=str(model), id="other"), TRAINER)
+    assert trainer_manifest(NodeConfig.model_validate({"role": "trainer"}), TRAINER)[1] is None

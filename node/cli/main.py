@@ -267,12 +267,25 @@ def cmd_start(args: argparse.Namespace) -> int:
     claim_data_dir(data_dir)  # held until this process exits
     identity = load_or_create_identity(data_dir)
 
+    from node.cli.manifest import join_run, trainer_manifest
+
+    # the run manifest (SPEC §2): signed by the trainer, or found and checked before the
+    # node of the run is built, so before a role locks any stake
+    cfg, envelope = trainer_manifest(cfg, identity)
+    if envelope is None:
+        cfg, envelope, refused = join_run(cfg, identity)
+        for line in refused:
+            print(f"intellect-node: {line}", file=sys.stderr)
+        if envelope is not None:
+            print(f"intellect-node: joining run {cfg.run.id} by its manifest", flush=True)
+
     import trio
 
     from node.cli.stopping import stop_on_signals
     from node.engine.modeldir import ModelError
     from node.net.admin import AdminServer
     from node.net.dashboard import dashboard_routes
+    from node.net.runs import RunManifests
     from node.net.runtime import Node
     from node.roles import role_service
     from node.roles.given import RoleRun
@@ -318,6 +331,7 @@ def cmd_start(args: argparse.Namespace) -> int:
             async with trio.open_nursery() as nursery:
                 await nursery.start(run_node)
                 weights = await nursery.start(WeightService(node, cfg).serve)
+                await nursery.start(RunManifests(node, envelope).serve)
                 admin = AdminServer(
                     node,
                     data_dir,
@@ -349,6 +363,8 @@ def cmd_start(args: argparse.Namespace) -> int:
                         return
                 print(f"intellect-node {cfg.role} up", flush=True)
                 print(f"  peer id : {node.peer_id}")
+                if envelope is not None:
+                    print(f"  run     : {cfg.run.id} (its manifest served to joining nodes)")
                 for a in node.addrs:
                     print(f"  address : {a}/p2p/{node.peer_id}")
                 print(f"  admin   : http://127.0.0.1:{port}/status (metrics at /metrics)")
