@@ -354,3 +354,31 @@ def test_the_trainer_signs_its_manifest_and_takes_its_run_id(tmp_path):
     with pytest.raises(ManifestError, match="^--run-id other contradicts the run manifest"):
         trainer_manifest(trainer_cfg(model=str(model), id="other"), TRAINER)
     assert trainer_manifest(NodeConfig.model_validate({"role": "trainer"}), TRAINER)[1] is None
+
+
+def test_print_config_shows_the_trainers_run_id(tmp_path, capsys):
+    from node.cli.main import main
+    from node.cli.manifest import trainer_manifest
+    from node.keystore import create_identity
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    ident = create_identity(tmp_path / "trainer")
+    args = ["--run.manifest-name", "math", "--chain.id", "31337", "--chain.contract", CONTRACT]
+    args += ["--model", str(model), "--data-dir", str(tmp_path / "trainer")]
+    assert main(["start", "--role", "trainer", *args, "--print-config"]) == 0
+    run_id = trainer_manifest(
+        load_config(
+            flags={
+                "role": "trainer",
+                "run.manifest_name": "math",
+                "chain.id": 31337,
+                "chain.contract": CONTRACT,
+                "run.model": str(model),
+            },
+            environ={},
+        ),
+        ident,
+    )[0].run.id
+    assert f'id = "{run_id}"' in capsys.readouterr().out

@@ -244,6 +244,8 @@ def _config_from_args(args: argparse.Namespace) -> NodeConfig:
 def cmd_start(args: argparse.Namespace) -> int:
     cfg = _config_from_args(args)
     if args.print_config:
+        if cfg.role == "trainer" and cfg.run.manifest_name is not None:
+            cfg = _with_manifest_run_id(cfg)
         print(config_toml(cfg), end="")
         return 0
     from node.keystore import claim_data_dir, ensure_data_dir, load_or_create_identity
@@ -267,20 +269,9 @@ def cmd_start(args: argparse.Namespace) -> int:
     claim_data_dir(data_dir)  # held until this process exits
     identity = load_or_create_identity(data_dir)
 
-    from node.cli.manifest import join_run, trainer_manifest
-
-    # the run manifest (SPEC §2): signed by the trainer, or found and checked before the
-    # node of the run is built, so before a role locks any stake
-    cfg, envelope = trainer_manifest(cfg, identity)
-    if envelope is None:
-        cfg, envelope, refused = join_run(cfg, identity)
-        for line in refused:
-            print(f"intellect-node: {line}", file=sys.stderr)
-        if envelope is not None:
-            print(f"intellect-node: joining run {cfg.run.id} by its manifest", flush=True)
-
     import trio
 
+    from node.cli.manifest import join_run, trainer_manifest
     from node.cli.stopping import stop_on_signals
     from node.engine.modeldir import ModelError
     from node.net.admin import AdminServer
@@ -292,9 +283,24 @@ def cmd_start(args: argparse.Namespace) -> int:
     from node.roles.io.chain import ChainSetupError
     from node.shardcast.service import WeightService
 
-    setup_logging(
-        cfg.log_level, identity.peer_id[-8:]
-    )  # after py-libp2p's import-time logging setup
+    # after py-libp2p's import-time logging setup; while a joining node asks its bootstrap
+    # peers, errors only: what it finds or cannot find, it says in its own lines
+    quiet = cfg.log_level if cfg.log_level in ("debug", "error") else "error"
+    setup_logging(quiet, identity.peer_id[-8:])
+
+    # the run manifest (SPEC §2): signed by the trainer, or found and checked before the
+    # node of the run is built, so before a role locks any stake
+    cfg, envelope = trainer_manifest(cfg, identity)
+    refused: list[str] = []
+    joined = False
+    if envelope is None:
+        cfg, envelope, refused = join_run(cfg, identity)
+        joined = envelope is not None
+    setup_logging(cfg.log_level, identity.peer_id[-8:])
+    for line in refused:
+        print(f"intellect-node: {line}", file=sys.stderr)
+    if joined:
+        print(f"intellect-node: joining run {cfg.run.id} by its manifest", flush=True)
 
     async def supervised(
         role: RoleRun,
@@ -377,6 +383,18 @@ def cmd_start(args: argparse.Namespace) -> int:
     failed: list[BaseException] = []
     trio.run(main)
     return 1 if failed else 0
+
+
+def _with_manifest_run_id(cfg: NodeConfig) -> NodeConfig:
+    """``--print-config`` of a trainer with ``manifest_name``: the run id its manifest
+    names, once its identity exists (``keys new`` / ``keys import``), to give out before
+    the trainer starts."""
+    from node.cli.manifest import trainer_manifest
+    from node.keystore import key_path, load_identity
+
+    if not key_path(cfg.resolved_data_dir).exists():
+        return cfg
+    return trainer_manifest(cfg, load_identity(cfg.resolved_data_dir))[0]
 
 
 class _Started:
