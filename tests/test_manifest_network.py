@@ -1,5 +1,6 @@
 """The run manifest between real node processes (SPEC §2): a worker started without
-``--run-id`` and ``--trainer-peer-id`` joins the run by the manifest the trainer serves;
+``--run-id`` and ``--trainer-peer-id`` joins the run by the manifest a bootstrap node
+collected from the trainer (a worker asking the trainer itself is checked too);
 a peer serving a forged manifest is refused in one line, and a node that finds only the
 forged one stops before its node of the run starts, keeping nothing but its identity.
 
@@ -19,7 +20,7 @@ from node.cli.manifest import trainer_manifest
 from node.config import load_config
 from node.keystore import create_identity
 from protocol.manifest import RunManifest, open_run_manifest
-from tests.helpers.net import CLI, FAST, FAST_ENV, addr_of
+from tests.helpers.net import CLI, FAST, FAST_ENV, addr_of, status, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -102,11 +103,25 @@ def test_a_worker_joins_by_the_manifest_and_a_forged_one_is_refused(tmp_path):
         nodes.append(forging)
         t_addr, f_addr = addr_of(wait_ready(trainer)), addr_of(wait_ready(forging))
         assert f"run     : {honest.run_id}" in trainer.log_path.read_text()
+        # a bootstrap node of the run's id collects the manifest from the trainer it hears of
+        boot = spawn_node(
+            "bootstrap",
+            "bootstrap",
+            tmp_path,
+            run_id=honest.run_id,
+            listen="/ip4/127.0.0.1/tcp/0",
+            bootstrap=[t_addr],
+            extra=FAST_FLAGS,
+            env_extra=ENV,
+        )
+        nodes.append(boot)
+        b_addr = addr_of(wait_ready(boot))
+        wait_until(lambda: status(boot)["manifest"]["held"], 30, "the bootstrap's manifest")
 
         # a worker given neither the run nor the trainer: the forger refused, the run joined
         data_dir, log_path = tmp_path / "worker", tmp_path / "worker.log"
         cmd = [*CLI, "start", "--role", "inference", "--data-dir", str(data_dir)]
-        cmd += ["--listen", "/ip4/127.0.0.1/tcp/0", "--bootstrap", f_addr, "--bootstrap", t_addr]
+        cmd += ["--listen", "/ip4/127.0.0.1/tcp/0", "--bootstrap", f_addr, "--bootstrap", b_addr]
         cmd += ["--model", str(model), "--run.async-level", "1", *FAST_FLAGS]
         with open(log_path, "wb") as log:
             proc = subprocess.Popen(
