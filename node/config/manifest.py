@@ -101,7 +101,7 @@ def settings_of(manifest: RunManifest) -> dict[str, Any]:
 def contradictions(cfg: NodeConfig, settings: dict[str, Any]) -> list[str]:
     """One line per setting given to this node (file, environment or flag) that differs
     from the manifest's ``settings``, naming both values."""
-    lines = []
+    lines, run = [], settings.get("run.id", "?")
     for path, value in settings.items():
         section, _, name = path.partition(".")
         model = getattr(cfg, section)
@@ -113,14 +113,9 @@ def contradictions(cfg: NodeConfig, settings: dict[str, Any]) -> list[str]:
         ):
             flag = by_path()[path].flag
             lines.append(
-                f"{flag} {given} contradicts the run manifest of {manifest_run(settings)}: "
-                f"{path} is {value} there"
+                f"{flag} {given} contradicts the run manifest of {run}: {path} is {value} there"
             )
     return lines
-
-
-def manifest_run(settings: dict[str, Any]) -> str:
-    return str(settings.get("run.id", "?"))
 
 
 def check_files(
