@@ -50,3 +50,26 @@ async def saved(write: Callable[[Path], object], path: Path, *, what: str) -> No
             log.error("%s not saved: %s (saving it again in %.0f s)", what, exc, delay)
         await trio.sleep(delay)
         delay = min(2 * delay, SAVE_RETRY_MAX)
+
+
+def file_digest(path: Path) -> tuple[int, bytes]:
+    """(size, BLAKE3-256) of the file at ``path``, read in 4 MiB pieces."""
+    from crypto.hashing import bulk_hasher
+
+    h, size = bulk_hasher(), 0
+    with open(path, "rb") as f:
+        while piece := f.read(4 << 20):
+            h.update(piece)
+            size += len(piece)
+    return size, h.digest()
+
+
+def model_files(directory: Path) -> list[tuple[str, int, bytes]]:
+    """(name, size, BLAKE3-256) of every top-level file of a model directory (its
+    configuration, tokenizer, chat template and weights), sorted by name; hidden files and
+    subdirectories are not the model's (SPEC §2)."""
+    out = []
+    for path in sorted(directory.iterdir()):
+        if path.is_file() and not path.name.startswith("."):
+            out.append((path.name, *file_digest(path)))
+    return out

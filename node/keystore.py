@@ -106,3 +106,22 @@ def load_or_create_identity(data_dir: Path) -> Identity:
     if key_path(data_dir).exists():
         return load_identity(data_dir)
     return create_identity(data_dir)
+
+
+# secp256k1's group order: a private key is an integer in [1, n - 1]
+SECP256K1_ORDER = 0xFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFEBAAEDCE6AF48A03BBFD25E8CD0364141
+
+
+def parse_private_key(text: str, source: str) -> str:
+    """The EVM private key in ``text`` (64 hex digits, ``0x`` optional, surrounding blank
+    space ignored) as ``0x`` and lowercase hex; ``KeystoreError`` naming ``source`` (never
+    quoting what it holds) if it is no such key."""
+    raw = text.strip().removeprefix("0x").removeprefix("0X")
+    if len(raw) != 64 or any(c not in "0123456789abcdefABCDEF" for c in raw):
+        raise KeystoreError(
+            f"{source} holds no private key: expected 64 hex digits (0x optional), "
+            f"got {len(text.strip())} characters"
+        )
+    if not 0 < int(raw, 16) < SECP256K1_ORDER:
+        raise KeystoreError(f"{source} holds no private key: out of secp256k1's range")
+    return "0x" + raw.lower()

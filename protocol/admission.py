@@ -59,9 +59,18 @@ class Admission:
     max_skew_ms: int = 300_000
     replay: ReplayWindow = field(default_factory=ReplayWindow)
 
-    def admit(self, message: Header, now_ms: int, *, remote_peer: str | None = None) -> None:
-        """Raise ``WireError`` unless ``message`` may be acted on; records its seq."""
-        if message.run_id != self.run_id:
+    def admit(
+        self,
+        message: Header,
+        now_ms: int,
+        *,
+        remote_peer: str | None = None,
+        any_run: bool = False,
+    ) -> None:
+        """Raise ``WireError`` unless ``message`` may be acted on; records its seq.
+        ``any_run``: a message of any run is admitted (the run manifest's exchange, SPEC
+        §2, whose asker does not know its run yet)."""
+        if message.run_id != self.run_id and not any_run:
             raise WireError(Reason.WRONG_RUN, f"run {message.run_id!r}, expected {self.run_id!r}")
         if remote_peer is not None and message.sender != remote_peer:
             raise WireError(Reason.SENDER_MISMATCH, "sender is not the stream's peer")

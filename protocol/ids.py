@@ -12,6 +12,10 @@ PEER_ID_PATTERN = r"[1-9A-HJ-NP-Za-km-z]{40,64}"
 # Request/response protocols (one request frame, one reply frame, then close).
 PRESENCE = "/intellect/presence/1.0.0"
 SYNC = "/intellect/sync/1.0.0"
+# The run manifest (protocol/manifest.py, SPEC §2): answered for any run, since the asker
+# does not know its run yet.
+MANIFEST = "/intellect/manifest/1.0.0"
+ANY_RUN_PROTOCOLS = frozenset({MANIFEST})
 # Kademlia under our own prefix; never the public IPFS DHT (/ipfs/kad/1.0.0).
 KAD = "/intellect/kad/1.0.0"
 KAD_PREFIX = "/intellect"

@@ -117,8 +117,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     keys.add_argument(
         "action",
-        choices=["new", "show"],
-        help="new: make the peer identity and the EVM account; show: print them",
+        choices=["new", "show", "import"],
+        help="new: make the peer identity and the EVM account; show: print them; import: "
+        "make the EVM account from a private key (hex) read from --key-file or stdin",
+    )
+    keys.add_argument(
+        "--key-file",
+        type=Path,
+        metavar="FILE",
+        help="with import: the file holding the private key, 64 hex digits (default, or -: "
+        "stdin; a prompt that does not echo on a terminal)",
     )
     keys.add_argument("--data-dir", type=Path, help="the node's data dir")
     keys.add_argument("--name", help="the node's name (data dir ~/.intellect-node/<name>)")
@@ -236,6 +244,8 @@ def _config_from_args(args: argparse.Namespace) -> NodeConfig:
 def cmd_start(args: argparse.Namespace) -> int:
     cfg = _config_from_args(args)
     if args.print_config:
+        if cfg.role == "trainer" and cfg.run.manifest_name is not None:
+            cfg = _with_manifest_run_id(cfg)
         print(config_toml(cfg), end="")
         return 0
     from node.keystore import claim_data_dir, ensure_data_dir, load_or_create_identity
@@ -261,19 +271,36 @@ def cmd_start(args: argparse.Namespace) -> int:
 
     import trio
 
+    from node.cli.manifest import join_run, trainer_manifest
     from node.cli.stopping import stop_on_signals
     from node.engine.modeldir import ModelError
     from node.net.admin import AdminServer
     from node.net.dashboard import dashboard_routes
+    from node.net.runs import RunManifests
     from node.net.runtime import Node
     from node.roles import role_service
     from node.roles.given import RoleRun
     from node.roles.io.chain import ChainSetupError
     from node.shardcast.service import WeightService
 
-    setup_logging(
-        cfg.log_level, identity.peer_id[-8:]
-    )  # after py-libp2p's import-time logging setup
+    # after py-libp2p's import-time logging setup; while a joining node asks its bootstrap
+    # peers, errors only: what it finds or cannot find, it says in its own lines
+    quiet = cfg.log_level if cfg.log_level in ("debug", "error") else "error"
+    setup_logging(quiet, identity.peer_id[-8:])
+
+    # the run manifest (SPEC §2): signed by the trainer, or found and checked before the
+    # node of the run is built, so before a role locks any stake
+    cfg, envelope = trainer_manifest(cfg, identity)
+    refused: list[str] = []
+    joined = False
+    if envelope is None:
+        cfg, envelope, refused = join_run(cfg, identity)
+        joined = envelope is not None
+    setup_logging(cfg.log_level, identity.peer_id[-8:])
+    for line in refused:
+        print(f"intellect-node: {line}", file=sys.stderr)
+    if joined:
+        print(f"intellect-node: joining run {cfg.run.id} by its manifest", flush=True)
 
     async def supervised(
         role: RoleRun,
@@ -310,6 +337,7 @@ def cmd_start(args: argparse.Namespace) -> int:
             async with trio.open_nursery() as nursery:
                 await nursery.start(run_node)
                 weights = await nursery.start(WeightService(node, cfg).serve)
+                await nursery.start(RunManifests(node, envelope).serve)
                 admin = AdminServer(
                     node,
                     data_dir,
@@ -341,6 +369,8 @@ def cmd_start(args: argparse.Namespace) -> int:
                         return
                 print(f"intellect-node {cfg.role} up", flush=True)
                 print(f"  peer id : {node.peer_id}")
+                if envelope is not None:
+                    print(f"  run     : {cfg.run.id} (its manifest served to joining nodes)")
                 for a in node.addrs:
                     print(f"  address : {a}/p2p/{node.peer_id}")
                 print(f"  admin   : http://127.0.0.1:{port}/status (metrics at /metrics)")
@@ -353,6 +383,18 @@ def cmd_start(args: argparse.Namespace) -> int:
     failed: list[BaseException] = []
     trio.run(main)
     return 1 if failed else 0
+
+
+def _with_manifest_run_id(cfg: NodeConfig) -> NodeConfig:
+    """``--print-config`` of a trainer with ``manifest_name``: the run id its manifest
+    names, once its identity exists (``keys new`` / ``keys import``), to give out before
+    the trainer starts."""
+    from node.cli.manifest import trainer_manifest
+    from node.keystore import key_path, load_identity
+
+    if not key_path(cfg.resolved_data_dir).exists():
+        return cfg
+    return trainer_manifest(cfg, load_identity(cfg.resolved_data_dir))[0]
 
 
 class _Started:
@@ -431,7 +473,22 @@ def cmd_keys(args: argparse.Namespace) -> int:
     from node.keystore import create_identity, key_path, load_identity
 
     directory = data_dir(args)
-    if args.action == "new":
+    if args.action == "import":
+        key = _read_key(args.key_file)  # garbage is refused before a password is asked
+        if account_path(directory).exists() and not args.force:
+            raise AccountError(
+                f"{account_path(directory)} already exists (use --force to replace it)"
+            )
+        password = read_password(args.password_file, confirm=True)
+        if not password:
+            raise AccountError("refusing an empty keystore password")
+        ident = (
+            load_identity(directory) if key_path(directory).exists() else create_identity(directory)
+        )
+        address: str = create_account(
+            directory, password, force=args.force, private_key=key
+        ).address
+    elif args.action == "new":
         password = read_password(args.password_file, confirm=True)  # before anything is written
         if not password:
             raise AccountError("refusing an empty keystore password")
@@ -440,7 +497,7 @@ def cmd_keys(args: argparse.Namespace) -> int:
             ident = load_identity(directory)  # peer id (other nodes may know it already)
         else:
             ident = create_identity(directory, force=args.force)
-        address: str = create_account(directory, password, force=args.force).address
+        address = create_account(directory, password, force=args.force).address
     else:
         ident = load_identity(directory)
         address = "(none: intellect-node keys new creates one)"
@@ -452,6 +509,25 @@ def cmd_keys(args: argparse.Namespace) -> int:
     print(f"account    {address}")
     print(f"keystore   {account_path(directory)}")
     return 0
+
+
+def _read_key(key_file: Path | None) -> str:
+    """The private key of ``keys import``: from ``key_file``, else stdin (a prompt that does
+    not echo on a terminal); refused in one line, never printed, if it is not one."""
+    import getpass
+
+    from node.keystore import KeystoreError, parse_private_key
+
+    if key_file is not None and str(key_file) != "-":
+        try:
+            return parse_private_key(key_file.read_text(), str(key_file))
+        except (OSError, UnicodeDecodeError) as exc:
+            raise KeystoreError(f"cannot read the key file {key_file}: {exc}") from exc
+    try:
+        text = getpass.getpass("private key (hex): ") if sys.stdin.isatty() else sys.stdin.read()
+    except (EOFError, UnicodeDecodeError):
+        text = ""
+    return parse_private_key(text, "stdin")
 
 
 def cmd_devnet(args: argparse.Namespace) -> int:

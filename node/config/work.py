@@ -24,6 +24,14 @@ class RunConfig(Section):
         description="The training run this node belongs to; other runs are rejected.",
         json_schema_extra={"was": "run_id", "flag": "--run-id"},
     )
+    manifest_name: str | None = Field(
+        None,
+        pattern=r"^[a-z0-9][a-z0-9_-]{0,30}$",
+        description="The trainer: sign and serve a run manifest (SPEC §2) under this name; "
+        "the run id becomes <name>-<the manifest's hash>, which workers and validators "
+        "join by (--run-id, or the only run their bootstrap knows).",
+        json_schema_extra={"metavar": "NAME"},
+    )
     trainer_peer_id: str | None = Field(
         None,
         pattern=r"^[1-9A-HJ-NP-Za-km-z]{40,64}$",

@@ -37,6 +37,7 @@ from node.net.rejections import RejectionLog
 from protocol.admission import Admission
 from protocol.errors import Reason, WireError
 from protocol.framing import FrameReader, read_frame, write_frame
+from protocol.ids import ANY_RUN_PROTOCOLS
 from protocol.messages import Header, Refusal
 from protocol.wire import max_envelope_size, open_message, seal
 
@@ -137,9 +138,12 @@ class Requests:
         if summary := self.rejections.summary(err.reason, time.monotonic()):
             log.info("%s", summary)
 
-    def admit(self, msg: Header, remote_peer: str | None = None) -> None:
-        """Admission of a verified message (run, sequence, clock); ``WireError`` if not."""
-        self.admission.admit(msg, now_ms(), remote_peer=remote_peer)
+    def admit(self, msg: Header, remote_peer: str | None = None, protocol: str = "") -> None:
+        """Admission of a verified message (run, sequence, clock); ``WireError`` if not.
+        On a protocol of ``ANY_RUN_PROTOCOLS`` (the run manifest's) a message of any run
+        is admitted."""
+        any_run = protocol in ANY_RUN_PROTOCOLS
+        self.admission.admit(msg, now_ms(), remote_peer=remote_peer, any_run=any_run)
 
     # ---- listening --------------------------------------------------------------------
 
@@ -249,7 +253,7 @@ class Requests:
         data = await read_frame(stream, max_envelope_size(cls), self.cfg.net.read_timeout)
         self.count_in(protocol, data)
         msg = open_message(data, cls)
-        self.admit(msg, remote_peer=peer)
+        self.admit(msg, remote_peer=peer, protocol=protocol)
         return msg
 
     async def reply(self, stream: INetStream, protocol: str, message: Header) -> None:
@@ -298,7 +302,7 @@ class Requests:
             self.count_in(protocol, reply_data)
             try:
                 reply = open_message(reply_data, *reply_types, Refusal)
-                self.admit(reply, remote_peer=peer)
+                self.admit(reply, remote_peer=peer, protocol=protocol)
             except WireError as err:
                 self.reject(protocol, peer, err)
                 raise

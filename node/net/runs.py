@@ -1,0 +1,182 @@
+"""The run manifest between nodes (SPEC §2): served, collected and fetched.
+
+``RunManifests`` serves ``/intellect/manifest/1.0.0`` (for any run: the asker may not know
+its own yet) with the manifest envelope the node holds: the trainer its own, a node that
+joined the one it joined by, and a bootstrap node of a derived run id the one it collects
+from the trainers it hears of (it checks the terms against its own run id, so it trusts no
+one). ``find_runs`` is the joining side: it asks the bootstrap peers, under a run id of
+its own, until the run it wants (or any run) answers, and refuses, one line each, the
+peers whose manifest fails a check. ``choose_run`` is the pure decision of which run a
+node joins. The caller (``node/cli/manifest.py``) takes the settings from the manifest.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import trio
+from libp2p.peer.peerinfo import PeerInfo, info_from_p2p_addr
+
+from node.net.host import parse_addrs
+from node.net.requests import Responder
+from node.net.runtime import Node
+from protocol import ids
+from protocol.errors import WireError
+from protocol.manifest import (
+    ManifestQuery,
+    ManifestReply,
+    RunManifest,
+    is_derived_run_id,
+    open_run_manifest,
+)
+
+log = logging.getLogger("intellect.node")
+JOINING_RUN = "joining"  # the run id a node asks under before it knows its run
+ASK_EVERY = 2.0  # seconds between rounds of asking (joining, and a bootstrap collecting)
+
+
+class RunManifests:
+    """Serves the manifest envelope this node holds (``envelope``; None: none yet)."""
+
+    def __init__(self, node: Node, envelope: bytes | None = None) -> None:
+        self.node, self.envelope = node, envelope
+        self.cfg = node.cfg
+
+    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        self.node.serve_requests(ids.MANIFEST, ManifestQuery, self._answer)
+        self.node.add_status("manifest", self.status)
+        task_status.started()
+        if self.envelope is None and is_derived_run_id(self.cfg.run.id):
+            await self._collect()
+
+    def status(self) -> dict[str, object]:
+        return {"held": self.envelope is not None, "run": self.cfg.run.id}
+
+    async def _answer(self, request: ManifestQuery, responder: Responder) -> None:
+        reply = ManifestReply(**self.node.header(), manifest=self.envelope or b"")
+        await responder.send(reply)
+
+    async def _collect(self) -> None:
+        """Until it holds one: ask the trainers it hears of for the manifest of its run."""
+        refused: set[str] = set()
+        while self.envelope is None:
+            trainers = [
+                p
+                for p, r in self.node.peers.peers.items()
+                if r.role == "trainer" and p not in refused
+            ]
+            for peer in trainers:
+                try:
+                    with trio.fail_after(self.cfg.net.read_timeout):
+                        reply = await self.node.request(
+                            peer, ids.MANIFEST, ManifestQuery(**self.node.header()), ManifestReply
+                        )
+                    if not reply.manifest:
+                        continue
+                    open_run_manifest(reply.manifest, run_id=self.cfg.run.id)
+                except WireError as err:
+                    refused.add(peer)
+                    self.node.reject(ids.MANIFEST, peer, err)
+                    continue
+                except Exception as exc:  # a dial or a stream failed: ask again later
+                    log.debug("asking %s for the manifest failed: %r", peer[-8:], exc)
+                    continue
+                self.envelope = reply.manifest
+                log.info("holding the run manifest of %s from %s", self.cfg.run.id, peer[-8:])
+                break
+            await trio.sleep(ASK_EVERY)
+
+
+@dataclass
+class Found:
+    """What the bootstrap peers answered: verified manifests by run id (with their
+    envelopes), one line per peer refused, and the peers that know no run."""
+
+    runs: dict[str, tuple[RunManifest, bytes]] = field(default_factory=dict)
+    refused: dict[str, str] = field(default_factory=dict)  # peer -> the line
+    empty: set[str] = field(default_factory=set)
+    unreachable: dict[str, str] = field(default_factory=dict)
+
+
+class JoinError(ValueError):
+    """No run to join: the message is the one line the node stops with."""
+
+
+def choose_run(found: Found, want: str | None) -> tuple[RunManifest, bytes]:
+    """The run a node joins: ``want`` (its ``--run-id``) if a peer served it; without,
+    the only run found. ``JoinError`` with one line otherwise."""
+    problems = "; ".join(found.refused.values())
+    if want is not None:
+        if want in found.runs:
+            return found.runs[want]
+        others = ", ".join(sorted(found.runs)) or "none"
+        line = f"no bootstrap peer serves the manifest of run {want} (runs found: {others})"
+        raise JoinError(line + (f"; {problems}" if problems else ""))
+    if len(found.runs) == 1:
+        return next(iter(found.runs.values()))
+    if found.runs:
+        raise JoinError(
+            f"several runs found: {', '.join(sorted(found.runs))}: pick one with --run-id RUN_ID"
+        )
+    if problems:
+        raise JoinError(f"no run to join: {problems}")
+    if found.empty:
+        raise JoinError(
+            "the bootstrap peers know no run (no trainer with a run manifest has joined them)"
+        )
+    reasons = "; ".join(f"{p[-8:]}: {why}" for p, why in found.unreachable.items())
+    raise JoinError(f"no bootstrap peer could be reached ({reasons or 'none given'})")
+
+
+async def find_runs(
+    node: Node, bootstrap: list[str], *, want: str | None, patience: float
+) -> Found:
+    """Ask every peer of ``bootstrap`` (multiaddrs) for its manifest, every ``ASK_EVERY``
+    seconds, until ``want`` is among the runs found (without ``want``: until any run is),
+    every peer was refused, or ``patience`` seconds have passed. ``node`` serves under a
+    run id of its own, with no bootstrap peers of its own, so it greets no one."""
+    found = Found()
+    infos = [info_from_p2p_addr(a) for a in parse_addrs(bootstrap)]
+    with trio.move_on_after(patience):
+        while True:
+            for info in infos:
+                peer = info.peer_id.to_base58()
+                if peer in found.refused:
+                    continue
+                await _ask(node, info, found)
+            if (want in found.runs) if want is not None else bool(found.runs):
+                break
+            if all(i.peer_id.to_base58() in found.refused for i in infos):
+                break  # every peer served a manifest that failed its check
+            await trio.sleep(ASK_EVERY)
+    return found
+
+
+async def _ask(node: Node, info: PeerInfo, found: Found) -> None:
+    peer = info.peer_id.to_base58()
+    try:
+        if peer not in node.connected_peers():
+            await node.connect(info)
+        with trio.fail_after(node.cfg.net.read_timeout):
+            reply = await node.request(
+                peer, ids.MANIFEST, ManifestQuery(**node.header()), ManifestReply
+            )
+    except WireError as err:  # its reply did not verify
+        found.refused[peer] = f"peer {peer} refused: {err}"
+        return
+    except Exception as exc:  # not reachable (yet), or it does not serve the protocol
+        found.unreachable[peer] = " ".join(str(exc).split()) or type(exc).__name__
+        return
+    found.unreachable.pop(peer, None)
+    if not reply.manifest:
+        found.empty.add(peer)
+        return
+    try:
+        manifest = open_run_manifest(reply.manifest)
+    except WireError as err:
+        found.refused[peer] = f"peer {peer} served a manifest that fails its check: {err}"
+        node.reject(ids.MANIFEST, peer, err)
+        return
+    found.empty.discard(peer)
+    found.runs[manifest.run_id] = (manifest, reply.manifest)
