@@ -173,8 +173,11 @@ class DilocoGroup:
         left unsent, declare that sum's norm, and keep what this step leaves unsent."""
         codec = self.cfg.compressor
         compensated = codec.feedback and self.feedback.holds(vec.numel())
-        if codec.feedback:
+        payload, sent = None, vec
+        if codec.feedback:  # encoded once for every attempt; ``sent``: what it carries
             vec = self.feedback.compensate(vec)
+            payload = codec.encode(vec)
+            sent = codec.decode(payload, vec.numel())
         norm = float(vec.norm()) if norm is None else norm
         attempt, blame = 0, ""
         with trio.fail_after(self.cfg.step_timeout):
@@ -194,9 +197,10 @@ class DilocoGroup:
                         current.outbox,
                         self._puller(key, roster),
                         norm_limits(norms, rank, codec.summable),
+                        payload=payload,
                     )
                     if codec.feedback:  # alone, the average took all of ``vec``
-                        self.feedback.keep(vec, vec if n == 1 else codec.roundtrip(vec))
+                        self.feedback.keep(vec, vec if n == 1 else sent)
                     return Reduced(avg, roster, attempt + 1, received, compensated)
                 except BadChunk as exc:
                     blame = roster[(rank - 1) % n]

@@ -184,18 +184,21 @@ async def all_reduce(
     outbox: Outbox,
     pull: Pull,
     limit: Callable[[str, int], float] | None = None,
+    *,
+    payload: bytes | None = None,
 ) -> tuple[torch.Tensor, int]:
     """The average over the ring of flat fp32 ``vec``; and the payload bytes we received.
 
     ``pull`` raises on any failure (the caller then abandons the attempt); a chunk that does
     not decode (wrong size, non-finite, out of range) or is longer than
-    ``limit(phase, round)`` raises ``BadChunk``: the left neighbour sent it.
+    ``limit(phase, round)`` raises ``BadChunk``: the left neighbour sent it. ``payload``:
+    ``codec.encode(vec)`` if the caller has it already (the sparse all-gather sends it).
     """
     most = limit or (lambda _phase, _rnd: float("inf"))
     if n == 1:
         return vec.detach().float().clone(), 0
     if not codec.summable:
-        return await all_gather(vec, rank, n, codec, outbox, pull, most)
+        return await all_gather(vec, rank, n, codec, outbox, pull, most, payload)
     spans = bounds(vec.numel(), n)
     acc = vec.detach().float().clone()
     received = 0
@@ -228,13 +231,14 @@ async def all_gather(
     outbox: Outbox,
     pull: Pull,
     most: Callable[[str, int], float],
+    payload: bytes | None = None,
 ) -> tuple[torch.Tensor, int]:
     """The sparse exchange (module docstring): every member's whole payload goes round the
     ring unchanged, checked by each member before it forwards it; the closing round's
     digests agree; all ``n`` are summed in roster order. The average and the payload bytes
     we received (the closing round's digest is not a payload)."""
     numel = vec.numel()
-    held = codec.encode(vec)
+    held = codec.encode(vec) if payload is None else payload
     payloads = [b""] * n
     payloads[rank] = held
     entries: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * n
