@@ -10,7 +10,8 @@ of an outer step and attempt; repeated every ``poll_interval`` until it is forme
 An attempt fails on any error of a pull (a dead neighbour resets the stream or lets the
 deadline pass; an abandoned neighbour refuses with ``aborted``; a chunk that does not
 decode, breaks the declared norms or is not the bytes its digest declares, for which we
-blame the neighbour: the leader refuses it for the rest of the step): we abandon it (our
+blame the neighbour: the leader refuses it for the rest of the step; in the sparse
+all-gather, a closing digest other than ours, for which we blame no one): we abandon it (our
 own offers answer ``aborted`` from then on, so the failure runs round the ring at once) and
 ask the leader for the roster of the next attempt, which holds the survivors.
 ``step_timeout`` bounds the whole outer step. Only the peers of a roster the leader signed
