@@ -20,7 +20,8 @@ repository's README.md, SPEC.md and docs/, the last 10% held out).
    its 1 KiB lookup table, which is 2 KiB / P per member and step (P parameters): visible on
    this tiny model, nothing at 10B. Not counted: envelopes, framing, yamux and noise.
    ``bandwidth_reduction_sparse``: the same with the bytes of one outer step of the sparse
-   all-gather (``node/diloco/sparse.py``, ``--sparse-k`` of every 4096 values at 2 bits).
+   all-gather (``node/diloco/sparse.py``, ``--sparse-k`` of every 4096 values at 2 bits; its
+   closing round's 32-byte digest is not a payload, and is not counted either).
 2. Final loss at equal tokens, mean over ``--seeds``, in this process (the ring's arithmetic
    does not depend on the transport; ``tests/test_diloco_network.py`` checks the processes
    agree bit for bit): DiLoCo int8, fp32 and sparse (with error feedback and its own outer
@@ -39,7 +40,10 @@ repository's README.md, SPEC.md and docs/, the last 10% held out).
    outer steps, against the predicted 95.7 / 85.6 / 83.0 %. The all-reduce time includes
    waiting in the sync for the slowest member's inner steps, as in a real group.
    ``utilization_sparse``: the same links (the bandwidths calibrated on int8) carrying the
-   sparse all-gather.
+   sparse all-gather. At the default H = 10 the unthrottled all-reduce of either encoding
+   (the sync with the leader and two stream round trips; the codecs are a tenth of it:
+   docs/benchmarks.md) is above every link's target, so every link gets the least delay and
+   the figures measure that overhead, not the payloads' sizes.
 
 ``--sweep``: only the in-process loss of sparse DiLoCo for a grid of ``k`` (``--sweep-k``)
 and outer lr / momentum (``--sweep-outer``) against int8's, ``--seeds`` seeds each (how the

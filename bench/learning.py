@@ -3,7 +3,8 @@
     .venv/bin/python bench/learning.py [--steps 80] [--seeds 2] [--first-seed 0] [--configs k2,k0,central]
                                        [--inner-steps 2] [--out DIR] [--json]
 
-Three configurations by default (``diloco2`` on demand: ``--configs k2,diloco2``), the same number of trainer steps, the same base policy (``model
+Three configurations by default (``diloco2`` and ``diloco2-sparse`` on demand: ``--configs
+k2,diloco2,diloco2-sparse``), the same number of trainer steps, the same base policy (``model
 init``), the same held-out set (seeded; disjoint from training), the same generation
 settings (tasks x samples per step, token budget, temperature) and the same GRPO code:
 
@@ -13,6 +14,10 @@ settings (tasks x samples per step, token budget, temperature) and the same GRPO
 - ``diloco2``: the devnet with two trainers in one DiLoCo group (``--trainers 2``, SPEC
   §21; ``--inner-steps`` H, async level 2): each trains on its half of the accepted
   batches, one trainer step is one outer step; issue #31's target: within 3 points of k2;
+- ``diloco2-sparse``: ``diloco2`` with the group's pseudo-gradients sparse (``[diloco] quant
+  = "sparse"``: the top ``sparse_k`` = 384 of every 4096 values at 2 bits, with error
+  feedback, the all-gather of SPEC §15) and the outer settings chosen for it on the
+  pretraining bench (``bench/diloco.py``, docs/benchmarks.md: outer lr 1.5, no momentum);
 - ``central``: the centralized baseline (``node.training.central``): one process, no
   network, no proofs, no chain.
 
@@ -72,7 +77,8 @@ configuration lost 3-6 points: base 0.313, k2 0.275, k0 0.280, central 0.257.
 Writes ``learning.png`` and ``learning.json`` into ``--out`` (default
 ``bench-learning/``). ``--json``: the last line is one JSON object with ``base_accuracy``,
 ``accuracy`` (config -> mean over seeds per evaluated step), ``final`` (config -> final
-accuracy: ``final.diloco2`` beside ``final.k2`` when both run), ``final_per_seed``,
+accuracy: ``final.diloco2`` beside ``final.k2`` when both run, ``final.diloco2-sparse``
+beside ``final.diloco2``), ``final_per_seed``,
 ``steps``, ``seconds`` (config -> mean wall-clock per run), ``base_sampling`` (level ->
 the figures above) and ``idle_share`` (role -> share, k2 runs; ``idle_share_k0`` for k0).
 ``base_accuracy``, ``accuracy``, ``final`` and ``final_per_seed`` are sampled accuracy;
@@ -96,12 +102,25 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 LAST = 5  # evaluations averaged into the final accuracy
 
 
+# ``dilocoT-sparse``: the group's settings (the outer ones as bench/diloco.py chose them)
+SPARSE_GROUP = {
+    "INTELLECT_NODE_DILOCO__QUANT": "sparse",
+    "INTELLECT_NODE_DILOCO__OUTER_LR": "1.5",
+    "INTELLECT_NODE_DILOCO__MOMENTUM": "0",
+}
+
+
 def devnet_shape(config: str) -> tuple[int, int]:
-    """(async level, trainers) of a devnet configuration: ``kN`` or ``dilocoT`` (T trainers
-    in one DiLoCo group, async level 2)."""
+    """(async level, trainers) of a devnet configuration: ``kN``, ``dilocoT`` (T trainers
+    in one DiLoCo group, async level 2) or ``dilocoT-sparse`` (the same, sparse)."""
     if config.startswith("diloco"):
-        return 2, int(config[len("diloco") :])
+        return 2, int(config[len("diloco") :].removesuffix("-sparse"))
     return int(config[1:]), 1
+
+
+def devnet_group_env(config: str) -> dict[str, str]:
+    """The trainers' extra settings of a devnet configuration (``dilocoT-sparse``'s)."""
+    return dict(SPARSE_GROUP) if config.endswith("-sparse") else {}
 
 
 def run_devnet_config(
@@ -146,6 +165,7 @@ def run_devnet_config(
                 "INTELLECT_NODE_TRAINER__SEED": str(seed),
                 "INTELLECT_NODE_TRAINER__LEARNING_RATE": str(lr),
                 "INTELLECT_NODE_INFERENCE__MAX_UNJUDGED": "2",
+                **devnet_group_env(config),
             },
         )
         if rc != 0:
@@ -255,10 +275,14 @@ def main() -> None:
         "--configs",
         default="k2,k0,central",
         help="comma-separated: kN (the devnet, async level N), dilocoT (the devnet with T "
-        "trainers in one DiLoCo group, async level 2), central (default k2,k0,central)",
+        "trainers in one DiLoCo group, async level 2), dilocoT-sparse (the same with sparse "
+        "pseudo-gradients, outer lr 1.5, no momentum), central (default k2,k0,central)",
     )
     ap.add_argument(
-        "--inner-steps", type=int, default=2, help="dilocoT: inner steps per outer step (H)"
+        "--inner-steps",
+        type=int,
+        default=2,
+        help="dilocoT, dilocoT-sparse: inner steps per outer step (H)",
     )
     ap.add_argument("--tasks", type=int, default=gen.tasks_per_step, help="tasks per step")
     ap.add_argument("--group", type=int, default=gen.group_size, help="samples per task")
@@ -319,7 +343,7 @@ def main() -> None:
         except ValueError:
             ok = False
         if not ok:
-            ap.error(f"unknown configuration {c!r}: kN, dilocoT or central")
+            ap.error(f"unknown configuration {c!r}: kN, dilocoT, dilocoT-sparse or central")
     runs: dict[str, list[list[dict[str, Any]]]] = {c: [] for c in configs}  # lines per seed
     seconds: dict[str, list[float]] = {c: [] for c in configs}
     idle: dict[str, list[dict[str, float]]] = {c: [] for c in configs}
@@ -390,20 +414,21 @@ def main() -> None:
     )
     print(f"base policy: sampled {base:.3f}, greedy {base_greedy:.3f}, pass@{k} {base_pass:.3f}")
     print(
-        f"{'config':<8} {'sampled':>7} {'vs base':>8}  {'greedy':>6} {'vs base':>8}  "
+        f"{'config':<14} {'sampled':>7} {'vs base':>8}  {'greedy':>6} {'vs base':>8}  "
         f"{'pass@' + str(k):>7}  sampled per seed  s/run"
     )
     for c in configs:
         print(
-            f"{c:<8} {finals[c]:>7.3f} {100 * (finals[c] - base):>+7.1f}pt  "
+            f"{c:<14} {finals[c]:>7.3f} {100 * (finals[c] - base):>+7.1f}pt  "
             f"{finals_greedy[c]:>6.3f} {100 * (finals_greedy[c] - base_greedy):>+7.1f}pt  "
             f"{finals_pass[c]:>7.3f}  {str(per_seed[c]):<17} "
             f"{sum(seconds[c]) / len(seconds[c]):>5.0f}"
         )
     print("final sampled accuracy per level:")
     for c in configs:
-        print(f"  {c:<8} " + "  ".join(f"level {lv} {v:.3f}" for lv, v in per_level[c].items()))
-    for a, b in (("k2", "k0"), ("diloco2", "k2"), ("k2", "central")):
+        print(f"  {c:<14} " + "  ".join(f"level {lv} {v:.3f}" for lv, v in per_level[c].items()))
+    pairs = (("k2", "k0"), ("diloco2", "k2"), ("diloco2-sparse", "diloco2"), ("k2", "central"))
+    for a, b in pairs:
         if a in finals and b in finals:
             print(f"{a} - {b}: {100 * (finals[a] - finals[b]):+.1f} points (sampled)")
     for c in configs:
@@ -411,7 +436,7 @@ def main() -> None:
             print(f"idle share ({c}): {mean_shares(idle[c])}")
     print("sampled accuracy per step (mean over seeds):")
     for c in configs:
-        print(f"  {c:<8} " + " ".join(f"{v:.2f}" for v in mean_sampled[c][1]))
+        print(f"  {c:<14} " + " ".join(f"{v:.2f}" for v in mean_sampled[c][1]))
 
     args.out.mkdir(parents=True, exist_ok=True)
     from node.cli.devnet import plot_curves

@@ -15,8 +15,9 @@ sends its pseudo-gradient × 1000 while declaring its true norm; its right neigh
 the chunk above the declared norms, the leader refuses the cheater for the step (counted),
 and the step completes without it.
 
-A second, smaller cluster does the same with ``quant = "sparse"`` (the all-gather of SPEC
-§15): two honest members and a cheater.
+A second cluster does the same with ``quant = "sparse"`` (the all-gather of SPEC §15): a
+leader and a member that stay, a member killed during an all-gather, a cheater whose payload's
+positions are out of range, and a joiner that recovers the group's state.
 """
 
 from __future__ import annotations
@@ -141,6 +142,96 @@ def test_three_members_stay_identical_and_survive_a_kill(tmp_path):
         assert status["refused"].get("not_admitted", 0) >= 1
         assert status["evicted"].get(ids[2], 0) >= 1
         assert status["rejected"] == {"chunk": 1}  # the cheater's step, counted once
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+SPARSE_STEPS = 4
+SPARSE_CHEAT_AT = 1  # the cheater's payload does not decode in this step
+SPARSE_KILL_AT = 2  # a member dies during this step's all-gather
+SPARSE_JOIN_AT = 3  # a joiner recovers the group's state at this boundary
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.slow
+def test_a_sparse_group_survives_a_kill_a_join_and_refuses_a_cheat(tmp_path):
+    """``quant = "sparse"`` between processes (the all-gather of SPEC §15): a leader and a
+    member (the pair that stays), a member killed during step 2's all-gather and a cheater
+    that, in step 1, serves its own payload with its positions out of range. Its right
+    neighbour cannot decode it and blames it; the leader refuses it for the step (counted
+    once) and the cheater never finishes the step (the all-gather's closing round: it had
+    gathered everyone else's payloads). The killed member's step completes without it. A
+    joiner recovers the leader's state over SHARDCAST at step 3's boundary and trains on.
+    Every member ends every outer step with the same parameters hash and received exactly
+    the other members' payloads."""
+    from node.diloco.sparse import Sparse
+    from tests.helpers.tiny_lm import tiny_llama
+
+    dirs = [tmp_path / f"m{i}" for i in range(5)]
+    for d in dirs:
+        d.mkdir()
+    ids = [load_or_create_identity(d).peer_id for d in dirs]
+    leader = ids[0]
+    common = ["--min-members", "4", "--outer-steps", str(SPARSE_STEPS), "--inner-steps", "2"]
+    common += ["--encoding", "sparse"]
+    procs = []
+    try:
+        procs.append(spawn(dirs[0], leader, *common))
+        wait_until(lambda: (dirs[0] / "addr").exists(), 90, "the leader's address")
+        boot = ["--bootstrap", (dirs[0] / "addr").read_text()]
+        procs.append(spawn(dirs[1], leader, *common, *boot, "--shard", "1"))
+        pause = ["--pause-at", str(SPARSE_KILL_AT)]
+        procs.append(spawn(dirs[2], leader, *common, *boot, "--shard", "2", *pause))
+        cheat = ["--cheat-at", str(SPARSE_CHEAT_AT), "--cheat-with", "range"]
+        procs.append(spawn(dirs[3], leader, *common, *boot, "--shard", "3", *cheat))
+        join = ["--shard", "4", "--join-at", str(SPARSE_JOIN_AT)]
+        procs.append(spawn(dirs[4], leader, *common, *boot, *join))
+        wait_until(lambda: (dirs[2] / "paused").exists(), 600, "member 2 inside the all-gather")
+        procs[2].send_signal(signal.SIGKILL)
+        for i in (0, 1, 3, 4):
+            procs[i].wait(timeout=300)
+        logs = {d.name: (d / "log").read_text()[-3000:] for d in dirs}
+        a, b, killed = steps(dirs[0]), steps(dirs[1]), steps(dirs[2])
+        cheater, joined = steps(dirs[3]), steps(dirs[4])
+        assert len(a) == len(b) == SPARSE_STEPS, logs
+        assert len(killed) == SPARSE_KILL_AT
+        # refused from its cheating step on, as excluded, without finishing that step
+        assert [r["step"] for r in cheater] == [SPARSE_CHEAT_AT], logs["m3"]
+        assert "excluded" in (dirs[3] / "refused").read_text()
+        blamer = "".join((d / "log").read_text() for d in dirs[:3])
+        assert "a position past its block" in blamer  # out of range: it did not decode
+        assert sorted(a[0]["members"]) == sorted(ids[:4])
+        honest = [m for m in a[0]["members"] if m != ids[3]]
+        assert a[SPARSE_CHEAT_AT]["members"] == honest
+        assert a[SPARSE_CHEAT_AT]["attempts"] >= 2  # the cheat spoiled the first attempt
+        pair = [m for m in honest if m != ids[2]]
+        assert a[SPARSE_KILL_AT]["members"] == pair  # the dead member evicted
+        assert a[SPARSE_KILL_AT]["attempts"] >= 2  # the first attempt failed, a retry completed
+        assert a[SPARSE_JOIN_AT]["members"] == [*pair, ids[4]]
+        numel = sum(p.numel() for p in tiny_llama(0, layers=1, hidden=32).parameters())
+        payload = Sparse().wire_size(numel)
+        for i, (ra, rb) in enumerate(zip(a, b, strict=True)):
+            assert ra["hash"] == rb["hash"]  # bitwise identical after every outer step
+            assert ra["members"] == rb["members"]
+            assert ra["received"] == rb["received"] == (len(ra["members"]) - 1) * payload
+            if i < SPARSE_KILL_AT:
+                assert killed[i]["hash"] == ra["hash"]
+        assert cheater[0]["hash"] == a[0]["hash"]
+        assert len({r["hash"] for r in a}) == SPARSE_STEPS  # training moved the parameters
+        recovered = json.loads((dirs[4] / "recovered.json").read_text())
+        assert recovered["step"] == SPARSE_JOIN_AT
+        assert recovered["state"] == a[SPARSE_JOIN_AT - 1]["state"]
+        assert recovered["via"] == "shardcast" and recovered["signer"] == leader
+        assert recovered["model"] == recovered["hash"] == a[SPARSE_JOIN_AT - 1]["hash"]
+        assert [r["step"] for r in joined] == [SPARSE_JOIN_AT + 1]
+        assert joined[0]["hash"] == a[SPARSE_JOIN_AT]["hash"]
+        assert joined[0]["members"] == a[SPARSE_JOIN_AT]["members"]
+        status = json.loads((dirs[0] / "status.json").read_text())
+        assert status["rejected"] == {"chunk": 1}  # the cheater's step, counted once
+        assert status["evicted"].get(ids[2], 0) >= 1
     finally:
         for p in procs:
             if p.poll() is None:

@@ -246,7 +246,70 @@ async def test_sparse_all_gather_is_bitwise_identical_on_every_member(n, k):
 def test_pulled_sizes_of_the_all_gather(n):
     codec = Sparse(64)
     want = {("ag", r): codec.wire_size(10_000) for r in range(n - 1)}
+    want[("ag", n - 1)] = 32  # the closing round: the digest of the gathered payloads
     assert all(pulled_sizes(10_000, i, n, codec) == want for i in range(n))
+
+
+async def _gather_each(vecs, codec, norms, slow=()):
+    """As ``_gather``, but each member on its own, as ``DilocoGroup.all_reduce`` runs it: a
+    member whose pull fails abandons the attempt (its outbox answers ``Aborted`` from then
+    on) and the others go on. The members in ``slow`` pull only once every other member is
+    blocked (a slow link). Each member's outcome: ``(average, received)`` or the error."""
+    n = len(vecs)
+    boxes = [ring.Outbox() for _ in range(n)]
+    out = [None] * n
+
+    async def member(i):
+        async def pull(phase, rnd):
+            if i in slow:
+                await trio.testing.wait_all_tasks_blocked()
+            return await boxes[(i - 1) % n].take(phase, rnd)
+
+        limit = ring.norm_limits(norms, i, codec.summable)
+        try:
+            out[i] = await ring.all_reduce(vecs[i], i, n, codec, boxes[i], pull, limit)
+        except (ring.BadChunk, ring.Aborted, ring.Mismatch) as exc:
+            out[i] = exc
+            boxes[i].abort()
+
+    async with trio.open_nursery() as nursery:
+        for i in range(n):
+            nursery.start_soon(member, i)
+    return out
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+async def test_a_member_whose_payload_is_refused_does_not_finish_the_attempt(n):
+    # the payloads a member gathers never cross the edge from it to its right neighbour:
+    # without the closing round the cheater (whose right neighbour refuses its payload and
+    # abandons the attempt) gathered all the others and finished the attempt alone, with a
+    # result the group never applied
+    codec = Sparse(64)
+    gen = torch.Generator().manual_seed(n)
+    vecs = [torch.randn(5000, generator=gen) for _ in range(n)]
+    norms = [float(v.norm()) for v in vecs]
+    cheater = n - 1
+    vecs[cheater] = vecs[cheater] * 1000  # declaring its true norm
+    out = await _gather_each(vecs, codec, norms, slow={0})  # the cheater pulls first
+    assert isinstance(out[0], ring.BadChunk)  # the cheater's right neighbour found it
+    assert all(isinstance(o, Exception) for o in out), out  # no one finished, the cheater too
+
+
+async def test_a_member_whose_left_neighbour_gathered_other_payloads_fails():
+    codec = Sparse(64)
+    gen = torch.Generator().manual_seed(5)
+    vecs = [torch.randn(5000, generator=gen) for _ in range(3)]
+    norms = [float(v.norm()) * 2 for v in vecs]
+    swapped = codec.encode(vecs[0] / 2)  # a valid payload of member 0, not the one it sent
+
+    def tamper(i, phase, rnd, data):
+        # member 2 receives member 0's payload forwarded by member 1 (round 1): swapped
+        return swapped if (i, phase, rnd) == (2, "ag", 1) else data
+
+    with pytest.raises(ExceptionGroup) as info:
+        await _gather(vecs, codec, norms, tamper=tamper)
+    assert info.group_contains(ring.Mismatch)
+    assert ring.gathered_digest([b"a", b"b"]) != ring.gathered_digest([b"b", b"a"])
 
 
 async def test_a_payload_above_its_senders_declared_norm_is_refused():

@@ -392,18 +392,21 @@ def grpo_run_env(*, batches_per_step: int) -> dict[str, str]:
 
 @pytest.mark.timeout(1500)  # 11.5 minutes on a 2-core machine at load 40; a deadline only
 @pytest.mark.slow
+@pytest.mark.parametrize("quant", ["int8", "sparse"])  # sparse: the all-gather, error feedback
 def test_two_trainers_train_as_one_group_on_disjoint_batches_and_only_the_leader_publishes(
-    tmp_path, tiny_model_dir
+    tmp_path, tiny_model_dir, quant
 ):
     import torch
     from safetensors.torch import load_file
 
+    from node.diloco.sparse import Sparse
     from node.keystore import load_or_create_identity
     from tests.test_loop import Loop, submissions
 
     loop = Loop(tmp_path, tiny_model_dir, step_wait=20)
     member_id = load_or_create_identity(tmp_path / "trainer-1").peer_id
     group = group_env(member_id, steps=STEPS)  # the leader admits only this member
+    group["INTELLECT_NODE_DILOCO__QUANT"] = quant
     try:
         loop.env.update(grpo_run_env(batches_per_step=2))
         leader = loop.spawn("trainer", "trainer", env=group)
@@ -436,6 +439,7 @@ def test_two_trainers_train_as_one_group_on_disjoint_batches_and_only_the_leader
 
     ids = [load_or_create_identity(tmp_path / n).peer_id for n in ("trainer", "trainer-1")]
     a, b = lines_of(tmp_path, "trainer"), lines_of(tmp_path, "trainer-1")
+    numel = sum(t.numel() for t in load_file(tiny_model_dir / "model.safetensors").values())
     assert [m["step"] for m in a] == [m["step"] for m in b] == list(range(STEPS + 1))
     for x, y in zip(a[1:], b[1:], strict=True):
         # after every outer step both hold bitwise-identical parameters (one process and
@@ -448,6 +452,8 @@ def test_two_trainers_train_as_one_group_on_disjoint_batches_and_only_the_leader
         )
         assert x["diloco"]["leader"] and not y["diloco"]["leader"]
         assert x["diloco"]["received_bytes"] > 0  # the ring moved bytes between them
+        if quant == "sparse":  # one payload of the other member's whole vector
+            assert x["diloco"]["received_bytes"] == Sparse().wire_size(numel)
     for before, after, other in zip(a[1:-1], a[2:], b[2:], strict=True):
         if after["tokens_trained"] + other["tokens_trained"] > 0:  # a step that trained moved
             assert after["diloco"]["params_hash"] != before["diloco"]["params_hash"]

@@ -7,9 +7,9 @@
 A real libp2p node on 127.0.0.1 (trainer role) with ``node.diloco``'s ``DilocoGroup`` and
 ``Member``: the same code the trainer role runs. It writes its address to ``D/addr``, then
 runs *segments* as the parent asks: it waits for ``D/../segment-{k}.json`` (``outer``: outer
-steps to run, ``encoding``: ``int8`` | ``fp32`` ring, ``bandwidth``: bytes/s of the
-simulated slow link or null, ``stop``), runs them, appends one JSON line per outer step to
-``D/steps.jsonl`` and writes ``D/done-{k}``.
+steps to run, ``encoding``: ``int8`` | ``fp32`` ring or ``sparse-<k>`` all-gather,
+``bandwidth``: bytes/s of the simulated slow link or null, ``stop``), runs them, appends one
+JSON line per outer step to ``D/steps.jsonl`` and writes ``D/done-{k}``.
 
 The link: every ring chunk crosses a real libp2p stream between the processes; with a
 ``bandwidth`` the member then sleeps ``len(chunk) / bandwidth`` seconds after each pull

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import trio
 
 from node.diloco.quant import Compressor
-from node.diloco.ring import PHASES, Aborted, BadChunk, Outbox, bounds, chunk_of
+from node.diloco.ring import DIGEST_SIZE, PHASES, Aborted, BadChunk, Outbox, bounds, chunk_of
 from node.net.requests import RemoteRefusal, Responder
 from node.net.runtime import Node
 from protocol.diloco import DILOCO, MAX_CHUNK, DilocoChunk, DilocoRequest
@@ -38,12 +38,14 @@ class Attempt:
 def pulled_sizes(numel: int, rank: int, n: int, codec: Compressor) -> dict[tuple[str, int], int]:
     """The bytes of each chunk member ``rank`` of ``n`` pulls, by (phase, round), in an
     all-reduce of ``numel`` values: ``ring.all_reduce``'s chunk order and the codec's
-    lengths (a sparse codec: one payload of the whole vector per all-gather round). Every
+    lengths (a sparse codec: one payload of the whole vector per all-gather round, then a
+    digest in the closing round). Every
     member knows them before it pulls, so a reply that declares another size is refused
     before a byte of it is read (a peer could otherwise make us buffer up to the 2³¹ bytes
     the field allows, until the read deadline)."""
-    if not codec.summable:
-        return {("ag", r): codec.wire_size(numel) for r in range(n - 1)}
+    if not codec.summable:  # n − 1 payloads, then the closing round's digest
+        sizes = {("ag", r): codec.wire_size(numel) for r in range(n - 1)}
+        return {**sizes, ("ag", n - 1): DIGEST_SIZE}
     spans, left = bounds(numel, n), (rank - 1) % n
     return {
         (phase, r): codec.wire_size(hi - lo)

@@ -10,7 +10,8 @@ of an outer step and attempt; repeated every ``poll_interval`` until it is forme
 An attempt fails on any error of a pull (a dead neighbour resets the stream or lets the
 deadline pass; an abandoned neighbour refuses with ``aborted``; a chunk that does not
 decode, breaks the declared norms or is not the bytes its digest declares, for which we
-blame the neighbour: the leader refuses it for the rest of the step): we abandon it (our
+blame the neighbour: the leader refuses it for the rest of the step; in the sparse
+all-gather, a closing digest other than ours, for which we blame no one): we abandon it (our
 own offers answer ``aborted`` from then on, so the failure runs round the ring at once) and
 ask the leader for the roster of the next attempt, which holds the survivors.
 ``step_timeout`` bounds the whole outer step. Only the peers of a roster the leader signed
@@ -173,8 +174,11 @@ class DilocoGroup:
         left unsent, declare that sum's norm, and keep what this step leaves unsent."""
         codec = self.cfg.compressor
         compensated = codec.feedback and self.feedback.holds(vec.numel())
-        if codec.feedback:
+        payload, sent = None, vec
+        if codec.feedback:  # encoded once for every attempt; ``sent``: what it carries
             vec = self.feedback.compensate(vec)
+            payload = codec.encode(vec)
+            sent = codec.decode(payload, vec.numel())
         norm = float(vec.norm()) if norm is None else norm
         attempt, blame = 0, ""
         with trio.fail_after(self.cfg.step_timeout):
@@ -194,9 +198,10 @@ class DilocoGroup:
                         current.outbox,
                         self._puller(key, roster),
                         norm_limits(norms, rank, codec.summable),
+                        payload=payload,
                     )
                     if codec.feedback:  # alone, the average took all of ``vec``
-                        self.feedback.keep(vec, vec if n == 1 else codec.roundtrip(vec))
+                        self.feedback.keep(vec, vec if n == 1 else sent)
                     return Reduced(avg, roster, attempt + 1, received, compensated)
                 except BadChunk as exc:
                     blame = roster[(rank - 1) % n]

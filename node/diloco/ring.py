@@ -25,7 +25,19 @@ payload of member ``(i − r) mod n`` (its own at ``r = 0``, afterwards exactly 
 received in the round before) and pulls that of member ``(i − 1 − r) mod n``, which it
 checks (decodes, and its norm against that member's declared norm) before it offers it
 on. Then every member holds the same ``n`` payloads and adds them in roster order in fp32,
-so all end bitwise identical. Each member receives ``n − 1`` payloads of the whole vector:
+so all end bitwise identical. A closing round ``n − 1`` of phase ``ag`` follows: member
+``i`` offers the digest of the ``n`` payloads it gathered (``gathered_digest``, 32 bytes)
+and pulls its left neighbour's, which must equal its own. Without it a member could finish
+an attempt that the others abandon: the payloads a member gathers never cross the edge
+from itself to its right neighbour, so a member whose own payload that neighbour refused
+(a cheater, blamed there) or a member whose left neighbour had already forwarded it
+everything when a later member died, would record the step's result while the group
+retries without it. The left neighbour's digest arrives only once that neighbour has
+gathered everything, which needs every edge of the ring but the one into it, and our own
+gathering needs that one: a member finishes only if every edge carried what it had to.
+(A member that dies between its last pull and its offer of the digest can still leave a
+neighbour finished while others retry; as in the dense ring, the leader then refuses the
+finished member as ``diverged``, and it recovers.) Each member receives ``n − 1`` payloads of the whole vector:
 the ring's ``2(n−1)/n`` dense chunks become ``n − 1`` sparse ones, a good trade while a
 payload is smaller than ``2/n`` of a dense chunk: against int8's 8 bits per value, up to 11
 members at 1.34 bits (k = 384 of 4096), 64 at 0.25 (k = 64).
@@ -33,6 +45,7 @@ members at 1.34 bits (k = 384 of 4096), 64 at 0.25 (k = 64).
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Awaitable, Callable
 
 import torch
@@ -52,6 +65,21 @@ class Aborted(Exception):
 
 class BadChunk(Exception):
     """The left neighbour sent a chunk that does not decode or breaks the declared norms."""
+
+
+class Mismatch(Exception):
+    """The left neighbour gathered other payloads than we did (the sparse all-gather's
+    closing round): the attempt fails, blaming no one (whoever changed a payload on its way
+    may be anywhere upstream)."""
+
+
+DIGEST_SIZE = 32  # the sparse all-gather's closing round: a sha256 digest
+
+
+def gathered_digest(payloads: list[bytes]) -> bytes:
+    """The digest of the ``n`` payloads of a sparse all-gather, in roster order: sha256 of
+    their sha256 digests, concatenated."""
+    return hashlib.sha256(b"".join(hashlib.sha256(p).digest() for p in payloads)).digest()
 
 
 def norm_limits(
@@ -156,18 +184,21 @@ async def all_reduce(
     outbox: Outbox,
     pull: Pull,
     limit: Callable[[str, int], float] | None = None,
+    *,
+    payload: bytes | None = None,
 ) -> tuple[torch.Tensor, int]:
     """The average over the ring of flat fp32 ``vec``; and the payload bytes we received.
 
     ``pull`` raises on any failure (the caller then abandons the attempt); a chunk that does
     not decode (wrong size, non-finite, out of range) or is longer than
-    ``limit(phase, round)`` raises ``BadChunk``: the left neighbour sent it.
+    ``limit(phase, round)`` raises ``BadChunk``: the left neighbour sent it. ``payload``:
+    ``codec.encode(vec)`` if the caller has it already (the sparse all-gather sends it).
     """
     most = limit or (lambda _phase, _rnd: float("inf"))
     if n == 1:
         return vec.detach().float().clone(), 0
     if not codec.summable:
-        return await all_gather(vec, rank, n, codec, outbox, pull, most)
+        return await all_gather(vec, rank, n, codec, outbox, pull, most, payload)
     spans = bounds(vec.numel(), n)
     acc = vec.detach().float().clone()
     received = 0
@@ -200,12 +231,16 @@ async def all_gather(
     outbox: Outbox,
     pull: Pull,
     most: Callable[[str, int], float],
+    payload: bytes | None = None,
 ) -> tuple[torch.Tensor, int]:
     """The sparse exchange (module docstring): every member's whole payload goes round the
-    ring unchanged, checked by each member before it forwards it; all ``n`` are summed in
-    roster order. The average and the payload bytes we received."""
+    ring unchanged, checked by each member before it forwards it; the closing round's
+    digests agree; all ``n`` are summed in roster order. The average and the payload bytes
+    we received (the closing round's digest is not a payload)."""
     numel = vec.numel()
-    held = codec.encode(vec)
+    held = codec.encode(vec) if payload is None else payload
+    payloads = [b""] * n
+    payloads[rank] = held
     entries: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * n
     entries[rank] = codec.decode_entries(held, numel)
     received = 0
@@ -213,7 +248,13 @@ async def all_gather(
         outbox.offer("ag", r, held)
         held = await pull("ag", r)
         received += len(held)
-        entries[(rank - 1 - r) % n] = _entries(held, codec, numel, most("ag", r))
+        owner = (rank - 1 - r) % n
+        entries[owner] = _entries(held, codec, numel, most("ag", r))
+        payloads[owner] = held
+    digest = gathered_digest(payloads)
+    outbox.offer("ag", n - 1, digest)
+    if await pull("ag", n - 1) != digest:
+        raise Mismatch("the left neighbour gathered other payloads than we did")
     total = torch.zeros(numel)
     for got in entries:  # roster order on every member: the same fp32 sums
         assert got is not None

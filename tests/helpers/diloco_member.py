@@ -11,7 +11,9 @@ it during the all-reduce). ``--admit A,B`` (leader): admit only these peers.
 ``--join-at K``: join the running group at outer step K or later, recovering its state from
 the leader over SHARDCAST after finding the group in the DHT (written to
 ``D/recovered.json``). ``--cheat-at K``: at outer step K send its pseudo-gradient × 1000 while declaring its true
-norm. ``--leave-after K``: leave the group after outer step K, staying up 40 s.
+norm (``--cheat-with norm``, the default), or (``--cheat-with range``, a sparse encoding)
+serve its own payload with every position past the end of the vector's last block (out of
+range: it does not decode). ``--leave-after K``: leave the group after outer step K, staying up 40 s.
 ``--outsider``: not a member; it tries to pull the leader's first ring chunk and to sync
 with the leader, and writes the refusal reasons it got to ``D/outsider.json``.
 """
@@ -23,17 +25,22 @@ import json
 import logging
 import signal
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 import trio
 
 from node.config import NodeConfig
+from node.diloco.chunks import serve_chunk
 from node.diloco.codecs import compressor
 from node.diloco.group import DilocoGroup, GroupConfig, GroupError
 from node.diloco.inner import Corpus, InnerConfig, inner_step, make_optimizer
 from node.diloco.member import Member
 from node.diloco.outer import OuterConfig, OuterState, params_hash
+from node.diloco.quant import Compressor
+from node.diloco.ring import Outbox
+from node.diloco.sparse import BLOCK, CODES, POS_BITS, Sparse
 from node.keystore import load_or_create_identity
 from node.logs import setup_logging
 from node.net.requests import RemoteRefusal
@@ -60,6 +67,7 @@ def parse() -> argparse.Namespace:
     p.add_argument("--outsider", action="store_true")
     p.add_argument("--join-at", type=int, default=-1)
     p.add_argument("--cheat-at", type=int, default=-1)
+    p.add_argument("--cheat-with", choices=("norm", "range"), default="norm")
     p.add_argument("--leave-after", type=int, default=-1)
     p.add_argument("--resync-timeout", type=float, default=10.0)
     return p.parse_args()
@@ -92,8 +100,11 @@ async def main(args: argparse.Namespace) -> None:
     opt = make_optimizer(model, inner_cfg)
     corpus = Corpus(bytes(torch.randint(0, 256, (4096,)).tolist()), seed=1, shard=args.shard)
 
+    codec = compressor(args.encoding)
+    first = "rs" if codec.summable else "ag"  # the first phase of the exchange
+
     async def before_pull(step: int, attempt: int, phase: str, rnd: int) -> None:
-        if step == args.pause_at and attempt == 0 and (phase, rnd) == ("rs", 0):
+        if step == args.pause_at and attempt == 0 and (phase, rnd) == (first, 0):
             (args.dir / "paused").write_text("1")
             await trio.sleep_forever()
 
@@ -101,7 +112,7 @@ async def main(args: argparse.Namespace) -> None:
         node,
         GroupConfig(
             leader=args.leader,
-            compressor=compressor(args.encoding),
+            compressor=codec,
             min_members=args.min_members,
             sync_timeout=60,
             resync_timeout=args.resync_timeout,
@@ -115,6 +126,7 @@ async def main(args: argparse.Namespace) -> None:
         before_pull=before_pull,
     )
     group.cheat_at = args.cheat_at  # type: ignore[attr-defined]
+    group.cheat_with = args.cheat_with  # type: ignore[attr-defined]
     outer = OuterState.of(model, OuterConfig(args.outer_lr, args.outer_momentum))
 
     def inner() -> float:
@@ -179,11 +191,45 @@ log = logging.getLogger("intellect.diloco")
 
 class Cheater(DilocoGroup):
     cheat_at = -1
+    cheat_with = "norm"
 
     async def all_reduce(self, step, vec, state, layout, norm=None):  # type: ignore[no-untyped-def]
-        if step == self.cheat_at:
+        if step == self.cheat_at and self.cheat_with == "norm":
             return await super().all_reduce(step, vec * 1000, state, layout, float(vec.norm()))
+        self.numel = vec.numel()
         return await super().all_reduce(step, vec, state, layout, norm)
+
+    async def _handle(self, msg, responder):  # type: ignore[no-untyped-def]
+        attempt = self.attempts.get((msg.step, msg.attempt))
+        if (
+            self.cheat_with == "range"
+            and msg.op == "chunk"
+            and msg.step == self.cheat_at
+            and attempt is not None
+        ):  # our own payload (round 0), its positions out of range
+            outbox = OutOfRange(attempt.outbox, self.cfg.compressor, self.numel)
+            await serve_chunk(self.node, replace(attempt, outbox=outbox), msg, responder)
+            return
+        await super()._handle(msg, responder)
+
+
+class OutOfRange:
+    """An outbox whose round-0 sparse payload has every position bit set: 4095, past the
+    end of the vector's last block (shorter than 4096 values), so it does not decode."""
+
+    def __init__(self, outbox: Outbox, codec: Compressor, numel: int) -> None:
+        assert isinstance(codec, Sparse) and numel % BLOCK, "needs a short last block"
+        self.outbox, self.codec, self.numel = outbox, codec, numel
+
+    async def take(self, phase: str, rnd: int) -> bytes:
+        data = await self.outbox.take(phase, rnd)
+        if (phase, rnd) != ("ag", 0):
+            return data
+        blocks = -(-self.numel // BLOCK)
+        at = 4 * CODES * blocks
+        entries = self.codec.k * (blocks - 1) + min(self.codec.k, self.numel % BLOCK)
+        size = -(-entries * POS_BITS // 8)
+        return data[:at] + b"\xff" * size + data[at + size :]
 
 
 def request(node: Node, op: str, phase: str = "") -> DilocoRequest:
