@@ -137,6 +137,7 @@ MODULES: tuple[Module, ...] = (
     Module("protocol/errors.py", PROTOCOL_TESTS),
     Module("protocol/framing.py", PROTOCOL_TESTS),
     Module("protocol/ids.py", PROTOCOL_TESTS),
+    Module("protocol/manifest.py", ("tests/test_manifest.py", *PROTOCOL_TESTS)),
     Module("protocol/messages.py", PROTOCOL_TESTS),
     Module("protocol/rollouts.py", PROTOCOL_TESTS),
     Module("protocol/schema.py", PROTOCOL_TESTS),
