@@ -253,6 +253,10 @@ EQUIVALENT: dict[str, tuple[str, str]] = {
         "data: bytes = msgpack.packb(notice.to_obj(), use_bin_type=True)  ->  data: bytes = msgpack.packb(notice.to_obj(), )",
         "use_bin_type=True is msgpack 1.x's default (pyproject: msgpack>=1.0)",
     ),
+    "protocol.manifest.xǁRunTermsǁcanonical__mutmut_5": (
+        "data: bytes = msgpack.packb(self.to_obj(), use_bin_type=True)  ->  data: bytes = msgpack.packb(self.to_obj(), )",
+        "use_bin_type=True is msgpack 1.x's default (pyproject: msgpack>=1.0)",
+    ),
     "node.roles.decisions.judging.xǁJudgingQueueǁfetched__mutmut_2": (
         "entry.in_flight = False  ->  entry.in_flight = None",
         "in_flight is only ever read as a truth value",

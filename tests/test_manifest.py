@@ -107,6 +107,8 @@ def test_the_digest_is_the_canonical_encoding_in_spec_order():
     decoded = msgpack.unpackb(terms.canonical(), raw=False)
     assert list(decoded) == fields  # SPEC §2's table order
     assert type(decoded["temperature"]) is float
+    # bytes as msgpack bin, not str: a hash encoded as a string would decode as text
+    assert decoded["model"][1]["blake3"] == bytes(range(32))
     import hashlib
 
     want = hashlib.blake2b(b"intellect/run-terms/1\x00" + terms.canonical(), digest_size=32)
@@ -185,6 +187,59 @@ def test_bounds(change, why):
     with pytest.raises(WireError) as err:
         open_run_manifest(raw_envelope(obj))
     assert err.value.reason is Reason.MALFORMED
+
+
+@pytest.mark.parametrize(
+    ("change", "detail"),
+    [
+        ({"model": []}, "the manifest names no model files"),
+        (
+            {"model": [FileRef(name="b", size=1, blake3=bytes(32))] * 2},
+            "model file names must be unique and sorted",
+        ),
+        ({"taskset": ""}, "the manifest names no task set"),
+        (
+            {"taskset": "math.jsonl"},
+            "a built-in task set has no file; a task set file has exactly one",
+        ),
+        (
+            {
+                "taskset": "math.jsonl",
+                "taskset_file": [FileRef(name="other.jsonl", size=1, blake3=bytes(32))],
+            },
+            "taskset must be the task set file's name",
+        ),
+    ],
+)
+def test_each_refusal_of_the_terms_says_exactly_what_is_wrong(change, detail):
+    with pytest.raises(WireError) as err:
+        a_terms(**change).check()
+    assert (err.value.reason, err.value.detail) == (Reason.MALFORMED, detail)
+
+
+def test_each_refusal_of_a_manifest_names_the_run_or_signer_it_found():
+    m = a_manifest()
+    obj = {"type": RunManifest.TYPE, **header(m.run_id), **_terms(m)}
+    obj["terms"]["temperature"] = 0.5
+    changed = run_id_of(a_terms(temperature=0.5))
+    with pytest.raises(WireError) as err:
+        open_run_manifest(raw_envelope(obj))
+    assert err.value.detail == f"the manifest's terms hash to run {changed}, not {m.run_id}"
+    forged = raw_envelope({"type": RunManifest.TYPE, **header(m.run_id, OTHER), **_terms(m)}, OTHER)
+    with pytest.raises(WireError) as err:
+        open_run_manifest(forged)
+    assert err.value.detail == (
+        f"manifest signed by {OTHER.peer_id}, its trainer is {TRAINER.peer_id}"
+    )
+    own = a_manifest(a_terms(trainer=OTHER.peer_id), OTHER)
+    with pytest.raises(WireError) as err:
+        open_run_manifest(seal(OTHER, own), run_id=m.run_id)
+    assert err.value.detail == f"manifest of run {own.run_id}, not {m.run_id}"
+    with pytest.raises(WireError) as err:
+        open_run_manifest(seal(OTHER, own), trainer=TRAINER.peer_id)
+    assert (
+        err.value.detail == f"manifest signed by {OTHER.peer_id}, not the trainer {TRAINER.peer_id}"
+    )
 
 
 def test_oversized_and_a_float_given_as_an_int_are_refused():
