@@ -29,6 +29,7 @@ from hypothesis import strategies as st
 from protocol import batches as pb
 from protocol import shardcast as ps
 from protocol.errors import WireError
+from protocol.manifest import RunManifest
 from protocol.rollouts import RolloutBatch
 from protocol.schema import U64_MAX, FieldSpec, Message
 from tests.helpers import fuzz_targets as ft
@@ -233,6 +234,7 @@ STRUCTURED: dict[str, type[Message]] = {
     **{f"msg/{ft.short(c)}": c for c in ft.HEADER_TYPES},
     "rollout-batch": RolloutBatch,
     "manifest": ps.WeightManifest,
+    "run-manifest": RunManifest,
     "body/batch-notice": pb.BatchNotice,
     "body/step-notice": pb.StepNotice,
     "body/weights-notice": ps.WeightsNotice,

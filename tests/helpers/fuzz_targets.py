@@ -31,6 +31,7 @@ from crypto.hashing import bulk_digest, digest
 from crypto.identity import Identity
 from protocol import batches as pb
 from protocol import diloco as pd
+from protocol import manifest as pr
 from protocol import messages as pm
 from protocol import shardcast as ps
 from protocol.errors import WireError
@@ -62,6 +63,9 @@ HEADER_TYPES: tuple[type[Header], ...] = (
     pd.DilocoRequest,
     pd.DilocoRoster,
     pd.DilocoChunk,
+    pr.RunManifest,
+    pr.ManifestQuery,
+    pr.ManifestReply,
 )
 
 
@@ -114,6 +118,7 @@ def examples() -> list[Header]:
     batch = a_batch(SIGNER)
     key = bytes(range(32))
     small = a_manifest([("config.json", b"{}" * 10), ("model.safetensors", bytes(100))])
+    run = a_run_manifest()
     ann = pm.Announcement(**header(), topic="batches", session=7, index=0, body=b"x" * 40)
     return [
         pm.NodeInfo(
@@ -160,7 +165,37 @@ def examples() -> list[Header]:
         pd.DilocoChunk(
             **header(), step=2, attempt=0, phase="rs", round=1, size=1024, digest=bytes(32)
         ),
+        run,
+        pr.ManifestQuery(**header()),
+        pr.ManifestReply(**header(), manifest=seal(SIGNER, run)),
+        pr.ManifestReply(**header(), manifest=b""),
     ]
+
+
+def a_run_manifest() -> pr.RunManifest:
+    """A valid run manifest signed by ``SIGNER`` (its trainer), under its derived run id."""
+    terms = pr.RunTerms(
+        format=1,
+        name="fuzz",
+        trainer=SIGNER.peer_id,
+        chain_id=31337,
+        contract="0x" + "ab" * 20,
+        contract_block=7,
+        model=[
+            pr.FileRef(name="config.json", size=10, blake3=bytes(32)),
+            pr.FileRef(name="model.safetensors", size=1000, blake3=bytes(range(32))),
+        ],
+        taskset="arithmetic:2-3",
+        taskset_file=[],
+        verify_profile="strict-fp32",
+        temperature=1.0,
+        top_p=0.95,
+        max_new_tokens=48,
+        group_size=4,
+        tasks_per_batch=4,
+        async_level=2,
+    )
+    return pr.RunManifest(**{**header(), "run_id": pr.run_id_of(terms)}, terms=terms)
 
 
 def payload_seeds(cls: type[Header]) -> list[bytes]:
@@ -254,6 +289,18 @@ def _open_manifest(data: bytes) -> object:
         m.spans(start, end)
     ps.unbitmap(bytes((m.num_shards + 7) // 8), m.num_shards)
     return m
+
+
+def _open_run_manifest(data: bytes) -> object:
+    """``data`` signed by ``SIGNER`` as a run manifest's payload, opened as a joining node
+    opens what a peer serves (``protocol.manifest.open_run_manifest``)."""
+    env = Envelope.seal(SIGNER, pr.RunManifest.TYPE, data)
+    sealed = msgpack.packb(
+        {"d": pr.RunManifest.TYPE, "p": data, "k": env.signer, "s": env.signature},
+        use_bin_type=True,
+    )
+    m = pr.open_run_manifest(sealed)
+    return m.terms.digest()
 
 
 _ACTIVATIONS: list[object] = []
@@ -434,6 +481,7 @@ def targets(workdir: Path) -> dict[str, Target]:
         )
     )
     add(Target("manifest", _open_manifest, lambda: payload_seeds(ps.WeightManifest)))
+    add(Target("run-manifest", _open_run_manifest, lambda: payload_seeds(pr.RunManifest)))
     notice = pb.BatchNotice(
         work_key=bytes(32), worker="0x" + "ab" * 20, step=1, policy_version=0, units=9, size=99
     )
