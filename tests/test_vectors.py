@@ -31,6 +31,7 @@ from protocol.batches import (
 )
 from protocol.diloco import DilocoChunk, DilocoRequest, DilocoRoster
 from protocol.framing import TrioStream, read_frame, write_frame
+from protocol.manifest import ManifestQuery, ManifestReply, RunManifest, run_id_of
 from protocol.messages import Announcement, NodeInfo, Refusal, SyncReply, SyncRequest
 from protocol.rollouts import RolloutBatch
 from protocol.shardcast import (
@@ -63,6 +64,9 @@ CLASSES = {
         DilocoRequest,
         DilocoRoster,
         DilocoChunk,
+        RunManifest,
+        ManifestQuery,
+        ManifestReply,
     )
 }
 BODIES = {c.TYPE: c for c in (BatchNotice, StepNotice, WeightsNotice)}
@@ -118,6 +122,9 @@ def test_message_encoding_signing_and_envelope(case):
     assert open_message(bytes.fromhex(case["envelope"]), cls) == message
     if "work_key" in case:
         assert message.work_key().hex() == case["work_key"]
+    if "derived_run_id" in case:  # a run manifest: under the run id its terms hash to
+        assert message.terms.digest().hex() == case["terms_digest"]
+        assert run_id_of(message.terms) == case["derived_run_id"] == message.run_id
 
 
 def test_every_message_type_has_a_vector():

@@ -328,18 +328,31 @@ def messages() -> dict:
                 "digest": hashlib.sha256(b"chunk").digest(),
             },
         ),
+        ("intellect/run-manifest/1", {"terms": run_terms(sender)}),
+        ("intellect/manifest-query/1", {}),
+        # "manifest": the run-manifest case's envelope, filled in below
+        ("intellect/manifest-reply/1", {"manifest": b""}),
     ]
     cases = []
     for mtype, fields in table:
-        if mtype == "intellect/weights-holding/1":
+        if mtype in ("intellect/weights-holding/1", "intellect/manifest-reply/1"):
             fields = {**fields, "manifest": bytes.fromhex(cases[-2]["envelope"])}
-        payload = mp({"type": mtype, **head, **fields})
+        extra = {}
+        if mtype == "intellect/run-manifest/1":  # under the run id its terms hash to (§2)
+            terms_digest = hashlib.blake2b(
+                b"intellect/run-terms/1\x00" + mp(fields["terms"]), digest_size=32
+            ).digest()
+            run_id = f"{fields['terms']['name']}-{terms_digest[:16].hex()}"
+            fields = {**fields}
+            extra = {"terms_digest": terms_digest.hex(), "derived_run_id": run_id}
+        payload = mp({"type": mtype, **head, **fields, **({"run_id": run_id} if extra else {})})
         signed = signing_bytes(mtype, payload)
         signature = key.sign(signed)
         envelope = mp({"d": mtype, "p": payload, "k": public, "s": signature})
         case = {
             "type": mtype,
-            "fields": jsonable({**head, **fields}),
+            "fields": jsonable({**head, **fields, **({"run_id": run_id} if extra else {})}),
+            **extra,
             "payload": payload.hex(),
             "signing_bytes": signed.hex(),
             "signature": signature.hex(),
@@ -354,7 +367,8 @@ def messages() -> dict:
     return {
         "spec": "SPEC §3 (envelope, signing bytes), §5 (messages: type, header fields, then the "
         "table's fields, in that order; smallest msgpack integer forms, bin for bytes, float64), "
-        "§5 work key, §14 (SHARDCAST messages), §15 (DiLoCo messages); bodies: the "
+        "§5 work key, §14 (SHARDCAST messages), §15 (DiLoCo messages), §2 (the run manifest: "
+        "its header's run id is the one its terms hash to); bodies: the "
         "announcement bodies of §5 (batch and step notices, typed, no header) and §14 (the "
         "weights notice: no type)",
         "private_key_seed": SEED.hex(),
@@ -362,6 +376,32 @@ def messages() -> dict:
         "peer_id": sender,
         "cases": cases,
         "bodies": bodies(),
+    }
+
+
+def run_terms(trainer: str) -> dict:
+    """A run manifest's terms (SPEC §2), in the table's order; the BLAKE3 hashes are
+    arbitrary 32-byte values (the encoding does not depend on them)."""
+    return {
+        "format": 1,
+        "name": "math",
+        "trainer": trainer,
+        "chain_id": 31337,
+        "contract": "0x" + "ab" * 20,
+        "contract_block": 7,
+        "model": [
+            {"name": "config.json", "size": 600, "blake3": bytes(32)},
+            {"name": "model.safetensors", "size": 70_000, "blake3": bytes(range(32))},
+        ],
+        "taskset": "arithmetic:2-3",
+        "taskset_file": [],
+        "verify_profile": "strict-fp32",
+        "temperature": 1.0,
+        "top_p": 0.95,
+        "max_new_tokens": 48,
+        "group_size": 4,
+        "tasks_per_batch": 4,
+        "async_level": 2,
     }
 
 
