@@ -30,35 +30,14 @@ from protocol.manifest import (
     run_id_of,
 )
 from protocol.wire import seal
+from tests.helpers.manifests import CONTRACT, run_terms
 
 TRAINER = Identity.generate()
 OTHER = Identity.generate()
-CONTRACT = "0x" + "ab" * 20
 
 
 def a_terms(**changes):
-    terms = RunTerms(
-        format=1,
-        name="math",
-        trainer=TRAINER.peer_id,
-        chain_id=31337,
-        contract=CONTRACT,
-        contract_block=7,
-        model=[
-            FileRef(name="config.json", size=10, blake3=bytes(32)),
-            FileRef(name="model.safetensors", size=1000, blake3=bytes(range(32))),
-        ],
-        taskset="arithmetic:2-3",
-        taskset_file=[],
-        verify_profile="strict-fp32",
-        temperature=1.0,
-        top_p=0.95,
-        max_new_tokens=48,
-        group_size=4,
-        tasks_per_batch=4,
-        async_level=2,
-    )
-    return dataclasses.replace(terms, **changes)
+    return run_terms(changes.pop("trainer", TRAINER.peer_id), **changes)
 
 
 def header(run_id, sender=TRAINER):

@@ -174,27 +174,9 @@ def examples() -> list[Header]:
 
 def a_run_manifest() -> pr.RunManifest:
     """A valid run manifest signed by ``SIGNER`` (its trainer), under its derived run id."""
-    terms = pr.RunTerms(
-        format=1,
-        name="fuzz",
-        trainer=SIGNER.peer_id,
-        chain_id=31337,
-        contract="0x" + "ab" * 20,
-        contract_block=7,
-        model=[
-            pr.FileRef(name="config.json", size=10, blake3=bytes(32)),
-            pr.FileRef(name="model.safetensors", size=1000, blake3=bytes(range(32))),
-        ],
-        taskset="arithmetic:2-3",
-        taskset_file=[],
-        verify_profile="strict-fp32",
-        temperature=1.0,
-        top_p=0.95,
-        max_new_tokens=48,
-        group_size=4,
-        tasks_per_batch=4,
-        async_level=2,
-    )
+    from tests.helpers.manifests import run_terms
+
+    terms = run_terms(SIGNER.peer_id, name="fuzz")
     return pr.RunManifest(**{**header(), "run_id": pr.run_id_of(terms)}, terms=terms)
 
 
