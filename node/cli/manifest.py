@@ -26,14 +26,11 @@ from node.config.manifest import (
 )
 from node.files import file_digest, model_files
 from node.net.runs import JOINING_RUN, Found, JoinError, choose_run, find_runs
+from node.tasks import builtin_taskset
 from protocol.manifest import RunManifest, is_derived_run_id
 from protocol.wire import seal
 
 JOIN_PATIENCE = 20.0  # seconds a joining node asks its bootstrap peers for a run
-
-
-def builtin_taskset(spec: str) -> bool:
-    return spec == "arithmetic" or spec.startswith("arithmetic:")
 
 
 def trainer_manifest(cfg: NodeConfig, identity: Identity) -> tuple[NodeConfig, bytes | None]:

@@ -39,13 +39,19 @@ def assign(taskset: TaskSet, worker: str, step: int, count: int) -> list[Task]:
     return [taskset.task(assignment_key(worker, step, i)) for i in range(count)]
 
 
+def builtin_taskset(spec: str) -> bool:
+    """Whether ``spec`` names the built-in task set (``arithmetic``, ``arithmetic:LO-HI``)
+    rather than a task set file."""
+    return spec == "arithmetic" or spec.startswith("arithmetic:")
+
+
 def load_taskset(spec: str) -> TaskSet:
     """``arithmetic`` (levels 1-3) / ``arithmetic:LO-HI``, or a path to a
     ``.jsonl`` / ``.parquet`` math file."""
     from node.tasks.arithmetic import ArithmeticTasks
     from node.tasks.mathfile import MathFileTasks
 
-    if spec == "arithmetic" or spec.startswith("arithmetic:"):
+    if builtin_taskset(spec):
         lo, hi = 1, 3
         if ":" in spec:
             rng = spec.split(":", 1)[1]
