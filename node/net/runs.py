@@ -36,6 +36,16 @@ JOINING_RUN = "joining"  # the run id a node asks under before it knows its run
 ASK_EVERY = 2.0  # seconds between rounds of asking (joining, and a bootstrap collecting)
 
 
+async def ask_manifest(node: Node, peer: str) -> bytes:
+    """The manifest envelope ``peer`` holds (empty: none), within the read deadline;
+    ``WireError`` if its reply does not verify."""
+    with trio.fail_after(node.cfg.net.read_timeout):
+        reply = await node.request(
+            peer, ids.MANIFEST, ManifestQuery(**node.header()), ManifestReply
+        )
+    return reply.manifest
+
+
 class RunManifests:
     """Serves the manifest envelope this node holds (``envelope``; None: none yet)."""
 
@@ -68,13 +78,10 @@ class RunManifests:
             ]
             for peer in trainers:
                 try:
-                    with trio.fail_after(self.cfg.net.read_timeout):
-                        reply = await self.node.request(
-                            peer, ids.MANIFEST, ManifestQuery(**self.node.header()), ManifestReply
-                        )
-                    if not reply.manifest:
+                    envelope = await ask_manifest(self.node, peer)
+                    if not envelope:
                         continue
-                    open_run_manifest(reply.manifest, run_id=self.cfg.run.id)
+                    open_run_manifest(envelope, run_id=self.cfg.run.id)
                 except WireError as err:
                     refused.add(peer)
                     self.node.reject(ids.MANIFEST, peer, err)
@@ -82,7 +89,7 @@ class RunManifests:
                 except Exception as exc:  # a dial or a stream failed: ask again later
                     log.debug("asking %s for the manifest failed: %r", peer[-8:], exc)
                     continue
-                self.envelope = reply.manifest
+                self.envelope = envelope
                 log.info("holding the run manifest of %s from %s", self.cfg.run.id, peer[-8:])
                 break
             await trio.sleep(ASK_EVERY)
@@ -158,10 +165,7 @@ async def _ask(node: Node, info: PeerInfo, found: Found) -> None:
     try:
         if peer not in node.connected_peers():
             await node.connect(info)
-        with trio.fail_after(node.cfg.net.read_timeout):
-            reply = await node.request(
-                peer, ids.MANIFEST, ManifestQuery(**node.header()), ManifestReply
-            )
+        envelope = await ask_manifest(node, peer)
     except WireError as err:  # its reply did not verify
         found.refused[peer] = f"peer {peer} refused: {err}"
         return
@@ -169,14 +173,14 @@ async def _ask(node: Node, info: PeerInfo, found: Found) -> None:
         found.unreachable[peer] = " ".join(str(exc).split()) or type(exc).__name__
         return
     found.unreachable.pop(peer, None)
-    if not reply.manifest:
+    if not envelope:
         found.empty.add(peer)
         return
     try:
-        manifest = open_run_manifest(reply.manifest)
+        manifest = open_run_manifest(envelope)
     except WireError as err:
         found.refused[peer] = f"peer {peer} served a manifest that fails its check: {err}"
         node.reject(ids.MANIFEST, peer, err)
         return
     found.empty.discard(peer)
-    found.runs[manifest.run_id] = (manifest, reply.manifest)
+    found.runs[manifest.run_id] = (manifest, envelope)
