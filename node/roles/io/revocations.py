@@ -55,7 +55,8 @@ class Revocations:
                     log.warning(
                         "voted to revoke %s's registration of peer key %s: its signature is "
                         "invalid (a squat)",
-                        *(worker, peer_key.hex()[:16]),
+                        worker,
+                        peer_key.hex()[:16],
                     )
             except LedgerRevert as exc:  # e.g. voted before, revoked meanwhile: nothing to do
                 log.info("no revocation vote on %s: %s", worker, exc.reason)
