@@ -31,6 +31,28 @@ ERROR_SELECTOR = bytes.fromhex("08c379a0")  # Error(string)
 PANIC_SELECTOR = bytes.fromhex("4e487b71")  # Panic(uint256)
 RECEIPT_POLL_S = 0.01
 
+# Blocks on top of a transaction's or an event's before a node counts it, per chain id,
+# when the run owner sets none: 0 on development chains (they never reorganize); on the
+# L2s a run would use, deeper than the reorgs their sequencers have shown; on Ethereum and
+# its testnets, the depth wallets and exchanges use. Any other chain: UNKNOWN_CONFIRMATIONS.
+CONFIRMATIONS = {
+    31337: 0,  # anvil, hardhat
+    131277322940537: 0,  # eth-tester (embedded, and the served development chain)
+    1: 12,  # Ethereum
+    11155111: 6,  # Sepolia
+    17000: 6,  # Holesky
+    10: 10,  # OP Mainnet
+    8453: 10,  # Base
+    84532: 10,  # Base Sepolia
+    42161: 10,  # Arbitrum One
+    421614: 10,  # Arbitrum Sepolia
+}
+UNKNOWN_CONFIRMATIONS = 6
+
+
+def default_confirmations(chain_id: int) -> int:
+    return CONFIRMATIONS.get(chain_id, UNKNOWN_CONFIRMATIONS)
+
 
 @dataclass
 class Chain:
@@ -42,6 +64,13 @@ class Chain:
     @property
     def chain_id(self) -> int:
         return int(self.w3.eth.chain_id)
+
+    def health(self) -> list[dict[str, Any]]:
+        """Per JSON-RPC URL, its answers and faults (``ledger/rpc.py``); none when embedded."""
+        from ledger.rpc import FailoverProvider
+
+        provider = self.w3.provider
+        return provider.health() if isinstance(provider, FailoverProvider) else []
 
     def advance_time(self, seconds: int) -> None:
         """Move the chain's clock forward and mine a block (development chains only)."""
@@ -57,31 +86,34 @@ class Chain:
 
 
 def connect(
-    url: str = "embedded", *, timeout: float = 30, dev_keys: list[str] | None = None
+    url: str | list[str] = "embedded",
+    *,
+    timeout: float = 30,
+    dev_keys: list[str] | None = None,
+    expected_chain_id: int | None = None,
 ) -> Chain:
-    """``embedded`` (a fresh in-process chain) or an http(s):// JSON-RPC endpoint."""
-    if url == "embedded":
+    """``embedded`` (a fresh in-process chain), or one or several http(s):// JSON-RPC URLs
+    (a list, or one string with commas), used in turn when one fails (``ledger/rpc.py``)."""
+    urls = [u.strip() for u in url.split(",")] if isinstance(url, str) else list(url)
+    if urls == ["embedded"]:
         from eth_tester.backends.pyevm.main import get_default_account_keys
         from web3 import EthereumTesterProvider
 
         keys = [k.to_hex() for k in get_default_account_keys()]
-        return Chain(Web3(EthereumTesterProvider()), "embedded", url, keys)
-    if url.startswith(("http://", "https://")):
-        import requests
-        from web3.providers.rpc.utils import ExceptionRetryConfiguration
-
-        # web3's own retry list (the builtin ConnectionError, HTTP errors) without
-        # requests.Timeout: a node that accepts and never answers held each call six
-        # timeouts long (a minute a call). Refused connections are asked again by the
-        # client (ledger.client._retry), sends never blindly (broadcast looks them up)
-        retry = ExceptionRetryConfiguration(errors=(ConnectionError, requests.HTTPError))
-        w3 = Web3(
-            Web3.HTTPProvider(
-                url, request_kwargs={"timeout": timeout}, exception_retry_configuration=retry
-            )
+        return Chain(Web3(EthereumTesterProvider()), "embedded", "embedded", keys)
+    bad = [u for u in urls if not u.startswith(("http://", "https://"))]
+    if bad or not urls:
+        raise ValueError(
+            f"unknown chain {bad[0] if bad else url!r}: use 'embedded' or http(s):// JSON-RPC URLs"
         )
-        return Chain(w3, "rpc", url, list(dev_keys or []))
-    raise ValueError(f"unknown chain {url!r}: use 'embedded' or an http(s):// JSON-RPC URL")
+    from ledger.rpc import FailoverProvider
+
+    # each URL asked once per try: a refused or reset connection, a 429 or a 5xx goes to the
+    # next URL after a backoff; a time-out is not waited out again on the same URL (a node
+    # that accepts and never answers would hold each call a minute). Sends are never
+    # repeated blindly: broadcast looks a transaction up by its hash first.
+    provider = FailoverProvider(urls, timeout=timeout, expected_chain_id=expected_chain_id)
+    return Chain(Web3(provider), "rpc", urls[0], list(dev_keys or []))
 
 
 # ---- local development nodes ------------------------------------------------------------

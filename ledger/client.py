@@ -17,6 +17,7 @@ the client's own methods, over ``tx``; its reads are ``reads``'s, passed through
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, Protocol
 
 from eth_account.signers.local import LocalAccount
@@ -27,6 +28,7 @@ from ledger.build import load_artifact
 from ledger.chain import RECEIPT_POLL_S, Chain, revert_reason
 from ledger.codes import REASONS
 from ledger.events import LedgerEvents
+from ledger.nonces import NonceJournal
 from ledger.reads import ChainGuard, LedgerReads
 from ledger.records import (
     LedgerError,
@@ -129,8 +131,18 @@ class LedgerClient:
         *,
         timeout: float = 60,
         expected_chain_id: int | None = None,
+        journal: Path | None = None,
+        confirmations: int = 0,
+        replace_after: float | None = None,
+        max_fee: int | None = None,
     ) -> None:
+        """``journal``: the account's nonce journal file (``ledger/nonces.py``; None: kept
+        in memory); ``confirmations``: blocks on top of a transaction's before it counts as
+        done, and of an event's before the node acts on it (``confirmed_head``);
+        ``replace_after``: seconds before a transaction not mined is replaced with higher
+        fees, up to ``max_fee`` wei per gas."""
         self.expected_chain_id = expected_chain_id
+        self.confirmations = confirmations
         self.chain = chain
         self.w3 = chain.w3
         self.account = account
@@ -140,7 +152,17 @@ class LedgerClient:
         )
         guard = ChainGuard(chain, expected_chain_id)
         self.reads = LedgerReads(chain, self.contract, guard)
-        self.tx = Transactions(chain, self.contract, account, guard, timeout=timeout)
+        self.tx = Transactions(
+            chain,
+            self.contract,
+            account,
+            guard,
+            timeout=timeout,
+            journal=NonceJournal(journal),
+            confirmations=confirmations,
+            replace_after=replace_after,
+            max_fee=max_fee,
+        )
         self.log = LedgerEvents(self.w3, self.contract)
 
     @property
@@ -174,11 +196,21 @@ class LedgerClient:
     def registration_status(self, account: str, block: int | None = None) -> tuple[bytes, bool]:
         return self.reads.registration_status(account, block)
 
-    def submission(self, worker: str, key: bytes) -> SubmissionInfo:
-        return self.reads.submission(worker, key)
+    def submission(self, worker: str, key: bytes, block: int | None = None) -> SubmissionInfo:
+        return self.reads.submission(worker, key, block)
 
     def head(self) -> int:
         return self.reads.head()
+
+    def confirmed_head(self) -> int:
+        """The newest block at least ``confirmations`` deep: what the node acts on (a
+        reorg no deeper than that cannot remove it)."""
+        return max(0, self.reads.head() - self.confirmations)
+
+    def health(self) -> dict[str, Any]:
+        """The JSON-RPC URLs' answers and faults, and this account's transactions so far
+        (sent, confirmed, replaced, sent again, reorged, held at the fee cap, timed out)."""
+        return {"rpc": self.chain.health(), "transactions": dict(self.tx.counts)}
 
     def chain_time(self) -> int:
         return self.reads.chain_time()
@@ -301,7 +333,15 @@ class LedgerClient:
         return self._transact("add_stake", value=amount)
 
     def submit_work(self, key: bytes, units: int, policy_version: int) -> Any:
-        return self._transact("submit_work", key, units, policy_version)
+        """Submit a work key once: a key the chain holds already for this account (a retry
+        whose first send was mined, a restart between sending and the receipt) is done,
+        and returns None instead of a receipt."""
+        try:
+            return self._transact("submit_work", key, units, policy_version)
+        except LedgerRevert:
+            if self.reads.submission(self.address, key).status != "none":
+                return None
+            raise
 
     def submit_work_many(self, items: list[tuple[bytes, int, int]]) -> list[Any]:
         return self.send_many([("submit_work", item) for item in items])

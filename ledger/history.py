@@ -25,6 +25,7 @@ from web3 import Web3
 from web3._utils.events import get_event_data
 
 from ledger.build import load_artifact
+from ledger.chain import default_confirmations
 
 CHUNK = 2000
 KEEP_PER_ACCOUNT = 500
@@ -40,13 +41,16 @@ class EventIndex:
         start_block: int,
         path: Path,
         *,
-        confirmations: int = 2,
+        confirmations: int | None = None,
         keep: int = KEEP_PER_ACCOUNT,
     ) -> None:
         self.w3 = w3
         self.contract = Web3.to_checksum_address(contract)
         self.path = path
-        self.confirmations = confirmations
+        # None: the chain id's default (``ledger.chain.default_confirmations``)
+        self.confirmations = (
+            default_confirmations(int(w3.eth.chain_id)) if confirmations is None else confirmations
+        )
         self.keep = keep
         abi = cast("list[Any]", load_artifact()["abi"])  # the JSON ABI: web3 reads each entry
         self.events_by_topic = {

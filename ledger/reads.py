@@ -107,8 +107,8 @@ class LedgerReads:
         peer_key, signature = self.registration(account, block)
         return peer_key, verify_registration(peer_key, signature, self.guard.check(), account)
 
-    def submission(self, worker: str, key: bytes) -> SubmissionInfo:
-        r = list(self.view("submission", self.checksum(worker), key))
+    def submission(self, worker: str, key: bytes, block: int | None = None) -> SubmissionInfo:
+        r = list(self.view("submission", self.checksum(worker), key, block=block))
         r[11] = STATUS[r[11]]
         r[15] = str(r[15])
         return SubmissionInfo(*r)

@@ -11,11 +11,18 @@ Every transaction:
 - pays the latest block's fees (twice the base fee plus a tip), read at most every
   ``FEES_TTL_S``;
 - is signed locally with an explicit gas limit (``claim``'s is estimated, with headroom)
-  and a nonce from a thread-safe local counter, and sent raw;
+  and a nonce from the account's journal (``ledger/nonces.py``: one place per account,
+  shared with every process on the same data directory, kept across restarts), and sent
+  raw; the journal keeps it until it is confirmed;
 - is idempotent: a send that failed in transit is looked up by its hash before it is sent
   again, and a wait that timed out looks the receipt up once more instead of calling a
-  mined transaction failed; a transaction stuck in the mempool is replaced with higher
-  fees (same nonce) half-way through the wait;
+  mined transaction failed;
+- is followed until it is ``confirmations`` blocks deep in the canonical chain: one that a
+  mempool dropped or a reorg removed is sent again (the same signed bytes); one not mined
+  within ``replace_after`` seconds is replaced (same nonce) with the fees the latest block
+  asks, at least ``REPLACE_BUMP`` over the last, never above ``max_fee`` (the operator's
+  cap: above it, it waits); a replaced one counts as done only by the receipt of whichever
+  of its versions the chain mined;
 - on-chain failure is reported as out of gas (gas used = the limit) or with the revert
   reason replayed against the state before its block.
 """
@@ -33,6 +40,7 @@ from web3.contract import Contract
 from web3.exceptions import TransactionNotFound
 
 from ledger.chain import RECEIPT_POLL_S, Chain, revert_reason
+from ledger.nonces import NonceJournal
 from ledger.reads import ChainGuard
 from ledger.records import (
     RETRIES,
@@ -71,8 +79,10 @@ CLAIM_CHUNK = 256  # the contract settles at most 256 submissions per call
 GAS_HEADROOM = 1.25
 GAS_EXTRA = 30_000
 MAX_TX_GAS = 12_000_000  # a claim whose estimate exceeds this is split
-FEE_BUMP = 1.25  # replacements need at least +10 % on both fees (geth, anvil)
+REPLACE_BUMP = 1.125  # replacements need at least +10 % on both fees (geth, anvil)
 FEES_TTL_S = 5.0  # the latest block's fees are read again after this long
+DROPPED_CHECK_S = 2.0  # how often a waiting transaction not mined is looked up in the mempool
+POLL_MAX_S = 0.25  # the receipt poll starts at RECEIPT_POLL_S and grows to this
 
 
 @dataclass
@@ -83,6 +93,10 @@ class Prepared:
     tx: dict[str, Any]
     hashes: list[bytes]
     raw: bytes
+
+    @property
+    def nonce(self) -> int:
+        return int(self.tx["nonce"])
 
 
 def block_fees(chain: Chain) -> dict[str, int]:
@@ -106,6 +120,10 @@ class Transactions:
         guard: ChainGuard,
         *,
         timeout: float = 60,
+        journal: NonceJournal | None = None,
+        confirmations: int = 0,
+        replace_after: float | None = None,
+        max_fee: int | None = None,
     ) -> None:
         self.chain = chain
         self.w3 = chain.w3
@@ -113,10 +131,18 @@ class Transactions:
         self.account = account
         self.guard = guard
         self.timeout = timeout
-        self._nonce: int | None = None
+        self.journal = journal or NonceJournal(None)
+        self.confirmations = confirmations
+        self.replace_after = replace_after if replace_after is not None else timeout / 2
+        self.max_fee = max_fee  # wei per gas; None: no cap
         self._lock = threading.RLock()
         self._fees_at: tuple[float, dict[str, int]] | None = None  # (when read, fees)
         self._funds: int | None = None  # a lower bound of the balance (None: read it)
+        self._recovered = False  # the journal's unfinished transactions sent again
+        self._waiting: set[int] = set()  # nonces a thread of this process follows
+        self.counts: dict[str, int] = dict.fromkeys(
+            ("sent", "confirmed", "replaced", "resent", "reorged", "fee_capped", "pending"), 0
+        )
 
     @property
     def address(self) -> str:
@@ -129,12 +155,31 @@ class Transactions:
         """The account's address as web3 takes it."""
         return self.w3.to_checksum_address(self.address)
 
+    def _chain_count(self, block: str = "pending") -> int:
+        return int(retry(lambda: self.w3.eth.get_transaction_count(self.checksum, block)))  # type: ignore[arg-type]
+
     def _next_nonce(self) -> int:
-        if self._nonce is None:
-            self._nonce = retry(lambda: self.w3.eth.get_transaction_count(self.checksum, "pending"))
-        nonce = self._nonce
-        self._nonce += 1
-        return nonce
+        if not self._recovered:  # first use, or a wait timed out since
+            self._recovered = True
+            self.recover()
+        return self.journal.reserve(self._chain_count)
+
+    def recover(self) -> int:
+        """Send again what the journal holds as sent and not confirmed, and not followed
+        by a thread here (a process that died before its receipt, a wait that timed out);
+        forget what the chain has mined since. Returns how many were sent again."""
+        if self.account is None:
+            return 0
+        mined = self._chain_count("latest")
+        resent = 0
+        for nonce, _name, hashes, raw in self.journal.unfinished():
+            if nonce < mined:
+                self.journal.done(nonce)  # one of its versions was mined (or another took it)
+            elif nonce not in self._waiting:
+                self._send_raw(raw, hashes[-1])
+                resent += 1
+        self.counts["resent"] += resent
+        return resent
 
     def _current_fees(self) -> dict[str, int]:
         """``block_fees`` of the latest block, read again after ``FEES_TTL_S``: the max fee has
@@ -144,6 +189,13 @@ class Transactions:
         if self._fees_at is None or now - self._fees_at[0] > FEES_TTL_S:
             self._fees_at = (now, block_fees(self.chain))
         return dict(self._fees_at[1])
+
+    def _capped(self, fees: dict[str, int]) -> dict[str, int]:
+        """Fees never above the operator's cap (a base fee above it: the transaction waits)."""
+        if self.max_fee is None or fees["maxFeePerGas"] <= self.max_fee:
+            return fees
+        tip = min(fees["maxPriorityFeePerGas"], self.max_fee)
+        return {"maxFeePerGas": self.max_fee, "maxPriorityFeePerGas": tip}
 
     def _check_funds(self, name: str, value: int, gas: int, max_fee: int) -> None:
         """Refuse to send what the balance cannot pay for. The balance is read when the
@@ -213,21 +265,26 @@ class Transactions:
             fn = getattr(self.contract.functions, name)(*args)
             limit = gas if gas is not None else GAS[name]
             if fees is None:
-                fees = self._current_fees()
+                fees = self._capped(self._current_fees())
                 self._check_funds(name, value, limit, fees["maxFeePerGas"])
             if not simulated:
                 self._simulate(name, fn, value)
-            tx = fn.build_transaction(
-                fees
-                | {
-                    "from": self.address,
-                    "value": value,
-                    "nonce": self._next_nonce(),
-                    "gas": limit,
-                    "chainId": chain_id,
-                }
-            )
-            signed = self.account.sign_transaction(tx)
+            nonce = self._next_nonce()
+            try:
+                tx = fn.build_transaction(
+                    fees
+                    | {
+                        "from": self.address,
+                        "value": value,
+                        "nonce": nonce,
+                        "gas": limit,
+                        "chainId": chain_id,
+                    }
+                )
+                signed = self.account.sign_transaction(tx)
+            except BaseException:
+                self.journal.release(nonce)  # never sent: no gap
+                raise
             return Prepared(name, tx, [bytes(signed.hash)], bytes(signed.raw_transaction))
 
     def _known(self, tx_hash: bytes) -> bool:
@@ -239,15 +296,19 @@ class Transactions:
 
     def broadcast(self, p: Prepared) -> bytes:
         """Send a signed transaction once: a send that failed in transit is looked up by hash
-        before it is sent again, so a retry never pays twice."""
+        before it is sent again, so a retry never pays twice. The journal keeps it from the
+        moment it may have reached the chain."""
         tx_hash = p.hashes[-1]
+        self.journal.sent(p.nonce, p.name, p.hashes, p.raw)
         for attempt in range(RETRIES):
             try:
                 self.w3.eth.send_raw_transaction(p.raw)
+                self.counts["sent"] += 1
                 return tx_hash
             except Exception as exc:
                 try:
                     if self._known(tx_hash):
+                        self.counts["sent"] += 1
                         return tx_hash  # it arrived; only the answer was lost
                 except Exception as lookup:  # still unreachable
                     if not _is_transport_error(lookup) or attempt == RETRIES - 1:
@@ -255,9 +316,7 @@ class Transactions:
                     time.sleep(0.2 * 2**attempt)
                     continue
                 if not _is_transport_error(exc):
-                    with self._lock:
-                        self._nonce = None  # unknown whether it was taken: ask the chain next
-                        self._funds = None
+                    self._refused(p)
                     raise LedgerError(f"{p.name} refused by the chain: {rpc_message(exc)}") from exc
                 if attempt == RETRIES - 1:
                     raise LedgerError(f"{p.name}: chain unreachable: {exc}") from exc
@@ -265,21 +324,64 @@ class Transactions:
                 self.guard.recheck()
         raise AssertionError("unreachable")
 
-    def _bump(self, p: Prepared) -> None:
-        """Replace a stuck transaction: same nonce, fees raised by FEE_BUMP."""
+    def _refused(self, p: Prepared) -> None:
+        """The chain refused ``p`` itself: its nonce is handed out again, unless the chain
+        has seen that nonce already (then the journal continues from the chain's count)."""
+        self.journal.done(p.nonce)
+        with self._lock:
+            self._funds = None
+        try:
+            count = self._chain_count()
+        except LedgerError:
+            count = None
+        if count is not None and count > p.nonce:
+            self.journal.forget_next(count)
+        else:
+            self.journal.release(p.nonce)
+
+    def _send_raw(self, raw: bytes, tx_hash: bytes) -> bool:
+        """Send signed bytes again (a dropped or reorged transaction); whether the chain
+        has them now. Refusals are not errors here: the receipt decides."""
+        try:
+            self.w3.eth.send_raw_transaction(raw)
+            return True
+        except Exception:
+            try:
+                return self._known(tx_hash)
+            except Exception:
+                return False
+
+    def _replace(self, p: Prepared) -> bool:
+        """Replace a transaction not mined in time: same nonce, the latest block's fees,
+        at least REPLACE_BUMP over the last, capped at ``max_fee`` (at the cap: not
+        replaced, it waits). Whether a replacement was sent."""
         assert self.account is not None
+        try:
+            now = block_fees(self.chain)
+        except Exception:
+            return False
         tx = dict(p.tx)
-        tx["maxFeePerGas"] = int(tx["maxFeePerGas"] * FEE_BUMP) + 1
-        tx["maxPriorityFeePerGas"] = int(tx["maxPriorityFeePerGas"] * FEE_BUMP) + 1
+        old_max, old_tip = int(tx["maxFeePerGas"]), int(tx["maxPriorityFeePerGas"])
+        tip = max(int(old_tip * REPLACE_BUMP) + 1, now["maxPriorityFeePerGas"])
+        max_fee = max(int(old_max * REPLACE_BUMP) + 1, now["maxFeePerGas"], tip)
+        if self.max_fee is not None and max_fee > self.max_fee:
+            if self.max_fee < int(old_max * REPLACE_BUMP) + 1:
+                self.counts["fee_capped"] += 1
+                return False  # a replacement at the cap would be refused as underpriced
+            max_fee = self.max_fee
+            tip = min(tip, max_fee)
+        tx["maxFeePerGas"], tx["maxPriorityFeePerGas"] = max_fee, tip
         signed = self.account.sign_transaction(tx)
         replacement = Prepared(
             p.name, tx, [*p.hashes, bytes(signed.hash)], bytes(signed.raw_transaction)
         )
-        try:
-            self.broadcast(replacement)
-        except LedgerError:
-            return  # the original was mined meanwhile, or the node refused: keep waiting
+        self.journal.sent(p.nonce, p.name, replacement.hashes, replacement.raw)
+        if not self._send_raw(replacement.raw, replacement.hashes[-1]):
+            self.journal.sent(p.nonce, p.name, p.hashes, p.raw)
+            return False  # the original was mined meanwhile, or the node refused: keep waiting
         p.tx, p.hashes, p.raw = replacement.tx, replacement.hashes, replacement.raw
+        self.counts["replaced"] += 1
+        return True
 
     def _receipt(self, p: Prepared) -> Any:
         for h in reversed(p.hashes):
@@ -291,29 +393,77 @@ class Transactions:
                 return receipt
         return None
 
+    def _in_pool(self, p: Prepared) -> bool:
+        return any(self._known(h) for h in reversed(p.hashes))
+
+    def _confirmed(self, receipt: Any) -> bool | None:
+        """True: ``confirmations`` deep in the canonical chain; False: not deep enough yet;
+        None: its block is no longer canonical (a reorg)."""
+        head = int(self.w3.eth.block_number)
+        if head - int(receipt.blockNumber) < self.confirmations:
+            return False
+        if self.confirmations == 0:
+            return True
+        block = self.w3.eth.get_block(receipt.blockNumber)
+        return True if bytes(block["hash"]) == bytes(receipt.blockHash) else None
+
     def wait(self, p: Prepared) -> Any:
-        """Await the receipt of ``p`` (or of its replacement); raises on on-chain failure."""
-        deadline = time.monotonic() + self.timeout
-        bump_at = time.monotonic() + self.timeout / 2
-        while True:
-            try:
-                receipt = self._receipt(p)
-            except Exception as exc:
-                if not _is_transport_error(exc):
-                    raise
+        """Await ``p`` (or a replacement) ``confirmations`` deep; raises on on-chain
+        failure, and ``LedgerPending`` when it is not confirmed within the timeout (it stays
+        in the journal: it is sent again before this account's next transaction)."""
+        start = time.monotonic()
+        deadline, replace_at = start + self.timeout, start + self.replace_after
+        check_at = start + DROPPED_CHECK_S
+        poll = RECEIPT_POLL_S
+        seen = False  # a receipt was read (its disappearing is a reorg)
+        self._waiting.add(p.nonce)
+        try:
+            while True:
                 receipt = None
-            if receipt is not None:
-                break
-            now = time.monotonic()
-            if now >= deadline:
-                with self._lock:
-                    self._nonce = None
-                    self._funds = None
-                raise LedgerPending(p.name, "0x" + p.hashes[-1].hex(), self.timeout)
-            if bump_at and now >= bump_at:
-                bump_at = 0
-                self._bump(p)
-            time.sleep(RECEIPT_POLL_S)
+                try:
+                    receipt = self._receipt(p)
+                    state = self._confirmed(receipt) if receipt is not None else False
+                except Exception as exc:
+                    if not _is_transport_error(exc):
+                        raise
+                    state = False
+                if state:
+                    break
+                now = time.monotonic()
+                if receipt is not None:
+                    seen = True
+                if state is None or (seen and receipt is None):
+                    # mined in a block a reorg removed: sent again (a chain that put it back
+                    # in its mempool answers that it has it)
+                    seen = False
+                    self.counts["reorged"] += 1
+                    self._send_raw(p.raw, p.hashes[-1])
+                    replace_at = now + self.replace_after
+                elif receipt is None and now >= replace_at:
+                    self._replace(p)
+                    replace_at = now + self.replace_after
+                elif receipt is None and now >= check_at:
+                    check_at = now + DROPPED_CHECK_S
+                    try:
+                        if not self._in_pool(p):  # dropped, or removed by a reorg
+                            self.counts["resent"] += 1
+                            self._send_raw(p.raw, p.hashes[-1])
+                    except Exception as exc:
+                        if not _is_transport_error(exc):
+                            raise
+                if now >= deadline:
+                    with self._lock:
+                        self._funds = None
+                    self.counts["pending"] += 1
+                    self._recovered = False  # sent again before this account's next one
+                    raise LedgerPending(p.name, "0x" + p.hashes[-1].hex(), self.timeout)
+                time.sleep(poll)
+                poll = min(POLL_MAX_S, poll * 1.5)
+        finally:
+            self._waiting.discard(p.nonce)
+        self.journal.done(p.nonce)
+        self.counts["confirmed"] += 1
+        assert receipt is not None  # confirmed
         if receipt.status != 1:
             self._explain_failure(p, receipt)
         return receipt
@@ -364,7 +514,7 @@ class Transactions:
         all of them are checked once."""
         if not calls:
             return []
-        fees = block_fees(self.chain)
+        fees = self._capped(block_fees(self.chain))
         gas = sum(GAS[name] for name, _ in calls)
         self._check_funds(f"{len(calls)} x {calls[0][0]}", 0, gas, fees["maxFeePerGas"])
         sent = [self.send(name, *args, fees=fees) for name, args in calls]

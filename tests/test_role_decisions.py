@@ -131,11 +131,15 @@ class StatusChain:
         self.calls.append("head")
         return self.block
 
+    def confirmed_head(self):
+        self.calls.append("head")
+        return self.block
+
     def chain_time(self):
         self.calls.append("time")
         return self.now
 
-    def submission(self, worker, key):
+    def submission(self, worker, key, block=None):
         self.calls.append("submission")
         info = {
             "status": self.status,

@@ -214,8 +214,7 @@ def _locate(args: argparse.Namespace, cfg: NodeConfig) -> tuple[str, str, int, i
 def _client(args: argparse.Namespace, *, signing: bool) -> tuple[Any, NodeConfig, int]:
     """A ledger client (with the node's account if ``signing``), the config, the start block."""
     from ledger.accounts import load_account, read_password
-    from ledger.chain import connect
-    from ledger.client import LedgerClient
+    from node.roles.io.chain import ledger_client
 
     cfg = _config(args)
     url, contract, block, chain_id = _locate(args, cfg)
@@ -227,7 +226,7 @@ def _client(args: argparse.Namespace, *, signing: bool) -> tuple[Any, NodeConfig
     data_dir = cfg.resolved_data_dir
     account = load_account(data_dir, read_password(args.password_file)) if signing else None
     # a command waits 10 s for an answer, not a node's 30: a silent endpoint ends it soon
-    client = LedgerClient(connect(url, timeout=10), contract, account, expected_chain_id=chain_id)
+    client = ledger_client(cfg, url, contract, account, chain_id, timeout=10)
     return client, cfg, block
 
 

@@ -114,6 +114,18 @@ def status_view(st: dict[str, Any]) -> list[RenderableType]:
         ),
         ("rejected", _counts(st["rejected"])),
     ]
+    chain = st.get("chain")
+    if chain:  # the ledger client's figures (ledger/rpc.py, ledger/transactions.py)
+        rows.append(("transactions", _counts(chain["transactions"])))
+        for r in chain["rpc"]:
+            faults = {k: r[k] for k in ("rate_limit", "server", "unreachable", "bad_answer")}
+            used = " (in use)" if r["current"] else ""
+            rows.append(
+                (
+                    f"rpc {r['url']}{used}",
+                    f"{r['ok']} answers, {r['refusal']} refused, faults: {_counts(faults)}",
+                )
+            )
     out: list[RenderableType] = [_fields(rows)]
     if st["peers"]:
         peers = _table("role", "peer id", ">seen s ago")

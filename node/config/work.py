@@ -84,8 +84,11 @@ class ChainConfig(Section):
 
     url: str = Field(
         "http://127.0.0.1:8545",
-        description="The ledger's JSON-RPC URL (intellect-node chain serves one there).",
-        json_schema_extra={"metavar": "URL", "was": "chain", "flag": "--chain"},
+        description=(
+            "The ledger's JSON-RPC URL, or several separated by commas: each request goes "
+            "to the next when one fails (intellect-node chain serves one)."
+        ),
+        json_schema_extra={"metavar": "URL[,URL...]", "was": "chain", "flag": "--chain"},
     )
     contract: str | None = Field(
         None,
@@ -102,12 +105,43 @@ class ChainConfig(Section):
         description="Expected chain id; transactions are refused on any other chain.",
         json_schema_extra={"was": "chain_id"},
     )
-    confirmations: int = Field(
-        2,
+    confirmations: int | None = Field(
+        None,
         ge=0,
         le=1000,
-        description="Blocks deep an event must be before the event index caches it.",
+        description=(
+            "Blocks on top of a transaction's or an event's before the node counts it done or "
+            "acts on it (default per chain id: 0 on development chains, 10 on the main L2s, "
+            "6 on an unknown chain); deeper than any reorg the chain has."
+        ),
         json_schema_extra={"was": "chain_confirmations"},
+    )
+    max_fee_gwei: float = Field(
+        1000.0,
+        gt=0,
+        le=1_000_000,
+        description=(
+            "Most the node pays per gas (gwei): a transaction the chain asks more for waits "
+            "instead of being replaced with higher fees."
+        ),
+    )
+    replace_after_s: float = Field(
+        30.0,
+        gt=0,
+        le=3600,
+        description=(
+            "Seconds a transaction may stay unmined before it is replaced (same nonce) with "
+            "the fees the latest block asks."
+        ),
+    )
+    tx_timeout_s: float = Field(
+        120.0,
+        gt=0,
+        le=86_400,
+        description=(
+            "Seconds a transaction is followed to its confirmations before the call gives up "
+            "(the transaction is kept and sent again before the account's next)."
+        ),
     )
     password_file: Path | None = Field(
         None,
@@ -117,6 +151,18 @@ class ChainConfig(Section):
         ),
         json_schema_extra={"metavar": "FILE", "flag": "--password-file", "was": None},
     )
+
+    @field_validator("url")
+    @classmethod
+    def _urls(cls, v: str) -> str:
+        urls = [u.strip() for u in v.split(",")]
+        bad = [u for u in urls if u != "embedded" and not u.startswith(("http://", "https://"))]
+        if bad or ("embedded" in urls and len(urls) > 1):
+            raise ValueError(
+                f"{bad[0] if bad else v!r} is not a JSON-RPC URL: give http(s):// URLs, "
+                "separated by commas"
+            )
+        return ",".join(urls)
 
 
 TORCH_THREADS = (

@@ -57,7 +57,7 @@ class LedgerViews(ChainClock, StakeViews, Protocol):
 
     def params(self) -> Params: ...
 
-    def submission(self, worker: str, key: bytes) -> SubmissionInfo: ...
+    def submission(self, worker: str, key: bytes, block: int | None = None) -> SubmissionInfo: ...
 
     def registration(self, account: str) -> tuple[bytes, bytes]: ...
 
@@ -88,6 +88,10 @@ class EventSource(ChainClock, Protocol):
     @property
     def log(self) -> EventLog: ...
 
+    def confirmed_head(self) -> int:
+        """The newest block deep enough to act on (``ledger.client.LedgerClient``)."""
+        ...
+
 
 class RegistrationViews(Protocol):
     """Each worker's registration: (peer key, whether its signature is valid)."""
@@ -99,7 +103,9 @@ class RegistrationViews(Protocol):
 class SubmissionViews(ChainClock, StakeViews, Protocol):
     """What a worker reads of its submissions and its money (``Submissions.refresh``)."""
 
-    def submission(self, worker: str, key: bytes) -> SubmissionInfo: ...
+    def confirmed_head(self) -> int: ...
+
+    def submission(self, worker: str, key: bytes, block: int | None = None) -> SubmissionInfo: ...
 
 
 class WorkerLedger(SubmissionViews, Protocol):

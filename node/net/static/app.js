@@ -94,6 +94,7 @@
       if (role === "validator") this.buildValidator(grid);
       if (role === "trainer") this.buildTrainer(grid);
       if (role === "inference" || role === "validator") this.buildRewards(grid);
+      if (role !== "bootstrap") this.buildChain(grid);
     }
 
     buildWorker(grid) {
@@ -137,6 +138,25 @@
       grid.append(wide(card("Learning curve",
         legend(["#4f7cff", "reward (mean)"], ["#2e9e5b", "held-out accuracy, sampled"], ["#a3c9b0", "held-out accuracy, greedy"]),
         this.curve, h("h4", {}, "Batches used per step"), this.batchChart)));
+    }
+
+    buildChain(grid) {
+      // the ledger client's own figures (ledger/rpc.py, ledger/transactions.py)
+      this.rpcRows = h("tbody");
+      grid.append(card("Chain: transactions and RPC providers",
+        figs(fig("sent", "chain.transactions.sent"), fig("confirmed", "chain.transactions.confirmed"),
+          fig("replaced (fees)", "chain.transactions.replaced"), fig("sent again", "chain.transactions.resent"),
+          fig("removed by a reorg", "chain.transactions.reorged"), fig("held at the fee cap", "chain.transactions.fee_capped"),
+          fig("timed out", "chain.transactions.pending")),
+        h("table", { class: "rows" }, h("thead", {}, h("tr", {}, ...["RPC URL", "answers", "refused", "rate limited", "server errors", "unreachable", "bad answers"].map((t) => h("th", {}, t)))), this.rpcRows)));
+    }
+
+    updateChain(c) {
+      if (!this.rpcRows) return;
+      const rows = (c && c.rpc) || [];
+      this.rpcRows.replaceChildren(...(rows.length ? rows.map((r) => h("tr", { title: r.last_fault || "" },
+        h("td", {}, h("code", {}, r.url + (r.current ? " (in use)" : ""))), ...["ok", "refusal", "rate_limit", "server", "unreachable", "bad_answer"].map((k) => h("td", {}, int(r[k])))))
+        : [h("tr", {}, h("td", { class: "muted" }, c ? "in-process chain: no RPC" : "the ledger is not open yet"))]));
     }
 
     buildRewards(grid) {
@@ -206,6 +226,7 @@
       if (st.inference) this.updateWorker(st.inference);
       if (st.validator) this.updateValidator(st.validator);
       if (st.trainer) this.updateTrainer(st.trainer);
+      this.updateChain(st.chain);
     }
 
     updateWorker(w) {

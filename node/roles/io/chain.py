@@ -21,6 +21,7 @@ from node.roles.given import EventSource, RegistrationViews
 log = logging.getLogger("intellect.chain")
 
 if TYPE_CHECKING:
+    from eth_account.signers.local import LocalAccount
     from web3.types import EventData
 
     from ledger.client import LedgerClient
@@ -35,8 +36,6 @@ class ChainSetupError(RuntimeError):
 def open_ledger(cfg: NodeConfig, *, signing: bool = True) -> LedgerClient:
     """A ``LedgerClient`` for the configured contract, with this node's account."""
     from ledger.accounts import AccountError, load_account, read_password
-    from ledger.chain import connect
-    from ledger.client import LedgerClient
 
     if not cfg.chain.contract:
         raise ChainSetupError(
@@ -51,11 +50,46 @@ def open_ledger(cfg: NodeConfig, *, signing: bool = True) -> LedgerClient:
         except AccountError as exc:
             raise ChainSetupError(str(exc)) from exc
     try:
-        return LedgerClient(
-            connect(cfg.chain.url), cfg.chain.contract, account, expected_chain_id=cfg.chain.id
-        )
+        return ledger_client(cfg, cfg.chain.url, cfg.chain.contract, account, cfg.chain.id)
     except Exception as exc:
         raise ChainSetupError(f"cannot reach the ledger at {cfg.chain.url}: {exc}") from exc
+
+
+def ledger_client(
+    cfg: NodeConfig,
+    url: str,
+    contract: str,
+    account: LocalAccount | None,
+    chain_id: int | None,
+    *,
+    timeout: float = 30,
+) -> LedgerClient:
+    """A ``LedgerClient`` with the node's chain settings: its URLs in turn, the account's
+    nonce journal in the data directory (shared by the node and the CLI), the
+    confirmations (the configured ones, else the chain id's default), the replacement
+    delay and fee cap."""
+    from ledger.chain import connect, default_confirmations
+    from ledger.client import LedgerClient
+
+    chain = connect(url, timeout=timeout, expected_chain_id=chain_id)
+    journal = None
+    if account is not None:
+        journal = cfg.resolved_data_dir / "nonces" / f"{str(account.address).lower()}.json"
+    c = cfg.chain
+    confirmations = c.confirmations
+    if confirmations is None:
+        confirmations = default_confirmations(chain_id or chain.chain_id)
+    return LedgerClient(
+        chain,
+        contract,
+        account,
+        timeout=c.tx_timeout_s,
+        expected_chain_id=chain_id,
+        journal=journal,
+        confirmations=confirmations,
+        replace_after=c.replace_after_s,
+        max_fee=int(c.max_fee_gwei * 10**9),
+    )
 
 
 REGISTRATION_EVENTS = ("Registered", "PeerKeyChanged", "RegistrationRevoked")
@@ -150,9 +184,10 @@ class SubmissionWatcher:
         self.registrations = registrations
 
     def _span(self) -> dict[str, int] | None:
-        """The blocks not read yet, up to the head (None: none); the caller marks them read
-        once its reads succeeded (a failed poll reads them again)."""
-        head = self.client.head()
+        """The blocks not read yet, up to the newest confirmed one (None: none; a reorg no
+        deeper than the confirmations cannot take back what was read); the caller marks them
+        read once its reads succeeded (a failed poll reads them again)."""
+        head = self.client.confirmed_head()
         if head < self.next_block:
             return None
         return {"from_block": self.next_block, "to_block": head}

@@ -62,11 +62,12 @@ class Submissions:
     async def refresh(self) -> None:
         """Settle what the chain judged since the last read; read the money after verdicts."""
         waiting = len(self.pending)
-        head = await trio.to_thread.run_sync(self.ledger.head) if waiting else None
+        # as of the newest confirmed block: a verdict a reorg can still take back is not one
+        head = await trio.to_thread.run_sync(self.ledger.confirmed_head) if waiting else None
         if head is not None and self.reads.statuses_due(head):
             keys = self.pending.keys()
             infos = await trio.to_thread.run_sync(
-                lambda: [self.ledger.submission(self.address, k) for k in keys]
+                lambda: [self.ledger.submission(self.address, k, head) for k in keys]
             )
             late = await windows_passed(self.ledger, keys, infos)
             for key, info, gone in zip(keys, infos, late, strict=True):

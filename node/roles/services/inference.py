@@ -134,6 +134,7 @@ class InferenceRole:
     def _setup(self) -> None:
         """Blocking: the ledger account, registration with stake."""
         ledger = self.chain.ledger = open_ledger(self.cfg)
+        self.node.add_status("chain", ledger.health)  # its RPC URLs' faults, its transactions
         self.chain.address = ledger.address.lower()
         self.adopt_window(ledger.params().max_staleness)
         self.register(ledger.worker(self.chain.address))

@@ -121,6 +121,7 @@ class TrainerRole:
     def _setup(self) -> None:
         """Blocking: the owner's ledger account, the chain's view of versions."""
         self.ledger = open_ledger(self.cfg)
+        self.node.add_status("chain", self.ledger.health)  # its RPC URLs' faults, its transactions
         owner = self.ledger.owner().lower()
         if self.ledger.address.lower() != owner:
             raise ChainSetupError(

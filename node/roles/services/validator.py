@@ -111,6 +111,7 @@ class ValidatorRole:
 
     def _setup(self) -> None:
         ledger = self.votes.ledger = open_ledger(self.cfg)
+        self.node.add_status("chain", ledger.health)  # its RPC URLs' faults, its transactions
         self.voucher = ledger.voucher(self.node.peer_id)  # workers serve it first
         self.docket.open(ledger, self.cfg.chain.contract_block)
         self.queue.fetch_deadline_s = float(ledger.params().fetch_deadline)
