@@ -85,6 +85,13 @@ DROPPED_CHECK_S = 2.0  # how often a waiting transaction not mined is looked up 
 POLL_MAX_S = 0.25  # the receipt poll starts at RECEIPT_POLL_S and grows to this
 
 
+class NonceTaken(LedgerError):
+    """The chain refused a transaction whose nonce another signer of the account used."""
+
+    def __init__(self, call: str, nonce: int, count: int) -> None:
+        super().__init__(f"{call}: nonce {nonce} was used already (the chain has {count})")
+
+
 @dataclass
 class Prepared:
     """A signed transaction and what is needed to replace or explain it."""
@@ -170,6 +177,9 @@ class Transactions:
         forget what the chain has mined since. Returns how many were sent again."""
         if self.account is None:
             return 0
+        # another signer of the account (a wallet, a process before the journal) may have
+        # used nonces the journal has not handed out: never hand those out again
+        self.journal.forget_next(self._chain_count("pending"))
         mined = self._chain_count("latest")
         resent = 0
         for nonce, _name, hashes, raw in self.journal.unfinished():
@@ -316,7 +326,7 @@ class Transactions:
                     time.sleep(0.2 * 2**attempt)
                     continue
                 if not _is_transport_error(exc):
-                    self._refused(p)
+                    self._refused(p)  # raises NonceTaken when the chain has used its nonce
                     raise LedgerError(f"{p.name} refused by the chain: {rpc_message(exc)}") from exc
                 if attempt == RETRIES - 1:
                     raise LedgerError(f"{p.name}: chain unreachable: {exc}") from exc
@@ -336,8 +346,8 @@ class Transactions:
             count = None
         if count is not None and count > p.nonce:
             self.journal.forget_next(count)
-        else:
-            self.journal.release(p.nonce)
+            raise NonceTaken(p.name, p.nonce, count)
+        self.journal.release(p.nonce)
 
     def _send_raw(self, raw: bytes, tx_hash: bytes) -> bool:
         """Send signed bytes again (a dropped or reorged transaction); whether the chain
@@ -505,7 +515,11 @@ class Transactions:
         """Prepare and broadcast under one lock, so nonces reach the node in order."""
         with self._lock:
             p = self.prepare(name, *args, value=value, gas=gas, fees=fees, simulated=simulated)
-            self.broadcast(p)
+            try:
+                self.broadcast(p)
+            except NonceTaken:  # another signer took it: once more, with the chain's next
+                p = self.prepare(name, *args, value=value, gas=gas, fees=fees, simulated=True)
+                self.broadcast(p)
         return p
 
     def send_many(self, calls: list[tuple[str, tuple[Any, ...]]]) -> list[Any]:
