@@ -363,7 +363,9 @@ def test_event_index_of_an_earlier_chain_with_the_same_contract_address_is_not_r
     now = Ledger(connect("embedded"))
     assert (now.address, now.chain.w3.eth.chain_id) == (earlier.address, w3.eth.chain_id)
     index = EventIndex(now.chain.w3, now.address, now.block, path, confirmations=2)
-    fresh = EventIndex(now.chain.w3, now.address, now.block, tmp_path / "new.json").update()
+    fresh = EventIndex(
+        now.chain.w3, now.address, now.block, tmp_path / "new.json", confirmations=2
+    ).update()
     assert index.update() == fresh and "WorkSubmitted" not in {e["event"] for e in fresh}
 
 

@@ -360,7 +360,7 @@ async def test_a_chain_that_does_not_answer_at_start_is_read_again_by_the_loop(t
     from ledger.client import LedgerUnreachable
 
     chain = StatusChain(status="accepted")
-    head, down = chain.head, [True]
+    head, down = chain.confirmed_head, [True]
 
     def flaky_head():
         if down:
@@ -368,7 +368,7 @@ async def test_a_chain_that_does_not_answer_at_start_is_read_again_by_the_loop(t
             raise LedgerUnreachable("connection refused")
         return head()
 
-    chain.head = flaky_head
+    chain.confirmed_head = flaky_head
     role = worker_role(tmp_path, chain)
     role.clock.step = 3
     await serving_until(role, lambda: role.chain.pending.accepted == 1)
