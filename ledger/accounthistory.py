@@ -1,6 +1,11 @@
 """One account's history on the ledger, from the contract's events: every submission,
 verdict, slash, settlement, claim and stake change, with totals per day (UTC).
 
+Each batch's life (``batch_lives``): submitted, judged, matured, settled and claimed, each
+with the transaction that did it; and where the node's own record (its stored batches, its
+nonce journal's unconfirmed transactions) or the contract's view of a batch disagrees with
+the events (``disagreements``).
+
 Read-only and keyless: anyone can audit anyone. The events come from the incremental
 index (``ledger/history.py``); each row gets its block's timestamp, so the day it falls on
 is the chain's, not the reader's clock. ``rows`` and ``daily_totals`` are pure, so the
@@ -143,15 +148,131 @@ class BlockTimes:
         return self.seen[block]
 
 
-def account_history(index: Any, address: str) -> dict[str, Any]:
-    """Blocking (chain reads): the history report of ``address`` from an ``EventIndex``."""
+LIVES = 50  # the newest batches whose life is shown (each costs one contract read)
+
+
+def _at(ev: dict[str, Any]) -> dict[str, Any]:
+    return {"block": ev["block"], "tx": ev.get("tx", "")}
+
+
+def batch_lives(events: list[dict[str, Any]], address: str) -> list[dict[str, Any]]:
+    """Each batch ``address`` submitted, oldest first: its key, index and units; when and
+    by which transaction it was submitted, judged (every vote), settled (the contract
+    settles a worker's batches oldest first, so the n-th batch is settled by the
+    ``Settled`` event that brings the count of settled entries past n) and claimed (the
+    first ``Claimed`` of the account at or after its settlement). Pure."""
+    a = address.lower()
+    lives: dict[str, dict[str, Any]] = {}
+    settlements: list[tuple[int, dict[str, Any]]] = []  # (entries settled after it, event)
+    claims: list[dict[str, Any]] = []
+    settled_count = 0
+    for ev in sorted(events, key=lambda e: (e["block"], e["log"])):
+        args, name = ev["args"], ev["event"]
+        mine = _lower(args.get("worker")) == a
+        if name == "WorkSubmitted" and mine:
+            lives[str(args["key"])] = {
+                "key": str(args["key"]),
+                "index": int(args["index"]),
+                "units": int(args["units"]),
+                "submitted": _at(ev),
+                "verdicts": [],
+                "settled": None,
+                "claimed": None,
+            }
+        elif name in ("WorkAccepted", "WorkRejected", "RejectOverturned") and mine:
+            life = lives.get(str(args["key"]))
+            if life is not None:
+                life["verdicts"].append(
+                    {"event": name, "validator": str(args.get("validator", "")), **_at(ev)}
+                )
+        elif name == "Settled" and mine:
+            settled_count += int(args["entries"])
+            settlements.append((settled_count, ev))
+        elif name == "Claimed" and _lower(args.get("account")) == a:
+            claims.append(ev)
+    for life in lives.values():
+        settling = next((ev for count, ev in settlements if life["index"] < count), None)
+        if settling is None:
+            continue
+        life["settled"] = _at(settling)
+        at = (settling["block"], settling["log"])
+        claim = next((c for c in claims if (c["block"], c["log"]) >= at), None)
+        life["claimed"] = _at(claim) if claim is not None else None
+    return sorted(lives.values(), key=lambda life: life["index"])
+
+
+def disagreements(
+    lives: list[dict[str, Any]],
+    chain: dict[str, Any],
+    *,
+    stored: set[str] | None = None,
+    unconfirmed: list[tuple[int, str, str]] | None = None,
+) -> list[str]:
+    """Where the node's belief or the contract's view disagrees with the events, one line
+    each. ``chain``: per key, the contract's view now (``SubmissionInfo``) of the batches
+    shown; ``stored``: the keys of the batches the node keeps (it submits every batch it
+    stores); ``unconfirmed``: the nonce journal's (nonce, call, hash) sent and not
+    confirmed."""
+    out = []
+    for life in lives:
+        info = chain.get(life["key"])
+        if info is None:
+            continue
+        last = life["verdicts"][-1]["event"] if life["verdicts"] else None
+        events_say = {
+            "WorkAccepted": "accepted",
+            "WorkRejected": "rejected",
+            "RejectOverturned": "accepted",
+            None: "pending",
+        }[last]
+        if info.status != events_say:
+            out.append(
+                f"batch {life['key'][:18]}: the events say {events_say}, the contract {info.status}"
+            )
+        if bool(info.settled) != (life["settled"] is not None):
+            says = "settled" if info.settled else "not settled"
+            out.append(f"batch {life['key'][:18]}: the contract says {says}, the events do not")
+    on_chain = {life["key"] for life in lives}
+    for key in sorted((stored or set()) - on_chain):
+        out.append(f"batch {key[:18]}: stored by the node, not submitted on-chain")
+    for nonce, call, tx in unconfirmed or []:
+        out.append(f"transaction {tx[:18]} ({call}, nonce {nonce}): sent, not confirmed")
+    return out
+
+
+def account_history(
+    index: Any,
+    address: str,
+    *,
+    submission: Callable[[str, bytes], Any] | None = None,
+    stored: set[str] | None = None,
+    unconfirmed: list[tuple[int, str, str]] | None = None,
+) -> dict[str, Any]:
+    """Blocking (chain reads): the history report of ``address`` from an ``EventIndex``;
+    with ``submission`` (the contract's view of a batch), the newest ``LIVES`` batches'
+    lives and the disagreements with the contract, the node's ``stored`` batch keys and
+    its ``unconfirmed`` transactions (``disagreements``)."""
     from ledger.history import EventIndex
 
     events = EventIndex.involving(index.update(), address)
     history = rows(events, address, BlockTimes(index.w3))
-    return {
+    report: dict[str, Any] = {
         "address": address,
         "contract": index.contract,
         "rows": history,
         "days": daily_totals(history),
     }
+    if submission is not None:
+        lives = batch_lives(events, address)[-LIVES:]
+        views = {life["key"]: submission(address, bytes.fromhex(life["key"][2:])) for life in lives}
+        # a stored batch older than those shown: only the contract can say it is there
+        missing = {
+            k
+            for k in stored or set()
+            if k not in views and submission(address, bytes.fromhex(k[2:])).status == "none"
+        }
+        report["batches"] = lives
+        report["disagreements"] = disagreements(
+            lives, views, stored=missing, unconfirmed=unconfirmed
+        )
+    return report

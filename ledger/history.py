@@ -30,7 +30,7 @@ from ledger.chain import default_confirmations
 CHUNK = 2000
 KEEP_PER_ACCOUNT = 500
 GLOBAL = "*"  # events that name no account (parameters, policy versions)
-FORMAT = 2
+FORMAT = 3  # 3: each event with its transaction's hash
 
 
 class EventIndex:
@@ -93,6 +93,7 @@ class EventIndex:
                     {
                         "block": ev["blockNumber"],
                         "log": ev["logIndex"],
+                        "tx": "0x" + bytes(ev["transactionHash"]).hex(),
                         "event": ev["event"],
                         "args": args,
                     }

@@ -163,3 +163,78 @@ def test_history_against_a_wrong_contract_names_it_instead_of_no_events(chain, t
     res = history(chain, tmp_path, chain[0].worker.address, contract=nowhere)
     assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr
     assert f"no contract at {nowhere}" in res.stderr and "no events" not in res.stdout
+
+
+def test_each_batchs_life_names_the_transaction_of_each_stage(chain, tmp_path):
+    L, _, _, _ = chain
+    report = json.loads(history(chain, tmp_path, L.worker.address, "--json").stdout)
+    first, second = report["batches"]
+    assert (first["key"], second["key"]) == (K1, K2)
+
+    def events_of(at, name):
+        receipt = L.chain.w3.eth.get_transaction_receipt(at["tx"])
+        assert receipt.blockNumber == at["block"]
+        return L.as_owner.events(name, receipt)
+
+    for b, k, verdict in ((first, key(1), "WorkAccepted"), (second, key(2), "WorkRejected")):
+        assert [e.args.key for e in events_of(b["submitted"], "WorkSubmitted")] == [k]
+        (vote,) = b["verdicts"]
+        assert vote["event"] == verdict and vote["validator"].lower() == L.v1.address.lower()
+        assert [e.args.key for e in events_of(vote, verdict)] == [k]
+        # both settled by one settle (oldest first), then claimed by the worker's claim
+        assert events_of(b["settled"], "Settled")[0].args.entries == 2
+        assert events_of(b["claimed"], "Claimed")[0].args.account == L.worker.address
+    assert report["disagreements"] == []
+    text = history(chain, tmp_path, L.worker.address).stdout
+    assert "the last 2 batches" in text and "the node and the chain agree" in text
+
+
+def test_what_the_node_believes_and_the_chain_does_not_say_is_flagged(chain, tmp_path):
+    from ledger.nonces import NonceJournal
+    from node.rollouts.store import SUFFIX
+
+    L, _, _, _ = chain
+    reader = tmp_path / "reader"
+    (reader / "batches").mkdir(parents=True)
+    lost = bytes(range(32))  # stored (so submitted, the node believes), not on chain
+    (reader / "batches" / f"{lost.hex()}{SUFFIX}").write_bytes(b"envelope")
+    (reader / "batches" / f"{key(1).hex()}{SUFFIX}").write_bytes(b"envelope")  # on chain
+    journal = NonceJournal(reader / "nonces" / f"{L.worker.address.lower()}.json")
+    journal.sent(41, "submit_work", [b"\x07" * 32], b"\x01")
+    report = json.loads(history(chain, tmp_path, L.worker.address, "--json").stdout)
+    assert report["disagreements"] == [
+        f"batch 0x{lost.hex()[:16]}: stored by the node, not submitted on-chain",
+        f"transaction 0x{'07' * 8} (submit_work, nonce 41): sent, not confirmed",
+    ]
+    text = history(chain, tmp_path, L.worker.address).stdout
+    assert "disagreements between the node and the chain" in text and lost.hex()[:16] in text
+
+
+def test_the_contracts_view_is_held_against_the_events():
+    from types import SimpleNamespace
+
+    from ledger.accounthistory import batch_lives, disagreements
+
+    def ev(block, name, **args):
+        return {"block": block, "log": 0, "tx": f"0x{block:02x}", "event": name, "args": args}
+
+    me = "0x" + "ab" * 20
+    events = [
+        ev(1, "WorkSubmitted", worker=me, key=K1, index=0, units=5, policy_version=0),
+        ev(2, "WorkSubmitted", worker=me, key=K2, index=1, units=5, policy_version=0),
+        ev(3, "WorkAccepted", worker=me, key=K1, validator="0xv"),
+        ev(4, "Settled", worker=me, entries=1),
+        ev(5, "Claimed", account=me),
+    ]
+    lives = batch_lives(events, me)
+    assert lives[0]["settled"] == {"block": 4, "tx": "0x04"}
+    assert lives[0]["claimed"] == {"block": 5, "tx": "0x05"}
+    assert lives[1]["settled"] is None and lives[1]["claimed"] is None  # not past index 1
+    view = {
+        K1: SimpleNamespace(status="rejected", settled=True),  # the events said accepted
+        K2: SimpleNamespace(status="pending", settled=True),  # no Settled covers it
+    }
+    assert disagreements(lives, view) == [
+        f"batch {K1[:18]}: the events say accepted, the contract rejected",
+        f"batch {K2[:18]}: the contract says settled, the events do not",
+    ]

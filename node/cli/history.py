@@ -20,6 +20,7 @@ from node.config import NodeConfig
 def cmd_history(args: argparse.Namespace, located: tuple[Any, NodeConfig, int]) -> int:
     from ledger.accounthistory import account_history
     from ledger.history import EventIndex
+    from node.roles.io.submissions import local_record
 
     client, cfg, start_block = located
     target = args.target or args.address
@@ -36,7 +37,14 @@ def cmd_history(args: argparse.Namespace, located: tuple[Any, NodeConfig, int]) 
         cfg.resolved_data_dir / "ledger-events.json",
         confirmations=cfg.chain.confirmations,
     )
-    report = account_history(index, address)
+    mine = local_record(cfg.resolved_data_dir, address)  # empty for another's address
+    report = account_history(
+        index,
+        address,
+        submission=client.submission,
+        stored=mine.stored,
+        unconfirmed=mine.unconfirmed,
+    )
     if args.json:
         print(json.dumps(report))
     elif args.csv:
@@ -94,4 +102,35 @@ def to_text(report: dict[str, Any]) -> str:
             f"{d['judged']:>6}  {_eth(d['slashed_wei']):>14} {_eth(d['settled_reward_wei']):>14} "
             f"{_eth(d['claimed_wei']):>14} {_eth(d['staked_wei']):>14}"
         )
+    lines += batches_text(report.get("batches", []), report.get("disagreements", []))
     return "\n".join(lines)
+
+
+def _tx(at: dict[str, Any] | None) -> str:
+    return f"{at['block']} {at['tx'][:12]}" if at else "-"
+
+
+def batches_text(batches: list[dict[str, Any]], disagreements: list[str]) -> list[str]:
+    """Each batch's life (block and transaction of each stage), then the disagreements."""
+    lines = []
+    if batches:
+        lines += ["", f"the last {len(batches)} batches (block, transaction):"]
+        lines.append(
+            f"{'key':<18}  {'submitted':<20} {'verdicts':<30} {'settled':<20} {'claimed':<20}"
+        )
+        for b in batches:
+            votes = ", ".join(
+                f"{v['event'].removeprefix('Work').lower()} {_tx(v)}" for v in b["verdicts"]
+            )
+            lines.append(
+                f"{b['key'][:18]:<18}  {_tx(b['submitted']):<20} {votes or '-':<30} "
+                f"{_tx(b['settled']):<20} {_tx(b['claimed']):<20}"
+            )
+    lines += [
+        "",
+        "disagreements between the node and the chain:"
+        if disagreements
+        else "the node and the chain agree",
+    ]
+    lines += [f"  {d}" for d in disagreements]
+    return lines

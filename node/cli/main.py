@@ -281,6 +281,7 @@ def cmd_start(args: argparse.Namespace) -> int:
     from node.roles import role_service
     from node.roles.given import RoleRun
     from node.roles.io.chain import ChainSetupError
+    from node.roles.io.submissions import local_record
     from node.shardcast.service import WeightService
 
     # after py-libp2p's import-time logging setup; while a joining node asks its bootstrap
@@ -343,7 +344,10 @@ def cmd_start(args: argparse.Namespace) -> int:
                     data_dir,
                     cfg.admin.port,
                     routes=weights.admin_routes(),
-                    pages=dashboard_routes(cfg, node.status),  # the page at /
+                    # the page at /, with the node's record of its work held against the chain
+                    pages=dashboard_routes(
+                        cfg, node.status, record=partial(local_record, cfg.resolved_data_dir)
+                    ),
                 )
                 port = await nursery.start(admin.serve)
                 # the role's module imports torch (seconds): in a thread, not on the loop

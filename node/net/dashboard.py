@@ -59,10 +59,15 @@ class AccountHistory:
         cfg: NodeConfig,
         every: float | None = None,
         clock: Callable[[], float] = time.monotonic,
+        record: Callable[[str], Any] | None = None,
     ) -> None:
+        """``record(address)``: what the node believes of its work (its stored batch keys,
+        its unconfirmed transactions: ``.stored``, ``.unconfirmed``), checked against the
+        chain."""
         import anyio
 
         self.cfg = cfg
+        self.record = record
         self.every = HISTORY_EVERY if every is None else every
         self.clock = clock
         self.lock = threading.Lock()
@@ -70,6 +75,7 @@ class AccountHistory:
         # of worker threads, which the roles' chain calls and SHARDCAST's disk I/O need
         self.limiter = anyio.CapacityLimiter(1)
         self.index: Any = None
+        self.submission: Any = None  # the contract's view of a batch, once connected
         self.cached: tuple[float, str, dict[str, Any]] | None = None  # (read at, address, report)
 
     async def fetch(self, address: str | None) -> dict[str, Any]:
@@ -107,10 +113,12 @@ class AccountHistory:
     def _read(self, address: str) -> dict[str, Any]:
         from ledger.accounthistory import account_history
         from ledger.chain import connect
+        from ledger.client import LedgerClient
         from ledger.history import EventIndex
 
         if self.index is None:
             chain = connect(self.cfg.chain.url)
+            self.submission = LedgerClient(chain, self.cfg.chain.contract or "").submission
             self.index = EventIndex(
                 chain.w3,
                 self.cfg.chain.contract or "",
@@ -118,7 +126,15 @@ class AccountHistory:
                 self.cfg.resolved_data_dir / HISTORY_FILE,
                 confirmations=self.cfg.chain.confirmations,
             )
-        return {"available": True, **account_history(self.index, address)}
+        mine = self.record(address) if self.record is not None else None
+        report = account_history(
+            self.index,
+            address,
+            submission=self.submission,
+            stored=mine.stored if mine else None,
+            unconfirmed=mine.unconfirmed if mine else None,
+        )
+        return {"available": True, **report}
 
 
 def chain_error(exc: BaseException) -> str:
@@ -129,15 +145,20 @@ def chain_error(exc: BaseException) -> str:
 
 
 def dashboard_routes(
-    cfg: NodeConfig, status: Callable[[], dict[str, Any]], *, live: str = "events"
+    cfg: NodeConfig,
+    status: Callable[[], dict[str, Any]],
+    *,
+    live: str = "events",
+    record: Callable[[str], Any] | None = None,
 ) -> list[BaseRoute]:
     """The page's routes, to mount on the admin endpoint's app (``live``: how the page
-    follows the node, ``events`` for the ``/events`` stream or ``poll`` for ``/status``)."""
+    follows the node, ``events`` for the ``/events`` stream or ``poll`` for ``/status``;
+    ``record``: the node's own record of its work, see ``AccountHistory``)."""
     from starlette.responses import FileResponse, JSONResponse
     from starlette.routing import Mount, Route
     from starlette.staticfiles import StaticFiles
 
-    history = AccountHistory(cfg)
+    history = AccountHistory(cfg, record=record)
 
     async def page(_: Request) -> Response:
         return FileResponse(STATIC_DIR / "index.html", headers={"Cache-Control": "no-store"})

@@ -166,6 +166,8 @@
       this.histRows = h("tbody");
       this.histDays = h("tbody");
       this.histNote = h("p", { class: "muted" }, "reading the chain…");
+      this.lives = h("tbody");
+      this.disagree = h("ul", { class: "disagreements", "data-k": "history.disagreements" });
       grid.append(wide(card("Account history (from the chain's events)", this.histNote, this.histFigs,
         legend(["#4f7cff", "submissions"], ["#2e9e5b", "verdicts"]), this.histChart,
         h("table", { class: "rows" },
@@ -174,7 +176,11 @@
         h("h4", {}, "Per day (UTC; amounts in ETH)"),
         h("table", { class: "rows days" },
           h("thead", {}, h("tr", {}, ...["day", "subm.", "acc.", "rej.", "judged", "slashed", "settled", "claimed", "staked"].map((t) => h("th", {}, t)))),
-          this.histDays))));
+          this.histDays),
+        h("h4", {}, "Batches: each stage's block and transaction"),
+        h("table", { class: "rows" },
+          h("thead", {}, h("tr", {}, ...["batch", "submitted", "verdicts", "settled", "claimed"].map((t) => h("th", {}, t)))), this.lives),
+        h("h4", {}, "The node against the chain"), this.disagree)));
     }
 
     setFigures(data, prefix) {
@@ -296,6 +302,15 @@
           ...["slashed_wei", "settled_reward_wei", "claimed_wei", "staked_wei"].map((k) => h("td", { title: "ETH" }, short6(d[k]))))));
       this.histRows.replaceChildren(...hist.rows.slice(-8).reverse().map((r) =>
         h("tr", {}, h("td", {}, String(r.block)), h("td", {}, r.event), h("td", {}, r.amount_wei ? eth(r.amount_wei) : ""), h("td", {}, r.detail))));
+      const at = (x) => (x ? h("code", { title: x.tx }, `${x.block} ${x.tx.slice(0, 10)}`) : "–");
+      this.lives.replaceChildren(...(hist.batches || []).slice(-10).reverse().map((b) =>
+        h("tr", {}, h("td", {}, h("code", { title: b.key }, short(b.key))), h("td", {}, at(b.submitted)),
+          h("td", {}, ...(b.verdicts.length ? b.verdicts.map((v) => h("div", {}, v.event.replace("Work", "").toLowerCase() + " ", at(v))) : ["–"])),
+          h("td", {}, at(b.settled)), h("td", {}, at(b.claimed)))));
+      const dis = hist.disagreements || [];
+      this.disagree.setAttribute("data-value", JSON.stringify(dis));
+      this.disagree.replaceChildren(...(dis.length ? dis.map((d) => h("li", { class: "bad" }, d))
+        : [h("li", { class: "muted" }, "they agree")]));
     }
   }
 

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
+from pathlib import Path
 
 import trio
 
@@ -96,6 +98,29 @@ class Submissions:
         chain_now = await trio.to_thread.run_sync(self.ledger.chain_time)
         for key in self.pending.spent(floor, chain_now, lambda k: stored_step(self.store, k)):
             self.store.delete(key)
+
+
+def local_record(data_dir: Path, address: str) -> LocalRecord:
+    """What this node believes of ``address``'s work, from its data directory: the keys of
+    the batches it stores (each stored batch is submitted), and the transactions its nonce
+    journal holds as sent and not confirmed ((nonce, call, hash)). Compared with the chain
+    by ``rewards history`` and the dashboard (``ledger.accounthistory.disagreements``)."""
+    from ledger.nonces import NonceJournal
+
+    batches = data_dir / "batches"
+    stored = {"0x" + k.hex() for k in BatchStore(batches).keys()} if batches.is_dir() else set()
+    journal = data_dir / "nonces" / f"{address.lower()}.json"
+    unconfirmed = []
+    if journal.exists():
+        for nonce, call, hashes, _raw in NonceJournal(journal).unfinished():
+            unconfirmed.append((nonce, call, "0x" + hashes[-1].hex()))
+    return LocalRecord(stored, unconfirmed)
+
+
+@dataclass(frozen=True)
+class LocalRecord:
+    stored: set[str]  # work keys, 0x hex
+    unconfirmed: list[tuple[int, str, str]]  # (nonce, call, transaction hash)
 
 
 def stored_batch(store: BatchStore, key: bytes) -> tuple[RolloutBatch, bytes] | None:
