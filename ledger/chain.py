@@ -162,8 +162,15 @@ class LocalNode:
 
 
 def start_anvil(
-    port: int, *, host: str = "127.0.0.1", accounts: int = 10, timeout: float = 30
+    port: int,
+    *,
+    host: str = "127.0.0.1",
+    accounts: int = 10,
+    timeout: float = 30,
+    block_time: float | None = None,
 ) -> LocalNode:
+    """anvil on ``port``; ``block_time``: a block every that many seconds (interval mining,
+    as a real chain), else one block per transaction at once."""
     binary = anvil_binary()
     if binary is None:
         raise RuntimeError(
@@ -180,6 +187,7 @@ def start_anvil(
         "--mnemonic",
         ANVIL_MNEMONIC,
         "--silent",
+        *(["--block-time", f"{block_time:g}"] if block_time is not None else []),
     ]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     node = LocalNode(proc, f"http://{host}:{port}", mnemonic_keys(ANVIL_MNEMONIC, accounts))

@@ -89,6 +89,13 @@ def add_ledger_parsers(sub: Any) -> None:
         "when the chain stops (Ctrl-C or SIGTERM; a SIGKILL loses what happened since the "
         "start). Restart on the same --port so running nodes find it again",
     )
+    chain.add_argument(
+        "--block-time",
+        type=float,
+        metavar="SECONDS",
+        help="anvil only: mine a block every SECONDS, as a real chain does (default: a block "
+        "for each transaction, at once)",
+    )
     chain.add_argument("--pool", default="1000", help="ETH put in the reward pool (default 1000)")
     chain.add_argument(
         "--verdict-window", type=at_least(1), default=3600, help="seconds (default 3600)"
@@ -361,8 +368,10 @@ def cmd_chain(args: argparse.Namespace) -> int:
     if args.state is not None and args.backend != "embedded":
         raise ValueError("--state keeps the embedded chain only (anvil has its own --state)")
     params = dev_params(args)
+    if args.block_time is not None and args.backend != "anvil":
+        raise ValueError("--block-time needs --chain anvil (the embedded chain mines at once)")
     stop_chain, url, keys, kind, saved = _start_dev_chain(
-        args.backend, args.host, args.port, args.state
+        args.backend, args.host, args.port, args.state, args.block_time
     )
     info_path = args.data_dir / CHAIN_FILE
     info: dict[str, Any] | None = None
@@ -472,7 +481,7 @@ def cmd_chain_fund(args: argparse.Namespace, address: str, amount_text: str) -> 
 
 
 def _start_dev_chain(
-    backend: str, host: str, port: int, state: Path | None = None
+    backend: str, host: str, port: int, state: Path | None = None, block_time: float | None = None
 ) -> tuple[Any, str, list[str], str, dict[str, Any] | None]:
     """(stop function, URL, prefunded keys, description, the saved chain.json record when
     the chain resumed from ``state``) of a development chain. The stop function takes the
@@ -480,8 +489,9 @@ def _start_dev_chain(
     if backend == "anvil":
         from ledger.chain import start_anvil
 
-        node = start_anvil(port, host=host)
-        return lambda _info: node.stop(), node.url, node.keys, "anvil", None
+        node = start_anvil(port, host=host, block_time=block_time)
+        kind = "anvil" if block_time is None else f"anvil, a block every {block_time:g} s"
+        return lambda _info: node.stop(), node.url, node.keys, kind, None
     from eth_tester.backends.pyevm.main import get_default_account_keys
 
     from ledger.devchain import DevChain, serve
