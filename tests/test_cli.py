@@ -363,7 +363,7 @@ def test_start_unlocks_the_account_with_its_password_file(tmp_path, monkeypatch)
     address = create_account(data_dir, "from-file", scrypt_n=LIGHT_SCRYPT_N).address
     (tmp_path / "pw").write_text("from-file\n")
     monkeypatch.setenv("INTELLECT_NODE_PASSWORD", "from-env")
-    monkeypatch.setattr(ledger.chain, "connect", lambda url: url)
+    monkeypatch.setattr(ledger.chain, "connect", lambda url, **_: url)
     monkeypatch.setattr(
         ledger.client, "LedgerClient", lambda chain, contract, account, **_: account
     )

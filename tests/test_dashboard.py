@@ -81,7 +81,7 @@ def test_history_shows_why_the_chain_failed_but_not_its_url(tmp_path):
         "/history"
     )
     reason = reply.json()["reason"]
-    assert reason.startswith("cannot read the chain (ConnectionError: "), reason
+    assert reason.startswith("cannot read the chain (RpcUnavailable: "), reason
     assert "SECRET" not in reason and "/v3" not in reason and "127.0.0.1" not in reason
     # an RPC's HTTP error (web3 raises requests' HTTPError, naming the whole URL)
     history = AccountHistory(NodeConfig(chain={"contract": CONTRACT, "url": chain}))
