@@ -761,3 +761,41 @@ def test_the_status_sections_keep_their_keys():
         "step", "policy_version", "train_steps", "done", "accepted", "rejected", "slashed",
         "usable", "batches_used", "tokens_trained", "idle_share", "last", "curve", "objective",
     ]  # fmt: skip
+
+
+class PublishingChain:
+    """The trainer's ledger for ``publish_on_chain``: ``set_policy_version`` raises each of
+    ``raises`` in turn (None: it sets the version); ``mined`` sets the version before the
+    n-th call raises (an earlier send that got there meanwhile)."""
+
+    def __init__(self, raises, mined=None):
+        self.version, self.raises, self.mined, self.calls = 0, list(raises), mined, 0
+
+    def policy_version(self):
+        return self.version
+
+    def set_policy_version(self, version):
+        self.calls += 1
+        if self.mined == self.calls:
+            self.version = version
+        exc = self.raises.pop(0) if self.raises else None
+        if exc is not None:
+            raise exc
+        self.version = version
+
+
+async def test_the_trainer_waits_out_a_transaction_not_mined_in_time(autojump_clock):
+    from ledger.client import LedgerPending, LedgerRevert
+    from node.roles.services.trainer import publish_on_chain
+
+    # not mined in time; the journal's resend is mined, and the second send is refused
+    chain = PublishingChain(
+        [LedgerPending("set_policy_version", "0x1", 60), LedgerRevert("x", "version too old")],
+        mined=2,
+    )
+    await publish_on_chain(chain, 3)
+    assert chain.version == 3 and chain.calls == 2
+    # a refusal while the chain does not have the version is a failure
+    chain = PublishingChain([LedgerRevert("x", "only the owner")])
+    with pytest.raises(LedgerRevert):
+        await publish_on_chain(chain, 3)

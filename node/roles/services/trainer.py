@@ -45,7 +45,7 @@ from typing import Any
 import trio
 
 from crypto.verdict import proof_parameters
-from ledger.client import LedgerUnreachable
+from ledger.client import LedgerPending, LedgerRevert, LedgerUnreachable
 from node.config import NodeConfig
 from node.files import SAVE_RETRY_FIRST, SAVE_RETRY_MAX, saved
 from node.net.runtime import Node
@@ -346,15 +346,21 @@ class TrainerRole:
 async def publish_on_chain(ledger: TrainerLedger, version: int) -> None:
     """Set the contract's policy version to ``version`` unless it is there already; no
     worker can submit work of it before that, so a chain that does not answer (down,
-    restarting) is waited for, not a reason for the role to fail."""
+    restarting) or a transaction not mined in time (it stays in the account's journal and
+    is sent again) is waited for, not a reason for the role to fail. A refusal after that
+    is no failure when the chain has the version: an earlier send got there first."""
     while True:
         try:
             if await trio.to_thread.run_sync(ledger.policy_version) < version:
                 await trio.to_thread.run_sync(ledger.set_policy_version, version)
             return
-        except LedgerUnreachable as exc:  # nothing was refused: ask again
+        except (LedgerUnreachable, LedgerPending) as exc:  # nothing was refused: ask again
             log.warning("publishing version %d on-chain: %s; trying again", version, exc)
             await trio.sleep(CHAIN_RETRY_S)
+        except LedgerRevert:
+            if await trio.to_thread.run_sync(ledger.policy_version) >= version:
+                return
+            raise
 
 
 def registered_peer(ledger: TrainerLedger | None, worker: str) -> str | None:
