@@ -17,6 +17,7 @@ from node.net.runtime import Node
 from node.shardcast.providers import provide
 from node.shardcast.store import StoreError, publish
 from node.shardcast.versions import VersionBook
+from protocol.manifest import RUN_FILES_VERSION
 from protocol.shardcast import (
     WEIGHTS_TOPIC,
     WeightManifest,
@@ -67,6 +68,8 @@ class Publisher:
         version = version if version is not None else newest + 1
         if version <= newest:
             raise ValueError(f"version {version} is not newer than {newest}")
+        if version >= RUN_FILES_VERSION:
+            raise ValueError(f"version {version} names the run's files, not weights")
         header = self.node.header()
         try:
             source = await trio.to_thread.run_sync(
