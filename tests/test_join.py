@@ -50,15 +50,16 @@ def a_model(path):
     return path
 
 
-def joiner(name, tmp_path, bootstrap, *, module="node.cli", env=None):
-    """``start --role inference`` with a fresh data dir and ``--bootstrap`` only."""
-    data_dir = tmp_path / name
+def joiner(name, tmp_path, bootstrap, *, module="node.cli", env=None, data_dir=None):
+    """``start --role inference`` with a fresh data dir (or ``data_dir``) and ``--bootstrap``
+    only."""
+    data_dir = data_dir or tmp_path / name
     cmd = [sys.executable, "-m", module, "start", "--role", "inference"]
     cmd += ["--data-dir", str(data_dir), "--listen", LISTEN, *FAST_FLAGS]
     for b in bootstrap:
         cmd += ["--bootstrap", b]
-    data_dir.mkdir()
-    log_path = data_dir / "node.log"
+    data_dir.mkdir(exist_ok=True)
+    log_path = data_dir / f"{name}.log"
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
             cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **ENV, **(env or {})}
@@ -193,6 +194,71 @@ def test_a_fresh_node_joins_with_bootstrap_only_and_liars_are_banned(tmp_path):
         ), line
         assert list((tight / "run-files").iterdir()) == []
         assert "inference up" not in res.stdout
+    finally:
+        for n in nodes:
+            n.stop(grace=5)
+
+
+def test_a_pull_stopped_by_ctrl_c_resumes_with_the_shards_it_verified(tmp_path):
+    """A joiner stopped (SIGINT) mid-pull keeps no file of the run in view, only its
+    journalled partial; started again, it fetches only the shards it lacks."""
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text('{"model_type": "llama"}')
+    (model / "tokenizer.json").write_text('{"model": {"type": "BPE"}}')
+    (model / "model.safetensors").write_bytes(os.urandom(60 * SHARD))
+    trainer_id = create_identity(tmp_path / "trainer")
+    settings = {
+        "run.manifest_name": "slow",
+        "chain.id": 31337,
+        "chain.contract": CONTRACT,
+        "run.model": str(model),
+    }
+    cfg, _env = trainer_manifest(load_config(flags={"role": "trainer", **settings}), trainer_id)
+    flags = [x for k, v in settings.items() for x in (f"--{k.replace('_', '-')}", str(v))]
+    nodes: list[NodeProcess] = []
+    try:
+        trainer = spawn_node(
+            "trainer",
+            "trainer",
+            tmp_path,
+            run_id=cfg.run.id,
+            listen=LISTEN,
+            bootstrap=[],
+            extra=[*FAST_FLAGS, *flags, "--shardcast.shard-size", str(SHARD)]
+            + ["--shardcast.upload-rate", "0.25"],  # 3.75 MiB: a pull of about 12 s
+            env_extra=ENV,
+        )
+        nodes.append(trainer)
+        t_addr = addr_of(wait_ready(trainer))
+        t_files = files_held(trainer)
+        first = joiner("resumer", tmp_path, [t_addr])
+        nodes.append(first)
+        wait_ready(first)
+
+        def midway():
+            pull = (status(first).get("run_files") or {}).get("pull") or {}
+            return 20 <= pull.get("done_shards", 0) < 50 and pull["done_shards"]
+
+        before = wait_until(midway, 120, "the pull to be midway", interval=0.1)
+        first.stop(signal.SIGINT, grace=30)
+        store = tmp_path / "resumer" / "run-files"
+        assert [p.name for p in store.iterdir()] == [f".partial-v{RUN_FILES_VERSION:08d}"]
+        assert "pulled the run's files" not in first.log_path.read_text()
+
+        again = joiner("resumer-again", tmp_path, [t_addr], data_dir=tmp_path / "resumer")
+        nodes.append(again)
+        wait_ready(again)
+        got = files_held(again)
+        pull = status(again)["run_files"]["pull"]
+        assert pull["resumed_shards"] >= before
+        assert pull["fetched_bytes"] <= (60 - before + 1) * SHARD
+        assert filecmp.cmp(
+            f"{t_files}/model/model.safetensors", f"{got}/model/model.safetensors", False
+        )
+        assert [p.name for p in store.iterdir()] == [f"v{RUN_FILES_VERSION:08d}"]
+        line = "shards kept from before"
+        wait_until(lambda: line in again.log_path.read_text(), 30, "the resumed progress line")
     finally:
         for n in nodes:
             n.stop(grace=5)
