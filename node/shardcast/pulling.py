@@ -6,7 +6,7 @@ A download asks every candidate holder (DHT providers of the version's key, the 
 shard is verified on arrival, written in place and journalled (``store.Partial``), so a
 restarted node resumes. Complete, the whole digest is checked and the version renamed into
 view (``VersionBook.finish``), then retention runs. A peer that served a bad shard is
-banned for the rest of the run. Memory: at most ``download_slots`` shards in flight.
+banned (the node's ban list, ``node/net/bans.py``: an hour). Memory: at most ``download_slots`` shards in flight.
 A download this node's disk fails (``DiskFault``: full, say) ends with that error, blames
 no peer, keeps its journalled shards and starts again after ``RETRY_FIRST`` seconds,
 doubling up to ``RETRY_MAX``, while the version is still wanted.
