@@ -15,7 +15,6 @@ whose disk reports ``JOIN_FREE_BYTES`` free: it must stop in one line before pul
 """
 
 import filecmp
-import json
 import os
 import re
 import signal
@@ -29,6 +28,7 @@ from node.cli.manifest import trainer_manifest
 from node.config import load_config
 from node.keystore import create_identity
 from protocol.manifest import RUN_FILES_VERSION, open_run_manifest
+from tests.helpers.joinrun import ManifestRun
 from tests.helpers.net import FAST, FAST_ENV, addr_of, status, wait_until
 from tests.test_manifest_network import forged
 
@@ -264,93 +264,17 @@ def test_a_pull_stopped_by_ctrl_c_resumes_with_the_shards_it_verified(tmp_path):
             n.stop(grace=5)
 
 
-WORK = {  # the run's work settings: the trainer's terms, the validator's own flags
-    "run.tasks_per_batch": 2,
-    "run.group_size": 2,
-    "run.max_new_tokens": 24,
-    "run.verify_profile": "strict-fp32",
-    "run.async_level": 5,  # a loaded machine may generate slowly
-}
-
-
 @pytest.mark.timeout(900)
 def test_a_joiner_with_bootstrap_only_gets_its_first_batch_accepted(tmp_path, tiny_model_dir):
     """The whole loop on the served development chain: the trainer of a manifest, an
     appointed validator, and a worker with a fresh data dir, a funded account, the chain's
     URL and ``--bootstrap`` only: it pulls the model from the swarm, stakes, works with the
     manifest's settings, and its first batch is accepted on-chain."""
-    from node.cli.devnet import DEVNET_PASSWORD, fund, make_account, start_chain
-    from node.keystore import load_or_create_identity
-
-    chain_proc, ledger_env = start_chain(tmp_path / "chain")
-    nodes: list[NodeProcess] = []
+    run = ManifestRun(tmp_path, tiny_model_dir)
     try:
-        info = json.loads((tmp_path / "chain" / "chain.json").read_text())
-        trainer_id = load_or_create_identity(tmp_path / "trainer")
-        make_account(tmp_path / "trainer", info["owner_key"])  # the contract's owner
-        run = {
-            "run.manifest_name": "loop",
-            "chain.id": int(ledger_env["INTELLECT_NODE_CHAIN__ID"]),
-            "chain.contract": ledger_env["INTELLECT_NODE_CHAIN__CONTRACT"],
-            "chain.contract_block": int(ledger_env["INTELLECT_NODE_CHAIN__CONTRACT_BLOCK"]),
-            "run.model": str(tiny_model_dir),
-            **WORK,
-        }
-        cfg, _env = trainer_manifest(load_config(flags={"role": "trainer", **run}), trainer_id)
-        flags = [x for k, v in run.items() for x in (f"--{k.replace('_', '-')}", str(v))]
-        common = {
-            "INTELLECT_NODE_CHAIN__URL": ledger_env["INTELLECT_NODE_CHAIN__URL"],
-            "INTELLECT_NODE_PASSWORD": DEVNET_PASSWORD,
-            "INTELLECT_NODE_ENGINE__TORCH_THREADS": "1",
-            "INTELLECT_NODE_INFERENCE__MAX_UNJUDGED": "1",
-            **FAST_ENV,
-        }
-        trainer = spawn_node(
-            "trainer",
-            "trainer",
-            tmp_path,
-            run_id=cfg.run.id,
-            listen=LISTEN,
-            bootstrap=[],
-            extra=[*FAST_FLAGS, *flags],
-            env_extra={**common, "INTELLECT_NODE_TRAINER__STEP_WAIT": "20"},
-        )
-        nodes.append(trainer)
-        t_addr = addr_of(wait_ready(trainer, timeout=300))
-        make_account(tmp_path / "validator", info["validator_keys"][0])
-        v_flags = [x for k, v in WORK.items() for x in (f"--{k.replace('_', '-')}", str(v))]
-        validator = spawn_node(
-            "validator",
-            "validator",
-            tmp_path,
-            run_id=cfg.run.id,
-            listen=LISTEN,
-            bootstrap=[t_addr],
-            extra=[*FAST_FLAGS, *v_flags, "--model", str(tiny_model_dir)],
-            env_extra={
-                **common,
-                **{k: v for k, v in ledger_env.items() if k != "INTELLECT_NODE_CHAIN__URL"},
-                "INTELLECT_NODE_RUN__TRAINER_PEER_ID": trainer_id.peer_id,
-            },
-        )
-        nodes.append(validator)
-        wait_ready(validator, timeout=300)
-
-        # the joiner: a fresh data dir with a funded account, the chain's URL, --bootstrap
-        fund(tmp_path / "chain", make_account(tmp_path / "worker"), "10")
-        data_dir = tmp_path / "worker"
-        cmd = [sys.executable, "-m", "node.cli", "start", "--role", "inference"]
-        cmd += ["--data-dir", str(data_dir), "--listen", LISTEN, "--bootstrap", t_addr]
-        log_path = data_dir / "node.log"
-        with open(log_path, "wb") as log:
-            proc = subprocess.Popen(
-                [*cmd, *FAST_FLAGS],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env={**os.environ, **common},
-            )
-        worker = NodeProcess("worker", "inference", data_dir, proc, log_path)
-        nodes.append(worker)
+        run.fund_joiner("worker")
+        assert sorted(p.name for p in (tmp_path / "worker").iterdir()) == ["account.json"]
+        worker = run.joiner("worker")
         wait_ready(worker, timeout=300)
         got = files_held(worker)
         names = sorted(p.name for p in tiny_model_dir.iterdir() if p.is_file())
@@ -360,20 +284,13 @@ def test_a_joiner_with_bootstrap_only_gets_its_first_batch_accepted(tmp_path, ti
         def accepted():
             return ((status(worker).get("inference") or {}).get("accepted") or 0) >= 1
 
-        wait_until(accepted, 600, f"the joiner's first accepted batch\n{log_path}", interval=2)
-        text = log_path.read_text()
-        assert f"joining run {cfg.run.id} by its manifest" in text
+        wait_until(accepted, 600, f"the joiner's first accepted batch\n{worker.log_path}", 2)
+        text = worker.log_path.read_text()
+        assert f"joining run {run.run_id} by its manifest" in text
         # its first batch was made with the base weights it pulled (policy version 0)
         assert f"generating with policy version 0 ({got}/model)" in text
     finally:
-        for n in reversed(nodes):
-            n.stop(grace=10)
-        chain_proc.send_signal(signal.SIGTERM)
-        try:
-            chain_proc.wait(60)
-        except subprocess.TimeoutExpired:
-            chain_proc.kill()
-            chain_proc.wait()
+        run.close()
 
 
 if __name__ == "__main__":
