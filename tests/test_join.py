@@ -21,13 +21,15 @@ import signal
 import subprocess
 import sys
 
+import msgpack
 import pytest
 
+from crypto.envelope import Envelope
 from node.cli.devnet import NodeProcess, spawn_node, wait_ready
 from node.cli.manifest import trainer_manifest
 from node.config import load_config
 from node.keystore import create_identity
-from protocol.manifest import RUN_FILES_VERSION, open_run_manifest
+from protocol.manifest import RUN_FILES_VERSION, RunManifest, open_run_manifest
 from tests.helpers.joinrun import ManifestRun
 from tests.helpers.net import FAST, FAST_ENV, addr_of, status, wait_until
 from tests.test_manifest_network import forged
@@ -65,6 +67,17 @@ def joiner(name, tmp_path, bootstrap, *, module="node.cli", env=None, data_dir=N
             cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **ENV, **(env or {})}
         )
     return NodeProcess(name, "inference", data_dir, proc, log_path)
+
+
+def signed_by(honest, key):
+    """The honest manifest's terms and run id, signed by ``key``: not their trainer."""
+    obj = {"type": RunManifest.TYPE, **honest.to_obj(), "sender": key.peer_id}
+    payload = msgpack.packb(obj, use_bin_type=True)
+    env = Envelope.seal(key, RunManifest.TYPE, payload)
+    return msgpack.packb(
+        {"d": RunManifest.TYPE, "p": payload, "k": env.signer, "s": env.signature},
+        use_bin_type=True,
+    )
 
 
 def files_held(node):
@@ -122,6 +135,21 @@ def test_a_fresh_node_joins_with_bootstrap_only_and_liars_are_banned(tmp_path):
         )
         nodes.append(forging)
         f_addr = addr_of(wait_ready(forging))
+        # the run's own terms, signed by another key than their trainer's
+        signer_id = create_identity(tmp_path / "signer")
+        signing = spawn_node(
+            "signer",
+            "bootstrap",
+            tmp_path,
+            run_id="elsewhere",
+            listen=LISTEN,
+            bootstrap=[],
+            extra=FAST_FLAGS,
+            env_extra={**ENV, "FORGED_MANIFEST": signed_by(honest, signer_id).hex()},
+            module="tests.test_manifest_network",
+        )
+        nodes.append(signing)
+        s_addr = addr_of(wait_ready(signing))
 
         # a worker that joined earlier, and one that joined and turned: it corrupts uploads
         early = joiner("early", tmp_path, [t_addr])
@@ -136,7 +164,7 @@ def test_a_fresh_node_joins_with_bootstrap_only_and_liars_are_banned(tmp_path):
         files_held(evil)
 
         # the fresh node: --bootstrap only, the forger and the corrupter among its peers
-        fresh = joiner("fresh", tmp_path, [f_addr, v_addr, e_addr, t_addr])
+        fresh = joiner("fresh", tmp_path, [f_addr, s_addr, v_addr, e_addr, t_addr])
         nodes.append(fresh)
         wait_ready(fresh)
         got = files_held(fresh)
@@ -154,8 +182,10 @@ def test_a_fresh_node_joins_with_bootstrap_only_and_liars_are_banned(tmp_path):
         forger_peer = f_addr.rsplit("/p2p/", 1)[1]
         evil_peer = v_addr.rsplit("/p2p/", 1)[1]
         bans = st["bans"]
-        assert "manifest that fails its check" in bans[forger_peer]["reason"], bans
+        assert "manifest that fails its check: wrong_run" in bans[forger_peer]["reason"], bans
         assert bans[forger_peer]["left_s"] > 0
+        signer_peer = s_addr.rsplit("/p2p/", 1)[1]
+        assert "manifest that fails its check: bad_signature" in bans[signer_peer]["reason"]
         assert "bad shard" in bans[evil_peer]["reason"], bans
         assert f"of version {RUN_FILES_VERSION}" in bans[evil_peer]["reason"]
         pull = st["run_files"]["pull"]

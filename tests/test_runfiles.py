@@ -3,6 +3,7 @@
 name, a file whose bytes differ is named in one line, a run-files manifest is never taken
 for a weight version (nor back), the disk and memory lines, and bans that end."""
 
+import time
 from pathlib import Path
 
 import pytest
@@ -177,3 +178,43 @@ def test_a_ban_holds_until_it_ends_and_survives_a_restart(tmp_path):
     assert load_bans(tmp_path, 161.0).active(161.0) == {}
     (tmp_path / "bans.json").write_text("[1, 2]")
     assert load_bans(tmp_path, 150.0).active(150.0) == {}  # not a ban list: ignored
+
+
+async def test_a_peer_serving_a_forged_run_files_manifest_is_banned_and_holders_kept(tmp_path):
+    from types import SimpleNamespace
+
+    from node.config import NodeConfig
+    from node.shardcast.pulling import Holders
+    from node.shardcast.runfiles import RunFiles
+
+    terms, _store, src = a_run(tmp_path)
+    other = Identity.generate()
+    fields = {k: getattr(src.manifest, k) for k in src.manifest.specs()}
+    fields.update(sender=other.peer_id)
+    served = {"liar": seal(other, type(src.manifest)(**fields)), "honest": src.envelope}
+    asked, rejected = [], []
+
+    async def request(peer, protocol, message, reply_type):
+        asked.append((peer, message.version, message.with_manifest))
+        return SimpleNamespace(version=RUN_FILES_VERSION, manifest=served[peer])
+
+    node = SimpleNamespace(
+        peer_id="me",
+        header=lambda: {"run_id": terms.run_id(), "sender": "me", "seq": 1, "ts_ms": 1},
+        request=request,
+        reject=lambda protocol, peer, err: rejected.append((peer, err.reason.value)),
+        connected_peers=lambda: {"liar", "honest", "me"},
+        known_peers=lambda: ["honest"],
+    )
+    cfg = NodeConfig(data_dir=tmp_path / "node", run={"id": terms.run_id()})
+    holders = Holders()
+    files = RunFiles(node, cfg, holders, TRAINER.peer_id)  # type: ignore[arg-type]
+    await files._find_manifest(lambda line: None)
+    assert sorted(asked) == [("honest", RUN_FILES_VERSION, True), ("liar", RUN_FILES_VERSION, True)]
+    assert holders.banned == {"liar"} and rejected == [("liar", "bad_signature")]
+    ban = holders.bans.banned("liar", time.time())
+    assert ban is not None
+    reason = ban.reason
+    assert reason.startswith("served a run-files manifest that fails its check: bad_signature")
+    assert files.book.manifest(RUN_FILES_VERSION) == (src.manifest, src.envelope)
+    assert holders.of(RUN_FILES_VERSION) == {"honest"}
