@@ -13,16 +13,18 @@ from crypto.identity import Identity
 from node.files import file_digest
 from node.net.bans import PeerBans, load_bans, save_bans
 from node.shardcast.runfiles import (
+    RunFilesError,
     check_files,
     differences,
     memory_line,
     room_line,
+    sources,
     weights_bytes,
 )
 from node.shardcast.store import WeightStore, publish_files
 from node.shardcast.versions import VersionBook
 from protocol.errors import WireError
-from protocol.manifest import RUN_FILES_VERSION, FileRef, run_files_of
+from protocol.manifest import RUN_FILES_VERSION, FileRef
 from protocol.wire import seal
 from tests.helpers.manifests import run_terms
 
@@ -50,10 +52,7 @@ def a_run(tmp_path: Path):
         taskset="sums.jsonl",
         taskset_file=[FileRef(name="sums.jsonl", size=size, blake3=blake3)],
     )
-    files = [
-        (name, tasks if name.startswith("taskset/") else model / ref.name)
-        for name, ref in run_files_of(terms)
-    ]
+    files = sources(terms, model, tasks)
     run_id = terms.run_id()
     store = WeightStore(tmp_path / "run-files", run_id, TRAINER.peer_id)
     src = publish_files(
@@ -78,6 +77,8 @@ def test_the_run_files_are_the_terms_files_and_a_changed_byte_is_named(tmp_path)
         "taskset/sums.jsonl",
     ]
     assert differences(src.manifest, terms) == []
+    with pytest.raises(RunFilesError, match="the run's task set is the file sums.jsonl"):
+        sources(terms, tmp_path / "model", None)
     files = src.root / "files"
     assert check_files(files, terms) == []
     weights = files / "model" / "model.safetensors"

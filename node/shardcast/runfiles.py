@@ -85,6 +85,20 @@ def check_files(files: Path, terms: RunTerms) -> list[str]:
     return lines
 
 
+def sources(terms: RunTerms, model: Path, taskset: Path | None) -> list[tuple[str, Path]]:
+    """The trainer's files of the run-files version: (name there, path here), sorted by
+    name; ``model`` is its model directory, ``taskset`` its task set file."""
+    out = []
+    for name, ref in run_files_of(terms):
+        if not name.startswith(RUN_FILES_TASKSET + "/"):
+            out.append((name, model / ref.name))
+        elif taskset is None:
+            raise RunFilesError(f"the run's task set is the file {ref.name}: none given")
+        else:
+            out.append((name, taskset))
+    return out
+
+
 def room_line(need: int, free: int, where: Path) -> str | None:
     """The line a node stops with when ``need`` bytes do not fit in ``free`` (None: they do)."""
     if need <= free:
@@ -168,15 +182,7 @@ class RunFiles:
             if not await trio.to_thread.run_sync(check_files, held, terms):
                 return held
             await self.book.drop(RUN_FILES_VERSION)
-        files = [
-            (
-                name,
-                taskset
-                if name.startswith(RUN_FILES_TASKSET + "/") and taskset
-                else model / ref.name,
-            )
-            for name, ref in run_files_of(terms)
-        ]
+        files = sources(terms, model, taskset)
         header = self.node.header()
         source = await trio.to_thread.run_sync(
             lambda: publish_files(
