@@ -40,10 +40,13 @@ class Publisher:
         book: VersionBook,
         *,
         retain: Callable[[], Awaitable[None]],
+        also: VersionBook | None = None,
     ) -> None:
+        """``also``: another book whose versions are provided too (the run's files)."""
         self.node = node
         self.cfg = cfg
         self.book = book
+        self.also = also
         self.retain = retain
         self._nursery: trio.Nursery | None = None
 
@@ -119,6 +122,8 @@ class Publisher:
 
     async def _provide_loop(self) -> None:
         while True:
-            for v in self.book.complete_versions():
+            held = self.book.complete_versions()
+            held += self.also.complete_versions() if self.also is not None else []
+            for v in held:
                 await provide(self.node, self.cfg, v)
             await trio.sleep(PROVIDE_EVERY)

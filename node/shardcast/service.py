@@ -76,7 +76,9 @@ class WeightService:
         self.server = ShardServer(
             node, cfg, self.book, read=self.read_shard_bytes, run_files=self.run_files.book
         )
-        self.publisher = Publisher(node, cfg, self.book, retain=self.downloads.retain)
+        self.publisher = Publisher(
+            node, cfg, self.book, retain=self.downloads.retain, also=self.run_files.book
+        )
 
     # ---- what the node's other code reads ---------------------------------------------
 
