@@ -219,3 +219,37 @@ async def test_a_peer_serving_a_forged_run_files_manifest_is_banned_and_holders_
     assert reason.startswith("served a run-files manifest that fails its check: bad_signature")
     assert files.book.manifest(RUN_FILES_VERSION) == (src.manifest, src.envelope)
     assert holders.of(RUN_FILES_VERSION) == {"honest"}
+
+
+async def test_the_trainer_keeps_files_still_the_terms_and_refuses_missing_ones(tmp_path):
+    from types import SimpleNamespace
+
+    from node.config import NodeConfig
+    from node.shardcast.pulling import Holders
+    from node.shardcast.runfiles import RunFiles
+
+    (tmp_path / "run").mkdir()
+    terms, _store, _src = a_run(tmp_path / "run")
+    model, tasks = tmp_path / "run" / "model", tmp_path / "run" / "sums.jsonl"
+    seq = iter(range(1, 100))
+    node = SimpleNamespace(
+        peer_id=TRAINER.peer_id,
+        identity=TRAINER,
+        header=lambda: {"seq": next(seq), "ts_ms": 1},
+    )
+    cfg = NodeConfig(data_dir=tmp_path / "node", run={"id": terms.run_id()})
+    files = RunFiles(node, cfg, Holders(), TRAINER.peer_id)  # type: ignore[arg-type]
+    root = await files.publish(terms, model, tasks)
+    assert check_files(root, terms) == []
+    envelope = files.book.manifest(RUN_FILES_VERSION)
+    assert await files.publish(terms, model, tasks) == root  # still the terms': kept
+    assert files.book.manifest(RUN_FILES_VERSION) == envelope
+    (root / "model" / "config.json").write_text("{}")  # no longer the terms': published again
+    assert await files.publish(terms, model, tasks) == root
+    assert check_files(root, terms) == []
+    assert files.book.manifest(RUN_FILES_VERSION) != envelope
+    (model / "config.json").unlink()
+    (root / "model" / "config.json").write_text("{}")
+    with pytest.raises(RunFilesError, match=r"cannot serve the run's files: .*config\.json"):
+        await files.publish(terms, model, tasks)
+    assert files.files_dir is None  # nothing kept that is not the terms'

@@ -35,7 +35,7 @@ from node.config import NodeConfig
 from node.files import file_digest
 from node.net.runtime import Node
 from node.shardcast.pulling import MAX_QUERY_PEERS, Downloads, Holders, ask_holding
-from node.shardcast.store import WeightStore, publish_files, version_dir_name
+from node.shardcast.store import StoreError, WeightStore, publish_files, version_dir_name
 from node.shardcast.versions import VersionBook
 from protocol import ids
 from protocol.errors import WireError
@@ -184,19 +184,22 @@ class RunFiles:
             await self.book.drop(RUN_FILES_VERSION)
         files = sources(terms, model, taskset)
         header = self.node.header()
-        source = await trio.to_thread.run_sync(
-            lambda: publish_files(
-                self.book.store,
-                files,
-                identity=self.node.identity,
-                version=RUN_FILES_VERSION,
-                step=0,
-                shard_size=self.cfg.shardcast.shard_size,
-                seq=header["seq"],
-                ts_ms=header["ts_ms"],
-                where=str(model),
+        try:
+            source = await trio.to_thread.run_sync(
+                lambda: publish_files(
+                    self.book.store,
+                    files,
+                    identity=self.node.identity,
+                    version=RUN_FILES_VERSION,
+                    step=0,
+                    shard_size=self.cfg.shardcast.shard_size,
+                    seq=header["seq"],
+                    ts_ms=header["ts_ms"],
+                    where=str(model),
+                )
             )
-        )
+        except (StoreError, OSError) as exc:  # a full disk, a file gone since it was hashed
+            raise RunFilesError(f"cannot serve the run's files: {exc}") from exc
         self.book.add_published(source)
         root = source.root / "files"
         problems = await trio.to_thread.run_sync(check_files, root, terms)
