@@ -9,7 +9,8 @@ with a fresh data dir, a funded account, the chain's URL and ``--bootstrap`` (th
 only. Per joiner:
 
 - ``join_s``: seconds from its ``start`` to holding the model (the end of its pull of the
-  run's files, checked: the pull's ``ended_at``);
+  run's files, checked: the pull's ``ended_at``); of it, ``pull_s`` the pull alone (the
+  rest: the process starting, the manifest found, the node of the run up);
 - ``first_accept_s``: seconds from its ``start`` to its first batch accepted on-chain (its
   own ``/status``, polled every second);
 
@@ -62,6 +63,7 @@ def measure(base: Path, joiners: int, shard_size: int) -> dict[str, object]:
             started[name] = time.time()
             nodes[name] = run.joiner(name)
         join_s: dict[str, float] = {}
+        pull_s: dict[str, float] = {}  # of join_s, the pull itself (the rest: start, manifest)
         accept_s: dict[str, float] = {}
         pulls: dict[str, dict[str, object]] = {}
         deadline = time.monotonic() + DEADLINE_S
@@ -75,6 +77,7 @@ def measure(base: Path, joiners: int, shard_size: int) -> dict[str, object]:
                 pull = (st.get("run_files") or {}).get("pull") or {}
                 if name not in join_s and pull.get("state") == "complete":
                     join_s[name] = round(float(pull["ended_at"]) - started[name], 2)
+                    pull_s[name] = float(pull["elapsed_s"])
                     pulls[name] = pull
                 accepted = (st.get("inference") or {}).get("accepted") or 0
                 if name not in accept_s and accepted >= 1:
@@ -91,6 +94,7 @@ def measure(base: Path, joiners: int, shard_size: int) -> dict[str, object]:
             "first_accept_s": statistics.median(accept_s.values()),
             "origin_share": round(origin / total, 3) if total else None,
             "join_s_each": join_s,
+            "pull_s_each": pull_s,
             "first_accept_s_each": accept_s,
             "bytes_pulled": total,
             "bytes_from_trainer": origin,
@@ -111,7 +115,8 @@ def main() -> None:
     print(
         f"{out['joiners']} joiners at once, the tiny model ({out['model_bytes']} bytes, shards "
         f"of {out['shard_size']}): join_s {out['join_s']} (median), first_accept_s "
-        f"{out['first_accept_s']} (median), origin_share {out['origin_share']}"
+        f"{out['first_accept_s']} (median), origin_share {out['origin_share']}; the pulls "
+        f"alone took {out['pull_s_each']} s"
     )
     if args.json:
         print(json.dumps(out, sort_keys=True))
