@@ -29,7 +29,7 @@ from protocol.errors import Reason, WireError
 from protocol.ids import PEER_ID_PATTERN
 from protocol.messages import Header
 from protocol.schema import FieldSpec, Message, blob, f64, listof, nested, spec, text, u64
-from protocol.shardcast import FILE_NAME_PATTERN, is_file_name
+from protocol.shardcast import FILE_NAME_PATTERN, MAX_VERSION, is_file_name
 from protocol.wire import ENVELOPE_OVERHEAD, open_message
 
 MANIFEST_FORMAT = 1  # RunTerms.format: a node refuses a format it does not know
@@ -42,6 +42,11 @@ MAX_FILE_SIZE = 2**44  # 16 TiB
 MAX_TASKSET = 256
 RUN_MANIFEST_MAX = 16 * 1024
 MANIFEST_ENVELOPE_MAX = RUN_MANIFEST_MAX + ENVELOPE_OVERHEAD
+# the run's files (the terms' model files and task set file) travel over SHARDCAST as this
+# version of the run, signed by its trainer like a weight version (SPEC §2, §15); inside
+# it, a model file ``n`` is named ``model/n`` and the task set file ``taskset/n``
+RUN_FILES_VERSION = MAX_VERSION
+RUN_FILES_MODEL, RUN_FILES_TASKSET = "model", "taskset"
 
 
 def _bad(detail: str) -> WireError:
@@ -114,6 +119,14 @@ class RunTerms(Message):
 
     def run_id(self) -> str:
         return run_id_of(self)
+
+
+def run_files_of(terms: RunTerms) -> list[tuple[str, FileRef]]:
+    """The files of the run's SHARDCAST version ``RUN_FILES_VERSION``, sorted by the name
+    they have there (``model/<name>``, ``taskset/<name>``), each with its ``FileRef``."""
+    files = [(f"{RUN_FILES_MODEL}/{f.name}", f) for f in terms.model]
+    files += [(f"{RUN_FILES_TASKSET}/{f.name}", f) for f in terms.taskset_file]
+    return sorted(files, key=lambda x: x[0])
 
 
 def run_id_of(terms: RunTerms) -> str:

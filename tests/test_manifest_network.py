@@ -2,7 +2,8 @@
 ``--run-id`` and ``--trainer-peer-id`` joins the run by the manifest a bootstrap node
 collected from the trainer (a worker asking the trainer itself is checked too);
 a peer serving a forged manifest is refused in one line, and a node that finds only the
-forged one stops before its node of the run starts, keeping nothing but its identity.
+forged one stops before its node of the run starts, keeping nothing but its identity and
+its ban list.
 
 Run as a module (``python -m tests.test_manifest_network start ...``), this file is the
 forging peer: the real binary serving the manifest in ``FORGED_MANIFEST`` (hex)."""
@@ -167,7 +168,9 @@ def test_a_worker_joins_by_the_manifest_and_a_forged_one_is_refused(tmp_path):
             f"intellect-node: error: no bootstrap peer serves the manifest of run {honest.run_id}"
             " (runs found: none); peer "
         ), line
-        assert sorted(p.name for p in lone.iterdir()) == ["identity.key", "node.lock"]
+        # its identity, and the forger on its ban list (asked no more next time)
+        assert sorted(p.name for p in lone.iterdir()) == ["bans.json", "identity.key", "node.lock"]
+        assert "fails its check" in (lone / "bans.json").read_text()
 
         # a flag that contradicts the manifest: one line naming both values
         res = subprocess.run(

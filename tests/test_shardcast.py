@@ -1234,7 +1234,7 @@ async def test_the_holdings_of_a_banned_peer_are_never_asked_for(autojump_clock,
     monkeypatch.setattr(pulling, "find_providers", find_providers)
     holders = Holders()
     holders.saw(3, "evil")
-    holders.ban("evil")
+    holders.ban("evil", "served a bad shard")
     node = SimpleNamespace(peer_id="me", known_peers=lambda: ["evil", "good", "me"])
     downloads = Downloads(node, NodeConfig(net={"read_timeout": 1.0}), None, holders)
     asked = []
@@ -1264,7 +1264,7 @@ async def test_a_version_poll_never_asks_a_banned_peer(monkeypatch):
 
     monkeypatch.setattr(following, "ask_holding", ask_holding)
     holders = Holders()
-    holders.ban("evil")
+    holders.ban("evil", "served a bad shard")
     peers = ["evil", "good"]
     node = SimpleNamespace(connected_peers=lambda: set(peers), known_peers=lambda: peers)
     follower = Follower(

@@ -271,7 +271,7 @@ def cmd_start(args: argparse.Namespace) -> int:
 
     import trio
 
-    from node.cli.manifest import join_run, trainer_manifest
+    from node.cli.manifest import join_run, take_run_files, trainer_manifest
     from node.cli.stopping import stop_on_signals
     from node.engine.modeldir import ModelError
     from node.net.admin import AdminServer
@@ -282,6 +282,7 @@ def cmd_start(args: argparse.Namespace) -> int:
     from node.roles.given import RoleRun
     from node.roles.io.chain import ChainSetupError
     from node.roles.io.submissions import local_record
+    from node.shardcast.runfiles import RunFilesError
     from node.shardcast.service import WeightService
 
     # after py-libp2p's import-time logging setup; while a joining node asks its bootstrap
@@ -326,6 +327,7 @@ def cmd_start(args: argparse.Namespace) -> int:
             node.request_stop()
 
     async def main() -> None:
+        nonlocal cfg
         node = Node(cfg, identity)
 
         async def run_node(task_status: trio.TaskStatus[Node] = trio.TASK_STATUS_IGNORED) -> None:
@@ -350,6 +352,13 @@ def cmd_start(args: argparse.Namespace) -> int:
                     ),
                 )
                 port = await nursery.start(admin.serve)
+                try:  # the run's files: served by its trainer, pulled by a joiner (no stake)
+                    cfg = await take_run_files(cfg, weights, envelope, joined)
+                except RunFilesError as exc:
+                    print(f"intellect-node: error: {exc}", file=sys.stderr)
+                    failed.append(exc)
+                    node.request_stop()
+                    return
                 # the role's module imports torch (seconds): in a thread, not on the loop
                 role = (
                     None

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from crypto.identity import Identity
 from node.config import NodeConfig
@@ -25,10 +26,20 @@ from node.config.manifest import (
     terms_of,
 )
 from node.files import file_digest, model_files
+from node.net.bans import PeerBans, load_bans, save_bans
 from node.net.runs import JOINING_RUN, Found, JoinError, choose_run, find_runs
 from node.tasks import builtin_taskset
-from protocol.manifest import RunManifest, is_derived_run_id
+from protocol.manifest import (
+    RUN_FILES_MODEL,
+    RUN_FILES_TASKSET,
+    RunManifest,
+    is_derived_run_id,
+    open_run_manifest,
+)
 from protocol.wire import seal
+
+if TYPE_CHECKING:
+    from node.shardcast.service import WeightService
 
 JOIN_PATIENCE = 20.0  # seconds a joining node asks its bootstrap peers for a run
 
@@ -83,22 +94,26 @@ def join_run(cfg: NodeConfig, identity: Identity) -> tuple[NodeConfig, bytes | N
     probe = cfg.changed(
         {"run.id": JOINING_RUN, "net.bootstrap": [], "net.listen": ["/ip4/0.0.0.0/tcp/0"]}
     )
-    found = trio.run(_ask_bootstraps, probe, cfg.net.bootstrap, identity, want)
+    bans = load_bans(cfg.resolved_data_dir, time.time())
+    found = trio.run(_ask_bootstraps, probe, cfg.net.bootstrap, identity, want, bans)
+    save_bans(cfg.resolved_data_dir, bans, time.time())  # a forger stays refused next time
     manifest, envelope = choose_run(found, want)
     settings = settings_of(manifest)
     given_taskset = "taskset" in cfg.run.model_fields_set and not builtin_taskset(cfg.run.taskset)
-    lines = contradictions(cfg, settings) + check_files(
-        manifest,
-        model_files(cfg.run.model) if cfg.run.model is not None else None,
-        file_digest(Path(cfg.run.taskset)) if given_taskset else None,
-    )
+    lines = contradictions(cfg, settings)
+    if cfg.run.model is not None:  # without one, the run's files come from the swarm
+        lines += check_files(
+            manifest,
+            model_files(cfg.run.model),
+            file_digest(Path(cfg.run.taskset)) if given_taskset else None,
+        )
     if lines:
         raise ManifestError("; ".join(lines))
     return cfg.changed(settings), envelope, list(found.refused.values())
 
 
 async def _ask_bootstraps(
-    probe: NodeConfig, bootstrap: list[str], identity: Identity, want: str | None
+    probe: NodeConfig, bootstrap: list[str], identity: Identity, want: str | None, bans: PeerBans
 ) -> Found:
     import trio
 
@@ -108,6 +123,48 @@ async def _ask_bootstraps(
     async with trio.open_nursery() as nursery:
         await nursery.start(node.serve)
         try:
-            return await find_runs(node, bootstrap, want=want, patience=JOIN_PATIENCE)
+            return await find_runs(node, bootstrap, want=want, patience=JOIN_PATIENCE, bans=bans)
         finally:
             node.request_stop()
+
+
+PULL_PATIENCE = 120.0  # seconds a joining node waits for a peer serving the run's files
+
+
+async def take_run_files(
+    cfg: NodeConfig, weights: WeightService, envelope: bytes | None, joined: bool
+) -> NodeConfig:
+    """The run's files over SHARDCAST (``node/shardcast/runfiles.py``), before the role
+    starts: the trainer of a manifest serves its own; a node that joined without a model
+    pulls them, checked, and works with them (its config names them: ``run.model``, and
+    ``run.taskset`` for a task file). Any other node: ``cfg`` as it is. ``RunFilesError``
+    (one line) if they cannot be had, do not fit the disk, or the weights the memory."""
+    from node.shardcast.runfiles import (
+        RunFilesError,
+        available_memory,
+        memory_line,
+        weights_bytes,
+    )
+
+    if envelope is None:
+        return cfg
+    terms = open_run_manifest(envelope).terms
+    if cfg.role == "trainer" and not joined:
+        assert cfg.run.model is not None
+        taskset = None if builtin_taskset(cfg.run.taskset) else Path(cfg.run.taskset)
+        await weights.run_files.publish(terms, cfg.run.model, taskset)
+        return cfg
+    if not joined or cfg.run.model is not None:
+        return cfg
+
+    def report(line: str) -> None:
+        print(f"intellect-node: {line}", flush=True)
+
+    line = memory_line(weights_bytes(terms), available_memory())
+    if line is not None:  # before a byte is pulled, and before any stake
+        raise RunFilesError(line)
+    files = await weights.run_files.pull(terms, report, patience=PULL_PATIENCE)
+    changes: dict[str, object] = {"run.model": str(files / RUN_FILES_MODEL)}
+    if terms.taskset_file:
+        changes["run.taskset"] = str(files / RUN_FILES_TASKSET / terms.taskset_file[0].name)
+    return cfg.changed(changes)

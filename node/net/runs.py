@@ -13,11 +13,13 @@ node joins. The caller (``node/cli/manifest.py``) takes the settings from the ma
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 
 import trio
 from libp2p.peer.peerinfo import PeerInfo, info_from_p2p_addr
 
+from node.net.bans import PeerBans
 from node.net.host import parse_addrs
 from node.net.requests import Responder
 from node.net.runtime import Node
@@ -137,21 +139,34 @@ def choose_run(found: Found, want: str | None) -> tuple[RunManifest, bytes]:
 
 
 async def find_runs(
-    node: Node, bootstrap: list[str], *, want: str | None, patience: float
+    node: Node,
+    bootstrap: list[str],
+    *,
+    want: str | None,
+    patience: float,
+    bans: PeerBans | None = None,
 ) -> Found:
     """Ask every peer of ``bootstrap`` (multiaddrs) for its manifest, every ``ASK_EVERY``
     seconds, until ``want`` is among the runs found (without ``want``: until any run is),
     every peer was refused, or ``patience`` seconds have passed. ``node`` serves under a
-    run id of its own, with no bootstrap peers of its own, so it greets no one."""
+    run id of its own, with no bootstrap peers of its own, so it greets no one. A peer
+    ``bans`` holds is not asked; one that serves a manifest failing its check is banned
+    there (and refused)."""
     found = Found()
+    bans = bans if bans is not None else PeerBans()
     infos = [info_from_p2p_addr(a) for a in parse_addrs(bootstrap)]
+    for info in infos:
+        peer = info.peer_id.to_base58()
+        ban = bans.banned(peer, time.time())
+        if ban is not None:
+            found.refused[peer] = f"peer {peer} is banned: {ban.reason}"
     with trio.move_on_after(patience):
         while True:
             for info in infos:
                 peer = info.peer_id.to_base58()
                 if peer in found.refused:
                     continue
-                await _ask(node, info, found)
+                await _ask(node, info, found, bans)
             if (want in found.runs) if want is not None else bool(found.runs):
                 break
             if all(i.peer_id.to_base58() in found.refused for i in infos):
@@ -160,7 +175,7 @@ async def find_runs(
     return found
 
 
-async def _ask(node: Node, info: PeerInfo, found: Found) -> None:
+async def _ask(node: Node, info: PeerInfo, found: Found, bans: PeerBans) -> None:
     peer = info.peer_id.to_base58()
     try:
         if peer not in node.connected_peers():
@@ -179,7 +194,9 @@ async def _ask(node: Node, info: PeerInfo, found: Found) -> None:
     try:
         manifest = open_run_manifest(envelope)
     except WireError as err:
-        found.refused[peer] = f"peer {peer} served a manifest that fails its check: {err}"
+        line = f"peer {peer} served a manifest that fails its check: {err}"
+        found.refused[peer] = line + " (banned)"
+        bans.ban(peer, f"served a manifest that fails its check: {err}", time.time())
         node.reject(ids.MANIFEST, peer, err)
         return
     found.empty.discard(peer)

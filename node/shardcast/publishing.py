@@ -17,6 +17,7 @@ from node.net.runtime import Node
 from node.shardcast.providers import provide
 from node.shardcast.store import StoreError, publish
 from node.shardcast.versions import VersionBook
+from protocol.manifest import RUN_FILES_VERSION
 from protocol.shardcast import (
     WEIGHTS_TOPIC,
     WeightManifest,
@@ -39,10 +40,13 @@ class Publisher:
         book: VersionBook,
         *,
         retain: Callable[[], Awaitable[None]],
+        also: VersionBook | None = None,
     ) -> None:
+        """``also``: another book whose versions are provided too (the run's files)."""
         self.node = node
         self.cfg = cfg
         self.book = book
+        self.also = also
         self.retain = retain
         self._nursery: trio.Nursery | None = None
 
@@ -67,6 +71,8 @@ class Publisher:
         version = version if version is not None else newest + 1
         if version <= newest:
             raise ValueError(f"version {version} is not newer than {newest}")
+        if version >= RUN_FILES_VERSION:
+            raise ValueError(f"version {version} names the run's files, not weights")
         header = self.node.header()
         try:
             source = await trio.to_thread.run_sync(
@@ -116,6 +122,8 @@ class Publisher:
 
     async def _provide_loop(self) -> None:
         while True:
-            for v in self.book.complete_versions():
+            held = self.book.complete_versions()
+            held += self.also.complete_versions() if self.also is not None else []
+            for v in held:
                 await provide(self.node, self.cfg, v)
             await trio.sleep(PROVIDE_EVERY)

@@ -6,7 +6,7 @@ A download asks every candidate holder (DHT providers of the version's key, the 
 shard is verified on arrival, written in place and journalled (``store.Partial``), so a
 restarted node resumes. Complete, the whole digest is checked and the version renamed into
 view (``VersionBook.finish``), then retention runs. A peer that served a bad shard is
-banned for the rest of the run. Memory: at most ``download_slots`` shards in flight.
+banned (the node's ban list, ``node/net/bans.py``: an hour). Memory: at most ``download_slots`` shards in flight.
 A download this node's disk fails (``DiskFault``: full, say) ends with that error, blames
 no peer, keeps its journalled shards and starts again after ``RETRY_FIRST`` seconds,
 doubling up to ``RETRY_MAX``, while the version is still wanted.
@@ -24,6 +24,7 @@ from typing import Any
 import trio
 
 from node.config import NodeConfig
+from node.net.bans import PeerBans
 from node.net.requests import RemoteRefusal
 from node.net.runtime import Node
 from node.shardcast.providers import find_providers, provide
@@ -69,12 +70,17 @@ async def ask_holding(
 
 
 class Holders:
-    """Peers known to hold something of a version, and the peers banned in this run (they
-    served a bad shard: never asked again)."""
+    """Peers known to hold something of a version, and the node's ban list
+    (``node/net/bans.py``: a peer that served a bad shard or a forged manifest is not asked
+    again until its ban ends); ``on_ban`` is called after each ban (the service keeps the
+    list on disk)."""
 
-    def __init__(self) -> None:
+    def __init__(
+        self, bans: PeerBans | None = None, on_ban: Callable[[], None] | None = None
+    ) -> None:
         self._hints: dict[int, set[str]] = {}
-        self._banned: set[str] = set()
+        self.bans = bans if bans is not None else PeerBans()
+        self.on_ban = on_ban
 
     def saw(self, version: int, peer: str) -> None:
         self._hints.setdefault(version, set()).add(peer)
@@ -82,12 +88,14 @@ class Holders:
     def of(self, version: int) -> set[str]:
         return set(self._hints.get(version, ()))
 
-    def ban(self, peer: str) -> None:
-        self._banned.add(peer)
+    def ban(self, peer: str, reason: str) -> None:
+        self.bans.ban(peer, reason, time.time())
+        if self.on_ban is not None:
+            self.on_ban()
 
     @property
     def banned(self) -> frozenset[str]:
-        return frozenset(self._banned)
+        return frozenset(self.bans.active(time.time()))
 
 
 @dataclass
@@ -330,7 +338,7 @@ class Downloads:
                 self.node.metrics.inc("shardcast_refusals", outcome=outcome)
                 return
             if outcome == "corrupt":
-                self.holders.ban(peer)
+                self.holders.ban(peer, f"served a bad shard {shard} of version {version}")
                 self.node.reject(
                     ids.SHARDCAST, peer, WireError(Reason.BAD_SHARD, f"v{version} shard {shard}")
                 )

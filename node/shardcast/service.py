@@ -17,12 +17,18 @@ arguments and public methods only:
   polls) and decides what to download (the newest, or one asked for with ``pull``);
 - ``publishing.py``, ``Publisher``: the trainer's new versions, their announcement, and
   the DHT provider records of what we hold (``providers.py``);
-- ``status.py``, ``WeightsStatus``: ``GET /weights`` and the ``/status`` section.
+- ``status.py``, ``WeightsStatus``: ``GET /weights`` and the ``/status`` section;
+- ``runfiles.py``, ``RunFiles``: the run's files (the manifest's model and task file) as
+  SHARDCAST version ``RUN_FILES_VERSION``: the trainer's published, a joiner's pulled.
+
+Peers caught serving a bad shard or a forged manifest go on the node's ban list
+(``node/net/bans.py``, kept in the data dir), which every download consults.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
@@ -30,11 +36,13 @@ from typing import Any
 import trio
 
 from node.config import NodeConfig
+from node.net.bans import load_bans, save_bans
 from node.net.requests import Responder
 from node.net.runtime import Node
 from node.shardcast.following import Follower
 from node.shardcast.publishing import Publisher
 from node.shardcast.pulling import Downloads, Holders
+from node.shardcast.runfiles import RunFiles
 from node.shardcast.serving import ShardServer
 from node.shardcast.status import WeightsStatus
 from node.shardcast.store import ShardSource, WeightStore
@@ -59,11 +67,18 @@ class WeightService:
         self.book = VersionBook(
             store, run_id=cfg.run.id, trainer=self.trainer, async_level=cfg.run.async_level
         )
-        holders = Holders()
+        data_dir = cfg.resolved_data_dir
+        self.bans = load_bans(data_dir, time.time())  # those a joining node made too
+        holders = Holders(self.bans, on_ban=lambda: save_bans(data_dir, self.bans, time.time()))
         self.downloads = Downloads(node, cfg, self.book, holders)
         self.follower = Follower(node, cfg, self.book, self.downloads, holders, follow=self.follow)
-        self.server = ShardServer(node, cfg, self.book, read=self.read_shard_bytes)
-        self.publisher = Publisher(node, cfg, self.book, retain=self.downloads.retain)
+        self.run_files = RunFiles(node, cfg, holders, self.trainer)
+        self.server = ShardServer(
+            node, cfg, self.book, read=self.read_shard_bytes, run_files=self.run_files.book
+        )
+        self.publisher = Publisher(
+            node, cfg, self.book, retain=self.downloads.retain, also=self.run_files.book
+        )
 
     # ---- what the node's other code reads ---------------------------------------------
 
@@ -132,9 +147,12 @@ class WeightService:
         self, *, task_status: trio.TaskStatus[WeightService] = trio.TASK_STATUS_IGNORED
     ) -> None:
         resume = await self.book.load()
+        await self.run_files.book.load()  # a pull of them resumes when the node asks for it
         if not self.trainer:
             log.warning("no trainer_peer_id configured: weight manifests will be refused")
         self.node.add_status("weights", self.summary)
+        self.node.add_status("run_files", self.run_files.status)
+        self.node.add_status("bans", lambda: self.bans.view(time.time()))
         self.node.serve_requests(ids.WEIGHTS, WeightsQuery, self._on_query)
         self.node.serve_requests(
             ids.SHARDCAST,
@@ -148,6 +166,7 @@ class WeightService:
         self.node.subscribe(WEIGHTS_TOPIC, self.follower.on_notice)
         async with trio.open_nursery() as nursery:
             await nursery.start(self.downloads.serve)
+            await nursery.start(self.run_files.downloads.serve)
             for v in resume:
                 log.info("resuming the download of version %d", v)
                 self.downloads.start(v)

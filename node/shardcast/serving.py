@@ -25,6 +25,7 @@ from node.shardcast.transfer import ByteBucket
 from node.shardcast.versions import VersionBook
 from protocol.errors import Reason, WireError
 from protocol.framing import HEADER as FRAME_HEADER
+from protocol.manifest import RUN_FILES_VERSION
 from protocol.shardcast import (
     DATA_FRAME,
     ShardReply,
@@ -59,10 +60,21 @@ def upload_frame(rate_Bps: float, slots: int) -> int:
 class ShardServer:
     """Answers ``WeightsQuery`` and ``ShardRequest`` from what ``book`` holds."""
 
-    def __init__(self, node: Node, cfg: NodeConfig, book: VersionBook, *, read: ReadShard) -> None:
+    def __init__(
+        self,
+        node: Node,
+        cfg: NodeConfig,
+        book: VersionBook,
+        *,
+        read: ReadShard,
+        run_files: VersionBook | None = None,
+    ) -> None:
+        """``run_files``: the book of the run's files (``runfiles.py``), served as version
+        ``RUN_FILES_VERSION`` beside the weight versions of ``book``."""
         self.node = node
         self.cfg = cfg
         self.book = book
+        self.run_files = run_files
         self.read = read
         self._slots = trio.Semaphore(cfg.shardcast.upload_slots)
         rate = cfg.shardcast.upload_rate * 1e6
@@ -74,14 +86,21 @@ class ShardServer:
     def status(self) -> UploadStatus:
         return UploadStatus(active=self._active, bytes=self._uploaded)
 
+    def book_of(self, version: int) -> VersionBook:
+        """The book that holds ``version``: the run's files, or the weight versions."""
+        if version == RUN_FILES_VERSION and self.run_files is not None:
+            return self.run_files
+        return self.book
+
     async def on_query(self, req: WeightsQuery, r: Responder) -> None:
         version = req.version or self.book.newest_known
-        known = self.book.manifest(version)
+        book = self.book_of(version)
+        known = book.manifest(version)
         if known is None:
             await r.send(WeightsHolding(**self.node.header(), version=0, manifest=b"", have=b""))
             return
         m, envelope = known
-        src = self.book.source(version)
+        src = book.source(version)
         await r.send(
             WeightsHolding(
                 **self.node.header(),
@@ -92,7 +111,7 @@ class ShardServer:
         )
 
     async def on_shard(self, req: ShardRequest, r: Responder) -> None:
-        src = self.book.source(req.version)
+        src = self.book_of(req.version).source(req.version)
         if src is None or req.index not in src.held:
             raise WireError(Reason.NOT_FOUND, f"shard {req.index} of v{req.version} not held")
         # wait in line for a slot a while (a refusal would only bring the request back)

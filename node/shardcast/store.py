@@ -336,6 +336,15 @@ class WeightStore:
             self.complete[m.version] = src
             return src
 
+    def drop(self, version: int) -> None:
+        """Delete ``version``, complete or partial (not one a download is writing)."""
+        with self.lock:
+            src = self.complete.pop(version, None)
+            if src is not None:
+                src.close()
+            for name in (version_dir_name(version), ".partial-" + version_dir_name(version)):
+                shutil.rmtree(self.root / name, ignore_errors=True)
+
     def retain(self, keep: int, floor: int = 0, needed: Collection[int] = frozenset()) -> list[int]:
         """Delete all but the newest ``keep`` complete versions, every version below
         ``floor`` (outside the retention window), and partial downloads older than the
@@ -400,11 +409,38 @@ def publish(
     seq: int,
     ts_ms: int,
 ) -> ShardSource:
-    """Copy the checkpoint in ``src`` into the store as ``version``, signed by ``identity``.
+    """Copy the checkpoint in ``src`` into the store as ``version``, signed by ``identity``
+    (``publish_files`` of its files)."""
+    return publish_files(
+        store,
+        checkpoint_files(src),
+        identity=identity,
+        version=version,
+        step=step,
+        shard_size=shard_size,
+        seq=seq,
+        ts_ms=ts_ms,
+        where=str(src),
+    )
+
+
+def publish_files(
+    store: WeightStore,
+    files: list[tuple[str, Path]],
+    *,
+    identity: Identity,
+    version: int,
+    step: int,
+    shard_size: int,
+    seq: int,
+    ts_ms: int,
+    where: str,
+) -> ShardSource:
+    """Copy ``files`` ((name in the version, path), sorted by name) into the store as
+    ``version``, signed by ``identity``; ``where`` names them in errors.
 
     One pass over the bytes: they are copied into a partial directory while the shard and
     whole hashes are computed; the signed manifest is written last, then the rename."""
-    files = checkpoint_files(src)
     work = store.root / (".publish-" + version_dir_name(version))
     shutil.rmtree(work, ignore_errors=True)
     shard_hashes: list[bytes] = []
@@ -439,7 +475,7 @@ def publish(
         shard_hashes.append(shard.digest())
     if offset == 0:
         shutil.rmtree(work, ignore_errors=True)
-        raise StoreError(f"{src}: every file is empty")
+        raise StoreError(f"{where}: every file is empty")
     manifest = WeightManifest(
         run_id=store.run_id,
         sender=identity.peer_id,

@@ -20,6 +20,7 @@ import trio
 
 from node.shardcast.store import Partial, ShardSource, WeightStore
 from protocol.errors import Reason, WireError
+from protocol.manifest import RUN_FILES_VERSION
 from protocol.shardcast import WeightManifest, manifest_id, open_manifest
 
 log = logging.getLogger("intellect.shardcast")
@@ -65,9 +66,18 @@ class VersionBook:
     """The known manifests, the store and the downloads in progress, by version."""
 
     def __init__(
-        self, store: WeightStore, *, run_id: str, trainer: str | None, async_level: int
+        self,
+        store: WeightStore,
+        *,
+        run_id: str,
+        trainer: str | None,
+        async_level: int,
+        run_files: bool = False,
     ) -> None:
+        """``run_files``: this book holds the run's files (version ``RUN_FILES_VERSION``
+        only, ``runfiles.py``); any other holds weight versions, never that one."""
         self.store = store
+        self.run_files = run_files
         self.run_id = run_id
         self.trainer = trainer
         self.async_level = async_level
@@ -147,6 +157,12 @@ class VersionBook:
         ``expect``) and remember it: the manifest and whether it is new to us. Raises
         ``WireError`` with the reason it is refused."""
         m = open_manifest(envelope, run_id=self.run_id, trainer=self.trainer)
+        if (m.version == RUN_FILES_VERSION) != self.run_files:
+            raise WireError(  # a genuine run-files manifest replayed as weights, or back
+                Reason.MALFORMED,
+                f"version {m.version} is not a "
+                + ("run-files version" if self.run_files else "weight version"),
+            )
         if expect is not None and manifest_id(envelope) != expect:
             raise WireError(Reason.MALFORMED, "not the manifest the notice announced")
         if claimed is not None and m.version < claimed:
@@ -185,6 +201,12 @@ class VersionBook:
     async def finish(self, partial: Partial) -> None:
         """Check the whole digest and make the version complete (``StoreError`` if not)."""
         await trio.to_thread.run_sync(self.store.finish, partial)
+
+    async def drop(self, version: int) -> None:
+        """Delete ``version`` from the store (complete or partial) and forget its manifest
+        (files that are not what they should be are not kept)."""
+        self._manifests.pop(version, None)
+        await trio.to_thread.run_sync(self.store.drop, version)
 
     def end(self, version: int) -> None:
         """The download of ``version`` ended (complete or failed): serve it from the store.
