@@ -95,6 +95,15 @@ def test_a_reorg_deeper_than_a_transaction_leaves_it_alone(anvil):
     assert receipt(anvil, tx) is not None
 
 
+def test_a_reorg_deeper_than_the_chain_stops_at_genesis(anvil):
+    assert anvil.reorg(3) == [] and anvil.counts["reorgs"] == 0  # at genesis: none
+    tx = send(anvil)
+    anvil.mine()
+    assert anvil.reorg(3) == [tx] and anvil.head() == 1  # as deep as the chain
+    anvil.mine()
+    assert receipt(anvil, tx) is not None
+
+
 def test_interval_mining_goes_on_after_a_reorg():
     with HostileAnvil(free_port(), block_time=0.5) as node:
         deadline = time.monotonic() + 10

@@ -17,7 +17,8 @@ What anvil 1.7.1 does, found by experiment (``tests/test_hostile_chain.py`` hold
   chain puts them back into the mempool, so ``reorg(replay=True)`` sends their raw bytes
   again (same hashes), oldest first; they are mined in a later block. ``replay=False``
   loses them, as a node whose mempool forgot them would.
-- Interval mining goes on after a reorg, from the new head, at the same pace.
+- Interval mining goes on after a reorg, from the new head, at the same pace. A depth above
+  the head's number is refused (-32602 "Reorg depth must not exceed current chain height").
 - ``anvil_setNextBlockBaseFeePerGas`` sets the base fee of the next block mined, interval
   mined or not (``eth_getBlockByNumber pending`` shows it at once); the blocks after it
   fall back by 12.5 % each (EIP-1559, empty blocks). A transaction sent afterwards whose max
@@ -27,7 +28,8 @@ What anvil 1.7.1 does, found by experiment (``tests/test_hostile_chain.py`` hold
   drops underpriced transactions too.
 - ``anvil_dropTransaction`` answers the hash when it removed the transaction and null
   otherwise; it removes the sender's later nonces from the mempool too (they can no longer
-  be mined).
+  be mined). It finds only ready transactions: one queued behind a nonce gap stays (null);
+  ``anvil_removePoolTransactions(address)`` removes those.
 - ``txpool_content`` answers ``{"pending": {sender (lower case): {nonce (decimal text):
   transaction}}, "queued": {...}}``; ``eth_getRawTransactionByHash`` answers a pending or
   mined transaction's raw bytes.
@@ -175,16 +177,18 @@ class HostileAnvil:
         """Replace the last ``depth`` blocks by empty ones (``anvil_reorg``); the hashes of
         the transactions that were in them. ``replay``: send them again, oldest first, as a
         real chain's mempool would take them back (one refused now, e.g. below a spiked base
-        fee, is lost, as it would be there)."""
+        fee, is lost, as it would be there). A reorg deeper than the chain is made as deep
+        as it (none on a chain at genesis)."""
         if depth < 1:
             raise ValueError("a reorg is at least one block deep")
         with self._lock:
             head = self.head()
-            before: dict[int, str] = {}
+            depth = min(depth, head)  # anvil refuses to reorg the genesis block
+            if depth == 0:
+                return []
             raws: list[tuple[str, str]] = []  # (hash, raw), oldest first
-            for n in range(max(head - depth + 1, 1), head + 1):
+            for n in range(head - depth + 1, head + 1):
                 block = self.rpc("eth_getBlockByNumber", [hex(n), False])
-                before[n] = block["hash"]
                 for h in block["transactions"]:
                     raws.append((h, self.rpc("eth_getRawTransactionByHash", [h])))
             # a block mined between these reads and the reorg holds what the mempool had
