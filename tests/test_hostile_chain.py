@@ -159,6 +159,24 @@ def test_a_fee_spike_leaves_a_transaction_paying_the_old_max_fee_unmined(anvil):
     assert anvil.counts["fee_spikes"] == 1
 
 
+def test_a_spike_has_a_floor(anvil):
+    assert anvil.spike_fees(2, at_least=7 * 10**9) == 7 * 10**9 > 2 * anvil.base_fee()
+    assert anvil.base_fee("pending") == 7 * 10**9
+
+
+def test_drop_pending_waits_for_a_transaction_to_come(anvil):
+    import threading
+
+    later = threading.Timer(0.3, lambda: send(anvil))
+    later.start()
+    try:
+        assert anvil.drop_pending(1) == []  # nothing there now
+        dropped = anvil.drop_pending(1, wait_s=3)
+    finally:
+        later.join()
+    assert len(dropped) == 1 and anvil.pending() == []
+
+
 def test_a_spike_falls_back_an_eighth_a_block_with_interval_mining():
     with HostileAnvil(free_port(), block_time=0.5) as node:
         fee = node.spike_fees(10)

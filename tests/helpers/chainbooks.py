@@ -4,7 +4,10 @@
 ``FaultProxy`` in front of it, sets the proxies' fault rates (10 % of requests in all by
 default) and then, at seeded random gaps, injects a reorg of 1 to 3 blocks (the removed
 transactions sent again, as a real chain's mempool takes them back), drops a pending
-transaction, or spikes the base fee tenfold (once by default), counting each.
+transaction (waiting up to two blocks for one to be there), or spikes the base fee tenfold
+and to at least 10 gwei (once by default), counting each. The floor matters: anvil's base
+fee falls towards zero on empty blocks, and the client offers twice the base fee plus a
+1 gwei tip, so a tenfold spike of a near-zero base fee would stop nothing.
 
 ``reconcile`` reads the contract's events and state at the end (``chain_records`` of
 ``tests/helpers/books.py`` for submissions, votes, status and slashes; the ``Slashed``,
@@ -54,6 +57,7 @@ class ChaosSchedule:
         rates: dict[str, float] | None = None,
         spikes: int = 1,
         spike_factor: float = 10.0,
+        spike_floor_wei: int = 10 * 10**9,
     ) -> None:
         self.anvil = anvil
         self.proxies = proxies
@@ -62,6 +66,7 @@ class ChaosSchedule:
         self.rates = dict(RPC_RATES if rates is None else rates)
         self.spikes = spikes
         self.spike_factor = spike_factor
+        self.spike_floor_wei = spike_floor_wei
         self.log: list[tuple[float, str, str]] = []  # (seconds since start, kind, what)
         self.errors: list[str] = []  # injections the chain refused
         self._stop = threading.Event()
@@ -94,7 +99,8 @@ class ChaosSchedule:
     def stop(self) -> dict[str, int]:
         """No more faults (the proxies forward everything again); the counts."""
         self._stop.set()
-        self._thread.join(60)
+        if self._thread.ident is not None:  # started
+            self._thread.join(60)
         for p in self.proxies:
             p.set_rates(**dict.fromkeys(FAULTS, 0.0))
         return self.counts
@@ -120,10 +126,11 @@ class ChaosSchedule:
             removed = self.anvil.reorg(depth)
             return f"depth {depth}, {len(removed)} transactions sent again"
         if kind == "drop":
-            dropped = self.anvil.drop_pending(1, self.rng)
+            dropped = self.anvil.drop_pending(1, self.rng, wait_s=2 * (self.anvil.block_time or 1))
             return f"dropped {dropped or 'nothing (mempool empty)'}"
         self.spikes -= 1
-        return f"base fee now {self.anvil.spike_fees(self.spike_factor)} wei"
+        fee = self.anvil.spike_fees(self.spike_factor, at_least=self.spike_floor_wei)
+        return f"base fee now {fee} wei"
 
 
 # ---- the books ---------------------------------------------------------------------------------

@@ -216,18 +216,26 @@ class HostileAnvil:
             self.counts["dropped"] += int(gone)
             return gone
 
-    def drop_pending(self, count: int = 1, rng: random.Random | None = None) -> list[str]:
+    def drop_pending(
+        self, count: int = 1, rng: random.Random | None = None, *, wait_s: float = 0.0
+    ) -> list[str]:
         """Drop ``count`` of the transactions now in the mempool, picked by ``rng`` (seeded:
-        the same pool gives the same picks); the hashes dropped."""
+        the same pool gives the same picks); the hashes dropped. ``wait_s``: wait up to that
+        long for a transaction to come when the pool is empty (on interval mining one sits
+        there for less than a block)."""
         rng = rng or random.Random(0)
-        pool = self.pending()
+        deadline = time.monotonic() + wait_s
+        while not (pool := self.pending()) and time.monotonic() < deadline:
+            time.sleep(0.02)
         picked = rng.sample(pool, min(count, len(pool)))
         return [h for _, _, h in picked if self.drop(h)]
 
-    def spike_fees(self, factor: float = 10.0) -> int:
-        """The next block's base fee set to ``factor`` times the latest one's; returns it."""
+    def spike_fees(self, factor: float = 10.0, *, at_least: int = 1) -> int:
+        """The next block's base fee set to ``factor`` times the latest one's, and to at
+        least ``at_least`` wei (anvil's base fee falls towards zero on empty blocks, where a
+        tenfold spike is still below what any transaction offers); returns it."""
         with self._lock:
-            fee = max(int(self.base_fee() * factor), 1)
+            fee = max(int(self.base_fee() * factor), at_least)
             self.rpc("anvil_setNextBlockBaseFeePerGas", [hex(fee)])
             self.counts["fee_spikes"] += 1
             return fee
