@@ -1,5 +1,5 @@
-"""The ledger commands: ``chain [fund]``, ``rewards [claim]``,
-``stake add|unbond|withdraw|revoke``.
+"""The ledger commands: ``chain [fund|deploy]``, ``rewards [claim]``,
+``stake add|unbond|withdraw|revoke`` (``chain deploy``: ``node/cli/deploy.py``).
 
 Where the chain and contract are: ``--chain`` / ``--contract`` flags, else the config
 (``chain``, ``contract``, ``contract_block``), else the local development chain that
@@ -63,9 +63,10 @@ def add_ledger_parsers(sub: Any) -> None:
     chain.add_argument(
         "action",
         nargs="*",
-        metavar="fund ADDRESS AMOUNT",
-        help="send AMOUNT (ETH, e.g. 10, or wei, e.g. 1000wei) to ADDRESS from a development "
-        "key of the running development chain",
+        metavar="fund ADDRESS AMOUNT | deploy",
+        help="fund: send AMOUNT (ETH, e.g. 10, or wei, e.g. 1000wei) to ADDRESS from a "
+        "development key of the running development chain; deploy: deploy the contract on any "
+        "chain (--rpc URL) from this node's account (see 'chain deploy' below)",
     )
     chain.add_argument("--port", type=int, default=8545, help="its JSON-RPC port (default 8545)")
     chain.add_argument(
@@ -77,8 +78,8 @@ def add_ledger_parsers(sub: Any) -> None:
     chain.add_argument(
         "--data-dir",
         type=Path,
-        default=DEV_CHAIN_DIR,
-        help=f"where chain.json goes (default {DEV_CHAIN_DIR})",
+        help=f"where chain.json goes (default {DEV_CHAIN_DIR}); with deploy: the node's data "
+        "dir, whose keystore account deploys (default: the config's)",
     )
     chain.add_argument(
         "--state",
@@ -96,7 +97,11 @@ def add_ledger_parsers(sub: Any) -> None:
         help="anvil only: mine a block every SECONDS, as a real chain does (default: a block "
         "for each transaction, at once)",
     )
-    chain.add_argument("--pool", default="1000", help="ETH put in the reward pool (default 1000)")
+    chain.add_argument(
+        "--pool",
+        default="1000",
+        help="ETH the development chain puts in the reward pool (default 1000; deploy puts none)",
+    )
     chain.add_argument(
         "--verdict-window", type=at_least(1), default=3600, help="seconds (default 3600)"
     )
@@ -123,6 +128,59 @@ def add_ledger_parsers(sub: Any) -> None:
         "--reward-per-unit",
         default="1000000000000wei",
         help="reward per unit, one generated token (default 1000000000000wei = 1e-6 ETH)",
+    )
+    deploy = chain.add_argument_group(
+        "chain deploy",
+        "intellect-node chain deploy --rpc URL: deploy the contract, with the run parameters "
+        "above, from the node's keystore account; shows the gas and its cost at the current "
+        "fees and asks before it sends; waits until the deployment is --confirmations blocks "
+        "deep; writes the deployment to --out and prints the [chain] settings for the nodes",
+    )
+    deploy.add_argument("--rpc", metavar="URL", help="the chain's JSON-RPC URL (http or https)")
+    deploy.add_argument(
+        "--chain-id",
+        type=int,
+        help="refuse to deploy unless the chain at --rpc has this chain id",
+    )
+    deploy.add_argument(
+        "--validator",
+        action="append",
+        default=[],
+        metavar="ADDRESS",
+        help="appoint ADDRESS as a validator at once; the contract needs quorum + 1 (3) at its "
+        "deployment: repeat the flag for each (more later: the owner proposes them)",
+    )
+    deploy.add_argument(
+        "--confirmations",
+        type=at_least(0),
+        default=2,
+        help="blocks on top of the deployment's before it counts as done (default 2)",
+    )
+    deploy.add_argument(
+        "--out",
+        type=Path,
+        default=Path(CHAIN_FILE),
+        help=f"where the deployment's JSON goes (default ./{CHAIN_FILE}; chain.json's fields)",
+    )
+    deploy.add_argument("--yes", action="store_true", help="send without asking")
+    deploy.add_argument(
+        "--timeout",
+        type=at_least(1),
+        default=600,
+        help="seconds to wait for the confirmations (default 600)",
+    )
+    deploy.add_argument(
+        "--rpc-timeout",
+        type=at_least(1),
+        default=30,
+        help="seconds to wait for each answer of the chain (default 30)",
+    )
+    deploy.add_argument("--config", type=Path, help="the node's TOML config file")
+    deploy.add_argument("--name", help="the node's name (data dir ~/.intellect-node/<name>)")
+    deploy.add_argument(
+        "--password-file",
+        type=Path,
+        help="keystore password file (else INTELLECT_NODE_PASSWORD, else a prompt)",
     )
 
     def common(p: argparse.ArgumentParser) -> None:
@@ -361,9 +419,19 @@ def dev_params(args: argparse.Namespace) -> Any:
 
 
 def cmd_chain(args: argparse.Namespace) -> int:
+    if args.action == ["deploy"]:
+        from node.cli.deploy import cmd_chain_deploy
+
+        return cmd_chain_deploy(args, dev_params(args), args.validator)
+    if args.rpc:
+        raise ValueError("--rpc is for 'chain deploy': the development chain is local")
+    args.data_dir = args.data_dir or DEV_CHAIN_DIR
     if args.action:
         if len(args.action) != 3 or args.action[0] != "fund":
-            raise ValueError("usage: intellect-node chain fund ADDRESS AMOUNT")
+            raise ValueError(
+                "usage: intellect-node chain fund ADDRESS AMOUNT, or intellect-node chain "
+                "deploy --rpc URL"
+            )
         return cmd_chain_fund(args, args.action[1], args.action[2])
     if args.state is not None and args.backend != "embedded":
         raise ValueError("--state keeps the embedded chain only (anvil has its own --state)")

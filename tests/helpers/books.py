@@ -192,7 +192,8 @@ def _lost(b: Books, slack_s: float) -> list[str]:
     return out
 
 
-def _honest(b: Books) -> list[str]:
+def honest_slashes(b: Books) -> list[str]:
+    """A reject vote on an honest worker's batch, or a slash the chain counts for one."""
     out = []
     for key, votes in b.votes.items():
         if key[0] in b.honest and any(not v.accepted for v in votes):
@@ -211,7 +212,7 @@ def _exits(b: Books) -> list[str]:
 
 def reconcile(b: Books, *, slack_s: float = 20.0) -> list[str]:
     """Every violation of the books (see the module docstring); empty when they add up."""
-    return _verdicts(b) + _training(b) + _lost(b, slack_s) + _honest(b) + _exits(b)
+    return _verdicts(b) + _training(b) + _lost(b, slack_s) + honest_slashes(b) + _exits(b)
 
 
 def figures(b: Books) -> dict[str, int]:
@@ -227,7 +228,7 @@ def figures(b: Books) -> dict[str, int]:
         "steps": max((int(m["step"]) for m in b.lines), default=0),
         "double_counted_work": len(used) - len(set(used)),
         "lost_work": len(_lost(b, 20.0)),
-        "honest_false_slashes": len(_honest(b)),
+        "honest_false_slashes": len(honest_slashes(b)),
     }
 
 
@@ -270,6 +271,29 @@ def read_books(
     """The books from the chain (``client``: a ``LedgerClient``), the trainer's files under
     ``base / "trainer"`` and each worker's store under ``base / <name> / "batches"``
     (``workers``: name -> address)."""
+    submitted, votes, status, slashed = chain_records(client, list(workers.values()))
+    state_path = base / "trainer" / "trainer-state.json"
+    return Books(
+        async_level=async_level,
+        honest=set(honest),
+        names={address: name for name, address in workers.items()},
+        submitted=submitted,
+        votes=votes,
+        status=status,
+        slashed=slashed,
+        stored={a: _batches(base / name / "batches") for name, a in workers.items()},
+        lines=_metrics(base / "trainer" / "metrics.jsonl"),
+        state=json.loads(state_path.read_text()) if state_path.exists() else {},
+        outages=list(outages or []),
+        exits=dict(exits or {}),
+    )
+
+
+def chain_records(
+    client: Any, workers: list[str]
+) -> tuple[dict[Key, Work], dict[Key, list[Vote]], dict[Key, str], dict[str, int]]:
+    """What the chain's books hold (``client``: a ``LedgerClient``): every submission, the
+    votes on each in order, each one's status now, and the slashes it counts per worker."""
     from ledger.codes import STATUS
 
     events = client.contract.events
@@ -298,18 +322,5 @@ def read_books(
                 times[block],
             )
         )
-    state_path = base / "trainer" / "trainer-state.json"
-    return Books(
-        async_level=async_level,
-        honest=set(honest),
-        names={address: name for name, address in workers.items()},
-        submitted=submitted,
-        votes=votes,
-        status={k: client.submission(k[0], k[1]).status for k in submitted | votes},
-        slashed={a: client.worker(a).slashed for a in workers.values()},
-        stored={a: _batches(base / name / "batches") for name, a in workers.items()},
-        lines=_metrics(base / "trainer" / "metrics.jsonl"),
-        state=json.loads(state_path.read_text()) if state_path.exists() else {},
-        outages=list(outages or []),
-        exits=dict(exits or {}),
-    )
+    status = {k: client.submission(k[0], k[1]).status for k in submitted | votes}
+    return submitted, votes, status, {a: client.worker(a).slashed for a in workers}
