@@ -9,7 +9,7 @@ two proxies (the trainer, the validator and the workers alternate). The contract
 the pool funded and the validators bonded directly on anvil, then a bootstrap, the trainer,
 one validator and ``--workers`` honest inference workers on the tiny model start. Once the
 first verdict is on-chain, ``ChaosSchedule`` (``tests/helpers/chainbooks.py``) sets the
-proxies' fault rates (10 % of requests: 429, 500, timeouts past the client's 30 s, resets,
+proxies' fault rates (10 % of requests: 429, 500, timeouts past the client's 10 s, resets,
 stale answers, another chain id) and injects reorgs of 1 to 3 blocks (their transactions
 sent again), dropped pending transactions and a tenfold base fee spike, at seeded gaps.
 When the trainer has taken ``--steps`` steps and every submitted batch has a verdict (or
@@ -53,7 +53,8 @@ from tests.test_loop import Loop, submissions, verdict_events  # noqa: E402
 
 ETH = 10**18
 VALIDATORS = 4  # quorum 2: the contract wants 3 at its deployment; one spare
-HOLD_S = 35.0  # a "timeout" fault holds the request past the nodes' 30 s RPC timeout
+HOLD_S = 35.0  # a "timeout" fault holds the request past the nodes' RPC timeout (10 s)
+CONFIRMATIONS = 3
 
 
 def deploy_run(anvil: HostileAnvil) -> dict[str, Any]:
@@ -141,15 +142,20 @@ class HostileLoop(Loop):
             "INTELLECT_NODE_RUN__ASYNC_LEVEL": "2",
             "INTELLECT_NODE_INFERENCE__MAX_UNJUDGED": "2",
             "INTELLECT_NODE_TRAINER__HELDOUT_PER_LEVEL": "2",
+            # deeper than the deepest reorg injected (3 blocks): nothing acted on is taken back
+            "INTELLECT_NODE_CHAIN__CONFIRMATIONS": str(CONFIRMATIONS),
+            "INTELLECT_NODE_CHAIN__REPLACE_AFTER_S": "10",  # five blocks
         }
         self.boot = self.spawn("bootstrap", "bootstrap", listen=None)
         self.boot_addr = p2p_addr(wait_ready(self.boot))
 
     def spawn(self, name, role, *, listen="/ip4/127.0.0.1/tcp/0", env=None, module="node.cli"):
-        """As ``Loop.spawn``, the node's chain URL one of the proxies, in turn."""
-        url = self.proxies[self.spawned % len(self.proxies)].url
+        """As ``Loop.spawn``, the node's chain URLs both proxies, a different one first in
+        turn (each request goes to the next when one fails)."""
+        first = self.spawned % len(self.proxies)
+        urls = [p.url for p in self.proxies[first:] + self.proxies[:first]]
         self.spawned += 1
-        env = {"INTELLECT_NODE_CHAIN__URL": url, **(env or {})}
+        env = {"INTELLECT_NODE_CHAIN__URL": ",".join(urls), **(env or {})}
         return super().spawn(name, role, listen=listen, env=env, module=module)
 
     def close(self) -> None:

@@ -83,6 +83,7 @@ REPLACE_BUMP = 1.125  # replacements need at least +10 % on both fees (geth, anv
 FEES_TTL_S = 5.0  # the latest block's fees are read again after this long
 DROPPED_CHECK_S = 2.0  # how often a waiting transaction not mined is looked up in the mempool
 POLL_MAX_S = 0.25  # the receipt poll starts at RECEIPT_POLL_S and grows to this
+DEFAULT_TIP = 1_000_000_000  # wei per gas, where the chain suggests no tip
 
 
 class NonceTaken(LedgerError):
@@ -107,8 +108,16 @@ class Prepared:
 
 
 def block_fees(chain: Chain) -> dict[str, int]:
+    """Twice the latest block's base fee plus the tip the chain suggests
+    (``eth_maxPriorityFeePerGas``: on an OP-stack L2 a thousandth of a gwei, where a fixed
+    1 gwei tip was 500 times the base fee); DEFAULT_TIP on a chain that suggests none."""
     base = int(chain.w3.eth.get_block("latest").get("baseFeePerGas", 0) or 0)
-    tip = 1_000_000_000
+    try:
+        tip = int(chain.w3.eth.max_priority_fee)
+    except Exception as exc:  # the method is not served: its refusal, whatever its class
+        if _is_transport_error(exc):
+            raise
+        tip = DEFAULT_TIP
     return {"maxFeePerGas": 2 * base + tip, "maxPriorityFeePerGas": tip}
 
 

@@ -290,8 +290,7 @@ def _client(args: argparse.Namespace, *, signing: bool) -> tuple[Any, NodeConfig
         )
     data_dir = cfg.resolved_data_dir
     account = load_account(data_dir, read_password(args.password_file)) if signing else None
-    # a command waits 10 s for an answer, not a node's 30: a silent endpoint ends it soon
-    client = ledger_client(cfg, url, contract, account, chain_id, timeout=10)
+    client = ledger_client(cfg, url, contract, account, chain_id)
     return client, cfg, block
 
 

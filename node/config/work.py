@@ -134,6 +134,15 @@ class ChainConfig(Section):
             "the fees the latest block asks."
         ),
     )
+    rpc_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        le=600,
+        description=(
+            "Seconds one JSON-RPC request may take before it is tried on the next URL (a "
+            "provider that holds requests stalls every transaction that long)."
+        ),
+    )
     tx_timeout_s: float = Field(
         120.0,
         gt=0,

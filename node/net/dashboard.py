@@ -117,7 +117,7 @@ class AccountHistory:
         from ledger.history import EventIndex
 
         if self.index is None:
-            chain = connect(self.cfg.chain.url)
+            chain = connect(self.cfg.chain.url, timeout=self.cfg.chain.rpc_timeout_s)
             self.submission = LedgerClient(chain, self.cfg.chain.contract or "").submission
             self.index = EventIndex(
                 chain.w3,

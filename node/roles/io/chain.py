@@ -61,17 +61,16 @@ def ledger_client(
     contract: str,
     account: LocalAccount | None,
     chain_id: int | None,
-    *,
-    timeout: float = 30,
 ) -> LedgerClient:
-    """A ``LedgerClient`` with the node's chain settings: its URLs in turn, the account's
+    """A ``LedgerClient`` with the node's chain settings: its URLs in turn (each request
+    ``rpc_timeout_s`` at most), the account's
     nonce journal in the data directory (shared by the node and the CLI), the
     confirmations (the configured ones, else the chain id's default), the replacement
     delay and fee cap."""
     from ledger.chain import connect, default_confirmations
     from ledger.client import LedgerClient
 
-    chain = connect(url, timeout=timeout, expected_chain_id=chain_id)
+    chain = connect(url, timeout=cfg.chain.rpc_timeout_s, expected_chain_id=chain_id)
     journal = None
     if account is not None:
         journal = cfg.resolved_data_dir / "nonces" / f"{str(account.address).lower()}.json"
