@@ -346,6 +346,14 @@ class LedgerClient:
     def submit_work_many(self, items: list[tuple[bytes, int, int]]) -> list[Any]:
         return self.send_many([("submit_work", item) for item in items])
 
+    def send_vote(self, worker: str, key: bytes, accept: bool, reason: str = "invalid") -> Prepared:
+        """Send an ``accept`` or a ``reject`` without waiting for it (``wait`` does): a
+        validator sends its verdicts in nonce order and follows them to their confirmations
+        side by side, instead of each waiting for the one before."""
+        if accept:
+            return self.send("accept", self.reads.checksum(worker), key)
+        return self.send("reject", self.reads.checksum(worker), key, REASONS[reason])
+
     def accept(self, worker: str, key: bytes) -> Any:
         return self._transact("accept", self.reads.checksum(worker), key)
 

@@ -191,10 +191,10 @@ async def test_the_validators_status_counts_each_posted_verdict_by_worker(tmp_pa
     role = validator_role(tmp_path)
 
     class Ledger:
-        def accept(self, worker, work_key):
-            pass
+        def send_vote(self, worker, work_key, accept, reason="invalid"):
+            return (worker, work_key, accept, reason)
 
-        def reject(self, worker, work_key, reason):
+        def wait(self, sent):
             pass
 
     role.votes.ledger = Ledger()

@@ -601,8 +601,11 @@ async def test_a_validator_counts_a_verdict_that_stands_already_as_posted(tmp_pa
     answers = {}
 
     class FakeLedger:
-        def accept(self, worker, work_key):
+        def send_vote(self, worker, work_key, accept, reason="invalid"):
             raise LedgerRevert("accept", answers[work_key])
+
+        def wait(self, sent):
+            raise AssertionError("a refused vote is not followed")
 
     role.votes.ledger = FakeLedger()
     role.node = type("N", (), {"metrics": type("M", (), {"inc": lambda *a, **k: None})()})()
@@ -628,8 +631,11 @@ async def test_a_verdict_refused_before_the_chains_fetch_deadline_is_never_given
     role = validator_role(tmp_path)
 
     class FakeLedger:
-        def reject(self, worker, work_key, reason):
+        def send_vote(self, worker, work_key, accept, reason="invalid"):
             raise LedgerRevert("reject", "fetch deadline not reached")
+
+        def wait(self, sent):
+            raise AssertionError("a refused vote is not followed")
 
     role.votes.ledger = FakeLedger()
     key = ("0x" + "12" * 20, bytes(32))
@@ -799,3 +805,39 @@ async def test_the_trainer_waits_out_a_transaction_not_mined_in_time(autojump_cl
     chain = PublishingChain([LedgerRevert("x", "only the owner")])
     with pytest.raises(LedgerRevert):
         await publish_on_chain(chain, 3)
+
+
+async def test_a_validators_votes_are_sent_in_order_and_followed_side_by_side():
+    """Each vote is sent under the account's lock (its nonce), then followed to its
+    confirmations beside the others: three posts wait for their confirmations at once (one
+    after the other, on 2 s blocks and 3 confirmations, capped a validator at a verdict per
+    7 s)."""
+    import threading
+
+    from node.roles.io.votes import Votes
+
+    release, all_following, sent, following = threading.Event(), threading.Event(), [], []
+
+    class Ledger:
+        def send_vote(self, worker, work_key, accept, reason="invalid"):
+            sent.append(work_key)
+            return work_key
+
+        def wait(self, key):
+            following.append(key)
+            if len(following) == 3:
+                all_following.set()
+            assert release.wait(20)
+
+    votes = Votes()
+    votes.ledger = Ledger()
+    keys = [bytes([i]) * 32 for i in range(3)]
+    async with trio.open_nursery() as nursery:
+        for k in keys:
+            nursery.start_soon(votes.post, ("0x" + "12" * 20, k), Verdict.accept())
+        # all three followed before any is confirmed
+        followed = await trio.to_thread.run_sync(all_following.wait, 10)
+        release.set()
+        assert followed, f"followed one at a time: {len(following)} of 3 at once"
+    assert sorted(sent) == keys and sorted(following) == keys
+    assert votes.posted.counts["accepted"] == 3 and len(votes.unposted) == 0

@@ -546,7 +546,8 @@ async def test_a_batch_a_validator_cannot_judge_now_is_judged_later_not_dropped(
     async def fetch_and_judge():
         got = role.queue.next_fetch(trio.current_time() + 10_000)
         assert got == (key, "peerA")
-        await role._judge(got[0], *await role._fetch(*got))
+        async with trio.open_nursery() as role.posts:  # its post done when it closes
+            await role._judge(got[0], *await role._fetch(*got))
 
     await fetch_and_judge()  # no weights of version 4 here
     assert posted == [] and role.queue.entries[key].check_failures == 1
@@ -611,7 +612,8 @@ async def test_a_batch_ahead_of_the_validators_clock_gets_no_verdict_until_it_ca
     async def fetch_and_judge():
         got = role.queue.next_fetch(trio.current_time() + 10_000)
         assert got == (key, "peerA")
-        await role._judge(got[0], *await role._fetch(*got))
+        async with trio.open_nursery() as role.posts:  # its post done when it closes
+            await role._judge(got[0], *await role._fetch(*got))
 
     await fetch_and_judge()
     assert posted == [] and role.queue.entries[key].check_failures == 1

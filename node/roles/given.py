@@ -126,11 +126,12 @@ class WorkerLedger(SubmissionViews, Protocol):
 
 
 class VoteLedger(Protocol):
-    """A validator's votes (``node/roles/io/votes.py``)."""
+    """A validator's votes (``node/roles/io/votes.py``): each sent, then followed to its
+    confirmations (``wait``, which raises what a refused or failed vote raises)."""
 
-    def accept(self, worker: str, key: bytes) -> object: ...
+    def send_vote(self, worker: str, key: bytes, accept: bool, reason: str = "invalid") -> Any: ...
 
-    def reject(self, worker: str, key: bytes, reason: str = "invalid") -> object: ...
+    def wait(self, p: Any) -> object: ...
 
 
 class ValidatorLedger(EventSource, RegistrationViews, VoteLedger, Protocol):

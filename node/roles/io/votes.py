@@ -1,8 +1,11 @@
 """The validator's votes on-chain: each verdict posted once, from one account.
 
 The validator role (``node/roles/services/validator.py``) judges a batch and hands its ``Verdict``
-here; ``post`` sends ``accept`` or ``reject`` (``ledger/client.py``), one transaction at a
-time (the account's nonce). A post the chain refuses is kept to be posted again
+here; ``post`` sends ``accept`` or ``reject`` (``ledger/client.py``), one send at a time
+(the account's nonces in order), then follows it to its confirmations beside the others (on
+a chain of 2 s blocks and 3 confirmations each takes 6-8 s, which one after the other
+capped a validator at one verdict per 7 s). The validator role starts each post as a task
+of its own, so judging goes on meanwhile. A post the chain refuses is kept to be posted again
 (``VerdictPosts``, ``node/roles/decisions/judging.py``): not counted as a refusal while the chain is
 down or its clock has not reached the fetch deadline yet, given up at once when the
 verdict window has closed, and counted as posted when another validator's vote already
@@ -24,6 +27,7 @@ from node.roles.given import Started, VoteLedger
 from node.roles.io.chain import ChainSetupError
 
 log = logging.getLogger("intellect.validator")
+FOLLOWED = 16  # verdicts followed to their confirmations at once (one thread each)
 
 
 class Votes:
@@ -35,6 +39,7 @@ class Votes:
     def __init__(self) -> None:
         self._ledger: VoteLedger | None = None  # opened when the role starts
         self.posting = trio.Lock()
+        self.following = trio.CapacityLimiter(FOLLOWED)
         self.unposted = VerdictPosts()
         self.posted = PostedVerdicts()  # what /status shows of the verdicts posted
 
@@ -44,11 +49,12 @@ class Votes:
         again, or was given up."""
         worker, work_key = key
         try:
-            async with self.posting:  # one transaction of ours at a time (its nonce)
-                if v.accepted:
-                    await trio.to_thread.run_sync(self.ledger.accept, worker, work_key)
-                else:
-                    await trio.to_thread.run_sync(self.ledger.reject, worker, work_key, v.reason)
+            async with self.posting:  # sent one at a time, so nonces reach the chain in order
+                sent = await trio.to_thread.run_sync(
+                    self.ledger.send_vote, worker, work_key, v.accepted, v.reason
+                )
+            async with self.following:  # then followed to its confirmations beside the others
+                await trio.to_thread.run_sync(self.ledger.wait, sent)
         except Exception as exc:  # e.g. the chain's clock lags ours: posted again later
             if (why := refusal(exc)) != "stands":  # else another validator's vote said it
                 # the chain down, or its clock not there yet: no refusal, never given up for it

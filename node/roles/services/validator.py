@@ -83,6 +83,8 @@ WEIGHTS_WAIT_S = 300.0  # a batch's policy version is waited for this long
 class ValidatorRole:
     checker = Started[Checker](OffloadError, "the batch checker runs only while the role serves")
 
+    posts = Started[trio.Nursery](RuntimeError, "verdicts are posted while the role serves")
+
     def __init__(self, node: Node, cfg: NodeConfig, weights: Weights | None = None) -> None:
         if cfg.run.model is None:
             raise ChainSetupError("the validator role needs the run's model (--model DIR)")
@@ -105,6 +107,7 @@ class ValidatorRole:
         self.votes = Votes()  # its verdicts on-chain (node/roles/io/votes.py)
         self.docket = Docket()  # what the chain gives it to judge (node/roles/io/docket.py)
         self._checker: Checker | None = None  # the child process, while the role serves
+        self._posts: trio.Nursery | None = None  # where each verdict is posted, while it serves
         self.chain_reads = PacedReads(CHAIN_POLL_MIN_S, CHAIN_POLL_MAX_S)
         self.work = trio.Event()  # a new submission or notice: the judging loop wakes
         self.voucher = b""  # its account's voucher for its peer id (ledger/vouchers.py)
@@ -197,6 +200,7 @@ class ValidatorRole:
             self.weights.keep_needed(self.needed_versions)
         fetched, to_judge = trio.open_memory_channel[tuple[Key, RolloutBatch, bytes]](0)
         async with trio.open_nursery() as nursery:
+            self.posts = nursery
             nursery.start_soon(self._watch_chain)
             nursery.start_soon(self._judge_fetched, to_judge)
             self.busy.since = time.monotonic()
@@ -313,7 +317,8 @@ class ValidatorRole:
                 self._not_judged(key, f"checking failed: {exc}")
                 return
         self.queue.judged(key)
-        await self._post(key, verdict)
+        # sent now, followed to its confirmations while the next batch is judged
+        self.posts.start_soon(self._post, key, verdict)
 
     def _not_judged(self, key: Key, why: str) -> None:
         """The fetched batch could not be judged now: again later, or given up."""
