@@ -168,9 +168,11 @@ def start_anvil(
     accounts: int = 10,
     timeout: float = 30,
     block_time: float | None = None,
+    mining: bool = True,
 ) -> LocalNode:
     """anvil on ``port``; ``block_time``: a block every that many seconds (interval mining,
-    as a real chain), else one block per transaction at once."""
+    as a real chain), else one block per transaction at once; ``mining`` False: no block
+    until one is asked for (``evm_mine``)."""
     binary = anvil_binary()
     if binary is None:
         raise RuntimeError(
@@ -188,6 +190,7 @@ def start_anvil(
         ANVIL_MNEMONIC,
         "--silent",
         *(["--block-time", f"{block_time:g}"] if block_time is not None else []),
+        *([] if mining else ["--no-mining"]),
     ]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     node = LocalNode(proc, f"http://{host}:{port}", mnemonic_keys(ANVIL_MNEMONIC, accounts))

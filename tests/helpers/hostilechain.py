@@ -42,7 +42,6 @@ import json
 import random
 import socket
 import struct
-import subprocess
 import threading
 import time
 from collections import deque
@@ -50,7 +49,7 @@ from typing import Any
 
 import requests
 
-from ledger.chain import ANVIL_MNEMONIC, Chain, anvil_binary, connect, mnemonic_keys
+from ledger.chain import Chain, connect, start_anvil
 
 FAULTS = ("429", "500", "timeout", "reset", "stale", "wrong_chain")
 # answers a lagging backend gives older versions of (receipts: only "not mined yet")
@@ -89,18 +88,8 @@ class HostileAnvil:
     inject: reorgs, dropped transactions, base fee spikes (see the module docstring)."""
 
     def __init__(self, port: int, *, block_time: float | None = 2.0, accounts: int = 10) -> None:
-        binary = anvil_binary()
-        if binary is None:
-            raise RuntimeError("anvil not found: run scripts/setup.sh")
-        mining = ["--no-mining"] if block_time is None else ["--block-time", f"{block_time:g}"]
-        cmd = [
-            str(binary),
-            *("--host", "127.0.0.1", "--port", str(port), "--accounts", str(accounts)),
-            *("--mnemonic", ANVIL_MNEMONIC, "--silent", *mining),
-        ]
+        """``block_time`` None: no block until ``mine`` is called."""
         self.block_time = block_time
-        self.url = f"http://127.0.0.1:{port}"
-        self.keys = mnemonic_keys(ANVIL_MNEMONIC, accounts)
         self.counts: dict[str, int] = {
             "reorgs": 0,
             "reorged_txs": 0,
@@ -108,26 +97,11 @@ class HostileAnvil:
             "dropped": 0,
             "fee_spikes": 0,
         }
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         self._lock = threading.Lock()  # one injection at a time (the chaos thread, a test)
-        try:
-            self._wait_ready(30)
-        except BaseException:
-            self.stop()
-            raise
-
-    def _wait_ready(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                err = self.proc.stderr.read().decode() if self.proc.stderr else ""
-                raise RuntimeError(f"anvil exited with {self.proc.returncode}: {err[-500:]}")
-            try:
-                self.rpc("eth_chainId")
-                return
-            except (requests.RequestException, HostileChainError):
-                time.sleep(0.1)
-        raise TimeoutError(f"anvil at {self.url} did not answer within {timeout} s")
+        self.node = start_anvil(
+            port, accounts=accounts, block_time=block_time, mining=block_time is not None
+        )
+        self.url, self.keys, self.proc = self.node.url, self.node.keys, self.node.proc
 
     def __enter__(self) -> HostileAnvil:
         return self
@@ -136,15 +110,7 @@ class HostileAnvil:
         self.stop()
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        if self.proc.stderr is not None:
-            self.proc.stderr.close()
+        self.node.stop()
 
     def rpc(self, method: str, params: list[Any] | None = None) -> Any:
         return rpc(self.url, method, params)
