@@ -22,15 +22,17 @@ are reconciled (``chainbooks.reconcile``).
 ``verdict_delay_s_p95`` (chain time from a submission's block to its first verdict's),
 ``steps``, ``settled`` (false: the run did not finish in time), ``error`` and ``seconds``.
 
-Measured on 2026-12-05 (2 shared cores, 2 workers, 3 steps, 2 s blocks), before the client
-was taught about any of this. With the first schedule (drops that found the mempool empty,
-a spike that stayed below the client's max fee) seed 1 settled in 241 s through 12 reorgs
-and 107 RPC faults with exact books (all five figures 0; verdict delay p95 26 s). With
-this one, seeds 1 and 2 both ended the same way: the chaos dropped the trainer's pending
-``set_policy_version`` from the mempool, it was not sent again, ``wait`` raised
-``LedgerPending`` after 60 s and the trainer's node exited 1 (seed 1: 218.6 s, 9 reorgs,
-3 drops, 109 RPC faults, books exact so far, verdict delay p95 35 s; seed 2: 2 submissions
-still without a verdict when the run stopped).
+Measured on 2026-12-05 (2 shared cores, 2 workers, 3 steps, 2 s blocks, 3 confirmations),
+``--seed 1`` / ``--seed 2``:
+
+- before the client knew about any of this: both runs ended with the trainer's node exiting
+  1 (the chaos dropped its pending ``set_policy_version``, nothing sent it again, ``wait``
+  raised ``LedgerPending`` after 60 s); seed 2 left 2 submissions without a verdict
+  (``lost`` 2); verdict delay p95 35 s;
+- with the client of SPEC section 19.2 (each node given both proxies): both settled, 3
+  steps, 8 submissions, every loss and double figure 0; seed 1 in 203 s through 10 reorgs
+  (9 transactions sent again), 3 drops, 1 spike and 157 RPC faults, verdict delay p95 12 s;
+  seed 2 in 160 s through 7 reorgs, 3 drops, 1 spike and 122 RPC faults, p95 10 s.
 """
 
 from __future__ import annotations
