@@ -438,9 +438,10 @@ class Transactions:
         self._waiting.add(p.nonce)
         try:
             while True:
-                receipt = None
+                receipt, read = None, False
                 try:
                     receipt = self._receipt(p)
+                    read = True  # (a read that failed in transit says nothing of a reorg)
                     state = self._confirmed(receipt) if receipt is not None else False
                 except Exception as exc:
                     if not _is_transport_error(exc):
@@ -451,7 +452,7 @@ class Transactions:
                 now = time.monotonic()
                 if receipt is not None:
                     seen = True
-                if state is None or (seen and receipt is None):
+                if state is None or (seen and read and receipt is None):
                     # mined in a block a reorg removed: sent again (a chain that put it back
                     # in its mempool answers that it has it)
                     seen = False
