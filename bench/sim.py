@@ -189,7 +189,9 @@ def triple(times: list[float]) -> dict[str, float]:
     return {f"p{int(q * 100)}": round(pct(times, q), 1) for q in (0.5, 0.9, 1.0)}
 
 
-def predictions(ns: list[int], sizes: list[float], pieces: int, seed: int) -> dict:  # type: ignore[type-arg]
+def predictions(  # type: ignore[type-arg]
+    ns: list[int], sizes: list[float], pieces: int, seed: int, exact_up_to: int
+) -> dict:
     out: dict[str, dict[str, object]] = {
         k: {}
         for k in (
@@ -207,28 +209,47 @@ def predictions(ns: list[int], sizes: list[float], pieces: int, seed: int) -> di
         downs = workers(n, seed)
         for gb in sizes:
             key = f"n{n}_{gb:g}gb"
-            p = pieces if n <= 1000 else max(8, pieces // 2)
-            t = time.perf_counter()
-            r = run_swarm(scale_config(gb * GB, p, seed), trainer, downs)
-            wall = time.perf_counter() - t
-            times = r.fraction_times()
+            p = pieces if n <= 1000 else max(8, pieces // 4)
+            base = f"n{n}_{sizes[0]:g}gb"
+            if gb != sizes[0] and n > exact_up_to:
+                # the first size's run, times and bytes scaled by the size ratio: with the
+                # same piece count a version's times are those of its links (checked at
+                # N <= exact_up_to, where both sizes run: "size_scaling" in the JSON)
+                k = gb / sizes[0]
+                times = [t * k for t in out["curves"][base]["swarm"]]  # type: ignore[index]
+                out["origin_upload_gb"][key] = round(out["origin_upload_gb"][base] * k, 2)  # type: ignore[operator]
+                out["spread_s"][key] = triple(times) | {"pieces": p, "scaled_from": base}
+                out["wasted_copies"][key] = out["wasted_copies"][base]
+                out["sim_wall_s"][key] = 0.0
+            else:
+                t = time.perf_counter()
+                r = run_swarm(scale_config(gb * GB, p, seed), trainer, downs)
+                out["sim_wall_s"][key] = round(time.perf_counter() - t, 1)
+                times = r.fraction_times()
+                out["spread_s"][key] = triple(times) | {"pieces": p}
+                out["origin_upload_gb"][key] = round(r.origin_uploaded / GB, 2)
+                out["wasted_copies"][key] = round(r.wasted / r.total_bytes, 2)
             single = single_origin(gb * GB, trainer.up, path_caps(trainer, downs, False))
             tree = relay_tree(
                 gb * GB, trainer.up, RELAYS, RELAY_UP, path_caps(trainer, downs, True)
             )
-            out["spread_s"][key] = triple(times) | {"pieces": p}
-            out["origin_upload_gb"][key] = round(r.origin_uploaded / GB, 2)
             out["single_origin_spread_s"][key] = triple(single)
             out["relay_tree_spread_s"][key] = triple(tree)
-            out["wasted_copies"][key] = round(r.wasted / r.total_bytes, 2)
-            out["sim_wall_s"][key] = round(wall, 1)
             out["curves"][key] = {"swarm": times, "relay_tree": tree, "single_origin": single}
             print(
                 f"  {key}: p50/p90/p100 {triple(times)} (relay tree {triple(tree)}, single "
-                f"origin {triple(single)}); origin {r.origin_uploaded / GB:.1f} GB; "
-                f"{r.events} events, {wall:.1f} s",
+                f"origin {triple(single)}); origin {out['origin_upload_gb'][key]} GB; "
+                f"{out['sim_wall_s'][key]} s",
                 file=sys.stderr,
             )
+    for n in ns:
+        if n <= exact_up_to and len(sizes) > 1:
+            a, b = out["spread_s"][f"n{n}_{sizes[0]:g}gb"], out["spread_s"][f"n{n}_{sizes[1]:g}gb"]
+            k = sizes[1] / sizes[0]
+            out.setdefault("size_scaling", {})[f"n{n}"] = {  # simulated / scaled
+                q: round(b[q] / (a[q] * k), 3)  # type: ignore[index]
+                for q in ("p50", "p90", "p100")
+            }
     return out
 
 
@@ -356,6 +377,18 @@ def main() -> None:
     ap.add_argument("--sizes", default="1,62", help="predictions: version sizes, GB")
     ap.add_argument("--pieces", type=int, default=32, help="predictions: pieces a version")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument(
+        "--exact-up-to",
+        type=int,
+        default=100,
+        help="simulate every size up to this N; above it, scale the first size's times",
+    )
+    ap.add_argument(
+        "--thorough",
+        action="store_true",
+        help="also: N=1,000 with twice the pieces, and the schedule fix at N=1,000",
+    )
+    ap.add_argument("--real-nodes", default="10,30", help="validation: swarm sizes to run")
     args = ap.parse_args()
     ns = [int(x) for x in args.nodes.split(",")]
     sizes = [float(x) for x in args.sizes.split(",")]
@@ -364,17 +397,19 @@ def main() -> None:
     result: dict[str, object] = {}
     if not args.skip_real:
         print(f"validation (uptime load {os.getloadavg()[0]:.1f}):", file=sys.stderr)
-        result["validation"] = validate(
-            [10, 30, 50] if args.full else [10, 30], args.cap, args.mib, args.shard_mib, args.seeds
-        )
+        real = [int(x) for x in args.real_nodes.split(",")] + ([50] if args.full else [])
+        result["validation"] = validate(real, args.cap, args.mib, args.shard_mib, args.seeds)
     print("predictions:", file=sys.stderr)
-    pred = predictions(ns, sizes, args.pieces, args.seed)
+    pred = predictions(ns, sizes, args.pieces, args.seed, args.exact_up_to)
     curves = pred.pop("curves")
     result.update(pred)
-    if 1000 in ns:
+    if 1000 in ns and args.thorough:
         result["pieces_sensitivity"] = sensitivity(sizes[0] * GB, args.pieces, args.seed)
     result["schedule_fix"] = fix_comparison(
-        [n for n in ns if n <= 1000], sizes[0] * GB, args.pieces, args.seed
+        [n for n in ns if n <= (1000 if args.thorough else 100)],
+        sizes[0] * GB,
+        args.pieces,
+        args.seed,
     )
     result.update(derived(ns, result["spread_s"], sizes, args.seed))  # type: ignore[arg-type]
     result["pngs"] = plot(curves, out_dir)

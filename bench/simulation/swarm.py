@@ -225,6 +225,8 @@ class Swarm:
             return
         start = n.link.start
         k = math.floor((self.loop.now - start) / self.cfg.refresh) + 1
+        while start + k * self.cfg.refresh <= self.loop.now:  # rounding: strictly later
+            k += 1
         n.tick_due = start + k * self.cfg.refresh
         self.loop.at(n.tick_due, self._tick, n.index)
 
