@@ -39,6 +39,7 @@ from node.config import NodeConfig  # noqa: E402
 
 MiB = 1024 * 1024
 TIMEOUT = 600
+MEET_TIMEOUT = 120.0  # seconds the swarm's nodes get to know each other (bench/sim.py: more)
 # seconds between the bench's status requests to a node: each costs the node a few ms of
 # CPU (HTTP in Python), which polling 7 nodes 20 times a second took from the transfer
 # itself; the figures come from the nodes' own records (a job's elapsed_s and ended_at),
@@ -131,7 +132,7 @@ def swarm(base: Path, ckpt: Path, total: int, peers: int, cap: float) -> dict[st
             wait_ready(n)
         wait(
             lambda: all(len((n.status() or {"peers": []})["peers"]) >= peers for n in nodes),
-            120,
+            MEET_TIMEOUT,
             "the nodes to meet",
             0.2,
         )
@@ -166,6 +167,13 @@ def swarm(base: Path, ckpt: Path, total: int, peers: int, cap: float) -> dict[st
         }
         return {
             "publish_seconds": round(published - t0, 3),
+            # when each downloader's job began, seconds after the publish request returned
+            # (its ended_at less its elapsed_s): bench/sim.py starts its simulated nodes so
+            "start_offsets": {
+                name: round(t - float(job["elapsed_s"]) - published, 3)
+                for name, (t, job) in jobs.items()
+            },
+            "done_offsets": {name: round(t - published, 3) for name, (t, _) in jobs.items()},
             "swarm_seconds": round(done - published, 3),
             "per_node_MBps": {
                 name: round(total / job["elapsed_s"] / 1e6, 1) for name, (_, job) in jobs.items()

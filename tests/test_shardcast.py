@@ -838,14 +838,15 @@ async def test_download_loop_reassigns_stalled_dead_and_corrupt_peers(autojump_c
     assert p.complete and p.banned == ["evil"]
     bad = [(t, o, peer) for t, o, peer in events if o != "completed"]
     # evil: banned at once and never asked again; dead: retried after its backoff (1 s,
-    # then 2 s) and failing each time; staller: its shard taken back at exactly the deadline
-    assert bad == [
-        (0.0, "corrupt", "evil"),
-        (0.5, "failed", "dead"),
-        (2.0, "failed", "dead"),
-        (4.5, "failed", "dead"),
-        (7.0, "stalled", "staller"),
-    ]
+    # then 2 s) and failing each time; staller: its shard taken back at exactly the deadline.
+    # At 4 s dead's backoff ends as honest completes a shard: a peer whose fetches only
+    # failed is no longer taken before a measured one, so which of the two trio wakes first
+    # decides whether dead is asked a third time
+    assert bad[:3] == [(0.0, "corrupt", "evil"), (0.5, "failed", "dead"), (2.0, "failed", "dead")]
+    assert bad[3:] in (
+        [(4.5, "failed", "dead"), (7.0, "stalled", "staller")],
+        [(7.0, "stalled", "staller")],
+    )
     assert [peer for _, o, peer in events if o == "completed"] == ["honest"] * 6
     # the stalled shard was the last one: fetched from the honest peer from 7 s to 8 s
     assert trio.current_time() == pytest.approx(8.0)

@@ -28,7 +28,7 @@ from node.net.bans import PeerBans
 from node.net.requests import RemoteRefusal
 from node.net.runtime import Node
 from node.shardcast.providers import find_providers, provide
-from node.shardcast.schedule import DownloadPlan, PeerState
+from node.shardcast.schedule import DownloadPlan, PeerState, download_plan, shard_deadline
 from node.shardcast.store import DiskFault, Partial, StoreError
 from node.shardcast.transfer import (
     BadShard,
@@ -268,13 +268,12 @@ class Downloads:
                 partial.resumed,
                 m.num_shards,
             )
-        plan = job.plan = DownloadPlan(
+        plan = job.plan = download_plan(
             m.num_shards,
             done=set(partial.held),
             origin=m.sender,
             me=self.node.peer_id,
-            max_inflight=self.cfg.shardcast.download_slots,
-            per_peer=max(1, min(2, self.cfg.shardcast.download_slots)),
+            download_slots=self.cfg.shardcast.download_slots,
         )
         for peer in self.holders.banned:
             plan.peers.setdefault(peer, PeerState(peer)).banned = True
@@ -328,7 +327,7 @@ class Downloads:
 
     def _shard_deadline(self, m: WeightManifest) -> Callable[[int], float]:
         """A whole shard's deadline: a peer slower than 256 kB/s counts as stalled."""
-        return lambda shard: max(4 * self.cfg.net.read_timeout, m.shard_length(shard) / 262_144)
+        return lambda shard: shard_deadline(m.shard_length(shard), self.cfg.net.read_timeout)
 
     def _report(self, version: int) -> Callable[[str, int, str, BaseException | None], None]:
         def report(outcome: str, shard: int, peer: str, err: BaseException | None) -> None:

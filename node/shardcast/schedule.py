@@ -23,14 +23,17 @@ The download loop tells it what each peer holds (``update_peer``), asks it for w
   the others do not wait for its share): a relay's limits are small and its bandwidth is
   somebody else's, so bulk bytes never ride a relay where a direct path exists.
 - **Peers**: a moving average (EWMA, ``alpha``) of measured throughput and of success,
-  scored ``rate × success / (1 + in flight)``; a peer never measured is tried first
-  (optimism), and with probability ``explore`` a random holder is taken, so a new fast
-  peer is found.
+  scored ``rate × success / (1 + in flight)``; a peer never tried is tried first
+  (optimism; one whose fetches only failed scores 0 until one completes), and with
+  probability ``explore`` a random holder is taken, so a new fast peer is found.
 - **Refusals**: a peer that is busy (every upload slot taken) is asked again after a
   quarter second, without penalty; one that lacks the shard loses it from its holdings.
 - **Failures**: a peer whose fetch failed or stalled loses that shard (it goes back to the
   pool at once) and is backed off for ``backoff × 2^(failures − 1)`` seconds (at most
-  ``max_backoff``); a peer that served a shard whose hash is wrong is banned for good.
+  ``max_backoff``); after ``FAILING`` failures in a row it is asked for a shard only when
+  no other holder has it, the origin and relayed holders included (a direct peer whose
+  every fetch stalls, a home uplink split over four uploads, otherwise held a download up
+  for good); a peer that served a shard whose hash is wrong is banned for good.
 - **Bounds**: at most ``max_inflight`` shards in flight (memory is that many shards) and
   ``per_peer`` from any one peer.
 """
@@ -40,6 +43,17 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
+
+# consecutive failures after which a peer serves a shard only when no other holder has it
+FAILING = 3
+# a peer that moves a shard slower than this (bytes/s) counts as stalled
+STALL_RATE = 262_144
+
+
+def shard_deadline(length: int, read_timeout: float) -> float:
+    """A whole shard's deadline in seconds: a peer slower than ``STALL_RATE`` counts as
+    stalled (the runtime cancels the fetch and reports ``failed``)."""
+    return max(4 * read_timeout, length / STALL_RATE)
 
 
 @dataclass
@@ -105,7 +119,9 @@ class DownloadPlan:
         p = self.peers[peer]
         p.success = (1 - self.alpha) * p.success
         p.failures += 1
-        p.backoff_until = now + min(self.max_backoff, self.backoff * 2 ** (p.failures - 1))
+        # the exponent is bounded: 2 ** 1024 is past a float (a peer failing all day)
+        doubling = 2.0 ** min(p.failures - 1, 32)
+        p.backoff_until = now + min(self.max_backoff, self.backoff * doubling)
 
     def busy(self, shard: int, peer: str, now: float, wait: float = 0.25) -> None:
         """The peer refused for now (all its upload slots taken): the shard goes back and
@@ -170,20 +186,24 @@ class DownloadPlan:
 
     def _pick(self, now: float) -> tuple[int, str] | None:
         holders: dict[int, list[PeerState]] = {}
+        taken = self.done.union(self.inflight)
         for p in self.peers.values():
             if p.banned:
                 continue
-            for s in p.have:
-                if s not in self.done and s not in self.inflight:
-                    holders.setdefault(s, []).append(p)
+            for s in p.have - taken:  # a set difference: assign runs at every wakeup
+                holders.setdefault(s, []).append(p)
         order = list(holders)
         self.rng.shuffle(order)
         order.sort(key=lambda s: len(holders[s]))  # stable: random among equally rare
         mine = self._share()
         deferred: tuple[int, list[PeerState]] | None = None  # the rarest of another's share
         for shard in order:
+            # a holder whose last FAILING fetches failed only when nobody else has it: a
+            # direct peer that stalls every fetch kept the origin and the relayed holders
+            # from a downloader for good (bench/sim.py found it: docs/simulation.md)
+            sound = [p for p in holders[shard] if p.failures < FAILING] or holders[shard]
             # a holder behind a relay only when no direct holder has it, even a busy one
-            reach = [p for p in holders[shard] if not p.relayed] or holders[shard]
+            reach = [p for p in sound if not p.relayed] or sound
             live = [p for p in reach if self._available(p, now)]
             others = [p for p in live if p.peer != self.origin]
             pool = others or live  # the origin only when nobody else can serve this shard
@@ -215,9 +235,35 @@ class DownloadPlan:
         return lambda shard: shard % n == rank
 
     def _choose(self, usable: list[PeerState]) -> PeerState:
-        untried = [p for p in usable if p.rate is None]
+        # optimism for a peer never tried, not for one whose every fetch failed or stalled:
+        # it was re-tried first at each backoff's end, ahead of measured fast peers (a home
+        # uplink split over four uploads stalls every shard: bench/sim.py, docs/simulation.md)
+        untried = [p for p in usable if p.rate is None and p.failures == 0]
         if untried:
-            return min(untried, key=lambda p: (p.inflight, p.failures, self.rng.random()))
+            return min(untried, key=lambda p: (p.inflight, self.rng.random()))
         if self.rng.random() < self.explore:
             return self.rng.choice(usable)
         return max(usable, key=lambda p: (p.score(), self.rng.random()))
+
+
+def download_plan(
+    num_shards: int,
+    *,
+    done: set[int],
+    origin: str | None,
+    me: str | None,
+    download_slots: int,
+    rng: random.Random | None = None,
+) -> DownloadPlan:
+    """The plan a download runs with ``download_slots`` shards in flight, at most two of
+    them from any one peer (``node/shardcast/pulling.py``; ``bench/simulation`` drives the
+    same plan)."""
+    return DownloadPlan(
+        num_shards,
+        done=set(done),
+        origin=origin,
+        me=me,
+        max_inflight=download_slots,
+        per_peer=max(1, min(2, download_slots)),
+        rng=rng if rng is not None else random.Random(),
+    )

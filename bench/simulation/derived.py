@@ -1,0 +1,116 @@
+"""Figures beside the swarm: announcement delivery over the gossip mesh, DHT lookup hops,
+presence pacing, and what follows from measured costs (async level, validators, chain
+transactions). Each function names where its inputs come from.
+
+- **Gossip**: gossipsub's mesh as the node configures it (``node/net/host.py``: degree 6),
+  a message forwarded along every mesh link once; a hop costs half the path's RTT plus
+  ``hop_s`` of processing. Delivery time to each node is its shortest path from the
+  publisher (Dijkstra).
+- **DHT**: Kademlia with ``k = 20`` and ``alpha = 3`` (py-libp2p's kad-dht), node ids
+  random: the rounds of an iterative lookup until the ``k`` nodes nearest the key are known.
+- **Presence**: ``max(heartbeat_interval, (known + 1) / presence_rate)`` seconds between a
+  node's heartbeats (``node/net/presence.py``), with the config's defaults.
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+import math
+import random
+
+from bench.simulation.links import Link, path_rtt
+from node.config import NodeConfig
+
+MESH_DEGREE = 6  # node/net/host.py: gossipsub degree
+
+
+def gossip_delivery(links: list[Link], rng: random.Random, hop_s: float = 0.005) -> list[float]:
+    """Seconds from node 0 publishing until each other node has the message."""
+    n = len(links)
+    adj: list[set[int]] = [set() for _ in range(n)]
+    for i in range(n):  # each node grafts until it has MESH_DEGREE links
+        while len(adj[i]) < min(MESH_DEGREE, n - 1):
+            j = rng.randrange(n)
+            if j != i:
+                adj[i].add(j)
+                adj[j].add(i)
+    best = [math.inf] * n
+    best[0] = 0.0
+    heap = [(0.0, 0)]
+    while heap:
+        t, i = heapq.heappop(heap)
+        if t > best[i]:
+            continue
+        for j in adj[i]:
+            arrive = t + path_rtt(links[i], links[j]) / 2 + hop_s
+            if arrive < best[j]:
+                best[j] = arrive
+                heapq.heappush(heap, (arrive, j))
+    return best[1:]
+
+
+def dht_lookup_hops(n: int, rng: random.Random, lookups: int = 200, k: int = 20) -> list[int]:
+    """Rounds of iterative Kademlia lookups (``alpha`` = 3) among ``n`` nodes with 32-bit
+    ids, each node's buckets holding up to ``k`` random nodes of their distance range."""
+    alpha = 3
+    ids = sorted(rng.sample(range(1 << 32), n))
+    tables: dict[int, list[int]] = {}
+
+    def table(x: int) -> list[int]:
+        if x not in tables:
+            out: list[int] = []
+            for bit in range(32):
+                lo = ((x >> bit) ^ 1) << bit
+                a, b = bisect.bisect_left(ids, lo), bisect.bisect_left(ids, lo + (1 << bit))
+                pick = random.Random(x * 64 + bit)
+                span = ids[a:b]
+                out.extend(span if len(span) <= k else pick.sample(span, k))
+            tables[x] = out
+        return tables[x]
+
+    hops = []
+    for _ in range(lookups):
+        start, key = rng.choice(ids), rng.getrandbits(32)
+        goal = set(sorted(ids, key=lambda y: y ^ key)[:k])
+        known = set(sorted(table(start), key=lambda y: y ^ key)[:k])
+        asked: set[int] = set()
+        rounds = 0
+        while not goal <= known and rounds < 64:
+            todo = sorted(known - asked, key=lambda y: y ^ key)[:alpha]
+            if not todo:
+                break
+            rounds += 1
+            for y in todo:
+                asked.add(y)
+                known |= set(sorted(table(y), key=lambda z: z ^ key)[:k])
+            known = set(sorted(known, key=lambda y: y ^ key)[:k])
+        hops.append(rounds)
+    return hops
+
+
+def heartbeat_period(n: int, cfg: NodeConfig | None = None) -> float:
+    """A node's heartbeat period in a network of ``n`` known peers (presence.py's rule)."""
+    net = (cfg or NodeConfig()).net  # type: ignore[call-arg]
+    return max(net.heartbeat_interval, (n + 1) / net.presence_rate)
+
+
+def async_level_needed(spread_s: float, step_s: float) -> int:
+    """The async level at which a worker never waits for weights: a version must reach
+    it within ``level`` trainer steps of being published."""
+    return max(1, math.ceil(spread_s / step_s))
+
+
+def validators_needed(workers: int, validator_per_worker: float) -> int:
+    """Validators to judge every batch, a validator's check costing
+    ``validator_per_worker`` times a worker's generation of the same batch."""
+    return math.ceil(workers * validator_per_worker)
+
+
+def chain_load(
+    workers: int, batch_s: float, gas_per_batch: float, tx_per_batch: float
+) -> dict[str, float]:
+    """Transactions per second and gas per day when every worker submits a batch every
+    ``batch_s`` seconds."""
+    batches = workers / batch_s
+    return {"tx_per_s": batches * tx_per_batch, "gas_per_day": batches * gas_per_batch * 86400}

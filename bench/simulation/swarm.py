@@ -1,0 +1,390 @@
+"""SHARDCAST on simulated links, every decision made by the real code.
+
+Each downloader runs ``node.shardcast.schedule.download_plan`` (the ``DownloadPlan`` the
+node runs: rarest first, origin last, origin shares, relayed holders last, throughput
+scoring with exploration, busy/failed/backoff, bans) and is driven the way
+``node/shardcast/pulling.py`` and ``transfer.py`` drive it:
+
+- **Holdings**: a download asks up to ``MAX_QUERY_PEERS`` peers for their bitmaps every
+  ``REFRESH`` seconds, the peers its plan knows first, then others at random (the real
+  constants, imported). A peer that does not know the version yet is not added. A refresh
+  is simulated only when a queried peer's holdings changed (the same result as asking it
+  and getting the same bitmap: ``update_peer`` with an equal set).
+- **Fetches**: ``plan.assign(now)`` after every change (a fetch ended, holdings came, a
+  backoff ran out), as ``run_download`` re-plans on its wakeup. A request reaches the
+  holder after half the path's RTT; the holder serves at most ``upload_slots`` at once, the
+  others wait in FIFO order (``trio.Semaphore``) up to ``read_timeout / 2`` and are then
+  refused busy (``plan.busy``). A fetch past ``shard_deadline`` is cancelled
+  (``plan.failed``); its bytes are wasted.
+- **Rates**: an active transfer moves at ``min(up_s / uploads_s, down_r / downloads_r,
+  path cap)``: the fair share of the sender's uplink (its ``ByteBucket`` serves its uploads
+  in turns) and of the receiver's downlink, recomputed whenever a transfer starts or ends
+  at either end; the path cap is a relay's rate and the loss-bound TCP rate
+  (``links.mathis_cap``). A piece's verify-and-write time (``piece_overhead``) follows.
+- Every holder serves what it has, a download in progress included.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from bench.simulation.events import EventLoop
+from bench.simulation.links import Link, mathis_cap, relayed
+from node.config import NodeConfig
+from node.shardcast.pulling import MAX_QUERY_PEERS, REFRESH
+from node.shardcast.schedule import DownloadPlan, download_plan, shard_deadline
+
+PlanFactory = Callable[..., DownloadPlan]
+_DEFAULTS = NodeConfig()  # type: ignore[call-arg]  # the defaults of every setting
+
+
+@dataclass
+class SwarmConfig:
+    shards: int
+    shard_bytes: int
+    upload_slots: int = _DEFAULTS.shardcast.upload_slots
+    download_slots: int = _DEFAULTS.shardcast.download_slots
+    read_timeout: float = _DEFAULTS.net.read_timeout
+    refresh: float = REFRESH
+    query_peers: int = MAX_QUERY_PEERS
+    piece_overhead: float = 0.0  # seconds a downloader spends verifying and writing a piece
+    region_rtt_ms: tuple[tuple[float, ...], ...] = ((0.0,),)
+    loss: float = 0.0
+    relay_rate: float = 1e6
+    seed: int = 0
+    plan_factory: PlanFactory = download_plan
+    until: float = 1e9  # give up at this simulated time
+
+
+@dataclass
+class Request:
+    client: int
+    server: int
+    shard: int
+    asked: float
+    rtt: float
+    state: str = "travel"  # travel, queued, flowing, arriving, over
+    remaining: float = 0.0
+    rate: float = 0.0
+    stamp: float = 0.0  # when ``remaining`` was last brought up to date
+    epoch: int = 0  # bumped at every rate change: older completion events are stale
+    cap: float = math.inf  # the path's own limit
+    sent: float = 0.0
+
+
+@dataclass
+class SimNode:
+    index: int
+    peer: str
+    link: Link
+    have: set[int] = field(default_factory=set)
+    plan: DownloadPlan | None = None
+    started: bool = False
+    done_at: float | None = None
+    uploading: list[Request] = field(default_factory=list)
+    downloading: list[Request] = field(default_factory=list)
+    queue: deque[Request] = field(default_factory=deque)
+    asked: list[int] = field(default_factory=list)  # the peers it queries for holdings
+    dirty: set[int] = field(default_factory=set)  # queried peers whose holdings changed
+    tick_due: float | None = None
+    wake_due: float | None = None
+    uploaded: float = 0.0
+
+
+@dataclass
+class SwarmResult:
+    done_at: list[float | None]  # per downloader: when it held every piece (None: never)
+    origin_uploaded: float  # bytes
+    uploaded: float  # bytes, every node
+    wasted: float  # bytes sent for fetches cancelled past their deadline
+    busy: int
+    stalled: int
+    events: int
+    total_bytes: int
+
+    def fraction_times(self) -> list[float]:
+        """Completion times, sorted; a downloader that never completed counts as inf."""
+        return sorted(math.inf if t is None else t for t in self.done_at)
+
+    def percentile(self, q: float) -> float:
+        times = self.fraction_times()
+        k = max(0, math.ceil(q * len(times)) - 1)
+        return times[k]
+
+
+class Swarm:
+    """One origin holding every piece at time 0, and downloaders with the given links."""
+
+    def __init__(self, cfg: SwarmConfig, origin: Link, downloaders: list[Link]) -> None:
+        self.cfg = cfg
+        self.loop = EventLoop()
+        self.rng = random.Random(cfg.seed)
+        links = [origin, *downloaders]
+        ids = sorted({f"{self.rng.getrandbits(64):016x}" for _ in range(len(links) * 2)})
+        self.rng.shuffle(ids)
+        self.nodes = [SimNode(i, ids[i], link) for i, link in enumerate(links)]
+        self.by_peer = {n.peer: n.index for n in self.nodes}
+        self.watchers: list[list[int]] = [[] for _ in self.nodes]
+        origin_node = self.nodes[0]
+        origin_node.have = set(range(cfg.shards))
+        origin_node.started = True
+        self.deadline = shard_deadline(cfg.shard_bytes, cfg.read_timeout)
+        self.slot_wait = cfg.read_timeout / 2
+        self.wasted = 0.0
+        self.busy = 0
+        self.stalled = 0
+        self.pending = len(downloaders)
+
+    # ---- paths ------------------------------------------------------------------------
+
+    def _rtt(self, a: SimNode, b: SimNode) -> float:
+        m = self.cfg.region_rtt_ms
+        between = m[a.link.region % len(m)][b.link.region % len(m)] / 1000
+        return a.link.rtt + b.link.rtt + between
+
+    def _cap(self, a: SimNode, b: SimNode, rtt: float) -> float:
+        cap = mathis_cap(rtt, self.cfg.loss)
+        if relayed(a.link, b.link):
+            cap = min(cap, self.cfg.relay_rate)
+        return cap
+
+    # ---- the run ----------------------------------------------------------------------
+
+    def run(self) -> SwarmResult:
+        for n in self.nodes[1:]:
+            self.loop.at(n.link.start, self._start, n.index)
+        self.loop.run(until=self.cfg.until, stop=lambda: self.pending == 0)
+        return SwarmResult(
+            done_at=[n.done_at for n in self.nodes[1:]],
+            origin_uploaded=self.nodes[0].uploaded,
+            uploaded=sum(n.uploaded for n in self.nodes),
+            wasted=self.wasted,
+            busy=self.busy,
+            stalled=self.stalled,
+            events=self.loop.processed,
+            total_bytes=self.cfg.shards * self.cfg.shard_bytes,
+        )
+
+    def _start(self, i: int) -> None:
+        n = self.nodes[i]
+        n.started = True
+        n.plan = self.cfg.plan_factory(
+            self.cfg.shards,
+            done=set(n.have),
+            origin=self.nodes[0].peer,
+            me=n.peer,
+            download_slots=self.cfg.download_slots,
+            rng=random.Random(self.rng.getrandbits(64)),
+        )
+        n.tick_due = self.loop.now
+        self._tick(i)
+
+    # ---- holdings refresh (pulling.py: _refresh_loop) ---------------------------------
+
+    def _tick(self, i: int) -> None:
+        n = self.nodes[i]
+        plan = n.plan
+        if plan is None or n.done_at is not None or n.tick_due != self.loop.now:
+            return
+        n.tick_due = None
+        for j in n.dirty:
+            plan.update_peer(self.nodes[j].peer, self.nodes[j].have)
+        n.dirty.clear()
+        grow = len(n.asked) < self.cfg.query_peers
+        if grow:  # known peers first, then fresh ones at random, up to MAX_QUERY_PEERS
+            known = set(n.asked)
+            tries = 4 * (self.cfg.query_peers - len(n.asked))
+            fresh: list[int] = []
+            for _ in range(tries):
+                if len(n.asked) + len(fresh) >= self.cfg.query_peers:
+                    break
+                j = self.rng.randrange(len(self.nodes))
+                if j != i and j not in known and j not in fresh:
+                    fresh.append(j)
+            if len(self.nodes) - 1 <= self.cfg.query_peers:
+                fresh = [j for j in range(len(self.nodes)) if j != i and j not in known]
+            for j in fresh:
+                m = self.nodes[j]
+                if not m.started:  # it does not know the version yet: not added
+                    continue
+                n.asked.append(j)
+                self.watchers[j].append(i)
+                plan.update_peer(m.peer, m.have)
+                plan.peers[m.peer].relayed = relayed(n.link, m.link)
+            grow = len(n.asked) < min(self.cfg.query_peers, len(self.nodes) - 1)
+        if grow:
+            self._schedule_tick(n)
+        self._wake(i)
+
+    def _schedule_tick(self, n: SimNode) -> None:
+        if n.tick_due is not None or n.plan is None:
+            return
+        start = n.link.start
+        k = math.floor((self.loop.now - start) / self.cfg.refresh) + 1
+        while start + k * self.cfg.refresh <= self.loop.now:  # rounding: strictly later
+            k += 1
+        n.tick_due = start + k * self.cfg.refresh
+        self.loop.at(n.tick_due, self._tick, n.index)
+
+    def _changed(self, j: int) -> None:
+        """Node ``j``'s holdings grew: the peers that query it see it at their next refresh."""
+        for i in self.watchers[j]:
+            w = self.nodes[i]
+            if w.done_at is None:
+                w.dirty.add(j)
+                self._schedule_tick(w)
+
+    # ---- the download loop (transfer.py: run_download) --------------------------------
+
+    def _wake(self, i: int) -> None:
+        n = self.nodes[i]
+        plan = n.plan
+        if plan is None or n.done_at is not None:
+            return
+        now = self.loop.now
+        for shard, peer in plan.assign(now):
+            self._ask(n, shard, self.by_peer[peer])
+        nxt = plan.next_wakeup(now)
+        if nxt is not None and (n.wake_due is None or nxt < n.wake_due or n.wake_due < now):
+            n.wake_due = nxt
+            self.loop.at(nxt, self._wake_timer, i, nxt)
+
+    def _wake_timer(self, i: int, due: float) -> None:
+        n = self.nodes[i]
+        if n.wake_due == due:
+            n.wake_due = None
+        self._wake(i)
+
+    def _ask(self, client: SimNode, shard: int, server: int) -> None:
+        s = self.nodes[server]
+        rtt = self._rtt(client, s)
+        req = Request(client.index, server, shard, self.loop.now, rtt)
+        req.cap = self._cap(client, s, rtt)
+        req.remaining = float(self.cfg.shard_bytes)
+        self.loop.at(self.loop.now + rtt / 2, self._arrive, req)
+        self.loop.at(self.loop.now + self.deadline, self._deadline, req)
+
+    def _arrive(self, req: Request) -> None:
+        if req.state != "travel":
+            return
+        s = self.nodes[req.server]
+        if req.shard not in s.have:
+            req.state = "over"
+            self.loop.at(self.loop.now + req.rtt / 2, self._lacks, req)
+        elif len(s.uploading) < self.cfg.upload_slots:
+            self._begin(req)
+        else:
+            req.state = "queued"
+            s.queue.append(req)
+            self.loop.at(self.loop.now + self.slot_wait, self._slot_timeout, req)
+
+    def _slot_timeout(self, req: Request) -> None:
+        if req.state != "queued":
+            return
+        req.state = "over"
+        self.nodes[req.server].queue.remove(req)
+        self.loop.at(self.loop.now + req.rtt / 2, self._busy, req)
+
+    def _busy(self, req: Request) -> None:
+        c = self.nodes[req.client]
+        assert c.plan is not None
+        self.busy += 1
+        c.plan.busy(req.shard, self.nodes[req.server].peer, self.loop.now)
+        self._wake(c.index)
+
+    def _lacks(self, req: Request) -> None:
+        c = self.nodes[req.client]
+        assert c.plan is not None
+        c.plan.lacks(req.shard, self.nodes[req.server].peer)
+        self._wake(c.index)
+
+    def _deadline(self, req: Request) -> None:
+        if req.state in ("over", "arriving"):
+            return
+        if req.state == "queued":
+            self.nodes[req.server].queue.remove(req)
+        elif req.state == "flowing":
+            self._end_flow(req)
+            self.wasted += req.sent
+        req.state = "over"
+        self.stalled += 1
+        c = self.nodes[req.client]
+        assert c.plan is not None
+        c.plan.failed(req.shard, self.nodes[req.server].peer, self.loop.now)
+        self._wake(c.index)
+
+    # ---- flows --------------------------------------------------------------------------
+
+    def _begin(self, req: Request) -> None:
+        s, c = self.nodes[req.server], self.nodes[req.client]
+        req.state = "flowing"
+        req.stamp = self.loop.now
+        s.uploading.append(req)
+        c.downloading.append(req)
+        self._rerate(s, c)
+
+    def _rerate(self, *ends: SimNode) -> None:
+        """Bring every transfer at these nodes up to date and give it its new fair share."""
+        now = self.loop.now
+        seen: set[int] = set()
+        for node in ends:
+            for req in (*node.uploading, *node.downloading):
+                if id(req) in seen:
+                    continue
+                seen.add(id(req))
+                moved = req.rate * (now - req.stamp)
+                req.remaining = max(0.0, req.remaining - moved)
+                req.sent += moved
+                req.stamp = now
+                s, c = self.nodes[req.server], self.nodes[req.client]
+                req.rate = min(
+                    s.link.up / len(s.uploading), c.link.down / len(c.downloading), req.cap
+                )
+                req.epoch += 1
+                self.loop.at(now + req.remaining / req.rate, self._sent, req, req.epoch)
+
+    def _end_flow(self, req: Request) -> None:
+        s, c = self.nodes[req.server], self.nodes[req.client]
+        moved = req.rate * (self.loop.now - req.stamp)
+        req.sent += moved
+        s.uploaded += min(req.sent, self.cfg.shard_bytes)
+        s.uploading.remove(req)
+        c.downloading.remove(req)
+        req.epoch += 1
+        self._rerate(s, c)
+        while s.queue and len(s.uploading) < self.cfg.upload_slots:
+            self._begin(s.queue.popleft())
+
+    def _sent(self, req: Request, epoch: int) -> None:
+        if req.epoch != epoch or req.state != "flowing":
+            return
+        req.state = "arriving"
+        req.rate = req.rate  # the last bytes are on the wire
+        self._end_flow(req)
+        self.loop.at(self.loop.now + req.rtt / 2 + self.cfg.piece_overhead, self._stored, req)
+
+    def _stored(self, req: Request) -> None:
+        c = self.nodes[req.client]
+        plan = c.plan
+        assert plan is not None
+        now = self.loop.now
+        plan.completed(
+            req.shard, self.nodes[req.server].peer, self.cfg.shard_bytes, now - req.asked
+        )
+        req.state = "over"
+        if req.shard not in c.have:
+            c.have.add(req.shard)
+            self._changed(c.index)
+        if plan.complete and c.done_at is None:
+            c.done_at = now
+            self.pending -= 1
+            return
+        self._wake(c.index)
+
+
+def run_swarm(cfg: SwarmConfig, origin: Link, downloaders: list[Link]) -> SwarmResult:
+    return Swarm(cfg, origin, downloaders).run()
