@@ -16,7 +16,7 @@ from ledger.accounts import LIGHT_SCRYPT_N, create_account
 from ledger.client import LedgerClient
 from node.cli.devnet import free_port
 from tests.helpers.hostilechain import HostileAnvil
-from tests.helpers.net import CLI
+from tests.helpers.net import CLI, one_clear_line
 
 PASSWORD = "the owner's password"
 
@@ -54,14 +54,6 @@ def deploy_cmd(chain, data_dir, pw, out, *extra, appoint: bool = True):
 
 def run(cmd, stdin: str = ""):
     return subprocess.run(cmd, input=stdin, capture_output=True, text=True, timeout=120)
-
-
-def one_clear_line(res, *needles):
-    assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr
-    lines = res.stderr.strip().splitlines()
-    assert len(lines) == 1, res.stderr
-    for n in needles:
-        assert n in lines[0], lines[0]
 
 
 def test_deploy_from_the_keystore_account_waits_for_confirmations(chain, tmp_path):

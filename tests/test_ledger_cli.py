@@ -16,7 +16,7 @@ from ledger.accounts import load_account
 from ledger.chain import connect
 from ledger.client import LedgerClient
 from node.cli.devnet import free_port
-from tests.helpers.net import CLI
+from tests.helpers.net import CLI, one_clear_line
 
 ENV = {**os.environ, "INTELLECT_NODE_PASSWORD": "correct horse"}
 ETH = 10**18
@@ -29,14 +29,6 @@ def run(*args, check=True, env=ENV):
     if check:
         assert res.returncode == 0, res.stdout + res.stderr
     return res
-
-
-def one_clear_line(res, *needles):
-    assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr
-    lines = res.stderr.strip().splitlines()
-    assert len(lines) == 1, res.stderr
-    for n in needles:
-        assert n in lines[0], lines[0]
 
 
 def start_chain(data_dir: Path, env=ENV, *extra: str):

@@ -26,6 +26,15 @@ FAST = {
 FAST_ENV = {"INTELLECT_NODE_NET__PRESENCE_RATE": "1000"}
 
 
+def one_clear_line(res: Any, *needles: str) -> None:
+    """A CLI run that failed with one line on stderr (no traceback) naming each of ``needles``."""
+    assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1, res.stderr
+    for n in needles:
+        assert n in lines[0], lines[0]
+
+
 def setting_flag(key: str) -> str:
     """A keyword argument naming a setting as ``section__name`` (``net__read_timeout``, the
     environment's delimiter) -> its ``start`` flag (``--net.read-timeout``)."""
