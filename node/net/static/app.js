@@ -167,7 +167,7 @@
       this.histDays = h("tbody");
       this.histNote = h("p", { class: "muted" }, "reading the chain…");
       this.lives = h("tbody");
-      this.disagree = h("ul", { class: "disagreements", "data-k": "history.disagreements" });
+      this.disagree = h("ul", { class: "disagreements" });
       grid.append(wide(card("Account history (from the chain's events)", this.histNote, this.histFigs,
         legend(["#4f7cff", "submissions"], ["#2e9e5b", "verdicts"]), this.histChart,
         h("table", { class: "rows" },
@@ -308,7 +308,6 @@
           h("td", {}, ...(b.verdicts.length ? b.verdicts.map((v) => h("div", {}, v.event.replace("Work", "").toLowerCase() + " ", at(v))) : ["–"])),
           h("td", {}, at(b.settled)), h("td", {}, at(b.claimed)))));
       const dis = hist.disagreements || [];
-      this.disagree.setAttribute("data-value", JSON.stringify(dis));
       this.disagree.replaceChildren(...(dis.length ? dis.map((d) => h("li", { class: "bad" }, d))
         : [h("li", { class: "muted" }, "they agree")]));
     }
