@@ -153,7 +153,7 @@ class RunFiles:
     ``ShardServer``), their download, the trainer's publishing and a joiner's pull."""
 
     def __init__(self, node: Node, cfg: NodeConfig, holders: Holders, trainer: str | None):
-        self.node, self.cfg, self.holders = node, cfg, holders
+        self.node, self.cfg, self.holders, self.trainer = node, cfg, holders, trainer
         store = WeightStore(cfg.resolved_data_dir / "run-files", cfg.run.id, trainer)
         self.book = VersionBook(
             store, run_id=cfg.run.id, trainer=trainer, async_level=0, run_files=True
@@ -261,16 +261,24 @@ class RunFiles:
     async def _find_manifest(self, report: Callable[[str], None]) -> None:
         """Ask the peers we know, every ``FIND_EVERY`` seconds, what they hold of the run's
         files (every holder is remembered for the pull), until one served the trainer's
-        signed run-files manifest; one that serves another is banned."""
-        said = False
-        while self.book.manifest(RUN_FILES_VERSION) is None:
+        signed run-files manifest (and, when the trainer alone holds them, one round more);
+        one that serves another is banned."""
+        said = asked_again = False
+        while True:
             me, banned = self.node.peer_id, self.holders.banned
             peers = (self.node.connected_peers() | set(self.node.known_peers())) - banned - {me}
             async with trio.open_nursery() as nursery:
                 for peer in sorted(peers)[:MAX_QUERY_PEERS]:
                     nursery.start_soon(self._ask, peer)
             if self.book.manifest(RUN_FILES_VERSION) is not None:
-                return
+                # only the trainer answered with them: once more before the pull is planned,
+                # so that a peer slow to answer (or to be dialled) is not left out and the
+                # origin serve what another holder has (seen under load in tests/test_join.py)
+                if asked_again or self.holders.of(RUN_FILES_VERSION) - {self.trainer}:
+                    return
+                asked_again = True
+                await trio.sleep(FIND_EVERY)
+                continue
             if not said:
                 report("waiting for a peer that serves the run's files")
                 said = True
