@@ -121,35 +121,26 @@ def test_a_fresh_node_joins_with_bootstrap_only_and_liars_are_banned(tmp_path):
         nodes.append(trainer)
         t_addr = addr_of(wait_ready(trainer))
         t_files = files_held(trainer)
-        forger_id = create_identity(tmp_path / "forger")
-        forging = spawn_node(
-            "forger",
-            "bootstrap",
-            tmp_path,
-            run_id="elsewhere",
-            listen=LISTEN,
-            bootstrap=[],
-            extra=FAST_FLAGS,
-            env_extra={**ENV, "FORGED_MANIFEST": forged(honest, forger_id).hex()},
-            module="tests.test_manifest_network",
-        )
-        nodes.append(forging)
-        f_addr = addr_of(wait_ready(forging))
+
+        def liar(name, forge):
+            """A node that serves ``forge(its identity)`` as the run's manifest; its address."""
+            node = spawn_node(
+                name,
+                "bootstrap",
+                tmp_path,
+                run_id="elsewhere",
+                listen=LISTEN,
+                bootstrap=[],
+                extra=FAST_FLAGS,
+                env_extra={**ENV, "FORGED_MANIFEST": forge(create_identity(tmp_path / name)).hex()},
+                module="tests.test_manifest_network",
+            )
+            nodes.append(node)
+            return addr_of(wait_ready(node))
+
+        f_addr = liar("forger", lambda me: forged(honest, me))
         # the run's own terms, signed by another key than their trainer's
-        signer_id = create_identity(tmp_path / "signer")
-        signing = spawn_node(
-            "signer",
-            "bootstrap",
-            tmp_path,
-            run_id="elsewhere",
-            listen=LISTEN,
-            bootstrap=[],
-            extra=FAST_FLAGS,
-            env_extra={**ENV, "FORGED_MANIFEST": signed_by(honest, signer_id).hex()},
-            module="tests.test_manifest_network",
-        )
-        nodes.append(signing)
-        s_addr = addr_of(wait_ready(signing))
+        s_addr = liar("signer", lambda me: signed_by(honest, me))
 
         # a worker that joined earlier, and one that joined and turned: it corrupts uploads
         early = joiner("early", tmp_path, [t_addr])
