@@ -49,9 +49,9 @@ def targets(tmp_path_factory: pytest.TempPathFactory) -> dict[str, ft.Target]:
     return ft.targets(tmp_path_factory.mktemp("fuzz"))
 
 
-def feed(target: ft.Target, data: bytes) -> None:
-    """Run one input: only the documented error may escape, and memory stays bounded
-    (traced around the decoder only: hypothesis's own work is not counted)."""
+def traced_peak(target: ft.Target, data: bytes) -> int:
+    """Run one input, traced around the decoder only (hypothesis's own work is not
+    counted); only the documented error may escape. Returns the peak bytes allocated."""
     tracemalloc.start()
     try:
         target.run(data)
@@ -60,7 +60,20 @@ def feed(target: ft.Target, data: bytes) -> None:
     finally:
         peak = tracemalloc.get_traced_memory()[1]
         tracemalloc.stop()
+    return peak
+
+
+def feed(target: ft.Target, data: bytes) -> None:
+    """Run one input: only the documented error may escape, and memory stays bounded.
+
+    ``tracemalloc`` counts every thread of the process, and a thread an earlier test file
+    left running (a trio worker thread whose caller was cancelled) allocated 7.7 MB during
+    one 760 B input in CI. So an input over the bound is run once more, and fails only if
+    it is over again: a decoder whose allocation the input drives is over every time."""
     limit = MEMORY_FLOOR + 64 * len(data)
+    peak = traced_peak(target, data)
+    if peak > limit:
+        peak = traced_peak(target, data)
     assert peak <= limit, f"{target.name}: {peak} B allocated for a {len(data)} B input"
 
 
