@@ -7,8 +7,9 @@ Among a fresh joiner's bootstrap peers one serves a forged manifest and one (a w
 that joined, then turned) serves corrupted shards: both are refused and banned, and the
 joiner still ends with files byte-identical to the trainer's, checked against the
 manifest, under its data dir, and starts with the manifest's settings. Then the whole
-loop on the development chain: a joiner with a funded account, the chain's URL and
-``--bootstrap`` only pulls the model, stakes, and its first batch is accepted.
+loop on the development chain: a joiner with a funded account and ``--bootstrap`` only
+(the chain's URL it takes from the manifest, checked) pulls the model, stakes, and its
+first batch is accepted.
 
 Run as a module (``python -m tests.test_join start ...``), this file is a joining node
 whose disk reports ``JOIN_FREE_BYTES`` free: it must stop in one line before pulling.
@@ -288,9 +289,10 @@ def test_a_pull_stopped_by_ctrl_c_resumes_with_the_shards_it_verified(tmp_path):
 @pytest.mark.timeout(900)
 def test_a_joiner_with_bootstrap_only_gets_its_first_batch_accepted(tmp_path, tiny_model_dir):
     """The whole loop on the served development chain: the trainer of a manifest, an
-    appointed validator, and a worker with a fresh data dir, a funded account, the chain's
-    URL and ``--bootstrap`` only: it pulls the model from the swarm, stakes, works with the
-    manifest's settings, and its first batch is accepted on-chain."""
+    appointed validator, and a worker with a fresh data dir, a funded account and
+    ``--bootstrap`` only: it takes the chain's URL from the manifest (after checking the
+    chain id and the contract there), pulls the model from the swarm, stakes, works with
+    the manifest's settings, and its first batch is accepted on-chain."""
     run = ManifestRun(tmp_path, tiny_model_dir)
     try:
         run.fund_joiner("worker")
@@ -308,6 +310,7 @@ def test_a_joiner_with_bootstrap_only_gets_its_first_batch_accepted(tmp_path, ti
         wait_until(accepted, 600, f"the joiner's first accepted batch\n{worker.log_path}", 2)
         text = worker.log_path.read_text()
         assert f"joining run {run.run_id} by its manifest" in text
+        assert "using the run manifest's chain URL http://127.0.0.1:" in text
         # its first batch was made with the base weights it pulled (policy version 0)
         assert f"generating with policy version 0 ({got}/model)" in text
     finally:

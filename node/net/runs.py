@@ -138,6 +138,61 @@ def choose_run(found: Found, want: str | None) -> tuple[RunManifest, bytes]:
     raise JoinError(f"no bootstrap peer could be reached ({reasons or 'none given'})")
 
 
+KEPT_FILE = "run-manifest.bin"  # in the data dir: the manifest a node joined by, verified
+
+
+def supersedes(new: RunManifest, old: RunManifest) -> bool:
+    """Whether ``new`` ends ``old``'s run: the same trainer signed other terms (a run that
+    changes is a new run), later than it signed ``old`` (an old manifest replayed does not
+    end the run that replaced it)."""
+    return new.terms.trainer == old.terms.trainer and new.run_id != old.run_id and new.seq > old.seq
+
+
+def newest_successor(
+    runs: dict[str, tuple[RunManifest, bytes]], old: RunManifest
+) -> tuple[RunManifest, bytes] | None:
+    """The latest-signed manifest among ``runs`` that ``supersedes`` ``old``, if any."""
+    later = [r for r in runs.values() if supersedes(r[0], old)]
+    return max(later, key=lambda r: r[0].seq) if later else None
+
+
+@dataclass
+class Choice:
+    """The run a node joins, its envelope, and a line to print (None: nothing to say)."""
+
+    manifest: RunManifest
+    envelope: bytes
+    note: str | None = None
+
+
+def choose_with_kept(
+    found: Found, want: str | None, kept: tuple[RunManifest, bytes] | None
+) -> Choice:
+    """``choose_run`` for a node that holds the manifest it joined by before (``kept``):
+    without ``want`` that run is the one it wants, unless its trainer signed a newer run
+    (which it joins, with a line); the kept manifest is used, with a line, when no peer
+    serves that run now. A ``want`` of another run than the kept one is ``choose_run``'s."""
+    if kept is None or (want is not None and want != kept[0].run_id):
+        return Choice(*choose_run(found, want))
+    old = kept[0]
+    if want is None and (newer := newest_successor(found.runs, old)) is not None:
+        line = (
+            f"the trainer of run {old.run_id} signed a new run, {newer[0].run_id} (a run that "
+            "changes is a new run): joining it"
+        )
+        return Choice(*newer, line)
+    if old.run_id in found.runs:
+        return Choice(*found.runs[old.run_id])
+    others = sorted(set(found.runs) - {old.run_id})
+    line = (
+        f"no bootstrap peer serves run {old.run_id}'s manifest now: using the one this node "
+        f"verified before ({KEPT_FILE})"
+    )
+    if others:
+        line += f"; they serve {', '.join(others)} (--run-id RUN_ID joins another)"
+    return Choice(*kept, line)
+
+
 async def find_runs(
     node: Node,
     bootstrap: list[str],
