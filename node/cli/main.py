@@ -340,6 +340,7 @@ def cmd_start(args: argparse.Namespace) -> int:
             async with trio.open_nursery() as nursery:
                 await nursery.start(run_node)
                 weights = await nursery.start(WeightService(node, cfg).serve)
+                node.refuse_banned(weights.bans)  # one list: a liar we caught gets nothing
                 await nursery.start(RunManifests(node, envelope).serve)
                 admin = AdminServer(
                     node,
