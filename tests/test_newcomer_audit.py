@@ -50,3 +50,86 @@ def test_an_account_with_nothing_staked_is_told_how_to_stake():
     assert "none (intellect-node stake add AMOUNT registers it)" in text
     registered = rendered(report(registered=True, registration_valid=True, stake=2 * ETH))
     assert "peer key" not in registered and "2" in registered.split("stake", 1)[1]
+
+
+def submission(status: str, **changes: object):
+    from ledger.records import SubmissionInfo
+
+    fields: dict[str, object] = dict(
+        index=0,
+        units=10,
+        policy_version=1,
+        submitted_at=1,
+        fetch_after=2,
+        verdict_until=3,
+        unlock_at=4,
+        reward=2 * 10**15,
+        collateral=5 * 10**16,
+        validator_share_bps=1000,
+        quorum=1,
+        status=status,
+        final=False,
+        settled=False,
+        reason=0,
+        rejecter="0x" + "00" * 20,
+        accept_votes=0,
+        reject_votes=0,
+    )
+    return SubmissionInfo(**{**fields, **changes})  # type: ignore[arg-type]
+
+
+def test_a_worker_logs_every_verdict_on_its_work_with_the_reason():
+    from node.roles.io.submissions import verdict_line
+
+    key = bytes.fromhex("ab" * 32)
+    assert verdict_line(key, submission("pending"), "rejected") is None
+    assert verdict_line(key, submission("accepted", accept_votes=1), "rejected") == (
+        "batch abababababababab accepted (1 accept, 0 reject): reward 0.002000 ETH"
+    )
+    rejected = submission("rejected", reason=1, reject_votes=1, rejecter="0x" + "77" * 20)
+    assert verdict_line(key, rejected, "invalid") == (
+        f"batch abababababababab rejected by validator 0x{'77' * 20}: invalid (0 accept, "
+        "1 reject); its collateral of 0.050000 ETH is slashed when the verdict matures"
+    )
+
+
+async def test_the_worker_says_each_verdict_once_as_it_reads_it(caplog):
+    """``Submissions.refresh`` over a ledger whose batch goes pending → rejected: one
+    warning naming the reason, and none on the reads after."""
+    import logging
+
+    from node.roles.decisions.clock import StepClock
+    from node.roles.io.submissions import Submissions
+
+    class Ledger:
+        status = "pending"
+        head = 0
+
+        def confirmed_head(self) -> int:
+            self.head += 1
+            return self.head
+
+        def submission(self, address, key, block):
+            return submission(self.status, reason=2, reject_votes=1, verdict_until=2**40)
+
+        def chain_time(self) -> int:
+            return 0
+
+        def worker(self, address):
+            raise AssertionError("not read here")
+
+    subs = Submissions(None, StepClock("trainer"), 2)  # type: ignore[arg-type]
+    ledger = Ledger()
+    subs.ledger = ledger  # type: ignore[assignment]
+    subs.reads.money_due = lambda now, verdicts: False  # type: ignore[method-assign]
+    key = bytes(32)
+    subs.pending.submitted(key, 1)
+    caplog.set_level(logging.INFO, logger="intellect.inference")
+    await subs.refresh()
+    assert not [r for r in caplog.records if "batch 0000" in r.getMessage()]
+    ledger.status = "rejected"
+    await subs.refresh()
+    await subs.refresh()
+    lines = [r.getMessage() for r in caplog.records if "batch 0000" in r.getMessage()]
+    assert len(lines) == 1 and ": unavailable (0 accept, 1 reject)" in lines[0], lines
+    assert subs.pending.rejected_by_reason == {"unavailable": 1}
