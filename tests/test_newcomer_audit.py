@@ -133,3 +133,30 @@ async def test_the_worker_says_each_verdict_once_as_it_reads_it(caplog):
     lines = [r.getMessage() for r in caplog.records if "batch 0000" in r.getMessage()]
     assert len(lines) == 1 and ": unavailable (0 accept, 1 reject)" in lines[0], lines
     assert subs.pending.rejected_by_reason == {"unavailable": 1}
+
+
+async def test_a_worker_stakes_nothing_until_a_peer_of_its_run_answers(autojump_clock):
+    """An unreachable bootstrap is one line every 10 s, and the role waits (its stake is
+    locked in ``_setup``, after this returns)."""
+    import trio
+
+    from crypto.identity import Identity
+    from node.config import load_config
+    from node.roles.services.inference import until_run_peers
+
+    boot = f"/ip4/127.0.0.1/tcp/9/p2p/{Identity.generate().peer_id}"
+    cfg = load_config(
+        flags={"role": "inference", "run.id": "r", "net.bootstrap": [boot]}, environ={}
+    )
+    lines: list[tuple[float, str]] = []
+    answered_at = 25.0
+
+    def peers() -> int:
+        return int(trio.current_time() >= answered_at)
+
+    await until_run_peers(peers, cfg, lambda line: lines.append((trio.current_time(), line)))
+    assert trio.current_time() == answered_at
+    assert [t for t, _ in lines] == [0.0, 10.0, 20.0]
+    assert lines[0][1] == (
+        f"no peer of run r reached yet (bootstrap: {boot}): nothing is staked until one answers"
+    )
