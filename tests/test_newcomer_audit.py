@@ -160,3 +160,39 @@ async def test_a_worker_stakes_nothing_until_a_peer_of_its_run_answers(autojump_
     assert lines[0][1] == (
         f"no peer of run r reached yet (bootstrap: {boot}): nothing is staked until one answers"
     )
+
+
+def test_name_and_chain_fund_find_a_running_devnets_nodes_and_chain(tmp_path, monkeypatch, capsys):
+    """``status|ping|dashboard --name inference-0`` and ``chain fund`` without
+    ``--data-dir`` found nothing of a devnet (its nodes and chain live under
+    ``~/.intellect-node/devnet/``); a node or chain of the name's own still comes first."""
+    import argparse
+    import json
+
+    from node.cli.adminclient import data_dir, devnet_chain_dir
+    from node.cli.main import main
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    home = tmp_path / ".intellect-node"
+    worker = home / "devnet" / "inference-0"
+    worker.mkdir(parents=True)
+    (worker / "admin.json").write_text(json.dumps({"port": 9, "token": "t"}))
+    named = argparse.Namespace(name="inference-0", data_dir=None)
+    assert data_dir(named) == worker
+    assert data_dir(argparse.Namespace(name="trainer", data_dir=None)) == home / "trainer"
+    (home / "inference-0").mkdir()
+    (home / "inference-0" / "admin.json").write_text(json.dumps({"port": 9, "token": "t"}))
+    assert data_dir(named) == home / "inference-0"  # a node of its own name comes first
+    (home / "inference-0" / "admin.json").unlink()
+    # the real command asks the devnet's node (which does not answer on port 9 here)
+    assert main(["status", "--name", "inference-0"]) == 1
+    assert f"the node of {worker} does not answer" in capsys.readouterr().err
+
+    default = home / "chain"
+    assert devnet_chain_dir(default) == default
+    (home / "devnet" / "chain").mkdir()
+    (home / "devnet" / "chain" / "chain.json").write_text("{}")
+    assert devnet_chain_dir(default) == home / "devnet" / "chain"
+    default.mkdir()
+    (default / "chain.json").write_text("{}")
+    assert devnet_chain_dir(default) == default
