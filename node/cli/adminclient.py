@@ -32,7 +32,7 @@ def data_dir(args: argparse.Namespace) -> Path:
         return Path(args.data_dir).expanduser()
     own = default_data_dir(args.name or NodeConfig.model_fields["role"].default)
     if args.name and not (own / ADMIN_FILE).exists():
-        devnet = devnet_base() / args.name
+        devnet = devnet_base() / str(args.name)
         if (devnet / ADMIN_FILE).exists():
             return devnet
     return own
