@@ -23,6 +23,7 @@ class Reason(StrEnum):
     BUSY = "busy"  # a refusal: every upload slot is taken; ask another peer
     NOT_MEMBER = "not_member"  # a refusal: the sender is not in this DiLoCo roster/attempt
     ABORTED = "aborted"  # a refusal: this DiLoCo all-reduce attempt was abandoned
+    BANNED = "banned"  # a refusal: the listener has banned the asker (SPEC §2's bans)
 
 
 class WireError(Exception):

@@ -20,7 +20,7 @@ yet). SPEC §2 is the normative text.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import msgpack
 
@@ -40,6 +40,8 @@ VERIFY_PROFILES = ("gpu-bf16", "paper", "strict-fp32")  # crypto.verdict.PROFILE
 MAX_MODEL_FILES = 64
 MAX_FILE_SIZE = 2**44  # 16 TiB
 MAX_TASKSET = 256
+MAX_CHAIN_URLS = 4  # RunManifest.chain_urls: the JSON-RPC URLs a joiner may be told
+CHAIN_URL_PATTERN = r"https?://[\x21-\x7e]{1,248}"  # printable ASCII, no spaces
 RUN_MANIFEST_MAX = 16 * 1024
 MANIFEST_ENVELOPE_MAX = RUN_MANIFEST_MAX + ENVELOPE_OVERHEAD
 # the run's files (the terms' model files and task set file) travel over SHARDCAST as this
@@ -74,7 +76,7 @@ class RunTerms(Message):
     """What a run's nodes agree on; its digest names the run (nested only)."""
 
     TYPE = "intellect/run-terms/1"  # nested only; also the digest's domain
-    MAX_SIZE = RUN_MANIFEST_MAX - 512
+    MAX_SIZE = RUN_MANIFEST_MAX - 2048  # room for the header and the chain URLs
 
     format: int = u64(MANIFEST_FORMAT, MANIFEST_FORMAT)
     name: str = text(31, pattern=RUN_NAME_PATTERN)
@@ -141,12 +143,25 @@ def is_derived_run_id(run_id: str) -> bool:
 
 @dataclass(frozen=True)
 class RunManifest(Header):
-    """The run's terms, signed by its trainer; ``run_id`` is the one the terms name."""
+    """The run's terms, signed by its trainer; ``run_id`` is the one the terms name.
+    ``chain_urls``: JSON-RPC URLs of the terms' chain the trainer suggests to a joiner
+    that has none of its own; signed but outside the terms (a new URL is not a new run),
+    and a joiner checks the chain id and the contract's code behind each before use."""
 
     TYPE = "intellect/run-manifest/1"
     MAX_SIZE = RUN_MANIFEST_MAX
 
     terms: RunTerms = spec(FieldSpec(RunTerms))
+    chain_urls: list[str] = field(
+        default_factory=list,
+        metadata={
+            "spec": FieldSpec(
+                list,
+                max_len=MAX_CHAIN_URLS,
+                item=FieldSpec(str, max_len=256, pattern=CHAIN_URL_PATTERN),
+            )
+        },
+    )
 
     def check(self) -> None:
         if self.run_id != run_id_of(self.terms):

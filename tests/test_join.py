@@ -7,8 +7,9 @@ Among a fresh joiner's bootstrap peers one serves a forged manifest and one (a w
 that joined, then turned) serves corrupted shards: both are refused and banned, and the
 joiner still ends with files byte-identical to the trainer's, checked against the
 manifest, under its data dir, and starts with the manifest's settings. Then the whole
-loop on the development chain: a joiner with a funded account, the chain's URL and
-``--bootstrap`` only pulls the model, stakes, and its first batch is accepted.
+loop on the development chain: a joiner with a funded account and ``--bootstrap`` only
+(the chain's URL it takes from the manifest, checked) pulls the model, stakes, and its
+first batch is accepted.
 
 Run as a module (``python -m tests.test_join start ...``), this file is a joining node
 whose disk reports ``JOIN_FREE_BYTES`` free: it must stop in one line before pulling.
@@ -285,12 +286,99 @@ def test_a_pull_stopped_by_ctrl_c_resumes_with_the_shards_it_verified(tmp_path):
             n.stop(grace=5)
 
 
+def free_port():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_a_joined_node_restarts_on_its_kept_manifest_and_leaves_for_a_new_run(tmp_path):
+    """A joined node keeps its manifest: started again while its only bootstrap peer (the
+    trainer) is down, it works for its run with one line. Then the trainer comes back with
+    other terms (another task set: a new run): the node says so in one line, stops (exit 0)
+    and, started again with the same command, joins the new run."""
+    model = a_model(tmp_path / "model")
+    trainer_id = create_identity(tmp_path / "trainer")
+    port = free_port()
+    settings = {
+        "run.manifest_name": "sums",
+        "chain.id": 31337,
+        "chain.contract": CONTRACT,
+        "run.model": str(model),
+        "run.taskset": "arithmetic:2-3",
+    }
+
+    def trainer_of(taskset):
+        flags = {**settings, "run.taskset": taskset}
+        given = [x for k, v in flags.items() for x in (f"--{k.replace('_', '-')}", str(v))]
+        cfg, _ = trainer_manifest(load_config(flags={"role": "trainer", **flags}), trainer_id)
+        node = spawn_node(
+            "trainer",
+            "trainer",
+            tmp_path,
+            run_id=cfg.run.id,
+            listen=f"/ip4/127.0.0.1/tcp/{port}",  # back at the same address
+            bootstrap=[],
+            extra=[*FAST_FLAGS, *given, "--shardcast.shard-size", str(SHARD)],
+            env_extra=ENV,
+        )
+        nodes.append(node)
+        return cfg.run.id, addr_of(wait_ready(node)), node
+
+    nodes: list[NodeProcess] = []
+    data_dir = tmp_path / "worker"
+    try:
+        old_run, t_addr, trainer = trainer_of("arithmetic:2-3")
+        first = joiner("worker", tmp_path, [t_addr], data_dir=data_dir)
+        nodes.append(first)
+        wait_ready(first)
+        files_held(first)
+        assert open_run_manifest((data_dir / "run-manifest.bin").read_bytes()).run_id == old_run
+        first.stop(signal.SIGINT, grace=30)
+        trainer.stop(signal.SIGINT, grace=30)
+
+        # its bootstrap peer is down: the manifest it verified before, with one line
+        again = joiner("again", tmp_path, [t_addr], data_dir=data_dir)
+        nodes.append(again)
+        wait_ready(again, timeout=120)
+        assert status(again)["run_id"] == old_run
+        assert (
+            f"no bootstrap peer serves run {old_run}'s manifest now: using the one this node "
+            "verified before (run-manifest.bin)"
+        ) in again.log_path.read_text()
+
+        # the trainer comes back with other terms: a new run, and the node leaves the old
+        new_run, _addr, _trainer = trainer_of("arithmetic:4-5")
+        assert new_run != old_run
+        assert again.proc.wait(timeout=120) == 0, again.log_path.read_text()[-3000:]
+        text = again.log_path.read_text()
+        assert (
+            f"intellect-node: the trainer of run {old_run} signed a new run, {new_run} (a run "
+            f"that changes is a new run): this node takes no more of {old_run}'s work and stops"
+        ) in text
+        kept = open_run_manifest((data_dir / "run-manifest.bin").read_bytes())
+        assert kept.run_id == new_run
+
+        # started again with the same command: the new run
+        last = joiner("last", tmp_path, [t_addr], data_dir=data_dir)
+        nodes.append(last)
+        wait_ready(last, timeout=120)
+        assert status(last)["run_id"] == new_run
+        assert status(last)["manifest"] == {"held": True, "run": new_run}
+    finally:
+        for n in nodes:
+            n.stop(grace=5)
+
+
 @pytest.mark.timeout(900)
 def test_a_joiner_with_bootstrap_only_gets_its_first_batch_accepted(tmp_path, tiny_model_dir):
     """The whole loop on the served development chain: the trainer of a manifest, an
-    appointed validator, and a worker with a fresh data dir, a funded account, the chain's
-    URL and ``--bootstrap`` only: it pulls the model from the swarm, stakes, works with the
-    manifest's settings, and its first batch is accepted on-chain."""
+    appointed validator, and a worker with a fresh data dir, a funded account and
+    ``--bootstrap`` only: it takes the chain's URL from the manifest (after checking the
+    chain id and the contract there), pulls the model from the swarm, stakes, works with
+    the manifest's settings, and its first batch is accepted on-chain."""
     run = ManifestRun(tmp_path, tiny_model_dir)
     try:
         run.fund_joiner("worker")
@@ -308,6 +396,7 @@ def test_a_joiner_with_bootstrap_only_gets_its_first_batch_accepted(tmp_path, ti
         wait_until(accepted, 600, f"the joiner's first accepted batch\n{worker.log_path}", 2)
         text = worker.log_path.read_text()
         assert f"joining run {run.run_id} by its manifest" in text
+        assert "using the run manifest's chain URL http://127.0.0.1:" in text
         # its first batch was made with the base weights it pulled (policy version 0)
         assert f"generating with policy version 0 ({got}/model)" in text
     finally:

@@ -112,7 +112,7 @@ def test_signed_by_another_key_is_refused():
 
 
 def _terms(m):
-    return {"terms": m.terms.to_obj()}
+    return {"terms": m.terms.to_obj(), "chain_urls": list(m.chain_urls)}
 
 
 def test_a_tampered_field_is_refused():

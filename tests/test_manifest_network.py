@@ -60,6 +60,7 @@ def forged(honest, forger):
         "seq": 1,
         "ts_ms": 1,
         "terms": terms,
+        "chain_urls": [],
     }
     payload = msgpack.packb(obj, use_bin_type=True)
     env = Envelope.seal(forger, RunManifest.TYPE, payload)

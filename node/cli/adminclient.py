@@ -16,14 +16,35 @@ from pathlib import Path
 from typing import Any
 
 from node.config import NodeConfig, default_data_dir
-from node.net.adminfile import read_admin_file
+from node.net.adminfile import ADMIN_FILE, read_admin_file
+
+
+def devnet_base() -> Path:
+    """The devnet's default ``--base-dir``: a data dir per node, and its chain's."""
+    return Path.home() / ".intellect-node" / "devnet"
 
 
 def data_dir(args: argparse.Namespace) -> Path:
-    """The data directory a command names: ``--data-dir``, else the one of ``--name``."""
+    """The data directory a command names: ``--data-dir``, else the one of ``--name``; a
+    ``--name`` that names no running node of its own but a running devnet's node
+    (``inference-0``, ``validator``) is that node's."""
     if getattr(args, "data_dir", None) is not None:
         return Path(args.data_dir).expanduser()
-    return default_data_dir(args.name or NodeConfig.model_fields["role"].default)
+    own = default_data_dir(args.name or NodeConfig.model_fields["role"].default)
+    if args.name and not (own / ADMIN_FILE).exists():
+        devnet = devnet_base() / str(args.name)
+        if (devnet / ADMIN_FILE).exists():
+            return devnet
+    return own
+
+
+def devnet_chain_dir(default: Path) -> Path:
+    """Where the development chain's ``chain.json`` is: ``default`` (``intellect-node
+    chain``'s), else, if only a running devnet has one, the devnet's."""
+    devnet = devnet_base() / "chain"
+    if not (default / "chain.json").exists() and (devnet / "chain.json").exists():
+        return devnet
+    return default
 
 
 def admin_request(data_dir: Path, path: str, body: dict[str, Any] | None, timeout: float) -> bytes:

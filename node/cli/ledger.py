@@ -18,6 +18,7 @@ from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any
 
+from node.cli.adminclient import devnet_chain_dir
 from node.cli.flags import at_least
 from node.cli.progress import progress
 from node.config import NodeConfig, load_config
@@ -258,7 +259,7 @@ def _locate(args: argparse.Namespace, cfg: NodeConfig) -> tuple[str, str, int, i
         cfg.chain.contract_block,
         args.chain_id or cfg.chain.id,
     )
-    dev = DEV_CHAIN_DIR / CHAIN_FILE
+    dev = devnet_chain_dir(DEV_CHAIN_DIR) / CHAIN_FILE
     if (not args.chain_url or not contract) and dev.exists():
         info = json.loads(dev.read_text())
         if not contract or contract == info["contract"]:
@@ -424,6 +425,8 @@ def cmd_chain(args: argparse.Namespace) -> int:
         return cmd_chain_deploy(args, dev_params(args), args.validator)
     if args.rpc:
         raise ValueError("--rpc is for 'chain deploy': the development chain is local")
+    if args.action and args.data_dir is None:  # fund: a running devnet's chain too
+        args.data_dir = devnet_chain_dir(DEV_CHAIN_DIR)
     args.data_dir = args.data_dir or DEV_CHAIN_DIR
     if args.action:
         if len(args.action) != 3 or args.action[0] != "fund":

@@ -340,7 +340,10 @@ def cmd_start(args: argparse.Namespace) -> int:
             async with trio.open_nursery() as nursery:
                 await nursery.start(run_node)
                 weights = await nursery.start(WeightService(node, cfg).serve)
+                node.refuse_banned(weights.bans)  # one list: a liar we caught gets nothing
                 await nursery.start(RunManifests(node, envelope).serve)
+                if joined and envelope is not None:  # until its trainer signs a new run
+                    await nursery.start(_run_watch(node, cfg, envelope, weights.bans).serve)
                 admin = AdminServer(
                     node,
                     data_dir,
@@ -396,6 +399,26 @@ def cmd_start(args: argparse.Namespace) -> int:
     failed: list[BaseException] = []
     trio.run(main)
     return 1 if failed else 0
+
+
+def _run_watch(node: Any, cfg: NodeConfig, envelope: bytes, bans: Any) -> Any:
+    """A joined node's ``RunWatch``: when its run's trainer signs a new run, the node
+    keeps that manifest (a restart joins the new run), says so in one line and stops,
+    taking no more of the old run's work."""
+    from node.cli.manifest import keep_manifest
+    from node.net.runs import RunWatch, new_run_line
+    from protocol.manifest import open_run_manifest
+
+    held = open_run_manifest(envelope)
+
+    def new_run(manifest: Any, new_envelope: bytes) -> None:
+        keep_manifest(cfg.resolved_data_dir, new_envelope)
+        line = new_run_line(held, manifest)
+        logging.getLogger("intellect.node").warning("%s", line)
+        print(f"intellect-node: {line}", file=sys.stderr, flush=True)
+        node.request_stop()
+
+    return RunWatch(node, held, cfg.net.bootstrap, new_run, bans=bans)
 
 
 def _with_manifest_run_id(cfg: NodeConfig) -> NodeConfig:

@@ -12,6 +12,7 @@ the manifest passed."""
 
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -25,10 +26,18 @@ from node.config.manifest import (
     settings_of,
     terms_of,
 )
-from node.files import file_digest, model_files
+from node.files import file_digest, model_files, write_atomic
 from node.net.bans import PeerBans, load_bans, save_bans
-from node.net.runs import JOINING_RUN, Found, JoinError, choose_run, find_runs
+from node.net.runs import (
+    JOINING_RUN,
+    KEPT_FILE,
+    Found,
+    JoinError,
+    choose_with_kept,
+    find_runs,
+)
 from node.tasks import builtin_taskset
+from protocol.errors import WireError
 from protocol.manifest import (
     RUN_FILES_MODEL,
     RUN_FILES_TASKSET,
@@ -59,8 +68,14 @@ def trainer_manifest(cfg: NodeConfig, identity: Identity) -> tuple[NodeConfig, b
             f"--run-id {cfg.run.id} contradicts the run manifest: its terms hash to run {run_id}"
         )
     now_us = time.time_ns() // 1000
+    public = cfg.chain.public_url
     manifest = RunManifest(
-        run_id=run_id, sender=identity.peer_id, seq=now_us, ts_ms=now_us // 1000, terms=terms
+        run_id=run_id,
+        sender=identity.peer_id,
+        seq=now_us,
+        ts_ms=now_us // 1000,
+        terms=terms,
+        chain_urls=[u.strip() for u in public.split(",")] if public else [],
     )
     return cfg.changed({"run.id": run_id}), seal(identity, manifest)
 
@@ -94,10 +109,14 @@ def join_run(cfg: NodeConfig, identity: Identity) -> tuple[NodeConfig, bytes | N
     probe = cfg.changed(
         {"run.id": JOINING_RUN, "net.bootstrap": [], "net.listen": ["/ip4/0.0.0.0/tcp/0"]}
     )
-    bans = load_bans(cfg.resolved_data_dir, time.time())
-    found = trio.run(_ask_bootstraps, probe, cfg.net.bootstrap, identity, want, bans)
-    save_bans(cfg.resolved_data_dir, bans, time.time())  # a forger stays refused next time
-    manifest, envelope = choose_run(found, want)
+    data_dir = cfg.resolved_data_dir
+    bans = load_bans(data_dir, time.time())
+    kept = load_kept(data_dir)
+    until = want if want is not None else kept[0].run_id if kept is not None else None
+    found = trio.run(_ask_bootstraps, probe, cfg.net.bootstrap, identity, until, bans)
+    save_bans(data_dir, bans, time.time())  # a forger stays refused next time
+    choice = choose_with_kept(found, want, kept)
+    manifest, envelope = choice.manifest, choice.envelope
     settings = settings_of(manifest)
     given_taskset = "taskset" in cfg.run.model_fields_set and not builtin_taskset(cfg.run.taskset)
     lines = contradictions(cfg, settings)
@@ -109,7 +128,76 @@ def join_run(cfg: NodeConfig, identity: Identity) -> tuple[NodeConfig, bytes | N
         )
     if lines:
         raise ManifestError("; ".join(lines))
-    return cfg.changed(settings), envelope, list(found.refused.values())
+    notes = list(found.refused.values()) + ([choice.note] if choice.note else [])
+    url = suggested_chain_url(cfg, manifest, notes)
+    if url is not None:
+        settings["chain.url"] = url
+    keep_manifest(data_dir, envelope)
+    return cfg.changed(settings), envelope, notes
+
+
+def load_kept(data_dir: Path) -> tuple[RunManifest, bytes] | None:
+    """The manifest this node joined by before (``KEPT_FILE``), verified again; None if
+    there is none, or one that no longer verifies (said in one line)."""
+    path = data_dir / KEPT_FILE
+    try:
+        envelope = path.read_bytes()
+        return open_run_manifest(envelope), envelope
+    except FileNotFoundError:
+        return None
+    except (OSError, WireError) as exc:
+        print(f"intellect-node: ignoring {path}: {exc}", file=sys.stderr)
+        return None
+
+
+def keep_manifest(data_dir: Path, envelope: bytes) -> None:
+    """Keep the verified manifest this node joins by in its data dir (atomically), for a
+    restart whose bootstrap peers are down, and to know its run by."""
+    write_atomic(data_dir / KEPT_FILE, envelope)
+
+
+def suggested_chain_url(cfg: NodeConfig, manifest: RunManifest, notes: list[str]) -> str | None:
+    """The chain URLs (joined by commas) a joining node takes from the manifest's
+    ``chain_urls``: None if it was given a chain URL of its own, runs network only, or the
+    manifest suggests none. Each URL is used only if it answers the terms' chain id and
+    holds code at the terms' contract; one line in ``notes`` per URL refused and one for
+    those taken. ``ManifestError`` (one line) if none passes."""
+    if "url" in cfg.chain.model_fields_set or cfg.network_only or not manifest.chain_urls:
+        return None
+    terms, good = manifest.terms, []
+    for url in manifest.chain_urls:
+        problem = chain_problem(url, terms.chain_id, terms.contract, cfg.chain.rpc_timeout_s)
+        if problem is None:
+            good.append(url)
+        else:
+            notes.append(f"the run manifest's chain URL {url} refused: {problem}")
+    if not good:
+        raise ManifestError(
+            f"no chain URL the run manifest suggests is chain {terms.chain_id} with the run's "
+            f"contract {terms.contract} (see above): pass --chain.url URL of that chain"
+        )
+    notes.append(
+        f"using the run manifest's chain URL {', '.join(good)} (chain {terms.chain_id}, the "
+        f"run's contract found there)"
+    )
+    return ",".join(good)
+
+
+def chain_problem(url: str, chain_id: int, contract: str, timeout: float) -> str | None:
+    """Why ``url`` is not the run's chain (one phrase), or None: it must answer, be chain
+    ``chain_id``, and hold code at ``contract``."""
+    from web3 import Web3
+
+    w3 = Web3(Web3.HTTPProvider(url, request_kwargs={"timeout": min(timeout, 10.0)}))
+    try:
+        answered = int(w3.eth.chain_id)
+        if answered != chain_id:
+            return f"it is chain {answered}, not the run's chain {chain_id}"
+        if not w3.eth.get_code(Web3.to_checksum_address(contract)):
+            return f"no contract at {contract} there"
+    except Exception as exc:
+        return f"it does not answer ({' '.join(str(exc).split())[:160] or type(exc).__name__})"
+    return None
 
 
 async def _ask_bootstraps(

@@ -251,9 +251,9 @@ def rewards_view(r: dict[str, Any]) -> list[RenderableType]:
         ("account", r["address"] + ("  (validator)" if r["is_validator"] else "")),
         ("contract", f"{r['contract']} on chain {r['chain_id']}"),
     ]
-    if not r["registered"]:
-        rows.append(("stake", "not registered (intellect-node stake add AMOUNT registers it)"))
-    else:
+    if not r["registered"] and not (r["stake"] or r["locked"] or r["unbonding"]):
+        rows.append(("stake", "none (intellect-node stake add AMOUNT registers it)"))
+    else:  # a validator's bond is stake too, with no peer key registered
         rows.append(
             (
                 "stake",
@@ -261,7 +261,16 @@ def rewards_view(r: dict[str, Any]) -> list[RenderableType]:
                 f"unbonding {eth(r['unbonding'])} ETH",
             )
         )
-        if not r["registration_valid"]:
+        if not r["registered"]:
+            rows.append(
+                (
+                    "",
+                    "no peer key registered (a validator needs none)"
+                    if r["is_validator"]
+                    else "no peer key registered (intellect-node stake add AMOUNT registers one)",
+                )
+            )
+        elif not r["registration_valid"]:
             rows.append(("", "the registration signature is NOT valid: nodes will ignore it"))
     rows += [
         ("rewards", f"pending {eth(r['pending'])} ETH, claimable {eth(r['claimable'])} ETH"),

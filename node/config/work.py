@@ -90,6 +90,17 @@ class ChainConfig(Section):
         ),
         json_schema_extra={"metavar": "URL[,URL...]", "was": "chain", "flag": "--chain"},
     )
+    public_url: str | None = Field(
+        None,
+        pattern=r"^https?://[\x21-\x7e]{1,248}(,https?://[\x21-\x7e]{1,248}){0,3}$",
+        description=(
+            "The trainer of a run manifest: the chain's public JSON-RPC URLs (up to 4, "
+            "separated by commas) its manifest suggests to a joining node given no chain URL "
+            "(checked there against the run's chain id and contract). The node's own url is "
+            "never sent: it may hold an API key."
+        ),
+        json_schema_extra={"metavar": "URL[,URL...]"},
+    )
     contract: str | None = Field(
         None,
         pattern=r"^0x[0-9a-fA-F]{40}$",

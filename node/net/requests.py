@@ -7,7 +7,9 @@ under a guard: nothing a peer sends can raise into py-libp2p (which would take t
 down), a ``WireError`` goes back to the peer as a ``Refusal``, every rejection is counted by
 reason. Dialing (``open_request`` / ``request``): dial the peer at the addresses it
 announced if we are not connected, send, read and verify the reply.
-Every message in or out is counted by protocol, for ``/status`` and ``/metrics``.
+Every message in or out is counted by protocol, for ``/status`` and ``/metrics``. A peer
+on the node's ban list (``node/net/bans.py``) is refused ``banned`` before its request is
+read, on every protocol.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from libp2p.peer.peerinfo import PeerInfo
 
 from crypto.identity import Identity
 from node.config import NodeConfig
+from node.net.bans import PeerBans
 from node.net.host import parse_addrs
 from node.net.limits import PeerLimits
 from node.net.metrics import Metrics
@@ -101,6 +104,7 @@ class Requests:
         self.cfg, self.identity, self.network = cfg, identity, network
         self.peers, self.metrics, self.header = peers, metrics, header
         self.rejections = RejectionLog()
+        self.bans = PeerBans()  # the node's ban list (``Node.refuse_banned``): refused
         self.admission = Admission(cfg.run.id, max_skew_ms=int(cfg.net.max_clock_skew * 1000))
         self.limits = PeerLimits(
             cfg.net.peer_max_streams,
@@ -192,6 +196,13 @@ class Requests:
 
         async def guarded(stream: INetStream) -> None:
             peer = stream.muxed_conn.peer_id.to_base58()
+            if (ban := self.bans.banned(peer, time.time())) is not None:
+                self.metrics.inc("rejected", reason=Reason.BANNED.value, protocol=protocol)
+                try:  # not read: a peer caught lying gets nothing of ours until its ban ends
+                    await self._refuse(stream, WireError(Reason.BANNED, ban.reason))
+                finally:
+                    await close_quietly(stream)
+                return
             now = trio.current_time()
             refused = self.limits.open(peer, protocol, now, per_peer)
             if refused:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import trio
@@ -138,6 +139,61 @@ def choose_run(found: Found, want: str | None) -> tuple[RunManifest, bytes]:
     raise JoinError(f"no bootstrap peer could be reached ({reasons or 'none given'})")
 
 
+KEPT_FILE = "run-manifest.bin"  # in the data dir: the manifest a node joined by, verified
+
+
+def supersedes(new: RunManifest, old: RunManifest) -> bool:
+    """Whether ``new`` ends ``old``'s run: the same trainer signed other terms (a run that
+    changes is a new run), later than it signed ``old`` (an old manifest replayed does not
+    end the run that replaced it)."""
+    return new.terms.trainer == old.terms.trainer and new.run_id != old.run_id and new.seq > old.seq
+
+
+def newest_successor(
+    runs: dict[str, tuple[RunManifest, bytes]], old: RunManifest
+) -> tuple[RunManifest, bytes] | None:
+    """The latest-signed manifest among ``runs`` that ``supersedes`` ``old``, if any."""
+    later = [r for r in runs.values() if supersedes(r[0], old)]
+    return max(later, key=lambda r: r[0].seq) if later else None
+
+
+@dataclass
+class Choice:
+    """The run a node joins, its envelope, and a line to print (None: nothing to say)."""
+
+    manifest: RunManifest
+    envelope: bytes
+    note: str | None = None
+
+
+def choose_with_kept(
+    found: Found, want: str | None, kept: tuple[RunManifest, bytes] | None
+) -> Choice:
+    """``choose_run`` for a node that holds the manifest it joined by before (``kept``):
+    without ``want`` that run is the one it wants, unless its trainer signed a newer run
+    (which it joins, with a line); the kept manifest is used, with a line, when no peer
+    serves that run now. A ``want`` of another run than the kept one is ``choose_run``'s."""
+    if kept is None or (want is not None and want != kept[0].run_id):
+        return Choice(*choose_run(found, want))
+    old = kept[0]
+    if want is None and (newer := newest_successor(found.runs, old)) is not None:
+        line = (
+            f"the trainer of run {old.run_id} signed a new run, {newer[0].run_id} (a run that "
+            "changes is a new run): joining it"
+        )
+        return Choice(*newer, line)
+    if old.run_id in found.runs:
+        return Choice(*found.runs[old.run_id])
+    others = sorted(set(found.runs) - {old.run_id})
+    line = (
+        f"no bootstrap peer serves run {old.run_id}'s manifest now: using the one this node "
+        f"verified before ({KEPT_FILE})"
+    )
+    if others:
+        line += f"; they serve {', '.join(others)} (--run-id RUN_ID joins another)"
+    return Choice(*kept, line)
+
+
 async def find_runs(
     node: Node,
     bootstrap: list[str],
@@ -201,3 +257,72 @@ async def _ask(node: Node, info: PeerInfo, found: Found, bans: PeerBans) -> None
         return
     found.empty.discard(peer)
     found.runs[manifest.run_id] = (manifest, envelope)
+
+
+WATCH_EVERY = 10.0  # seconds between a joined node's looks for a new run of its trainer
+
+
+class RunWatch:
+    """A joined node's watch for the end of its run (SPEC §2: a run that changes is a new
+    run). Every ``every`` seconds it asks its run's trainer and its bootstrap peers
+    (``bootstrap``: multiaddrs) for the manifest they serve; the first one that verifies
+    and ``supersedes`` the manifest the node joined by (``held``) is handed to ``on_new``,
+    once, and the watch ends. A peer the node has banned is not asked; one whose manifest
+    fails its check is refused (counted, not banned: it may only be behind)."""
+
+    def __init__(
+        self,
+        node: Node,
+        held: RunManifest,
+        bootstrap: list[str],
+        on_new: Callable[[RunManifest, bytes], None],
+        *,
+        bans: PeerBans | None = None,
+        every: float = WATCH_EVERY,
+    ) -> None:
+        self.node, self.held, self.on_new, self.every = node, held, on_new, every
+        self.bans = bans if bans is not None else PeerBans()
+        self.infos = [info_from_p2p_addr(a) for a in parse_addrs(bootstrap)]
+
+    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        while True:
+            await trio.sleep(self.every)
+            for peer, info in self._peers().items():
+                if self.bans.banned(peer, time.time()) is not None:
+                    continue
+                new = await self._ask(peer, info)
+                if new is not None:
+                    self.on_new(*new)
+                    return
+
+    def _peers(self) -> dict[str, PeerInfo | None]:
+        peers: dict[str, PeerInfo | None] = {i.peer_id.to_base58(): i for i in self.infos}
+        peers.setdefault(self.held.terms.trainer, None)  # at the addresses it announced
+        peers.pop(self.node.peer_id, None)
+        return peers
+
+    async def _ask(self, peer: str, info: PeerInfo | None) -> tuple[RunManifest, bytes] | None:
+        try:
+            if info is not None and peer not in self.node.connected_peers():
+                await self.node.connect(info)
+            envelope = await ask_manifest(self.node, peer)
+            if not envelope:
+                return None
+            manifest = open_run_manifest(envelope)
+        except WireError as err:
+            self.node.reject(ids.MANIFEST, peer, err)
+            return None
+        except Exception as exc:  # not reachable now (a trainer restarting): next round
+            log.debug("asking %s for its manifest failed: %r", peer[-8:], exc)
+            return None
+        return (manifest, envelope) if supersedes(manifest, self.held) else None
+
+
+def new_run_line(old: RunManifest, new: RunManifest) -> str:
+    """The one line a node of ``old``'s run says when its trainer signed ``new``."""
+    return (
+        f"the trainer of run {old.run_id} signed a new run, {new.run_id} (a run that changes "
+        f"is a new run): this node takes no more of {old.run_id}'s work and stops; start it "
+        "again (the same command) to join the new run"
+    )

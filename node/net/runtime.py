@@ -38,6 +38,7 @@ from libp2p.peer.peerinfo import PeerInfo
 from crypto.identity import Identity
 from node.config import NodeConfig
 from node.net.announcements import AnnouncementHandler, Announcements
+from node.net.bans import PeerBans
 from node.net.discovery import Discovery
 from node.net.metrics import Metrics
 from node.net.network import Network
@@ -165,6 +166,10 @@ class Node:
         self.requests.reject(protocol, peer, err)
 
     # ---- requests and announcements ---------------------------------------------------
+
+    def refuse_banned(self, bans: PeerBans) -> None:
+        """Refuse every request of a peer ``bans`` holds (SPEC §2's bans), on any protocol."""
+        self.requests.bans = bans
 
     def serve_requests(
         self,

@@ -171,6 +171,15 @@ class RunFiles:
         files = self.files_dir
         return {"held": files is not None, "path": str(files) if files else None, "pull": job}
 
+    async def _drop_other_runs(self) -> None:
+        """Delete a complete run-files version on disk that the book did not open: another
+        run's, left by a run that changed (a new run, SPEC §2), whose directory would
+        refuse this run's."""
+        left = self.book.store.root / version_dir_name(RUN_FILES_VERSION)
+        if self.files_dir is None and left.exists():
+            log.info("deleting the run files of another run in %s", left)
+            await self.book.drop(RUN_FILES_VERSION)
+
     # ---- the trainer ------------------------------------------------------------------
 
     async def publish(self, terms: RunTerms, model: Path, taskset: Path | None) -> Path:
@@ -182,6 +191,7 @@ class RunFiles:
             if not await trio.to_thread.run_sync(check_files, held, terms):
                 return held
             await self.book.drop(RUN_FILES_VERSION)
+        await self._drop_other_runs()
         files = sources(terms, model, taskset)
         header = self.node.header()
         try:
@@ -229,6 +239,7 @@ class RunFiles:
                 return held
             report("the run's files held here are not the manifest's: pulling them again")
             await self.book.drop(RUN_FILES_VERSION)
+        await self._drop_other_runs()
         with trio.move_on_after(patience) as waited:
             if self.book.manifest(RUN_FILES_VERSION) is None:
                 await self._find_manifest(report)

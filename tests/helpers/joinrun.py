@@ -1,7 +1,7 @@
 """A running run with a manifest, for joiners: the served development chain, the trainer
 that signs the manifest and serves the run's files, an appointed validator given the run's
-settings by hand; ``joiner`` starts a worker with a fresh data dir, a funded account, the
-chain's URL and ``--bootstrap`` only (``tests/test_join.py``, ``bench/join.py``)."""
+settings by hand; ``joiner`` starts a worker with a fresh data dir, a funded account and
+``--bootstrap`` only (the chain's URL it takes from the manifest) (``tests/test_join.py``, ``bench/join.py``)."""
 
 from __future__ import annotations
 
@@ -69,6 +69,8 @@ class ManifestRun:
             "chain.contract": ledger_env["INTELLECT_NODE_CHAIN__CONTRACT"],
             "chain.contract_block": int(ledger_env["INTELLECT_NODE_CHAIN__CONTRACT_BLOCK"]),
             "run.model": str(model),
+            # what the manifest tells a joiner given no chain URL (it checks it first)
+            "chain.public_url": ledger_env["INTELLECT_NODE_CHAIN__URL"],
             **WORK,
         }
         cfg, _env = trainer_manifest(load_config(flags={"role": "trainer", **run}), trainer_id)
@@ -121,17 +123,19 @@ class ManifestRun:
         return self.base / name
 
     def joiner(self, name: str, bootstrap: list[str] | None = None) -> NodeProcess:
-        """``start --role inference`` on ``fund_joiner``'s data dir, ``--bootstrap`` only."""
+        """``start --role inference`` on ``fund_joiner``'s data dir, ``--bootstrap`` only: no
+        chain URL in its environment either."""
         data_dir = self.base / name
         cmd = [sys.executable, "-m", "node.cli", "start", "--role", "inference"]
         cmd += ["--data-dir", str(data_dir), "--listen", LISTEN, *FAST_FLAGS]
         for b in bootstrap or [self.trainer_addr]:
             cmd += ["--bootstrap", b]
         log_path = data_dir / "node.log"
+        # no chain URL: the joiner takes the one the run manifest suggests, checked
+        env = {**os.environ, **self.env}
+        del env["INTELLECT_NODE_CHAIN__URL"]
         with open(log_path, "wb") as log:
-            proc = subprocess.Popen(
-                cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **self.env}
-            )
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
         node = NodeProcess(name, "inference", data_dir, proc, log_path)
         self.nodes.append(node)
         return node

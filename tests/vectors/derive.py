@@ -328,7 +328,10 @@ def messages() -> dict:
                 "digest": hashlib.sha256(b"chunk").digest(),
             },
         ),
-        ("intellect/run-manifest/1", {"terms": run_terms(sender)}),
+        (
+            "intellect/run-manifest/1",
+            {"terms": run_terms(sender), "chain_urls": ["https://rpc.example.org/"]},
+        ),
         ("intellect/manifest-query/1", {}),
         # "manifest": the run-manifest case's envelope, filled in below
         ("intellect/manifest-reply/1", {"manifest": b""}),

@@ -74,6 +74,8 @@ class Submissions:
             late = await windows_passed(self.ledger, keys, infos)
             for key, info, gone in zip(keys, infos, late, strict=True):
                 reason = REASON_NAMES.get(info.reason, "rejected")
+                if (line := verdict_line(key, info, reason)) is not None:
+                    (log.info if info.status == "accepted" else log.warning)("%s", line)
                 if self.pending.settle(
                     key, info.status, reason, window_passed=gone, unlock_at=info.unlock_at
                 ):
@@ -136,6 +138,21 @@ def stored_step(store: BatchStore, key: bytes) -> int | None:
     except (BatchStoreError, WireError):
         return None
     return None if found is None else found[0].step
+
+
+def verdict_line(key: bytes, info: SubmissionInfo, reason: str) -> str | None:
+    """The line a worker logs for the verdict on its batch ``key`` (None: none yet). Each
+    pending batch is read until it has one, so each verdict is said once."""
+    votes = f"{info.accept_votes} accept, {info.reject_votes} reject"
+    if info.status == "accepted":
+        return f"batch {key.hex()[:16]} accepted ({votes}): reward {info.reward / 1e18:.6f} ETH"
+    if info.status == "rejected":
+        by = f" by validator {info.rejecter}" if int(info.rejecter or "0", 16) else ""
+        return (
+            f"batch {key.hex()[:16]} rejected{by}: {reason} ({votes}); its collateral of "
+            f"{info.collateral / 1e18:.6f} ETH is slashed when the verdict matures"
+        )
+    return None
 
 
 def read_stake(ledger: StakeViews, address: str) -> Stake:

@@ -40,6 +40,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -195,6 +196,8 @@ class InferenceRole:
     async def serve(
         self, *, task_status: trio.TaskStatus[InferenceRole] = trio.TASK_STATUS_IGNORED
     ) -> None:
+        if self.cfg.net.bootstrap:  # nothing staked before a peer of the run answered
+            await until_run_peers(lambda: len(self.node.peers.peers), self.cfg, log.warning)
         await trio.to_thread.run_sync(self._setup)
         async with Offload.of(self.maker_class, MakerSpec, self.cfg) as maker:
             self.maker = maker
@@ -358,6 +361,26 @@ class InferenceRole:
             notice.units,
             key.hex()[:16],
         )
+
+
+PEERS_LINE_EVERY = 10.0  # seconds between the lines of a worker that reached no peer yet
+
+
+async def until_run_peers(
+    peers: Callable[[], int], cfg: NodeConfig, say: Callable[[str], None]
+) -> None:
+    """Return once ``peers()`` (the peers of the run that greeted this node) is not zero;
+    until then, one line every ``PEERS_LINE_EVERY`` seconds: the worker stakes nothing
+    while it has found none of its run (an unreachable bootstrap must not cost a stake)."""
+    waited = 0.0
+    while not peers():
+        if waited % PEERS_LINE_EVERY == 0:
+            say(
+                f"no peer of run {cfg.run.id} reached yet (bootstrap: "
+                f"{', '.join(cfg.net.bootstrap)}): nothing is staked until one answers"
+            )
+        await trio.sleep(1.0)
+        waited += 1.0
 
 
 async def run(
