@@ -161,9 +161,6 @@ class DownloadPlan:
     def banned(self) -> list[str]:
         return sorted(p.peer for p in self.peers.values() if p.banned)
 
-    def _available(self, p: PeerState, now: float) -> bool:
-        return not p.banned and p.backoff_until <= now
-
     def next_wakeup(self, now: float) -> float | None:
         """When a backed-off peer becomes usable again (None: no peer is waiting)."""
         waits = [
@@ -191,28 +188,37 @@ class DownloadPlan:
             if p.banned:
                 continue
             for s in p.have - taken:  # a set difference: assign runs at every wakeup
-                holders.setdefault(s, []).append(p)
+                got = holders.get(s)
+                if got is None:
+                    holders[s] = [p]
+                else:
+                    got.append(p)
         order = list(holders)
         self.rng.shuffle(order)
         order.sort(key=lambda s: len(holders[s]))  # stable: random among equally rare
-        mine = self._share()
+        origin, per_peer = self.origin, self.per_peer
+        mine: Callable[[int], bool] | None = None  # the origin shares, when first needed
         deferred: tuple[int, list[PeerState]] | None = None  # the rarest of another's share
         for shard in order:
+            held = holders[shard]
             # a holder whose last FAILING fetches failed only when nobody else has it: a
             # direct peer that stalls every fetch kept the origin and the relayed holders
             # from a downloader for good (bench/sim.py found it: docs/simulation.md)
-            sound = [p for p in holders[shard] if p.failures < FAILING] or holders[shard]
+            sound = [p for p in held if p.failures < FAILING] or held
             # a holder behind a relay only when no direct holder has it, even a busy one
             reach = [p for p in sound if not p.relayed] or sound
-            live = [p for p in reach if self._available(p, now)]
-            others = [p for p in live if p.peer != self.origin]
+            live = [p for p in reach if p.backoff_until <= now]  # (banned: not holders)
+            others = [p for p in live if p.peer != origin]
             pool = others or live  # the origin only when nobody else can serve this shard
-            usable = [p for p in pool if p.inflight < self.per_peer]
+            usable = [p for p in pool if p.inflight < per_peer]
             if not usable:
                 continue
-            if not others and not mine(shard):
-                deferred = deferred or (shard, usable)  # another downloader's share
-                continue
+            if not others:
+                if mine is None:
+                    mine = self._share()
+                if not mine(shard):
+                    deferred = deferred or (shard, usable)  # another downloader's share
+                    continue
             return shard, self._choose(usable).peer
         if deferred and not self.inflight:  # idle: take another's share rather than wait
             shard, usable = deferred
