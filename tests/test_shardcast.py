@@ -679,6 +679,28 @@ def test_the_origin_reached_directly_serves_before_a_holder_behind_a_relay():
     assert dict(q.assign(0)) == {0: "home", 1: "home"}
 
 
+def test_a_peer_busy_time_after_time_is_asked_less_often_until_it_serves():
+    """Each ``busy`` in a row doubles the wait before the peer is asked again, up to
+    ``max_backoff``; a shard it serves brings the wait back to a quarter second (a holder
+    busy with large shards otherwise held a download slot at every quarter-second ask)."""
+    p = plan(2, max_inflight=1, per_peer=1, explore=0.0)
+    p.update_peer("home", {0, 1})
+    now, waits = 0.0, []
+    for _ in range(10):
+        ((shard, peer),) = p.assign(now)
+        p.busy(shard, peer, now)
+        nxt = p.next_wakeup(now)
+        assert nxt is not None and p.assign(now) == []
+        waits.append(nxt - now)
+        now = nxt
+    assert waits == [0.25, 0.5, 1, 2, 4, 8, 16, 30, 30, 30]
+    ((shard, peer),) = p.assign(now)
+    p.completed(shard, peer, 100, 1.0)
+    ((shard, peer),) = p.assign(now)
+    p.busy(shard, peer, now)
+    assert p.next_wakeup(now) == now + 0.25
+
+
 def test_a_downloader_behind_a_relay_is_left_out_of_the_origin_shares():
     """Two downloaders joined directly split the origin's shards; the third, joined to them
     only through a relay, is no share-holder for them (they would never fetch its share from
@@ -875,9 +897,9 @@ async def test_busy_peer_is_asked_again_soon_and_a_stale_holding_is_dropped(auto
     with trio.fail_after(10):  # a refusal handled wrongly would spin or wait forever
         await run_download(p, fetch, shard_deadline=lambda s: 5.0, wakeup=Wakeup())
     assert p.complete and p.peers["stale"].have == set()
-    # three refusals cost three quarter seconds, never an exponential backoff
+    # three refusals in a row cost a quarter, a half and a whole second, never a failure
     assert [t for t, _, peer in asked if peer == "only"] == pytest.approx(
-        [0, 0.25, 0.5, 0.75, 0.75]
+        [0, 0.25, 0.75, 1.75, 1.75]
     )
     assert p.peers["only"].failures == 0 and p.peers["only"].success == 1.0
 

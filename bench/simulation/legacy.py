@@ -1,11 +1,13 @@
-"""The download plan's peer rules as they were before the simulator found two faults in
+"""The download plan's peer rules as they were before the simulator found three faults in
 them (``node/shardcast/schedule.py`` before this change), kept to show the figures before
 and after in the same bench run:
 
 - a peer whose fetches had all failed or stalled (never measured) was still "untried" and
   taken first at each backoff's end, ahead of measured fast peers;
 - such a direct peer, however often it failed, kept the origin and the relayed holders
-  from a shard for good: a downloader whose only other holders were those never completed.
+  from a shard for good: a downloader whose only other holders were those never completed;
+- a busy peer was asked again every quarter second however often it had refused, each ask
+  holding a download slot in its line for ``read_timeout / 2``.
 
 (The third fault, ``2 ** failures`` overflowing a float after 1,025 failures in a row and
 ending the download, is fixed in both: the "before" figures would otherwise be a crash.)
@@ -32,7 +34,7 @@ class LegacyPlan(DownloadPlan):
         deferred: tuple[int, list[PeerState]] | None = None
         for shard in order:
             reach = [p for p in holders[shard] if not p.relayed] or holders[shard]
-            live = [p for p in reach if self._available(p, now)]
+            live = [p for p in reach if p.backoff_until <= now]
             others = [p for p in live if p.peer != self.origin]
             pool = others or live
             usable = [p for p in pool if p.inflight < self.per_peer]
@@ -46,6 +48,11 @@ class LegacyPlan(DownloadPlan):
             shard, usable = deferred
             return shard, self._choose(usable).peer
         return None
+
+    def busy(self, shard: int, peer: str, now: float, wait: float = 0.25) -> None:
+        self._release(shard, peer)
+        p = self.peers[peer]
+        p.backoff_until = max(p.backoff_until, now + wait)
 
     def _choose(self, usable: list[PeerState]) -> PeerState:
         untried = [p for p in usable if p.rate is None]

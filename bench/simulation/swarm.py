@@ -134,6 +134,7 @@ class Swarm:
         origin_node.started = True
         self.deadline = shard_deadline(cfg.shard_bytes, cfg.read_timeout)
         self.slot_wait = cfg.read_timeout / 2
+        assert self.slot_wait < self.deadline / 2  # a queued request never meets it
         self.wasted = 0.0
         self.busy = 0
         self.stalled = 0
@@ -266,7 +267,9 @@ class Swarm:
         req.cap = self._cap(client, s, rtt)
         req.remaining = float(self.cfg.shard_bytes)
         self.loop.at(self.loop.now + rtt / 2, self._arrive, req)
-        self.loop.at(self.loop.now + self.deadline, self._deadline, req)
+        # the deadline (from the ask) is set when the bytes start to flow: a request still
+        # travelling or queued is over long before it (half an RTT, then at most
+        # ``slot_wait``), and most requests end refused busy (one heap entry fewer each)
 
     def _arrive(self, req: Request) -> None:
         if req.state != "travel":
@@ -323,6 +326,7 @@ class Swarm:
         s, c = self.nodes[req.server], self.nodes[req.client]
         req.state = "flowing"
         req.stamp = self.loop.now
+        self.loop.at(req.asked + self.deadline, self._deadline, req)
         s.uploading.append(req)
         c.downloading.append(req)
         self._rerate(s, c)

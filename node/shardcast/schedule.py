@@ -27,7 +27,8 @@ The download loop tells it what each peer holds (``update_peer``), asks it for w
   (optimism; one whose fetches only failed scores 0 until one completes), and with
   probability ``explore`` a random holder is taken, so a new fast peer is found.
 - **Refusals**: a peer that is busy (every upload slot taken) is asked again after a
-  quarter second, without penalty; one that lacks the shard loses it from its holdings.
+  quarter second, doubled for each refusal in a row up to ``max_backoff`` and reset by a
+  fetch it serves, without penalty; one that lacks the shard loses it from its holdings.
 - **Failures**: a peer whose fetch failed or stalled loses that shard (it goes back to the
   pool at once) and is backed off for ``backoff × 2^(failures − 1)`` seconds (at most
   ``max_backoff``); after ``FAILING`` failures in a row it is asked for a shard only when
@@ -69,6 +70,7 @@ class PeerState:
     joined: bool = False  # it answered holdings for this version (holds or downloads it)
     relayed: bool = False  # only a circuit relay joins us to it (it is behind NAT)
     fetched_bytes: int = 0
+    busy_streak: int = 0  # refusals ``busy`` in a row
 
     def score(self) -> float:
         return (self.rate or 0.0) * self.success / (1 + self.inflight)
@@ -111,6 +113,7 @@ class DownloadPlan:
         p.rate = rate if p.rate is None else (1 - self.alpha) * p.rate + self.alpha * rate
         p.success = (1 - self.alpha) * p.success + self.alpha
         p.failures = 0
+        p.busy_streak = 0
         p.fetched_bytes += nbytes
 
     def failed(self, shard: int, peer: str, now: float) -> None:
@@ -125,9 +128,15 @@ class DownloadPlan:
 
     def busy(self, shard: int, peer: str, now: float, wait: float = 0.25) -> None:
         """The peer refused for now (all its upload slots taken): the shard goes back and
-        the peer is asked again after ``wait`` seconds; no failure is counted."""
+        the peer is asked again after ``wait`` seconds, doubled for each refusal in a row
+        (at most ``max_backoff``; a fetch it serves starts again at ``wait``); no failure is
+        counted. A holder busy with large shards stays busy for tens of seconds: asked
+        every quarter second, it tied up a download slot for ``read_timeout / 2`` at each
+        ask (97% of fetches were refused in a simulated swarm of 300 home workers)."""
         self._release(shard, peer)
         p = self.peers[peer]
+        p.busy_streak += 1
+        wait = min(self.max_backoff, wait * 2.0 ** min(p.busy_streak - 1, 32))
         p.backoff_until = max(p.backoff_until, now + wait)
 
     def lacks(self, shard: int, peer: str) -> None:
@@ -161,9 +170,6 @@ class DownloadPlan:
     def banned(self) -> list[str]:
         return sorted(p.peer for p in self.peers.values() if p.banned)
 
-    def _available(self, p: PeerState, now: float) -> bool:
-        return not p.banned and p.backoff_until <= now
-
     def next_wakeup(self, now: float) -> float | None:
         """When a backed-off peer becomes usable again (None: no peer is waiting)."""
         waits = [
@@ -191,28 +197,37 @@ class DownloadPlan:
             if p.banned:
                 continue
             for s in p.have - taken:  # a set difference: assign runs at every wakeup
-                holders.setdefault(s, []).append(p)
+                got = holders.get(s)
+                if got is None:
+                    holders[s] = [p]
+                else:
+                    got.append(p)
         order = list(holders)
         self.rng.shuffle(order)
         order.sort(key=lambda s: len(holders[s]))  # stable: random among equally rare
-        mine = self._share()
+        origin, per_peer = self.origin, self.per_peer
+        mine: Callable[[int], bool] | None = None  # the origin shares, when first needed
         deferred: tuple[int, list[PeerState]] | None = None  # the rarest of another's share
         for shard in order:
+            held = holders[shard]
             # a holder whose last FAILING fetches failed only when nobody else has it: a
             # direct peer that stalls every fetch kept the origin and the relayed holders
             # from a downloader for good (bench/sim.py found it: docs/simulation.md)
-            sound = [p for p in holders[shard] if p.failures < FAILING] or holders[shard]
+            sound = [p for p in held if p.failures < FAILING] or held
             # a holder behind a relay only when no direct holder has it, even a busy one
             reach = [p for p in sound if not p.relayed] or sound
-            live = [p for p in reach if self._available(p, now)]
-            others = [p for p in live if p.peer != self.origin]
+            live = [p for p in reach if p.backoff_until <= now]  # (banned: not holders)
+            others = [p for p in live if p.peer != origin]
             pool = others or live  # the origin only when nobody else can serve this shard
-            usable = [p for p in pool if p.inflight < self.per_peer]
+            usable = [p for p in pool if p.inflight < per_peer]
             if not usable:
                 continue
-            if not others and not mine(shard):
-                deferred = deferred or (shard, usable)  # another downloader's share
-                continue
+            if not others:
+                if mine is None:
+                    mine = self._share()
+                if not mine(shard):
+                    deferred = deferred or (shard, usable)  # another downloader's share
+                    continue
             return shard, self._choose(usable).peer
         if deferred and not self.inflight:  # idle: take another's share rather than wait
             shard, usable = deferred
