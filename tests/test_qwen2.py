@@ -23,6 +23,7 @@ from node.engine.tinymodel import (
     SHAPES,
     Recipe,
     build_tiny_model,
+    build_tokenizer,
     cache_path,
     is_built,
 )
@@ -84,10 +85,16 @@ def test_the_chat_template_renders_chatml_and_prompts_go_through_it(qwen2, qwen2
     assert tok.decode(prompt_ids(tok, task.prompt)).startswith(f"{IM_START}user\n{task.prompt}")
 
 
-def test_a_model_without_a_chat_template_keeps_the_plain_prompt(tiny_model):
-    tok = tiny_model.tokenizer
+def test_a_model_without_a_chat_template_keeps_the_plain_prompt(tmp_path):
+    """The tiny Llama's character tokenizer: ``<bos>`` and one id per character, as ever."""
+    from transformers import AutoTokenizer
+
+    build_tokenizer(tmp_path)
+    tok = AutoTokenizer.from_pretrained(tmp_path, local_files_only=True)
     assert not getattr(tok, "chat_template", None)
-    assert prompt_ids(tok, "1+2=?\nAnswer:") == tok("1+2=?\nAnswer:")["input_ids"]
+    text = "1+2=?\nAnswer:"
+    assert prompt_ids(tok, text) == tok(text)["input_ids"]
+    assert prompt_ids(tok, text) == [tok.bos_token_id, *tok.convert_tokens_to_ids(list(text))]
 
 
 def test_grouped_query_attention_and_qkv_bias_are_on_in_what_is_saved(qwen2_model_dir, qwen2):
@@ -200,7 +207,7 @@ def test_devnet_help_names_the_model_family():
     assert "byte-level BPE" in " ".join(out.split())
 
 
-def test_devnet_refuses_a_model_and_a_family_together(tmp_path, tiny_model_dir):
+def test_devnet_refuses_a_model_and_a_family_together(tmp_path, qwen2_model_dir):
     from node.cli.devnet import run_devnet
 
     with pytest.raises(ValueError, match="--model-family qwen2 builds the base model"):
@@ -209,7 +216,7 @@ def test_devnet_refuses_a_model_and_a_family_together(tmp_path, tiny_model_dir):
             run_id="x",
             inference=1,
             duration=1,
-            model=tiny_model_dir,
+            model=qwen2_model_dir,
             model_family="qwen2",
         )
     assert not any(tmp_path.iterdir())  # refused before anything was written
