@@ -183,7 +183,13 @@ def test_malformed_batches_are_refused(made):
 
     # a 'length' ending must use the whole budget
     obj = copy.deepcopy(base)
-    short = next(x for g in obj["groups"] for x in g["samples"] if x["finish_reason"] == "stop")
+    budget = obj["max_new_tokens"]
+    short = next(
+        x
+        for g in obj["groups"]
+        for x in g["samples"]
+        if x["finish_reason"] == "stop" and len(x["tokens"]) // 4 < budget
+    )
     short["finish_reason"] = "length"
     refused(obj, "below max_new_tokens")
 
