@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from node.engine.tinymodel import Recipe
     from node.tasks import TaskSet
 
 END_OF_TEXT, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
@@ -75,19 +74,28 @@ def build_tokenizer(out_dir: Path, taskset: TaskSet, vocab: int) -> None:
     fast.save_pretrained(out_dir)
 
 
-def config(r: Recipe, tokenizer: Any) -> Any:
-    """The ``Qwen2Config`` of recipe ``r`` for ``tokenizer``'s vocabulary."""
+def config(
+    tokenizer: Any,
+    *,
+    hidden: int,
+    mlp: int,
+    layers: int,
+    heads: int,
+    kv_heads: int,
+    max_positions: int,
+) -> Any:
+    """The ``Qwen2Config`` of these sizes for ``tokenizer``'s vocabulary."""
     from transformers import Qwen2Config
 
     eos, pad = tokenizer.convert_tokens_to_ids([IM_END, END_OF_TEXT])
     return Qwen2Config(
         vocab_size=len(tokenizer),
-        hidden_size=r.hidden,
-        intermediate_size=r.mlp,
-        num_hidden_layers=r.layers,
-        num_attention_heads=r.heads,
-        num_key_value_heads=r.kv_heads,
-        max_position_embeddings=r.max_positions,
+        hidden_size=hidden,
+        intermediate_size=mlp,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        max_position_embeddings=max_positions,
         use_sliding_window=False,
         eos_token_id=eos,
         pad_token_id=pad,

@@ -251,7 +251,16 @@ def build_tiny_model(
         model: Any
         with torch.device(device):  # made where it trains (a 1.1B init is slow on a CPU)
             if r.family == "qwen2":
-                model = Qwen2ForCausalLM(qwen2.config(r, tokenizer))
+                cfg = qwen2.config(
+                    tokenizer,
+                    hidden=r.hidden,
+                    mlp=r.mlp,
+                    layers=r.layers,
+                    heads=r.heads,
+                    kv_heads=r.kv_heads,
+                    max_positions=r.max_positions,
+                )
+                model = Qwen2ForCausalLM(cfg)
             else:
                 model = LlamaForCausalLM(llama_config(r))
         _train(model, taskset, tokenizer, r, progress)
