@@ -78,3 +78,29 @@ def tiny_model(tiny_model_dir):
     from node.engine.models import load_model
 
     return load_model(tiny_model_dir)
+
+
+@pytest.fixture(scope="session")
+def qwen2_tasks(tmp_path_factory):
+    """The project's word-problem math file (``node/tasks/problems.py``)."""
+    from node.tasks.problems import write_problems
+
+    return write_problems(tmp_path_factory.mktemp("tasks") / "problems.jsonl")
+
+
+@pytest.fixture(scope="session")
+def qwen2_model_dir(tmp_path_factory, qwen2_tasks):
+    """The Qwen2-family base model (``tinymodel.QWEN2``) on ``qwen2_tasks``, built once per
+    machine into the cache under .cache/ (named by the file's bytes, not its place)."""
+    import dataclasses
+    import fcntl
+
+    from node.engine.tinymodel import QWEN2, build_tiny_model
+
+    CACHE.mkdir(parents=True, exist_ok=True)
+    out = tmp_path_factory.mktemp("model") / "qwen2"
+    with open(CACHE / ".build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        recipe = dataclasses.replace(QWEN2, task=str(qwen2_tasks))
+        path, _ = build_tiny_model(out, recipe, cache_dir=CACHE)
+    return path

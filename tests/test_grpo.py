@@ -210,12 +210,17 @@ def _weights(policy):
     return {k: v.detach().clone() for k, v in policy.model.state_dict().items()}
 
 
-@pytest.fixture
-def policy(tiny_model_dir):
+@pytest.fixture(params=["llama", "qwen2"])
+def policy(request):
+    """The policy of the tiny Llama, and of the Qwen2-family model (its chat template, BPE
+    tokenizer, grouped-query attention and q/k/v bias)."""
     from node.training.policy import Policy
 
     torch.set_num_threads(2)
-    return Policy(tiny_model_dir, GRPOConfig(lr=1e-4, micro_batch=3))
+    model_dir = request.getfixturevalue(
+        "tiny_model_dir" if request.param == "llama" else "qwen2_model_dir"
+    )
+    return Policy(model_dir, GRPOConfig(lr=1e-4, micro_batch=3))
 
 
 def test_train_step_changes_weights_and_lowers_the_loss(policy):
@@ -260,11 +265,11 @@ def test_an_engine_sharing_the_policy_samples_from_the_stepped_weights(policy):
         assert lps == pytest.approx(r.logprobs, abs=1e-4)  # the engine saw the new weights
 
 
-def test_micro_batching_equals_one_batch(tiny_model_dir, policy):
+def test_micro_batching_equals_one_batch(policy):
     from node.training.policy import Policy
 
     samples = _fixed_samples(policy)
-    whole = Policy(tiny_model_dir, GRPOConfig(lr=1e-4, micro_batch=64))
+    whole = Policy(policy.base_dir, GRPOConfig(lr=1e-4, micro_batch=64))
     a, b = policy.train_step(samples, 1.0), whole.train_step(samples, 1.0)
     assert a["loss"] == pytest.approx(b["loss"], rel=1e-5)
     assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4)
@@ -277,6 +282,7 @@ def test_micro_batching_equals_one_batch(tiny_model_dir, policy):
 def test_saved_policy_loads_in_the_engine(policy, tmp_path):
     from node.engine import open_engine
     from node.engine.base import GenRequest, SamplingParams
+    from node.engine.models import prompt_ids
     from node.engine.torch_engine import TorchEngine
 
     samples = _fixed_samples(policy)
@@ -286,7 +292,10 @@ def test_saved_policy_loads_in_the_engine(policy, tmp_path):
     names = {p.name for p in out.iterdir()}
     assert {"config.json", "model.safetensors", "tokenizer.json", "intellect-model.json"} <= names
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no staging left
-    engine, _ = open_engine(str(out), backend="torch")
+    engine, saved = open_engine(str(out), backend="torch")
+    # the tokenizer travels with each version, its chat template too (Qwen2's)
+    assert saved.chat_template == policy.tokenizer.chat_template
+    assert prompt_ids(saved, "3+4=?") == prompt_ids(policy.tokenizer, "3+4=?")
     for k, v in policy.model.state_dict().items():
         assert torch.equal(engine.model.state_dict()[k], v), k
     live = TorchEngine(policy.model, eos_token_ids=policy.eos_token_ids)

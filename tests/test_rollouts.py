@@ -12,6 +12,7 @@ from crypto.identity import Identity
 from crypto.sampling import derive_seed
 from crypto.verdict import RolloutClaim, check_rollout
 from node.engine.base import SamplingParams
+from node.engine.models import load_model, prompt_ids
 from node.engine.torch_engine import TorchEngine, recompute
 from node.rollouts.generate import generate_groups, to_batch
 from node.tasks import assign, load_taskset
@@ -30,14 +31,22 @@ WORKER = "0x" + "5a" * 20
 PARAMS = SamplingParams(max_new_tokens=12, temperature=1.0)
 
 
+@pytest.fixture(scope="module", params=["llama", "qwen2"])
+def model(request):
+    """The tiny Llama, and the Qwen2-family model (its prompts through its chat template)."""
+    if request.param == "llama":
+        return request.getfixturevalue("tiny_model")
+    return load_model(request.getfixturevalue("qwen2_model_dir"))
+
+
 @pytest.fixture(scope="module")
-def made(tiny_model):
+def made(model):
     identity = Identity.generate()
-    engine = TorchEngine(tiny_model.model, eos_token_ids=tiny_model.eos_token_ids)
+    engine = TorchEngine(model.model, eos_token_ids=model.eos_token_ids)
     taskset = load_taskset("arithmetic")
     groups = generate_groups(
         engine,
-        tiny_model.tokenizer,
+        model.tokenizer,
         taskset,
         worker=WORKER,
         step=5,
@@ -73,19 +82,19 @@ def test_signed_batch_round_trip(made):
     assert e.value.reason == Reason.SENDER_MISMATCH
 
 
-def test_validator_reproduces_everything(made, tiny_model):
+def test_validator_reproduces_everything(made, model):
     """What a validator does with a batch: same tasks, same seeds, rewards, proofs, sampling."""
     _, taskset, _, batch = made
     tasks = assign(taskset, batch.worker, batch.step, len(batch.groups))
-    tok = tiny_model.tokenizer
+    tok = model.tokenizer
     for g, task in zip(batch.groups, tasks, strict=True):
         assert g.task_id == task.task_id
-        assert g.prompt_ids == tok(task.prompt)["input_ids"]
+        assert g.prompt_ids == prompt_ids(tok, task.prompt)
         for s in g.samples:
             assert s.seed == derive_seed(batch.worker, g.task_id, batch.step, s.sample)
             text = tok.decode(s.token_ids, skip_special_tokens=True)
             assert s.reward == task.reward(text)
-            acts, logits = recompute(tiny_model.model, g.prompt_ids, s.token_ids)
+            acts, logits = recompute(model.model, g.prompt_ids, s.token_ids)
             claim = RolloutClaim(
                 s.token_ids,
                 s.proofs,
@@ -174,7 +183,13 @@ def test_malformed_batches_are_refused(made):
 
     # a 'length' ending must use the whole budget
     obj = copy.deepcopy(base)
-    short = next(x for g in obj["groups"] for x in g["samples"] if x["finish_reason"] == "stop")
+    budget = obj["max_new_tokens"]
+    short = next(
+        x
+        for g in obj["groups"]
+        for x in g["samples"]
+        if x["finish_reason"] == "stop" and len(x["tokens"]) // 4 < budget
+    )
     short["finish_reason"] = "length"
     refused(obj, "below max_new_tokens")
 

@@ -220,14 +220,39 @@ def start_chain(
     return proc, env
 
 
-def prepare_model(out: Path) -> Path:
-    """The tiny base policy for the run (``model init``): built once per machine, cached;
-    the build's SFT steps show progress."""
-    from node.engine.tinymodel import Recipe, build_tiny_model, default_cache_dir
+MODEL_FAMILIES = ("llama", "qwen2")  # what ``--model-family`` builds (``prepare_model``)
 
+
+def prepare_tasks(base_dir: Path, family: str) -> Path | None:
+    """The run's task file: for the qwen2 family, the project's word problems
+    (``node/tasks/problems.py``) under ``base_dir/tasks``; None for llama (the built-in
+    arithmetic its base policy is built for)."""
+    if family == "llama":
+        return None
+    from node.tasks.problems import write_problems
+
+    return write_problems(base_dir / "tasks" / "problems.jsonl").resolve()
+
+
+def prepare_model(out: Path, family: str = "llama", tasks: Path | None = None) -> Path:
+    """The base policy for the run (``model init``): built once per machine, cached; the
+    build's SFT steps show progress. ``family`` llama: the tiny Llama on the built-in
+    arithmetic; qwen2: the Qwen2-family model with its byte-level BPE and chat template,
+    trained on the task file ``tasks`` (``prepare_tasks``)."""
+    from dataclasses import replace
+
+    from node.engine.tinymodel import QWEN2, Recipe, build_tiny_model, default_cache_dir
+
+    if family not in MODEL_FAMILIES:
+        raise ValueError(f"model family {family!r}: one of {', '.join(MODEL_FAMILIES)}")
+    if family == "qwen2" and tasks is None:
+        raise ValueError("the qwen2 base model is built on its task file: give tasks")
     started = time.monotonic()
-    print("devnet: preparing the base model (built once per machine, then cached)", flush=True)
-    recipe = Recipe()
+    print(
+        f"devnet: preparing the {family} base model (built once per machine, then cached)",
+        flush=True,
+    )
+    recipe = Recipe() if family == "llama" else replace(QWEN2, task=str(tasks))
     with progress("devnet: base model SFT", recipe.steps, unit="steps") as bar:
         path, built = build_tiny_model(
             out,
@@ -561,6 +586,7 @@ def run_devnet(
     model: Path | None = None,
     launch: Callable[[int], Launch] | None = None,
     batches_per_step: int | None = None,
+    model_family: str = "llama",
 ) -> int:
     """Run the devnet; 0 when it finished (``steps`` reached and every node holds the
     final version, or Ctrl-C / ``duration``). ``trainers`` ≥ 2: a DiLoCo group of that
@@ -569,7 +595,9 @@ def run_devnet(
     nodes compute (``devices_env``); ``model``: the base policy (default: the tiny one).
     ``launch``: how inference node ``i`` starts (default: the binary, ``Launch()``);
     ``batches_per_step``: accepted batches each trainer step takes (default: one per
-    inference node)."""
+    inference node). ``model_family``: the base policy built when ``model`` is not given
+    (``prepare_model``): llama on the built-in arithmetic, or qwen2 on a task file the
+    devnet writes (``prepare_tasks``), which becomes the run's task set."""
     if not 1 <= trainers <= 8:
         raise ValueError("--trainers must be between 1 and 8")
     from node.cli.ledger import DEV_VALIDATORS
@@ -581,6 +609,12 @@ def run_devnet(
         )
     if inference < 1:
         raise ValueError("--inference must be at least 1")
+    if model_family not in MODEL_FAMILIES:
+        raise ValueError(f"--model-family {model_family}: one of {', '.join(MODEL_FAMILIES)}")
+    if model is not None and model_family != "llama":
+        raise ValueError(
+            f"--model-family {model_family} builds the base model and --model gives one: not both"
+        )
     vnames = ["validator"] if validators == 1 else [f"validator-{i}" for i in range(validators)]
     listed = validator_devices.split(",") if validator_devices else [device] * validators
     listed = [d.strip() for d in listed]
@@ -614,19 +648,23 @@ def run_devnet(
             base_dir / "chain", extra=["--max-staleness", str(async_level)], die_with_parent=True
         )
         chain_info = json.loads((base_dir / "chain" / "chain.json").read_text())
+        tasks = prepare_tasks(base_dir, model_family)
+        tasks_env = {} if tasks is None else {"INTELLECT_NODE_RUN__TASKSET": str(tasks)}
         # the trainer's key is the run's trust root for weights and steps: make it first
         from node.keystore import load_or_create_identity
 
         trainer_id = load_or_create_identity(base_dir / "trainer").peer_id
         ledger_env = {
             **ledger_env,
-            **work_settings(on_device),
+            **work_settings({**on_device, **tasks_env}),
             "INTELLECT_NODE_RUN__TRAINER_PEER_ID": trainer_id,
             "INTELLECT_NODE_PASSWORD": DEVNET_PASSWORD,
             "INTELLECT_NODE_RUN__ASYNC_LEVEL": str(async_level),
             **(env_extra or {}),
         }
         say(f"devnet: trainer (weights and steps trust root) {trainer_id}", flush=True)
+        if tasks is not None:
+            say(f"devnet: the run's tasks come from {tasks}", flush=True)
         owner = make_account(base_dir / "trainer", chain_info["owner_key"])
         say(f"devnet: trainer account {owner} (the contract's owner)", flush=True)
         for name, key in zip(vnames, chain_info["validator_keys"], strict=False):
@@ -639,7 +677,7 @@ def run_devnet(
             fund(base_dir / "chain", address, WORKER_FUNDS)
             label = f" ({how.label})" if how.label else ""
             say(f"devnet: {name} account {address}, funded {WORKER_FUNDS} ETH{label}", flush=True)
-        base = model or prepare_model(base_dir / "model")
+        base = model or prepare_model(base_dir / "model", model_family, tasks)
         model_env = {"INTELLECT_NODE_RUN__MODEL": str(base)}
         boot = spawn_node(
             "bootstrap",

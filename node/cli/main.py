@@ -229,6 +229,16 @@ def build_parser() -> argparse.ArgumentParser:
         "per machine; `intellect-node model init --shape 1.1b` makes one of TinyLlama's shape)",
     )
     devnet.add_argument(
+        "--model-family",
+        choices=["llama", "qwen2"],
+        default="llama",
+        help="the base policy built when --model is not given (default llama: the tiny Llama "
+        "with a character tokenizer, on the built-in arithmetic); qwen2: a small Qwen2-family "
+        "model (grouped-query attention, q/k/v bias) with a byte-level BPE tokenizer and "
+        "ChatML chat template trained here, whose tasks come from a math file the devnet "
+        "writes (word problems, under BASE_DIR/tasks); built in about 30 s, then cached",
+    )
+    devnet.add_argument(
         "--report",
         type=Path,
         metavar="DIR",
@@ -583,6 +593,7 @@ def cmd_devnet(args: argparse.Namespace) -> int:
         device=args.device,
         validator_devices=args.validator_devices,
         model=args.model,
+        model_family=args.model_family,
     )
 
 

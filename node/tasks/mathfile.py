@@ -3,8 +3,10 @@
 Rows follow NuminaMath-style fields: ``problem`` (required), and ``answer`` or a
 ``solution`` whose last ``\\boxed{}`` is the answer; an optional ``level`` ("Level 3" or
 3) or ``difficulty`` gives the difficulty (default 1). Rows without a usable answer are
-skipped when the file is read (their count is kept in ``skipped``). The task set's name
-carries the file's digest, so workers and validators agree on the exact file.
+skipped when the file is read (their count is kept in ``skipped``). A solution with a
+``\\boxed{}`` is kept as the task's worked solution (what ``model init`` trains on). The
+task set's name carries the file's digest, so workers and validators agree on the exact
+file.
 """
 
 from __future__ import annotations
@@ -69,9 +71,10 @@ class MathFileTasks:
         for n, row in enumerate(_rows(p)):
             problem = row.get("problem")
             answer = row.get("answer")
+            solution = row.get("solution")
+            solution = solution if isinstance(solution, str) else ""
             if not isinstance(answer, str | int | float) or answer == "":
-                solution = row.get("solution")
-                answer = last_boxed(solution) if isinstance(solution, str) else None
+                answer = last_boxed(solution) if solution else None
             if not isinstance(problem, str) or not problem.strip() or answer in (None, ""):
                 self.skipped += 1
                 continue
@@ -81,6 +84,7 @@ class MathFileTasks:
                     prompt=problem.strip() + PROMPT_SUFFIX,
                     answer=str(answer),
                     difficulty=_difficulty(row),
+                    solution=solution if last_boxed(solution) is not None else "",
                 )
             )
         if not self.tasks:

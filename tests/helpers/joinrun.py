@@ -45,11 +45,22 @@ def flags_of(settings: dict[str, Any]) -> list[str]:
 
 class ManifestRun:
     """The chain, the trainer of a manifest and a validator; every process it starts,
-    ``close`` stops."""
+    ``close`` stops. ``taskset``: the run's task file (default the built-in arithmetic);
+    ``validator_joins``: the validator starts as a joiner does, its appointed account and
+    ``--bootstrap`` only, and pulls the run's files (default: given them by hand)."""
 
-    def __init__(self, base: Path, model: Path, *, trainer_flags: list[str] | None = None):
+    def __init__(
+        self,
+        base: Path,
+        model: Path,
+        *,
+        trainer_flags: list[str] | None = None,
+        taskset: Path | None = None,
+        validator_joins: bool = False,
+    ):
         self.base = base
         self.nodes: list[NodeProcess] = []
+        self.taskset, self.validator_joins = taskset, validator_joins
         self.chain_proc, ledger_env = start_chain(base / "chain")
         try:
             self._start(model, ledger_env, trainer_flags or [])
@@ -71,6 +82,7 @@ class ManifestRun:
             "run.model": str(model),
             # what the manifest tells a joiner given no chain URL (it checks it first)
             "chain.public_url": ledger_env["INTELLECT_NODE_CHAIN__URL"],
+            **({} if self.taskset is None else {"run.taskset": str(self.taskset)}),
             **WORK,
         }
         cfg, _env = trainer_manifest(load_config(flags={"role": "trainer", **run}), trainer_id)
@@ -91,6 +103,10 @@ class ManifestRun:
         )
         self.trainer_addr = p2p_addr(wait_ready(self.trainer, timeout=300))
         make_account(base / "validator", info["validator_keys"][0])
+        if self.validator_joins:
+            self.validator = self.joiner("validator", role="validator")
+            wait_ready(self.validator, timeout=300)
+            return
         by_hand = {k: v for k, v in ledger_env.items() if k != "INTELLECT_NODE_CHAIN__URL"}
         self.validator = self._spawn(
             "validator",
@@ -122,11 +138,14 @@ class ManifestRun:
         fund(self.base / "chain", make_account(self.base / name), "10")
         return self.base / name
 
-    def joiner(self, name: str, bootstrap: list[str] | None = None) -> NodeProcess:
-        """``start --role inference`` on ``fund_joiner``'s data dir, ``--bootstrap`` only: no
-        chain URL in its environment either."""
+    def joiner(
+        self, name: str, bootstrap: list[str] | None = None, role: str = "inference"
+    ) -> NodeProcess:
+        """``start --role inference`` (or ``role``) on ``fund_joiner``'s data dir (or the
+        one holding an account), ``--bootstrap`` only: no chain URL in its environment
+        either."""
         data_dir = self.base / name
-        cmd = [sys.executable, "-m", "node.cli", "start", "--role", "inference"]
+        cmd = [sys.executable, "-m", "node.cli", "start", "--role", role]
         cmd += ["--data-dir", str(data_dir), "--listen", LISTEN, *FAST_FLAGS]
         for b in bootstrap or [self.trainer_addr]:
             cmd += ["--bootstrap", b]
@@ -136,7 +155,7 @@ class ManifestRun:
         del env["INTELLECT_NODE_CHAIN__URL"]
         with open(log_path, "wb") as log:
             proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
-        node = NodeProcess(name, "inference", data_dir, proc, log_path)
+        node = NodeProcess(name, role, data_dir, proc, log_path)
         self.nodes.append(node)
         return node
 
