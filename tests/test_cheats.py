@@ -17,7 +17,14 @@ from node.rollouts.store import BatchStore
 from protocol.rollouts import RolloutBatch
 from protocol.wire import seal
 from tests.helpers.batches import made_by
-from tests.helpers.cheating.catalogue import CATALOGUE, CHEATS, UNPUNISHED, parse_cheats, pick
+from tests.helpers.cheating.catalogue import (
+    CATALOGUE,
+    CHEATS,
+    SPLITS,
+    UNPUNISHED,
+    parse_cheats,
+    pick,
+)
 from tests.helpers.cheating.maker import CheatingBatch, CheatingMaker
 from tests.helpers.cheating.role import DETECTABLE_APART, MAKER_CHEATS, CheatPlan, ServedStore
 
@@ -90,7 +97,7 @@ def make(maker, model_dir, cheat, *, version=0, step=3):
 
 
 def test_the_catalogue_names_every_cheat_the_setting_takes():
-    assert tuple(CATALOGUE) + tuple(UNPUNISHED) == CHEATS
+    assert tuple(CATALOGUE) + tuple(UNPUNISHED) + tuple(SPLITS) == CHEATS
     assert len(CHEATS) >= 12
     assert MAKER_CHEATS <= set(CHEATS) and set(EVIDENCE) == MAKER_CHEATS
     assert {c.reason for c in CATALOGUE.values()} == {"invalid", "mismatch", "unavailable"}
@@ -296,3 +303,38 @@ def test_serve_some_serves_the_trainer_and_the_first_other_asker_only():
     assert served.get(key, "trainer") == b"body:" + key  # the trainer, always
     assert served.get(other, "validator-b") == b"body:" + other  # an honest batch: everyone
     assert served.refused == 1 and plan.by_key == {key.hex(): "serve_some"}
+
+
+def test_a_split_serves_one_validator_first_and_everyone_once_it_says_so():
+    """``rotate_split``: nobody but the trainer while the key is rotated (``hold``), then
+    the first validator that asks and only it (``one``), then everyone (``all``); made once,
+    later batches are honest. ``ahead_split``: the next step's batch, served to the first
+    that asks from the start."""
+    served = ServedStore(_Held(), trainer="trainer")
+    plan = CheatPlan.of("rotate_split")
+    key = bytes(32)
+    body = b"body:" + key
+    plan.serve(served, plan.next(), key, b"unused")
+    plan.submitted("rotate_split", key)
+    assert served.get(key, "validator-a") is None  # held
+    assert served.get(key, "trainer") == body
+    served.splits[key].phase = "one"
+    assert served.get(key, "validator-b") == body  # the first to ask now
+    assert served.get(key, "validator-a") is None
+    assert served.get(key, "validator-b") == body
+    served.splits[key].phase = "all"
+    assert served.get(key, "validator-a") == body and served.get(key, "validator-c") == body
+    assert served.refused == 2
+    assert served.splits[key].record() == {
+        "phase": "all",
+        "first": "validator-b",
+        "done": ["served the first"],
+    }
+    assert plan.next() == "none" and plan.by_key == {key.hex(): "rotate_split"}  # made once
+    ahead = CheatPlan.of("ahead_split")
+    cheat = ahead.next()
+    assert CheatPlan.batch_step(cheat, 4) == 5 and CheatPlan.batch_step("none", 4) == 4
+    other = bytes([2]) * 32
+    ahead.serve(served, cheat, other, b"unused")
+    assert served.get(other, "validator-c") == b"body:" + other  # the first, at once
+    assert served.get(other, "validator-a") is None

@@ -14,7 +14,9 @@ again on the next. Where a cheat acts:
   (``WEIGHT_CHEATS``, applied to the engine's model once per policy version), other
   sampling parameters, other tasks or another batch's rollouts, or edits after proving;
 - in the inference role (``role.py``): which weights generate the batch, the units and
-  the work key submitted, the key the batch is signed with, and serving.
+  the work key submitted, the key the batch is signed with, and serving; and the splits
+  (``SPLITS``), where it rotates its registered key or runs a step ahead around whom it
+  serves.
 """
 
 from __future__ import annotations
@@ -98,6 +100,24 @@ UNPUNISHED: dict[str, Cheat] = {
         "serves each batch to the run's trainer and the first other peer that asks, nobody else",
     ),
 }
+# Attacks on the validators rather than the work (issue #54): the batch is honest, and the
+# worker serves it so that honest validators might judge it differently, one of them first
+# with a bonded reject that the others overturn (its bond burned). Every validator must
+# reach the same verdict: accepted. Each is made once per worker (``CheatPlan.next``).
+SPLITS: dict[str, Cheat] = {
+    "rotate_split": Cheat(
+        "split",
+        "none",
+        "submits an honest batch, rotates its registered peer key on-chain, serves the first "
+        "validator that asks, rotates back and serves the others",
+    ),
+    "ahead_split": Cheat(
+        "split",
+        "none",
+        "makes the next step's batch before the trainer announces it and serves it to the "
+        "first validator that asks then, to the others once the step is announced",
+    ),
+}
 WEIGHT_CHEATS = ("other_weights", "int8_weights", "fewer_layers")
 
 
@@ -106,7 +126,7 @@ def pick(cheats: tuple[str, ...], batch_number: int) -> str:
     return cheats[batch_number % len(cheats)] if cheats else "none"
 
 
-CHEATS = (*CATALOGUE, *UNPUNISHED)
+CHEATS = (*CATALOGUE, *UNPUNISHED, *SPLITS)
 # ``other_key`` acts on every batch (it registers another peer key): not combined with others
 WORKER_WIDE_CHEATS = ("other_key",)
 

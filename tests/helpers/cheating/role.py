@@ -8,16 +8,19 @@ the role makes the ones that are about what it claims and serves rather than wha
 generates: which held policy version generates the batch (``stale_weights``,
 ``older_version``), the units (``inflate_units``) and the work key (``key_mismatch``) it
 submits, the peer key it registers (``other_key``), and what it serves (``withhold``,
-``key_mismatch``, ``serve_some``). ``CheatPlan`` decides (pure but for the store it
-wraps); ``CheatingRole`` acts. A cheat counts as made once the chain took its submission:
-one that could not be made, or that nobody saw (dropped as stale, refused by the chain),
-comes again on the next batch, so one pass over the cheats makes each of them. Its
-record (submitted key -> cheat) is the node's ``/status`` section ``cheating``.
+``key_mismatch``, ``serve_some``), and the splits (``SPLITS``: an honest batch served to
+one validator first under other chain state, to the others later: ``Split``).
+``CheatPlan`` decides (pure but for the store it wraps); ``CheatingRole`` acts. A cheat
+counts as made once the chain took its submission: one that could not be made, or that
+nobody saw (dropped as stale, refused by the chain), comes again on the next batch, so one
+pass over the cheats makes each of them. Its record (submitted key -> cheat, and what each
+split did) is the node's ``/status`` section ``cheating``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,9 +31,10 @@ from node.roles.io.chain import WEI
 from node.roles.services.inference import InferenceRole
 from node.rollouts.store import BatchStore
 from protocol.batches import BatchNotice
-from tests.helpers.cheating.catalogue import parse_cheats, pick
+from tests.helpers.cheating.catalogue import SPLITS, parse_cheats, pick
 from tests.helpers.cheating.maker import CheatingBatch, CheatingMaker
 
+log = logging.getLogger("intellect.cheating")
 MAKER_CHEATS = frozenset(
     {
         "other_weights",
@@ -54,12 +58,41 @@ VERSION_CHEATS = frozenset({"stale_weights", "older_version"})  # the role picks
 # batch is generated honestly instead; the cheat comes again on a later batch).
 DETECTABLE_APART = 1e-2
 EARLY_KEY_DOMAIN = b"intellect-node/test-cheat/key-before-work/v1"
+# A split waits this long after each change of chain state before it serves on, so that
+# every validator's chain reads (every 4 s at the most while idle) have seen the change
+SEEN_S = 10.0
+VOTE_WAIT_S = 300.0  # a split waits at most this long for the first validator's vote
+
+
+@dataclass
+class Split:
+    """Whom a split key is served to: nobody (``hold``), the first peer that asks other than
+    the trainer and that one again (``one``), or everyone (``all``); and what the split did
+    (``done``: "rotated", "served ahead", ...), for its ``/status`` record."""
+
+    phase: str = "hold"
+    first: str | None = None
+    done: list[str] = field(default_factory=list)
+
+    def admits(self, peer: str | None) -> bool:
+        if self.phase == "all":
+            return True
+        if self.phase == "hold" or peer is None:
+            return False
+        if self.first is None:
+            self.first = peer
+            self.done.append("served the first")
+        return peer == self.first
+
+    def record(self) -> dict[str, Any]:
+        return {"phase": self.phase, "first": self.first, "done": list(self.done)}
 
 
 class ServedStore:
     """What a cheating worker serves: its store, less the withheld keys, plus bodies
-    served under keys they do not hash to, and the keys served to some peers only (the
-    run's trainer and the first other peer that asks: ``serve_some``)."""
+    served under keys they do not hash to, the keys served to some peers only (the
+    run's trainer and the first other peer that asks: ``serve_some``), and the keys of the
+    splits (the trainer, and whom their ``Split`` admits)."""
 
     def __init__(self, store: BatchStore, trainer: str | None = None) -> None:
         self.store = store
@@ -67,6 +100,7 @@ class ServedStore:
         self.withheld: set[bytes] = set()
         self.forged: dict[bytes, bytes] = {}  # submitted key -> envelope of another body
         self.some: dict[bytes, str | None] = {}  # key served to some -> the first other asker
+        self.splits: dict[bytes, Split] = {}
         self.refused = 0  # requests for such a key from anyone else
 
     def get(self, work_key: bytes, peer: str | None = None) -> bytes | None:
@@ -74,6 +108,10 @@ class ServedStore:
             return None
         if work_key in self.forged:
             return self.forged[work_key]
+        split = self.splits.get(work_key)
+        if split is not None and peer != self.trainer and not split.admits(peer):
+            self.refused += 1
+            return None
         if work_key in self.some and peer != self.trainer:
             first = self.some[work_key]
             if first is None:
@@ -101,8 +139,10 @@ class CheatPlan:
 
     def next(self) -> str:
         """The cheat of the next batch ("none" for an honest worker): the one after the
-        last made, until the chain takes a submission of it (``submitted``)."""
-        return pick(self.cheats, self.made)
+        last made, until the chain takes a submission of it (``submitted``); a split is
+        made once (later batches of its turn are honest)."""
+        cheat = pick(self.cheats, self.made)
+        return "none" if cheat in SPLITS and cheat in self.by_key.values() else cheat
 
     def submitted(self, cheat: str, key: bytes) -> None:
         """The chain took the submission of ``key``, which made ``cheat``."""
@@ -168,25 +208,44 @@ class CheatPlan:
             served.forged[submitted] = envelope
         elif cheat == "serve_some":
             served.some[submitted] = None
+        elif cheat in SPLITS:  # served to one validator as the split goes (CheatingRole)
+            served.splits[submitted] = Split(phase="one" if cheat == "ahead_split" else "hold")
+
+    @staticmethod
+    def batch_step(cheat: str, step: int) -> int:
+        """The step whose batch is made while the trainer's is ``step``: the next one for
+        ``ahead_split`` (tasks follow from the worker, the step and the index: anyone can
+        derive a later step's before the trainer announces it)."""
+        return step + 1 if cheat == "ahead_split" else step
 
 
 class CheatingRole(InferenceRole):
     """The inference role with ``plan``'s cheats: ``CheatingMaker`` in its child process,
-    a ``ServedStore`` served, and its own ``register``, ``make`` and ``submit``."""
+    a ``ServedStore`` served, and its own ``register``, ``make`` and ``submit``; a split
+    goes on beside its work (``_split``), which makes no batch until it is over."""
 
     def __init__(self, node: Any, cfg: Any, weights: Any = None, *, cheats: str) -> None:
         super().__init__(node, cfg, weights, maker=CheatingMaker)
         self.plan = CheatPlan.of(cheats)
         self.served = ServedStore(self.store, cfg.run.trainer_peer_id)
         self.cheat_of: dict[int, str] = {}  # step -> the cheat its batch made
+        self.splitting = 0  # splits under way
+        self._splits: trio.Nursery | None = None
 
     def record(self) -> dict[str, Any]:
         """The ``cheating`` section of ``/status``."""
-        return {"cheats": ",".join(self.plan.cheats), "made": dict(self.plan.by_key)}
+        splits = {k.hex(): s.record() for k, s in self.served.splits.items()}
+        return {
+            "cheats": ",".join(self.plan.cheats),
+            "made": dict(self.plan.by_key),
+            "splits": splits,
+        }
 
     async def serve(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         self.node.add_status("cheating", self.record)
-        await super().serve(task_status=task_status)
+        async with trio.open_nursery() as nursery:
+            self._splits = nursery
+            await super().serve(task_status=task_status)
 
     def register(self, info: Any) -> None:
         if "other_key" not in self.plan.cheats:
@@ -194,6 +253,12 @@ class CheatingRole(InferenceRole):
         elif not info.registered:  # registered once, the other key stays its record
             identity = self.plan.registered_identity(self.node.identity)
             self.chain.ledger.register_identity(identity, int(self.cfg.inference.stake * WEI))
+
+    async def _work(self, step: int, version: int, model_dir: str) -> None:
+        while self.splitting:  # noqa: ASYNC110 - no new work while a split changes the chain
+            await trio.sleep(0.5)
+        if step != self.done_step:  # else made ahead (``ahead_split``)
+            await super()._work(step, version, model_dir)
 
     async def make(self, step: int, version: int, model_dir: str) -> Any:
         cheat = self.plan.next()
@@ -212,7 +277,7 @@ class CheatingRole(InferenceRole):
         call = CheatingBatch(
             model_dir,
             self.chain.address,
-            step,
+            self.plan.batch_step(cheat, step),
             version,
             self.node.header(),
             cheat=self.plan.for_maker(cheat),
@@ -228,3 +293,52 @@ class CheatingRole(InferenceRole):
         self.plan.serve(self.served, cheat, key, envelope)
         await super().submit(step, version, dataclasses.replace(notice, work_key=key, units=units))
         self.plan.submitted(cheat, key)
+        if cheat in SPLITS:
+            assert self._splits is not None  # the role serves
+            self.splitting += 1
+            self._splits.start_soon(self._split, cheat, key, self.plan.batch_step(cheat, step))
+
+    async def _split(self, cheat: str, key: bytes, step: int) -> None:
+        """Serve ``key`` (an honest batch of ``step``) to one validator first, under other
+        chain state than the others get it under; then to everyone."""
+        split = self.served.splits[key]
+        try:
+            if cheat == "rotate_split":
+                await self._rotate_split(key, split)
+            else:
+                await self._ahead_split(split, step)
+        except Exception as exc:  # the worker goes on; its record says what was done
+            log.error("split of %s failed: %s", key.hex()[:16], exc)
+            split.done.append(f"failed: {exc}")
+        finally:
+            split.phase = "all"
+            self.splitting -= 1
+
+    async def _rotate_split(self, key: bytes, split: Split) -> None:
+        """Submitted under this node's key: rotate the registration to another key, serve
+        the first validator that asks, wait for its vote, rotate back, serve the others."""
+        from crypto.identity import Identity
+
+        ledger = self.chain.ledger
+        await trio.to_thread.run_sync(ledger.change_peer_key, Identity.generate())
+        split.done.append("rotated")
+        await trio.sleep(SEEN_S)
+        split.phase = "one"
+        with trio.move_on_after(VOTE_WAIT_S):
+            while not await trio.to_thread.run_sync(self._voted, key):  # noqa: ASYNC110 - the chain
+                await trio.sleep(1.0)
+        await trio.to_thread.run_sync(ledger.change_peer_key, self.node.identity)
+        split.done.append("rotated back")
+        await trio.sleep(SEEN_S)
+
+    def _voted(self, key: bytes) -> bool:
+        return self.chain.ledger.submission(self.chain.address, key).status != "pending"
+
+    async def _ahead_split(self, split: Split, step: int) -> None:
+        """Served to the first validator that asks from the start (the batch is of a step
+        the trainer has not announced); to everyone once the trainer announced it."""
+        while split.first is None or (self.clock.step or 0) < step:  # noqa: ASYNC110 - polls
+            await trio.sleep(0.5)
+        self._done(step)  # its batch is made: not made again
+        split.done.append("step announced")
+        await trio.sleep(SEEN_S)
