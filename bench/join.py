@@ -5,8 +5,8 @@
 Real processes on 127.0.0.1 and the served development chain, the tiny base model
 (``tests/helpers/joinrun.py``): the trainer of a run manifest (it serves the run's files
 over SHARDCAST) and an appointed validator; then ``--joiners`` workers start at once, each
-with a fresh data dir, a funded account, the chain's URL and ``--bootstrap`` (the trainer)
-only. Per joiner:
+with a fresh data dir, a funded account and ``--bootstrap`` (the trainer) only: the
+chain's URL comes from the run manifest. Per joiner:
 
 - ``join_s``: seconds from its ``start`` to holding the model (the end of its pull of the
   run's files, checked: the pull's ``ended_at``); of it, ``pull_s`` the pull alone (the
