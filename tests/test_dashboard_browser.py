@@ -55,6 +55,15 @@ return [...document.querySelectorAll('[data-node]')].map((n) => ({
 }));
 """
 ORIGINS = "return performance.getEntriesByType('resource').map((e) => e.name)"
+SUMMARY = """
+return [...document.querySelectorAll('[data-summary]')].map((r) => ({
+  node: r.dataset.summary,
+  figs: Object.fromEntries([...r.querySelectorAll('[data-k][data-value]')].map(
+    (e) => [e.dataset.k, JSON.parse(e.dataset.value)])),
+  link: (r.querySelector('a') || {}).hash || null,
+}));
+"""
+REACH_TEXT = "return [...document.querySelectorAll('[data-node] dl.kv')].map((e) => e.textContent)"
 HISTORY_KINDS = {  # what the rewards panel counts, by the chain's event names
     "submission": ("WorkSubmitted",),
     "verdict": ("WorkAccepted", "WorkRejected", "RejectOverturned"),
@@ -222,6 +231,23 @@ def test_the_dashboard_shows_the_nodes_figures_live_in_a_real_browser(tmp_path, 
         page = DevnetPage({n.name: n.data_dir for n in loop.nodes.values()}).start()
         browser.open(page.url)
         agree(browser, dict(loop.nodes), client, "the devnet's page")
+        # a line per node on top, each naming its role and linking to its panel
+        rows = wait_until(
+            lambda: (r := browser.js(SUMMARY)) and all(x["figs"] for x in r) and r,
+            60,
+            "the devnet page's summary of every node",
+            interval=0.5,
+        )
+        assert sorted(x["node"] for x in rows) == sorted(loop.nodes), rows
+        for row in rows:
+            st = status_json(loop.nodes[row["node"]])
+            assert row["figs"]["role"] == st["role"], (row, st["role"])
+            assert row["link"] == f"#node-{row['node']}", row
+        # reachability in words: no field names, no raw JSON (issue #53 item 6)
+        reach = browser.js(REACH_TEXT)
+        assert len(reach) == len(loop.nodes), reach
+        for text in reach:
+            assert "not_reached_by" not in text and '{"' not in text, text
         time.sleep(2)  # a few more polls of every node
         assert browser.console_errors() == []
         same_origin_only(browser, page.url)

@@ -54,11 +54,77 @@
   }
   function figs(...items) { return h("div", { class: "figs" }, ...items); }
 
+  // /status's reachability section in words (SPEC §16); the field name is the label's title
+  const REACH_LABELS = {
+    state: "state",
+    advertised: "listening on",
+    observed: "seen from outside as",
+    reached_by: "peers that dialed back",
+    not_reached_by: "peers that could not dial back",
+    unanswered: "questions unanswered",
+    answered: "dial-backs made for others",
+  };
+
+  // a value as a person reads it: a list joined, a count map as "reached 12 · busy 1"
+  function plain(v) {
+    if (Array.isArray(v)) return v.join(" ") || "none";
+    if (v && typeof v === "object") {
+      const parts = Object.entries(v).map(([k, n]) => `${k.replace(/_/g, " ")} ${typeof n === "object" ? plain(n) : n}`);
+      return parts.join(" · ") || "none";
+    }
+    return v === null || v === undefined ? "–" : String(v);
+  }
+
+  // The devnet's page: one line per node above the panels (role, answering or not, the
+  // version it holds, what it did), each a link to its panel below.
+  class Summary {
+    constructor(el, nodes) {
+      this.el = el;
+      this.rows = {};
+      const body = h("tbody", {});
+      for (const n of nodes) {
+        const row = h("tr", { "data-summary": n.name });
+        this.rows[n.name] = row;
+        body.append(row);
+        this.fill(n.name, null);
+      }
+      el.append(h("table", { class: "summary" },
+        h("thead", {}, h("tr", {}, ...["node", "role", "state", "version held", "work"].map((t) => h("th", {}, t)))),
+        body));
+      el.hidden = false;
+    }
+
+    fill(name, st, ok = true) {
+      const row = this.rows[name];
+      if (!row) return;
+      const link = h("a", { href: "#node-" + encodeURIComponent(name) }, name);
+      if (!st) { row.replaceChildren(h("td", {}, link), h("td", { class: "muted", colspan: "4" }, "connecting…")); return; }
+      const cell = (k, v, text) => h("td", { "data-k": k, "data-value": JSON.stringify(v ?? null) }, text ?? plain(v));
+      row.classList.toggle("offline", !ok);
+      row.replaceChildren(
+        h("td", {}, link),
+        cell("role", st.role, st.role),
+        h("td", {}, ok ? "answering" : "not answering"),
+        cell("weights.current", (st.weights || {}).current),
+        h("td", {}, work(st)));
+    }
+  }
+
+  function work(st) {
+    const w = st.inference, v = st.validator, t = st.trainer;
+    if (w) return `${w.accepted} accepted, ${w.rejected} rejected, ${w.unjudged} waiting`;
+    if (v) return `judged ${v.judged}: ${v.accepted} accepted`;
+    if (t) return `step ${t.step}` + (t.train_steps ? ` of ${t.train_steps}` : "");
+    return `${st.peer_count} peers known`;
+  }
+
+  let summary = null;  // the devnet page's Summary, or none (one node's own page)
+
   class NodePanel {
     constructor(root, spec) {
       this.spec = spec;
       this.base = spec.base || "";
-      this.el = h("article", { class: "node", "data-node": spec.name || "" });
+      this.el = h("article", { class: "node", "data-node": spec.name || "", id: "node-" + (spec.name || "") });
       root.append(this.el);
       this.role = null;
       this.tps = [];
@@ -220,8 +286,7 @@
       for (const [k, v] of pairs) {
         // the state is a figure the browser test compares with /status (SPEC §16)
         const attrs = reach && k === "state" ? { "data-k": "reachability.state", "data-value": JSON.stringify(v) } : {};
-        this.reach.append(h("dt", {}, k), h("dd", attrs,
-          Array.isArray(v) ? (v.join(" ") || "none") : typeof v === "object" ? JSON.stringify(v) : String(v)));
+        this.reach.append(h("dt", { title: k }, REACH_LABELS[k] || k.replace(/_/g, " ")), h("dd", attrs, plain(v)));
       }
       const dl = Object.entries(st.weights.downloading || {});
       this.downloads.replaceChildren(...(dl.length ? dl.map(([ver, prog]) => {
@@ -316,7 +381,12 @@
   async function readStatus(panel) {
     try {
       const r = await fetch(panel.base + "/status", { cache: "no-store" });
-      if (r.ok) { panel.update(await r.json()); setState(panel, true); } else setState(panel, false);
+      if (r.ok) {
+        const st = await r.json();
+        panel.update(st);
+        setState(panel, true);
+        if (summary) summary.fill(panel.spec.name, st);
+      } else setState(panel, false);
     } catch (e) { setState(panel, false); }
   }
 
@@ -354,6 +424,7 @@
 
   function setState(panel, ok) {
     panel.el.classList.toggle("offline", !ok);
+    if (summary && !ok && panel.status) summary.fill(panel.spec.name, panel.status, false);
     if (ok) { panel.heard = Date.now(); panel.notice.hidden = true; }
     document.body.setAttribute("data-updated", String(Date.now()));
   }
@@ -381,6 +452,7 @@
     } catch (e) { /* served without nodes.json: this node alone, polled */ }
     document.getElementById("title").textContent = spec.title || "intellect-node";
     root.classList.toggle("many", spec.nodes.length > 1);
+    if (spec.nodes.length > 1) summary = new Summary(document.getElementById("summary"), spec.nodes);
     for (const n of spec.nodes) live(new NodePanel(root, n), spec.live);
   }
   main();
