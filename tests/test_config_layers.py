@@ -35,6 +35,7 @@ PATTERNED = {
     "run.id": "flag-run",
     "run.taskset": "arithmetic:1-2",
     "chain.url": "http://127.0.0.1:9999",
+    "chain.public_url": "https://rpc.example.org/v1",
 }
 
 

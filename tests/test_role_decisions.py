@@ -146,6 +146,11 @@ class StatusChain:
             "reason": 0,
             "verdict_until": self.until,
             "unlock_at": self.until + 3600,
+            "accept_votes": int(self.status == "accepted"),
+            "reject_votes": int(self.status == "rejected"),
+            "reward": 10**15,
+            "collateral": 10**15,
+            "rejecter": "0x0",
         }
         return type("Info", (), info)()
 
