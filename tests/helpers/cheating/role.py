@@ -255,10 +255,12 @@ class CheatingRole(InferenceRole):
             self.chain.ledger.register_identity(identity, int(self.cfg.inference.stake * WEI))
 
     async def _work(self, step: int, version: int, model_dir: str) -> None:
+        before = self.done_step
         while self.splitting:  # noqa: ASYNC110 - no new work while a split changes the chain
             await trio.sleep(0.5)
-        if step != self.done_step:  # else made ahead (``ahead_split``)
-            await super()._work(step, version, model_dir)
+        if self.done_step != before and step == self.done_step:
+            return  # an ``ahead_split`` made this step's batch while we waited
+        await super()._work(step, version, model_dir)
 
     async def make(self, step: int, version: int, model_dir: str) -> Any:
         cheat = self.plan.next()
