@@ -168,3 +168,21 @@ def test_a_batch_whose_proofs_are_not_the_profiles_is_invalid(worker, chunk, top
         " chunks, top-2"
     )
     assert not verdict.accepted
+
+
+def test_a_batch_is_fetched_from_the_peer_registered_when_it_was_submitted():
+    """A worker that rotated its peer key after submitting (issue #54's split) is fetched
+    from, first, the peer registered at the submission's block: the rotated-to key's peer
+    may not exist, and asking it first held validators back for a minute."""
+    from crypto.identity import Identity
+    from node.roles.io.docket import registered_peer
+
+    before, after = Identity.generate(), Identity.generate()
+
+    class Registrations:  # the validator's cache: rotated at block 11
+        def get(self, worker, block=None):
+            key = before if block is not None and block <= 10 else after
+            return key.public_bytes, True
+
+    assert registered_peer(Registrations(), "0xw", 10) == before.peer_id
+    assert registered_peer(Registrations(), "0xw") == after.peer_id

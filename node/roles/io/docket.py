@@ -86,7 +86,8 @@ class Docket:
                     if (sub.worker, sub.key) in self.history.voted:
                         continue  # voted on before: the chain refuses a second vote
                     then = self.history.clock_at(sub.block)  # not today's
-                cases.append(Case(sub, then, registered_peer(self.registrations, sub.worker)))
+                peer = registered_peer(self.registrations, sub.worker, sub.block)
+                cases.append(Case(sub, then, peer))
         except Exception as exc:  # the chain may be briefly unreachable: read again later
             return found, cases, exc
         return found, cases, None
@@ -99,13 +100,17 @@ class Docket:
         return self.revocations.vote(self.ledger, self.registrations.get)
 
 
-def registered_peer(registrations: Registrations, worker: str) -> str | None:
-    """The peer id ``worker`` registered (``registrations``: the validator's cache, one chain
-    read per worker until it changes); None when it has none or the chain cannot say now."""
+def registered_peer(
+    registrations: Registrations, worker: str, block: int | None = None
+) -> str | None:
+    """The peer id ``worker`` had registered as of ``block`` (the submission's: the peer that
+    made the batch serves it, whatever key the worker rotated to since), from
+    ``registrations``, the validator's cache (one chain read per worker until it changes);
+    None when it has none or the chain cannot say now."""
     from crypto.identity import peer_id_of
 
     try:
-        peer_key, _ = registrations.get(worker)
+        peer_key, _ = registrations.get(worker, block)
     except Exception as exc:  # the chain may be briefly unreachable: notices still count
         log.debug("registration of %s not read: %s", worker, exc)
         return None
