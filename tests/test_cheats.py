@@ -338,3 +338,31 @@ def test_a_split_serves_one_validator_first_and_everyone_once_it_says_so():
     ahead.serve(served, cheat, other, b"unused")
     assert served.get(other, "validator-c") == b"body:" + other  # the first, at once
     assert served.get(other, "validator-a") is None
+
+
+def test_a_proof_swap_that_moves_nothing_is_not_made_and_comes_again(tmp_path, tiny_model_dir):
+    """Two groups of one batch on the same problem, decoded the same way (a peaked policy:
+    here one problem and a near-zero temperature): swapping their proofs changes nothing,
+    so the batch is the honest one byte for byte and the worker counts no cheat made (the
+    matrix once counted such a batch as a foreign-proofs cheat that went undetected). With
+    two problems the swap is made and every rollout carries another's proofs."""
+    one = tmp_path / "one.jsonl"
+    one.write_text('{"problem": "What is 2+3?", "answer": "5"}\n')
+    cold = dataclasses.replace(MAKER, temperature=1e-4, taskset=str(one))
+    identity = Identity.generate()
+    call = MakeBatch(str(tiny_model_dir), WORKER, 3, 0, {**HEADER, "sender": identity.peer_id})
+    swap = CheatingBatch(*dataclasses.astuple(call), cheat="foreign_proofs")
+    cheated = CheatingMaker(cold)(swap)
+    assert cheated.unchanged
+    assert cheated.encoded == BatchMaker(cold)(call).encoded
+
+    warm = CheatingMaker(MAKER)(swap)
+    honest = RolloutBatch.decode(BatchMaker(MAKER)(call).encoded)
+    forged = RolloutBatch.decode(warm.encoded)
+    assert not warm.unchanged
+    pairs = [
+        (h, f)
+        for hg, fg in zip(honest.groups, forged.groups, strict=True)
+        for h, f in zip(hg.samples, fg.samples, strict=True)
+    ]
+    assert all(h.tokens == f.tokens and h.proofs != f.proofs for h, f in pairs)

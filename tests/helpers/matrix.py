@@ -83,6 +83,18 @@ class MatrixBooks:
             for k, v in out.items()
         }
 
+    def misses(self, cheat: str) -> list[tuple[str, str, str | None]]:
+        """(work key, status, reason) of each batch of ``cheat`` not rejected for the
+        catalogue's reason: what a failed run says about them."""
+        from tests.helpers.cheating.catalogue import CATALOGUE
+
+        due = CATALOGUE[cheat].reason
+        return [
+            (k.hex()[:16], self.status[(w, k)], self.reason[(w, k)])
+            for (w, k), c in self.made.items()
+            if c == cheat and (self.status[(w, k)], self.reason[(w, k)]) != ("rejected", due)
+        ]
+
     def honest(self) -> list[Sub]:
         return [s for s, c in self.made.items() if c == "none"]
 

@@ -86,7 +86,7 @@ class CheatingMaker(BatchMaker):
         groups = generate(sampled_with(cheat, self.params))
         if (worker, step) != (call.worker, call.step):
             reseed(groups, call.worker, call.step)
-        forge(
+        forged = forge(
             cheat,
             groups,
             tokenizer,
@@ -95,6 +95,8 @@ class CheatingMaker(BatchMaker):
             chunk=self.params.proof_chunk,
         )
         batch = self.to_batch(groups, call, claimed_params(cheat, self.params))
+        if not forged:  # nothing changed: the honest batch, and the cheat comes again
+            return CheatMade(batch.encode(), seconds=time.perf_counter() - started, unchanged=True)
         if cheat == "greedy" and self.undetectable(batch, engine, tokenizer):
             honest = self.to_batch(generate(self.params), call, self.params).encode()
             return CheatMade(honest, seconds=time.perf_counter() - started, unchanged=True)
@@ -189,9 +191,10 @@ def reseed(groups: list[ScoredGroup], worker: str, step: int) -> None:
 
 def forge(
     cheat: str, groups: list[ScoredGroup], tokenizer: Any, *, eos: int, vocab: int, chunk: int
-) -> None:
+) -> bool:
     """The edits a cheat makes after generating (and proving) with proof chunks of
-    ``chunk`` decode states, in place."""
+    ``chunk`` decode states, in place; False when they changed nothing (the batch is the
+    honest one)."""
     from protocol.rollouts import expected_proofs
 
     flat = [(g, i) for g in groups for i in range(len(g.results))]
@@ -204,13 +207,7 @@ def forge(
         r.tokens[i] = 3 + (r.tokens[i] - 3 + 1) % (vocab - 3)
         _rescore(g, 0, tokenizer)
     elif cheat == "foreign_proofs":  # another prompt's rollout, chunk by chunk
-        results = [g.results[i] for g, i in flat]
-        shift = len(groups[0].results) if len(groups) > 1 else 1
-        for n, (g, i) in enumerate(flat):
-            other = results[(n + shift) % len(results)]
-            own = list(g.results[i].proofs)
-            swapped = [other.proofs[j] if j < len(other.proofs) else p for j, p in enumerate(own)]
-            g.results[i] = dataclasses.replace(g.results[i], proofs=swapped)
+        return _foreign_proofs(groups, flat)
     elif cheat in ("early_stop", "truncated"):
         g, i = max(flat, key=lambda gi: len(gi[0].results[gi[1]].tokens))
         r = g.results[i]
@@ -225,6 +222,29 @@ def forge(
             proofs=r.proofs[: expected_proofs(len(kept), chunk)],
         )
         _rescore(g, i, tokenizer)
+    return True
+
+
+def _foreign_proofs(groups: list[ScoredGroup], flat: list[tuple[ScoredGroup, int]]) -> bool:
+    """Each rollout takes, chunk by chunk, the proofs of another whose proofs differ from
+    its own, another prompt's first (the same index in the next group); False when no
+    rollout's proofs could change. A policy that learned level 1 decodes each prompt the
+    same way every time, and two groups of one batch can be the same problem (level 1 has
+    100): the matrix once saw such a swap move nothing, an honest batch counted as a cheat
+    that went undetected."""
+    results = [g.results[i] for g, i in flat]
+    shift = len(groups[0].results) if len(groups) > 1 else 1
+    changed = False
+    for n, (g, i) in enumerate(flat):
+        own = list(g.results[i].proofs)
+        donors = (results[(n + shift + k) % len(results)] for k in range(len(results)))
+        for other in donors:
+            swapped = [other.proofs[j] if j < len(other.proofs) else p for j, p in enumerate(own)]
+            if swapped != own:
+                g.results[i] = dataclasses.replace(g.results[i], proofs=swapped)
+                changed = True
+                break
+    return changed
 
 
 def _rescore(g: ScoredGroup, i: int, tokenizer: Any) -> None:
