@@ -115,8 +115,9 @@ def main() -> None:
     print(
         f"{out['joiners']} joiners at once, the tiny model ({out['model_bytes']} bytes, shards "
         f"of {out['shard_size']}): join_s {out['join_s']} (median), first_accept_s "
-        f"{out['first_accept_s']} (median), origin_share {out['origin_share']}; the pulls "
-        f"alone took {out['pull_s_each']} s"
+        f"{out['first_accept_s']} (median), origin_share {out['origin_share']} (each pulling "
+        f"from the trainer alone: 1.0, {out['origin_share']:.3f}x of it; one copy between "
+        f"them: {1 / out['joiners']:.3f}); the pulls alone took {out['pull_s_each']} s"
     )
     if args.json:
         print(json.dumps(out, sort_keys=True))

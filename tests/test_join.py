@@ -378,13 +378,31 @@ def test_a_joiner_with_bootstrap_only_gets_its_first_batch_accepted(tmp_path, ti
     appointed validator, and a worker with a fresh data dir, a funded account and
     ``--bootstrap`` only: it takes the chain's URL from the manifest (after checking the
     chain id and the contract there), pulls the model from the swarm, stakes, works with
-    the manifest's settings, and its first batch is accepted on-chain."""
-    run = ManifestRun(tmp_path, tiny_model_dir)
+    the manifest's settings, and its first batch is accepted on-chain. Two more join with
+    it at once: the three find each other before they pull, and the trainer sends at most
+    half of what they pull (one copy of the model in bench/join.py; 0.77 of it when each
+    took the others' shares from the trainer before it saw the others held them)."""
+    run = ManifestRun(tmp_path, tiny_model_dir, trainer_flags=["--shardcast.shard-size", "65536"])
     try:
-        run.fund_joiner("worker")
+        names = ("worker", "second", "third")
+        for name in names:
+            run.fund_joiner(name)
         assert sorted(p.name for p in (tmp_path / "worker").iterdir()) == ["account.json"]
-        worker = run.joiner("worker")
-        wait_ready(worker, timeout=300)
+        joiners = {name: run.joiner(name) for name in names}  # at once
+        worker = joiners["worker"]
+        pulls, peer_of = {}, {}
+        for name, node in joiners.items():
+            peer_of[name] = addr_of(wait_ready(node, timeout=300)).rsplit("/p2p/", 1)[1]
+            files_held(node)
+            pulls[name] = status(node)["run_files"]["pull"]
+        for name in names[1:]:
+            joiners[name].stop(grace=10)
+        origin = sum(p["peers"].get(run.trainer_peer, {}).get("bytes", 0) for p in pulls.values())
+        total = sum(p["total_bytes"] for p in pulls.values())
+        assert origin <= total / 2, {n: p["peers"] for n, p in pulls.items()}
+        for name, pull in pulls.items():  # each took shards from another joiner
+            others = [peer_of[n] for n in names if n != name]
+            assert sum(pull["peers"].get(p, {}).get("bytes", 0) for p in others) > 0, pull
         got = files_held(worker)
         names = sorted(p.name for p in tiny_model_dir.iterdir() if p.is_file())
         match, mismatch, errors = filecmp.cmpfiles(tiny_model_dir, f"{got}/model", names, False)

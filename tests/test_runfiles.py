@@ -253,3 +253,45 @@ async def test_the_trainer_keeps_files_still_the_terms_and_refuses_missing_ones(
     with pytest.raises(RunFilesError, match=r"cannot serve the run's files: .*config\.json"):
         await files.publish(terms, model, tasks)
     assert files.files_dir is None  # nothing kept that is not the terms'
+
+
+async def test_a_joiner_says_in_the_dht_that_it_pulls_and_asks_who_else_does(tmp_path):
+    """Joiners starting together find each other before any pulls: each provides the run
+    files' key and asks the providers it finds, beside the peers it is connected to."""
+    from types import SimpleNamespace
+
+    from node.config import NodeConfig
+    from node.shardcast.pulling import Holders
+    from node.shardcast.runfiles import RunFiles
+    from protocol import ids
+
+    terms, _store, src = a_run(tmp_path)
+    asked, provided = [], []
+
+    async def request(peer, protocol, message, reply_type):
+        asked.append(peer)
+        return SimpleNamespace(version=RUN_FILES_VERSION, manifest=src.envelope)
+
+    async def provide(key):
+        provided.append(key)
+
+    async def find_providers(key):
+        return {"co-joiner"} if provided == [key] else set()
+
+    node = SimpleNamespace(
+        peer_id="me",
+        header=lambda: {"run_id": terms.run_id(), "sender": "me", "seq": 1, "ts_ms": 1},
+        request=request,
+        provide=provide,
+        find_providers=find_providers,
+        connected_peers=lambda: {TRAINER.peer_id},
+        known_peers=lambda: [],
+    )
+    cfg = NodeConfig(data_dir=tmp_path / "node", run={"id": terms.run_id()})
+    holders = Holders()
+    files = RunFiles(node, cfg, holders, TRAINER.peer_id)  # type: ignore[arg-type]
+    with trio.fail_after(30):
+        await files._find_manifest(lambda line: None)
+    assert provided == [ids.weights_key(terms.run_id(), RUN_FILES_VERSION)]
+    assert "co-joiner" in asked
+    assert holders.of(RUN_FILES_VERSION) == {TRAINER.peer_id, "co-joiner"}

@@ -745,8 +745,14 @@ def test_downloaders_split_the_origins_shards_and_take_the_rest_from_each_other(
     assert a.assign(0) == []
     for shard in got:
         a.completed(shard, "peer-b", 10, 1.0)
-    # ...and once we are idle, we take another's share from the origin rather than wait
-    (late,) = a.assign(0)
+    # ...and idle, for ``share_patience`` seconds: a refresh shows what the others fetched
+    assert a.assign(1.0) == [] and a.next_wakeup(1.0) == a.share_patience == 2.0
+    a.update_peer("peer-c", {2})
+    assert a.assign(1.5) == [(2, "peer-c")]  # traded: the wait starts again
+    a.completed(2, "peer-c", 10, 1.0)
+    assert a.assign(3.0) == [] and a.next_wakeup(3.0) == 3.5
+    # ...then we take another's share from the origin rather than wait longer
+    (late,) = a.assign(3.5)
     assert late[1] == "trainer" and late[0] % 3 != 0
     # without our own id (or alone) every shard is ours to take
     solo = plan(4, origin="trainer", max_inflight=4, per_peer=4)
@@ -1503,3 +1509,46 @@ async def test_an_upload_serves_only_held_shards_and_at_most_upload_slots_at_onc
             assert trio.current_time() - start == pytest.approx(2.0)  # read_timeout / 2
             release.set()
     assert server.status().active == 0
+
+
+async def test_a_peer_asking_for_a_version_we_pull_is_asked_for_its_shards_in_turn():
+    """Whoever asks what we hold of a version we are downloading is most likely pulling it
+    too: the server tells the holders hints (our download asks it from then on); of a
+    version we hold complete it does not."""
+    from types import SimpleNamespace
+
+    from node.shardcast.serving import ShardServer
+    from protocol.shardcast import WeightsQuery
+
+    m = SimpleNamespace(num_shards=4)
+    complete: set[int] = {1}
+    book = SimpleNamespace(
+        newest_known=2,
+        manifest=lambda version: (m, b"envelope"),
+        source=lambda version: SimpleNamespace(held={0}),
+        is_complete=lambda version: version in complete,
+    )
+    node = SimpleNamespace(
+        header=lambda: {"run_id": "run-1", "sender": TRAINER.peer_id, "seq": 1, "ts_ms": 1}
+    )
+    seen: list[tuple[int, str]] = []
+    server = ShardServer(
+        node,  # type: ignore[arg-type]
+        NodeConfig(),
+        book,  # type: ignore[arg-type]
+        read=lambda src, i, off, n: bytes(n),
+        asked=lambda version, peer: seen.append((version, peer)),
+    )
+    sent = []
+    reply = SimpleNamespace(peer="asker", send=lambda msg: _record(sent, msg))
+    for version in (2, 1):
+        query = WeightsQuery(
+            run_id="run-1", sender="asker", seq=1, ts_ms=1, version=version, with_manifest=False
+        )
+        await server.on_query(query, reply)  # type: ignore[arg-type]
+    assert seen == [(2, "asker")]
+    assert [(r.version, r.have) for r in sent] == [(2, b"\x01"), (1, b"\x01")]
+
+
+async def _record(into: list, msg) -> None:
+    into.append(msg)

@@ -34,6 +34,7 @@ import trio
 from node.config import NodeConfig
 from node.files import file_digest
 from node.net.runtime import Node
+from node.shardcast.providers import find_providers, provide
 from node.shardcast.pulling import MAX_QUERY_PEERS, Downloads, Holders, ask_holding
 from node.shardcast.store import StoreError, WeightStore, publish_files, version_dir_name
 from node.shardcast.versions import VersionBook
@@ -273,13 +274,29 @@ class RunFiles:
         """Ask the peers we know, every ``FIND_EVERY`` seconds, what they hold of the run's
         files (every holder is remembered for the pull), until one served the trainer's
         signed run-files manifest (and, when the trainer alone holds them, one round more);
-        one that serves another is banned."""
+        one that serves another is banned. Meanwhile we say in the DHT that we pull them
+        and look up who else does: joiners that start together find each other before any
+        of them pulls, and split the trainer's shards between them (``schedule.py``)."""
+        providers: set[str] = set()
+
+        async def lookups() -> None:  # beside the rounds: a slow lookup delays none of them
+            while True:
+                providers.update(await find_providers(self.node, self.cfg, RUN_FILES_VERSION))
+                await trio.sleep(FIND_EVERY)
+
+        async with trio.open_nursery() as beside:
+            beside.start_soon(provide, self.node, self.cfg, RUN_FILES_VERSION)
+            beside.start_soon(lookups)
+            await self._rounds(report, providers)
+            beside.cancel_scope.cancel()
+
+    async def _rounds(self, report: Callable[[str], None], providers: set[str]) -> None:
         said = asked_again = False
         while True:
             me, banned = self.node.peer_id, self.holders.banned
-            peers = (self.node.connected_peers() | set(self.node.known_peers())) - banned - {me}
+            known = self.node.connected_peers() | set(self.node.known_peers()) | providers
             async with trio.open_nursery() as nursery:
-                for peer in sorted(peers)[:MAX_QUERY_PEERS]:
+                for peer in sorted(known - banned - {me})[:MAX_QUERY_PEERS]:
                     nursery.start_soon(self._ask, peer)
             if self.book.manifest(RUN_FILES_VERSION) is not None:
                 # only the trainer answered with them: once more before the pull is planned,

@@ -12,16 +12,21 @@ The download loop tells it what each peer holds (``update_peer``), asks it for w
   themselves without talking: with the ``n`` downloaders a node knows of (itself and the
   peers that answered holdings for this version, the origin aside) sorted by peer id, the
   node at rank ``r`` takes from the origin only shards ``s`` with ``s mod n == r``, and
-  gets the others from the peers that fetched them. Only when it has nothing in flight
-  and nothing else to fetch does it take another's share from the origin (a downloader
-  that left or is slow does not hold the rest up). Without it, downloaders starting
-  together pick the same rare shards and the origin sends 1.66 copies for 6 downloaders
+  gets the others from the peers that fetched them. Only when it has had nothing else to
+  fetch for ``share_patience`` seconds, and nothing is in flight, does it take another's
+  share from the origin (a downloader that left or is slow does not hold the rest up for
+  longer). The patience is two holdings refreshes: at once, the three joiners of a small
+  model (``bench/join.py``), each done with its own share in a fifth of a second, took
+  the others' shares from the origin before a refresh showed the peers held them, and the
+  origin sent 0.77 of all bytes. Without shares at all, downloaders starting together pick
+  the same rare shards and the origin sends 1.66 copies for 6 downloaders
   (``bench/shardcast.py``).
 - **Direct first**: a holder only a circuit relay joins us to (behind NAT, hole punching
   failed) is asked for a shard only when no holder reachable directly has it, the origin
   included, and is left out of the origin shares (it takes its own copy from the origin;
-  the others do not wait for its share): a relay's limits are small and its bandwidth is
-  somebody else's, so bulk bytes never ride a relay where a direct path exists.
+  the others do not wait for its share, nor for a failing peer's, below): a relay's
+  limits are small and its bandwidth is somebody else's, so bulk bytes never ride a relay
+  where a direct path exists.
 - **Peers**: a moving average (EWMA, ``alpha``) of measured throughput and of success,
   scored ``rate × success / (1 + in flight)``; a peer never tried is tried first
   (optimism; one whose fetches only failed scores 0 until one completes), and with
@@ -88,9 +93,11 @@ class DownloadPlan:
     explore: float = 0.1
     backoff: float = 1.0
     max_backoff: float = 30.0
+    share_patience: float = 2.0  # seconds with only others' origin shares left (module doc)
     rng: random.Random = field(default_factory=random.Random)
     peers: dict[str, PeerState] = field(default_factory=dict)
     inflight: dict[int, str] = field(default_factory=dict)
+    starved_since: float | None = None  # since when only others' origin shares were left
 
     # ---- what the loop tells it ---------------------------------------------------------
 
@@ -175,6 +182,8 @@ class DownloadPlan:
         waits = [
             p.backoff_until for p in self.peers.values() if not p.banned and p.backoff_until > now
         ]
+        if self.starved_since is not None and self.starved_since + self.share_patience > now:
+            waits.append(self.starved_since + self.share_patience)
         return min(waits) if waits else None
 
     def assign(self, now: float) -> list[tuple[int, str]]:
@@ -228,9 +237,14 @@ class DownloadPlan:
                 if not mine(shard):
                     deferred = deferred or (shard, usable)  # another downloader's share
                     continue
+            self.starved_since = None
             return shard, self._choose(usable).peer
-        if deferred and not self.inflight:  # idle: take another's share rather than wait
-            shard, usable = deferred
+        if deferred is None:
+            return None
+        if self.starved_since is None:
+            self.starved_since = now
+        if not self.inflight and now - self.starved_since >= self.share_patience:
+            shard, usable = deferred  # idle too long: another's share rather than wait
             return shard, self._choose(usable).peer
         return None
 
@@ -243,7 +257,11 @@ class DownloadPlan:
             | {
                 p.peer
                 for p in self.peers.values()
-                if p.joined and not p.banned and not p.relayed and p.peer != self.origin
+                if p.joined
+                and not p.banned
+                and not p.relayed
+                and p.failures < FAILING  # it would not serve its share to us either
+                and p.peer != self.origin
             }
         )
         n, rank = len(group), group.index(self.me)

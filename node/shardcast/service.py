@@ -74,7 +74,12 @@ class WeightService:
         self.follower = Follower(node, cfg, self.book, self.downloads, holders, follow=self.follow)
         self.run_files = RunFiles(node, cfg, holders, self.trainer)
         self.server = ShardServer(
-            node, cfg, self.book, read=self.read_shard_bytes, run_files=self.run_files.book
+            node,
+            cfg,
+            self.book,
+            read=self.read_shard_bytes,
+            run_files=self.run_files.book,
+            asked=holders.saw,
         )
         self.publisher = Publisher(
             node, cfg, self.book, retain=self.downloads.retain, also=self.run_files.book

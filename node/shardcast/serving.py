@@ -68,10 +68,14 @@ class ShardServer:
         *,
         read: ReadShard,
         run_files: VersionBook | None = None,
+        asked: Callable[[int, str], None] | None = None,
     ) -> None:
         """``run_files``: the book of the run's files (``runfiles.py``), served as version
-        ``RUN_FILES_VERSION`` beside the weight versions of ``book``."""
+        ``RUN_FILES_VERSION`` beside the weight versions of ``book``. ``asked(version,
+        peer)``: a peer asked what we hold of a version we are downloading ourselves (it is
+        most likely pulling it too: our download asks it for its shards from then on)."""
         self.node = node
+        self.asked = asked
         self.cfg = cfg
         self.book = book
         self.run_files = run_files
@@ -101,6 +105,8 @@ class ShardServer:
             return
         m, envelope = known
         src = book.source(version)
+        if self.asked is not None and not book.is_complete(version):
+            self.asked(version, r.peer)
         await r.send(
             WeightsHolding(
                 **self.node.header(),
