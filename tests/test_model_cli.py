@@ -74,6 +74,33 @@ def test_model_init_then_rollouts(tiny_model_dir, tmp_path):
     assert "arith/d" in human and "mean_reward" in human
 
 
+def test_model_init_builds_the_qwen2_family(qwen2_model_dir, qwen2_tasks, tmp_path):
+    """``--family qwen2``: the Qwen2 recipe the devnet builds (``devnet --model-family
+    qwen2``), from the cache its fixture filled: a Qwen2 config, a BPE tokenizer with a
+    chat template; its settings refused one line each where they are not the family's."""
+    from dataclasses import replace
+
+    from node.engine.tinymodel import QWEN2
+
+    out = tmp_path / "qwen2"
+    flags = ["--family", "qwen2", "--task", str(qwen2_tasks), "--json"]
+    got = json.loads(run("model", "init", str(out), *flags).stdout.splitlines()[-1])
+    assert got["built"] is False and got["family"] == "qwen2"
+    assert got["recipe"] == replace(QWEN2, task=str(qwen2_tasks)).digest()
+    config = json.loads((out / "config.json").read_text())
+    assert config["model_type"] == "qwen2" and config["num_key_value_heads"] == 2
+    assert "<|im_start|>" in (out / "chat_template.jinja").read_text()
+    assert json.loads((out / "tokenizer.json").read_text())["model"]["type"] == "BPE"
+    for flags, said in (
+        (["--vocab", "600"], "model init: --vocab is the qwen2 family's"),
+        (["--family", "qwen2", "--vocab", "100"], "model init: vocab must be 0 or >= 512"),
+        (["--family", "qwen2", "--task", str(tmp_path / "none.jsonl")], "none.jsonl"),
+    ):
+        res = run("model", "init", str(tmp_path / "m"), *flags, check=False)
+        assert res.returncode == 1 and said in res.stderr, res.stderr
+        assert "Traceback" not in res.stderr and not (tmp_path / "m").exists()
+
+
 def test_model_cli_errors(tmp_path):
     res = run("model", "rollouts", str(tmp_path / "none"), "--worker", WORKER, check=False)
     assert res.returncode == 1 and "not a directory" in res.stderr and "Traceback" not in res.stderr
