@@ -85,6 +85,29 @@ class NodeProcess:
         return self.proc.returncode
 
 
+def manifest_env(name: str, ledger_env: Mapping[str, str]) -> dict[str, str]:
+    """The devnet trainer's settings that make it sign the run's manifest named ``name``,
+    with the devnet chain's URL for a joiner that has none."""
+    return {
+        "INTELLECT_NODE_RUN__MANIFEST_NAME": name,
+        "INTELLECT_NODE_CHAIN__PUBLIC_URL": ledger_env["INTELLECT_NODE_CHAIN__URL"],
+    }
+
+
+def signed_run_id(trainer_dir: Path, environ: Mapping[str, str]) -> str:
+    """The run id the manifest of a trainer of ``trainer_dir`` started with ``environ`` names
+    (its name and the hash of its terms), worked out here as the trainer works it out: the
+    devnet starts every node with it. ``ManifestError`` (one line) if the settings make
+    no manifest."""
+    from node.cli.manifest import trainer_manifest
+    from node.config import load_config
+    from node.keystore import load_or_create_identity
+
+    cfg = load_config(flags={"role": "trainer"}, environ=environ)
+    cfg, _ = trainer_manifest(cfg, load_or_create_identity(trainer_dir))
+    return cfg.run.id
+
+
 def spawn_node(
     name: str,
     role: str,
@@ -679,20 +702,6 @@ def run_devnet(
             say(f"devnet: {name} account {address}, funded {WORKER_FUNDS} ETH{label}", flush=True)
         base = model or prepare_model(base_dir / "model", model_family, tasks)
         model_env = {"INTELLECT_NODE_RUN__MODEL": str(base)}
-        boot = spawn_node(
-            "bootstrap",
-            "bootstrap",
-            base_dir,
-            run_id=run_id,
-            listen=f"/ip4/127.0.0.1/tcp/{free_port()}",
-            bootstrap=[],
-            extra=fast,
-            env_extra=ledger_env,
-            die_with_parent=True,
-        )
-        nodes.append(boot)
-        boot_addr = p2p_addr(wait_ready(boot))
-        say(f"devnet: bootstrap at {boot_addr}", flush=True)
         trainer_env = {
             "INTELLECT_NODE_TRAINER__STEPS": str(steps),
             "INTELLECT_NODE_TRAINER__BATCHES_PER_STEP": str(batches_per_step or inference),
@@ -711,6 +720,31 @@ def run_devnet(
                 for i in range(1, trainers)
             ]
             say(f"devnet: {trainers} trainers in one DiLoCo group, H = {inner_steps}", flush=True)
+        # the trainer signs the run's manifest (SPEC §2): a node started by hand joins it with
+        # --bootstrap alone, checked against it; every node here is given its run id
+        members[0] = ("trainer", "trainer", {**trainer_env, **manifest_env(run_id, ledger_env)})
+        run_id = signed_run_id(
+            base_dir / "trainer", {**os.environ, **ledger_env, **model_env, **members[0][2]}
+        )
+        boot = spawn_node(
+            "bootstrap",
+            "bootstrap",
+            base_dir,
+            run_id=run_id,
+            listen=f"/ip4/127.0.0.1/tcp/{free_port()}",
+            bootstrap=[],
+            extra=fast,
+            env_extra=ledger_env,
+            die_with_parent=True,
+        )
+        nodes.append(boot)
+        boot_addr = p2p_addr(wait_ready(boot))
+        say(f"devnet: bootstrap at {boot_addr}", flush=True)
+        say(
+            f"devnet: run {run_id}: its manifest, model and tasks are served to a node started "
+            f"with --bootstrap {boot_addr} alone",
+            flush=True,
+        )
         roles = (
             [(name, role, env, "node.cli") for name, role, env in members]
             + [(name, "validator", validator_env[name], "node.cli") for name in vnames]

@@ -165,7 +165,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=Path.home() / ".intellect-node" / "devnet",
         help="a data dir per node under it (default ~/.intellect-node/devnet)",
     )
-    devnet.add_argument("--run-id", default="devnet", help="the run's id (default devnet)")
+    devnet.add_argument(
+        "--run-id",
+        default="devnet",
+        help="the run's name (default devnet): the trainer signs the run's manifest under it, "
+        "and the run id is the name and the manifest's hash (devnet-<32 hex>); a node started "
+        "by hand joins with --bootstrap and the address the devnet prints",
+    )
     devnet.add_argument(
         "--duration",
         type=float,
