@@ -1,7 +1,7 @@
 """DiLoCo, measured: bytes on the wire, final loss, compute utilization on a slow link.
 
     .venv/bin/python bench/diloco.py [--members 2] [--inner 10] [--outer 6] [--seeds 3]
-                                     [--util-outer 2] [--hidden 64] [--layers 2] [--json]
+                                     [--util-inner 100] [--util-outer 2] [--hidden 64] [--layers 2] [--json]
                                      [--sparse-k 384] [--sparse-lr 1.5] [--sparse-momentum 0]
     .venv/bin/python bench/diloco.py --sweep [--seeds 3] [--sweep-k 64,256,384]
                                      [--sweep-outer 0.7/0.9,1/0.5,1.5/0]  # lr/momentum
@@ -40,10 +40,11 @@ repository's README.md, SPEC.md and docs/, the last 10% held out).
    outer steps, against the predicted 95.7 / 85.6 / 83.0 %. The all-reduce time includes
    waiting in the sync for the slowest member's inner steps, as in a real group.
    ``utilization_sparse``: the same links (the bandwidths calibrated on int8) carrying the
-   sparse all-gather. At the default H = 10 the unthrottled all-reduce of either encoding
-   (the sync with the leader and two stream round trips; the codecs are a tenth of it:
-   docs/benchmarks.md) is above every link's target, so every link gets the least delay and
-   the figures measure that overhead, not the payloads' sizes.
+   sparse all-gather. The group takes ``--util-inner`` inner steps per outer step (H = 100,
+   INTELLECT-1's, by default): at H = 10 the unthrottled all-reduce of either encoding (the
+   sync with the leader and two stream round trips, about 0.13 s here; the codecs are a
+   tenth of it: docs/benchmarks.md) was above every link's target, so every link got the
+   least delay and the figures measured that overhead, not the payloads' sizes.
 
 ``--sweep``: only the in-process loss of sparse DiLoCo for a grid of ``k`` (``--sweep-k``)
 and outer lr / momentum (``--sweep-outer``) against int8's, ``--seeds`` seeds each (how the
@@ -216,7 +217,7 @@ class Group:
             cmd = [sys.executable, str(WORKER), "--dir", str(d), "--leader", leader]
             cmd += ["--index", str(i), "--members", str(a.members), *boot, "--seed", "0"]
             cmd += ["--hidden", str(a.hidden), "--layers", str(a.layers), "--batch", str(a.batch)]
-            cmd += ["--seq", str(a.seq), "--inner", str(a.inner)]
+            cmd += ["--seq", str(a.seq), "--inner", str(a.util_inner)]
             with (d / "log").open("wb") as log:
                 self.procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT))
             if i == 0:
@@ -310,7 +311,7 @@ def over_libp2p(args: argparse.Namespace) -> dict[str, Any]:
                 if ratio * inner_s <= reduce_s:
                     print(
                         f"  {name}: the unthrottled all-reduce alone is above the target "
-                        f"({reduce_s:.3f} s > {ratio * inner_s:.3f} s): raise --inner",
+                        f"({reduce_s:.3f} s > {ratio * inner_s:.3f} s): raise --util-inner",
                         flush=True,
                     )
                 bw = int8_bytes / delay
@@ -376,7 +377,15 @@ def sweep(args: argparse.Namespace, train: bytes, held: bytes) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--members", type=int, default=2)
-    ap.add_argument("--inner", type=int, default=10, help="H: inner steps per outer step")
+    ap.add_argument(
+        "--inner", type=int, default=10, help="H: inner steps per outer step (the losses)"
+    )
+    ap.add_argument(
+        "--util-inner",
+        type=int,
+        default=100,
+        help="H of the group over libp2p (bytes, utilization; default 100, INTELLECT-1's)",
+    )
     ap.add_argument("--outer", type=int, default=6, help="outer steps")
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--hidden", type=int, default=64)
