@@ -30,10 +30,18 @@ FAST = ["--net.heartbeat-interval", "1", "--net.peer-ttl", "8", "--net.discovery
 
 class Loop:
     def __init__(
-        self, base: Path, model: Path, *, step_wait: float = 20, chain_args=None, fast=True
+        self,
+        base: Path,
+        model: Path,
+        *,
+        step_wait: float = 20,
+        chain_args=None,
+        fast=True,
+        env=None,
     ) -> None:
         """``fast``: the tests' heartbeats and discovery rounds (every second); otherwise
-        the production defaults (every 5 s), as a benchmark of always-on cost wants."""
+        the production defaults (every 5 s), as a benchmark of always-on cost wants.
+        ``env``: settings of every node over the ones here (the run's, as variables)."""
         from node.keystore import load_or_create_identity
 
         self.base = base
@@ -55,6 +63,7 @@ class Loop:
             "INTELLECT_NODE_RUN__VERIFY_PROFILE": "strict-fp32",
             "INTELLECT_NODE_ENGINE__TORCH_THREADS": "1",  # the nodes share the machine's cores
             "INTELLECT_NODE_RUN__ASYNC_LEVEL": "5",  # a loaded CI machine may generate slowly
+            **(env or {}),
         }
         self.nodes = {}
         self.addresses = {}
@@ -82,16 +91,18 @@ class Loop:
         self.nodes[name] = node
         return node
 
-    def worker(self, name, cheat=None):
+    def worker(self, name, cheat=None, env=None):
         """An inference node; with ``cheat`` (names, comma-separated) a cheating worker
-        (``tests/helpers/cheating/worker.py``) making them in turn."""
+        (``tests/helpers/cheating/worker.py``) making them in turn; ``env``: its own settings."""
         address = make_account(self.base / name)
         fund(self.base / "chain", address, "10")
         self.addresses[name] = address
         if cheat:
             module = "tests.helpers.cheating.worker"
-            return self.spawn(name, "inference", env={"CHEATS": cheat}, module=module)
-        return self.spawn(name, "inference")
+            return self.spawn(
+                name, "inference", env={"CHEATS": cheat, **(env or {})}, module=module
+            )
+        return self.spawn(name, "inference", env=env)
 
     def validator(self, i=0):
         """The chain's ``i``-th appointed validator (``validator``, then ``validator-1``...)."""
