@@ -9,7 +9,8 @@ Every transaction:
   ``eth_call`` (a revert raises ``LedgerRevert`` with the contract's reason and sends
   nothing; ``claim`` and ``settle`` are simulated by their gas estimate instead);
 - pays the latest block's fees (twice the base fee plus a tip), read at most every
-  ``FEES_TTL_S``;
+  ``FEES_TTL_S``; one the chain refuses because the base fee has since risen past its max
+  fee (a spike inside ``FEES_TTL_S``) is signed again once with the fees read at once;
 - is signed locally with an explicit gas limit (``claim``'s is estimated, with headroom)
   and a nonce from the account's journal (``ledger/nonces.py``: one place per account,
   shared with every process on the same data directory, kept across restarts), and sent
@@ -29,6 +30,7 @@ Every transaction:
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from dataclasses import dataclass
@@ -84,6 +86,18 @@ FEES_TTL_S = 5.0  # the latest block's fees are read again after this long
 DROPPED_CHECK_S = 2.0  # how often a waiting transaction not mined is looked up in the mempool
 POLL_MAX_S = 0.25  # the receipt poll starts at RECEIPT_POLL_S and grows to this
 DEFAULT_TIP = 1_000_000_000  # wei per gas, where the chain suggests no tip
+
+
+# how a node says a transaction's fees are under what it takes now (geth, anvil, reth,
+# Erigon): the base fee rose past the max fee the client read a moment before
+FEES_TOO_LOW = re.compile(
+    r"max fee per gas less than block base fee|fee cap less than block base fee|underpriced",
+    re.IGNORECASE,
+)
+
+
+class FeesTooLow(LedgerError):
+    """The chain refused a transaction whose max fee is under the current base fee."""
 
 
 class NonceTaken(LedgerError):
@@ -336,7 +350,9 @@ class Transactions:
                     continue
                 if not _is_transport_error(exc):
                     self._refused(p)  # raises NonceTaken when the chain has used its nonce
-                    raise LedgerError(f"{p.name} refused by the chain: {rpc_message(exc)}") from exc
+                    said = rpc_message(exc)
+                    kind = FeesTooLow if FEES_TOO_LOW.search(said) else LedgerError
+                    raise kind(f"{p.name} refused by the chain: {said}") from exc
                 if attempt == RETRIES - 1:
                     raise LedgerError(f"{p.name}: chain unreachable: {exc}") from exc
                 time.sleep(0.2 * 2**attempt)
@@ -529,6 +545,10 @@ class Transactions:
                 self.broadcast(p)
             except NonceTaken:  # another signer took it: once more, with the chain's next
                 p = self.prepare(name, *args, value=value, gas=gas, fees=fees, simulated=True)
+                self.broadcast(p)
+            except FeesTooLow:  # the base fee jumped past the fees read: once more, read now
+                self._fees_at = None
+                p = self.prepare(name, *args, value=value, gas=gas, simulated=True)
                 self.broadcast(p)
         return p
 

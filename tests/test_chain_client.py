@@ -414,3 +414,22 @@ def test_a_chain_behind_several_urls_keeps_working_when_one_dies(anvil):
 def test_connect_refuses_what_is_not_a_json_rpc_url():
     with pytest.raises(ValueError, match="ftp://x"):
         connect("http://127.0.0.1:1,ftp://x")
+
+
+def test_a_send_refused_for_fees_read_before_a_spike_is_priced_again(anvil):
+    """A base fee that jumps tenfold inside the fees' cache time (``FEES_TTL_S``): the node
+    refuses the transaction built with the fees read before ("max fee per gas less than
+    block base fee"; the trainer of a chaos run died of it), and the client signs it again
+    once with the fees read at once."""
+    c = anvil.client(anvil.stranger, timeout=20)
+    first = c.send("add_stake", value=ETH)  # reads the fees: cached for FEES_TTL_S
+    mine(anvil)
+    assert c.wait(first).status == 1
+    base = anvil.chain.w3.eth.get_block("latest")["baseFeePerGas"]
+    rpc(anvil, "anvil_setNextBlockBaseFeePerGas", hex(10 * base))
+    mine(anvil)
+    assert anvil.chain.w3.eth.get_block("latest")["baseFeePerGas"] >= 10 * base
+    p = c.send("add_stake", value=ETH)  # within FEES_TTL_S of the first read
+    assert p.tx["maxFeePerGas"] >= 10 * base
+    mine(anvil)
+    assert c.wait(p).status == 1 and c.worker(anvil.stranger.address).stake == 2 * ETH
