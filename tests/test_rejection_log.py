@@ -13,6 +13,7 @@ from protocol.errors import Reason, WireError
 def test_stale_and_replay_are_summed_up_once_an_interval_and_the_rest_are_not():
     tally = RejectionLog(interval=60)
     assert tally.level(Reason.STALE) == tally.level(Reason.REPLAY) == logging.DEBUG
+    assert tally.level(Reason.BUSY) == logging.DEBUG  # every upload slot taken: in volume
     assert tally.level(Reason.MALFORMED) == tally.level(Reason.BAD_SIGNATURE) == logging.INFO
     said = [tally.summary(Reason.STALE, t) for t in range(0, 59)]
     assert said == [None] * 59

@@ -2,11 +2,13 @@
 this decides what a person reading the log sees of it.
 
 Most reasons are a peer's fault worth a line each (``malformed``, ``bad_signature``, a
-``wrong_run`` of a misconfigured peer). ``stale`` and ``replay`` are expected in volume: a
-node that joins hears the gossip its peers still relay (about 200 lines in its first
-seconds, each at INFO, hid everything else), and pubsub delivers a message once per mesh
-peer. Those go to DEBUG one by one, and to INFO as one summary line per ``interval`` with
-their counts, so that a clock gone wrong (every input stale) still shows.
+``wrong_run`` of a misconfigured peer). ``stale``, ``replay`` and ``busy`` are expected in
+volume: a node that joins hears the gossip its peers still relay (about 200 lines in its
+first seconds, each at INFO, hid everything else), pubsub delivers a message once per mesh
+peer, and a holder whose upload slots are all taken refuses everyone else (a worker whose
+slots 8 outsiders kept full logged 1,100 to 5,300 lines a run). Those go to DEBUG one by
+one, and to INFO as one summary line per ``interval`` with their counts, so that a clock
+gone wrong (every input stale) or a holder always busy still shows.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from collections import Counter
 
 from protocol.errors import Reason
 
-QUIET = frozenset({Reason.STALE, Reason.REPLAY})
+QUIET = frozenset({Reason.STALE, Reason.REPLAY, Reason.BUSY})
 SUMMARY_INTERVAL = 60.0  # seconds between summary lines of the quiet reasons
 
 
