@@ -143,8 +143,13 @@ def test_a_fresh_node_joins_with_bootstrap_only_and_liars_are_banned(tmp_path):
         # the run's own terms, signed by another key than their trainer's
         s_addr = liar("signer", lambda me: signed_by(honest, me))
 
-        # a worker that joined earlier, and one that joined and turned: it corrupts uploads
-        early = joiner("early", tmp_path, [t_addr])
+        # a worker that joined earlier, and one that joined and turned: it corrupts uploads.
+        # The early one uploads at 0.25 MB/s, so the fresh node's pull lasts seconds: every
+        # holder is in it (a pull of 0.1 s from the first holder that answered once left the
+        # corrupter unasked, and unbanned)
+        early = joiner(
+            "early", tmp_path, [t_addr], env={"INTELLECT_NODE_SHARDCAST__UPLOAD_RATE": "0.25"}
+        )
         nodes.append(early)
         e_addr = addr_of(wait_ready(early))
         files_held(early)

@@ -273,7 +273,7 @@ class RunFiles:
     async def _find_manifest(self, report: Callable[[str], None]) -> None:
         """Ask the peers we know, every ``FIND_EVERY`` seconds, what they hold of the run's
         files (every holder is remembered for the pull), until one served the trainer's
-        signed run-files manifest (and, when the trainer alone holds them, one round more);
+        signed run-files manifest, and one round more;
         one that serves another is banned. Meanwhile we say in the DHT that we pull them
         and look up who else does: joiners that start together find each other before any
         of them pulls, and split the trainer's shards between them (``schedule.py``)."""
@@ -299,10 +299,11 @@ class RunFiles:
                 for peer in sorted(known - banned - {me})[:MAX_QUERY_PEERS]:
                     nursery.start_soon(self._ask, peer)
             if self.book.manifest(RUN_FILES_VERSION) is not None:
-                # only the trainer answered with them: once more before the pull is planned,
-                # so that a peer slow to answer (or to be dialled) is not left out and the
-                # origin serve what another holder has (seen under load in tests/test_join.py)
-                if asked_again or self.holders.of(RUN_FILES_VERSION) - {self.trainer}:
+                # once more before the pull is planned, so that a peer slow to answer (or to
+                # be dialled: a bootstrap peer) is not left out: a pull of a small model ends
+                # in a tenth of a second, before the next holdings round (tests/test_join.py
+                # once pulled from the trainer alone, its earlier joiner never asked)
+                if asked_again:
                     return
                 asked_again = True
                 await trio.sleep(FIND_EVERY)
