@@ -273,10 +273,10 @@ class RunFiles:
     async def _find_manifest(self, report: Callable[[str], None]) -> None:
         """Ask the peers we know, every ``FIND_EVERY`` seconds, what they hold of the run's
         files (every holder is remembered for the pull), until one served the trainer's
-        signed run-files manifest, and one round more;
-        one that serves another is banned. Meanwhile we say in the DHT that we pull them
-        and look up who else does: joiners that start together find each other before any
-        of them pulls, and split the trainer's shards between them (``schedule.py``)."""
+        signed run-files manifest, and one round more; one that serves another is banned.
+        Meanwhile we say in the DHT that we pull them and look up who else does: joiners
+        that start together find each other before any of them pulls, and split the
+        trainer's shards between them (``schedule.py``)."""
         providers: set[str] = set()
 
         async def lookups() -> None:  # beside the rounds: a slow lookup delays none of them
