@@ -1254,13 +1254,13 @@ async def test_a_finished_download_says_when_it_ended_in_wall_clock_time(
 async def test_the_holdings_of_a_banned_peer_are_never_asked_for(autojump_clock, monkeypatch):
     from types import SimpleNamespace
 
-    from node.shardcast import pulling
+    from node.shardcast import providers
     from node.shardcast.pulling import Downloads, Holders
 
     async def find_providers(node, cfg, version):
         return {"evil", "good"}
 
-    monkeypatch.setattr(pulling, "find_providers", find_providers)
+    monkeypatch.setattr(providers, "find_providers", find_providers)
     holders = Holders()
     holders.saw(3, "evil")
     holders.ban("evil", "served a bad shard")

@@ -33,3 +33,13 @@ async def find_providers(node: Node, cfg: NodeConfig, version: int) -> set[str]:
         except Exception as exc:
             log.debug("find_providers failed: %s", exc)
     return set()
+
+
+async def keep_finding(
+    node: Node, cfg: NodeConfig, version: int, into: set[str], every: float
+) -> None:
+    """Add the providers of ``version`` to ``into`` every ``every`` seconds, until
+    cancelled (run beside what reads ``into``: a slow lookup delays nothing)."""
+    while True:
+        into.update(await find_providers(node, cfg, version))
+        await trio.sleep(every)

@@ -27,7 +27,7 @@ from node.config import NodeConfig
 from node.net.bans import PeerBans
 from node.net.requests import RemoteRefusal
 from node.net.runtime import Node
-from node.shardcast.providers import find_providers, provide
+from node.shardcast.providers import keep_finding, provide
 from node.shardcast.schedule import DownloadPlan, PeerState, download_plan, shard_deadline
 from node.shardcast.store import DiskFault, Partial, StoreError
 from node.shardcast.transfer import (
@@ -399,14 +399,10 @@ class Downloads:
         """Ask up to ``MAX_QUERY_PEERS`` candidate holders for their bitmaps every
         ``REFRESH`` seconds (those the plan knows first), and wake the transfer loop."""
         providers: set[str] = set()
-
-        async def lookups() -> None:  # DHT lookups run beside, never delaying a refresh
-            while True:
-                providers.update(await find_providers(self.node, self.cfg, m.version))
-                await trio.sleep(LOOKUP_EVERY)
-
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(lookups)
+        async with trio.open_nursery() as nursery:  # DHT lookups beside the refreshes
+            nursery.start_soon(
+                keep_finding, self.node, self.cfg, m.version, providers, LOOKUP_EVERY
+            )
             while True:
                 candidates = (
                     (self.holders.of(m.version) | providers | set(self.node.known_peers()))

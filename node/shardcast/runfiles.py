@@ -34,7 +34,7 @@ import trio
 from node.config import NodeConfig
 from node.files import file_digest
 from node.net.runtime import Node
-from node.shardcast.providers import find_providers, provide
+from node.shardcast.providers import keep_finding, provide
 from node.shardcast.pulling import MAX_QUERY_PEERS, Downloads, Holders, ask_holding
 from node.shardcast.store import StoreError, WeightStore, publish_files, version_dir_name
 from node.shardcast.versions import VersionBook
@@ -278,15 +278,10 @@ class RunFiles:
         that start together find each other before any of them pulls, and split the
         trainer's shards between them (``schedule.py``)."""
         providers: set[str] = set()
-
-        async def lookups() -> None:  # beside the rounds: a slow lookup delays none of them
-            while True:
-                providers.update(await find_providers(self.node, self.cfg, RUN_FILES_VERSION))
-                await trio.sleep(FIND_EVERY)
-
+        node, cfg, version = self.node, self.cfg, RUN_FILES_VERSION
         async with trio.open_nursery() as beside:
-            beside.start_soon(provide, self.node, self.cfg, RUN_FILES_VERSION)
-            beside.start_soon(lookups)
+            beside.start_soon(provide, node, cfg, version)
+            beside.start_soon(keep_finding, node, cfg, version, providers, FIND_EVERY)
             await self._rounds(report, providers)
             beside.cancel_scope.cancel()
 
