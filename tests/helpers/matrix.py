@@ -65,17 +65,13 @@ class MatrixBooks:
     def per_attack(self) -> dict[str, dict[str, int]]:
         """attack -> trials, detected (rejected with the catalogue's reason), slashed
         (its collateral taken), trained (by the trainer: must be 0)."""
-        from tests.helpers.cheating.catalogue import CATALOGUE
-
         out: dict[str, Counter[str]] = {}
         for sub, cheat in self.made.items():
             if cheat == "none":
                 continue
             row = out.setdefault(cheat, Counter())
             row["trials"] += 1
-            row["detected"] += int(
-                self.status[sub] == "rejected" and self.reason[sub] == CATALOGUE[cheat].reason
-            )
+            row["detected"] += int(self.detected(sub, cheat))
             row["slashed"] += int(self.slashed.get(sub, 0) == self.collateral[sub] > 0)
             row["trained"] += int(sub in self.consumed)
         return {
@@ -83,16 +79,19 @@ class MatrixBooks:
             for k, v in out.items()
         }
 
-    def misses(self, cheat: str) -> list[tuple[str, str, str | None]]:
-        """(work key, status, reason) of each batch of ``cheat`` not rejected for the
-        catalogue's reason: what a failed run says about them."""
+    def detected(self, sub: Sub, cheat: str) -> bool:
+        """Whether ``sub`` was rejected with the reason the catalogue gives ``cheat``."""
         from tests.helpers.cheating.catalogue import CATALOGUE
 
-        due = CATALOGUE[cheat].reason
+        return self.status[sub] == "rejected" and self.reason[sub] == CATALOGUE[cheat].reason
+
+    def misses(self, cheat: str) -> list[tuple[str, str, str | None]]:
+        """(work key, status, reason) of each batch of ``cheat`` not ``detected``: what a
+        failed run says about them."""
         return [
-            (k.hex()[:16], self.status[(w, k)], self.reason[(w, k)])
-            for (w, k), c in self.made.items()
-            if c == cheat and (self.status[(w, k)], self.reason[(w, k)]) != ("rejected", due)
+            (sub[1].hex()[:16], self.status[sub], self.reason[sub])
+            for sub, c in self.made.items()
+            if c == cheat and not self.detected(sub, cheat)
         ]
 
     def honest(self) -> list[Sub]:
