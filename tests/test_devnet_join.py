@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from node.cli.adminclient import admin_status
-from node.cli.devnet import DEVNET_PASSWORD, fund, make_account
+from node.cli.devnet import DEVNET_PASSWORD, NodeProcess, fund, make_account
 from tests.helpers.net import wait_until
 
 pytestmark = pytest.mark.slow
@@ -58,7 +58,7 @@ def by_hand(data_dir: Path, boot: str, *flags: str) -> list[str]:
 
 @pytest.mark.timeout(900)
 def test_a_node_started_by_hand_joins_the_devnet_by_its_manifest(tmp_path, base_model_dir):
-    base, log = tmp_path / "devnet", tmp_path / "devnet.log"
+    base, log, mine = tmp_path / "devnet", tmp_path / "devnet.log", tmp_path / "joiner"
     devnet = started(base, log)
     joiner: subprocess.Popen[bytes] | None = None
     env = {**os.environ, "INTELLECT_NODE_PASSWORD": DEVNET_PASSWORD}
@@ -95,7 +95,6 @@ def test_a_node_started_by_hand_joins_the_devnet_by_its_manifest(tmp_path, base_
         assert "registered" not in res.stdout + res.stderr
 
         # --bootstrap alone: the manifest's chain URL, model, tasks and settings; accepted work
-        mine = tmp_path / "joiner"
         fund(base / "chain", make_account(mine), "10")
         with open(tmp_path / "joiner.log", "wb") as out:
             joiner = subprocess.Popen(
@@ -116,12 +115,7 @@ def test_a_node_started_by_hand_joins_the_devnet_by_its_manifest(tmp_path, base_
         assert f"joining run {run_id} by its manifest" in said
         assert "using the run manifest's chain URL http://127.0.0.1:" in said
         assert (admin_status(mine) or {}).get("run_id") == run_id
-    finally:
-        for proc in (joiner, devnet):
-            if proc is not None and proc.poll() is None:
-                proc.send_signal(signal.SIGINT)
-                try:
-                    proc.wait(120)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+    finally:  # Ctrl-C, as a person stops them (the devnet stops its nodes and chain)
+        for name, proc, where in (("joiner", joiner, mine), ("devnet", devnet, base)):
+            if proc is not None:
+                NodeProcess(name, "", where, proc, log).stop(signal.SIGINT, grace=120)
