@@ -885,6 +885,11 @@ class _OneFailedAttempt:
 
         return pull
 
+    async def _attempts(self, *args):
+        from node.diloco.group import DilocoGroup
+
+        return await DilocoGroup._attempts(self, *args)
+
 
 @pytest.mark.parametrize(
     ("failure", "blamed"),
@@ -903,6 +908,36 @@ async def test_a_failed_ring_attempt_blames_the_left_neighbour_for_a_bad_chunk_o
     out = await DilocoGroup.all_reduce(group, 0, torch.ones(12), "s" * 64, "l" * 64)
     assert group.syncs == [(0, ""), (1, blamed)]
     assert out.attempts == 2 and out.roster == ["me"] and group.failures == 1
+
+
+async def test_a_member_whose_leader_never_answers_ends_the_step_with_a_group_error(
+    autojump_clock,
+):
+    """A leader gone (its run over, its machine down) is asked again every poll until
+    ``step_timeout``; then the step ends with a ``GroupError`` that says so, which the
+    roles handle, not a bare ``TooSlowError`` that ends the node."""
+    from types import SimpleNamespace
+
+    from node.diloco.group import DilocoGroup, GroupError
+
+    asks = []
+
+    async def request(peer, protocol, msg, reply_type):
+        asks.append(trio.current_time())
+        raise ConnectionError("failed to dial the leader")
+
+    _, header = _header()
+    node = SimpleNamespace(header=lambda: header, request=request)
+    cfg = SimpleNamespace(leader="leader", step_timeout=5.0, poll_interval=0.1)
+    cfg.compressor = quant.Fp32()
+    group = SimpleNamespace(leading=False, node=node, cfg=cfg, failures=0, feedback=None)
+    group._sync = lambda *a: DilocoGroup._sync(group, *a)
+    group._checked = lambda *a: DilocoGroup._checked(group, *a)
+    group._attempts = lambda *a: DilocoGroup._attempts(group, *a)
+    with pytest.raises(GroupError, match=r"step 3 not done within step_timeout \(5 s\)"):
+        await DilocoGroup.all_reduce(group, 3, torch.ones(12), "s" * 64, "l" * 64)
+    assert trio.current_time() == pytest.approx(5.0)
+    assert len(asks) >= 40  # asked again every poll, up to the end
 
 
 # ---- more of the rosters' and the group's checks -------------------------------------

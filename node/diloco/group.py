@@ -14,7 +14,8 @@ blame the neighbour: the leader refuses it for the rest of the step; in the spar
 all-gather, a closing digest other than ours, for which we blame no one): we abandon it (our
 own offers answer ``aborted`` from then on, so the failure runs round the ring at once) and
 ask the leader for the roster of the next attempt, which holds the survivors.
-``step_timeout`` bounds the whole outer step. Only the peers of a roster the leader signed
+``step_timeout`` bounds the whole outer step (past it, a ``GroupError`` that says so: a
+leader gone for good is asked until then). Only the peers of a roster the leader signed
 may pull from us, and only our right neighbour in it: an outsider is refused.
 """
 
@@ -180,39 +181,64 @@ class DilocoGroup:
             payload = codec.encode(vec)
             sent = codec.decode(payload, vec.numel())
         norm = float(vec.norm()) if norm is None else norm
+        failures = self.failures
+        try:
+            with trio.fail_after(self.cfg.step_timeout):
+                avg, roster, attempts, received = await self._attempts(
+                    step, vec, state, layout, norm, payload
+                )
+        except trio.TooSlowError:
+            raise GroupError(
+                f"outer step {step} not done within step_timeout ({self.cfg.step_timeout:g} s):"
+                f" {self.failures - failures} attempts failed (the leader unreachable, or"
+                " every attempt failed)"
+            ) from None
+        if codec.feedback:  # alone, the average took all of ``vec``
+            self.feedback.keep(vec, vec if len(roster) == 1 else sent)
+        return Reduced(avg, roster, attempts, received, compensated)
+
+    async def _attempts(
+        self,
+        step: int,
+        vec: torch.Tensor,
+        state: str,
+        layout: str,
+        norm: float,
+        payload: bytes | None,
+    ) -> tuple[torch.Tensor, list[str], int, int]:
+        """Attempts of ``step``'s exchange until one completes: (the average, its roster, the
+        attempts it took, the bytes received)."""
+        codec = self.cfg.compressor
         attempt, blame = 0, ""
-        with trio.fail_after(self.cfg.step_timeout):
-            while True:
-                roster, norms, attempt = await self._sync(step, attempt, state, layout, norm, blame)
-                key, rank, n = (step, attempt), roster.index(self.me), len(roster)
-                sizes = pulled_sizes(vec.numel(), rank, n, codec)
-                current = self.attempts[key] = Attempt(roster, Outbox(), norms, sizes)
-                for old in [k for k in self.attempts if k[0] < step - 1]:
-                    del self.attempts[old]
-                try:
-                    avg, received = await all_reduce(
-                        vec,
-                        rank,
-                        n,
-                        codec,
-                        current.outbox,
-                        self._puller(key, roster),
-                        norm_limits(norms, rank, codec.summable),
-                        payload=payload,
-                    )
-                    if codec.feedback:  # alone, the average took all of ``vec``
-                        self.feedback.keep(vec, vec if n == 1 else sent)
-                    return Reduced(avg, roster, attempt + 1, received, compensated)
-                except BadChunk as exc:
-                    blame = roster[(rank - 1) % n]
-                    log.warning("step=%d: bad chunk from %s: %s", step, blame[-8:], exc)
-                except Exception as exc:  # any failure of any pull fails the attempt
-                    # (py-libp2p raises several unrelated types for a dead peer: StreamEOF,
-                    # StreamFailure, MultiselectClientError, ...)
-                    log.warning("all-reduce step=%d attempt=%d failed: %r", step, attempt, exc)
-                current.outbox.abort()
-                self.failures += 1
-                attempt += 1
+        while True:
+            roster, norms, attempt = await self._sync(step, attempt, state, layout, norm, blame)
+            key, rank, n = (step, attempt), roster.index(self.me), len(roster)
+            sizes = pulled_sizes(vec.numel(), rank, n, codec)
+            current = self.attempts[key] = Attempt(roster, Outbox(), norms, sizes)
+            for old in [k for k in self.attempts if k[0] < step - 1]:
+                del self.attempts[old]
+            try:
+                avg, received = await all_reduce(
+                    vec,
+                    rank,
+                    n,
+                    codec,
+                    current.outbox,
+                    self._puller(key, roster),
+                    norm_limits(norms, rank, codec.summable),
+                    payload=payload,
+                )
+                return avg, roster, attempt + 1, received
+            except BadChunk as exc:
+                blame = roster[(rank - 1) % n]
+                log.warning("step=%d: bad chunk from %s: %s", step, blame[-8:], exc)
+            except Exception as exc:  # any failure of any pull fails the attempt
+                # (py-libp2p raises several unrelated types for a dead peer: StreamEOF,
+                # StreamFailure, MultiselectClientError, ...)
+                log.warning("all-reduce step=%d attempt=%d failed: %r", step, attempt, exc)
+            current.outbox.abort()
+            self.failures += 1
+            attempt += 1
 
     async def leave(self) -> None:
         """Leave the group now (the leader drops us from the next roster at once)."""
