@@ -51,6 +51,24 @@ def spawn(d: Path, leader: str, *extra: str) -> subprocess.Popen[bytes]:
         return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
 
 
+def wait_all(procs: list[subprocess.Popen[bytes]], leader_dir: Path) -> None:
+    """Wait for the members in ``procs[1:]`` to end, then tell the leader (``procs[0]``,
+    started with ``--hold``) to stop, and wait for it."""
+    for p in procs[1:]:
+        p.wait(timeout=300)
+    (leader_dir / "stop").touch()
+    procs[0].wait(timeout=60)
+
+
+def refusal(d: Path) -> str:
+    """Why the member in ``d`` left its group: the refusal it got, else (for the failure's
+    message) how it ended instead and the end of its log."""
+    if (d / "refused").exists():
+        return (d / "refused").read_text()
+    crashed = (d / "crashed").read_text() if (d / "crashed").exists() else "no crash recorded"
+    return f"not refused; {crashed}\n{(d / 'log').read_text()[-4000:]}"
+
+
 def steps(d: Path) -> list[dict]:
     path = d / "steps.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
@@ -68,7 +86,12 @@ def test_three_members_stay_identical_and_survive_a_kill(tmp_path):
     procs = []
     try:
         procs.append(
-            spawn(dirs[0], leader, *common, "--admit", ",".join(ids[i] for i in (1, 2, 4, 5)))
+            spawn(
+                dirs[0],
+                leader,
+                *common,
+                *("--hold", "--admit", ",".join(ids[i] for i in (1, 2, 4, 5))),
+            )
         )
         addr = wait_until(lambda: (dirs[0] / "addr").exists(), 90, "the leader's address")
         addr = (dirs[0] / "addr").read_text()
@@ -95,8 +118,7 @@ def test_three_members_stay_identical_and_survive_a_kill(tmp_path):
         wait_until(lambda: (dirs[2] / "paused").exists(), 600, "member 2 inside the all-reduce")
         procs[2].send_signal(signal.SIGKILL)
         started = time.monotonic()
-        for p in (procs[0], procs[1], procs[3], procs[4], procs[5]):
-            p.wait(timeout=300)
+        wait_all([procs[i] for i in (0, 1, 3, 4, 5)], dirs[0])
         assert time.monotonic() - started < 290  # no hang: the survivors finished the step
         logs = {d.name: (d / "log").read_text()[-3000:] for d in dirs}
         a, b, killed = steps(dirs[0]), steps(dirs[1]), steps(dirs[2])
@@ -104,7 +126,7 @@ def test_three_members_stay_identical_and_survive_a_kill(tmp_path):
         assert len(killed) == KILL_AT
         cheater = steps(dirs[5])
         assert [r["step"] for r in cheater] == [CHEAT_AT]  # refused from its cheating step on
-        assert "excluded" in (dirs[5] / "refused").read_text()
+        assert "excluded" in (why := refusal(dirs[5])), why
         for i in range(KILL_AT):  # bitwise identical after every outer step
             assert a[i]["hash"] == b[i]["hash"] == killed[i]["hash"]
         assert cheater[0]["hash"] == a[0]["hash"]
@@ -179,7 +201,7 @@ def test_a_sparse_group_survives_a_kill_a_join_and_refuses_a_cheat(tmp_path):
     common += ["--encoding", "sparse"]
     procs = []
     try:
-        procs.append(spawn(dirs[0], leader, *common))
+        procs.append(spawn(dirs[0], leader, *common, "--hold"))
         wait_until(lambda: (dirs[0] / "addr").exists(), 90, "the leader's address")
         boot = ["--bootstrap", (dirs[0] / "addr").read_text()]
         procs.append(spawn(dirs[1], leader, *common, *boot, "--shard", "1"))
@@ -191,8 +213,7 @@ def test_a_sparse_group_survives_a_kill_a_join_and_refuses_a_cheat(tmp_path):
         procs.append(spawn(dirs[4], leader, *common, *boot, *join))
         wait_until(lambda: (dirs[2] / "paused").exists(), 600, "member 2 inside the all-gather")
         procs[2].send_signal(signal.SIGKILL)
-        for i in (0, 1, 3, 4):
-            procs[i].wait(timeout=300)
+        wait_all([procs[i] for i in (0, 1, 3, 4)], dirs[0])
         logs = {d.name: (d / "log").read_text()[-3000:] for d in dirs}
         a, b, killed = steps(dirs[0]), steps(dirs[1]), steps(dirs[2])
         cheater, joined = steps(dirs[3]), steps(dirs[4])
@@ -200,7 +221,7 @@ def test_a_sparse_group_survives_a_kill_a_join_and_refuses_a_cheat(tmp_path):
         assert len(killed) == SPARSE_KILL_AT
         # refused from its cheating step on, as excluded, without finishing that step
         assert [r["step"] for r in cheater] == [SPARSE_CHEAT_AT], logs["m3"]
-        assert "excluded" in (dirs[3] / "refused").read_text()
+        assert "excluded" in (why := refusal(dirs[3])), why
         blamer = "".join((d / "log").read_text() for d in dirs[:3])
         assert "a position past its block" in blamer  # out of range: it did not decode
         assert sorted(a[0]["members"]) == sorted(ids[:4])

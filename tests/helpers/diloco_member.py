@@ -25,6 +25,7 @@ import json
 import logging
 import signal
 import sys
+import traceback
 from dataclasses import replace
 from pathlib import Path
 
@@ -70,6 +71,10 @@ def parse() -> argparse.Namespace:
     p.add_argument("--cheat-with", choices=("norm", "range"), default="norm")
     p.add_argument("--leave-after", type=int, default=-1)
     p.add_argument("--resync-timeout", type=float, default=10.0)
+    # the leader: after its last step, serve until DIR/stop exists (the test creates it
+    # once every other member has ended), so that a member still failing its last attempt
+    # is answered, not left asking a leader that is gone
+    p.add_argument("--hold", action="store_true")
     return p.parse_args()
 
 
@@ -179,7 +184,14 @@ async def main(args: argparse.Namespace) -> None:
                         break
             except GroupError as exc:
                 (args.dir / "refused").write_text(str(exc))
-            (args.dir / "status.json").write_text(json.dumps(group.status()))
+            except Exception:  # for the test's message: why a member ended neither way
+                (args.dir / "crashed").write_text(traceback.format_exc())
+                raise
+        for _ in range(1500 if args.hold else 0):  # 300 s at most
+            if (args.dir / "stop").exists():
+                break
+            await trio.sleep(0.2)
+        (args.dir / "status.json").write_text(json.dumps(group.status()))
         # keep serving a little: a slower neighbour may still pull our last offer
         await trio.sleep(2)
         adverts.cancel()
