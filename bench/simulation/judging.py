@@ -141,8 +141,16 @@ class JudgingResult:
         return sum(1 for t in self.latencies() if t > self.verdict_window)
 
     def lost(self) -> int:
-        """Keys lost: unavailable, given up, or without a verdict in the window."""
-        return self.late() + self.unavailable + self.given_up
+        """Keys lost: rejected as unavailable, or without a verdict in the window (given
+        up among them: never judged)."""
+        w = self.verdict_window
+        return sum(
+            1
+            for b in self.batches
+            if b.verdict == "unavailable"
+            or b.verdict_at is None
+            or b.verdict_at - b.submitted_at > w
+        )
 
     def backlog_at(self, t: float) -> int:
         before = [n for when, n in self.backlog if when <= t]
@@ -173,6 +181,7 @@ class JudgingResult:
             "backlog_mid": self.backlog_at(self.horizon_s / 2),
             "backlog_end": self.backlog_at(self.horizon_s),
             "batches": len(self.batches),
+            "lost": self.lost(),
             "late": self.late(),
             "unavailable": self.unavailable,
             "given_up": self.given_up,
