@@ -287,15 +287,25 @@ def test_churn_that_never_fires_is_the_same_run():
     assert never.online_spread(0.9) == plain.percentile(0.9)
 
 
-def test_with_churn_fetches_fail_and_every_worker_still_completes():
+def test_with_churn_fetches_fail_and_every_worker_still_completes(monkeypatch):
     """Sessions of ~20 s: holders leave mid-transfer (their clients' plans are told the
-    fetch failed), come back with what they stored, and everyone ends with the version."""
+    fetch failed, as transfer.py tells them), come back with what they stored, and
+    everyone ends with the version."""
     from bench.simulation.links import Churn
 
     plain = churning(None)
+    told = []
+    real_failed = DownloadPlan.failed
+
+    def failed(self, shard, peer, now):
+        told.append(peer)
+        real_failed(self, shard, peer, now)
+
+    monkeypatch.setattr(DownloadPlan, "failed", failed)
     r = churning(Churn(session_scale=20.0, down_scale=20.0))
     assert r.departures > 20
     assert r.churn_failed > 0
+    assert len(told) == r.churn_failed + r.stalled
     assert all(t is not None for t in r.done_at)
     assert max(r.done_at) > max(plain.done_at)
     assert math.isfinite(r.online_spread(1.0))
