@@ -20,6 +20,12 @@ swarm in the same run, then its predictions at scale.
    and a relay tree on the same links and trainer uplink; announcement delivery over the
    gossip mesh, DHT lookup hops, presence pacing, and the async level, validators and
    chain load they imply.
+   **Judging** (``bench/simulation/judging.py``): V validators, each running the node's
+   ``JudgingQueue``, fed by N workers a batch every ``BATCH_S`` each; the backlog, the time
+   from submission to verdict and the keys lost, per N, V and check cost, and the smallest
+   V that keeps up (``validators_needed``; the old formula's value is
+   ``validators_formula``). **Churn**: the N = 1,000, 1 GB swarm with downloaders leaving
+   and coming back (``links.CHURN``) beside the same swarm without.
 3. **The schedule fix**: the same N = 100 and 1,000 swarms with the plan's peer rules as
    they were (``bench/simulation/legacy.py``) and as they are.
 PNG spread curves go to ``--out`` (default: a new temporary directory).
@@ -51,6 +57,14 @@ from bench.simulation.derived import (  # noqa: E402
     heartbeat_period,
     validators_needed,
 )
+from bench.simulation.judging import (  # noqa: E402
+    BATCH_BYTES,
+    BLOCK_S,
+    CONFIRMATIONS,
+    FETCH_DEADLINE,
+    VERDICT_WINDOW,
+)
+from bench.simulation.judging import validators_needed as judged_needed  # noqa: E402
 from bench.simulation.legacy import legacy_plan  # noqa: E402
 from bench.simulation.swarm import SwarmConfig, SwarmResult, run_swarm  # noqa: E402
 
@@ -67,7 +81,11 @@ CHECK_COST = {"tiny_policy": 0.46, "1.1b": 1.15}
 # assumptions, stated: seconds a worker takes per rollout batch, and a trainer step
 BATCH_S = 60.0
 STEP_S = {1: 60.0, 62: 600.0}
-RELAYS, RELAY_UP = 8, L.DC_RATE  # the relay tree: 8 datacenter relays at 10 Gbit/s
+RELAYS, RELAY_UP = 8, L.DC_RATE
+SPLIT_HORIZON_S = 4 * 3600.0  # judging, split: batches made for 4 h (one validator, cheap)
+CHURN_UNTIL_S = (
+    6 * 3600.0
+)  # churn: the run stops here  # the relay tree: 8 datacenter relays at 10 Gbit/s
 
 
 def piece_cost(shard: int) -> float:
@@ -288,8 +306,98 @@ def describe(r: SwarmResult, limit: float) -> dict[str, object]:
     }
 
 
+def judging(ns: list[int], seed: int) -> dict[str, object]:
+    """The judging queue simulated (bench/simulation/judging.py), per N and check cost:
+    every validator judging every batch as the node does (V = 1, 3, 10 as N allows: more
+    validators that each judge everything cannot keep up where one does not), and the
+    hypothetical split (each batch to one validator) searched for its smallest V."""
+    out: dict[str, object] = {}
+    for n in ns:
+        horizon = min(600.0, max(30.0, 100_000 / n))  # real mode: its walks are O(backlog)
+        most = 10 if n <= 100 else 3 if n <= 1000 else 1
+        row: dict[str, object] = {}
+        for name, cost in CHECK_COST.items():
+            t = time.perf_counter()
+            v_real, real = judged_needed(
+                n, cost, split=False, most=most, horizon_s=horizon, seed=seed
+            )
+            v_split, split = judged_needed(
+                n, cost, split=True, most=20 * n, horizon_s=SPLIT_HORIZON_S, seed=seed
+            )
+            row[name] = {
+                "validators_needed": v_real,
+                "every_validator_judges_all": {
+                    f"v{v}": r.summary() | {"horizon_s": horizon} for v, r in real.items()
+                },
+                "split_validators_needed": v_split,
+                "split_at_needed": None if v_split is None else split[v_split].summary(),
+                "validators_formula": validators_needed(n, cost),
+                "sim_wall_s": round(time.perf_counter() - t, 1),
+            }
+            r1 = real[1].summary()
+            print(
+                f"  judging n{n} {name}: every validator judges all: V=1..{max(real)} "
+                f"p99 {r1['p99_s']} s, bounded {r1['bounded']}, lost {real[1].lost()} of "
+                f"{r1['batches']} -> needed {v_real}; split: {v_split} "
+                f"(formula {validators_needed(n, cost)}); {row[name]['sim_wall_s']} s",  # type: ignore[index]
+                file=sys.stderr,
+            )
+        out[f"n{n}"] = row
+    out["assumptions"] = {
+        "batch_bytes": BATCH_BYTES,
+        "block_s": BLOCK_S,
+        "confirmations": CONFIRMATIONS,
+        "verdict_window_s": VERDICT_WINDOW,
+        "fetch_deadline_s": FETCH_DEADLINE,
+        "batch_s": BATCH_S,
+        "split_horizon_s": SPLIT_HORIZON_S,
+        "validator_link": "10 Gbit/s datacenter, region 0",
+    }
+    return out
+
+
+def churn(n: int, size: float, pieces: int, seed: int, plain: dict[str, float]) -> dict:  # type: ignore[type-arg]
+    """The swarm of ``n`` workers with churn (links.CHURN), beside ``plain`` (without)."""
+    t = time.perf_counter()
+    cfg = scale_config(size, pieces, seed)
+    cfg.churn, cfg.until = L.CHURN, CHURN_UNTIL_S
+    r = run_swarm(cfg, L.trainer_link(), workers(n, seed))
+    online = {
+        f"p{int(q * 100)}": (round(x, 1) if math.isfinite(x := r.online_spread(q)) else "none")
+        for q in (0.5, 0.9, 1.0)
+    }
+    out = {
+        "online_spread_s": online,
+        "no_churn_spread_s": plain,
+        "all_workers_s": {
+            k: (v if math.isfinite(v) else "none") for k, v in triple(r.fraction_times()).items()
+        },
+        "never_completed": sum(1 for x in r.done_at if x is None),
+        "departures": r.departures,
+        "fetches_failed_by_churn": r.churn_failed,
+        "origin_upload_gb": round(r.origin_uploaded / GB, 2),
+        "until_s": CHURN_UNTIL_S,
+        "churn": {
+            "session_weibull_k_scale_s": [L.CHURN.session_shape, L.CHURN.session_scale],
+            "down_weibull_k_scale_s": [L.CHURN.down_shape, L.CHURN.down_scale],
+        },
+        "sim_wall_s": round(time.perf_counter() - t, 1),
+    }
+    print(
+        f"  churn n{n}_{size / GB:g}gb: online p50/p90/p100 {online} (no churn {plain}); "
+        f"{r.departures} departures, {r.churn_failed} fetches failed by it, "
+        f"{out['never_completed']} never completed; {out['sim_wall_s']} s",
+        file=sys.stderr,
+    )
+    return out
+
+
 def derived(
-    ns: list[int], spread: dict[str, dict[str, float]], sizes: list[float], seed: int
+    ns: list[int],
+    spread: dict[str, dict[str, float]],
+    sizes: list[float],
+    seed: int,
+    judged: dict[str, object] | None = None,
 ) -> dict:  # type: ignore[type-arg]
     rng = random.Random(seed)
     out: dict[str, dict[str, object]] = {
@@ -300,6 +408,8 @@ def derived(
             "heartbeat_period_s",
             "async_level_needed",
             "validators_needed",
+            "validators_formula",
+            "validators_if_split",
             "chain_tx_per_s",
             "gas_per_day",
         )
@@ -318,9 +428,19 @@ def derived(
                 "p100": async_level_needed(s["p100"], STEP_S[int(gb)]),
                 "step_s": STEP_S[int(gb)],
             }
-        out["validators_needed"][f"n{n}"] = {
+        out["validators_formula"][f"n{n}"] = {
             k: validators_needed(n, v) for k, v in CHECK_COST.items()
         }
+        if judged is not None and f"n{n}" in judged:  # simulated (None: no V keeps up)
+            row = judged[f"n{n}"]
+            out["validators_needed"][f"n{n}"] = {
+                k: row[k]["validators_needed"]  # type: ignore[index]
+                for k in CHECK_COST
+            }
+            out["validators_if_split"][f"n{n}"] = {
+                k: row[k]["split_validators_needed"]  # type: ignore[index]
+                for k in CHECK_COST
+            }
         load = chain_load(n, BATCH_S, GAS_PER_BATCH, TX_PER_BATCH)
         out["chain_tx_per_s"][f"n{n}"] = round(load["tx_per_s"], 2)
         out["gas_per_day"][f"n{n}"] = round(load["gas_per_day"])
@@ -411,7 +531,16 @@ def main() -> None:
         args.pieces,
         args.seed,
     )
-    result.update(derived(ns, result["spread_s"], sizes, args.seed))  # type: ignore[arg-type]
+    print("judging:", file=sys.stderr)
+    result["judging"] = judging(ns, args.seed)
+    if 1000 in ns:
+        print("churn:", file=sys.stderr)
+        key = f"n1000_{sizes[0]:g}gb"
+        result["churn"] = {
+            key: churn(1000, sizes[0] * GB, args.pieces, args.seed, result["spread_s"][key])  # type: ignore[index]
+        }
+    judged = result["judging"]
+    result.update(derived(ns, result["spread_s"], sizes, args.seed, judged))  # type: ignore[arg-type]
     result["pngs"] = plot(curves, out_dir)
     result["assumptions"] = {
         "trainer_up_MBps": L.TRAINER_UP / 1e6,

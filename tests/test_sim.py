@@ -175,3 +175,137 @@ def test_downloaders_joining_at_odd_times_all_complete():
     cfg = SwarmConfig(shards=32, shard_bytes=1 << 20, piece_overhead=0.004, until=3000)
     r = run_swarm(cfg, Link(up=MB, down=1e12), [Link(up=MB, down=1e12, start=s) for s in starts])
     assert all(t is not None for t in r.done_at)
+
+
+# ---- the judging queue (bench/simulation/judging.py) -------------------------------------
+
+
+def judging(workers=1, *, cost=0.46, v=1, split=False, horizon=3600.0, window=600.0, **kw):
+    from bench.simulation.judging import JudgingConfig, run_judging
+
+    cfg = JudgingConfig(
+        workers,
+        v,
+        cost,
+        split=split,
+        horizon_s=horizon,
+        verdict_window=window,
+        fetch_deadline=window / 6,
+        **kw,
+    )
+    return run_judging(cfg)
+
+
+def test_one_batch_is_judged_in_the_time_its_steps_take():
+    """One worker, no jitter: the submission's block, 10 confirmations of 2 s, the next
+    read (0.25 s), the fetch (RTT 0.031 s + 1 MB at 1 MB/s), half a minute judging (0.5 of
+    the worker's 60 s), the next block: 52 s from the submission's block, every batch."""
+    from bench.simulation.judging import JudgingConfig, run_judging
+
+    cfg = JudgingConfig(1, 1, 0.5, jitter=0.0, batch_bytes=1_000_000, loss=0.0, horizon_s=600)
+    r = run_judging(cfg, links=[Link(up=1 * MB, down=1e12)])
+    assert len(r.batches) >= 9
+    assert r.latencies() == [52.0] * len(r.batches)
+    assert r.lost() == 0 and r.bounded()
+
+
+def test_a_validator_slower_than_the_worker_falls_behind_and_more_of_them_do_not_help():
+    """A check costing 1.5x the batch's making: the backlog grows until the batches it
+    gets to are past their window (the workers no longer serve them: unavailable), p99
+    passes the window and keys are lost. Every validator judges every batch (the node's
+    Docket): three are as far behind as one. Split among three (one each), they keep up."""
+    from bench.simulation.judging import keeps_up
+
+    alone = judging(2, cost=1.5)
+    assert not keeps_up(alone)
+    assert alone.backlog_at(alone.horizon_s) > 10
+    assert alone.percentile(0.99) > alone.verdict_window
+    assert alone.lost() > 0
+    three = judging(2, cost=1.5, v=3)
+    assert not keeps_up(three)
+    assert three.percentile(0.99) > three.verdict_window
+    split = judging(2, cost=1.5, v=3, split=True)
+    assert keeps_up(split)
+    assert split.backlog_at(split.horizon_s) <= 6
+
+
+def test_the_judging_simulation_runs_the_real_queue(monkeypatch):
+    """Break two of JudgingQueue's decisions and the simulated figures move: a queue
+    that never calls a key unavailable loses none as such; one that never retries a
+    failed fetch keeps every key it failed once, and its backlog grows."""
+    from node.roles.decisions.judging import JudgingQueue
+
+    real = judging(2, cost=1.5)
+    assert real.unavailable > 0
+    with monkeypatch.context() as m:
+        m.setattr(JudgingQueue, "unavailable", lambda self, now: [])
+        assert judging(2, cost=1.5).unavailable == 0
+    real_failed = JudgingQueue.fetch_failed
+
+    def never_again(self, key, now):
+        real_failed(self, key, now)
+        self.entries[key].next_try = math.inf
+
+    monkeypatch.setattr(JudgingQueue, "fetch_failed", never_again)
+    stuck = judging(2, cost=1.5)
+    assert stuck.unavailable == 0
+    assert stuck.backlog_at(stuck.horizon_s) > 2 * real.backlog_at(real.horizon_s)
+
+
+def test_validators_needed_searches_the_split_and_finds_none_when_all_judge_all():
+    from bench.simulation.judging import validators_needed
+
+    v, runs = validators_needed(4, 1.5, split=False, most=3, horizon_s=1800, verdict_window=600)
+    assert v is None and sorted(runs) == [1, 3]
+    v, runs = validators_needed(4, 1.5, split=True, most=40, horizon_s=1800, verdict_window=600)
+    assert v is not None and 6 <= v <= 9  # the rate bound is 4 x 1.5 = 6
+    assert v - 1 in runs  # one fewer was tried and did not keep up
+
+
+# ---- churn ---------------------------------------------------------------------------------
+
+
+def churning(churn, n=20, seed=1, until=1e6):
+    import random
+
+    from bench.simulation.links import Churn  # noqa: F401
+
+    rng = random.Random(seed)
+    cfg = SwarmConfig(shards=16, shard_bytes=int(MB), seed=seed, churn=churn, until=until)
+    downs = [Link(up=rng.choice([1, 2, 4]) * MB, down=1e12, rtt=0.02) for _ in range(n)]
+    return run_swarm(cfg, Link(up=2 * MB, down=1e12), downs)
+
+
+def test_churn_that_never_fires_is_the_same_run():
+    from bench.simulation.links import Churn
+
+    plain = churning(None)
+    never = churning(Churn(session_scale=math.inf))
+    assert never.done_at == plain.done_at
+    assert never.origin_uploaded == plain.origin_uploaded
+    assert never.events == plain.events and never.departures == 0
+    assert never.online_spread(0.9) == plain.percentile(0.9)
+
+
+def test_with_churn_fetches_fail_and_every_worker_still_completes(monkeypatch):
+    """Sessions of ~20 s: holders leave mid-transfer (their clients' plans are told the
+    fetch failed, as transfer.py tells them), come back with what they stored, and
+    everyone ends with the version."""
+    from bench.simulation.links import Churn
+
+    plain = churning(None)
+    told = []
+    real_failed = DownloadPlan.failed
+
+    def failed(self, shard, peer, now):
+        told.append(peer)
+        real_failed(self, shard, peer, now)
+
+    monkeypatch.setattr(DownloadPlan, "failed", failed)
+    r = churning(Churn(session_scale=20.0, down_scale=20.0))
+    assert r.departures > 20
+    assert r.churn_failed > 0
+    assert len(told) == r.churn_failed + r.stalled
+    assert all(t is not None for t in r.done_at)
+    assert max(r.done_at) > max(plain.done_at)
+    assert math.isfinite(r.online_spread(1.0))

@@ -6,7 +6,11 @@ decision code, on simulated links and a simulated clock (no sockets, no sleeps).
   distributions the predictions use, each with its source.
 - ``swarm.py``: SHARDCAST: every downloader runs the real ``DownloadPlan``
   (``node/shardcast/schedule.py``); uploads get the node's upload slots and their FIFO
-  wait; a piece moves at the fair share of the sender's uplink and the receiver's downlink.
+  wait; a piece moves at the fair share of the sender's uplink and the receiver's downlink;
+  downloaders may leave and come back (``SwarmConfig.churn``).
+- ``judging.py``: the validators: each runs the real ``JudgingQueue``
+  (``node/roles/decisions/judging.py``) fed by workers' batches, fetches over the links,
+  judgements at a measured cost, votes in chain blocks.
 - ``baselines.py``: a single HTTP origin and a relay tree (SHARDCAST's first design).
 - ``derived.py``: announcement delivery over a gossip mesh, DHT lookup hops, and the
   figures derived from measured costs (async level, validators, chain transactions).

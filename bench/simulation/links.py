@@ -80,6 +80,29 @@ RELAY_RATE = 1 * MB  # a circuit relay's per-link rate (a volunteer's relay, sha
 TRAINER_UP = 1250 * MB  # the trainer: a datacenter uplink, 10 Gbit/s
 
 
+# Churn: a home worker's sessions online and its downtimes, Weibull (shape k, scale in
+# seconds). Stutzbach & Rejaie, "Understanding Churn in Peer-to-Peer Networks", IMC 2006:
+# BitTorrent (Debian tracker) session lengths fit a Weibull of k = 0.38, scale 42.4 min
+# (median 16 min, mean 2.8 h; Red Hat k = 0.34, 21.3 min; FlatOut k = 0.59, 41.9 min).
+# Downtimes are heavy-tailed there too; lacking its fit here, the session fit is used for
+# them as well (an assumption). File sharers, not staked GPU workers: a pessimistic bound.
+@dataclass(frozen=True)
+class Churn:
+    session_shape: float = 0.38
+    session_scale: float = 42.4 * 60  # seconds; inf: nobody ever leaves
+    down_shape: float = 0.38
+    down_scale: float = 42.4 * 60
+
+    def session(self, rng: random.Random) -> float:
+        return rng.weibullvariate(self.session_scale, self.session_shape)
+
+    def downtime(self, rng: random.Random) -> float:
+        return rng.weibullvariate(self.down_scale, self.down_shape)
+
+
+CHURN = Churn()
+
+
 def home_link(rng: random.Random) -> Link:
     """One home worker drawn from the distributions above."""
     _, down, up = rng.choices(HOME_TIERS, [share for share, _, _ in HOME_TIERS])[0]

@@ -22,6 +22,15 @@ scoring with exploration, busy/failed/backoff, bans) and is driven the way
   at either end; the path cap is a relay's rate and the loss-bound TCP rate
   (``links.mathis_cap``). A piece's verify-and-write time (``piece_overhead``) follows.
 - Every holder serves what it has, a download in progress included.
+- **Churn** (``SwarmConfig.churn``, off by default): a downloader goes offline after a
+  session and comes back after a downtime (``links.Churn``: lengths, source). Offline, it
+  neither serves nor downloads: its own fetches end unreported (the process is gone), each
+  fetch it was serving fails at its client half an RTT later (``plan.failed``, as
+  ``transfer.py`` reports a reset stream), a request that reaches it fails likewise, and the
+  peers that query it drop its holdings at their next refresh (``plan.remove_peer``, as
+  ``pulling.py`` does when a holdings query fails). Back, it keeps what it had stored and
+  resumes as a restarted node: a new plan of the same factory with ``done`` = its shards,
+  peers found afresh; the peers that know it see its holdings at their next refresh.
 """
 
 from __future__ import annotations
@@ -33,7 +42,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from bench.simulation.events import EventLoop
-from bench.simulation.links import Link, mathis_cap, relayed
+from bench.simulation.links import Churn, Link, mathis_cap, relayed
 from node.config import NodeConfig
 from node.shardcast.pulling import MAX_QUERY_PEERS, REFRESH
 from node.shardcast.schedule import DownloadPlan, download_plan, shard_deadline
@@ -58,6 +67,7 @@ class SwarmConfig:
     seed: int = 0
     plan_factory: PlanFactory = download_plan
     until: float = 1e9  # give up at this simulated time
+    churn: Churn | None = None  # downloaders leave and come back (module docstring)
 
 
 @dataclass
@@ -74,6 +84,7 @@ class Request:
     epoch: int = 0  # bumped at every rate change: older completion events are stale
     cap: float = math.inf  # the path's own limit
     sent: float = 0.0
+    life: int = 0  # the client's session when it asked (a restarted client has a new plan)
 
 
 @dataclass
@@ -93,6 +104,9 @@ class SimNode:
     tick_due: float | None = None
     wake_due: float | None = None
     uploaded: float = 0.0
+    online: bool = True
+    life: int = 0  # sessions so far: churn
+    outgoing: dict[int, Request] = field(default_factory=dict)  # its fetches under way
 
 
 @dataclass
@@ -105,6 +119,30 @@ class SwarmResult:
     stalled: int
     events: int
     total_bytes: int
+    departures: int = 0  # churn: sessions that ended
+    churn_failed: int = 0  # fetches that failed because a holder went offline
+    # churn: (time, downloader, online) for every start, departure and return
+    transitions: list[tuple[float, int, bool]] = field(default_factory=list)
+
+    def online_spread(self, q: float) -> float:
+        """The first time at which a share ``q`` of the downloaders online then held the
+        whole version (inf: never); without churn, ``percentile(q)``."""
+        events = sorted(
+            [(t, 1, i, on) for t, i, on in self.transitions]
+            + [(t, 0, i, True) for i, t in enumerate(self.done_at) if t is not None]
+        )
+        online: set[int] = set()
+        done: set[int] = set()
+        for t, kind, i, on in events:
+            if kind == 0:
+                done.add(i)
+            elif on:
+                online.add(i)
+            else:
+                online.discard(i)
+            if online and len(online & done) >= q * len(online) - 1e-9:
+                return t
+        return math.inf
 
     def fraction_times(self) -> list[float]:
         """Completion times, sorted; a downloader that never completed counts as inf."""
@@ -139,6 +177,11 @@ class Swarm:
         self.busy = 0
         self.stalled = 0
         self.pending = len(downloaders)
+        # churn draws its own numbers: a run with churn that never fires is the same run
+        self.churn_rng = random.Random(cfg.seed * 7919 + 17)
+        self.departures = 0
+        self.churn_failed = 0
+        self.transitions: list[tuple[float, int, bool]] = []
 
     # ---- paths ------------------------------------------------------------------------
 
@@ -168,11 +211,20 @@ class Swarm:
             stalled=self.stalled,
             events=self.loop.processed,
             total_bytes=self.cfg.shards * self.cfg.shard_bytes,
+            departures=self.departures,
+            churn_failed=self.churn_failed,
+            transitions=[(t, i - 1, on) for t, i, on in self.transitions],
         )
 
     def _start(self, i: int) -> None:
         n = self.nodes[i]
         n.started = True
+        self.transitions.append((self.loop.now, i, True))
+        self._open_plan(n)
+        self._schedule_leave(n)
+
+    def _open_plan(self, n: SimNode) -> None:
+        i = n.index
         n.plan = self.cfg.plan_factory(
             self.cfg.shards,
             done=set(n.have),
@@ -193,7 +245,10 @@ class Swarm:
             return
         n.tick_due = None
         for j in n.dirty:
-            plan.update_peer(self.nodes[j].peer, self.nodes[j].have)
+            if self.nodes[j].online:
+                plan.update_peer(self.nodes[j].peer, self.nodes[j].have)
+            else:  # its holdings query failed (pulling.py: _refresh_one)
+                plan.remove_peer(self.nodes[j].peer)
         n.dirty.clear()
         grow = len(n.asked) < self.cfg.query_peers
         if grow:  # known peers first, then fresh ones at random, up to MAX_QUERY_PEERS
@@ -210,8 +265,8 @@ class Swarm:
                 fresh = [j for j in range(len(self.nodes)) if j != i and j not in known]
             for j in fresh:
                 m = self.nodes[j]
-                if not m.started:  # it does not know the version yet: not added
-                    continue
+                if not m.started or not m.online:  # it does not know the version yet,
+                    continue  # or its query fails: not added
                 n.asked.append(j)
                 self.watchers[j].append(i)
                 plan.update_peer(m.peer, m.have)
@@ -263,7 +318,8 @@ class Swarm:
     def _ask(self, client: SimNode, shard: int, server: int) -> None:
         s = self.nodes[server]
         rtt = self._rtt(client, s)
-        req = Request(client.index, server, shard, self.loop.now, rtt)
+        req = Request(client.index, server, shard, self.loop.now, rtt, life=client.life)
+        client.outgoing[id(req)] = req
         req.cap = self._cap(client, s, rtt)
         req.remaining = float(self.cfg.shard_bytes)
         self.loop.at(self.loop.now + rtt / 2, self._arrive, req)
@@ -275,7 +331,10 @@ class Swarm:
         if req.state != "travel":
             return
         s = self.nodes[req.server]
-        if req.shard not in s.have:
+        if not s.online:  # churn: nobody there, the dial fails
+            req.state = "over"
+            self.loop.at(self.loop.now + req.rtt / 2, self._reset, req)
+        elif req.shard not in s.have:
             req.state = "over"
             self.loop.at(self.loop.now + req.rtt / 2, self._lacks, req)
         elif len(s.uploading) < self.cfg.upload_slots:
@@ -292,15 +351,26 @@ class Swarm:
         self.nodes[req.server].queue.remove(req)
         self.loop.at(self.loop.now + req.rtt / 2, self._busy, req)
 
-    def _busy(self, req: Request) -> None:
+    def _current(self, req: Request) -> SimNode | None:
+        """The client of ``req`` if it is still the session that asked (churn), done with
+        ``req``; else None (the outcome reaches nobody)."""
         c = self.nodes[req.client]
+        c.outgoing.pop(id(req), None)
+        return c if c.online and c.life == req.life and c.plan is not None else None
+
+    def _busy(self, req: Request) -> None:
+        c = self._current(req)
+        if c is None:
+            return
         assert c.plan is not None
         self.busy += 1
         c.plan.busy(req.shard, self.nodes[req.server].peer, self.loop.now)
         self._wake(c.index)
 
     def _lacks(self, req: Request) -> None:
-        c = self.nodes[req.client]
+        c = self._current(req)
+        if c is None:
+            return
         assert c.plan is not None
         c.plan.lacks(req.shard, self.nodes[req.server].peer)
         self._wake(c.index)
@@ -315,7 +385,9 @@ class Swarm:
             self.wasted += req.sent
         req.state = "over"
         self.stalled += 1
-        c = self.nodes[req.client]
+        c = self._current(req)
+        if c is None:
+            return
         assert c.plan is not None
         c.plan.failed(req.shard, self.nodes[req.server].peer, self.loop.now)
         self._wake(c.index)
@@ -360,7 +432,7 @@ class Swarm:
         c.downloading.remove(req)
         req.epoch += 1
         self._rerate(s, c)
-        while s.queue and len(s.uploading) < self.cfg.upload_slots:
+        while s.online and s.queue and len(s.uploading) < self.cfg.upload_slots:
             self._begin(s.queue.popleft())
 
     def _sent(self, req: Request, epoch: int) -> None:
@@ -372,7 +444,9 @@ class Swarm:
         self.loop.at(self.loop.now + req.rtt / 2 + self.cfg.piece_overhead, self._stored, req)
 
     def _stored(self, req: Request) -> None:
-        c = self.nodes[req.client]
+        c = self._current(req)
+        if c is None:  # churn: it left before the last bytes were written
+            return
         plan = c.plan
         assert plan is not None
         now = self.loop.now
@@ -387,6 +461,67 @@ class Swarm:
             c.done_at = now
             self.pending -= 1
             return
+        self._wake(c.index)
+
+    # ---- churn --------------------------------------------------------------------------
+
+    def _schedule_leave(self, n: SimNode) -> None:
+        if self.cfg.churn is not None:
+            after = self.cfg.churn.session(self.churn_rng)
+            if math.isfinite(after):
+                self.loop.at(self.loop.now + after, self._leave, n.index)
+
+    def _leave(self, i: int) -> None:
+        n = self.nodes[i]
+        now = self.loop.now
+        assert self.cfg.churn is not None
+        n.online = False
+        self.departures += 1
+        self.transitions.append((now, i, False))
+        for req in list(n.outgoing.values()):  # its own fetches end with it
+            if req.state == "queued":
+                self.nodes[req.server].queue.remove(req)
+            elif req.state == "flowing":
+                self._end_flow(req)
+                self.wasted += req.sent
+            req.state = "over"
+        n.outgoing.clear()
+        for req in [*n.uploading, *n.queue]:  # those it served fail at their clients
+            if req.state == "flowing":
+                self._end_flow(req)
+                self.wasted += req.sent
+            req.state = "over"
+            self.loop.at(now + req.rtt / 2, self._reset, req)
+        n.queue.clear()
+        n.plan, n.tick_due, n.wake_due = None, None, None
+        n.dirty.clear()
+        for j in n.asked:
+            self.watchers[j].remove(i)
+        n.asked = []
+        self._changed(i)  # its holdings vanish for the peers that query it
+        after = self.cfg.churn.downtime(self.churn_rng)
+        if math.isfinite(after):
+            self.loop.at(now + after, self._return, i)
+
+    def _return(self, i: int) -> None:
+        """Back as a restarted node: what it stored is there, its peers are found afresh."""
+        n = self.nodes[i]
+        n.online = True
+        n.life += 1
+        self.transitions.append((self.loop.now, i, True))
+        if n.done_at is None:
+            self._open_plan(n)
+        self._changed(i)
+        self._schedule_leave(n)
+
+    def _reset(self, req: Request) -> None:
+        """A fetch from a holder that went offline fails (transfer.py: ``plan.failed``)."""
+        c = self._current(req)
+        if c is None:
+            return
+        assert c.plan is not None
+        self.churn_failed += 1
+        c.plan.failed(req.shard, self.nodes[req.server].peer, self.loop.now)
         self._wake(c.index)
 
 

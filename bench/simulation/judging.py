@@ -1,0 +1,425 @@
+"""The judging queue and verdict posting on a simulated clock, every decision made by the
+real code.
+
+Each validator holds its own ``JudgingQueue`` (``node/roles/decisions/judging.py``),
+constructed as ``ValidatorRole`` constructs it (``JudgingQueue()``, then the chain's
+``fetch_deadline`` set on it as ``_setup`` does), and driven through its public methods
+the way ``node/roles/services/validator.py`` drives it:
+
+- **Notices**: a worker announces its batch when it is made; each validator gets the
+  notice half the path's RTT later (``noticed``). A notice alone wakes nothing: nothing is
+  fetched before its submission.
+- **Submissions**: the worker submits the key at the same time; the chain includes it in
+  the next block (``block_s``), the validator's ``Docket`` sees it ``confirmations``
+  blocks later, on its next read (``CHAIN_POLL_MIN_S``, the validator's own constant:
+  a notice nudges the reads to their fastest pace), with the worker's registered peer as
+  holder (``submitted``). The verdict window counts from the inclusion block.
+- **The loop** (``ValidatorRole._serve``): ``unavailable(now)`` (each posted as a reject),
+  then ``next_fetch(now)`` while fewer than ``FETCHES`` fetches hold a slot, then
+  ``wake_at(now, can_fetch=...)`` for its next wakeup (no sooner than 0.05 s, as the real
+  nap). It runs after every change: a submission read, a fetch ended, a batch taken to
+  judgement, a wakeup. (The real loop also wakes every ``POLL_S`` and on every notice;
+  neither changes a decision: nothing becomes due that ``wake_at`` does not name.)
+- **Fetches** (``_fetch_for_judging``): one slot each, held until the judging loop takes
+  the fetched batch. A fetch moves ``batch_bytes`` at ``min(worker uplink / its uploads,
+  validator downlink / its downloads, loss-bound TCP rate)``, the shares taken when it
+  starts, plus one RTT. One slower than the exchange's deadline
+  (``min(TRANSFER_DEADLINE_S, FRAMES_BASE_S + size / MIN_RATE)``, ``node/roles/io/exchange.py``)
+  fails at that deadline (``fetch_failed``); so does one from a worker that no longer
+  holds the batch (the worker keeps it for the verdict window, SPEC §13), after one RTT.
+  Success: ``fetched``.
+- **Judgement** (``_judge_fetched``): one at a time a validator, ``check_cost`` × the
+  time the worker took to make the batch; then ``judged`` and the verdict posted.
+- **Posting** (``Votes.post``): the vote is in the next block; the first vote on a key is
+  its verdict (the contract's: later agreeing votes are refused as standing), which must
+  come within ``verdict_window`` of the submission's block.
+
+Which validators judge a batch: the node's ``Docket`` gives every validator every
+submission (no assignment: ``node/roles/io/docket.py``), so ``split=False`` feeds every
+batch to every validator. ``split=True`` is a hypothetical the node does not have: each
+batch to one validator drawn at random (what ``derived.validators_needed``'s formula
+assumes); then validators are independent and alike, and one of them is simulated with
+each batch going to it with probability 1 / ``validators``.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections import deque
+from dataclasses import dataclass, field
+
+from bench.simulation.events import EventLoop
+from bench.simulation.links import LOSS, Link, home_link, mathis_cap, path_rtt
+from node.roles.decisions.judging import JudgingQueue
+from node.roles.decisions.work import Key
+from node.roles.io.exchange import FRAMES_BASE_S, MIN_RATE, TRANSFER_DEADLINE_S
+from node.roles.services.validator import CHAIN_POLL_MIN_S, FETCHES
+
+# A batch's envelope: ~34,000 generated tokens (16 samples of ~2,000) at the devnet's
+# ~30 bytes a token with proofs (protocol/rollouts.py: 10,240 tokens take 0.3 MiB).
+BATCH_BYTES = 1 << 20
+# The chain: Base (docs/chain-costs.md), a block every 2 s; the node's default
+# confirmations on the main L2s (node/config/work.py ``chain.confirmations``).
+BLOCK_S = 2.0
+CONFIRMATIONS = 10
+# The development chain's run parameters (node/cli/ledger.py ``dev_params``):
+# ``--verdict-window`` 3,600 s by default, ``fetch_deadline`` a sixth of it.
+VERDICT_WINDOW = 3600.0
+FETCH_DEADLINE = VERDICT_WINDOW // 6
+NAP_S = 0.05  # the validator loop's shortest nap
+DC_VALIDATOR = Link(up=1250e6, down=1250e6, rtt=0.001, region=0, nat="open")
+
+
+@dataclass
+class JudgingConfig:
+    workers: int
+    validators: int = 1
+    check_cost: float = 0.46  # a judgement over the worker's time to make the batch
+    batch_s: float = 60.0  # a worker's time per batch, on average
+    jitter: float = 0.1  # each batch takes batch_s × uniform(1 - jitter, 1 + jitter)
+    horizon_s: float = 600.0  # batches are made during this long (then the queue drains)
+    batch_bytes: int = BATCH_BYTES
+    verdict_window: float = VERDICT_WINDOW
+    fetch_deadline: float = FETCH_DEADLINE
+    block_s: float = BLOCK_S
+    confirmations: int = CONFIRMATIONS
+    split: bool = False  # hypothetical: each batch to one validator (module docstring)
+    loss: float = LOSS
+    seed: int = 0
+
+
+@dataclass
+class Batch:
+    key: Key
+    worker: int
+    made_at: float
+    submitted_at: float  # its block's time: the verdict window counts from here
+    make_s: float  # the worker's time to make it
+    verdict_at: float | None = None  # the block of the first vote on it
+    verdict: str = ""
+
+
+@dataclass
+class SimValidator:
+    index: int
+    link: Link
+    queue: JudgingQueue
+    slots: int = 0  # fetch slots held (fetching, or fetched and not yet taken to judge)
+    downloads: int = 0
+    ready: deque[Key] = field(default_factory=deque)  # fetched, waiting for the judge
+    judging: Key | None = None
+    kicked: bool = False
+    wake_due: float | None = None
+
+
+@dataclass
+class JudgingResult:
+    batches: list[Batch]  # every batch a simulated validator was to judge
+    backlog: list[tuple[float, int]]  # (time, the largest queue.waiting() of any validator)
+    unavailable: int  # keys posted as unavailable (by any validator)
+    given_up: int  # keys the queues gave up (check_tries)
+    fetch_failures: int
+    horizon_s: float
+    verdict_window: float
+    arrivals_per_s: float  # batches a simulated validator is given a second, on average
+    events: int
+
+    def latencies(self) -> list[float]:
+        """Seconds from each batch's submission block to its verdict (inf: none)."""
+        return sorted(
+            math.inf if b.verdict_at is None else b.verdict_at - b.submitted_at
+            for b in self.batches
+        )
+
+    def percentile(self, q: float) -> float:
+        times = self.latencies()
+        return times[max(0, math.ceil(q * len(times)) - 1)] if times else 0.0
+
+    def late(self) -> int:
+        """Keys without a verdict within the window (the chain refuses any later: unpaid)."""
+        return sum(1 for t in self.latencies() if t > self.verdict_window)
+
+    def lost(self) -> int:
+        """Keys lost: rejected as unavailable, or without a verdict in the window (given
+        up among them: never judged)."""
+        w = self.verdict_window
+        return sum(
+            1
+            for b in self.batches
+            if b.verdict == "unavailable"
+            or b.verdict_at is None
+            or b.verdict_at - b.submitted_at > w
+        )
+
+    def backlog_at(self, t: float) -> int:
+        before = [n for when, n in self.backlog if when <= t]
+        return before[-1] if before else 0
+
+    def backlog_mean(self, start: float, end: float) -> float:
+        inside = [n for when, n in self.backlog if start <= when <= end]
+        return sum(inside) / len(inside) if inside else 0.0
+
+    def bounded(self) -> bool:
+        """Whether the backlog stopped growing while batches came: its mean over the
+        horizon's last quarter is at most 5 batches, or 5 % of the arrivals in half the
+        horizon, above its mean over the second quarter (a validator given rho times the
+        batches it can judge falls behind by 1 - 1/rho of them: this resolves rho above
+        about 1.1 from the noise of random arrivals)."""
+        h = self.horizon_s
+        growth = self.backlog_mean(0.75 * h, h) - self.backlog_mean(0.25 * h, 0.5 * h)
+        return growth <= max(5.0, 0.05 * self.arrivals_per_s * h / 2)
+
+    def summary(self) -> dict[str, object]:
+        def s(t: float) -> float | str:
+            return round(t, 1) if math.isfinite(t) else "none"
+
+        return {
+            "p50_s": s(self.percentile(0.5)),
+            "p99_s": s(self.percentile(0.99)),
+            "bounded": self.bounded(),
+            "backlog_mid": self.backlog_at(self.horizon_s / 2),
+            "backlog_end": self.backlog_at(self.horizon_s),
+            "batches": len(self.batches),
+            "lost": self.lost(),
+            "late": self.late(),
+            "unavailable": self.unavailable,
+            "given_up": self.given_up,
+            "fetch_failures": self.fetch_failures,
+        }
+
+
+def new_queue(fetch_deadline: float) -> JudgingQueue:
+    """A validator's queue as ``ValidatorRole`` makes it: ``JudgingQueue()`` in
+    ``__init__``, the chain's fetch deadline set in ``_setup``."""
+    queue = JudgingQueue()
+    queue.fetch_deadline_s = float(fetch_deadline)
+    return queue
+
+
+class JudgingSim:
+    def __init__(self, cfg: JudgingConfig, links: list[Link] | None = None) -> None:
+        self.cfg = cfg
+        self.loop = EventLoop()
+        self.rng = random.Random(cfg.seed)
+        self.links = (
+            links if links is not None else [home_link(self.rng) for _ in range(cfg.workers)]
+        )
+        self.peers = [f"peer{i}" for i in range(len(self.links))]
+        self.by_peer = {p: i for i, p in enumerate(self.peers)}
+        self.uploads = [0] * len(self.links)
+        simulated = 1 if cfg.split else cfg.validators
+        self.validators = [
+            SimValidator(v, DC_VALIDATOR, new_queue(cfg.fetch_deadline)) for v in range(simulated)
+        ]
+        self.batches: dict[Key, Batch] = {}
+        self.backlog: list[tuple[float, int]] = []
+        self.unavailable: set[Key] = set()
+        self.fetch_failures = 0
+        size = cfg.batch_bytes
+        self.fetch_limit = min(TRANSFER_DEADLINE_S, FRAMES_BASE_S + size / MIN_RATE)
+
+    # ---- the workers and the chain ------------------------------------------------------
+
+    def _make_batches(self) -> None:
+        cfg = self.cfg
+        share = 1 / cfg.validators if cfg.split else 1.0
+        reads: dict[float, list[Batch]] = {}
+        for w in range(len(self.links)):
+            made = -self.rng.uniform(0, cfg.batch_s)  # each worker is mid-batch at 0
+            seq = 0
+            while True:
+                make_s = cfg.batch_s * self.rng.uniform(1 - cfg.jitter, 1 + cfg.jitter)
+                made += make_s
+                if made >= cfg.horizon_s:
+                    break
+                if made < 0 or not (share >= 1 or self.rng.random() < share):
+                    continue
+                seq += 1
+                key = (f"w{w}", seq.to_bytes(8, "big"))
+                block = (math.floor(made / cfg.block_s) + 1) * cfg.block_s
+                b = self.batches[key] = Batch(key, w, made, block, make_s)
+                for v in self.validators:
+                    rtt = path_rtt(self.links[w], v.link)
+                    self.loop.at(made + rtt / 2, self._notice, v, key, self.peers[w])
+                seen = block + cfg.confirmations * cfg.block_s + CHAIN_POLL_MIN_S
+                reads.setdefault(seen, []).append(b)
+        for when, batches in reads.items():
+            self.loop.at(when, self._read_chain, batches)
+
+    def _notice(self, v: SimValidator, key: Key, peer: str) -> None:
+        v.queue.noticed(key, peer, self.loop.now)
+
+    def _read_chain(self, batches: list[Batch]) -> None:
+        now = self.loop.now
+        for v in self.validators:
+            for b in batches:  # units and version: not what this simulation judges
+                v.queue.submitted(b.key, 1, 0, now, holder=self.peers[b.worker])
+            self._kick(v)
+
+    # ---- the validator loop (ValidatorRole._serve) --------------------------------------
+
+    def _kick(self, v: SimValidator) -> None:
+        if not v.kicked:
+            v.kicked = True
+            self.loop.at(self.loop.now, self._serve_once, v)
+
+    def _serve_once(self, v: SimValidator) -> None:
+        v.kicked = False
+        now = self.loop.now
+        q = v.queue
+        for key in q.unavailable(now):
+            self.unavailable.add(key)
+            self._post(key, "unavailable")
+        while v.slots < FETCHES and (got := q.next_fetch(now)) is not None:
+            v.slots += 1
+            self._fetch(v, *got)
+        wake = q.wake_at(now, can_fetch=v.slots < FETCHES)
+        if wake is not None:
+            due = max(now + NAP_S, wake)
+            if v.wake_due is None or due < v.wake_due or v.wake_due < now:
+                v.wake_due = due
+                self.loop.at(due, self._wake, v, due)
+
+    def _wake(self, v: SimValidator, due: float) -> None:
+        if v.wake_due == due:
+            v.wake_due = None
+            self._serve_once(v)
+
+    # ---- fetches (ValidatorRole._fetch_for_judging, _fetch) -----------------------------
+
+    def _fetch(self, v: SimValidator, key: Key, peer: str) -> None:
+        now = self.loop.now
+        w = self.by_peer[peer]
+        b = self.batches[key]
+        rtt = path_rtt(self.links[w], v.link)
+        if now >= b.submitted_at + self.cfg.verdict_window:  # the worker deleted it
+            self.loop.at(now + rtt, self._fetch_failed, v, key, None)
+            return
+        rate = min(
+            self.links[w].up / (self.uploads[w] + 1),
+            v.link.down / (v.downloads + 1),
+            mathis_cap(rtt, self.cfg.loss),
+        )
+        took = rtt + self.cfg.batch_bytes / rate
+        self.uploads[w] += 1
+        v.downloads += 1
+        if took > self.fetch_limit:
+            self.loop.at(now + self.fetch_limit, self._fetch_failed, v, key, w)
+        else:
+            self.loop.at(now + took, self._fetched, v, key, w)
+
+    def _fetch_failed(self, v: SimValidator, key: Key, w: int | None) -> None:
+        if w is not None:
+            self.uploads[w] -= 1
+            v.downloads -= 1
+        self.fetch_failures += 1
+        v.queue.fetch_failed(key, self.loop.now)
+        v.slots -= 1
+        self._kick(v)
+
+    def _fetched(self, v: SimValidator, key: Key, w: int) -> None:
+        self.uploads[w] -= 1
+        v.downloads -= 1
+        v.queue.fetched(key)
+        v.ready.append(key)  # the slot is held until the judging loop takes it
+        self._take(v)
+
+    # ---- judging (ValidatorRole._judge_fetched, _judge) ---------------------------------
+
+    def _take(self, v: SimValidator) -> None:
+        if v.judging is not None or not v.ready:
+            return
+        key = v.ready.popleft()
+        v.slots -= 1
+        v.judging = key
+        b = self.batches[key]
+        self.loop.at(self.loop.now + self.cfg.check_cost * b.make_s, self._judged, v, key)
+        self._kick(v)
+
+    def _judged(self, v: SimValidator, key: Key) -> None:
+        v.queue.judged(key)
+        v.judging = None
+        self._post(key, "accept")
+        self._take(v)
+
+    def _post(self, key: Key, verdict: str) -> None:
+        """The vote is in the next block; the first vote on a key is its verdict."""
+        block = (math.floor(self.loop.now / self.cfg.block_s) + 1) * self.cfg.block_s
+        b = self.batches[key]
+        if b.verdict_at is None or block < b.verdict_at:
+            b.verdict_at, b.verdict = block, verdict
+
+    # ---- the run ------------------------------------------------------------------------
+
+    def _sample(self) -> None:
+        now = self.loop.now
+        self.backlog.append((now, max(v.queue.waiting() for v in self.validators)))
+        every = min(self.cfg.batch_s, self.cfg.horizon_s / 8)
+        if now + every <= self.until:
+            self.loop.at(now + every, self._sample)
+
+    def run(self) -> JudgingResult:
+        cfg = self.cfg
+        self._make_batches()
+        # every batch made in the horizon has its window, then the queue's state is final
+        self.until = cfg.horizon_s + cfg.verdict_window + (cfg.confirmations + 2) * cfg.block_s
+        self.loop.at(0.0, self._sample)
+        self.loop.run(until=self.until)
+        share = 1 / cfg.validators if cfg.split else 1.0
+        return JudgingResult(
+            batches=list(self.batches.values()),
+            backlog=self.backlog,
+            unavailable=len(self.unavailable),
+            given_up=sum(v.queue.given_up for v in self.validators),
+            fetch_failures=self.fetch_failures,
+            horizon_s=cfg.horizon_s,
+            verdict_window=cfg.verdict_window,
+            arrivals_per_s=len(self.links) * share / cfg.batch_s,
+            events=self.loop.processed,
+        )
+
+
+def run_judging(cfg: JudgingConfig, links: list[Link] | None = None) -> JudgingResult:
+    return JudgingSim(cfg, links).run()
+
+
+def keeps_up(r: JudgingResult) -> bool:
+    """Bounded backlog, p99 submission-to-verdict within the window, no key lost."""
+    return r.bounded() and r.percentile(0.99) <= r.verdict_window and r.lost() == 0
+
+
+def validators_needed(
+    workers: int, check_cost: float, *, split: bool, most: int, **kw: object
+) -> tuple[int | None, dict[int, JudgingResult]]:
+    """The smallest number of validators that keeps up (``keeps_up``) with ``workers``, and
+    the runs tried. ``split=False`` (the node): every validator judges every batch, so one
+    that cannot keep up alone is not helped by more; tried at 1, 3 (the contract's least,
+    quorum + 1) and 10, up to ``most``; None when none did. ``split=True``: bisected
+    between a count that does not keep up and one that does (assumes more validators never
+    keep up worse)."""
+    runs: dict[int, JudgingResult] = {}
+
+    def ok(v: int) -> bool:
+        if v not in runs:
+            cfg = JudgingConfig(workers, v, check_cost, split=split, **kw)  # type: ignore[arg-type]
+            runs[v] = run_judging(cfg)
+        return keeps_up(runs[v])
+
+    if not split:
+        return next((v for v in (1, 3, 10) if v <= most and ok(v)), None), runs
+    # bracketed from the rate bound (the old formula), a hint only: a validator given
+    # rho times the batches it can judge holds a queue that grows, and a run with thousands
+    # of them costs more than the whole search (the queue walks its entries per call)
+    hi = min(most, max(1, math.ceil(workers * check_cost)))
+    while not ok(hi):
+        if hi >= most:
+            return None, runs
+        hi = min(most, 2 * hi)
+    lo = hi // 2
+    while lo > 0 and ok(lo):
+        hi, lo = lo, lo // 2
+    while hi - lo > 1:  # lo did not keep up (or is 0), hi did
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if ok(mid) else (mid, hi)
+    return hi, runs
