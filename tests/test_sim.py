@@ -309,3 +309,23 @@ def test_with_churn_fetches_fail_and_every_worker_still_completes(monkeypatch):
     assert all(t is not None for t in r.done_at)
     assert max(r.done_at) > max(plain.done_at)
     assert math.isfinite(r.online_spread(1.0))
+
+
+def test_the_bench_says_by_how_much_the_swarm_trails_the_relay_tree_and_why():
+    from bench.sim import versus
+
+    def spread(p90: float) -> dict[str, float]:
+        return {"p50": p90 / 2, "p90": p90, "p100": p90 * 2}
+
+    result = {
+        "spread_s": {"slow": spread(3000.0), "fast": spread(600.0)},
+        "relay_tree_spread_s": {"slow": spread(2000.0), "fast": spread(800.0)},
+        "single_origin_spread_s": {"slow": spread(6000.0), "fast": spread(1200.0)},
+    }
+    out = versus(result)
+    assert out["slow"]["swarm_over_relay_tree_p90"] == 1.5
+    assert out["slow"]["swarm_over_single_origin_p90"] == 0.5
+    assert "1.50x slower than the relay tree" in out["slow"]["says"]
+    assert "uplink the swarm does not have" in out["slow"]["says"]  # and why
+    assert out["fast"]["swarm_over_relay_tree_p90"] == 0.75
+    assert "slower" not in out["fast"]["says"]
