@@ -1,0 +1,102 @@
+"""The simulator's gossip model (``bench/simulation/gossip.py``) and its check against real
+nodes (``bench/simulation/gossipcheck.py``)."""
+
+import math
+import os
+import random
+import statistics
+
+import pytest
+
+from bench.simulation.gossip import GossipCost, deliver, gossip_mesh
+from bench.simulation.gossipcheck import Delivery, calibrate, measure, predict, quantile
+
+
+def test_the_mesh_keeps_the_configured_degrees():
+    for n in (2, 7, 30, 300):
+        mesh = gossip_mesh(n, random.Random(n))
+        assert all(
+            i not in peers and all(i in mesh[j] for j in peers) for i, peers in enumerate(mesh)
+        )
+        assert min(len(p) for p in mesh) >= min(4, n - 1)  # degree_low, after any pruning
+        assert max(len(p) for p in mesh) <= 12  # degree_high
+        assert statistics.mean(len(p) for p in mesh) >= min(6, n - 1)  # grafted to degree
+
+
+def test_a_complete_mesh_is_one_hop_and_the_publisher_sends_one_copy_after_another():
+    n = 8
+    mesh = gossip_mesh(n, random.Random(0), degree=n - 1)
+    assert all(len(p) == n - 1 for p in mesh)
+    got = deliver(mesh, GossipCost(send_s=1.0, recv_s=1.0))
+    # the k-th copy leaves the publisher after k sends and is checked in one receive
+    assert sorted(got[1:]) == [k + 1.0 for k in range(1, n)]
+
+
+def test_delivery_grows_with_the_mesh_diameter():
+    cost = GossipCost(send_s=0.0, recv_s=1.0)  # recv_s counts the hops exactly
+    mean = {n: statistics.mean(predict(n, cost, seeds=3)) for n in (7, 30, 300, 1000)}
+    assert mean[7] == 1.0  # everyone is the publisher's mesh peer
+    assert mean[7] < mean[30] < mean[300] < mean[1000]
+    assert max(predict(1000, cost, seeds=2)) <= 7  # a degree-6 mesh: log_5(1000) + slack
+
+
+def test_a_larger_hop_cost_scales_delivery():
+    a = predict(30, GossipCost.from_hop(0.004), seeds=3)
+    b = predict(30, GossipCost.from_hop(0.012), seeds=3)
+    assert b == pytest.approx([3 * t for t in a])
+
+
+def test_processes_sharing_cores_slow_each_other():
+    pair = gossip_mesh(2, random.Random(0))
+    assert deliver(pair, GossipCost(1.0, 1.0))[1] == 2.0
+    assert deliver(pair, GossipCost(1.0, 1.0, cores=1, background=1))[1] == 4.0  # half a core
+    mesh = gossip_mesh(30, random.Random(0))
+    free = deliver(mesh, GossipCost(1.0, 1.0))
+    two = deliver(mesh, GossipCost(1.0, 1.0, cores=2))
+    assert statistics.mean(two[1:]) > 2 * statistics.mean(free[1:])  # 29 receivers, 2 cores
+    assert all(a <= b for a, b in zip(free, two, strict=True))
+
+
+def test_the_hop_calibration_reproduces_the_pair_it_came_from():
+    delays = [0.002, 0.003, 0.004, 0.005, 0.009]
+    pair = Delivery(2, 5, delays, 0, {}, [[1], [0]], [3, 3, 3, 3], 3.0)
+    hop = calibrate(pair, cores=2)
+    assert hop == pytest.approx(0.004 * 2 / 4)  # one busy process beside 3 runnable on 2 cores
+    got = predict(2, GossipCost.from_hop(hop, cores=2), seeds=1, queue=pair.queue)
+    assert got == pytest.approx([0.004] * 4)  # each run-queue sample: all four were 3
+    idle = Delivery(2, 5, delays, 0, {}, [[1], [0]], [0, 0, 1, 5], 3.0)
+    assert calibrate(idle, cores=2) == pytest.approx(0.004)  # the median moment: no wait
+
+
+def test_a_busy_moment_slows_the_announcements_that_meet_it():
+    cost = GossipCost.from_hop(0.002, cores=2)
+    quiet = predict(10, cost, seeds=3, queue=[0] * 20)
+    mixed = predict(10, cost, seeds=3, queue=[0] * 19 + [20])
+    assert quantile(mixed, 0.5) == quantile(quiet, 0.5)
+    assert max(mixed) > 3 * max(quiet)
+
+
+def test_figures_of_a_delivery():
+    d = Delivery(3, 2, [0.01, 0.02, 0.03], 1, {"gossip": 3}, [[1, 2], [0], [0]], [0], 0.5)
+    assert d.delivered == 0.75
+    assert d.figures() == {"p50_s": 0.02, "p99_s": 0.03, "max_s": 0.03, "delivered": 0.75}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_real_nodes_deliver_every_announcement_as_the_model_predicts():
+    """Six node processes: every announcement reaches every receiver, by gossip, and the
+    model calibrated on a 2-node network of the same run predicts the median delay within
+    a factor of two."""
+    pair = measure(2, count=10)
+    real = measure(6, count=10)
+    assert pair.missing == 0 and real.missing == 0, "an announcement never arrived"
+    assert len(real.delays) == 5 * 10
+    assert real.via.get("sync", 0) == 0, f"gossip lost some ({real.via}): sync brought them"
+    assert all(0 < t < 5 for t in real.delays)
+    cores = float(os.cpu_count() or 1)
+    cost = GossipCost.from_hop(calibrate(pair, cores), cores)
+    predicted = quantile(predict(6, cost, mesh=real.mesh, queue=real.queue), 0.5)
+    measured = quantile(real.delays, 0.5)
+    assert 0.5 <= predicted / measured <= 2, (predicted, measured, real.runnable)
+    assert math.isfinite(predicted)
