@@ -1,6 +1,7 @@
 """The simulator's gossip model (``bench/simulation/gossip.py``) and its check against real
 nodes (``bench/simulation/gossipcheck.py``)."""
 
+import dataclasses
 import math
 import os
 import random
@@ -8,7 +9,7 @@ import statistics
 
 import pytest
 
-from bench.simulation.gossip import GossipCost, deliver, gossip_mesh
+from bench.simulation.gossip import GossipCost, copies, deliver, gossip_mesh
 from bench.simulation.gossipcheck import Delivery, calibrate, measure, predict, quantile
 
 
@@ -55,6 +56,24 @@ def test_processes_sharing_cores_slow_each_other():
     two = deliver(mesh, GossipCost(1.0, 1.0, cores=2))
     assert statistics.mean(two[1:]) > 2 * statistics.mean(free[1:])  # 29 receivers, 2 cores
     assert all(a <= b for a, b in zip(free, two, strict=True))
+
+
+def test_what_of_a_hop_is_not_processor_time_is_on_the_wire():
+    cost = GossipCost.from_hop_and_cpu(0.010, copy_cpu_s=0.002, cores=2)
+    assert (cost.send_s, cost.recv_s, cost.wire_s) == (0.002, 0.002, pytest.approx(0.006))
+    assert deliver(gossip_mesh(2, random.Random(0)), cost)[1] == pytest.approx(0.010)
+    # the wire's part takes no processor: a publisher and ten receivers on one core are
+    # through once its 20 copies' processor time is, and the wire's 6 ms at most after
+    star = [set(range(1, 11))] + [{0} for _ in range(10)]
+    got = deliver(star, dataclasses.replace(cost, cores=1))
+    assert 20 * 0.002 <= max(got) <= 20 * 0.002 + 0.006 + 1e-9
+
+
+def test_copies_count_every_forward_but_back_to_the_forwarder():
+    star = [{1, 2, 3}, {0}, {0}, {0}]
+    assert copies(star) == 3  # leaves forward to nobody
+    ring = [{1, 3}, {0, 2}, {1, 3}, {2, 0}]
+    assert copies(ring) == 2 + 3  # the publisher's two, then one each onward
 
 
 def test_the_hop_calibration_reproduces_the_pair_it_came_from():

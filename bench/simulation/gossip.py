@@ -41,18 +41,36 @@ MESH_DEGREE, MESH_LOW, MESH_HIGH = 6, 4, 12  # node/net/host.py: build_pubsub
 
 @dataclass(frozen=True)
 class GossipCost:
-    """Seconds of one process's time per copy of a message, and the processors shared."""
+    """Seconds of one process's time per copy of a message, the processors shared, and
+    the delay of a copy that takes no processor (``wire_s``, beside half the RTT)."""
 
     send_s: float
     recv_s: float
     cores: float = math.inf
     background: float = 0.0  # other runnable tasks on those cores
+    wire_s: float = 0.0
 
     @classmethod
     def from_hop(cls, hop_s: float, cores: float = math.inf, background: float = 0.0) -> GossipCost:
-        """From one hop's delay on an idle pair (one send, one receive, no wait): each
-        side's share taken as half (the same layers, run in opposite directions)."""
+        """From one hop's delay on an idle pair (one send, one receive, no wait), all of it
+        processor time: each side's share taken as half (the same layers, run in opposite
+        directions)."""
         return cls(hop_s / 2, hop_s / 2, cores, background)
+
+    @classmethod
+    def from_hop_and_cpu(cls, hop_s: float, copy_cpu_s: float, cores: float) -> GossipCost:
+        """From one hop's delay on an idle pair and the processor time a copy costs (sent
+        or received, measured): what of the hop the two copies' time does not account
+        for is a delay on the wire (wake-ups, the loopback stack)."""
+        return cls(copy_cpu_s, copy_cpu_s, cores, 0.0, max(0.0, hop_s - 2 * copy_cpu_s))
+
+
+def copies(mesh: list[set[int]], origin: int = 0) -> int:
+    """Copies of one message sent in ``mesh`` when every node gets it (as many received:
+    each is read by its receiver): the publisher's to each mesh peer, and each other
+    node's to each but the one it came from (a node next to the publisher taken to hear
+    it from the publisher first, which it does unless that copy waits)."""
+    return len(mesh[origin]) + sum(len(p) - 1 for i, p in enumerate(mesh) if i != origin)
 
 
 def gossip_mesh(
@@ -121,7 +139,7 @@ def deliver(
         now = ends
         kind, peer = work[i].popleft()
         if kind == "send":
-            heapq.heappush(wires, (now + rtt(i, peer) / 2, peer, i))
+            heapq.heappush(wires, (now + rtt(i, peer) / 2 + cost.wire_s, peer, i))
         elif got[i] == math.inf:
             got[i] = now
             work[i].extend(("send", j) for j in sorted(mesh[i]) if j not in (peer, origin))

@@ -38,7 +38,7 @@ from typing import Any
 
 import psutil
 
-from bench.simulation.gossip import GossipCost, deliver, gossip_mesh
+from bench.simulation.gossip import GossipCost, copies, deliver, gossip_mesh
 from bench.workers.gossip_probe import TOPIC
 from node.cli.adminclient import admin_post
 from node.cli.devnet import NodeProcess, p2p_addr, spawn_node, stop_all, wait_ready
@@ -110,6 +110,11 @@ def run_queue(seconds: float, every: float = 0.05) -> list[int]:
         samples.append(max(0, int(running) - 1))
         time.sleep(every)
     return samples
+
+
+def cpu_seconds(procs: list[psutil.Process]) -> float:
+    """User and system CPU seconds of ``procs`` so far."""
+    return sum(sum(p.cpu_times()[:2]) for p in procs)
 
 
 def settle(nodes: list[NodeProcess]) -> dict[str, float]:
@@ -189,15 +194,25 @@ def measure(
 
         wait_for(meshed, MESH_TIMEOUT, f"{n} nodes to meet and graft")
         cpu = settle(nodes)
-        queue = run_queue(SETTLE_S)
         sts = [probe(x) for x in nodes]
         index = {st["peer_id"]: i for i, st in enumerate(sts)}
         mesh = [sorted(index[p] for p in st["gossip_probe"]["mesh"] if p in index) for st in sts]
         publisher = sts[0]["peer_id"]
+        procs = [psutil.Process(x.proc.pid) for x in nodes]
+        idle0, t0 = cpu_seconds(procs), time.monotonic()
+        queue = run_queue(SETTLE_S)
+        idle1 = busy0 = cpu_seconds(procs)
+        t1 = time.monotonic()
         bodies = [f"a{k}-0" for k in range(count)]
         for k in range(count):
             admin_post(nodes[0].data_dir, "/announce", {"topic": TOPIC, "body": f"a{k}-"})
             time.sleep(spacing)
+        busy = cpu_seconds(procs) - busy0 - (idle1 - idle0) / (t1 - t0) * (time.monotonic() - t1)
+        sent = copies([set(m) for m in mesh])
+        cpu |= {
+            "idle": round((idle1 - idle0) / (t1 - t0), 3),
+            "copy_s": round(max(busy, 0.0) / (count * 2 * sent), 6),
+        }
 
         def arrivals() -> list[dict[str, Any]]:
             return [probe(x) for x in nodes]
@@ -228,7 +243,7 @@ def measure(
             for path, c in st["announcements"]["delivered_via"].items():
                 via[path] = via.get(path, 0) + c
         load = round(max(load0, os.getloadavg()[0]), 2)
-        return Delivery(n, count, delays, missing, via, mesh, queue, load, {"cpu_cores": cpu})
+        return Delivery(n, count, delays, missing, via, mesh, queue, load, {"cpu": cpu})
     finally:
         stop_all(nodes, grace=20)
         if own:
@@ -299,9 +314,10 @@ def validate_gossip(ns: list[int], count: int = 20, seeds: int = 20) -> dict[str
     }
     for n in ns:
         real = measure(n, count)
-        cost = GossipCost.from_hop(hop, cores)
+        cost = GossipCost.from_hop_and_cpu(hop, real.extra["cpu"]["copy_s"], cores)
         pred = predict(n, cost, mesh=real.mesh, queue=real.queue)
         model_mesh = predict(n, cost, seeds, queue=real.queue)
+        all_cpu = predict(n, GossipCost.from_hop(hop, cores), mesh=real.mesh, queue=real.queue)
         got = real.figures()
         for q, key in ((0.5, "p50"), (0.99, "p99"), (1.0, "max")):
             p, m = quantile(pred, q), got[f"{key}_s"]
@@ -311,6 +327,7 @@ def validate_gossip(ns: list[int], count: int = 20, seeds: int = 20) -> dict[str
                 "ratio": round(p / m, 3),
                 "load": real.load,
                 "predicted_on_model_mesh": round(quantile(model_mesh, q), 4),
+                "predicted_hop_all_cpu": round(quantile(all_cpu, q), 4),
             }
         out[f"n{n}_announcement_delivered"] = {
             "measured": round(real.delivered, 4),
@@ -320,7 +337,7 @@ def validate_gossip(ns: list[int], count: int = 20, seeds: int = 20) -> dict[str
                 statistics.mean(len(m) for m in gossip_mesh(n, random.Random(0))), 2
             ),
             "runnable": round(real.runnable, 2),
-            "node_cpu_cores": real.extra.get("cpu_cores"),
+            "cpu": real.extra.get("cpu"),  # cores: median and busiest node, all idle; copy_s
             "load": real.load,
         }
         print(
