@@ -17,9 +17,12 @@ whom, and what each copy costs the processes that send and receive it.
   link for half the path's RTT.
 - **Processors** (``GossipCost.cores``): the nodes share the machine's cores; while more
   nodes have work than there are cores (with ``background`` other runnable tasks), each
-  runs at ``cores / (busy + background)`` of its speed: processor sharing, what the
-  kernel's scheduler gives runnable processes on average. For nodes each on its own
+  runs at ``cores / (busy + background)`` of its speed: processor sharing. Tasks that
+  keep running do not count as ``background`` against a node: Linux's scheduler runs a
+  task woken from sleep (a node, to a message) ahead of them. For nodes each on its own
   machine, ``cores = inf``: a node's work waits only for its own earlier work.
+- **Wire** (``GossipCost.wire_s``): what a copy waits that takes no processor (wake-ups,
+  the loopback stack), beside half the path's RTT.
 
 What it leaves out: the IHAVE/IWANT gossip of the heartbeat (1 s; it matters only for a
 node the mesh did not reach), the sync repair (``node/net/announcements.py``), loss.

@@ -11,12 +11,13 @@ receiver stamps each arrival; a delay runs from ``Node.announce`` on the publish
 receiver's handler (pacing, signing, every hop's read, check and forward included).
 
 ``predict(n, cost)``: ``gossip.py``'s model of the same network (one machine's loopback:
-no RTT; the processes share its cores), calibrated only from figures measured apart from
-those predicted: one hop's cost from a 2-node network of the same run (``calibrate``), the
-cores of this machine, the tasks runnable beside the nodes' own work while the network sat
-idle before publishing (``run_queue``), and the mesh the nodes had grafted then (read from
-each; ``predicted_on_model_mesh``: the same on ``gossip_mesh``'s meshes from the configured
-degrees instead).
+no RTT; the node processes share its cores), calibrated only from figures measured apart
+from the delays predicted: one hop's delay on a 2-node network of the same run
+(``calibrate``), the processor time a copy costs (the nodes' CPU over the announcements,
+less their idle rate, per copy sent and received on their mesh: ``copies``), the cores of
+this machine, and the mesh the nodes had grafted (read from each before publishing;
+``predicted_on_model_mesh``: the same on ``gossip_mesh``'s meshes from the configured
+degrees instead). The machine's run queue is sampled for the record (``run_queue``).
 
 ``validate_gossip(ns)``: both, for each ``n``, as ``bench/sim.py``'s validation entries.
 """
@@ -24,7 +25,6 @@ degrees instead).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import random
@@ -57,7 +57,6 @@ LINGER_S = 15.0
 # node sends one to each mesh peer) must be through before the next, or each waits behind
 # the last one's; at N = 30 on 2 cores, 0.5 s apart, they piled up to seconds
 SPACING_PER_NODE = 0.05
-QUEUE_DRAWS = 20  # run-queue lengths a prediction is made at (``predict``)
 
 
 @dataclass
@@ -70,7 +69,7 @@ class Delivery:
     missing: int  # (receiver, announcement) pairs that never arrived
     via: dict[str, int]  # how they arrived: "gossip" / "sync" (the nodes' own counters)
     mesh: list[list[int]]  # each node's mesh peers on the announce topic (node indices)
-    # runnable tasks beside ours, sampled while the settled network sat idle before
+    # runnable tasks on the machine, sampled while the settled network sat idle before
     # publishing (``run_queue``): the nodes' own upkeep and whatever else the machine runs
     queue: list[int]
     load: float  # the 1-minute load average, the higher of before and after
@@ -253,47 +252,27 @@ def measure(
 
 
 def predict(
-    n: int,
-    cost: GossipCost,
-    seeds: int = 20,
-    seed: int = 0,
-    mesh: list[list[int]] | None = None,
-    queue: list[int] | None = None,
+    n: int, cost: GossipCost, seeds: int = 20, seed: int = 0, mesh: list[list[int]] | None = None
 ) -> list[float]:
     """The simulator's delays for a network of ``n`` nodes on one machine's loopback (no
     RTT), node 0 publishing: every receiver's delivery time on ``mesh`` (a real network's,
     as ``Delivery.mesh`` records it) or, without one, in each of ``seeds`` random meshes
-    (``gossip_mesh``: the node's configured degrees), pooled. With ``queue`` (run-queue
-    samples), each announcement meets one of them as its ``background`` (up to
-    ``QUEUE_DRAWS``, spread over their range): the other work comes and goes, and a mean
-    alone would hide the announcements that meet a busy moment."""
-    meshes = (
-        [[set(peers) for peers in mesh]]
-        if mesh is not None
-        else [gossip_mesh(n, random.Random(seed * 1000 + s)) for s in range(seeds)]
-    )
+    (``gossip_mesh``: the node's configured degrees), pooled."""
+    if mesh is not None:
+        return deliver([set(peers) for peers in mesh], cost)[1:]
     out: list[float] = []
-    for b in draws(queue) if queue else [cost.background]:
-        c = dataclasses.replace(cost, background=b)
-        for m in meshes:
-            out += deliver(m, c)[1:]
+    for s in range(seeds):
+        out += deliver(gossip_mesh(n, random.Random(seed * 1000 + s)), cost)[1:]
     return out
 
 
-def draws(queue: list[int]) -> list[float]:
-    """Up to ``QUEUE_DRAWS`` run-queue lengths spread evenly over the sorted samples."""
-    s = sorted(queue)
-    k = min(QUEUE_DRAWS, len(s))
-    return [float(s[int((i + 0.5) * len(s) / k)]) for i in range(k)]
-
-
-def calibrate(pair: Delivery, cores: float) -> float:
-    """One hop's cost (a send and a receive, nothing waiting) from a 2-node network's
-    median delay: the model's own account of that network (one busy process at a time,
-    sharing ``cores`` with the tasks its run queue held) solved for the hop: there a
-    delay is the hop over the speed its process got."""
-    slowdown = [max(1.0, (1 + b) / cores) for b in draws(pair.queue)]
-    return quantile(pair.delays, 0.5) / quantile(slowdown, 0.5)
+def calibrate(pair: Delivery) -> float:
+    """One hop's delay (a send, a receive and the wire between, nothing waiting): a
+    2-node network's median. The other work on the machine is left out of it, as out of
+    the prediction: Linux's scheduler runs a task woken from sleep ahead of those that
+    kept running (it may preempt them), and a node's work on a message is a short burst
+    after a sleep; the nodes share the cores among themselves (``GossipCost.cores``)."""
+    return quantile(pair.delays, 0.5)
 
 
 def validate_gossip(ns: list[int], count: int = 20, seeds: int = 20) -> dict[str, dict[str, Any]]:
@@ -305,7 +284,7 @@ def validate_gossip(ns: list[int], count: int = 20, seeds: int = 20) -> dict[str
     out: dict[str, dict[str, Any]] = {}
     cores = float(os.cpu_count() or 1)
     pair = measure(2, count)
-    hop = calibrate(pair, cores)
+    hop = calibrate(pair)
     out["announcement_hop_s"] = {
         "measured": round(hop, 5),
         "pair_p50_s": round(quantile(pair.delays, 0.5), 5),
@@ -315,9 +294,9 @@ def validate_gossip(ns: list[int], count: int = 20, seeds: int = 20) -> dict[str
     for n in ns:
         real = measure(n, count)
         cost = GossipCost.from_hop_and_cpu(hop, real.extra["cpu"]["copy_s"], cores)
-        pred = predict(n, cost, mesh=real.mesh, queue=real.queue)
-        model_mesh = predict(n, cost, seeds, queue=real.queue)
-        all_cpu = predict(n, GossipCost.from_hop(hop, cores), mesh=real.mesh, queue=real.queue)
+        pred = predict(n, cost, mesh=real.mesh)
+        model_mesh = predict(n, cost, seeds)
+        all_cpu = predict(n, GossipCost.from_hop(hop, cores), mesh=real.mesh)
         got = real.figures()
         for q, key in ((0.5, "p50"), (0.99, "p99"), (1.0, "max")):
             p, m = quantile(pred, q), got[f"{key}_s"]
