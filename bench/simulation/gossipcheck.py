@@ -185,13 +185,22 @@ def measure(
                 wait_ready(node, timeout=300)
         low = min(4, n - 1)  # gossipsub's degree_low (node/net/host.py)
 
+        left: list[str] = []
+
         def meshed() -> bool:
             sts = [probe(x) for x in nodes]
-            return not problems(sts) and all(
-                len(st["peers"]) >= n - 1 and len(st["gossip_probe"]["mesh"]) >= low for st in sts
-            )
+            left[:] = problems(sts) + [
+                f"{x.name} knows {len(st['peers'])} peers, {len(st['gossip_probe']['mesh'])} "
+                "in its mesh"
+                for x, st in zip(nodes, sts, strict=True)
+                if len(st["peers"]) < n - 1 or len(st["gossip_probe"]["mesh"]) < low
+            ]
+            return not left
 
-        wait_for(meshed, MESH_TIMEOUT, f"{n} nodes to meet and graft")
+        try:
+            wait_for(meshed, MESH_TIMEOUT, f"{n} nodes to meet and graft")
+        except RuntimeError as exc:
+            raise RuntimeError(f"{exc}: {len(left)} left, e.g. {'; '.join(left[:5])}") from None
         cpu = settle(nodes)
         sts = [probe(x) for x in nodes]
         index = {st["peer_id"]: i for i, st in enumerate(sts)}
