@@ -1,4 +1,4 @@
-"""Announcement delivery over gossip: the simulator's model (``derived.py``) checked against
+"""Announcement delivery over gossip: the simulator's model (``gossip.py``) checked against
 real node processes on 127.0.0.1, in one run.
 
     .venv/bin/python -m bench.simulation.gossipcheck [--ns 10,30] [--count 20] [--json]
@@ -13,11 +13,12 @@ receiver's handler (pacing, signing, every hop's read, check and forward include
 ``predict(n, cost)``: ``gossip.py``'s model of the same network (one machine's loopback:
 no RTT; the node processes share its cores), calibrated only from figures measured apart
 from the delays predicted: one hop's delay on a 2-node network of the same run
-(``calibrate``), the processor time a copy costs (the nodes' CPU over the announcements,
-less their idle rate, per copy sent and received on their mesh: ``copies``), the cores of
-this machine, and the mesh the nodes had grafted (read from each before publishing;
-``predicted_on_model_mesh``: the same on ``gossip_mesh``'s meshes from the configured
-degrees instead). The machine's run queue is sampled for the record (``run_queue``).
+(``calibrate``), the cores of this machine, and the mesh the nodes had grafted (read from
+each before publishing). ``validate_gossip`` also gives it on ``gossip_mesh``'s meshes
+from the configured degrees, and with a copy's processor time from the nodes' CPU
+counters (their CPU over the announcements, less their idle rate, per copy sent and
+received on their mesh: ``copies``). The machine's run queue is sampled for the record
+(``run_queue``).
 
 ``validate_gossip(ns)``: both, for each ``n``, as ``bench/sim.py``'s validation entries.
 """
@@ -73,6 +74,8 @@ class Delivery:
     # publishing (``run_queue``): the nodes' own upkeep and whatever else the machine runs
     queue: list[int]
     load: float  # the 1-minute load average, the higher of before and after
+    # "cpu": the nodes' CPU in cores (median and busiest node settled, all idle) and the
+    # processor seconds a copy cost ("copy_s")
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
