@@ -12,8 +12,11 @@ decision code, on simulated links and a simulated clock (no sockets, no sleeps).
   (``node/roles/decisions/judging.py``) fed by workers' batches, fetches over the links,
   judgements at a measured cost, votes in chain blocks.
 - ``baselines.py``: a single HTTP origin and a relay tree (SHARDCAST's first design).
-- ``derived.py``: announcement delivery over a gossip mesh, DHT lookup hops, and the
+- ``gossip.py``: announcement delivery over a gossipsub mesh: every copy a node sends or
+  receives costs its process time, one job after another, on cores the nodes may share.
+- ``derived.py``: announcement delivery at scale (``gossip.py``), DHT lookup hops, and the
   figures derived from measured costs (async level, validators, chain transactions).
+- ``gossipcheck.py``: the gossip model against real node processes on 127.0.0.1.
 
 ``bench/sim.py`` runs it against the real swarm bench and at scale; ``docs/simulation.md``
 states the model, its assumptions and what it does not model.

@@ -2,10 +2,10 @@
 presence pacing, and what follows from measured costs (async level, validators, chain
 transactions). Each function names where its inputs come from.
 
-- **Gossip**: gossipsub's mesh as the node configures it (``node/net/host.py``: degree 6),
-  a message forwarded along every mesh link once; a hop costs half the path's RTT plus
-  ``hop_s`` of processing. Delivery time to each node is its shortest path from the
-  publisher (Dijkstra).
+- **Gossip**: ``gossip.py``'s model (gossipsub's mesh with the node's degrees; every copy
+  a node sends or receives costs its process time, one thing at a time; a copy is on the
+  link for half the path's RTT), each node on its own machine, a hop (one send and one
+  receive) costing ``hop_s`` (checked against real nodes: ``gossipcheck.py``).
 - **DHT**: Kademlia with ``k = 20`` and ``alpha = 3`` (py-libp2p's kad-dht), node ids
   random: the rounds of an iterative lookup until the ``k`` nodes nearest the key are known.
 - **Presence**: ``max(heartbeat_interval, (known + 1) / presence_rate)`` seconds between a
@@ -15,39 +15,19 @@ transactions). Each function names where its inputs come from.
 from __future__ import annotations
 
 import bisect
-import heapq
 import math
 import random
 
-from bench.simulation.links import Link, path_rtt
+from bench.simulation import gossip
+from bench.simulation.gossip import GossipCost
+from bench.simulation.links import Link
 from node.config import NodeConfig
-
-MESH_DEGREE = 6  # node/net/host.py: gossipsub degree
 
 
 def gossip_delivery(links: list[Link], rng: random.Random, hop_s: float = 0.005) -> list[float]:
-    """Seconds from node 0 publishing until each other node has the message."""
-    n = len(links)
-    adj: list[set[int]] = [set() for _ in range(n)]
-    for i in range(n):  # each node grafts until it has MESH_DEGREE links
-        while len(adj[i]) < min(MESH_DEGREE, n - 1):
-            j = rng.randrange(n)
-            if j != i:
-                adj[i].add(j)
-                adj[j].add(i)
-    best = [math.inf] * n
-    best[0] = 0.0
-    heap = [(0.0, 0)]
-    while heap:
-        t, i = heapq.heappop(heap)
-        if t > best[i]:
-            continue
-        for j in adj[i]:
-            arrive = t + path_rtt(links[i], links[j]) / 2 + hop_s
-            if arrive < best[j]:
-                best[j] = arrive
-                heapq.heappush(heap, (arrive, j))
-    return best[1:]
+    """Seconds from node 0 publishing until each other node has the message, every node
+    on its own machine (no processors shared), a hop costing ``hop_s`` beside the RTT."""
+    return gossip.gossip_delivery(links, rng, GossipCost.from_hop(hop_s))
 
 
 def dht_lookup_hops(n: int, rng: random.Random, lookups: int = 200, k: int = 20) -> list[int]:
