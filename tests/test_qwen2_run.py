@@ -22,7 +22,10 @@ from tests.helpers.net import status, wait_until
 
 pytestmark = pytest.mark.slow
 
+# a step waits for both batches the test asserts it used (the default 120 s step_wait let a
+# loaded machine's trainer step on one)
 TRAINER = ["--trainer.eval-every", "0", "--trainer.batches-per-step", "2"]
+TRAINER += ["--trainer.step-wait", "600"]
 
 
 def files_held(node):
