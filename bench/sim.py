@@ -543,7 +543,14 @@ def main() -> None:
         action="store_true",
         help="also: N=1,000 with twice the pieces, and the schedule fix at N=1,000",
     )
-    ap.add_argument("--real-nodes", default="10,30", help="validation: swarm sizes to run")
+    ap.add_argument(
+        "--real-nodes", default="10,30", help="validation: swarm and gossip network sizes to run"
+    )
+    ap.add_argument(
+        "--skip-gossip",
+        action="store_true",
+        help="validation: the swarm only, not announcement delivery (gossipcheck.py)",
+    )
     args = ap.parse_args()
     ns = [int(x) for x in args.nodes.split(",")]
     sizes = [float(x) for x in args.sizes.split(",")]
@@ -554,6 +561,20 @@ def main() -> None:
         print(f"validation (uptime load {os.getloadavg()[0]:.1f}):", file=sys.stderr)
         real = [int(x) for x in args.real_nodes.split(",")] + ([50] if args.full else [])
         result["validation"] = validate(real, args.cap, args.mib, args.shard_mib, args.seeds)
+        if not args.skip_gossip:
+            from bench.simulation.gossipcheck import validate_gossip
+
+            print("gossip validation:", file=sys.stderr)
+            gossip = validate_gossip([int(x) for x in args.real_nodes.split(",")])
+            result["validation"].update(gossip)  # type: ignore[attr-defined]
+            for key, entry in gossip.items():
+                if "ratio" in entry:
+                    print(
+                        f"  {key}: {entry['predicted'] * 1000:.1f} ms predicted, "
+                        f"{entry['measured'] * 1000:.1f} measured (ratio {entry['ratio']}, "
+                        f"load {entry['load']})",
+                        file=sys.stderr,
+                    )
     print("predictions:", file=sys.stderr)
     pred = predictions(ns, sizes, args.pieces, args.seed, args.exact_up_to)
     curves = pred.pop("curves")
