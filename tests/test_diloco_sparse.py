@@ -351,6 +351,8 @@ class _InMemoryGroup:
     """What ``DilocoGroup.all_reduce`` uses of its group, for one member of ``peers``: the
     roster is all of them, each pull reads the left neighbour's outbox."""
 
+    _attempts = DilocoGroup._attempts  # the real attempts loop, on these fakes
+
     def __init__(self, peers, me, codec):
         self.peers, self.me = peers, me
         self.cfg = SimpleNamespace(step_timeout=30.0, compressor=codec)
