@@ -7,6 +7,7 @@ libp2p between processes); the membership state machine is driven with explicit 
 from __future__ import annotations
 
 import copy
+import logging
 
 import pytest
 import torch
@@ -911,7 +912,7 @@ async def test_a_failed_ring_attempt_blames_the_left_neighbour_for_a_bad_chunk_o
 
 
 async def test_a_member_whose_leader_never_answers_ends_the_step_with_a_group_error(
-    autojump_clock,
+    autojump_clock, caplog
 ):
     """A leader gone (its run over, its machine down) is asked again every poll until
     ``step_timeout``; then the step ends with a ``GroupError`` that says so, which the
@@ -920,6 +921,7 @@ async def test_a_member_whose_leader_never_answers_ends_the_step_with_a_group_er
 
     from node.diloco.group import DilocoGroup, GroupError
 
+    caplog.set_level(logging.DEBUG, logger="intellect.diloco")
     asks = []
 
     async def request(peer, protocol, msg, reply_type):
@@ -938,6 +940,11 @@ async def test_a_member_whose_leader_never_answers_ends_the_step_with_a_group_er
         await DilocoGroup.all_reduce(group, 3, torch.ones(12), "s" * 64, "l" * 64)
     assert trio.current_time() == pytest.approx(5.0)
     assert len(asks) >= 40  # asked again every poll, up to the end
+    said = [r for r in caplog.records if "sync with the leader failed" in r.getMessage()]
+    assert len(said) == len(asks)  # every failure is logged, but only the first at INFO
+    assert [r.getMessage()[:36] for r in said if r.levelname == "INFO"] == [
+        "sync with the leader failed (1 in a "
+    ]
 
 
 # ---- more of the rosters' and the group's checks -------------------------------------

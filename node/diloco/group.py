@@ -255,6 +255,7 @@ class DilocoGroup:
     ) -> tuple[list[str], list[float], int]:
         """The roster, its norms, and the attempt they are for: a later attempt of the step
         than we asked for if the group abandoned ours before we got its roster."""
+        failed = 0  # asks in a row that got no answer (a leader gone: one per poll)
         while True:
             if self.leading:
                 if blame:
@@ -281,7 +282,9 @@ class DilocoGroup:
                     why = exc.detail.removeprefix("refused: ") if exc.reason == "not_member" else ""
                     raise GroupError(f"the leader refused us: {exc}", why) from exc
                 except Exception as exc:  # a slow or lost stream (py-libp2p raises many types)
-                    log.info("sync with the leader failed (retrying): %r", exc)
+                    failed += 1  # the first and every 100th at INFO: not ten lines a second
+                    level = logging.INFO if failed % 100 == 1 else logging.DEBUG
+                    log.log(level, "sync with the leader failed (%d in a row): %r", failed, exc)
                     reply = None
                 roster = self._checked(reply, step, attempt)
                 norms = list(reply.norms) if reply is not None else []
