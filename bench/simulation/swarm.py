@@ -358,22 +358,23 @@ class Swarm:
         c.outgoing.pop(id(req), None)
         return c if c.online and c.life == req.life and c.plan is not None else None
 
-    def _busy(self, req: Request) -> None:
+    def _tell(self, req: Request, outcome: Callable[[DownloadPlan, str], None]) -> bool:
+        """Hand ``req``'s outcome to its client's plan (``outcome(plan, server's peer id)``)
+        and wake the client; False if the session that asked is gone (churn)."""
         c = self._current(req)
         if c is None:
-            return
+            return False
         assert c.plan is not None
-        self.busy += 1
-        c.plan.busy(req.shard, self.nodes[req.server].peer, self.loop.now)
+        outcome(c.plan, self.nodes[req.server].peer)
         self._wake(c.index)
+        return True
+
+    def _busy(self, req: Request) -> None:
+        if self._tell(req, lambda plan, peer: plan.busy(req.shard, peer, self.loop.now)):
+            self.busy += 1
 
     def _lacks(self, req: Request) -> None:
-        c = self._current(req)
-        if c is None:
-            return
-        assert c.plan is not None
-        c.plan.lacks(req.shard, self.nodes[req.server].peer)
-        self._wake(c.index)
+        self._tell(req, lambda plan, peer: plan.lacks(req.shard, peer))
 
     def _deadline(self, req: Request) -> None:
         if req.state in ("over", "arriving"):
@@ -385,12 +386,7 @@ class Swarm:
             self.wasted += req.sent
         req.state = "over"
         self.stalled += 1
-        c = self._current(req)
-        if c is None:
-            return
-        assert c.plan is not None
-        c.plan.failed(req.shard, self.nodes[req.server].peer, self.loop.now)
-        self._wake(c.index)
+        self._tell(req, lambda plan, peer: plan.failed(req.shard, peer, self.loop.now))
 
     # ---- flows --------------------------------------------------------------------------
 
@@ -516,13 +512,8 @@ class Swarm:
 
     def _reset(self, req: Request) -> None:
         """A fetch from a holder that went offline fails (transfer.py: ``plan.failed``)."""
-        c = self._current(req)
-        if c is None:
-            return
-        assert c.plan is not None
-        self.churn_failed += 1
-        c.plan.failed(req.shard, self.nodes[req.server].peer, self.loop.now)
-        self._wake(c.index)
+        if self._tell(req, lambda plan, peer: plan.failed(req.shard, peer, self.loop.now)):
+            self.churn_failed += 1
 
 
 def run_swarm(cfg: SwarmConfig, origin: Link, downloaders: list[Link]) -> SwarmResult:
