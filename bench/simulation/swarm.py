@@ -376,15 +376,20 @@ class Swarm:
     def _lacks(self, req: Request) -> None:
         self._tell(req, lambda plan, peer: plan.lacks(req.shard, peer))
 
-    def _deadline(self, req: Request) -> None:
-        if req.state in ("over", "arriving"):
-            return
+    def _cancel(self, req: Request) -> None:
+        """End ``req`` where it stands: out of its server's queue, or its flow stopped (the
+        bytes it moved wasted)."""
         if req.state == "queued":
             self.nodes[req.server].queue.remove(req)
         elif req.state == "flowing":
             self._end_flow(req)
             self.wasted += req.sent
         req.state = "over"
+
+    def _deadline(self, req: Request) -> None:
+        if req.state in ("over", "arriving"):
+            return
+        self._cancel(req)
         self.stalled += 1
         self._tell(req, lambda plan, peer: plan.failed(req.shard, peer, self.loop.now))
 
@@ -475,12 +480,7 @@ class Swarm:
         self.departures += 1
         self.transitions.append((now, i, False))
         for req in list(n.outgoing.values()):  # its own fetches end with it
-            if req.state == "queued":
-                self.nodes[req.server].queue.remove(req)
-            elif req.state == "flowing":
-                self._end_flow(req)
-                self.wasted += req.sent
-            req.state = "over"
+            self._cancel(req)
         n.outgoing.clear()
         for req in [*n.uploading, *n.queue]:  # those it served fail at their clients
             if req.state == "flowing":
