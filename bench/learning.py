@@ -70,6 +70,13 @@ held-out set, greedy 0.460): k2 0.471 (+16.1 points; greedy 0.594; 911 s), diloc
 (+13.2; greedy 0.508; 1857 s, H = 2, outer lr 0.7, Nesterov 0.9, int8), so diloco2 - k2 =
 -2.9 points, inside the 3 points issue #31 asks for, by a hair and on one seed. Its curve is
 the noisier: 0.40 at step 27, down to 0.32 at step 41, then up to 0.44; k2 rose steadily.
+``diloco2-sparse`` against ``k2`` (issue #57's target: within 3 points), ``--configs
+k2,diloco2-sparse``, 80 steps, 2 seeds, one run alone on the machine (2026-12-06; the same
+base as the line above: 0.310, greedy 0.460): k2 0.483 (+17.3 points; per seed 0.477,
+0.489; greedy 0.611; 549 s a run), diloco2-sparse 0.501 (+19.1; per seed 0.502, 0.500;
+greedy 0.591; 1517 s a run), so diloco2-sparse - k2 = +1.8 points sampled, -2.0 greedy.
+The sparse group's trainers idled 48 % of the time (k2's trainer 3 %): an outer step waits
+for both members' inner steps and the exchange.
 Before the base policy and the settings were chosen (issue #27; the old base answered
 levels 2-3 like lucky guesses, lr 3e-5, levels 1-3, greedy figures, 2 seeds), every
 configuration lost 3-6 points: base 0.313, k2 0.275, k0 0.280, central 0.257.
@@ -78,7 +85,7 @@ Writes ``learning.png`` and ``learning.json`` into ``--out`` (default
 ``bench-learning/``). ``--json``: the last line is one JSON object with ``base_accuracy``,
 ``accuracy`` (config -> mean over seeds per evaluated step), ``final`` (config -> final
 accuracy: ``final.diloco2`` beside ``final.k2`` when both run, ``final.diloco2-sparse``
-beside ``final.diloco2``), ``final_per_seed``,
+beside ``final.diloco2`` and ``final.k2``), ``final_per_seed``,
 ``steps``, ``seconds`` (config -> mean wall-clock per run), ``base_sampling`` (level ->
 the figures above) and ``idle_share`` (role -> share, k2 runs; ``idle_share_k0`` for k0).
 ``base_accuracy``, ``accuracy``, ``final`` and ``final_per_seed`` are sampled accuracy;
@@ -427,7 +434,13 @@ def main() -> None:
     print("final sampled accuracy per level:")
     for c in configs:
         print(f"  {c:<14} " + "  ".join(f"level {lv} {v:.3f}" for lv, v in per_level[c].items()))
-    pairs = (("k2", "k0"), ("diloco2", "k2"), ("diloco2-sparse", "diloco2"), ("k2", "central"))
+    pairs = (
+        ("k2", "k0"),
+        ("diloco2", "k2"),
+        ("diloco2-sparse", "diloco2"),
+        ("diloco2-sparse", "k2"),  # issue #57's target: within 3 points
+        ("k2", "central"),
+    )
     for a, b in pairs:
         if a in finals and b in finals:
             print(f"{a} - {b}: {100 * (finals[a] - finals[b]):+.1f} points (sampled)")

@@ -610,6 +610,50 @@ def plan(n=8, **kw):
     return DownloadPlan(n, rng=random.Random(1), **kw)
 
 
+def drain(p, now=0.0):
+    """Every fetch the plan starts at ``now``, each completed at once: shard -> peer."""
+    taken = {}
+    while got := p.assign(now):
+        for shard, peer in got:
+            p.completed(shard, peer, 10, 1.0)
+            taken[shard] = peer
+    return taken
+
+
+def test_a_downloader_takes_one_shard_at_a_time_from_the_origin_beside_other_downloaders():
+    """The origin's uplink is the swarm's scarcest: with another downloader known (a
+    peer that answered holdings and still lacks a shard), a second fetch from the origin
+    would take a second share of it, or wait in its queue holding a download slot."""
+    p = plan(8, origin="trainer", max_inflight=4, per_peer=2, explore=0.0)
+    p.update_peer("trainer", set(range(8)))
+    assert len(p.assign(0)) == 2  # alone with the origin: two, the gap between shards hidden
+    q = plan(8, origin="trainer", max_inflight=4, per_peer=2, explore=0.0)
+    q.update_peer("trainer", set(range(8)))
+    q.update_peer("other", {5})  # another downloader, one shard held so far
+    got = dict(q.assign(0))
+    assert got == {5: "other", got_origin(got): "trainer"} and len(got) == 2
+    assert q.assign(0) == []  # the origin is at one, "other" has nothing more
+    q.update_peer("other", {5, 6})
+    assert q.assign(0) == [(6, "other")]  # peers still take the second slot
+    first = got_origin(got)
+    q.completed(first, "trainer", 10, 1.0)
+    ((nxt, peer),) = q.assign(0)
+    assert peer == "trainer" and nxt not in (first, 5, 6)  # the next one, in turn
+    # a peer holding the whole version competes for nothing: two from the origin again
+    r = plan(8, origin="trainer", max_inflight=4, per_peer=2, explore=0.0)
+    r.update_peer("trainer", set(range(8)))
+    r.update_peer("seeder", set(range(8)))
+    r.update_peer("gone", set())
+    r.remove_peer("gone")  # its holdings query failed: no longer a downloader we know
+    r.peers["seeder"].backoff_until = 5.0  # busy for now
+    assert [peer for _, peer in r.assign(0)] == ["trainer", "trainer"]
+
+
+def got_origin(got):
+    (shard,) = [s for s, peer in got.items() if peer == "trainer"]
+    return shard
+
+
 def test_plan_prefers_rarest_shards_and_spreads_over_peers():
     p = plan(4, max_inflight=2, per_peer=2)
     p.update_peer("a", {0, 1, 2, 3})
@@ -714,7 +758,7 @@ def test_a_downloader_behind_a_relay_is_left_out_of_the_origin_shares():
             if other != me:
                 p.update_peer(other, set())
                 p.peers[other].relayed = "peer-c" in (me, other)
-        taken[me] = dict(p.assign(0))
+        taken[me] = drain(p)
     assert set(taken["peer-a"]) == {0, 2, 4} and set(taken["peer-b"]) == {1, 3, 5}
     assert set(taken["peer-c"]) == set(range(6))
     assert {v for t in taken.values() for v in t.values()} == {"trainer"}
@@ -730,14 +774,12 @@ def test_downloaders_split_the_origins_shards_and_take_the_rest_from_each_other(
             if other != me:
                 p.update_peer(other, set())  # joined: downloading, nothing held yet
         plans[me] = p
-    taken = {me: dict(p.assign(0)) for me, p in plans.items()}
+    taken = {me: drain(p) for me, p in plans.items()}
     for rank, me in enumerate(ids):  # sorted ids: rank r takes shards s = r (mod 3)
         assert set(taken[me]) == {s for s in range(12) if s % 3 == rank}
         assert set(taken[me].values()) == {"trainer"}
     # peer-a has its share; peer-b's shards come from peer-b, not from the origin again
     a = plans["peer-a"]
-    for shard in taken["peer-a"]:
-        a.completed(shard, "trainer", 10, 1.0)
     a.update_peer("peer-b", {1, 4})
     got = dict(a.assign(0))
     assert got == {1: "peer-b", 4: "peer-b"}
@@ -758,7 +800,7 @@ def test_downloaders_split_the_origins_shards_and_take_the_rest_from_each_other(
     solo = plan(4, origin="trainer", max_inflight=4, per_peer=4)
     solo.update_peer("trainer", set(range(4)))
     solo.update_peer("peer-b", set())
-    assert len(solo.assign(0)) == 4
+    assert len(drain(solo)) == 4
 
 
 def test_plan_tries_untried_peers_then_picks_by_measured_rate():

@@ -88,14 +88,14 @@ def test_the_simulator_runs_the_real_rarest_first(monkeypatch):
     """Sort shards commonest first instead of rarest first (the node's own ``_pick``, its
     one ``list(...)`` made a list whose ``sort`` runs backwards) and the downloaders chase
     the same shards: the version spreads more slowly."""
-    real = swarm(12, seed=5, shards=24)
+    real = swarm(12, seed=5, shards=48)
 
     class Backwards(list):
         def sort(self, *, key=None, reverse=False):
             super().sort(key=key, reverse=not reverse)
 
     monkeypatch.setattr(schedule, "list", Backwards, raising=False)
-    mutated = swarm(12, seed=5, shards=24)
+    mutated = swarm(12, seed=5, shards=48)
     assert max(mutated.done_at) > 1.1 * max(real.done_at)
 
 

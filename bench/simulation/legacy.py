@@ -11,6 +11,8 @@ and after in the same bench run:
 
 (The third fault, ``2 ** failures`` overflowing a float after 1,025 failures in a row and
 ending the download, is fixed in both: the "before" figures would otherwise be a crash.)
+It also takes ``per_peer`` fetches from the origin at once, as the plan did before the
+origin's one-at-a-time rule (docs/simulation.md, the fifth fix).
 """
 
 from __future__ import annotations

@@ -41,7 +41,15 @@ The download loop tells it what each peer holds (``update_peer``), asks it for w
   every fetch stalls, a home uplink split over four uploads, otherwise held a download up
   for good); a peer that served a shard whose hash is wrong is banned for good.
 - **Bounds**: at most ``max_inflight`` shards in flight (memory is that many shards) and
-  ``per_peer`` from any one peer.
+  ``per_peer`` from any one peer; from the origin, one at a time once the plan knows
+  another downloader, a peer that answered holdings and lacks a shard (alone with the
+  origin, ``per_peer``: a second fetch hides the gap between shards). The origin's uplink
+  is the swarm's scarcest and its upload slots serve in turn: a second request there took
+  a second share of it from the other downloaders, or waited in its queue holding a
+  download slot a peer could have filled. The swarm bench (6 downloaders, 256 MiB in
+  8 MiB shards, ``bench/shardcast.py``), before and after: 1.52-1.56 -> 1.31-1.36 x ideal
+  at 10 MB/s, 1.48-1.91 -> 1.38-1.76 at 40 (CPU-bound there); simulated, 1.46 -> 1.34 and
+  1.55 -> 1.43 (docs/simulation.md).
 """
 
 from __future__ import annotations
@@ -215,6 +223,7 @@ class DownloadPlan:
         self.rng.shuffle(order)
         order.sort(key=lambda s: len(holders[s]))  # stable: random among equally rare
         origin, per_peer = self.origin, self.per_peer
+        origin_room = 1 if self._crowded() else per_peer  # from the origin (module doc)
         mine: Callable[[int], bool] | None = None  # the origin shares, when first needed
         deferred: tuple[int, list[PeerState]] | None = None  # the rarest of another's share
         for shard in order:
@@ -228,7 +237,9 @@ class DownloadPlan:
             live = [p for p in reach if p.backoff_until <= now]  # (banned: not holders)
             others = [p for p in live if p.peer != origin]
             pool = others or live  # the origin only when nobody else can serve this shard
-            usable = [p for p in pool if p.inflight < per_peer]
+            usable = [
+                p for p in pool if p.inflight < (origin_room if p.peer == origin else per_peer)
+            ]
             if not usable:
                 continue
             if not others:
@@ -247,6 +258,15 @@ class DownloadPlan:
             shard, usable = deferred  # idle too long: another's share rather than wait
             return shard, self._choose(usable).peer
         return None
+
+    def _crowded(self) -> bool:
+        """Whether another downloader of this version is known: a peer that answered
+        holdings and still lacks a shard (it competes with us for the origin's uplink)."""
+        n = self.num_shards
+        return any(
+            p.joined and not p.banned and p.peer != self.origin and len(p.have) < n
+            for p in self.peers.values()
+        )
 
     def _share(self) -> Callable[[int], bool]:
         """Whether a shard only the origin holds is ours to take from it (module doc)."""
