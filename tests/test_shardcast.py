@@ -620,6 +620,12 @@ def drain(p, now=0.0):
     return taken
 
 
+def got_origin(got):
+    """The one shard of ``got`` (shard -> peer) fetched from the origin."""
+    (shard,) = [s for s, peer in got.items() if peer == "trainer"]
+    return shard
+
+
 def test_a_downloader_takes_one_shard_at_a_time_from_the_origin_beside_other_downloaders():
     """The origin's uplink is the swarm's scarcest: with another downloader known (a
     peer that answered holdings and still lacks a shard), a second fetch from the origin
@@ -647,11 +653,6 @@ def test_a_downloader_takes_one_shard_at_a_time_from_the_origin_beside_other_dow
     r.remove_peer("gone")  # its holdings query failed: no longer a downloader we know
     r.peers["seeder"].backoff_until = 5.0  # busy for now
     assert [peer for _, peer in r.assign(0)] == ["trainer", "trainer"]
-
-
-def got_origin(got):
-    (shard,) = [s for s, peer in got.items() if peer == "trainer"]
-    return shard
 
 
 def test_plan_prefers_rarest_shards_and_spreads_over_peers():
