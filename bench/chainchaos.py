@@ -33,6 +33,11 @@ Measured on 2026-12-05 (2 shared cores, 2 workers, 3 steps, 2 s blocks, 3 confir
   steps, 8 submissions, every loss and double figure 0; seed 1 in 203 s through 10 reorgs
   (9 transactions sent again), 3 drops, 1 spike and 157 RPC faults, verdict delay p95 12 s;
   seed 2 in 160 s through 7 reorgs, 3 drops, 1 spike and 122 RPC faults, p95 10 s.
+
+A run that settles soon after the first verdict once met no drop (CI, 2 steps, seed 1: the
+drop came third, waited its two blocks on an idle mempool, and the run settled before it
+came again); the schedule's first drop now leads and waits up to a minute for the nodes'
+next transaction.
 """
 
 from __future__ import annotations

@@ -141,7 +141,9 @@ def test_the_chaos_schedule_injects_what_it_counts():
     with HostileAnvil(free_port(), block_time=0.5) as chain:
         proxy = FaultProxy(chain.url, rates={}, seed=1, hold_s=0.5).start()
         try:
-            schedule = ChaosSchedule(chain, [proxy], seed=4, gap_s=(0.3, 0.6)).start()
+            schedule = ChaosSchedule(
+                chain, [proxy], seed=4, gap_s=(0.3, 0.6), first_drop_wait_s=0.5
+            ).start()
             assert proxy.rates["429"] == 0.03 and abs(sum(proxy.rates.values()) - 0.10) < 1e-9
             deadline = time.monotonic() + 30
             rng = random.Random(0)
@@ -158,6 +160,7 @@ def test_the_chaos_schedule_injects_what_it_counts():
             proxy.stop()
         assert schedule.errors == []
         kinds = [k for _, k, _ in schedule.log]
+        assert kinds[0] == "drop"  # the drop leads (it waits for a transaction)
         # each kind first, until it bit (no transaction here, so no drop ever does): a run
         # that settles early has still met a reorg and the spike
         bitten = [k for _, k, what in schedule.log if not what.startswith("dropped nothing")]
@@ -166,3 +169,28 @@ def test_the_chaos_schedule_injects_what_it_counts():
         assert counts["fee_spikes"] == kinds.count("spike") == 1  # once by default
         assert counts["rpc_faults"] == sum(proxy.counts[k] for k in proxy.rates) > 0
         assert proxy.rates == dict.fromkeys(proxy.rates, 0.0)  # stopped: forwards everything
+
+
+def test_the_first_drop_waits_for_a_transaction_that_comes_late():
+    """The first drop waits past its two blocks for the network's next transaction: a short
+    run whose mempool was idle when the drop came once settled without any (CI, seed 1)."""
+    import threading
+
+    from tests.test_hostile_chain import send
+
+    with HostileAnvil(free_port(), block_time=0.5) as chain:
+        schedule = ChaosSchedule(chain, [], seed=4, gap_s=(0.1, 0.2), first_drop_wait_s=20)
+        late = threading.Timer(4.0, lambda: send(chain))  # eight blocks after the start
+        schedule.start()
+        late.start()
+        try:
+            deadline = time.monotonic() + 30
+            while not schedule.log:
+                assert time.monotonic() < deadline, schedule.errors
+                time.sleep(0.1)
+        finally:
+            late.join()
+            counts = schedule.stop()
+        at, kind, what = schedule.log[0]
+        assert kind == "drop" and at >= 3.5 and "nothing" not in what, schedule.log
+        assert counts["dropped"] == 1

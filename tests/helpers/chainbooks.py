@@ -4,7 +4,8 @@
 ``FaultProxy`` in front of it, sets the proxies' fault rates (10 % of requests in all by
 default) and then, at seeded random gaps, injects a reorg of 1 to 3 blocks (the removed
 transactions sent again, as a real chain's mempool takes them back), drops a pending
-transaction (waiting up to two blocks for one to be there), or spikes the base fee tenfold
+transaction (waiting up to two blocks for one to be there; the first drop leads and waits
+up to a minute), or spikes the base fee tenfold
 and to at least 10 gwei (once by default), counting each. The floor matters: anvil's base
 fee falls towards zero on empty blocks, and the client offers twice the base fee plus a
 1 gwei tip, so a tenfold spike of a near-zero base fee would stop nothing.
@@ -59,6 +60,7 @@ class ChaosSchedule:
         spikes: int = 1,
         spike_factor: float = 10.0,
         spike_floor_wei: int = 10 * 10**9,
+        first_drop_wait_s: float = 60.0,
     ) -> None:
         self.anvil = anvil
         self.proxies = proxies
@@ -68,6 +70,7 @@ class ChaosSchedule:
         self.spikes = spikes
         self.spike_factor = spike_factor
         self.spike_floor_wei = spike_floor_wei
+        self.first_drop_wait_s = first_drop_wait_s
         self.log: list[tuple[float, str, str]] = []  # (seconds since start, kind, what)
         self.errors: list[str] = []  # injections the chain refused
         self._stop = threading.Event()
@@ -107,16 +110,20 @@ class ChaosSchedule:
         return self.counts
 
     def _run(self) -> None:
-        # every kind first, in a seeded order, until each has bitten once (a drop from an
-        # empty mempool, a reorg at genesis do not: that kind goes to the back and comes
-        # again), then at random: a run that settles early still met each kind of fault
-        first = self.rng.sample(self._kinds(), len(self._kinds()))
+        # every kind first, until each has bitten once (a drop from an empty mempool, a
+        # reorg at genesis do not: that kind goes to the back and comes again), then at
+        # random: a run that settles early still met each kind of fault. The drop leads and
+        # waits up to ``first_drop_wait_s`` for a transaction: the chaos starts at the first
+        # verdict, when most of a short run's transactions are still to come (one that
+        # waited behind the others for two blocks met an idle mempool and never bit)
+        others = [k for k in self._kinds() if k != "drop"]
+        first = ["drop", *self.rng.sample(others, len(others))]
         while not self._stop.wait(self.rng.uniform(*self.gap_s)):
             again = bool(first)  # one of the first round: again until it bites
             kind = first.pop(0) if first else self.rng.choice(self._kinds())
             before = self.anvil.counts[BITES[kind]]
             try:
-                what = self.inject(kind)
+                what = self.inject(kind, patient=again)
             except Exception as exc:  # the chain refused or did not answer: noted, go on
                 self.errors.append(f"{kind}: {exc}")
                 what = None
@@ -128,8 +135,10 @@ class ChaosSchedule:
     def _kinds(self) -> list[str]:
         return ["reorg", "drop"] + (["spike"] if self.spikes > 0 else [])
 
-    def inject(self, kind: str) -> str | None:
-        """One fault of ``kind``; what it did (None: nothing, at genesis there is no reorg)."""
+    def inject(self, kind: str, *, patient: bool = False) -> str | None:
+        """One fault of ``kind``; what it did (None: nothing, at genesis there is no reorg).
+        ``patient``: a drop waits up to ``first_drop_wait_s`` (or ``stop``) for a
+        transaction to come, not two blocks."""
         if kind == "reorg":
             depth = self.rng.randint(1, 3)
             if self.anvil.head() == 0:
@@ -137,8 +146,12 @@ class ChaosSchedule:
             removed = self.anvil.reorg(depth)
             return f"depth {depth}, {len(removed)} transactions sent again"
         if kind == "drop":
-            dropped = self.anvil.drop_pending(1, self.rng, wait_s=2 * (self.anvil.block_time or 1))
-            return f"dropped {dropped or 'nothing (mempool empty)'}"
+            block = 2 * (self.anvil.block_time or 1)
+            until = time.monotonic() + (self.first_drop_wait_s if patient else 0.0)
+            while True:  # in slices of two blocks, so that ``stop`` is heard
+                dropped = self.anvil.drop_pending(1, self.rng, wait_s=block)
+                if dropped or time.monotonic() >= until or self._stop.is_set():
+                    return f"dropped {dropped or 'nothing (mempool empty)'}"
         self.spikes -= 1
         fee = self.anvil.spike_fees(self.spike_factor, at_least=self.spike_floor_wei)
         return f"base fee now {fee} wei"
