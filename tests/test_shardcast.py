@@ -371,6 +371,116 @@ def test_the_whole_digest_advances_as_shards_are_written_in_any_order(tmp_path):
         tampered.finish(partial)
 
 
+def resident_pages(path):
+    """The indices of ``path``'s pages that are in the page cache (``mincore``)."""
+    import ctypes
+    import mmap
+
+    size = path.stat().st_size
+    page = mmap.PAGESIZE
+    n = -(-size // page)
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int]
+    libc.mmap.argtypes += [ctypes.c_int, ctypes.c_long]
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    fd = os.open(path, os.O_RDONLY)
+    try:  # mapped, never touched: mapping a file brings none of it in
+        addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+        assert addr not in (None, ctypes.c_void_p(-1).value), ctypes.get_errno()
+        vec = ctypes.create_string_buffer(n)
+        try:
+            assert libc.mincore(addr, size, vec) == 0, ctypes.get_errno()
+        finally:
+            libc.munmap(addr, size)
+    finally:
+        os.close(fd)
+    return {i for i in range(n) if vec.raw[i] & 1}
+
+
+@pytest.mark.parametrize("order", ["in order", "backwards"])
+def test_a_download_writes_and_reads_back_its_new_bytes_past_the_page_cache(tmp_path, order):
+    """Shard bytes go to disk with O_DIRECT (``node/shardcast/direct.py``): a VM whose
+    free memory goes back to the host charges every new page-cache page (3-4 s of CPU per
+    GB), which bound the pull. Only the pages a span covers in part (a file's unaligned
+    end, a shard boundary inside a file that does not start on a block) go through the
+    page cache; a
+    shard read back for the whole-sequence hash (it came ahead of its turn) is read direct
+    too. The bytes are exact either way."""
+    _origin, source, src = published(tmp_path)
+    m = source.manifest
+    store = make_store(tmp_path)
+    partial = store.begin(m, source.envelope)
+    shards = range(m.num_shards) if order == "in order" else reversed(range(m.num_shards))
+    for i in shards:
+        partial.write(i, source.read_shard(i))
+    assert partial._hashed == m.num_shards
+    # the pages a span covers only in part: its first and last unless they start and end
+    # on a block (a span within one page is all edges)
+    edges: dict[int, set[int]] = {}
+    for k in range(m.num_shards):
+        for i, off, n in m.spans(*m.shard_range(k)):
+            lo, hi = -(-off // 4096), (off + n) // 4096
+            pages = range(off // 4096, -(-(off + n) // 4096))
+            mine = edges.setdefault(i, set())
+            mine.update(pages if hi <= lo else {p for p in pages if p < lo or p >= hi})
+    total = 0
+    for i, f in enumerate(m.files):
+        if f.size:
+            assert resident_pages(partial.root / "files" / f.name) == edges[i], f.name
+            total += -(-f.size // 4096)
+    assert sum(map(len, edges.values())) < total // 4  # 11 of 128 pages
+    done = store.finish(partial)
+    for f in m.files:
+        assert (done.root / "files" / f.name).read_bytes() == (src / f.name).read_bytes()
+
+
+def test_a_file_system_without_direct_io_gets_the_page_cache(tmp_path, monkeypatch):
+    """Refused at open (``EINVAL``) or at a write, direct I/O gives way to the page cache
+    for the rest of the download; the bytes and the whole digest are exact."""
+    import errno
+
+    real_open, real_pwrite = os.open, os.pwrite
+    _origin, source, src = published(tmp_path)
+    m = source.manifest
+
+    def no_direct(path, flags, *a):
+        if flags & os.O_DIRECT:
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_open(path, flags, *a)
+
+    monkeypatch.setattr(os, "open", no_direct)
+    partial = make_store(tmp_path, "at-open").begin(m, source.envelope)
+    monkeypatch.setattr(os, "open", real_open)
+    assert partial._direct is None
+    for i in reversed(range(m.num_shards)):
+        partial.write(i, source.read_shard(i))
+    big = max(m.files, key=lambda f: f.size)
+    assert len(resident_pages(partial.root / "files" / big.name)) == -(-big.size // 4096)
+    partial.close()
+
+    store = make_store(tmp_path, "at-write")
+    partial = store.begin(m, source.envelope)
+    partial.write(0, source.read_shard(0))
+    direct_fds = set(partial._direct._fds)
+    refused = []
+
+    def refuse(fd, data, offset):
+        if fd in direct_fds:
+            refused.append(offset)
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_pwrite(fd, data, offset)
+
+    monkeypatch.setattr(os, "pwrite", refuse)
+    for i in reversed(range(1, m.num_shards)):
+        partial.write(i, source.read_shard(i))
+    assert len(refused) == 1 and not partial._direct.usable  # asked once, then not again
+    done = store.finish(partial)
+    for f in m.files:
+        assert (done.root / "files" / f.name).read_bytes() == (src / f.name).read_bytes()
+
+
 def test_retention_keeps_the_newest_k_versions(tmp_path):
     store = make_store(tmp_path, "origin")
     src = checkpoint(tmp_path, {"w.bin": 1000})

@@ -38,6 +38,7 @@ from pathlib import Path
 from crypto.hashing import bulk_digest, bulk_hasher
 from crypto.identity import Identity
 from node.files import write_atomic
+from node.shardcast.direct import DirectFiles, pwrite_all
 from protocol.errors import Reason, WireError
 from protocol.shardcast import MAX_FILES, WeightFile, WeightManifest, is_file_name, open_manifest
 from protocol.wire import seal
@@ -142,6 +143,7 @@ class Partial(ShardSource):
 
     def __init__(self, root: Path, manifest: WeightManifest, envelope: bytes) -> None:
         self._journal = -1
+        self._direct: DirectFiles | None = None
         self._lock = os.open(root / "lock", os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -151,6 +153,8 @@ class Partial(ShardSource):
         super().__init__(root, manifest, envelope, [])
         try:
             self._fds = _open_files(root, manifest, create=True)
+            # new bytes past the page cache where the file system allows (``direct.py``)
+            self._direct = DirectFiles.open([root / "files" / f.name for f in manifest.files])
             self._journal = os.open(root / "done", os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
             # the whole-sequence hash over shards [0, _hashed), advanced as shards are written
             self._whole = bulk_hasher()
@@ -195,14 +199,12 @@ class Partial(ShardSource):
         view = memoryview(data)
         for i, off, n in self.manifest.spans(start, end):
             f = self.manifest.files[i]
-            pos = f.offset + off - start
-            done = 0
-            while done < n:  # pwrite may write less than asked (a full disk, a signal)
-                wrote = os.pwrite(self._fds[i], view[pos + done : pos + n], off + done)
-                if wrote <= 0:
-                    raise StoreError(f"cannot write shard {index}: wrote {wrote} bytes")
-                done += wrote
-            os.fdatasync(self._fds[i])
+            part = view[f.offset + off - start : f.offset + off - start + n]
+            if self._direct is not None:
+                self._direct.write(i, self._fds[i], part, off)
+            else:
+                pwrite_all(self._fds[i], part, off)
+            os.fdatasync(self._fds[i])  # the edges written buffered, and the file's blocks
         os.write(self._journal, JOURNAL.pack(index))
         self.held.add(index)
         self._advance(index, view)
@@ -213,10 +215,24 @@ class Partial(ShardSource):
         with self._whole_lock:
             while self._hashed in self.held:
                 k = self._hashed
-                self._whole.update(
-                    data if k == written and data is not None else self.read_shard(k)
-                )
+                if k == written and data is not None:
+                    self._whole.update(data)
+                elif not self._read_back_direct(k):
+                    self._whole.update(self.read_shard(k))
                 self._hashed += 1
+
+    def _read_back_direct(self, index: int) -> bool:
+        """Hash shard ``index`` read past the page cache (a buffered read of bytes written
+        direct would take them a new page each); False where that is not possible."""
+        if self._direct is None or not self._direct.usable:
+            return False
+        spans = self.manifest.spans(*self.manifest.shard_range(index))
+        for k, (i, off, n) in enumerate(spans):
+            if not self._direct.read_into(i, off, n, self._whole):
+                if k:  # a part is in the hash already: it cannot be read again whole
+                    raise StoreError(f"shard {index}: a direct read refused halfway")
+                return False
+        return True
 
     def whole_digest(self) -> bytes:
         """The whole-sequence digest (every shard must be held)."""
@@ -231,6 +247,8 @@ class Partial(ShardSource):
 
     def close(self) -> None:
         super().close()
+        if self._direct is not None:
+            self._direct.close()
         if self._journal >= 0:
             os.close(self._journal)
             self._journal = -1
