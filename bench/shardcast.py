@@ -11,7 +11,8 @@ stream and a raw TCP socket between two processes moving the same bytes.
     as shipped, without the read-ahead our nodes put on their TCP streams), over the same
     stream with that read-ahead (for reference: what the nodes' transport itself moves),
     and over a raw TCP socket. Also for reference: how fast this machine's disk takes as
-    many new bytes, written as a downloader's store writes them (``disk_write_MBps``).
+    many new bytes through the page cache, in shards (``disk_write_MBps``: what bound the
+    pull on a VM that charges each new page, before the store wrote past the cache).
 (b) one origin → ``--peers`` downloaders at once, every node with the same upload cap
     (``--cap`` MB/s, a home uplink): time from the publish request until every downloader
     holds the version, against the ideal ``size / cap`` (one copy leaving the origin at
@@ -189,9 +190,10 @@ def swarm(base: Path, ckpt: Path, total: int, peers: int, cap: float) -> dict[st
 
 
 def disk_write(base: Path, total: int, shard: int) -> float:
-    """MB/s of writing ``total`` new bytes to a new file the way a downloader's store does
-    (``node/shardcast/store.py``: one ``pwrite`` per shard, then ``fdatasync``): the most a
-    pull can move on this machine's disk, page cache included."""
+    """MB/s of writing ``total`` new bytes to a new file through the page cache, one
+    ``pwrite`` and ``fdatasync`` per shard: what a downloader's store did before it wrote
+    past the cache (``node/shardcast/direct.py``), and what it still does on a file system
+    that refuses ``O_DIRECT``."""
     data = memoryview(os.urandom(shard))
     path = base / "disk-probe"
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -390,15 +392,8 @@ def main() -> None:
         print(
             f"  the same, nodes' TCP     {tuned:8.1f} MB/s   (with our read-ahead, node/net/host.py)"
         )
-        print(
-            f"  disk, new bytes          {disk:8.1f} MB/s   (as a downloader's store writes them)"
-        )
+        print(f"  disk, new bytes          {disk:8.1f} MB/s   (through the page cache)")
         print(f"  SHARDCAST pull           {one:8.1f} MB/s   ({one / libp2p:.3f} x bare libp2p)")
-        if one < 0.9 * libp2p and disk < 1.5 * libp2p:
-            print(
-                "  (the pull writes every byte to disk, which moves new bytes at "
-                f"{disk / libp2p:.2f} x the bare stream here)"
-            )
         sw = swarm(base / "swarm", base / "ckpt", total, args.peers, args.cap)
         ideal = total / (args.cap * 1e6) if args.cap else 0.0
         print(f"(b) one origin -> {args.peers} downloaders, every node capped at {args.cap} MB/s:")
