@@ -146,10 +146,10 @@ class ChaosSchedule:
             removed = self.anvil.reorg(depth)
             return f"depth {depth}, {len(removed)} transactions sent again"
         if kind == "drop":
-            block = 2 * (self.anvil.block_time or 1)
+            two_blocks = 2 * (self.anvil.block_time or 1)
             until = time.monotonic() + (self.first_drop_wait_s if patient else 0.0)
             while True:  # in slices of two blocks, so that ``stop`` is heard
-                dropped = self.anvil.drop_pending(1, self.rng, wait_s=block)
+                dropped = self.anvil.drop_pending(1, self.rng, wait_s=two_blocks)
                 if dropped or time.monotonic() >= until or self._stop.is_set():
                     return f"dropped {dropped or 'nothing (mempool empty)'}"
         self.spikes -= 1
