@@ -9,6 +9,7 @@ import pytest
 
 from bench.simulation.baselines import relay_tree, shared_finish_times, single_origin
 from bench.simulation.derived import dht_lookup_hops, gossip_delivery
+from bench.simulation.gossip import GossipCost
 from bench.simulation.links import Link
 from bench.simulation.swarm import SwarmConfig, run_swarm
 from node.shardcast import schedule
@@ -158,7 +159,7 @@ def test_gossip_reaches_everyone_and_dht_lookups_take_few_hops():
     import random
 
     links = [Link(up=1.0, down=1.0, rtt=0.01) for _ in range(200)]
-    delivery = gossip_delivery(links, random.Random(0), hop_s=0.0)
+    delivery = gossip_delivery(links, random.Random(0), GossipCost(0.0, 0.0))
     assert all(math.isfinite(t) for t in delivery)
     assert max(delivery) >= 0.01  # at least one hop of half of two access RTTs
     hops = dht_lookup_hops(500, random.Random(0), lookups=20)

@@ -11,16 +11,19 @@ whom, and what each copy costs the processes that send and receive it.
   ``GossipSub._get_peers_to_send``). The node speaks gossipsub 1.1 (``protocol/ids.py``):
   no IDONTWANT, so every such copy is sent, and one a node already has is a duplicate.
 - **Costs** (``GossipCost``): a node is one Python process on one thread: it does one
-  thing at a time, in the order the work came: ``send_s`` for each copy it sends (protobuf,
-  yamux, Noise, a socket write), ``recv_s`` for each copy it receives, a duplicate
-  included (it is read, decrypted and parsed before pubsub sees its id). A copy is on the
+  thing at a time, in the order the work came: ``publish_s`` once on the publisher
+  (sealing, signing), ``send_s`` for each copy it sends (protobuf, yamux, Noise, a socket
+  write), ``first_s`` for the first copy it receives (read and checked: two signature
+  checks and the node's own, until its handler has it) and ``recv_s`` for each duplicate
+  (read, decrypted and parsed before pubsub sees it has the message). A copy is on the
   link for half the path's RTT.
-- **Processors** (``GossipCost.cores``): the nodes share the machine's cores; while more
-  nodes have work than there are cores (with ``background`` other runnable tasks), each
-  runs at ``cores / (busy + background)`` of its speed: processor sharing. Tasks that
-  keep running do not count as ``background`` against a node: Linux's scheduler runs a
-  task woken from sleep (a node, to a message) ahead of them. For nodes each on its own
-  machine, ``cores = inf``: a node's work waits only for its own earlier work.
+- **Processors** (``GossipCost.cores``, ``slice_s``): the nodes share the machine's
+  cores; a node with work waits for one in the order it became runnable and runs until it
+  has no work, or has run its slice while another waits (Linux's EEVDF scheduler, its
+  base slice). A node's work on a message is a short burst after a sleep, so it mostly
+  finishes before the next node starts. Other tasks on the machine are left out: the
+  scheduler runs a task woken from sleep ahead of those that kept running. For nodes each
+  on its own machine, ``cores = inf``: a node's work waits only for its own earlier work.
 - **Wire** (``GossipCost.wire_s``): what a copy waits that takes no processor (wake-ups,
   the loopback stack), beside half the path's RTT.
 
@@ -34,7 +37,7 @@ import heapq
 import math
 import random
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from bench.simulation.links import Link, path_rtt
@@ -44,28 +47,45 @@ MESH_DEGREE, MESH_LOW, MESH_HIGH = 6, 4, 12  # node/net/host.py: build_pubsub
 
 @dataclass(frozen=True)
 class GossipCost:
-    """Seconds of one process's time per copy of a message, the processors shared, and
-    the delay of a copy that takes no processor (``wire_s``, beside half the RTT)."""
+    """Seconds of one process's time per piece of its work on a message, the processors
+    the processes share, and the delay of a copy that takes no processor (``wire_s``,
+    beside half the RTT).
+
+    - ``publish_s``: the publisher's own work before its first copy (sealing and signing);
+    - ``send_s``: a copy sent (protobuf, yamux, Noise, a socket write);
+    - ``first_s``: a copy received for the first time, read and checked until the node's
+      handler has it (two signature checks, the node's own checks): delivery;
+    - ``recv_s``: a duplicate received (read, decrypted and parsed before pubsub sees it
+      has the message); ``first_s`` is ``recv_s`` unless given.
+
+    ``cores``: the processors the nodes share (``inf``: each node on its own machine).
+    ``slice_s`` and ``tick_s``: how long a node keeps a processor while others wait for
+    one. Linux's scheduler (EEVDF, kernel 6.6 and later) lets a running task use its base
+    slice (0.75 ms x (1 + log2 of the processors): 1.5 ms on 2) and preempts it at the
+    first scheduler tick after that (``CONFIG_HZ`` 250 here: every 4 ms); a task that
+    wakes does not cut a running one's slice short. A node's work on a message is a short
+    burst after a sleep, so it mostly finishes what it has before the next one starts."""
 
     send_s: float
     recv_s: float
     cores: float = math.inf
-    background: float = 0.0  # other runnable tasks on those cores
     wire_s: float = 0.0
+    first_s: float | None = None
+    publish_s: float = 0.0
+    slice_s: float = 0.0015  # 0.75 ms x (1 + log2 of 2 cores): the kernel's default
+    tick_s: float = 0.004  # CONFIG_HZ = 250 (this machine's kernel); 0: preempt at once
+    tick_phase_s: float = 0.0  # when the first tick comes after the publish, less one tick
+
+    @property
+    def first(self) -> float:
+        return self.recv_s if self.first_s is None else self.first_s
 
     @classmethod
-    def from_hop(cls, hop_s: float, cores: float = math.inf, background: float = 0.0) -> GossipCost:
+    def from_hop(cls, hop_s: float, cores: float = math.inf) -> GossipCost:
         """From one hop's delay on an idle pair (one send, one receive, no wait), all of it
         processor time: each side's share taken as half (the same layers, run in opposite
         directions)."""
-        return cls(hop_s / 2, hop_s / 2, cores, background)
-
-    @classmethod
-    def from_hop_and_cpu(cls, hop_s: float, copy_cpu_s: float, cores: float) -> GossipCost:
-        """From one hop's delay on an idle pair and the processor time a copy costs (sent
-        or received, measured): what of the hop the two copies' time does not account
-        for is a delay on the wire (wake-ups, the loopback stack)."""
-        return cls(copy_cpu_s, copy_cpu_s, cores, 0.0, max(0.0, hop_s - 2 * copy_cpu_s))
+        return cls(hop_s / 2, hop_s / 2, cores)
 
 
 def copies(mesh: list[set[int]], origin: int = 0) -> int:
@@ -100,55 +120,101 @@ def gossip_mesh(
     return adj
 
 
+Message = tuple[float, int, list[set[int]]]  # (published at, by, on which mesh)
+
+
 def deliver(
     mesh: list[set[int]],
     cost: GossipCost,
     rtt: Callable[[int, int], float] = lambda i, j: 0.0,
     origin: int = 0,
+    others: Sequence[Message] = (),
 ) -> list[float]:
-    """Seconds from ``origin`` publishing until each node's handler has the message
-    (``inf`` for a node the mesh does not reach); the origin's own entry is 0.
+    """Seconds from ``origin`` publishing at 0 until each node's handler has the message
+    (``inf`` for a node the mesh does not reach); the origin's own entry is 0. ``others``:
+    other messages (say, presence heartbeats on their own topic's mesh) whose work shares
+    the nodes' processors; they cost what this one does.
 
-    Processor sharing gives every busy node the same speed, so work is counted in virtual
-    seconds (``v``: each busy node's progress) and the jobs finish in the order of their
-    virtual finishing times: one heap, whatever the speed does meanwhile."""
+    A node does its work one job after another (``publish``, a ``send`` to a peer, a
+    ``recv`` from a peer), in the order it came. A node with work waits for a free
+    processor in the order it became runnable; on one, it runs its jobs until it has
+    none, or until a tick came after it had run ``slice_s`` while another waits; it then
+    goes to the back of the line once its job is done (a job is not split)."""
     n = len(mesh)
-    got = [math.inf] * n
-    got[origin] = 0.0
-    work: list[deque[tuple[str, int]]] = [deque() for _ in range(n)]  # ("send"|"recv", peer)
-    finishing: list[tuple[float, int]] = []  # (virtual time its head job ends, node)
-    wires: list[tuple[float, int, int]] = []  # (arrives at, to, from)
-    now = v = 0.0
+    messages: list[Message] = [(0.0, origin, mesh), *others]
+    got = [[math.inf] * n for _ in messages]
+    work: list[deque[tuple[str, int, int]]] = [deque() for _ in range(n)]  # (kind, peer, msg)
+    ready: deque[int] = deque()  # runnable nodes waiting for a processor
+    waiting = [False] * n  # in ``ready`` or on a processor
+    events: list[tuple[float, int, int, int, int, int]] = []  # (at, seq, what, node, peer, msg)
+    DONE, ARRIVAL, PUBLISH = 0, 1, 2
+    seq = 0
+    free = cost.cores
+    began = [0.0] * n  # when the node took its processor
 
-    def begin(i: int) -> None:
-        kind, _ = work[i][0]
-        heapq.heappush(finishing, (v + (cost.send_s if kind == "send" else cost.recv_s), i))
+    def push(at: float, what: int, node: int, peer: int = -1, m: int = 0) -> None:
+        nonlocal seq
+        seq += 1
+        heapq.heappush(events, (at, seq, what, node, peer, m))
 
-    work[origin].extend(("send", j) for j in sorted(mesh[origin]))
-    if work[origin]:
-        begin(origin)
-    while finishing or wires:
-        busy = len(finishing)
-        speed = min(1.0, cost.cores / (busy + cost.background)) if busy else 1.0
-        ends = now + (finishing[0][0] - v) / speed if finishing else math.inf
-        if wires and wires[0][0] <= ends:
-            t, to, frm = heapq.heappop(wires)
-            v, now = v + (t - now) * speed, t
-            work[to].append(("recv", frm))
-            if len(work[to]) == 1:
-                begin(to)
+    def job_s(i: int) -> float:
+        kind, _, m = work[i][0]
+        if kind == "recv":
+            return cost.first if got[m][i] == math.inf else cost.recv_s
+        return cost.publish_s if kind == "publish" else cost.send_s
+
+    def expired(start: float, now: float) -> bool:
+        """A tick came after the slice that began at ``start`` ran out."""
+        if cost.tick_s <= 0:
+            return now >= start + cost.slice_s
+        ticks = math.floor((now - cost.tick_phase_s) / cost.tick_s)
+        return ticks * cost.tick_s + cost.tick_phase_s >= start + cost.slice_s
+
+    def dispatch(now: float) -> None:
+        nonlocal free
+        while free >= 1 and ready:
+            i = ready.popleft()
+            free -= 1
+            began[i] = now
+            push(now + job_s(i), DONE, i)
+
+    def runnable(i: int, now: float) -> None:
+        if not waiting[i]:
+            waiting[i] = True
+            ready.append(i)
+            dispatch(now)
+
+    for m, (at, by, _) in enumerate(messages):
+        push(at, PUBLISH, by, m=m)
+    while events:
+        now, _, what, i, peer, m = heapq.heappop(events)
+        if what == PUBLISH:
+            got[m][i] = now
+            work[i].append(("publish", i, m))
+            work[i].extend(("send", j, m) for j in sorted(messages[m][2][i]))
+            runnable(i, now)
             continue
-        v, i = heapq.heappop(finishing)
-        now = ends
-        kind, peer = work[i].popleft()
+        if what == ARRIVAL:
+            work[i].append(("recv", peer, m))
+            runnable(i, now)
+            continue
+        kind, peer, m = work[i].popleft()
         if kind == "send":
-            heapq.heappush(wires, (now + rtt(i, peer) / 2 + cost.wire_s, peer, i))
-        elif got[i] == math.inf:
-            got[i] = now
-            work[i].extend(("send", j) for j in sorted(mesh[i]) if j not in (peer, origin))
+            push(now + rtt(i, peer) / 2 + cost.wire_s, ARRIVAL, peer, i, m)
+        elif kind == "recv" and got[m][i] == math.inf:
+            got[m][i] = now
+            by, links = messages[m][1], messages[m][2]
+            work[i].extend(("send", j, m) for j in sorted(links[i]) if j not in (peer, by))
+        if work[i] and (not ready or not expired(began[i], now)):
+            push(now + job_s(i), DONE, i)  # it keeps its processor
+            continue
+        free += 1
+        waiting[i] = False
         if work[i]:
-            begin(i)
-    return got
+            waiting[i] = True
+            ready.append(i)
+        dispatch(now)
+    return got[0]
 
 
 def gossip_delivery(

@@ -1,7 +1,7 @@
 """Announcement delivery over gossip: the simulator's model (``gossip.py``) checked against
 real node processes on 127.0.0.1, in one run.
 
-    .venv/bin/python -m bench.simulation.gossipcheck [--ns 10,30] [--count 20] [--json]
+    .venv/bin/python -m bench.simulation.gossipcheck [--ns 10,30] [--count 60] [--json]
 
 ``measure(n)``: ``n`` node processes (``bench/workers/gossip_probe.py``: the real binary,
 its gossipsub settings and paced publisher, with a probe in place of a role) meet through
@@ -10,15 +10,18 @@ the first one, settle into the announce topic's mesh, and then the first node an
 receiver stamps each arrival; a delay runs from ``Node.announce`` on the publisher to the
 receiver's handler (pacing, signing, every hop's read, check and forward included).
 
+``costs(pair, wide)``: what each piece of a node's work on a message costs (a publish, a
+copy sent, a first receipt, a duplicate), from a 2-node and a 5-node network of the same
+run: the probes' in-process stamps (processor time from a wake-up to the handler) and
+the nodes' CPU counters over a series of announcements, less their idle rate.
+
 ``predict(n, cost)``: ``gossip.py``'s model of the same network (one machine's loopback:
-no RTT; the node processes share its cores), calibrated only from figures measured apart
-from the delays predicted: one hop's delay on a 2-node network of the same run
-(``calibrate``), the cores of this machine, and the mesh the nodes had grafted (read from
-each before publishing). ``validate_gossip`` also gives it on ``gossip_mesh``'s meshes
-from the configured degrees, and with a copy's processor time from the nodes' CPU
-counters (their CPU over the announcements, less their idle rate, per copy sent and
-received on their mesh: ``copies``). The machine's run queue is sampled for the record
-(``run_queue``).
+no RTT; the node processes share its cores as the kernel's scheduler shares them; the
+nodes' presence heartbeats flood meanwhile), on the meshes the nodes had grafted (read
+from each before and after publishing). ``validate_gossip`` also gives it on
+``gossip_mesh``'s meshes from the configured degrees, without the presence heartbeats,
+and as the model was before the costs were measured apart (the pair's hop, half to each
+copy).
 
 ``validate_gossip(ns)``: both, for each ``n``, as ``bench/sim.py``'s validation entries.
 """
@@ -26,6 +29,7 @@ received on their mesh: ``copies``). The machine's run queue is sampled for the 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import random
@@ -39,8 +43,9 @@ from typing import Any
 
 import psutil
 
-from bench.simulation.gossip import GossipCost, copies, deliver, gossip_mesh
-from bench.workers.gossip_probe import TOPIC
+from bench.simulation.derived import heartbeat_period
+from bench.simulation.gossip import GossipCost, Message, copies, deliver, gossip_mesh
+from bench.workers.gossip_probe import SERIES, TOPIC
 from node.cli.adminclient import admin_post
 from node.cli.devnet import NodeProcess, p2p_addr, spawn_node, stop_all, wait_ready
 from node.net.convergence import problems
@@ -74,8 +79,11 @@ class Delivery:
     # publishing (``run_queue``): the nodes' own upkeep and whatever else the machine runs
     queue: list[int]
     load: float  # the 1-minute load average, the higher of before and after
-    # "cpu": the nodes' CPU in cores (median and busiest node settled, all idle) and the
-    # processor seconds a copy cost ("copy_s")
+    # "cpu": the nodes' CPU in cores (median and busiest node settled, all idle), the
+    # processor seconds a copy cost ("copy_s") and each node's per announcement, less
+    # its idle rate ("node_s"); "since": per receiver and announcement, the probe's
+    # [seconds and processor seconds from its last wake-up to the handler, when it woke]
+    # (None if it never came); "published": each announcement's publish time
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -114,9 +122,9 @@ def run_queue(seconds: float, every: float = 0.05) -> list[int]:
     return samples
 
 
-def cpu_seconds(procs: list[psutil.Process]) -> float:
-    """User and system CPU seconds of ``procs`` so far."""
-    return sum(sum(p.cpu_times()[:2]) for p in procs)
+def node_cpu(procs: list[psutil.Process]) -> list[float]:
+    """User and system CPU seconds of each of ``procs`` so far."""
+    return [sum(p.cpu_times()[:2]) for p in procs]
 
 
 def settle(nodes: list[NodeProcess]) -> dict[str, float]:
@@ -167,7 +175,11 @@ def wait_for(pred: Any, timeout: float, what: str, interval: float = 1.0) -> Non
 
 
 def measure(
-    n: int, count: int = 20, spacing: float | None = None, base: Path | None = None
+    n: int,
+    count: int = 20,
+    spacing: float | None = None,
+    base: Path | None = None,
+    idle_s: float = SETTLE_S,
 ) -> Delivery:
     """Start ``n`` real nodes, let them settle, have the first announce ``count`` times
     ``spacing`` s apart (default ``SPACING_PER_NODE * n``, at least 0.5 s), and collect
@@ -207,22 +219,44 @@ def measure(
         cpu = settle(nodes)
         sts = [probe(x) for x in nodes]
         index = {st["peer_id"]: i for i, st in enumerate(sts)}
-        mesh = [sorted(index[p] for p in st["gossip_probe"]["mesh"] if p in index) for st in sts]
+
+        def peers(key: str, sts: list[dict[str, Any]]) -> list[list[int]]:
+            return [sorted(index[p] for p in st["gossip_probe"][key] if p in index) for st in sts]
+
+        mesh, presence_mesh = peers("mesh", sts), peers("presence_mesh", sts)
         publisher = sts[0]["peer_id"]
         procs = [psutil.Process(x.proc.pid) for x in nodes]
-        idle0, t0 = cpu_seconds(procs), time.monotonic()
-        queue = run_queue(SETTLE_S)
-        idle1 = busy0 = cpu_seconds(procs)
+        idle0, t0 = node_cpu(procs), time.monotonic()
+        queue = run_queue(idle_s)
+        idle1 = busy0 = node_cpu(procs)
         t1 = time.monotonic()
         bodies = [f"a{k}-0" for k in range(count)]
-        for k in range(count):
-            admin_post(nodes[0].data_dir, "/announce", {"topic": TOPIC, "body": f"a{k}-"})
-            time.sleep(spacing)
-        busy = cpu_seconds(procs) - busy0 - (idle1 - idle0) / (t1 - t0) * (time.monotonic() - t1)
+        # one request: the probe announces the series itself (``SERIES``)
+        body = f"{SERIES.decode()}{count} {spacing:.6f}"  # the endpoint appends a digit
+        admin_post(nodes[0].data_dir, "/announce", {"topic": TOPIC, "body": body, "count": 1})
+        time.sleep(count * spacing)
+        wait_for(
+            lambda: len(probe(nodes[0])["gossip_probe"]["published"]) == count,
+            30,
+            "the series to be announced",
+            0.2,
+        )
+        busy1, t2 = node_cpu(procs), time.monotonic()
+        time.sleep(idle_s)  # idle again: the idle rate is the mean of before and after
+        sts = [probe(x) for x in nodes]  # the meshes again: a heartbeat grafts and prunes
+        meshes = [mesh, peers("mesh", sts)]
+        presence_meshes = [presence_mesh, peers("presence_mesh", sts)]
+        idle2, t3 = node_cpu(procs), time.monotonic()
+        # each node's CPU over the announcements less its own idle rate, per announcement
+        each = [
+            ((c1 - b0) - ((i1 - i0) + (i2 - c1)) / ((t1 - t0) + (t3 - t2)) * (t2 - t1)) / count
+            for i0, i1, b0, c1, i2 in zip(idle0, idle1, busy0, busy1, idle2, strict=True)
+        ]
         sent = copies([set(m) for m in mesh])
         cpu |= {
-            "idle": round((idle1 - idle0) / (t1 - t0), 3),
-            "copy_s": round(max(busy, 0.0) / (count * 2 * sent), 6),
+            "idle": round((sum(idle1) - sum(idle0)) / (t1 - t0), 3),
+            "copy_s": round(max(sum(each), 0.0) / (2 * sent), 6),
+            "node_s": [round(x, 6) for x in each],
         }
 
         def arrivals() -> list[dict[str, Any]]:
@@ -254,7 +288,17 @@ def measure(
             for path, c in st["announcements"]["delivered_via"].items():
                 via[path] = via.get(path, 0) + c
         load = round(max(load0, os.getloadavg()[0]), 2)
-        return Delivery(n, count, delays, missing, via, mesh, queue, load, {"cpu": cpu})
+        extra = {
+            "cpu": cpu,
+            "since": [
+                [st["gossip_probe"]["since"].get(f"{publisher} {b}") for b in bodies]
+                for st in sts[1:]
+            ],
+            "published": [published[b] for b in bodies],
+            "meshes": meshes,  # before and after the series
+            "presence_meshes": presence_meshes,
+        }
+        return Delivery(n, count, delays, missing, via, mesh, queue, load, extra)
     finally:
         stop_all(nodes, grace=20)
         if own:
@@ -263,18 +307,56 @@ def measure(
             shutil.rmtree(base, ignore_errors=True)
 
 
+PRESENCE_WINDOW_S = 0.5  # presence heartbeats are drawn this long before and after a publish
+
+
+def presence(n: int, mesh: list[set[int]], rng: random.Random) -> list[Message]:
+    """The nodes' presence heartbeats around a publish at 0 (``PRESENCE_WINDOW_S`` either
+    side): each node sends one every ``heartbeat_period`` (``node/net/presence.py``, the
+    config's defaults: 5 s, or ``n / presence_rate`` when longer), so ``n`` nodes send
+    ``n / period`` a second (2 a second from 10 nodes up), at random times (the nodes'
+    periods are jittered and out of phase) from random nodes, on the presence topic's
+    ``mesh``. Each floods the mesh as an announcement does, at the same costs."""
+    rate = n / heartbeat_period(n - 1)
+    out: list[Message] = []
+    t = -PRESENCE_WINDOW_S
+    while (t := t + rng.expovariate(rate)) < PRESENCE_WINDOW_S:
+        out.append((t, rng.randrange(n), mesh))
+    return out
+
+
 def predict(
-    n: int, cost: GossipCost, seeds: int = 20, seed: int = 0, mesh: list[list[int]] | None = None
+    n: int,
+    cost: GossipCost,
+    seeds: int = 20,
+    seed: int = 0,
+    mesh: list[list[int]] | None = None,
+    phases: int = 8,
+    presence_mesh: list[list[int]] | None = None,
+    draws: int = 0,
 ) -> list[float]:
     """The simulator's delays for a network of ``n`` nodes on one machine's loopback (no
     RTT), node 0 publishing: every receiver's delivery time on ``mesh`` (a real network's,
     as ``Delivery.mesh`` records it) or, without one, in each of ``seeds`` random meshes
-    (``gossip_mesh``: the node's configured degrees), pooled."""
+    (``gossip_mesh``: the node's configured degrees), pooled; each with the scheduler's
+    tick at ``phases`` evenly spaced offsets from the publish (it falls anywhere). With
+    ``draws``, each of those is run ``draws`` times, each time beside the presence
+    heartbeats of one draw (``presence``) on ``presence_mesh`` (or a random mesh)."""
+    rng = random.Random(seed)
     if mesh is not None:
-        return deliver([set(peers) for peers in mesh], cost)[1:]
+        meshes = [([set(p) for p in mesh], [set(p) for p in (presence_mesh or mesh)])]
+    else:
+        meshes = [
+            (gossip_mesh(n, random.Random(seed * 1000 + s)), gossip_mesh(n, rng))
+            for s in range(seeds)
+        ]
     out: list[float] = []
-    for s in range(seeds):
-        out += deliver(gossip_mesh(n, random.Random(seed * 1000 + s)), cost)[1:]
+    for m, pm in meshes:
+        for k in range(phases):
+            phase = dataclasses.replace(cost, tick_phase_s=cost.tick_s * k / phases)
+            for _ in range(max(draws, 1)):
+                others = presence(n, pm, rng) if draws else []
+                out += deliver(m, phase, others=others)[1:]
     return out
 
 
@@ -282,43 +364,107 @@ def calibrate(pair: Delivery) -> float:
     """One hop's delay (a send, a receive and the wire between, nothing waiting): a
     2-node network's median. The other work on the machine is left out of it, as out of
     the prediction: Linux's scheduler runs a task woken from sleep ahead of those that
-    kept running (it may preempt them), and a node's work on a message is a short burst
-    after a sleep; the nodes share the cores among themselves (``GossipCost.cores``)."""
+    kept running, and a node's work on a message is a short burst after a sleep."""
     return quantile(pair.delays, 0.5)
 
 
-def validate_gossip(ns: list[int], count: int = 20, seeds: int = 20) -> dict[str, dict[str, Any]]:
-    """Measure a 2-node network (the calibration) and then each network of ``ns``; for
-    each ``n``: ``{f"n{n}_announcement_{q}_s": {"predicted", "measured", "ratio", "load"}}``
-    for q in p50, p99 and max (``ratio`` = predicted / measured), and
-    ``f"n{n}_announcement_delivered"`` (the fraction that arrived: measured only, the
-    model assumes 1), as ``bench/sim.py``'s validation entries.
+def on_path(real: Delivery) -> tuple[list[float], list[float]]:
+    """From the probes' stamps (``since``): for each arrival, the processor time the
+    receiver spent from its last wake-up until its handler had the message (its own work
+    on the copy, measured in-process: ``time.thread_time``), and the time from the
+    publish until that wake-up (the publisher's work, the wire and any wait)."""
+    cpu, before = [], []
+    for receiver in real.extra["since"]:
+        for stamp, published in zip(receiver, real.extra["published"], strict=True):
+            if stamp is not None:
+                cpu.append(stamp[1])
+                before.append(stamp[2] - published)
+    return cpu, before
 
-    ``predicted``: the whole hop taken as processor time, half to each copy sent and half
-    to each copy received (``GossipCost.from_hop``), on the nodes' own mesh; beside it
-    ``predicted_on_model_mesh`` (on ``gossip_mesh``'s) and ``predicted_cpu_split`` (a
-    copy's processor time as the nodes' CPU counters gave it, the rest of the hop on the
-    wire: ``GossipCost.from_hop_and_cpu``; the counters are noisy beyond ~10 nodes, whose
-    idle upkeep outweighs the gossip)."""
+
+def costs(pair: Delivery, wide: Delivery, cores: float) -> tuple[GossipCost, dict[str, float]]:
+    """What each piece of a node's work on a message costs, measured in two small
+    networks (complete meshes) of the same run:
+
+    - ``first``: a receiver's processor time from waking to its handler having the
+      message (``on_path``, the median over ``wide``'s arrivals: its processes share the
+      cores, as the predicted networks' do);
+    - ``send``: from the nodes' CPU counters, the publisher's per announcement in
+      ``wide`` (``k + 1`` nodes: ``publish + k sends``) less the pair's (``publish +
+      send``), over ``k - 1``;
+    - ``duplicate``: each receiver of ``wide`` counts ``first + (k - 1) sends + (k - 1)
+      duplicates`` (it forwards to all but the publisher, and every other receiver
+      forwards to it); less the pair's receiver (``first``) and the sends;
+    - ``publish``: the pair's median time from the publish to the receiver's wake-up
+      (``on_path``), less a send: the wire and the wake-up are in it (``wire_s`` = 0).
+
+    Returns the costs and the raw figures (a negative one is noise, and taken as 0)."""
+    k = wide.n - 1
+    full = all(len(m) == k for m in wide.mesh) and all(len(m) == 1 for m in pair.mesh)
+    if k < 2 or not full:
+        raise ValueError(f"calibration needs complete meshes: {pair.mesh}, {wide.mesh}")
+    pub2, first_total = pair.extra["cpu"]["node_s"]
+    pub_k, *receivers = wide.extra["cpu"]["node_s"]
+    send = (pub_k - pub2) / (k - 1)
+    dup = (statistics.mean(receivers) - first_total) / (k - 1) - send
+    first = statistics.median(on_path(wide)[0])
+    publish = statistics.median(on_path(pair)[1]) - send
+    raw = {"hop_s": calibrate(pair), "publish_s": publish, "send_s": send, "first_s": first}
+    raw |= {"duplicate_s": dup, "pair_first_s": statistics.median(on_path(pair)[0])}
+    cost = GossipCost(
+        send_s=max(send, 0.0),
+        recv_s=max(dup, 0.0),
+        cores=cores,
+        first_s=max(first, 0.0),
+        publish_s=max(publish, 0.0),
+    )
+    return cost, {key: round(v, 6) for key, v in raw.items()}
+
+
+CALIBRATION = dict(count=200, spacing=0.05, idle_s=10.0)  # the small networks' series
+DRAWS = 25  # presence draws per tick phase: 200 simulated publishes per network
+WIDE = 5  # the calibration's complete mesh: 5 nodes, 4 peers each (degree 6 grafts all)
+
+
+def validate_gossip(ns: list[int], count: int = 60, seeds: int = 20) -> dict[str, dict[str, Any]]:
+    """Calibrate on a 2-node and a ``WIDE``-node network (``costs``), then measure each
+    network of ``ns`` (``count`` announcements) and predict it; for each ``n``:
+    ``{f"n{n}_announcement_{q}_s": {"predicted", "measured", "ratio", "load"}}`` for q in
+    p50 and p99 (``ratio`` = predicted / measured), and ``f"n{n}_announcement_delivered"``
+    (the fraction that arrived: measured only, the model assumes 1; beside it the
+    largest delay measured and predicted, with no ratio: the largest of a sample grows
+    with its size, and the two samples' sizes differ), as ``bench/sim.py``'s validation
+    entries.
+
+    ``predicted``: the model on the nodes' own meshes with the calibrated costs, this
+    machine's cores, and the nodes' presence heartbeats (``presence``: ``DRAWS`` draws
+    for each of 8 tick phases); beside it ``predicted_without_presence``,
+    ``predicted_on_model_mesh`` (on ``gossip_mesh``'s meshes from the configured
+    degrees) and ``predicted_hop_only`` (the pair's hop alone, half to each copy sent and
+    received, no presence: the model before the costs were measured apart)."""
     out: dict[str, dict[str, Any]] = {}
     cores = float(os.cpu_count() or 1)
-    pair = measure(2, count)
-    hop = calibrate(pair)
-    out["announcement_hop_s"] = {
-        "measured": round(hop, 5),
-        "pair_p50_s": round(quantile(pair.delays, 0.5), 5),
-        "runnable": round(pair.runnable, 2),
-        "load": pair.load,
+    pair = measure(2, **CALIBRATION)  # type: ignore[arg-type]
+    wide = measure(WIDE, **CALIBRATION)  # type: ignore[arg-type]
+    cost, raw = costs(pair, wide, cores)
+    out["announcement_costs"] = raw | {
+        "wide_nodes": WIDE,
+        "cpu_per_announcement_s": {"pair": pair.extra["cpu"]["node_s"]}
+        | {f"n{WIDE}": wide.extra["cpu"]["node_s"]},
+        "pair_p99_s": round(quantile(pair.delays, 0.99), 5),
+        "load": max(pair.load, wide.load),
     }
+    print(f"  costs: {raw}", file=sys.stderr)
     for n in ns:
         real = measure(n, count)
-        cost = GossipCost.from_hop(hop, cores)
-        pred = predict(n, cost, mesh=real.mesh)
-        model_mesh = predict(n, cost, seeds)
-        split = GossipCost.from_hop_and_cpu(hop, real.extra["cpu"]["copy_s"], cores)
-        cpu_split = predict(n, split, mesh=real.mesh)
+        pred, quiet = [], []  # on the meshes the nodes had before and after the series
+        for mesh, pm in zip(real.extra["meshes"], real.extra["presence_meshes"], strict=True):
+            pred += predict(n, cost, mesh=mesh, presence_mesh=pm, draws=DRAWS)
+            quiet += predict(n, cost, mesh=mesh)
+        model_mesh = predict(n, cost, seeds, draws=DRAWS // 5 or 1)
+        hop_only = predict(n, GossipCost.from_hop(raw["hop_s"], cores), mesh=real.mesh)
         got = real.figures()
-        for q, key in ((0.5, "p50"), (0.99, "p99"), (1.0, "max")):
+        for q, key in ((0.5, "p50"), (0.99, "p99")):
             p, m = quantile(pred, q), got[f"{key}_s"]
             out[f"n{n}_announcement_{key}_s"] = {
                 "predicted": round(p, 4),
@@ -326,12 +472,20 @@ def validate_gossip(ns: list[int], count: int = 20, seeds: int = 20) -> dict[str
                 "ratio": round(p / m, 3),
                 "load": real.load,
                 "predicted_on_model_mesh": round(quantile(model_mesh, q), 4),
-                "predicted_cpu_split": round(quantile(cpu_split, q), 4),
+                "predicted_without_presence": round(quantile(quiet, q), 4),
+                "predicted_hop_only": round(quantile(hop_only, q), 4),
             }
         out[f"n{n}_announcement_delivered"] = {
             "measured": round(real.delivered, 4),
+            "max_s": {"measured": round(got["max_s"], 4), "predicted": round(max(pred), 4)},
             "via": real.via,
-            "mesh_degree_mean": round(statistics.mean(len(m) for m in real.mesh), 2),
+            "mesh_degree_mean": [
+                round(statistics.mean(len(m) for m in mesh), 2) for mesh in real.extra["meshes"]
+            ],
+            "presence_mesh_degree_mean": [
+                round(statistics.mean(len(m) for m in mesh), 2)
+                for mesh in real.extra["presence_meshes"]
+            ],
             "model_mesh_degree_mean": round(
                 statistics.mean(len(m) for m in gossip_mesh(n, random.Random(0))), 2
             ),
@@ -352,7 +506,7 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument("--ns", default="10,30", help="network sizes to run (default 10,30)")
-    ap.add_argument("--count", type=int, default=20, help="announcements per network")
+    ap.add_argument("--count", type=int, default=60, help="announcements per network")
     ap.add_argument("--seeds", type=int, default=20, help="simulated meshes per prediction")
     ap.add_argument("--json", action="store_true", help="end with one JSON line of the figures")
     args = ap.parse_args()

@@ -11,9 +11,15 @@ publisher, admin endpoint); instead of a role it runs ``probe``, which only watc
 - every ``Node.announce`` on ``TOPIC`` (the admin endpoint's ``POST /announce`` calls it) is
   stamped when it is called, before the paced publisher takes it: a delay measured from
   there is what a role announcing something sees, pacing and signing included;
-- the node's gossipsub mesh on the announce topic (peer ids), read from the router.
+- the node's gossipsub meshes on the announce and the presence topics (peer ids), read
+  from the router;
+- a series of announcements on request (``SERIES``), timed inside the node;
+- for each arrival, the time and the processor time (``time.thread_time``: the node is
+  one thread) since the process last woke from a wait of its event loop (trio's epoll
+  wrapped: a ``poll`` that blocked over 0.3 ms), and when that was: how much of a delay
+  was the node's own work on the copy, and how much came before it woke.
 
-All three appear in ``/status`` under ``gossip_probe``. Every process runs on one machine,
+All of these appear in ``/status`` under ``gossip_probe``. Every process runs on one machine,
 so the publisher's and the receivers' ``time.time()`` share one clock.
 """
 
@@ -31,6 +37,10 @@ from protocol import ids
 from protocol.messages import Announcement
 
 TOPIC = "bench-gossip"
+# an announcement on TOPIC whose body is ``series <count> <spacing>`` is not announced: the
+# probe announces ``a0-0``, ``a1-0``, ... ``count`` times, ``spacing`` s apart, itself, so
+# that the publisher's CPU over them is the gossip's (no admin request per announcement)
+SERIES = b"series "
 
 
 async def probe(
@@ -39,27 +49,65 @@ async def probe(
     published: dict[str, float] = {}  # body -> when Node.announce was called
     arrived: dict[str, float] = {}  # "sender body" -> when the handler ran
 
+    woke = [0.0, 0.0, 0.0]  # when the process last woke from a wait: wall, cpu, waited
+    since: dict[str, list[float]] = {}  # "sender body" -> [wall, cpu since woke, woke]
+    io = trio._core._run.GLOBAL_RUN_CONTEXT.runner.io_manager  # trio's own, private
+
+    class Stamped:
+        def __init__(self, epoll: Any) -> None:
+            self.epoll = epoll
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.epoll, name)
+
+        def poll(self, timeout: float, maxevents: int) -> Any:
+            t0 = time.perf_counter()
+            out = self.epoll.poll(timeout, maxevents)
+            t1 = time.perf_counter()
+            if t1 - t0 > 0.0003:
+                woke[:] = [time.time(), time.thread_time(), t1 - t0]
+            return out
+
+    io._epoll = Stamped(io._epoll)
+
     def heard(msg: Announcement) -> None:
-        arrived[f"{msg.sender} {msg.body.decode()}"] = time.time()
+        key = f"{msg.sender} {msg.body.decode()}"
+        arrived[key] = now = time.time()
+        since[key] = [now - woke[0], time.thread_time() - woke[1], woke[0]]
 
     announce = node.announce
+    series_send, series_recv = trio.open_memory_channel[tuple[int, float]](4)
 
     def timed_announce(topic: str, body: bytes) -> None:
+        if topic == TOPIC and body.startswith(SERIES):
+            count, spacing = body[len(SERIES) :].split()
+            series_send.send_nowait((int(count), float(spacing)))
+            return
         if topic == TOPIC:
             published[body.decode()] = time.time()
         announce(topic, body)
 
-    def mesh() -> list[str]:
+    def mesh(topic: str) -> list[str]:
         router = node.network.pubsub.router
-        return sorted(p.to_base58() for p in router.mesh.get(ids.announce_topic(cfg.run.id), ()))
+        return sorted(p.to_base58() for p in router.mesh.get(topic, ()))
 
     node.subscribe(TOPIC, heard)
     node.announce = timed_announce  # the admin endpoint calls node.announce at request time
     node.add_status(
-        "gossip_probe", lambda: {"published": published, "arrived": arrived, "mesh": mesh()}
+        "gossip_probe",
+        lambda: {
+            "published": published,
+            "arrived": arrived,
+            "mesh": mesh(ids.announce_topic(cfg.run.id)),
+            "presence_mesh": mesh(ids.presence_topic(cfg.run.id)),
+            "since": since,
+        },
     )
     task_status.started(None)
-    await trio.sleep_forever()
+    async for count, spacing in series_recv:
+        for k in range(count):
+            timed_announce(TOPIC, f"a{k}-0".encode())
+            await trio.sleep(spacing)
 
 
 node.roles.role_service = lambda *args, **kw: probe  # type: ignore[assignment]
