@@ -17,11 +17,11 @@ whom, and what each copy costs the processes that send and receive it.
   checks and the node's own, until its handler has it) and ``recv_s`` for each duplicate
   (read, decrypted and parsed before pubsub sees it has the message). A copy is on the
   link for half the path's RTT.
-- **Processors** (``GossipCost.cores``, ``slice_s``): the nodes share the machine's
-  cores; a node with work waits for one in the order it became runnable and runs until it
-  has no work, or has run its slice while another waits (Linux's EEVDF scheduler, its
-  base slice). A node's work on a message is a short burst after a sleep, so it mostly
-  finishes before the next node starts. Other tasks on the machine are left out: the
+- **Processors** (``GossipCost.cores``, ``slice_s``, ``tick_s``): the nodes share the
+  machine's cores; a node with work waits for one in the order it became runnable and
+  runs until it has no work, or until a scheduler tick after it has run its slice while
+  another waits (Linux's EEVDF scheduler). A node's work on a message is a short burst
+  after a sleep, so it mostly finishes before the next node starts. Other tasks on the machine are left out: the
   scheduler runs a task woken from sleep ahead of those that kept running. For nodes each
   on its own machine, ``cores = inf``: a node's work waits only for its own earlier work.
 - **Wire** (``GossipCost.wire_s``): what a copy waits that takes no processor (wake-ups,
