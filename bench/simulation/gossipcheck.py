@@ -243,10 +243,10 @@ def measure(
         )
         busy1, t2 = node_cpu(procs), time.monotonic()
         time.sleep(idle_s)  # idle again: the idle rate is the mean of before and after
+        idle2, t3 = node_cpu(procs), time.monotonic()
         sts = [probe(x) for x in nodes]  # the meshes again: a heartbeat grafts and prunes
         meshes = [mesh, peers("mesh", sts)]
         presence_meshes = [presence_mesh, peers("presence_mesh", sts)]
-        idle2, t3 = node_cpu(procs), time.monotonic()
         # each node's CPU over the announcements less its own idle rate, per announcement
         each = [
             ((c1 - b0) - ((i1 - i0) + (i2 - c1)) / ((t1 - t0) + (t3 - t2)) * (t2 - t1)) / count
@@ -408,9 +408,10 @@ def costs(pair: Delivery, wide: Delivery, cores: float) -> tuple[GossipCost, dic
     send = (pub_k - pub2) / (k - 1)
     dup = (statistics.mean(receivers) - first_total) / (k - 1) - send
     first = statistics.median(on_path(wide)[0])
-    publish = statistics.median(on_path(pair)[1]) - send
+    pair_first, pair_woke = on_path(pair)
+    publish = statistics.median(pair_woke) - send
     raw = {"hop_s": calibrate(pair), "publish_s": publish, "send_s": send, "first_s": first}
-    raw |= {"duplicate_s": dup, "pair_first_s": statistics.median(on_path(pair)[0])}
+    raw |= {"duplicate_s": dup, "pair_first_s": statistics.median(pair_first)}
     cost = GossipCost(
         send_s=max(send, 0.0),
         recv_s=max(dup, 0.0),
