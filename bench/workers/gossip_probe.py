@@ -16,8 +16,14 @@ publisher, admin endpoint); instead of a role it runs ``probe``, which only watc
 - a series of announcements on request (``SERIES``), timed inside the node;
 - for each arrival, the time and the processor time (``time.thread_time``: the node is
   one thread) since the process last woke from a wait of its event loop (trio's epoll
-  wrapped: a ``poll`` that blocked over 0.3 ms), and when that was: how much of a delay
-  was the node's own work on the copy, and how much came before it woke.
+  wrapped: a ``poll`` with a timeout that blocked over 0.3 ms), and when that was: how
+  much of a delay was the node's own work on the copy, and how much came before it woke;
+- every burst of work (``BURSTS``, the latest): from a wake-up until the event loop next
+  waits, when it woke (``time.time()``), its processor time and elapsed time, and the
+  gossip messages it took in (pubsub's ``push_msg``: every copy that arrived, first or
+  duplicate) on the announce topic and on others, how many of those were first receipts
+  delivered to the probe's handler, and when in the burst pubsub took each copy in (its
+  elapsed and processor time since the wake-up).
 
 All of these appear in ``/status`` under ``gossip_probe``. Every process runs on one machine,
 so the publisher's and the receivers' ``time.time()`` share one clock.
@@ -27,6 +33,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections import deque
 from typing import Any
 
 import trio
@@ -41,6 +48,7 @@ TOPIC = "bench-gossip"
 # probe announces ``a0-0``, ``a1-0``, ... ``count`` times, ``spacing`` s apart, itself, so
 # that the publisher's CPU over them is the gossip's (no admin request per announcement)
 SERIES = b"series "
+BURSTS = 20_000  # bursts kept, the latest: a node at 30 nodes has tens a second
 
 
 async def probe(
@@ -49,8 +57,13 @@ async def probe(
     published: dict[str, float] = {}  # body -> when Node.announce was called
     arrived: dict[str, float] = {}  # "sender body" -> when the handler ran
 
-    woke = [0.0, 0.0, 0.0]  # when the process last woke from a wait: wall, cpu, waited
+    woke = [0.0, 0.0, 0.0, 0.0]  # when the process last woke from a wait: wall, cpu, waited, perf
     since: dict[str, list[float]] = {}  # "sender body" -> [wall, cpu since woke, woke]
+    # the burst since ``woke``: copies on the announce topic, on others, first receipts
+    burst = [0, 0, 0]
+    marks: list[list[float]] = []  # when in the burst each copy came: [elapsed, processor]
+    # [woke, processor s, elapsed s, announce copies, other copies, first receipts, marks]
+    bursts: deque[list[Any]] = deque(maxlen=BURSTS)
     io = trio._core._run.GLOBAL_RUN_CONTEXT.runner.io_manager  # trio's own, private
 
     class Stamped:
@@ -61,19 +74,33 @@ async def probe(
             return getattr(self.epoll, name)
 
         def poll(self, timeout: float, maxevents: int) -> Any:
-            t0 = time.perf_counter()
+            t0, cpu0 = time.perf_counter(), time.thread_time()
             out = self.epoll.poll(timeout, maxevents)
             t1 = time.perf_counter()
-            if t1 - t0 > 0.0003:
-                woke[:] = [time.time(), time.thread_time(), t1 - t0]
+            if timeout != 0 and t1 - t0 > 0.0003:  # it waited: a burst ended at t0
+                if woke[0]:
+                    bursts.append([woke[0], cpu0 - woke[1], t0 - woke[3], *burst, marks[:]])
+                burst[:] = [0, 0, 0]
+                marks.clear()
+                woke[:] = [time.time(), time.thread_time(), t1 - t0, t1]
             return out
 
     io._epoll = Stamped(io._epoll)
+    pubsub = node.network.pubsub
+    push_msg, announce_topic = pubsub.push_msg, ids.announce_topic(cfg.run.id)
+
+    async def counted(forwarder: Any, msg: Any) -> None:
+        burst[0 if announce_topic in msg.topicIDs else 1] += 1
+        marks.append([time.perf_counter() - woke[3], time.thread_time() - woke[1]])
+        await push_msg(forwarder, msg)
+
+    pubsub.push_msg = counted  # pubsub starts a task on ``self.push_msg`` per copy read
 
     def heard(msg: Announcement) -> None:
         key = f"{msg.sender} {msg.body.decode()}"
         arrived[key] = now = time.time()
         since[key] = [now - woke[0], time.thread_time() - woke[1], woke[0]]
+        burst[2] += 1
 
     announce = node.announce
     series_send, series_recv = trio.open_memory_channel[tuple[int, float]](4)
@@ -101,6 +128,7 @@ async def probe(
             "mesh": mesh(ids.announce_topic(cfg.run.id)),
             "presence_mesh": mesh(ids.presence_topic(cfg.run.id)),
             "since": since,
+            "bursts": list(bursts),
         },
     )
     task_status.started(None)
