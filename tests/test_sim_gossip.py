@@ -9,6 +9,7 @@ import statistics
 
 import pytest
 
+from bench.simulation import gossipcheck
 from bench.simulation.gossip import GossipCost, copies, deliver, gossip_mesh
 from bench.simulation.gossipcheck import (
     PRESENCE_WINDOW_S,
@@ -18,9 +19,12 @@ from bench.simulation.gossipcheck import (
     costs,
     measure,
     on_path,
+    pieces,
     predict,
     presence,
     quantile,
+    uncertainty,
+    upkeep,
 )
 
 
@@ -118,6 +122,44 @@ def test_other_messages_share_the_processors():
     assert deliver(line, dataclasses.replace(cost, cores=2), others=[(0.0, 2, other)])[1] == 2.0
 
 
+def test_a_node_wakes_once_for_the_work_that_comes_while_it_has_some():
+    """One core, each node running to completion, a wake-up 0.5 s: B wakes and checks A's
+    copy, then forwards it to C; C waited for the core meanwhile, so A's copy and B's
+    come to it in one wake-up. The publisher's delay starts after it woke."""
+    triangle = [{1, 2}, {0, 2}, {0, 1}]
+    cost = GossipCost(send_s=1.0, recv_s=1.0, cores=1, slice_s=math.inf, wake_s=0.5)
+    assert deliver(triangle, cost) == [0.0, 3.5, 6.0]
+    assert deliver([{1}, {0}], cost) == [0.0, 2.5]
+
+
+def test_the_nodes_other_work_takes_its_turn():
+    """A pair: the receiver has 5 s of its own work from the publish on; on one core the
+    publisher sends first and the receiver's copy waits behind that work, on two it waits
+    for that work alone; work a minute later changes nothing. A burst brings its own
+    wake-up, and the copy that comes meanwhile needs none."""
+    pair = [{1}, {0}]
+    cost = GossipCost(1.0, 1.0, cores=1, slice_s=math.inf, wake_s=0.5)
+    assert deliver(pair, cost, busy=[(0.0, 1, 5.0)]) == [0.0, 7.0]
+    assert deliver(pair, dataclasses.replace(cost, cores=2), busy=[(0.0, 1, 5.0)]) == [0.0, 6.0]
+    assert deliver(pair, cost, busy=[(60.0, 1, 5.0)]) == [0.0, 2.5]
+
+
+def test_idle_work_is_replayed_piece_by_piece_around_an_instant():
+    """A burst's pieces: the wake-up until the first copy, then each copy until the next;
+    ``upkeep`` replays every node's bursts near an instant of an idle window, each piece
+    at its own time from that instant."""
+    b = [100.0, 1.0, 2.0, 1, 1, 0, [[0.2, 0.1], [0.5, 0.4]]]
+    assert [x for piece in pieces(b) for x in piece] == pytest.approx([0, 0.1, 0.2, 0.3, 0.5, 0.6])
+    assert pieces([100.0, 0.3, 0.3, 0, 0, 0, []]) == [(0.0, 0.3)]
+    # two idle windows, 0-10 s and 20-30 s, each with one node's burst at its middle; with
+    # a 5 s reach the instant is each window's middle
+    early, late = [5.0, 1.0, 2.0, 1, 0, 0, [[0.5, 0.25]]], [25.5, 0.25, 0.25, 0, 0, 0, []]
+    real = Delivery(2, 1, [0.1], 0, {}, [[1], [0]], [0], 0.1)
+    real.extra = {"windows": [0.0, 10.0, 20.0, 30.0], "bursts": [[early], [late]]}
+    drawn = {tuple(upkeep(real, random.Random(seed), window=5.0)) for seed in range(20)}
+    assert drawn == {((0.0, 0, 0.25), (0.5, 0, 0.75)), ((0.5, 1, 0.25),)}
+
+
 def test_presence_heartbeats_come_at_the_configured_rate():
     """``n / max(5, n / 2)`` a second around the publish: 0.8 from 4 nodes, 2 from 30."""
     rng = random.Random(1)
@@ -148,23 +190,42 @@ def test_copies_count_every_forward_but_back_to_the_forwarder():
     assert copies(ring) == 2 + 3  # the publisher's two, then one each onward
 
 
-def probed(n: int, node_s: list[float], first_s: float, woke_after_s: float) -> Delivery:
+def burst(at: float, cpu: float, copies: int = 0, other: int = 0, first: int = 0) -> list:
+    """A probe's burst (``gossip_probe.py``): its copies taken in evenly over it."""
+    marks = [[cpu * k / (copies + other + 1)] * 2 for k in range(1, copies + other + 1)]
+    return [at, cpu, cpu, copies, other, first, marks]
+
+
+def probed(
+    n: int, node_s: list[float], first_s: float, woke_after_s: float, wake_s: float = 0.0001
+) -> Delivery:
     """A complete mesh of ``n`` nodes whose counters gave ``node_s`` per announcement, and
     whose receivers' probes saw three announcements each, woken ``woke_after_s`` after
     the publish and at their handler ``first_s`` of processor time later (the third one
-    slower: the medians are taken)."""
+    slower: the medians are taken); each receiver also woke for 1, 2 and 3 duplicates
+    alone, a wake-up ``wake_s`` and a duplicate 0.2 ms (and once for a presence copy,
+    once for a first receipt and once while idle, which the fit leaves out). The publisher's bursts that
+    announced took 0.6 ms and 0.1 a mesh peer (the one that also took in a presence
+    copy, and the one while idle, do not count)."""
     mesh = [[j for j in range(n) if j != i] for i in range(n)]
     published = [10.0, 20.0, 30.0]
     normal = [[first_s, first_s, at + woke_after_s] for at in published[:2]]
     since = [normal + [[9.0, 9.0, 30.0 + 9.0]] for _ in range(n - 1)]
     delays = [woke_after_s + first_s] * (n - 1)
+    dups = [burst(11.0 + d, wake_s + 0.0002 * d, copies=d) for d in (1, 2, 3)]
+    noise = [burst(15.0, 0.05, copies=1, other=1), burst(16.0, 0.05, copies=2, first=1)]
+    noise.append(burst(1.0, 0.05, copies=3))
+    announced = [burst(10.0 + k, 0.0006 + 0.0001 * (n - 1), copies=1) for k in range(3)]
+    bursts = [announced + noise] + [dups + noise for _ in range(n - 1)]
     extra = {"cpu": {"node_s": node_s}, "since": since, "published": published}
+    extra |= {"windows": [0.0, 5.0, 35.0, 40.0], "bursts": bursts}
     return Delivery(n, 3, delays, 0, {}, mesh, [0], 0.1, extra)
 
 
 def test_the_costs_come_apart_from_two_small_networks():
-    """Publish 0.5 ms, a send 0.1, a first receipt 1.5 (1.2 in the pair), a duplicate
-    0.2, as a 2- and a 5-node network's counters and probes would give them."""
+    """Publish 0.5 ms, a send 0.1, a wake-up 0.1, a first receipt 1.4 after it (1.5 from
+    the wake-up; 1.2 in the pair), a duplicate 0.2, as a 2- and a 5-node network's
+    counters and probes would give them."""
     pair = probed(2, [0.0006, 0.0012], first_s=0.0012, woke_after_s=0.0006)
     wide = probed(5, [0.0005 + 4 * 0.0001] + [0.0012 + 3 * (0.0001 + 0.0002)] * 4, 0.0015, 0.0009)
     cpu, before = on_path(pair)
@@ -172,20 +233,78 @@ def test_the_costs_come_apart_from_two_small_networks():
     cost, raw = costs(pair, wide, cores=2)
     assert cost.publish_s == pytest.approx(0.0005)
     assert cost.send_s == pytest.approx(0.0001)
-    assert cost.first == pytest.approx(0.0015)  # the wide network's, on the path
+    assert cost.first == pytest.approx(0.0014)  # the wide network's, on the path
+    assert cost.wake_s == pytest.approx(0.0001)
     assert raw["pair_first_s"] == pytest.approx(0.0012)
     assert cost.recv_s == pytest.approx(0.0002)
+    assert raw["duplicate_bursts"] == 3 * 4
+    # the counters alone charge the wake-ups to the duplicates: (1.2 + 3 x 0.3) less the
+    # pair's 1.2, over 3, less a send
+    assert raw["counted_duplicate_s"] == pytest.approx(0.0002)
     assert raw["hop_s"] == calibrate(pair)
-    # the pair as the model sees it: the publish, a send, then a first receipt
+    # the pair as the model sees it: the publish, a send, a wake-up, a first receipt
     assert predict(2, cost, mesh=pair.mesh) == pytest.approx([0.0021] * 8)
+    # the wake-up and a duplicate come apart whatever the wake-up costs
+    slow_wake = probed(5, wide.extra["cpu"]["node_s"], 0.0015, 0.0009, wake_s=0.0008)
+    cost, raw = costs(pair, slow_wake, cores=2)
+    assert (cost.wake_s, cost.recv_s, cost.first) == pytest.approx((0.0008, 0.0002, 0.0007))
+    # with duplicates of one size only, the two cannot come apart
+    one_size = [[burst(11.0, 0.0003, copies=1)] * 3] * 5
+    flat = dataclasses.replace(wide, extra=wide.extra | {"bursts": one_size})
+    with pytest.raises(ValueError, match="too few to part"):
+        costs(pair, flat, cores=2)
+    assert raw["counted_send_s"] == pytest.approx(0.0001)
     # a negative figure is noise: taken as 0, kept raw
-    noisy = dataclasses.replace(wide, extra=wide.extra | {"cpu": {"node_s": [0.0004] * 5}})
+    quick = [[burst(10.0, 0.0005, copies=1)], *wide.extra["bursts"][1:]]
+    noisy = dataclasses.replace(wide, extra=wide.extra | {"bursts": quick})
     cost, raw = costs(pair, noisy, cores=2)
     assert raw["send_s"] < 0 and cost.send_s == 0.0
+    # without a burst of its own announcements the publisher's sends cannot be had
+    silent = [[burst(10.0, 0.0005, copies=1, other=1)], *wide.extra["bursts"][1:]]
+    with pytest.raises(ValueError, match="no burst of its own"):
+        costs(pair, dataclasses.replace(wide, extra=wide.extra | {"bursts": silent}), cores=2)
     # the arithmetic needs every receiver to have every peer in its mesh
     partial = dataclasses.replace(wide, mesh=[[1, 2], [0, 2], [0, 1], [4], [3]])
     with pytest.raises(ValueError, match="complete meshes"):
         costs(pair, partial, cores=2)
+
+
+def test_a_measured_figure_spreads_over_the_announcements():
+    """Announcements whose delays agree leave a figure no room; a p99 set by two slow
+    announcements in a hundred is the fast ones' whenever a resampling draws neither."""
+    assert uncertainty([[0.01, 0.02, 0.03]] * 40, 0.5) == (0.02, 0.02)
+    assert uncertainty([[0.01] * 5] * 20 + [[0.05] * 5] * 20, 0.5) == (0.01, 0.05)
+    rare = [[0.01] * 10] * 98 + [[0.5] * 10] * 2
+    assert quantile([d for a in rare for d in a], 0.99) == 0.5
+    assert uncertainty(rare, 0.99) == (0.01, 0.5)
+
+
+def test_the_bench_waits_for_the_mesh_to_stop_growing(monkeypatch):
+    """Nodes whose mean mesh degree reads 6, 7, 8, 9, 9.2, 9, 9.2: steady once four reads
+    in a row lie within 0.2 of each other, not before; a mesh that never stops growing is
+    given up on after ``STEADY_LIMIT``; a complete one is steady at once."""
+    reads = [[6] * 5, [7] * 5, [8] * 5, [9] * 5, [9, 9, 9, 9, 10], [9] * 5, [9, 9, 9, 9, 10]]
+    lengths = iter(n for read in reads + [[12] * 5] * 9 for n in read)
+    now = [0.0]
+    monkeypatch.setattr(
+        gossipcheck, "probe", lambda node: {"gossip_probe": {"mesh": ["p"] * next(lengths)}}
+    )
+    monkeypatch.setattr(gossipcheck.time, "sleep", lambda s: now.__setitem__(0, now[0] + s))
+    monkeypatch.setattr(gossipcheck.time, "monotonic", lambda: now[0])
+    nodes = [None] * 5
+    assert gossipcheck.steady(nodes) == [6, 7, 8, 9, 9.2, 9, 9.2]
+    assert now[0] == pytest.approx(6 * gossipcheck.STEADY_S / (gossipcheck.STEADY_READS - 1))
+    growing = iter(range(10_000))
+    monkeypatch.setattr(
+        gossipcheck, "probe", lambda node: {"gossip_probe": {"mesh": ["p"] * next(growing)}}
+    )
+    now[0] = 0.0
+    seen = gossipcheck.steady(nodes)
+    assert now[0] > gossipcheck.STEADY_LIMIT and seen == sorted(seen) and len(set(seen)) > 4
+    # a complete mesh cannot grow: no wait
+    monkeypatch.setattr(gossipcheck, "probe", lambda node: {"gossip_probe": {"mesh": ["p"] * 4}})
+    now[0] = 0.0
+    assert gossipcheck.steady(nodes) == [4] and now[0] == 0.0
 
 
 def test_figures_of_a_delivery():

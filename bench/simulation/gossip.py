@@ -15,8 +15,10 @@ whom, and what each copy costs the processes that send and receive it.
   (sealing, signing), ``send_s`` for each copy it sends (protobuf, yamux, Noise, a socket
   write), ``first_s`` for the first copy it receives (read and checked: two signature
   checks and the node's own, until its handler has it) and ``recv_s`` for each duplicate
-  (read, decrypted and parsed before pubsub sees it has the message). A copy is on the
-  link for half the path's RTT.
+  (read, decrypted and parsed before pubsub sees it has the message), and ``wake_s`` each
+  time work comes to a node that had none (its event loop wakes from its wait: copies
+  that come while it works, or waits for a processor, are read in the same turn). A copy
+  is on the link for half the path's RTT.
 - **Processors** (``GossipCost.cores``, ``slice_s``, ``tick_s``): the nodes share the
   machine's cores; a node with work waits for one in the order it became runnable and
   runs until it has no work, or until a scheduler tick after it has run its slice while
@@ -56,7 +58,10 @@ class GossipCost:
     - ``first_s``: a copy received for the first time, read and checked until the node's
       handler has it (two signature checks, the node's own checks): delivery;
     - ``recv_s``: a duplicate received (read, decrypted and parsed before pubsub sees it
-      has the message); ``first_s`` is ``recv_s`` unless given.
+      has the message); ``first_s`` is ``recv_s`` unless given;
+    - ``wake_s``: a node's event loop waking from its wait, charged when work comes to a
+      node that had none (not to the publisher of the message whose delay is measured:
+      its delay starts after it woke).
 
     ``cores``: the processors the nodes share (``inf``: each node on its own machine).
     ``slice_s`` and ``tick_s``: how long a node keeps a processor while others wait for
@@ -75,6 +80,7 @@ class GossipCost:
     slice_s: float = 0.0015  # 0.75 ms x (1 + log2 of 2 cores): the kernel's default
     tick_s: float = 0.004  # CONFIG_HZ = 250 (this machine's kernel); 0: preempt at once
     tick_phase_s: float = 0.0  # when the first tick comes after the publish, less one tick
+    wake_s: float = 0.0
 
     @property
     def first(self) -> float:
@@ -121,6 +127,7 @@ def gossip_mesh(
 
 
 Message = tuple[float, int, list[set[int]]]  # (published at, by, on which mesh)
+Burst = tuple[float, int, float]  # (at, by which node, processor seconds, its wake-up included)
 
 
 def deliver(
@@ -129,17 +136,20 @@ def deliver(
     rtt: Callable[[int, int], float] = lambda i, j: 0.0,
     origin: int = 0,
     others: Sequence[Message] = (),
+    busy: Sequence[Burst] = (),
 ) -> list[float]:
     """Seconds from ``origin`` publishing at 0 until each node's handler has the message
     (``inf`` for a node the mesh does not reach); the origin's own entry is 0. ``others``:
     other messages (say, presence heartbeats on their own topic's mesh) whose work shares
-    the nodes' processors; they cost what this one does.
+    the nodes' processors; they cost what this one does. ``busy``: the nodes' other work
+    (say, their upkeep as measured), each burst a job of its own.
 
     A node does its work one job after another (``publish``, a ``send`` to a peer, a
     ``recv`` from a peer), in the order it came. A node with work waits for a free
     processor in the order it became runnable; on one, it runs its jobs until it has
     none, or until a tick came after it had run ``slice_s`` while another waits; it then
-    goes to the back of the line once its job is done (a job is not split)."""
+    goes to the back of the line once its job is done (a job is not split). Work that
+    comes to a node with none starts with a ``wake`` (``wake_s``)."""
     n = len(mesh)
     messages: list[Message] = [(0.0, origin, mesh), *others]
     got = [[math.inf] * n for _ in messages]
@@ -147,7 +157,7 @@ def deliver(
     ready: deque[int] = deque()  # runnable nodes waiting for a processor
     waiting = [False] * n  # in ``ready`` or on a processor
     events: list[tuple[float, int, int, int, int, int]] = []  # (at, seq, what, node, peer, msg)
-    DONE, ARRIVAL, PUBLISH = 0, 1, 2
+    DONE, ARRIVAL, PUBLISH, BUSY = 0, 1, 2, 3
     seq = 0
     free = cost.cores
     began = [0.0] * n  # when the node took its processor
@@ -161,6 +171,10 @@ def deliver(
         kind, _, m = work[i][0]
         if kind == "recv":
             return cost.first if got[m][i] == math.inf else cost.recv_s
+        if kind == "busy":
+            return busy[m][2]
+        if kind == "wake":
+            return cost.wake_s
         return cost.publish_s if kind == "publish" else cost.send_s
 
     def expired(start: float, now: float) -> bool:
@@ -178,21 +192,29 @@ def deliver(
             began[i] = now
             push(now + job_s(i), DONE, i)
 
-    def runnable(i: int, now: float) -> None:
+    def runnable(i: int, now: float, wake: bool = True) -> None:
         if not waiting[i]:
+            if wake and cost.wake_s > 0:
+                work[i].appendleft(("wake", -1, 0))
             waiting[i] = True
             ready.append(i)
             dispatch(now)
 
     for m, (at, by, _) in enumerate(messages):
         push(at, PUBLISH, by, m=m)
+    for b, (at, by, _) in enumerate(busy):
+        push(at, BUSY, by, m=b)
     while events:
         now, _, what, i, peer, m = heapq.heappop(events)
         if what == PUBLISH:
             got[m][i] = now
             work[i].append(("publish", i, m))
             work[i].extend(("send", j, m) for j in sorted(messages[m][2][i]))
-            runnable(i, now)
+            runnable(i, now, wake=m > 0)
+            continue
+        if what == BUSY:
+            work[i].append(("busy", -1, m))
+            runnable(i, now, wake=False)
             continue
         if what == ARRIVAL:
             work[i].append(("recv", peer, m))
