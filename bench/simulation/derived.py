@@ -25,9 +25,11 @@ from bench.simulation.links import Link
 from node.config import NodeConfig
 
 # what a node's work on an announcement cost on this machine, measured apart in-process
-# and by the CPU counters (``gossipcheck.costs``, 2026-12-06): a home node's processor is
-# taken to be as fast
-MEASURED = GossipCost(send_s=0.00016, recv_s=0.00044, first_s=0.0016, publish_s=0.0012)
+# (``gossipcheck.costs``: the medians of five calibrations, 2026-12-06): a home node's
+# processor is taken to be as fast
+MEASURED = GossipCost(
+    send_s=0.00012, recv_s=0.0003, first_s=0.0012, publish_s=0.0014, wake_s=0.00013
+)
 
 
 def gossip_delivery(
