@@ -465,18 +465,23 @@ def on_path(real: Delivery) -> tuple[list[float], list[float]]:
     return cpu, before
 
 
+def in_series(real: Delivery, node: int) -> list[list[Any]]:
+    """``node``'s bursts (the probe's) that began while the publisher announced."""
+    _, w1, w2, _ = real.extra["windows"]
+    return [b for b in real.extra["bursts"][node] if w1 <= b[0] < w2]
+
+
 def duplicates(wide: Delivery) -> tuple[float, float, int]:
     """A wake-up's and a duplicate's processor time, from the probes' ``bursts``: over the
     receivers' bursts during the series that took in announcement copies and nothing else
     (no first receipt, no other topic's copy), the least-squares line of a burst's
     processor time on its copies: its intercept is the wake-up, its slope a duplicate.
     Returns both and the number of bursts."""
-    _, w1, w2, _ = wide.extra["windows"]
     dup = [
         (b[3], b[1])
-        for bursts in wide.extra["bursts"][1:]
-        for b in bursts
-        if w1 <= b[0] < w2 and b[3] >= 1 and b[4] == 0 and b[5] == 0
+        for node in range(1, wide.n)
+        for b in in_series(wide, node)
+        if b[3] >= 1 and b[4] == 0 and b[5] == 0
     ]
     if len({d for d, _ in dup}) < 2:
         raise ValueError(f"{len(dup)} bursts of duplicates alone, too few to part the costs")
@@ -488,8 +493,7 @@ def publishing(real: Delivery) -> float:
     """The publisher's median processor time for a burst in which it announced (its own
     announcement taken in by pubsub, no other topic's copy) during the series: a wake-up,
     the publish and a send to each mesh peer."""
-    _, w1, w2, _ = real.extra["windows"]
-    own = [b[1] for b in real.extra["bursts"][0] if w1 <= b[0] < w2 and b[3] >= 1 and b[4] == 0]
+    own = [b[1] for b in in_series(real, 0) if b[3] >= 1 and b[4] == 0]
     if not own:
         raise ValueError("the publisher's probe saw no burst of its own announcements")
     return statistics.median(own)

@@ -57,7 +57,7 @@ async def probe(
     published: dict[str, float] = {}  # body -> when Node.announce was called
     arrived: dict[str, float] = {}  # "sender body" -> when the handler ran
 
-    woke = [0.0, 0.0, 0.0, 0.0]  # when the process last woke from a wait: wall, cpu, waited, perf
+    woke = [0.0, 0.0, 0.0]  # when the process last woke from a wait: wall, cpu, perf
     since: dict[str, list[float]] = {}  # "sender body" -> [wall, cpu since woke, woke]
     # the burst since ``woke``: copies on the announce topic, on others, first receipts
     burst = [0, 0, 0]
@@ -79,10 +79,10 @@ async def probe(
             t1 = time.perf_counter()
             if timeout != 0 and t1 - t0 > 0.0003:  # it waited: a burst ended at t0
                 if woke[0]:
-                    bursts.append([woke[0], cpu0 - woke[1], t0 - woke[3], *burst, marks[:]])
+                    bursts.append([woke[0], cpu0 - woke[1], t0 - woke[2], *burst, marks[:]])
                 burst[:] = [0, 0, 0]
                 marks.clear()
-                woke[:] = [time.time(), time.thread_time(), t1 - t0, t1]
+                woke[:] = [time.time(), time.thread_time(), t1]
             return out
 
     io._epoll = Stamped(io._epoll)
@@ -91,7 +91,7 @@ async def probe(
 
     async def counted(forwarder: Any, msg: Any) -> None:
         burst[0 if announce_topic in msg.topicIDs else 1] += 1
-        marks.append([time.perf_counter() - woke[3], time.thread_time() - woke[1]])
+        marks.append([time.perf_counter() - woke[2], time.thread_time() - woke[1]])
         await push_msg(forwarder, msg)
 
     pubsub.push_msg = counted  # pubsub starts a task on ``self.push_msg`` per copy read
