@@ -22,8 +22,11 @@ publisher, admin endpoint); instead of a role it runs ``probe``, which only watc
   waits, when it woke (``time.time()``), its processor time and elapsed time, and the
   gossip messages it took in (pubsub's ``push_msg``: every copy that arrived, first or
   duplicate) on the announce topic and on others, how many of those were first receipts
-  delivered to the probe's handler, and when in the burst pubsub took each copy in (its
-  elapsed and processor time since the wake-up).
+  delivered to the probe's handler, when in the burst pubsub took each copy in (its
+  elapsed and processor time since the wake-up), the control RPCs it read (the router's
+  ``handle_rpc``: an IDONTWANT from every mesh peer that took a message first, IHAVE,
+  GRAFT), and the RPCs it wrote (pubsub's ``write_msg``), those with an announcement
+  (a publish or a forward) apart from the rest.
 
 All of these appear in ``/status`` under ``gossip_probe``. Every process runs on one machine,
 so the publisher's and the receivers' ``time.time()`` share one clock.
@@ -61,8 +64,12 @@ async def probe(
     since: dict[str, list[float]] = {}  # "sender body" -> [wall, cpu since woke, woke]
     # the burst since ``woke``: copies on the announce topic, on others, first receipts
     burst = [0, 0, 0]
+    # and the other RPCs: control messages in (IDONTWANT, IHAVE, GRAFT, ...), and writes
+    # out: of an announcement (a publish or a forward), and any other (control, presence)
+    rpcs = [0, 0, 0]
     marks: list[list[float]] = []  # when in the burst each copy came: [elapsed, processor]
-    # [woke, processor s, elapsed s, announce copies, other copies, first receipts, marks]
+    # [woke, processor s, elapsed s, announce copies, other copies, first receipts, marks,
+    #  control in, announcement writes, other writes]
     bursts: deque[list[Any]] = deque(maxlen=BURSTS)
     io = trio._core._run.GLOBAL_RUN_CONTEXT.runner.io_manager  # trio's own, private
 
@@ -79,8 +86,10 @@ async def probe(
             t1 = time.perf_counter()
             if timeout != 0 and t1 - t0 > 0.0003:  # it waited: a burst ended at t0
                 if woke[0]:
-                    bursts.append([woke[0], cpu0 - woke[1], t0 - woke[2], *burst, marks[:]])
+                    took = [woke[0], cpu0 - woke[1], t0 - woke[2], *burst, marks[:], *rpcs]
+                    bursts.append(took)
                 burst[:] = [0, 0, 0]
+                rpcs[:] = [0, 0, 0]
                 marks.clear()
                 woke[:] = [time.time(), time.thread_time(), t1]
             return out
@@ -95,6 +104,19 @@ async def probe(
         await push_msg(forwarder, msg)
 
     pubsub.push_msg = counted  # pubsub starts a task on ``self.push_msg`` per copy read
+    router, write_msg = pubsub.router, pubsub.write_msg
+    handle_rpc = router.handle_rpc
+
+    async def control(rpc: Any, sender: Any) -> None:
+        rpcs[0] += 1
+        await handle_rpc(rpc, sender)
+
+    async def written(stream: Any, rpc: Any) -> bool:
+        rpcs[1 if any(announce_topic in m.topicIDs for m in rpc.publish) else 2] += 1
+        return await write_msg(stream, rpc)
+
+    router.handle_rpc = control  # pubsub awaits ``self.router.handle_rpc`` per control RPC
+    pubsub.write_msg = written  # every RPC out: the sending loops and the router's writes
 
     def heard(msg: Announcement) -> None:
         key = f"{msg.sender} {msg.body.decode()}"
