@@ -18,6 +18,7 @@ from bench.simulation.gossipcheck import (
     calibrate,
     costs,
     measure,
+    network_costs,
     on_path,
     pieces,
     predict,
@@ -190,10 +191,19 @@ def test_copies_count_every_forward_but_back_to_the_forwarder():
     assert copies(ring) == 2 + 3  # the publisher's two, then one each onward
 
 
-def burst(at: float, cpu: float, copies: int = 0, other: int = 0, first: int = 0) -> list:
-    """A probe's burst (``gossip_probe.py``): its copies taken in evenly over it."""
+def burst(
+    at: float,
+    cpu: float,
+    copies: int = 0,
+    other: int = 0,
+    first: int = 0,
+    sent: int = 0,
+    other_writes: int = 0,
+) -> list:
+    """A probe's burst (``gossip_probe.py``): its copies taken in evenly over it, no control
+    RPC, ``sent`` announcement copies and ``other_writes`` other RPCs written."""
     marks = [[cpu * k / (copies + other + 1)] * 2 for k in range(1, copies + other + 1)]
-    return [at, cpu, cpu, copies, other, first, marks]
+    return [at, cpu, cpu, copies, other, first, marks, 0, sent, other_writes]
 
 
 def probed(
@@ -269,6 +279,50 @@ def test_the_costs_come_apart_from_two_small_networks():
         costs(pair, partial, cores=2)
 
 
+def test_a_network_gives_its_own_costs():
+    """A wake-up 0.4 ms, a duplicate 0.25 and a first receipt 1.4 (to the handler), as a
+    network's bursts and stamps during the series have them: duplicates alone (1, 2 and
+    3 of them), first receipts that sent 5 and 8 copies on at 0.1 ms a send, and the
+    bursts the costs leave out (those that took in presence or wrote anything else,
+    those outside the series, a class of too few bursts). A send is the first receipts'
+    slope over the copies they sent on, or the small networks' where every node sent as
+    many; the publish stays the small networks'."""
+    wake, dup, send, first = 0.0004, 0.00025, 0.0001, 0.0014
+
+    def forwarded(at: float, k: int, stretch: float = 0.0) -> list:
+        return burst(at, wake + first + 0.0003 + k * send + stretch, copies=1, first=1, sent=k)
+
+    series = [burst(10.0 + d, wake + dup * d, copies=d) for d in (1, 2, 3) for _ in range(10)]
+    series += [forwarded(11.0, 5) for _ in range(10)] + [forwarded(12.0, 8) for _ in range(12)]
+    series += [forwarded(12.5, 8, stretch=0.01) for _ in range(3)]  # preempted: medians
+    left_out = [burst(13.0, 0.05, copies=1, other=1), burst(14.0, 0.05, copies=2, other_writes=1)]
+    left_out += [burst(1.0, 0.05, copies=1)] * 20  # before the series
+    left_out += [burst(15.0, 0.05, copies=4)] * ((gossipcheck.MIN_CLASS - 1) // 2)  # too few
+    published = [10.0, 20.0, 30.0]
+    stamps = [[first + wake, first + wake, at + 0.001] for at in published]
+    slow = [[9.0, 9.0, 39.0]]  # one receiver's third: the median is taken
+    since = [stamps, stamps[:2] + slow]
+    extra = {"windows": [0.0, 5.0, 35.0, 40.0], "bursts": [[]] + [series + left_out] * 2}
+    extra |= {"since": since, "published": published}
+    real = Delivery(3, 3, [0.01] * 6, 0, {}, [[1, 2], [0, 2], [0, 1]], [0], 0.1, extra)
+    small = GossipCost(send_s=0.0002, recv_s=0.9, cores=2, first_s=0.9, publish_s=0.0012)
+    cost, raw = network_costs(real, small)
+    assert (cost.wake_s, cost.recv_s, cost.first) == pytest.approx((wake, dup, first))
+    assert cost.send_s == pytest.approx(send)  # the slope, not the small networks'
+    assert (cost.publish_s, cost.cores) == (0.0012, 2)
+    assert raw["send_slope_s"] == pytest.approx(send) and raw["small_send_s"] == 0.0002
+    assert raw["duplicate_bursts"] == 2 * 30
+    # a complete mesh: every first receipt sent as many copies on, no slope: the small
+    # networks' send
+    even = [[b for b in node if b[8] != 5] for node in extra["bursts"]]
+    cost, raw = network_costs(dataclasses.replace(real, extra=extra | {"bursts": even}), small)
+    assert raw["send_slope_s"] is None and cost.send_s == 0.0002
+    # duplicates of one size cannot part a wake-up from a duplicate
+    flat = [[burst(10.0, 0.0005, copies=1)] * 10] * 3
+    with pytest.raises(ValueError, match="duplicates: bursts of one size only"):
+        network_costs(dataclasses.replace(real, extra=extra | {"bursts": flat}), small)
+
+
 def test_a_measured_figure_spreads_over_the_announcements():
     """Announcements whose delays agree leave a figure no room; a p99 set by two slow
     announcements in a hundred is the fast ones' whenever a resampling draws neither."""
@@ -331,5 +385,7 @@ def test_real_nodes_deliver_every_announcement_by_gossip_and_the_model_predicts_
         assert all(0 < t < 5 for t in real.delays)
     cost, raw = costs(pair, wide, float(os.cpu_count() or 1))
     assert raw["first_s"] > 0 and raw["hop_s"] > 0, raw
+    _, own = network_costs(wide, cost)  # the wide network's own bursts part the costs too
+    assert own["first_s"] > 0 and own["duplicate_bursts"] > 0, own
     predicted = quantile(predict(WIDE, cost, mesh=wide.mesh), 0.5)
     assert math.isfinite(predicted) and predicted > 0

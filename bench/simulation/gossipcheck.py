@@ -16,6 +16,11 @@ of the same run: the probes' in-process stamps (processor time from a wake-up to
 handler, and each burst of work with the copies it took in) and the nodes' CPU counters
 over a series of announcements, less their idle rate.
 
+``network_costs(real, small)``: a wake-up, a duplicate and a first receipt measured the
+same way in the predicted network's own bursts and stamps during its series (a cost
+differs with the processes that share the cores: a wake-up at 30 nodes came out at three
+times the 5-node network's); the publish and a send stay the small networks'.
+
 ``predict(n, cost)``: ``gossip.py``'s model of the same network (one machine's loopback:
 no RTT; the node processes share its cores as the kernel's scheduler shares them; the
 nodes' own upkeep, as they did it while idle before and after the series, is replayed
@@ -361,7 +366,7 @@ def pieces(burst: list[Any]) -> list[tuple[float, float]]:
     """A probe's burst as the work it was handed: the wake-up until pubsub took in the
     first copy, then each copy until the next (or the burst's end), each at the elapsed
     time it began at: ``[(seconds after the wake-up, processor seconds)]``."""
-    _, cpu, _, _, _, _, marks = burst
+    cpu, marks = burst[1], burst[6]
     starts = [(0.0, 0.0), *((w, c) for w, c in marks)]
     ends = [c for _, c in starts[1:]] + [cpu]
     return [(w, max(end - c, 0.0)) for (w, c), end in zip(starts, ends, strict=True)]
@@ -551,6 +556,77 @@ def costs(pair: Delivery, wide: Delivery, cores: float) -> tuple[GossipCost, dic
     return cost, {key: round(v, 6) for key, v in raw.items()}
 
 
+MIN_CLASS = 10  # bursts a class needs for its median to count (``network_costs``)
+
+
+def classes(real: Delivery) -> dict[tuple[int, int, int], list[float]]:
+    """The receivers' bursts during the series that took in announcement copies and
+    nothing else and wrote nothing but announcements (no presence, no control), by
+    (first receipts, duplicates, announcement copies written): their processor times."""
+    out: dict[tuple[int, int, int], list[float]] = {}
+    for node in range(1, real.n):
+        for b in in_series(real, node):
+            if b[3] >= 1 and b[4] == 0 and b[9] == 0:
+                out.setdefault((b[5], b[3] - b[5], b[8]), []).append(b[1])
+    return out
+
+
+def through(points: list[tuple[int, float, int]], what: str) -> tuple[float, float]:
+    """The line through classes' medians ``(x, median, bursts)``, each weighted by its
+    bursts: (intercept, slope). Refuses fewer than two values of ``x``."""
+    if len({x for x, _, _ in points}) < 2:
+        raise ValueError(f"{what}: bursts of one size only ({points}), too few to part the costs")
+    total = sum(w for _, _, w in points)
+    mx = sum(x * w for x, _, w in points) / total
+    my = sum(y * w for _, y, w in points) / total
+    slope = sum(w * (x - mx) * (y - my) for x, y, w in points) / sum(
+        w * (x - mx) ** 2 for x, _, w in points
+    )
+    return my - slope * mx, slope
+
+
+def network_costs(real: Delivery, small: GossipCost) -> tuple[GossipCost, dict[str, Any]]:
+    """What a wake-up, a duplicate and a first receipt cost in ``real`` itself, measured
+    as ``costs`` measures them in the small networks, but on ``real``'s bursts and stamps
+    during its series (the delays are not read):
+
+    - ``wake`` and ``duplicate``: the line through the medians of the receivers' bursts
+      that took in 1, 2, 3... duplicates and nothing else (``classes`` of at least
+      ``MIN_CLASS`` bursts; intercept and slope, each class weighted by its bursts);
+    - ``first``: the median processor time from a receiver's wake-up to its handler
+      (``on_path``), less the wake-up.
+
+    - ``send``: where the meshes' degrees differ (30 nodes), the slope of the line
+      through the medians of the receivers' bursts that took in a first receipt alone,
+      by the copies they sent on (``send_slope_s``); in a complete mesh (10 nodes),
+      where every node forwards as many, there is none to be had, and the send is
+      ``small``'s (a difference of two networks' publishers: it swung from 0.1 to 0.38
+      ms between runs, where the slopes stayed at 0.09-0.11).
+
+    The publish is ``small``'s. A cost differs with the
+    processes that share the cores: at 30 nodes a wake-up came out at about three times
+    the 5-node network's (their caches, the scheduler), a duplicate and a send alike.
+    The medians leave out the bursts a preemption or a cache flush stretched."""
+    by = {k: v for k, v in classes(real).items() if len(v) >= MIN_CLASS}
+    dups = [(d, statistics.median(v), len(v)) for (f, d, w), v in by.items() if f == 0 and w == 0]
+    wake, dup = through(dups, "duplicates")
+    first = statistics.median(on_path(real)[0]) - wake
+    firsts = [(w, statistics.median(v), len(v)) for (f, d, w), v in by.items() if f == 1 and d == 0]
+    slope = through(firsts, "sends")[1] if len({w for w, _, _ in firsts}) > 1 else None
+    send = small.send_s if slope is None else slope
+    cost = dataclasses.replace(
+        small,
+        recv_s=max(dup, 0.0),
+        first_s=max(first, 0.0),
+        wake_s=max(wake, 0.0),
+        send_s=max(send, 0.0),
+    )
+    raw = {"wake_s": wake, "duplicate_s": dup, "first_s": first, "send_s": send}
+    raw |= {"send_slope_s": slope, "small_send_s": small.send_s, "publish_s": small.publish_s}
+    out = {key: None if v is None else round(v, 6) for key, v in raw.items()}
+    return cost, out | {"duplicate_bursts": sum(n for _, _, n in dups)}
+
+
 CALIBRATION = dict(count=200, spacing=0.05, idle_s=10.0)  # the small networks' series
 DRAWS = 25  # upkeep (or presence) draws per tick phase: 200 simulated publishes a mesh
 # announcements per validation network: a 30-node p99 is set by the few that met the
@@ -573,9 +649,11 @@ def validate_gossip(
     with its size, and the two samples' sizes differ), as ``bench/sim.py``'s validation
     entries.
 
-    ``predicted``: the model on the nodes' own meshes with the calibrated costs, this
-    machine's cores, and the nodes' own upkeep replayed from their idle windows
-    (``upkeep``: ``DRAWS`` instants for each of 8 tick phases); beside it
+    ``predicted``: the model on the nodes' own meshes with the network's own costs
+    (``network_costs``; the publish and a send the small networks'), this machine's
+    cores, and the nodes' own upkeep replayed from their idle windows (``upkeep``: ``DRAWS`` instants for each
+    of 8 tick phases); beside it ``predicted_with_small_costs`` (the costs of the 2- and
+    5-node networks instead, ``costs``: what the model at scale takes),
     ``predicted_without_upkeep``, ``predicted_presence_only`` (the presence heartbeats
     drawn at the configured rate in the upkeep's place, at an announcement's costs),
     ``predicted_copies_alike`` (that, with every duplicate charged the counters' cost
@@ -598,17 +676,19 @@ def validate_gossip(
     print(f"  costs: {raw}", file=sys.stderr)
     for n in ns:
         real = measure(n, count, idle_s=CALIBRATION["idle_s"])
+        own, own_raw = network_costs(real, cost)
         # on the meshes the nodes had before and after the series
-        pred, quiet, presence_only, alike = [], [], [], []
+        pred, quiet, presence_only, alike, small = [], [], [], [], []
         # the model before the bursts were read: every copy charged alike, no wake-up
         counted = max(raw["counted_duplicate_s"], 0.0)
         copies_alike = dataclasses.replace(cost, wake_s=0.0, recv_s=counted)
         for mesh, pm in zip(real.extra["meshes"], real.extra["presence_meshes"], strict=True):
-            pred += predict(n, cost, mesh=mesh, draws=DRAWS, idle=real)
-            quiet += predict(n, cost, mesh=mesh)
-            presence_only += predict(n, cost, mesh=mesh, presence_mesh=pm, draws=DRAWS)
+            pred += predict(n, own, mesh=mesh, draws=DRAWS, idle=real)
+            small += predict(n, cost, mesh=mesh, draws=DRAWS, idle=real)
+            quiet += predict(n, own, mesh=mesh)
+            presence_only += predict(n, own, mesh=mesh, presence_mesh=pm, draws=DRAWS)
             alike += predict(n, copies_alike, mesh=mesh, presence_mesh=pm, draws=DRAWS)
-        model_mesh = predict(n, cost, seeds, draws=DRAWS // 5 or 1, idle=real)
+        model_mesh = predict(n, own, seeds, draws=DRAWS // 5 or 1, idle=real)
         hop_only = predict(n, GossipCost.from_hop(raw["hop_s"], cores), mesh=real.mesh)
         got = real.figures()
         for q, key in ((0.5, "p50"), (0.99, "p99")):
@@ -620,6 +700,7 @@ def validate_gossip(
                 "ratio": round(p / m, 3),
                 "measured_90": [round(lo, 4), round(hi, 4)],
                 "load": real.load,
+                "predicted_with_small_costs": round(quantile(small, q), 4),
                 "predicted_on_model_mesh": round(quantile(model_mesh, q), 4),
                 "predicted_without_upkeep": round(quantile(quiet, q), 4),
                 "predicted_presence_only": round(quantile(presence_only, q), 4),
@@ -640,6 +721,7 @@ def validate_gossip(
             "model_mesh_degree_mean": round(
                 statistics.mean(len(m) for m in gossip_mesh(n, random.Random(0))), 2
             ),
+            "costs": own_raw,  # the network's own (``network_costs``)
             "runnable": round(real.runnable, 2),
             "cpu": real.extra.get("cpu"),  # cores: median and busiest node, all idle; copy_s
             "load": real.load,
