@@ -628,6 +628,12 @@ def network_costs(real: Delivery, small: GossipCost) -> tuple[GossipCost, dict[s
 
 
 CALIBRATION = dict(count=200, spacing=0.05, idle_s=10.0)  # the small networks' series
+# each idle window of a validation network (before and after its series): the upkeep
+# replayed is drawn from them, and its tail from the presence floods in them (at 30
+# nodes every 15-40 s, from 10 to 770 bursts; the 30-node p99 is the 2-3 announcements
+# in 120 that met one): 10 s windows held 1-3 floods, and the replayed tail swung with
+# their sizes
+IDLE_S = 45.0
 DRAWS = 25  # upkeep (or presence) draws per tick phase: 200 simulated publishes a mesh
 # announcements per validation network: a 30-node p99 is set by the few that met the
 # nodes' other work at its busiest, and its own spread (``uncertainty``) came out about
@@ -675,7 +681,7 @@ def validate_gossip(
     }
     print(f"  costs: {raw}", file=sys.stderr)
     for n in ns:
-        real = measure(n, count, idle_s=CALIBRATION["idle_s"])
+        real = measure(n, count, idle_s=IDLE_S)
         own, own_raw = network_costs(real, cost)
         # on the meshes the nodes had before and after the series
         pred, quiet, presence_only, alike, small = [], [], [], [], []
