@@ -214,9 +214,9 @@ def probed(
     the publish and at their handler ``first_s`` of processor time later (the third one
     slower: the medians are taken); each receiver also woke for 1, 2 and 3 duplicates
     alone, a wake-up ``wake_s`` and a duplicate 0.2 ms (and once for a presence copy,
-    once for a first receipt and once while idle, which the fit leaves out). The publisher's bursts that
-    announced took 0.6 ms and 0.1 a mesh peer (the one that also took in a presence
-    copy, and the one while idle, do not count)."""
+    once for a first receipt and once while idle, which the fit leaves out). The
+    publisher's bursts that announced took 0.6 ms and 0.1 a mesh peer (the one that also
+    took in a presence copy, and the one while idle, do not count)."""
     mesh = [[j for j in range(n) if j != i] for i in range(n)]
     published = [10.0, 20.0, 30.0]
     normal = [[first_s, first_s, at + woke_after_s] for at in published[:2]]

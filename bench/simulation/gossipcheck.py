@@ -16,10 +16,10 @@ of the same run: the probes' in-process stamps (processor time from a wake-up to
 handler, and each burst of work with the copies it took in) and the nodes' CPU counters
 over a series of announcements, less their idle rate.
 
-``network_costs(real, small)``: a wake-up, a duplicate and a first receipt measured the
-same way in the predicted network's own bursts and stamps during its series (a cost
-differs with the processes that share the cores: a wake-up at 30 nodes came out at three
-times the 5-node network's); the publish and a send stay the small networks'.
+``network_costs(real, small)``: a wake-up, a duplicate, a first receipt and (where the
+mesh's degrees differ) a send measured in the predicted network's own bursts and stamps
+during its series (a cost differs with the processes that share the cores: a wake-up at
+30 nodes came out at three times the 5-node network's); the publish stays the pair's.
 
 ``predict(n, cost)``: ``gossip.py``'s model of the same network (one machine's loopback:
 no RTT; the node processes share its cores as the kernel's scheduler shares them; the
@@ -594,8 +594,7 @@ def network_costs(real: Delivery, small: GossipCost) -> tuple[GossipCost, dict[s
       that took in 1, 2, 3... duplicates and nothing else (``classes`` of at least
       ``MIN_CLASS`` bursts; intercept and slope, each class weighted by its bursts);
     - ``first``: the median processor time from a receiver's wake-up to its handler
-      (``on_path``), less the wake-up.
-
+      (``on_path``), less the wake-up;
     - ``send``: where the meshes' degrees differ (30 nodes), the slope of the line
       through the medians of the receivers' bursts that took in a first receipt alone,
       by the copies they sent on (``send_slope_s``); in a complete mesh (10 nodes),
@@ -603,10 +602,10 @@ def network_costs(real: Delivery, small: GossipCost) -> tuple[GossipCost, dict[s
       ``small``'s (a difference of two networks' publishers: it swung from 0.1 to 0.38
       ms between runs, where the slopes stayed at 0.09-0.11).
 
-    The publish is ``small``'s. A cost differs with the
-    processes that share the cores: at 30 nodes a wake-up came out at about three times
-    the 5-node network's (their caches, the scheduler), a duplicate and a send alike.
-    The medians leave out the bursts a preemption or a cache flush stretched."""
+    The publish is ``small``'s. A cost differs with the processes that share the cores:
+    at 30 nodes a wake-up came out at about three times the 5-node network's (their
+    caches, the scheduler), a duplicate and a send alike. The medians leave out the
+    bursts a preemption or a cache flush stretched."""
     by = {k: v for k, v in classes(real).items() if len(v) >= MIN_CLASS}
     dups = [(d, statistics.median(v), len(v)) for (f, d, w), v in by.items() if f == 0 and w == 0]
     wake, dup = through(dups, "duplicates")
@@ -656,10 +655,11 @@ def validate_gossip(
     entries.
 
     ``predicted``: the model on the nodes' own meshes with the network's own costs
-    (``network_costs``; the publish and a send the small networks'), this machine's
-    cores, and the nodes' own upkeep replayed from their idle windows (``upkeep``: ``DRAWS`` instants for each
-    of 8 tick phases); beside it ``predicted_with_small_costs`` (the costs of the 2- and
-    5-node networks instead, ``costs``: what the model at scale takes),
+    (``network_costs``: in a complete mesh a send is the small networks', and the
+    publish always), this machine's cores, and the nodes' own upkeep replayed from their
+    idle windows (``upkeep``: ``DRAWS`` instants for each of 8 tick phases); beside it
+    ``predicted_with_small_costs`` (the costs of the 2- and 5-node networks instead,
+    ``costs``: what the model at scale takes),
     ``predicted_without_upkeep``, ``predicted_presence_only`` (the presence heartbeats
     drawn at the configured rate in the upkeep's place, at an announcement's costs),
     ``predicted_copies_alike`` (that, with every duplicate charged the counters' cost
