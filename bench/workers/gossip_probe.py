@@ -24,9 +24,10 @@ publisher, admin endpoint); instead of a role it runs ``probe``, which only watc
   duplicate) on the announce topic and on others, how many of those were first receipts
   delivered to the probe's handler, when in the burst pubsub took each copy in (its
   elapsed and processor time since the wake-up), the control RPCs it read (the router's
-  ``handle_rpc``: an IDONTWANT from every mesh peer that took a message first, IHAVE,
-  GRAFT), and the RPCs it wrote (pubsub's ``write_msg``), those with an announcement
-  (a publish or a forward) apart from the rest.
+  ``handle_rpc``: IHAVE, IWANT, GRAFT, PRUNE; the node speaks gossipsub 1.1, so no
+  IDONTWANT; it counted none in the runs of 2026-12-06, not looked into), and the RPCs it
+  wrote (pubsub's ``write_msg``), those with an announcement (a publish or a forward)
+  apart from the rest.
 
 All of these appear in ``/status`` under ``gossip_probe``. Every process runs on one machine,
 so the publisher's and the receivers' ``time.time()`` share one clock.
@@ -64,7 +65,7 @@ async def probe(
     since: dict[str, list[float]] = {}  # "sender body" -> [wall, cpu since woke, woke]
     # the burst since ``woke``: copies on the announce topic, on others, first receipts
     burst = [0, 0, 0]
-    # and the other RPCs: control messages in (IDONTWANT, IHAVE, GRAFT, ...), and writes
+    # and the other RPCs: control messages in (IHAVE, IWANT, GRAFT, PRUNE), and writes
     # out: of an announcement (a publish or a forward), and any other (control, presence)
     rpcs = [0, 0, 0]
     marks: list[list[float]] = []  # when in the burst each copy came: [elapsed, processor]
