@@ -604,8 +604,8 @@ def network_costs(real: Delivery, small: GossipCost) -> tuple[GossipCost, dict[s
 
     The publish is ``small``'s. A cost differs with the processes that share the cores:
     at 30 nodes a wake-up came out at about three times the 5-node network's (their
-    caches, the scheduler), a duplicate and a send alike. The medians leave out the
-    bursts a preemption or a cache flush stretched."""
+    caches, the scheduler), while a duplicate and a send cost about the same. The
+    medians leave out the bursts a preemption or a cache flush stretched."""
     by = {k: v for k, v in classes(real).items() if len(v) >= MIN_CLASS}
     dups = [(d, statistics.median(v), len(v)) for (f, d, w), v in by.items() if f == 0 and w == 0]
     wake, dup = through(dups, "duplicates")
