@@ -230,11 +230,19 @@ class InferenceConfig(Section):
 
 
 class ValidatorConfig(Section):
-    """The validator role: how much of each batch it recomputes."""
+    """The validator role: which batches it judges and how much of each it recomputes."""
 
     spot_check: float = Field(
         1.0,
         gt=0,
         le=1,
         description="Share of each batch's rollouts a validator recomputes (SPEC §18).",
+    )
+    judge: Literal["all", "assigned"] = Field(
+        "all",
+        description="Which submissions this validator judges: all, or those assigned to it "
+        "(each to quorum + 1 of the run's validators, ranked by the submission's block "
+        "hash; the next quorum + 1 take it later if no verdict stands: SPEC §19). "
+        "Assigned, validators add capacity; a run with more validators than quorum + 1 "
+        "needs it to keep up.",
     )

@@ -170,6 +170,14 @@ class JudgingQueue:
             entry.holder = holder
             entry.peers = [holder, *(p for p in entry.peers if p != holder)][: self.max_peers + 1]
 
+    def passed(self, key: Key) -> None:
+        """The key was submitted and is not this validator's to judge now (assigned to
+        others, or held as a backup: ``node/roles/io/docket.py``): its announcements are
+        forgotten; a later ``submitted`` (a backup's time) takes it afresh."""
+        entry = self.entries.get(key)
+        if entry is not None and entry.submitted_at is None and not entry.in_flight:
+            del self.entries[key]
+
     def next_fetch(self, now: float) -> tuple[Key, str] | None:
         """The batch to fetch now and the peer to ask (the oldest submission first), or
         None. The caller reports ``fetched`` or ``fetch_failed``. Fetches may run at once,

@@ -75,6 +75,11 @@ class ValidatorStatus:
     idle_share: float
     waiting: int  # keys tracked, not judged yet
     given_up: int  # batches that could not be judged (JudgingQueue.check_tries times)
+    # judge = "assigned": submissions assigned to others (or a backup a verdict made
+    # unneeded), backups waiting for their time, and backups taken (no verdict by then)
+    left_to_others: int = 0
+    backups_held: int = 0
+    backups_taken: int = 0
     recent: list[dict[str, Any]] = field(default_factory=list)  # the last verdicts posted
     # seconds from seeing a submission on-chain to posting its verdict (VerdictLatency)
     latency_s: dict[str, float | int | None] = field(default_factory=dict)

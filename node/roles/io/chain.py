@@ -15,6 +15,7 @@ import trio
 
 from ledger.codes import REASON_NAMES, STATUS
 from node.config import NodeConfig
+from node.roles.decisions.assignment import ValidatorTerms
 from node.roles.decisions.work import ACCEPTED, Ruling, Submission, Verdict
 from node.roles.given import EventSource, RegistrationViews
 
@@ -92,6 +93,8 @@ def ledger_client(
 
 
 REGISTRATION_EVENTS = ("Registered", "PeerKeyChanged", "RegistrationRevoked")
+# the validators' terms (ValidatorTerms: who may vote on work submitted when)
+VALIDATOR_EVENTS = ("ValidatorProposed", "ValidatorRemoved")
 
 
 def read_events(
@@ -173,14 +176,22 @@ class Registrations:
 class SubmissionWatcher:
     """New ``WorkSubmitted`` events since the last poll (the validator's view of claimed
     work), read up to the chain head; with ``registrations``, the registration changes in
-    the same blocks are passed to it first."""
+    the same blocks are passed to it first; with ``terms``, the validators' appointments and
+    removals (each takes effect after a timelock, so one read in the same poll is never
+    late for a submission of that poll)."""
 
     def __init__(
-        self, client: EventSource, from_block: int, registrations: Registrations | None = None
+        self,
+        client: EventSource,
+        from_block: int,
+        registrations: Registrations | None = None,
+        terms: ValidatorTerms | None = None,
     ) -> None:
         self.client = client
         self.next_block = from_block
         self.registrations = registrations
+        self.terms = terms  # with it, the validators' terms are followed too
+        self.head = from_block - 1  # the newest block read
 
     def _span(self) -> dict[str, int] | None:
         """The blocks not read yet, up to the newest confirmed one (None: none; a reorg no
@@ -196,12 +207,18 @@ class SubmissionWatcher:
         if span is None:
             return []
         names = ("WorkSubmitted",) + (REGISTRATION_EVENTS if self.registrations else ())
+        names += VALIDATOR_EVENTS if self.terms is not None else ()
         events = read_events(self.client, names, span)
         self.next_block = span["to_block"] + 1
+        self.head = span["to_block"]
         subs = []
         for ev in events:
             if ev["event"] == "WorkSubmitted":
                 subs.append(_submission(ev))
+            elif ev["event"] == "ValidatorProposed" and self.terms is not None:
+                self.terms.proposed(str(ev["args"]["validator"]), int(ev["args"]["active_at"]))
+            elif ev["event"] == "ValidatorRemoved" and self.terms is not None:
+                self.terms.removed(str(ev["args"]["validator"]), int(ev["args"]["removed_at"]))
             elif self.registrations is not None:
                 self.registrations.changed(str(ev["args"]["worker"]), int(ev["blockNumber"]))
         return subs

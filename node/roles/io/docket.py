@@ -10,13 +10,25 @@ with the clock it is judged against when it came before this start, and the peer
 worker registered (asked first for the batch). ``revoke_squats`` votes out the
 registrations with an invalid signature among those the chain changed
 (``node/roles/io/revocations.py``).
+
+Assigned (``[validator] judge = "assigned"``, ``node/roles/decisions/assignment.py``), the
+docket hands out only the submissions this validator ranks among the first quorum + 1 of;
+it holds those it is a backup for until their time, and hands them out then if the chain
+shows no verdict on them yet (``Backup``). It follows the validators' terms from the
+contract's events, and takes the quorum and the verdict window of the parameters in force
+when it reads the submission (a parameter change between a submission and its read, rare
+and timelocked, moves only which validators the docket thinks judge it).
 """
 
 from __future__ import annotations
 
+import heapq
 import logging
-from dataclasses import dataclass
+import time
+from collections import deque
+from dataclasses import dataclass, field
 
+from node.roles.decisions.assignment import ValidatorTerms, duty, ranking
 from node.roles.decisions.work import Submission
 from node.roles.given import Started, ValidatorLedger
 from node.roles.io.catchup import History, read_history
@@ -29,12 +41,21 @@ log = logging.getLogger("intellect.validator")
 @dataclass(frozen=True)
 class Case:
     """A submission to judge: ``then`` is the trainer's clock (step, version) when it was
-    submitted if that was before this start (None: it is now); ``holder`` the peer its
-    worker registered (None: none, or the chain could not say)."""
+    submitted if that was before this start, or when the docket first read it for a backup
+    handed out later (None: it is now); ``holder`` the peer its worker registered (None:
+    none, or the chain could not say)."""
 
     sub: Submission
-    then: tuple[int, int] | None
+    then: tuple[int | None, int] | None
     holder: str | None
+
+
+@dataclass(order=True)
+class Backup:
+    """A submission this validator takes at chain time ``due`` if no verdict stands then."""
+
+    due: int
+    case: Case = field(compare=False)
 
 
 class Docket:
@@ -51,10 +72,21 @@ class Docket:
         self.watcher: SubmissionWatcher | None = None
         self.registrations: Registrations | None = None
         self.revocations = Revocations()
+        self.assigned = False  # judges only its share (module docstring)
+        self.terms = ValidatorTerms()  # followed when assigned
+        self.backups: list[Backup] = []  # a heap: the earliest due first
+        self.left = 0  # submissions left to the validators they were assigned to
+        self.covered = 0  # backups another validator's verdict made unneeded
+        self.taken = 0  # backups handed out: no verdict stood at their time
+        self._times: dict[int, int] = {}  # block -> timestamp, of the blocks lately read
+        self.unsorted: deque[Submission] = deque()  # read, not yet told ours or not
+        self.passed: list[tuple[str, bytes]] = []  # keys not ours now (``take_passed``)
 
-    def open(self, ledger: ValidatorLedger, from_block: int) -> None:
-        """Who this validator is on ``ledger``, and the chain from ``from_block`` so far."""
+    def open(self, ledger: ValidatorLedger, from_block: int, *, assigned: bool = False) -> None:
+        """Who this validator is on ``ledger``, and the chain from ``from_block`` so far;
+        ``assigned``: it judges only its share (the module docstring)."""
         self._ledger = ledger
+        self.assigned = assigned
         self.address = ledger.address.lower()
         if not ledger.is_validator(self.address):
             self.until = ledger.validator_until(self.address)
@@ -68,29 +100,110 @@ class Docket:
             )
         self.registrations = Registrations(ledger)
         self.history = read_history(ledger, self.address, from_block)
-        self.watcher = SubmissionWatcher(ledger, from_block, registrations=self.registrations)
+        self.watcher = SubmissionWatcher(
+            ledger,
+            from_block,
+            registrations=self.registrations,
+            terms=self.terms if assigned else None,
+        )
 
-    def read(self) -> tuple[bool, list[Case], Exception | None]:
+    def read(
+        self, clock: tuple[int | None, int] | None = None
+    ) -> tuple[bool, list[Case], Exception | None]:
         """(whether the chain had new submissions, the cases among them, and the error that
-        cut the read short, if one did: the cases before it stand)."""
+        cut the read short, if one did: the cases before it stand). ``clock``: the trainer's
+        clock now, kept with the backups held for later."""
         assert self.watcher is not None and self.registrations is not None
         found, cases = False, []
         try:
-            for sub in self.watcher.poll():
-                found = True
-                if self.until and self.ledger.block_time(sub.block) > self.until:
-                    self.not_ours += 1  # not ours to judge: submitted after our removal
-                    continue
-                then = None
-                if self.history.covers(sub.block):  # submitted before this start
-                    if (sub.worker, sub.key) in self.history.voted:
-                        continue  # voted on before: the chain refuses a second vote
-                    then = self.history.clock_at(sub.block)  # not today's
-                peer = registered_peer(self.registrations, sub.worker, sub.block)
-                cases.append(Case(sub, then, peer))
+            polled = self.watcher.poll()
+            found = bool(polled)
+            self.unsorted.extend(polled)
+            while self.unsorted:  # one whose reads failed stays first, for the next read
+                case = self._case(self.unsorted[0], clock)
+                self.unsorted.popleft()
+                if case is not None:
+                    cases.append(case)
+            self._due_backups(cases)
         except Exception as exc:  # the chain may be briefly unreachable: read again later
             return found, cases, exc
         return found, cases, None
+
+    def _case(self, sub: Submission, clock: tuple[int | None, int] | None) -> Case | None:
+        """``sub`` as a case to judge now; None when it is not (not ours, voted on before,
+        or a backup held for later)."""
+        assert self.registrations is not None
+        if self.until and self.block_time(sub.block) > self.until:
+            self.not_ours += 1  # not ours to judge: submitted after our removal
+            return None
+        then = None
+        if self.history.covers(sub.block):  # submitted before this start
+            if (sub.worker, sub.key) in self.history.voted:
+                return None  # voted on before: the chain refuses a second vote
+            then = self.history.clock_at(sub.block)  # not today's
+        due = self._due(sub) if self.assigned else 0
+        if due is None:
+            self.left += 1
+            self.passed.append((sub.worker, sub.key))
+            return None
+        case = Case(sub, then, registered_peer(self.registrations, sub.worker, sub.block))
+        if due:
+            heapq.heappush(self.backups, Backup(due, Case(sub, then or clock, case.holder)))
+            self.passed.append((sub.worker, sub.key))
+            return None
+        return case
+
+    def take_passed(self) -> list[tuple[str, bytes]]:
+        """The keys read since the last call that are not this validator's to judge now
+        (assigned to others, or backups held): their announcements can be forgotten."""
+        taken, self.passed = self.passed, []
+        return taken
+
+    def _due(self, sub: Submission) -> int | None:
+        """When this validator takes ``sub`` (chain time): 0 at once, None never (the
+        assignment's ``duty``)."""
+        t0 = self.block_time(sub.block)
+        # the contract refuses a validator's vote on its own work: it is no judge of it
+        validators = [v for v in self.terms.of(t0) if v != sub.worker]
+        if self.address not in validators:
+            if not validators:  # the terms were not read (a docket opened past them)
+                log.warning("no validator terms known at %d: judging every submission", t0)
+                self.assigned = False
+                return 0
+            return None  # not a validator of it: the contract refuses our vote
+        params = self.ledger.params()
+        rank = ranking(sub.block_hash, sub.worker, sub.key, validators).index(self.address)
+        after = duty(rank, params.quorum, params.verdict_window)
+        if after is None or after == 0:
+            return after
+        return t0 + after
+
+    def _due_backups(self, cases: list[Case]) -> None:
+        """Add to ``cases`` the backups whose time came that the chain shows no verdict on."""
+        if not self.backups:
+            return
+        assert self.watcher is not None
+        # the chain's clock: the confirmed head's timestamp, or this machine's clock when
+        # that is later (a development chain makes blocks only for transactions: idle, its
+        # clock stands still, and a backup waiting for a verdict nobody posts never came)
+        now = max(self.block_time(self.watcher.head), int(time.time()))
+        while self.backups and self.backups[0].due <= now:
+            case = self.backups[0].case
+            status = self.ledger.submission(case.sub.worker, case.sub.key).status
+            heapq.heappop(self.backups)  # after the read: one that failed is kept
+            if status == "pending":
+                self.taken += 1
+                cases.append(case)
+            else:
+                self.covered += 1
+
+    def block_time(self, block: int) -> int:
+        """The timestamp of ``block`` (the chain's, kept for the blocks lately read)."""
+        if block not in self._times:
+            if len(self._times) > 1024:
+                self._times.clear()
+            self._times[block] = self.ledger.block_time(block)
+        return self._times[block]
 
     def revoke_squats(self) -> list[str]:
         """Blocking: after ``read``, vote to revoke each registration the chain changed

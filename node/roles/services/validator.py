@@ -3,7 +3,9 @@
 Where the rollout comes from: a worker (``node/roles/services/inference.py``) submitted a work key
 on-chain and announced the batch on the ``batches`` topic. The validator learns of
 submissions from the chain (``WorkSubmitted``, read by its ``Docket``,
-``node/roles/io/docket.py``) and of holders from the announcements and
+``node/roles/io/docket.py``: every one, or as ``[validator] judge = "assigned"`` its share
+and the backups whose time came, ``node/roles/decisions/assignment.py``) and of holders
+from the announcements and
 the worker's registered peer (a validator restarted after a batch was announced still
 finds it), and
 ``JudgingQueue`` (``node/roles/decisions/judging.py``) decides what to fetch next, when to retry and
@@ -116,7 +118,8 @@ class ValidatorRole:
         ledger = self.votes.ledger = open_ledger(self.cfg)
         self.node.add_status("chain", ledger.health)  # its RPC URLs' faults, its transactions
         self.voucher = ledger.voucher(self.node.peer_id)  # workers serve it first
-        self.docket.open(ledger, self.cfg.chain.contract_block)
+        assigned = self.cfg.validator.judge == "assigned"
+        self.docket.open(ledger, self.cfg.chain.contract_block, assigned=assigned)
         self.queue.fetch_deadline_s = float(ledger.params().fetch_deadline)
 
     def status(self) -> ValidatorStatus:
@@ -127,6 +130,9 @@ class ValidatorRole:
             unposted=len(self.votes.unposted),
             removed_at=self.docket.until or None,
             not_ours=self.docket.not_ours,
+            left_to_others=self.docket.left + self.docket.covered,
+            backups_held=len(self.docket.backups),
+            backups_taken=self.docket.taken,
             idle_share=self.busy.idle_share(time.monotonic()),
             waiting=self.queue.waiting(),
             given_up=self.queue.given_up,
@@ -164,9 +170,12 @@ class ValidatorRole:
 
     async def _read_chain(self) -> bool:
         """One read of the chain; True when it found submissions."""
-        found, cases, error = await trio.to_thread.run_sync(self.docket.read)
+        clock = (self.clock.step, self.clock.policy_version)  # kept with backups held
+        found, cases, error = await trio.to_thread.run_sync(self.docket.read, clock)
         async with self.votes.posting:  # one transaction of ours at a time (its nonce)
             await trio.to_thread.run_sync(self.docket.revoke_squats)
+        for key in self.docket.take_passed():  # assigned to others, or a backup held
+            self.queue.passed(key)  # its notices go with the next pruning (on_notice)
         for case in cases:
             sub = case.sub
             key = (sub.worker, sub.key)
