@@ -23,8 +23,9 @@ swarm in the same run, then its predictions at scale.
    **Judging** (``bench/simulation/judging.py``): V validators, each running the node's
    ``JudgingQueue``, fed by N workers a batch every ``BATCH_S`` each; the backlog, the time
    from submission to verdict and the keys lost, per N, V and check cost, and the smallest
-   V that keeps up (``validators_needed``; the old formula's value is
-   ``validators_formula``). **Churn**: the N = 1,000, 1 GB swarm with downloaders leaving
+   V that keeps up as ``[validator] judge = "assigned"`` (``validators_needed``, ``JUDGES``
+   a batch; the rate bound is ``validators_formula``; as ``judge = "all"``, none keeps up:
+   ``validators_if_judging_all``), and assigned validators some of which are down. **Churn**: the N = 1,000, 1 GB swarm with downloaders leaving
    and coming back (``links.CHURN``) beside the same swarm without.
 3. **The schedule fix**: the same N = 100 and 1,000 swarms with the plan's peer rules as
    they were (``bench/simulation/legacy.py``) and as they are.
@@ -63,6 +64,9 @@ from bench.simulation.judging import (  # noqa: E402
     CONFIRMATIONS,
     FETCH_DEADLINE,
     VERDICT_WINDOW,
+    JudgingConfig,
+    keeps_up,
+    run_judging,
 )
 from bench.simulation.judging import validators_needed as judged_needed  # noqa: E402
 from bench.simulation.legacy import legacy_plan  # noqa: E402
@@ -82,7 +86,14 @@ CHECK_COST = {"tiny_policy": 0.46, "1.1b": 1.15}
 BATCH_S = 60.0
 STEP_S = {1: 60.0, 62: 600.0}
 RELAYS, RELAY_UP = 8, L.DC_RATE
-SPLIT_HORIZON_S = 4 * 3600.0  # judging, split: batches made for 4 h (one validator, cheap)
+# judging as [validator] judge = "assigned": quorum + 1 judges a batch, the development
+# chain's quorum being 2 (node/cli/ledger.py dev_params); the contract appoints at most 64
+JUDGES = 3
+MAX_VALIDATORS = 64  # ledger/contracts/WorkLedger.vy MAX_VALIDATORS
+ASSIGNED_HORIZON_S = 4 * 3600.0  # batches made for 4 h (one validator simulated: cheap)
+# validators down: N = 20 workers (the most 64 validators judge at the tiny policy's cost),
+# 40 validators, of which none, a quarter and half never run
+DOWN_WORKERS, DOWN_VALIDATORS, DOWN = 20, 40, (0, 10, 20)
 CHURN_UNTIL_S = (
     6 * 3600.0
 )  # churn: the run stops here  # the relay tree: 8 datacenter relays at 10 Gbit/s
@@ -307,10 +318,11 @@ def describe(r: SwarmResult, limit: float) -> dict[str, object]:
 
 
 def judging(ns: list[int], seed: int) -> dict[str, object]:
-    """The judging queue simulated (bench/simulation/judging.py), per N and check cost:
-    every validator judging every batch as the node does (V = 1, 3, 10 as N allows: more
-    validators that each judge everything cannot keep up where one does not), and the
-    hypothetical split (each batch to one validator) searched for its smallest V."""
+    """The judging queue simulated (bench/simulation/judging.py), per N and check cost: as
+    ``[validator] judge = "all"`` (every validator judges every batch: V = 1, 3, 10 as N
+    allows, since more validators that each judge everything cannot keep up where one does
+    not), and as ``judge = "assigned"`` (``JUDGES`` a batch), its smallest V searched; then
+    assigned validators some of which never run (``down``)."""
     out: dict[str, object] = {}
     for n in ns:
         horizon = min(600.0, max(30.0, 100_000 / n))  # real mode: its walks are O(backlog)
@@ -318,31 +330,36 @@ def judging(ns: list[int], seed: int) -> dict[str, object]:
         row: dict[str, object] = {}
         for name, cost in CHECK_COST.items():
             t = time.perf_counter()
-            v_real, real = judged_needed(
-                n, cost, split=False, most=most, horizon_s=horizon, seed=seed
+            v_all, every = judged_needed(
+                n, cost, judges=None, most=most, horizon_s=horizon, seed=seed
             )
-            v_split, split = judged_needed(
-                n, cost, split=True, most=20 * n, horizon_s=SPLIT_HORIZON_S, seed=seed
+            v_assigned, assigned = judged_needed(
+                n, cost, judges=JUDGES, most=60 * n, horizon_s=ASSIGNED_HORIZON_S, seed=seed
             )
             row[name] = {
-                "validators_needed": v_real,
+                "validators_needed": v_assigned,
+                "within_contract": v_assigned is not None and v_assigned <= MAX_VALIDATORS,
+                "assigned_at_needed": (
+                    None if v_assigned is None else assigned[v_assigned].summary()
+                ),
+                "judging_all_validators_needed": v_all,
                 "every_validator_judges_all": {
-                    f"v{v}": r.summary() | {"horizon_s": horizon} for v, r in real.items()
+                    f"v{v}": r.summary() | {"horizon_s": horizon} for v, r in every.items()
                 },
-                "split_validators_needed": v_split,
-                "split_at_needed": None if v_split is None else split[v_split].summary(),
-                "validators_formula": validators_needed(n, cost),
+                "validators_formula": validators_needed(n, cost, JUDGES),
                 "sim_wall_s": round(time.perf_counter() - t, 1),
             }
-            r1 = real[1].summary()
+            r1 = every[1].summary()
             print(
-                f"  judging n{n} {name}: every validator judges all: V=1..{max(real)} "
-                f"p99 {r1['p99_s']} s, bounded {r1['bounded']}, lost {real[1].lost()} of "
-                f"{r1['batches']} -> needed {v_real}; split: {v_split} "
-                f"(formula {validators_needed(n, cost)}); {row[name]['sim_wall_s']} s",  # type: ignore[index]
+                f"  judging n{n} {name}: judging all: V=1..{max(every)} "
+                f"p99 {r1['p99_s']} s, bounded {r1['bounded']}, lost {every[1].lost()} of "
+                f"{r1['batches']} -> needed {v_all}; assigned ({JUDGES} a batch): "
+                f"{v_assigned} (formula {validators_needed(n, cost, JUDGES)}); "
+                f"{row[name]['sim_wall_s']} s",  # type: ignore[index]
                 file=sys.stderr,
             )
         out[f"n{n}"] = row
+    out["validators_down"] = validators_down(seed)
     out["assumptions"] = {
         "batch_bytes": BATCH_BYTES,
         "block_s": BLOCK_S,
@@ -350,9 +367,38 @@ def judging(ns: list[int], seed: int) -> dict[str, object]:
         "verdict_window_s": VERDICT_WINDOW,
         "fetch_deadline_s": FETCH_DEADLINE,
         "batch_s": BATCH_S,
-        "split_horizon_s": SPLIT_HORIZON_S,
+        "judges": JUDGES,
+        "max_validators": MAX_VALIDATORS,
+        "assigned_horizon_s": ASSIGNED_HORIZON_S,
         "validator_link": "10 Gbit/s datacenter, region 0",
     }
+    return out
+
+
+def validators_down(seed: int) -> dict[str, object]:
+    """``DOWN_VALIDATORS`` assigned validators (each simulated, the node's ranking and
+    backups), ``DOWN_WORKERS`` workers at the tiny policy's check cost, with some of the
+    validators never running: what the backups take and what it costs in time."""
+    out: dict[str, object] = {}
+    for down in DOWN:
+        cfg = JudgingConfig(
+            DOWN_WORKERS,
+            DOWN_VALIDATORS,
+            CHECK_COST["tiny_policy"],
+            judges=JUDGES,
+            down=down,
+            horizon_s=ASSIGNED_HORIZON_S,
+            seed=seed,
+        )
+        r = run_judging(cfg)
+        out[f"down{down}"] = r.summary() | {"keeps_up": keeps_up(r)}
+        s = out[f"down{down}"]
+        print(
+            f"  judging: {down} of {DOWN_VALIDATORS} validators down, {DOWN_WORKERS} workers: "
+            f"p50 {s['p50_s']} s, p99 {s['p99_s']} s, backups took {r.backups_taken} of "  # type: ignore[index]
+            f"{len(r.batches)}, lost {r.lost()}",
+            file=sys.stderr,
+        )
     return out
 
 
@@ -444,7 +490,7 @@ def derived(
             "async_level_needed",
             "validators_needed",
             "validators_formula",
-            "validators_if_split",
+            "validators_if_judging_all",
             "chain_tx_per_s",
             "gas_per_day",
         )
@@ -464,7 +510,7 @@ def derived(
                 "step_s": STEP_S[int(gb)],
             }
         out["validators_formula"][f"n{n}"] = {
-            k: validators_needed(n, v) for k, v in CHECK_COST.items()
+            k: validators_needed(n, v, JUDGES) for k, v in CHECK_COST.items()
         }
         if judged is not None and f"n{n}" in judged:  # simulated (None: no V keeps up)
             row = judged[f"n{n}"]
@@ -472,8 +518,8 @@ def derived(
                 k: row[k]["validators_needed"]  # type: ignore[index]
                 for k in CHECK_COST
             }
-            out["validators_if_split"][f"n{n}"] = {
-                k: row[k]["split_validators_needed"]  # type: ignore[index]
+            out["validators_if_judging_all"][f"n{n}"] = {
+                k: row[k]["judging_all_validators_needed"]  # type: ignore[index]
                 for k in CHECK_COST
             }
         load = chain_load(n, BATCH_S, GAS_PER_BATCH, TX_PER_BATCH)

@@ -181,14 +181,13 @@ def test_downloaders_joining_at_odd_times_all_complete():
 # ---- the judging queue (bench/simulation/judging.py) -------------------------------------
 
 
-def judging(workers=1, *, cost=0.46, v=1, split=False, horizon=3600.0, window=600.0, **kw):
+def judging(workers=1, *, cost=0.46, v=1, horizon=3600.0, window=600.0, **kw):
     from bench.simulation.judging import JudgingConfig, run_judging
 
     cfg = JudgingConfig(
         workers,
         v,
         cost,
-        split=split,
         horizon_s=horizon,
         verdict_window=window,
         fetch_deadline=window / 6,
@@ -214,7 +213,9 @@ def test_a_validator_slower_than_the_worker_falls_behind_and_more_of_them_do_not
     """A check costing 1.5x the batch's making: the backlog grows until the batches it
     gets to are past their window (the workers no longer serve them: unavailable), p99
     passes the window and keys are lost. Every validator judges every batch (the node's
-    Docket): three are as far behind as one. Split among three (one each), they keep up."""
+    Docket, as ``judge = "all"``): three are as far behind as one. Split among three (one
+    each), they keep up; so do twelve judging as ``judge = "assigned"`` (three judges a
+    batch: each validator gets a quarter of them), and six do not (half: 1.5 x 1/2)."""
     from bench.simulation.judging import keeps_up
 
     alone = judging(2, cost=1.5)
@@ -225,9 +226,37 @@ def test_a_validator_slower_than_the_worker_falls_behind_and_more_of_them_do_not
     three = judging(2, cost=1.5, v=3)
     assert not keeps_up(three)
     assert three.percentile(0.99) > three.verdict_window
-    split = judging(2, cost=1.5, v=3, split=True)
+    # (a window of an hour: keeps_up asks the split's p99 to come before the first
+    # backup's time, half the window, and that of the assigned, a quarter)
+    split = judging(2, cost=1.5, v=3, judges=1, symmetric=True, window=3600.0)
     assert keeps_up(split)
     assert split.backlog_at(split.horizon_s) <= 6
+    assigned = judging(2, cost=1.5, v=12, judges=3, window=3600.0)
+    assert keeps_up(assigned) and assigned.backups_taken == 0
+    assert assigned.backlog_at(assigned.horizon_s) <= 6
+    assert not keeps_up(judging(2, cost=1.5, v=6, judges=3, window=3600.0))
+
+
+def test_assigned_judging_takes_the_batches_of_validators_that_are_down_as_backups():
+    """Six validators judging as ``judge = "assigned"`` (three judges, three backups, the
+    node's own ranking and duty), three of them down: the batches whose three judges are
+    all down wait for a backup, a quarter of the window after their submission, and every
+    batch still gets its verdict. Backups that never take anything lose those batches."""
+    import bench.simulation.judging as sim
+
+    up = judging(2, cost=0.5, v=6, judges=3, horizon=1800.0)
+    down = judging(2, cost=0.5, v=6, judges=3, down=3, horizon=1800.0)
+    assert up.backups_taken == 0 and up.lost() == 0
+    assert down.backups_taken > 0 and down.lost() == 0
+    late = [t for t in down.latencies() if t >= 600 / 4]
+    assert len(late) == down.backups_taken
+    assert max(up.latencies()) < 600 / 4
+    real_duty = sim.duty
+    try:
+        sim.duty = lambda rank, quorum, window: 0 if rank <= quorum else None  # no backups
+        assert judging(2, cost=0.5, v=6, judges=3, down=3, horizon=1800.0).lost() > 0
+    finally:
+        sim.duty = real_duty
 
 
 def test_the_judging_simulation_runs_the_real_queue(monkeypatch):
@@ -253,14 +282,19 @@ def test_the_judging_simulation_runs_the_real_queue(monkeypatch):
     assert stuck.backlog_at(stuck.horizon_s) > 2 * real.backlog_at(real.horizon_s)
 
 
-def test_validators_needed_searches_the_split_and_finds_none_when_all_judge_all():
+def test_validators_needed_searches_the_assigned_and_finds_none_when_all_judge_all():
     from bench.simulation.judging import validators_needed
 
-    v, runs = validators_needed(4, 1.5, split=False, most=3, horizon_s=1800, verdict_window=600)
+    v, runs = validators_needed(4, 1.5, judges=None, most=3, horizon_s=1800, verdict_window=600)
     assert v is None and sorted(runs) == [1, 3]
-    v, runs = validators_needed(4, 1.5, split=True, most=40, horizon_s=1800, verdict_window=600)
+    hour = {"horizon_s": 1800, "verdict_window": 3600, "fetch_deadline": 600}
+    v, runs = validators_needed(4, 1.5, judges=1, most=40, **hour)
     assert v is not None and 6 <= v <= 9  # the rate bound is 4 x 1.5 = 6
     assert v - 1 in runs  # one fewer was tried and did not keep up
+    v, runs = validators_needed(4, 1.5, judges=3, most=80, **hour)
+    # three judges a batch: the rate bound is 18; half an hour of batches resolves ~15 %
+    assert v is not None and 15 <= v <= 27
+    assert v - 1 in runs
 
 
 # ---- churn ---------------------------------------------------------------------------------

@@ -91,10 +91,10 @@ def async_level_needed(spread_s: float, step_s: float) -> int:
     return max(1, math.ceil(spread_s / step_s))
 
 
-def validators_needed(workers: int, validator_per_worker: float) -> int:
-    """Validators to judge every batch, a validator's check costing
+def validators_needed(workers: int, validator_per_worker: float, judges: int = 1) -> int:
+    """Validators to judge every batch ``judges`` times, a validator's check costing
     ``validator_per_worker`` times a worker's generation of the same batch."""
-    return math.ceil(workers * validator_per_worker)
+    return math.ceil(judges * workers * validator_per_worker)
 
 
 def chain_load(

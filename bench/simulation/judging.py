@@ -34,12 +34,18 @@ the way ``node/roles/services/validator.py`` drives it:
   its verdict (the contract's: later agreeing votes are refused as standing), which must
   come within ``verdict_window`` of the submission's block.
 
-Which validators judge a batch: the node's ``Docket`` gives every validator every
-submission (no assignment: ``node/roles/io/docket.py``), so ``split=False`` feeds every
-batch to every validator. ``split=True`` is a hypothetical the node does not have: each
-batch to one validator drawn at random (what ``derived.validators_needed``'s formula
-assumes); then validators are independent and alike, and one of them is simulated with
-each batch going to it with probability 1 / ``validators``.
+Which validators judge a batch (``judges``): as ``[validator] judge = "all"`` (None, the
+node's default) every validator is given every submission, so every batch goes to every
+validator. As ``judge = "assigned"`` (k = quorum + 1) each batch goes to the k validators
+the real ``ranking`` (``node/roles/decisions/assignment.py``) puts first for a random block
+hash; every validator is told of every batch and ``passed`` the keys not its own as its
+docket reads them; the next k in rank are backups: at the real ``duty``'s time (read
+``confirmations`` blocks later, as the docket reads the confirmed head) each takes the batch
+if no verdict stands then. ``down`` validators never run (their batches wait for backups).
+``symmetric`` simulates one validator of ``validators`` given each batch with probability
+k / ``validators`` (k = 1: one validator a batch, what ``derived.validators_needed``'s formula
+assumes): for counts too large to simulate each, with no backups (``keeps_up`` then asks the
+p99 to come before the first backup's time, so that none would be needed).
 """
 
 from __future__ import annotations
@@ -51,6 +57,7 @@ from dataclasses import dataclass, field
 
 from bench.simulation.events import EventLoop
 from bench.simulation.links import LOSS, Link, home_link, mathis_cap, path_rtt
+from node.roles.decisions.assignment import duty, ranking
 from node.roles.decisions.judging import JudgingQueue
 from node.roles.decisions.work import Key
 from node.roles.io.exchange import FRAMES_BASE_S, MIN_RATE, TRANSFER_DEADLINE_S
@@ -84,7 +91,10 @@ class JudgingConfig:
     fetch_deadline: float = FETCH_DEADLINE
     block_s: float = BLOCK_S
     confirmations: int = CONFIRMATIONS
-    split: bool = False  # hypothetical: each batch to one validator (module docstring)
+    # who judges a batch (module docstring): None every validator; k assigned, k judges
+    judges: int | None = None
+    symmetric: bool = False  # assigned: one validator simulated, given k / validators
+    down: int = 0  # assigned: validators that never run (the first ``down``)
     loss: float = LOSS
     seed: int = 0
 
@@ -98,6 +108,8 @@ class Batch:
     make_s: float  # the worker's time to make it
     verdict_at: float | None = None  # the block of the first vote on it
     verdict: str = ""
+    judges: list[int] = field(default_factory=list)  # assigned: who judges it at once
+    backups: list[tuple[int, float]] = field(default_factory=list)  # (validator, after s)
 
 
 @dataclass
@@ -124,6 +136,8 @@ class JudgingResult:
     verdict_window: float
     arrivals_per_s: float  # batches a simulated validator is given a second, on average
     events: int
+    p99_limit: float = math.inf  # keeps_up's bound on the p99 (default: the window)
+    backups_taken: int = 0  # assigned: batches a backup took (no verdict by its time)
 
     def latencies(self) -> list[float]:
         """Seconds from each batch's submission block to its verdict (inf: none)."""
@@ -186,6 +200,7 @@ class JudgingResult:
             "unavailable": self.unavailable,
             "given_up": self.given_up,
             "fetch_failures": self.fetch_failures,
+            "backups_taken": self.backups_taken,
         }
 
 
@@ -208,10 +223,14 @@ class JudgingSim:
         self.peers = [f"peer{i}" for i in range(len(self.links))]
         self.by_peer = {p: i for i, p in enumerate(self.peers)}
         self.uploads = [0] * len(self.links)
-        simulated = 1 if cfg.split else cfg.validators
+        simulated = 1 if cfg.symmetric else cfg.validators
         self.validators = [
             SimValidator(v, DC_VALIDATOR, new_queue(cfg.fetch_deadline)) for v in range(simulated)
         ]
+        self.running = self.validators[cfg.down :]
+        self.explicit = cfg.judges is not None and not cfg.symmetric  # assigned, each one
+        self.addresses = [f"0x{v:040x}" for v in range(simulated)]
+        self.backups_taken = 0
         self.batches: dict[Key, Batch] = {}
         self.backlog: list[tuple[float, int]] = []
         self.unavailable: set[Key] = set()
@@ -223,7 +242,7 @@ class JudgingSim:
 
     def _make_batches(self) -> None:
         cfg = self.cfg
-        share = 1 / cfg.validators if cfg.split else 1.0
+        share = self._share()
         reads: dict[float, list[Batch]] = {}
         for w in range(len(self.links)):
             made = -self.rng.uniform(0, cfg.batch_s)  # each worker is mid-batch at 0
@@ -239,7 +258,9 @@ class JudgingSim:
                 key = (f"w{w}", seq.to_bytes(8, "big"))
                 block = (math.floor(made / cfg.block_s) + 1) * cfg.block_s
                 b = self.batches[key] = Batch(key, w, made, block, make_s)
-                for v in self.validators:
+                if self.explicit:
+                    self._assign(b)
+                for v in self.running:
                     rtt = path_rtt(self.links[w], v.link)
                     self.loop.at(made + rtt / 2, self._notice, v, key, self.peers[w])
                 seen = block + cfg.confirmations * cfg.block_s + CHAIN_POLL_MIN_S
@@ -247,15 +268,51 @@ class JudgingSim:
         for when, batches in reads.items():
             self.loop.at(when, self._read_chain, batches)
 
+    def _share(self) -> float:
+        """The share of the batches the simulated validator is given (``symmetric``)."""
+        cfg = self.cfg
+        return min(1.0, (cfg.judges or 1) / cfg.validators) if cfg.symmetric else 1.0
+
+    def _assign(self, b: Batch) -> None:
+        """The batch's judges and backups, by the node's own ranking and duty."""
+        assert self.cfg.judges is not None
+        k, quorum = self.cfg.judges, self.cfg.judges - 1
+        worker = f"0x{(1 << 100) + b.worker:040x}"
+        order = ranking(self.rng.randbytes(32), worker, b.key[1], self.addresses)
+        index = {a: i for i, a in enumerate(self.addresses)}
+        for rank, a in enumerate(order[: 2 * k]):
+            after = duty(rank, quorum, int(self.cfg.verdict_window))
+            if after == 0:
+                b.judges.append(index[a])
+            elif after is not None:
+                b.backups.append((index[a], float(after)))
+
     def _notice(self, v: SimValidator, key: Key, peer: str) -> None:
         v.queue.noticed(key, peer, self.loop.now)
 
     def _read_chain(self, batches: list[Batch]) -> None:
         now = self.loop.now
-        for v in self.validators:
+        cfg = self.cfg
+        for v in self.running:
             for b in batches:  # units and version: not what this simulation judges
+                if self.explicit and v.index not in b.judges:
+                    v.queue.passed(b.key)  # another's, or a backup held (Docket)
+                    continue
                 v.queue.submitted(b.key, 1, 0, now, holder=self.peers[b.worker])
             self._kick(v)
+        for b in batches if self.explicit else []:
+            for i, after in b.backups:
+                if i >= cfg.down:  # the docket reads the confirmed head's time
+                    seen = b.submitted_at + after + cfg.confirmations * cfg.block_s
+                    self.loop.at(seen + CHAIN_POLL_MIN_S, self._backup, self.validators[i], b)
+
+    def _backup(self, v: SimValidator, b: Batch) -> None:
+        """A backup's time: taken if no verdict stands (the docket reads the newest block)."""
+        if b.verdict_at is not None and b.verdict_at <= self.loop.now:
+            return
+        self.backups_taken += 1
+        v.queue.submitted(b.key, 1, 0, self.loop.now, holder=self.peers[b.worker])
+        self._kick(v)
 
     # ---- the validator loop (ValidatorRole._serve) --------------------------------------
 
@@ -366,7 +423,12 @@ class JudgingSim:
         self.until = cfg.horizon_s + cfg.verdict_window + (cfg.confirmations + 2) * cfg.block_s
         self.loop.at(0.0, self._sample)
         self.loop.run(until=self.until)
-        share = 1 / cfg.validators if cfg.split else 1.0
+        share = self._share()
+        if self.explicit:  # each running validator's share
+            share = min(1.0, (cfg.judges or 1) / max(1, cfg.validators - cfg.down))
+        limit = math.inf
+        if cfg.symmetric and cfg.judges is not None:  # no backups simulated: none may be due
+            limit = first_backup_s(cfg.judges, cfg.verdict_window)
         return JudgingResult(
             batches=list(self.batches.values()),
             backlog=self.backlog,
@@ -377,7 +439,16 @@ class JudgingSim:
             verdict_window=cfg.verdict_window,
             arrivals_per_s=len(self.links) * share / cfg.batch_s,
             events=self.loop.processed,
+            p99_limit=limit,
+            backups_taken=self.backups_taken,
         )
+
+
+def first_backup_s(judges: int, window: float) -> float:
+    """When the first backup of a batch takes it, after the submission (``duty``)."""
+    after = duty(judges, judges - 1, int(window))
+    assert after is not None
+    return float(after)
 
 
 def run_judging(cfg: JudgingConfig, links: list[Link] | None = None) -> JudgingResult:
@@ -385,41 +456,52 @@ def run_judging(cfg: JudgingConfig, links: list[Link] | None = None) -> JudgingR
 
 
 def keeps_up(r: JudgingResult) -> bool:
-    """Bounded backlog, p99 submission-to-verdict within the window, no key lost."""
-    return r.bounded() and r.percentile(0.99) <= r.verdict_window and r.lost() == 0
+    """Bounded backlog, p99 submission-to-verdict within the window (and within
+    ``p99_limit``), no key lost."""
+    p99 = r.percentile(0.99)
+    return r.bounded() and p99 <= min(r.verdict_window, r.p99_limit) and r.lost() == 0
 
 
 def validators_needed(
-    workers: int, check_cost: float, *, split: bool, most: int, **kw: object
+    workers: int, check_cost: float, *, judges: int | None, most: int, **kw: object
 ) -> tuple[int | None, dict[int, JudgingResult]]:
     """The smallest number of validators that keeps up (``keeps_up``) with ``workers``, and
-    the runs tried. ``split=False`` (the node): every validator judges every batch, so one
-    that cannot keep up alone is not helped by more; tried at 1, 3 (the contract's least,
-    quorum + 1) and 10, up to ``most``; None when none did. ``split=True``: bisected
-    between a count that does not keep up and one that does (assumes more validators never
-    keep up worse)."""
+    the runs tried. ``judges=None`` (``judge = "all"``): every validator judges every batch,
+    so one that cannot keep up alone is not helped by more; tried at 1, 3 (the contract's
+    least, quorum + 1) and 10, up to ``most``; None when none did. ``judges=k``: assigned,
+    one validator simulated (``symmetric``), bisected between a count that does not keep up
+    and one that does (assumes more validators never keep up worse)."""
     runs: dict[int, JudgingResult] = {}
+    symmetric = judges is not None
 
     def ok(v: int) -> bool:
         if v not in runs:
-            cfg = JudgingConfig(workers, v, check_cost, split=split, **kw)  # type: ignore[arg-type]
+            cfg = JudgingConfig(
+                workers,
+                v,
+                check_cost,
+                judges=judges,
+                symmetric=symmetric,
+                **kw,  # type: ignore[arg-type]
+            )
             runs[v] = run_judging(cfg)
         return keeps_up(runs[v])
 
-    if not split:
+    if judges is None:
         return next((v for v in (1, 3, 10) if v <= most and ok(v)), None), runs
-    # bracketed from the rate bound (the old formula), a hint only: a validator given
-    # rho times the batches it can judge holds a queue that grows, and a run with thousands
-    # of them costs more than the whole search (the queue walks its entries per call)
-    hi = min(most, max(1, math.ceil(workers * check_cost)))
+    # bracketed from the rate bound, a hint only: a validator given rho times the batches
+    # it can judge holds a queue that grows, and a run with thousands of them costs more
+    # than the whole search (the queue walks its entries per call)
+    hi = min(most, max(judges, math.ceil(judges * workers * check_cost)))
     while not ok(hi):
         if hi >= most:
             return None, runs
         hi = min(most, 2 * hi)
     lo = hi // 2
-    while lo > 0 and ok(lo):
+    while lo >= judges and ok(lo):
         hi, lo = lo, lo // 2
-    while hi - lo > 1:  # lo did not keep up (or is 0), hi did
+    lo = max(lo, judges - 1)
+    while hi - lo > 1:  # lo did not keep up (or is below the judges), hi did
         mid = (lo + hi) // 2
         lo, hi = (lo, mid) if ok(mid) else (mid, hi)
     return hi, runs
