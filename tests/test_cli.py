@@ -235,6 +235,8 @@ def test_start_status_and_sigint(tmp_path):
         assert st["peer_id"].startswith("12D3KooW") and st["addrs"][0].startswith(
             "/ip4/127.0.0.1/tcp/"
         )
+        # up: what it loaded is out of the garbage collector's walks (node/net/collector.py)
+        assert st["collector"]["frozen"] > 50_000, st["collector"]
         table = run("status", "--data-dir", str(node.data_dir)).stdout
         assert st["peer_id"] in table and re.search(r"^peers +0 ", table, re.M), table
         assert re.search(r"^reachability +(unknown|public|private) ", table, re.M), table

@@ -291,6 +291,7 @@ def cmd_start(args: argparse.Namespace) -> int:
     from node.cli.stopping import stop_on_signals
     from node.engine.modeldir import ModelError
     from node.net.admin import AdminServer
+    from node.net.collector import freeze
     from node.net.dashboard import dashboard_routes
     from node.net.runs import RunManifests
     from node.net.runtime import Node
@@ -399,6 +400,9 @@ def cmd_start(args: argparse.Namespace) -> int:
                         failed.append(exc)
                         node.request_stop()
                         return
+                # everything it keeps for its life is loaded: out of the collector's walks
+                frozen = freeze()  # (node/net/collector.py: a full walk stalled the loop)
+                logging.getLogger("intellect.node").debug("%d objects frozen", frozen)
                 print(f"intellect-node {cfg.role} up", flush=True)
                 print(f"  peer id : {node.peer_id}")
                 if envelope is not None:

@@ -39,6 +39,7 @@ from crypto.identity import Identity
 from node.config import NodeConfig
 from node.net.announcements import AnnouncementHandler, Announcements
 from node.net.bans import PeerBans
+from node.net.collector import Collections
 from node.net.discovery import Discovery
 from node.net.metrics import Metrics
 from node.net.network import Network
@@ -103,6 +104,8 @@ class Node:
             self._status_sections,
         )
         self.metrics.add_collector(StatusGauges(self._view))
+        self.collections = Collections()  # the garbage collector's pauses (collector.py)
+        self.add_status("collector", self.collections.status)
 
     @property
     def addrs(self) -> list[str]:
@@ -112,6 +115,7 @@ class Node:
     # ---- lifecycle --------------------------------------------------------------------
 
     async def serve(self, *, task_status: trio.TaskStatus[Node] = trio.TASK_STATUS_IGNORED) -> None:
+        self.collections.install()
         try:
             async with self.network.running(), trio.open_nursery() as nursery:
                 await nursery.start(self.presence.serve)
@@ -139,6 +143,8 @@ class Node:
             if not (self._stop.is_set() and _only_errors(exc)):
                 raise
             log.warning("py-libp2p raised while stopping (ignored): %r", exc)
+        finally:
+            self.collections.uninstall()
         log.info("node stopped peer_id=%s", self.peer_id)
 
     def request_stop(self) -> None:
