@@ -348,6 +348,12 @@ def measure(
             # the idle window before, the series, the idle window after (``time.time()``)
             "windows": [w0, w1, w2, w3],
             "bursts": [[b for b in st["gossip_probe"]["bursts"] if w0 <= b[0] < w3] for st in sts],
+            # the bursts of over the probe's STALL_S, sampled (GOSSIP_PROBE_SAMPLE set)
+            "stalls": [
+                [x for x in st["gossip_probe"]["stalls"] if w0 <= x["burst"][0] < w3] for st in sts
+            ],
+            # garbage collections of over the probe's GC_S: [when, generation, s, blocks]
+            "gc": [[x for x in st["gossip_probe"]["gc"] if w0 <= x[0] < w3] for st in sts],
         }
         return Delivery(n, count, delays, missing, via, mesh, queue, load, extra)
     finally:

@@ -29,15 +29,25 @@ publisher, admin endpoint); instead of a role it runs ``probe``, which only watc
   wrote (pubsub's ``write_msg``), those with an announcement (a publish or a forward)
   apart from the rest.
 
+- every burst of over ``STALL_S`` of processor time (``stalls``, the latest ``STALLS``): its
+  burst record and what the node was doing, sampled every ``SAMPLE_S`` by a thread that
+  reads the event loop thread's stack (``sys._current_frames``) while a burst runs; the
+  commonest innermost frames, with their counts (only with ``GOSSIP_PROBE_SAMPLE`` set in
+  the environment: its wake-ups cost the node). The sampler needs the interpreter lock,
+  which a busy thread yields every 5 ms, so a sample lands about every 5 ms of its work.
+
 All of these appear in ``/status`` under ``gossip_probe``. Every process runs on one machine,
 so the publisher's and the receivers' ``time.time()`` share one clock.
 """
 
 from __future__ import annotations
 
+import gc
+import os
 import sys
+import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from typing import Any
 
 import trio
@@ -53,6 +63,20 @@ TOPIC = "bench-gossip"
 # that the publisher's CPU over them is the gossip's (no admin request per announcement)
 SERIES = b"series "
 BURSTS = 20_000  # bursts kept, the latest: a node at 30 nodes has tens a second
+STALL_S, STALLS, SAMPLE_S = 0.05, 200, 0.002  # bursts sampled: this much processor time
+FRAMES = 6  # innermost frames a sample keeps
+GC_S = 0.005  # garbage collections this long are kept (``gc``)
+SAMPLE_ENV = "GOSSIP_PROBE_SAMPLE"  # set (to anything): the stall sampler runs
+
+
+def stack(frame: Any) -> str:
+    """The innermost ``FRAMES`` frames of ``frame``: ``file:function`` each, innermost first."""
+    out = []
+    while frame is not None and len(out) < FRAMES:
+        code = frame.f_code
+        out.append(f"{'/'.join(code.co_filename.rsplit('/', 2)[-2:])}:{code.co_name}")
+        frame = frame.f_back
+    return " < ".join(out)
 
 
 async def probe(
@@ -71,7 +95,37 @@ async def probe(
     marks: list[list[float]] = []  # when in the burst each copy came: [elapsed, processor]
     # [woke, processor s, elapsed s, announce copies, other copies, first receipts, marks,
     #  control in, announcement writes, other writes]
-    bursts: deque[list[Any]] = deque(maxlen=BURSTS)
+    bursts: deque[tuple[Any, ...]] = deque(maxlen=BURSTS)
+    stalls: deque[dict[str, Any]] = deque(maxlen=STALLS)
+    samples: list[list[str]] = [[]]  # the running burst's stack samples (the sampler's)
+    running = [False]  # a burst runs: the event loop is not waiting
+    main_thread = threading.get_ident()
+
+    def sampler() -> None:
+        while True:
+            time.sleep(SAMPLE_S)
+            if running[0] and (frame := sys._current_frames().get(main_thread)) is not None:
+                samples[0].append(stack(frame))
+
+    if os.environ.get(SAMPLE_ENV):  # its wake-ups cost the node: only when asked
+        threading.Thread(target=sampler, name="stall-sampler", daemon=True).start()
+    # [when, generation, seconds, the interpreter's allocated blocks after it]
+    collections: list[list[float]] = []
+    gc_started = [0.0]
+
+    def collected(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            gc_started[0] = time.perf_counter()
+        elif (took := time.perf_counter() - gc_started[0]) > GC_S:
+            collections.append([time.time(), info["generation"], took, sys.getallocatedblocks()])
+
+    gc.callbacks.append(collected)
+
+    def heap() -> dict[str, int]:
+        """The commonest types among the objects the collector tracks, with their counts."""
+        kinds = Counter(type(o).__qualname__ for o in gc.get_objects())
+        return dict(kinds.most_common(25)) | {"total": sum(kinds.values())}
+
     io = trio._core._run.GLOBAL_RUN_CONTEXT.runner.io_manager  # trio's own, private
 
     class Stamped:
@@ -83,15 +137,24 @@ async def probe(
 
         def poll(self, timeout: float, maxevents: int) -> Any:
             t0, cpu0 = time.perf_counter(), time.thread_time()
+            running[0] = False
             out = self.epoll.poll(timeout, maxevents)
+            running[0] = True
             t1 = time.perf_counter()
             if timeout != 0 and t1 - t0 > 0.0003:  # it waited: a burst ended at t0
                 if woke[0]:
-                    took = [woke[0], cpu0 - woke[1], t0 - woke[2], *burst, marks[:], *rpcs]
+                    # tuples of numbers: the collector stops tracking them, so 20,000 of
+                    # them add nothing to its walks (node/net/collector.py)
+                    copies = tuple((e, c) for e, c in marks)
+                    took = (woke[0], cpu0 - woke[1], t0 - woke[2], *burst, copies, *rpcs)
                     bursts.append(took)
+                    if cpu0 - woke[1] > STALL_S:
+                        top = Counter(samples[0]).most_common(4)
+                        stalls.append({"burst": took, "samples": len(samples[0]), "top": top})
                 burst[:] = [0, 0, 0]
                 rpcs[:] = [0, 0, 0]
                 marks.clear()
+                samples[0] = []
                 woke[:] = [time.time(), time.thread_time(), t1]
             return out
 
@@ -152,6 +215,9 @@ async def probe(
             "presence_mesh": mesh(ids.presence_topic(cfg.run.id)),
             "since": since,
             "bursts": list(bursts),
+            "stalls": list(stalls),
+            "gc": collections,
+            "heap": heap() if os.environ.get(SAMPLE_ENV) else {},
         },
     )
     task_status.started(None)
