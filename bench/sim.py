@@ -94,6 +94,7 @@ ASSIGNED_HORIZON_S = 4 * 3600.0  # batches made for 4 h (one validator simulated
 # validators down: N = 20 workers (the most 64 validators judge at the tiny policy's cost),
 # 40 validators, of which none, a quarter and half never run
 DOWN_WORKERS, DOWN_VALIDATORS, DOWN = 20, 40, (0, 10, 20)
+CHECK_FAIL = (0.1, 0.3)  # and a share of the judgements that cannot finish, all running
 CHURN_UNTIL_S = (
     6 * 3600.0
 )  # churn: the run stops here  # the relay tree: 8 datacenter relays at 10 Gbit/s
@@ -360,6 +361,7 @@ def judging(ns: list[int], seed: int) -> dict[str, object]:
             )
         out[f"n{n}"] = row
     out["validators_down"] = validators_down(seed)
+    out["check_failures"] = check_failures(seed)
     out["assumptions"] = {
         "batch_bytes": BATCH_BYTES,
         "block_s": BLOCK_S,
@@ -372,6 +374,32 @@ def judging(ns: list[int], seed: int) -> dict[str, object]:
         "assigned_horizon_s": ASSIGNED_HORIZON_S,
         "validator_link": "10 Gbit/s datacenter, region 0",
     }
+    return out
+
+
+def check_failures(seed: int) -> dict[str, object]:
+    """The ``validators_down`` network, all running, with a share ``CHECK_FAIL`` of the
+    judgements unable to finish (the weights never came, the checker failed): the real
+    queue fetches and judges them again after its back-off, or gives them up."""
+    out: dict[str, object] = {}
+    for fail in CHECK_FAIL:
+        cfg = JudgingConfig(
+            DOWN_WORKERS,
+            DOWN_VALIDATORS,
+            CHECK_COST["tiny_policy"],
+            judges=JUDGES,
+            check_fail=fail,
+            horizon_s=ASSIGNED_HORIZON_S,
+            seed=seed,
+        )
+        r = run_judging(cfg)
+        row = out[f"fail{fail:g}"] = r.summary() | {"keeps_up": keeps_up(r)}
+        print(
+            f"  judging: {fail:.0%} of judgements fail: p50 {row['p50_s']} s, p99 "
+            f"{row['p99_s']} s, {r.check_failures} failed, {r.given_up} given up, "
+            f"backups took {r.backups_taken}, lost {r.lost()} of {len(r.batches)}",
+            file=sys.stderr,
+        )
     return out
 
 

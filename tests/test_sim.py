@@ -282,6 +282,26 @@ def test_the_judging_simulation_runs_the_real_queue(monkeypatch):
     assert stuck.backlog_at(stuck.horizon_s) > 2 * real.backlog_at(real.horizon_s)
 
 
+def test_judgements_that_cannot_finish_are_fetched_again_and_given_up_by_the_real_queue():
+    """A judgement that cannot finish (``check_fail``) goes to the queue's
+    ``check_failed``: fetched and judged again after its back-off, given up after
+    ``check_tries`` (3). None: the same run, event for event; a third: later verdicts, a few
+    given up (1/27 of the batches expected) and so lost; every one: every batch tried three
+    times, none judged."""
+    args = dict(cost=0.1, horizon=3600.0, window=3600.0)
+    plain = judging(2, **args)
+    assert judging(2, check_fail=0.0, **args).events == plain.events
+    some = judging(2, check_fail=1 / 3, **args)
+    assert some.check_failures > 0 and 0 < some.given_up < len(some.batches) / 8
+    assert some.lost() == some.given_up
+    assert some.percentile(0.5) > plain.percentile(0.5) or some.percentile(0.9) > plain.percentile(
+        0.9
+    )
+    always = judging(2, check_fail=1.0, **args)
+    assert always.given_up == len(always.batches) == always.lost()
+    assert always.check_failures == 3 * len(always.batches)
+
+
 def test_validators_needed_searches_the_assigned_and_finds_none_when_all_judge_all():
     from bench.simulation.judging import validators_needed
 

@@ -29,7 +29,9 @@ the way ``node/roles/services/validator.py`` drives it:
   holds the batch (the worker keeps it for the verdict window, SPEC §13), after one RTT.
   Success: ``fetched``.
 - **Judgement** (``_judge_fetched``): one at a time a validator, ``check_cost`` × the
-  time the worker took to make the batch; then ``judged`` and the verdict posted.
+  time the worker took to make the batch; then ``judged`` and the verdict posted, or, with
+  probability ``check_fail``, ``check_failed`` (``_not_judged``: fetched and judged again
+  after the queue's back-off, or given up).
 - **Posting** (``Votes.post``): the vote is in the next block; the first vote on a key is
   its verdict (the contract's: later agreeing votes are refused as standing), which must
   come within ``verdict_window`` of the submission's block.
@@ -95,6 +97,10 @@ class JudgingConfig:
     judges: int | None = None
     symmetric: bool = False  # assigned: one validator simulated, given k / validators
     down: int = 0  # assigned: validators that never run (the first ``down``)
+    # the chance that a judgement cannot finish (its version's weights never came, the
+    # batch checker failed): it held the judge as long, and the queue's ``check_failed``
+    # decides (fetched and judged again later, or given up after ``check_tries``)
+    check_fail: float = 0.0
     loss: float = LOSS
     seed: int = 0
 
@@ -138,6 +144,7 @@ class JudgingResult:
     events: int
     p99_limit: float = math.inf  # keeps_up's bound on the p99 (default: the window)
     backups_taken: int = 0  # assigned: batches a backup took (no verdict by its time)
+    check_failures: int = 0  # judgements that could not finish (``check_fail``)
 
     def latencies(self) -> list[float]:
         """Seconds from each batch's submission block to its verdict (inf: none)."""
@@ -201,6 +208,7 @@ class JudgingResult:
             "given_up": self.given_up,
             "fetch_failures": self.fetch_failures,
             "backups_taken": self.backups_taken,
+            "check_failures": self.check_failures,
         }
 
 
@@ -231,6 +239,8 @@ class JudgingSim:
         self.explicit = cfg.judges is not None and not cfg.symmetric  # assigned, each one
         self.addresses = [f"0x{v:040x}" for v in range(simulated)]
         self.backups_taken = 0
+        self.check_failures = 0
+        self.fail_rng = random.Random(cfg.seed + 7919)  # drawn only when check_fail > 0
         self.batches: dict[Key, Batch] = {}
         self.backlog: list[tuple[float, int]] = []
         self.unavailable: set[Key] = set()
@@ -395,9 +405,15 @@ class JudgingSim:
         self._kick(v)
 
     def _judged(self, v: SimValidator, key: Key) -> None:
-        v.queue.judged(key)
         v.judging = None
-        self._post(key, "accept")
+        fail = self.cfg.check_fail
+        if fail > 0 and self.fail_rng.random() < fail:  # ValidatorRole._not_judged
+            self.check_failures += 1
+            v.queue.check_failed(key, self.loop.now)
+            self._kick(v)
+        else:
+            v.queue.judged(key)
+            self._post(key, "accept")
         self._take(v)
 
     def _post(self, key: Key, verdict: str) -> None:
@@ -441,6 +457,7 @@ class JudgingSim:
             events=self.loop.processed,
             p99_limit=limit,
             backups_taken=self.backups_taken,
+            check_failures=self.check_failures,
         )
 
 

@@ -33,7 +33,7 @@ publisher, admin endpoint); instead of a role it runs ``probe``, which only watc
   burst record and what the node was doing, sampled every ``SAMPLE_S`` by a thread that
   reads the event loop thread's stack (``sys._current_frames``) while a burst runs; the
   commonest innermost frames, with their counts (only with ``GOSSIP_PROBE_SAMPLE`` set in
-  the environment: its wake-ups cost the node). The sampler needs the interpreter lock,
+  the environment: its wake-ups cost the node; a number there is the threshold in ms). The sampler needs the interpreter lock,
   which a busy thread yields every 5 ms, so a sample lands about every 5 ms of its work.
 
 All of these appear in ``/status`` under ``gossip_probe``. Every process runs on one machine,
@@ -107,7 +107,10 @@ async def probe(
             if running[0] and (frame := sys._current_frames().get(main_thread)) is not None:
                 samples[0].append(stack(frame))
 
-    if os.environ.get(SAMPLE_ENV):  # its wake-ups cost the node: only when asked
+    # the variable's value, if a number, is the threshold in ms instead of STALL_S
+    asked = os.environ.get(SAMPLE_ENV, "")
+    stall_s = float(asked) / 1000 if asked.replace(".", "", 1).isdigit() else STALL_S
+    if asked:  # its wake-ups cost the node: only when asked
         threading.Thread(target=sampler, name="stall-sampler", daemon=True).start()
     # [when, generation, seconds, the interpreter's allocated blocks after it]
     collections: list[list[float]] = []
@@ -148,7 +151,7 @@ async def probe(
                     copies = tuple((e, c) for e, c in marks)
                     took = (woke[0], cpu0 - woke[1], t0 - woke[2], *burst, copies, *rpcs)
                     bursts.append(took)
-                    if cpu0 - woke[1] > STALL_S:
+                    if cpu0 - woke[1] > stall_s:
                         top = Counter(samples[0]).most_common(4)
                         stalls.append({"burst": took, "samples": len(samples[0]), "top": top})
                 burst[:] = [0, 0, 0]
