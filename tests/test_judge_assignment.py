@@ -163,15 +163,17 @@ def test_a_validator_is_no_judge_of_its_own_work(six):
 
 
 class Flaky:
-    """A validator's ledger whose parameter reads fail while ``down``."""
+    """A validator's ledger whose parameter reads fail while ``down``; ``reads`` counts
+    them."""
 
     def __init__(self, inner) -> None:
-        self.inner, self.down = inner, True
+        self.inner, self.down, self.reads = inner, True, 0
 
     def __getattr__(self, name):
         return getattr(self.inner, name)
 
     def params(self):
+        self.reads += 1
         if self.down:
             raise ConnectionError("provider down")
         return self.inner.params()
@@ -191,8 +193,10 @@ def test_a_read_cut_short_by_the_chain_loses_no_submission(six):
         assert found and not cases and isinstance(error, ConnectionError)
     for ledger in ledgers.values():
         ledger.down = False
+        ledger.reads = 0
     judged = Counter(k for d in validators.values() for k in read_keys(d))
     assert judged == {key(i): Q + 1 for i in range(4)}
+    assert all(ledger.reads == 1 for ledger in ledgers.values())  # one a read, not a key
 
 
 @pytest.mark.timeout(600)

@@ -41,9 +41,10 @@ node's default) every validator is given every submission, so every batch goes t
 validator. As ``judge = "assigned"`` (k = quorum + 1) each batch goes to the k validators
 the real ``ranking`` (``node/roles/decisions/assignment.py``) puts first for a random block
 hash; every validator is told of every batch and ``passed`` the keys not its own as its
-docket reads them; the next k in rank are backups: at the real ``duty``'s time (read
-``confirmations`` blocks later, as the docket reads the confirmed head) each takes the batch
-if no verdict stands then. ``down`` validators never run (their batches wait for backups).
+docket reads them; the next k in rank are backups: at the real ``duty``'s time (by the
+docket's clock: the later of the confirmed head's timestamp and the machine's, on a chain
+that makes blocks the machine's; on its next read) each takes the batch if no verdict stands
+then. ``down`` validators never run (their batches wait for backups).
 ``symmetric`` simulates one validator of ``validators`` given each batch with probability
 k / ``validators`` (k = 1: one validator a batch, what ``derived.validators_needed``'s formula
 assumes): for counts too large to simulate each, with no backups (``keeps_up`` then asks the
@@ -312,9 +313,9 @@ class JudgingSim:
             self._kick(v)
         for b in batches if self.explicit else []:
             for i, after in b.backups:
-                if i >= cfg.down:  # the docket reads the confirmed head's time
-                    seen = b.submitted_at + after + cfg.confirmations * cfg.block_s
-                    self.loop.at(seen + CHAIN_POLL_MIN_S, self._backup, self.validators[i], b)
+                if i >= cfg.down:  # the docket's clock: the machine's, here
+                    seen = b.submitted_at + after + CHAIN_POLL_MIN_S
+                    self.loop.at(max(now, seen), self._backup, self.validators[i], b)
 
     def _backup(self, v: SimValidator, b: Batch) -> None:
         """A backup's time: taken if no verdict stands (the docket reads the newest block)."""

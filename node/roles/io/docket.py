@@ -28,6 +28,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
+from ledger.records import Params
 from node.roles.decisions.assignment import ValidatorTerms, duty, ranking
 from node.roles.decisions.work import Submission
 from node.roles.given import Started, ValidatorLedger
@@ -81,6 +82,7 @@ class Docket:
         self._times: dict[int, int] = {}  # block -> timestamp, of the blocks lately read
         self.unsorted: deque[Submission] = deque()  # read, not yet told ours or not
         self.passed: list[tuple[str, bytes]] = []  # keys not ours now (``take_passed``)
+        self._params: Params | None = None  # the run's parameters, as of this read
 
     def open(self, ledger: ValidatorLedger, from_block: int, *, assigned: bool = False) -> None:
         """Who this validator is on ``ledger``, and the chain from ``from_block`` so far;
@@ -115,6 +117,7 @@ class Docket:
         clock now, kept with the backups held for later."""
         assert self.watcher is not None and self.registrations is not None
         found, cases = False, []
+        self._params = None  # read again, once, if a submission is to be ranked
         try:
             polled = self.watcher.poll()
             found = bool(polled)
@@ -171,7 +174,9 @@ class Docket:
                 self.assigned = False
                 return 0
             return None  # not a validator of it: the contract refuses our vote
-        params = self.ledger.params()
+        if self._params is None:
+            self._params = self.ledger.params()
+        params = self._params
         rank = ranking(sub.block_hash, sub.worker, sub.key, validators).index(self.address)
         after = duty(rank, params.quorum, params.verdict_window)
         if after is None or after == 0:
