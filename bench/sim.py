@@ -65,6 +65,7 @@ from bench.simulation.judging import (  # noqa: E402
     FETCH_DEADLINE,
     VERDICT_WINDOW,
     JudgingConfig,
+    JudgingResult,
     keeps_up,
     run_judging,
 )
@@ -377,23 +378,31 @@ def judging(ns: list[int], seed: int) -> dict[str, object]:
     return out
 
 
+def assigned_with(seed: int, **fault: float) -> tuple[JudgingResult, dict[str, object]]:
+    """``DOWN_VALIDATORS`` assigned validators (each simulated, the node's ranking and
+    backups), ``DOWN_WORKERS`` workers at the tiny policy's check cost, with ``fault``
+    (``down`` or ``check_fail``): the run and its summary."""
+    cfg = JudgingConfig(
+        DOWN_WORKERS,
+        DOWN_VALIDATORS,
+        CHECK_COST["tiny_policy"],
+        judges=JUDGES,
+        horizon_s=ASSIGNED_HORIZON_S,
+        seed=seed,
+        **fault,
+    )
+    r = run_judging(cfg)
+    return r, r.summary() | {"keeps_up": keeps_up(r)}
+
+
 def check_failures(seed: int) -> dict[str, object]:
-    """The ``validators_down`` network, all running, with a share ``CHECK_FAIL`` of the
-    judgements unable to finish (the weights never came, the checker failed): the real
-    queue fetches and judges them again after its back-off, or gives them up."""
+    """All running, with a share ``CHECK_FAIL`` of the judgements unable to finish (the
+    weights never came, the checker failed): the real queue fetches and judges them again
+    after its back-off, or gives them up."""
     out: dict[str, object] = {}
     for fail in CHECK_FAIL:
-        cfg = JudgingConfig(
-            DOWN_WORKERS,
-            DOWN_VALIDATORS,
-            CHECK_COST["tiny_policy"],
-            judges=JUDGES,
-            check_fail=fail,
-            horizon_s=ASSIGNED_HORIZON_S,
-            seed=seed,
-        )
-        r = run_judging(cfg)
-        row = out[f"fail{fail:g}"] = r.summary() | {"keeps_up": keeps_up(r)}
+        r, row = assigned_with(seed, check_fail=fail)
+        out[f"fail{fail:g}"] = row
         print(
             f"  judging: {fail:.0%} of judgements fail: p50 {row['p50_s']} s, p99 "
             f"{row['p99_s']} s, {r.check_failures} failed, {r.given_up} given up, "
@@ -404,26 +413,15 @@ def check_failures(seed: int) -> dict[str, object]:
 
 
 def validators_down(seed: int) -> dict[str, object]:
-    """``DOWN_VALIDATORS`` assigned validators (each simulated, the node's ranking and
-    backups), ``DOWN_WORKERS`` workers at the tiny policy's check cost, with some of the
-    validators never running: what the backups take and what it costs in time."""
+    """Some of the validators never running (``DOWN``): what the backups take and what it
+    costs in time."""
     out: dict[str, object] = {}
     for down in DOWN:
-        cfg = JudgingConfig(
-            DOWN_WORKERS,
-            DOWN_VALIDATORS,
-            CHECK_COST["tiny_policy"],
-            judges=JUDGES,
-            down=down,
-            horizon_s=ASSIGNED_HORIZON_S,
-            seed=seed,
-        )
-        r = run_judging(cfg)
-        out[f"down{down}"] = r.summary() | {"keeps_up": keeps_up(r)}
-        s = out[f"down{down}"]
+        r, row = assigned_with(seed, down=down)
+        out[f"down{down}"] = row
         print(
             f"  judging: {down} of {DOWN_VALIDATORS} validators down, {DOWN_WORKERS} workers: "
-            f"p50 {s['p50_s']} s, p99 {s['p99_s']} s, backups took {r.backups_taken} of "  # type: ignore[index]
+            f"p50 {row['p50_s']} s, p99 {row['p99_s']} s, backups took {r.backups_taken} of "
             f"{len(r.batches)}, lost {r.lost()}",
             file=sys.stderr,
         )
