@@ -218,6 +218,8 @@ def test_the_one_validator_of_four_running_judges_its_share_at_once_and_backs_up
     loop = Loop(
         tmp_path,
         tiny_model_dir,
+        # steps every 5 s: a submission a step, a quarter of them the validator's backups
+        step_wait=5,
         chain_args=["--verdict-window", "60"],
         env={"INTELLECT_NODE_VALIDATOR__JUDGE": "assigned"},
     )
