@@ -187,7 +187,7 @@ class ValidatorRole:
             )
         if error is not None:  # the chain may be briefly unreachable: try again
             log.warning("reading submissions failed: %s", error)
-        if found:
+        if found or cases:  # a backup whose time came is new work too
             self.work.set()
         return found
 
