@@ -38,3 +38,16 @@ def test_frozen_objects_leave_the_full_collections_walk():
     finally:
         gc.unfreeze()
     assert gc.get_freeze_count() == 0 and len(gc.get_objects()) > len(heap)
+
+
+def test_a_collection_over_the_bound_is_kept_with_when_and_how_long():
+    seen = Collections(keep_over_s=0.0)
+    seen.install()
+    try:
+        gc.collect(2)
+    finally:
+        seen.uninstall()
+    when, gen, took, blocks = seen.long[-1]
+    assert gen == 2 and took > 0 and blocks > 0 and when > 1.7e9
+    assert seen.status()["long"][-1] == seen.long[-1]
+    assert not Collections().long  # the default bound keeps only long ones

@@ -36,6 +36,9 @@ publisher, admin endpoint); instead of a role it runs ``probe``, which only watc
   the environment: its wake-ups cost the node; a number there is the threshold in ms). The sampler needs the interpreter lock,
   which a busy thread yields every 5 ms, so a sample lands about every 5 ms of its work.
 
+- every garbage collection of over ``GC_S`` (``gc``: the node's own ``Collections``,
+  ``node/net/collector.py``, told to keep the shorter ones too).
+
 All of these appear in ``/status`` under ``gossip_probe``. Every process runs on one machine,
 so the publisher's and the receivers' ``time.time()`` share one clock.
 """
@@ -112,17 +115,7 @@ async def probe(
     stall_s = float(asked) / 1000 if asked.replace(".", "", 1).isdigit() else STALL_S
     if asked:  # its wake-ups cost the node: only when asked
         threading.Thread(target=sampler, name="stall-sampler", daemon=True).start()
-    # [when, generation, seconds, the interpreter's allocated blocks after it]
-    collections: list[list[float]] = []
-    gc_started = [0.0]
-
-    def collected(phase: str, info: dict[str, int]) -> None:
-        if phase == "start":
-            gc_started[0] = time.perf_counter()
-        elif (took := time.perf_counter() - gc_started[0]) > GC_S:
-            collections.append([time.time(), info["generation"], took, sys.getallocatedblocks()])
-
-    gc.callbacks.append(collected)
+    node.collections.keep_over_s = GC_S  # the node's own timing keeps the shorter ones too
 
     def heap() -> dict[str, int]:
         """The commonest types among the objects the collector tracks, with their counts."""
@@ -219,8 +212,8 @@ async def probe(
             "since": since,
             "bursts": list(bursts),
             "stalls": list(stalls),
-            "gc": collections,
-            "heap": heap() if os.environ.get(SAMPLE_ENV) else {},
+            "gc": list(node.collections.long),
+            "heap": heap() if asked else {},
         },
     )
     task_status.started(None)

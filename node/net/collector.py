@@ -20,7 +20,9 @@ and the longest.
 from __future__ import annotations
 
 import gc
+import sys
 import time
+from collections import deque
 from typing import Any
 
 
@@ -31,12 +33,20 @@ def freeze() -> int:
     return gc.get_freeze_count()
 
 
-class Collections:
-    """Each generation's collections since the node started: how many, the longest."""
+LONG_S = 0.05  # a collection this long is kept in ``long`` (a stall worth seeing)
+LONG_KEPT = 256  # the latest so many
 
-    def __init__(self) -> None:
+
+class Collections:
+    """Each generation's collections since the node started: how many, the longest; and
+    the latest of over ``keep_over_s`` (``long``: when, generation, seconds, and the
+    interpreter's allocated blocks after it)."""
+
+    def __init__(self, keep_over_s: float = LONG_S) -> None:
         self.count = [0, 0, 0]
         self.longest = [0.0, 0.0, 0.0]
+        self.keep_over_s = keep_over_s
+        self.long: deque[tuple[float, int, float, int]] = deque(maxlen=LONG_KEPT)
         self._started = 0.0
 
     def install(self) -> None:
@@ -50,13 +60,16 @@ class Collections:
         if phase == "start":
             self._started = time.perf_counter()
             return
-        gen = int(info["generation"])
+        gen, took = int(info["generation"]), time.perf_counter() - self._started
         self.count[gen] += 1
-        self.longest[gen] = max(self.longest[gen], time.perf_counter() - self._started)
+        self.longest[gen] = max(self.longest[gen], took)
+        if took > self.keep_over_s:
+            self.long.append((time.time(), gen, took, sys.getallocatedblocks()))
 
     def status(self) -> dict[str, Any]:
         return {
             "frozen": gc.get_freeze_count(),
             "collections": list(self.count),
             "longest_s": [round(x, 4) for x in self.longest],
+            "long": list(self.long),
         }
