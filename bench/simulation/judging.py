@@ -239,6 +239,7 @@ class JudgingSim:
         self.running = self.validators[cfg.down :]
         self.explicit = cfg.judges is not None and not cfg.symmetric  # assigned, each one
         self.addresses = [f"0x{v:040x}" for v in range(simulated)]
+        self.index = {a: i for i, a in enumerate(self.addresses)}
         self.backups_taken = 0
         self.check_failures = 0
         self.fail_rng = random.Random(cfg.seed + 7919)  # drawn only when check_fail > 0
@@ -290,13 +291,12 @@ class JudgingSim:
         k, quorum = self.cfg.judges, self.cfg.judges - 1
         worker = f"0x{(1 << 100) + b.worker:040x}"
         order = ranking(self.rng.randbytes(32), worker, b.key[1], self.addresses)
-        index = {a: i for i, a in enumerate(self.addresses)}
         for rank, a in enumerate(order[: 2 * k]):
             after = duty(rank, quorum, int(self.cfg.verdict_window))
             if after == 0:
-                b.judges.append(index[a])
+                b.judges.append(self.index[a])
             elif after is not None:
-                b.backups.append((index[a], float(after)))
+                b.backups.append((self.index[a], float(after)))
 
     def _notice(self, v: SimValidator, key: Key, peer: str) -> None:
         v.queue.noticed(key, peer, self.loop.now)
