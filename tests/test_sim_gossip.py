@@ -50,7 +50,7 @@ def test_a_complete_mesh_is_one_hop_and_the_publisher_sends_one_copy_after_anoth
 
 
 def test_delivery_grows_with_the_mesh_diameter():
-    cost = GossipCost(send_s=0.0, recv_s=1.0)  # recv_s counts the hops exactly
+    cost = GossipCost(send_s=0.0, recv_s=0.0, first_s=1.0)  # first_s counts the hops
     mean = {n: statistics.mean(predict(n, cost, seeds=3)) for n in (7, 30, 300, 1000)}
     assert mean[7] == 1.0  # everyone is the publisher's mesh peer
     assert mean[7] < mean[30] < mean[300] < mean[1000]
@@ -111,10 +111,16 @@ def test_other_messages_share_the_processors():
     goes out takes its turn first (its publish and its send), then the announcement's
     copy is read; one a minute later changes nothing."""
     pair = [{1}, {0}]
-    cost = GossipCost(1.0, 1.0, cores=1, slice_s=math.inf)
+    cost = GossipCost(1.0, 1.0, cores=1, slice_s=math.inf, interleave=False)
     assert deliver(pair, cost) == [0.0, 2.0]
     assert deliver(pair, cost, others=[(0.0, 1, pair)]) == [0.0, 3.0]
     assert deliver(pair, cost, others=[(60.0, 1, pair)]) == [0.0, 2.0]
+    # in turn, the copy (it came while the heartbeat was published) is read before the
+    # heartbeat's send
+    assert deliver(pair, dataclasses.replace(cost, interleave=True), others=[(0.0, 1, pair)]) == [
+        0.0,
+        2.0,
+    ]
     # the processors are shared, not the meshes: a heartbeat between two other nodes
     # delays the announcement on one core, and not on two
     line = [{1}, {0}, {3}, {2}]
@@ -389,3 +395,17 @@ def test_real_nodes_deliver_every_announcement_by_gossip_and_the_model_predicts_
     assert own["first_s"] > 0 and own["duplicate_bursts"] > 0, own
     predicted = quantile(predict(WIDE, cost, mesh=wide.mesh), 0.5)
     assert math.isfinite(predicted) and predicted > 0
+
+
+def test_a_node_takes_its_tasks_in_turn():
+    """A relays the publisher's copy to three leaves (each send and read 1 s) while three
+    jobs of its other work come at 2.5 s, as it sends the first: in turn (trio's
+    scheduler, a pubsub task a copy), each of them comes before its next send; without,
+    its sends go on first."""
+    star = [{1}, {0, 2, 3, 4}, {1}, {1}, {1}]
+    busy = [(2.5, 1, 1.0)] * 3
+    cost = GossipCost(1.0, 1.0)
+    assert deliver(star, cost, busy=busy) == [0.0, 2.0, 4.0, 8.0, 9.0]
+    alone = dataclasses.replace(cost, interleave=False)
+    assert deliver(star, alone, busy=busy) == [0.0, 2.0, 4.0, 5.0, 6.0]
+    assert deliver(star, cost) == deliver(star, alone) == [0.0, 2.0, 4.0, 5.0, 6.0]

@@ -19,6 +19,11 @@ whom, and what each copy costs the processes that send and receive it.
   time work comes to a node that had none (its event loop wakes from its wait: copies
   that come while it works, or waits for a processor, are read in the same turn). A copy
   is on the link for half the path's RTT.
+- **Tasks** (``GossipCost.interleave``): a node takes its messages' work in turn, a job of
+  each: trio's scheduler puts a task that awaits at the back of the line, py-libp2p's
+  pubsub starts a task for each copy it reads, and a copy's sends on each await a write.
+  So a copy that comes while a flood of other copies is being read waits through their
+  reads between its sends (the tail of delivery on a busy machine).
 - **Processors** (``GossipCost.cores``, ``slice_s``, ``tick_s``): the nodes share the
   machine's cores; a node with work waits for one in the order it became runnable and
   runs until it has no work, or until a scheduler tick after it has run its slice while
@@ -69,7 +74,12 @@ class GossipCost:
     slice (0.75 ms x (1 + log2 of the processors): 1.5 ms on 2) and preempts it at the
     first scheduler tick after that (``CONFIG_HZ`` 250 here: every 4 ms); a task that
     wakes does not cut a running one's slice short. A node's work on a message is a short
-    burst after a sleep, so it mostly finishes what it has before the next one starts."""
+    burst after a sleep, so it mostly finishes what it has before the next one starts.
+
+    ``interleave``: a node takes its tasks in turn, a job of each, rather than each
+    task's jobs through before the next task's (trio's scheduler puts a task that awaits
+    at the back of the line, and py-libp2p's pubsub starts a task for each copy it reads:
+    a copy's sends on are spread among the reads of the copies that came meanwhile)."""
 
     send_s: float
     recv_s: float
@@ -81,6 +91,7 @@ class GossipCost:
     tick_s: float = 0.004  # CONFIG_HZ = 250 (this machine's kernel); 0: preempt at once
     tick_phase_s: float = 0.0  # when the first tick comes after the publish, less one tick
     wake_s: float = 0.0
+    interleave: bool = True
 
     @property
     def first(self) -> float:
@@ -144,8 +155,12 @@ def deliver(
     the nodes' processors; they cost what this one does. ``busy``: the nodes' other work
     (say, their upkeep as measured), each burst a job of its own.
 
-    A node does its work one job after another (``publish``, a ``send`` to a peer, a
-    ``recv`` from a peer), in the order it came. A node with work waits for a free
+    A node does its work one job at a time (``publish``, a ``send`` to a peer, a ``recv``
+    from a peer). Each message's work at a node is a task: a ``recv`` and, for a first
+    copy, a ``send`` to each peer on; the ``publish`` and its sends; a burst of ``busy``.
+    The node takes its tasks in turn, a job of each, new ones at the back of the line
+    (``GossipCost.interleave``; off, each task's jobs run through, and a first copy's
+    sends go behind the work that came meanwhile). A node with work waits for a free
     processor in the order it became runnable; on one, it runs its jobs until it has
     none, or until a tick came after it had run ``slice_s`` while another waits; it then
     goes to the back of the line once its job is done (a job is not split). Work that
@@ -153,7 +168,8 @@ def deliver(
     n = len(mesh)
     messages: list[Message] = [(0.0, origin, mesh), *others]
     got = [[math.inf] * n for _ in messages]
-    work: list[deque[tuple[str, int, int]]] = [deque() for _ in range(n)]  # (kind, peer, msg)
+    # each node's tasks, each its jobs: (kind, peer, msg)
+    work: list[deque[deque[tuple[str, int, int]]]] = [deque() for _ in range(n)]
     ready: deque[int] = deque()  # runnable nodes waiting for a processor
     waiting = [False] * n  # in ``ready`` or on a processor
     events: list[tuple[float, int, int, int, int, int]] = []  # (at, seq, what, node, peer, msg)
@@ -168,7 +184,7 @@ def deliver(
         heapq.heappush(events, (at, seq, what, node, peer, m))
 
     def job_s(i: int) -> float:
-        kind, _, m = work[i][0]
+        kind, _, m = work[i][0][0]
         if kind == "recv":
             return cost.first if got[m][i] == math.inf else cost.recv_s
         if kind == "busy":
@@ -195,7 +211,7 @@ def deliver(
     def runnable(i: int, now: float, wake: bool = True) -> None:
         if not waiting[i]:
             if wake and cost.wake_s > 0:
-                work[i].appendleft(("wake", -1, 0))
+                work[i].appendleft(deque([("wake", -1, 0)]))
             waiting[i] = True
             ready.append(i)
             dispatch(now)
@@ -208,25 +224,30 @@ def deliver(
         now, _, what, i, peer, m = heapq.heappop(events)
         if what == PUBLISH:
             got[m][i] = now
-            work[i].append(("publish", i, m))
-            work[i].extend(("send", j, m) for j in sorted(messages[m][2][i]))
+            sends = [("send", j, m) for j in sorted(messages[m][2][i])]
+            work[i].append(deque([("publish", i, m), *sends]))
             runnable(i, now, wake=m > 0)
             continue
         if what == BUSY:
-            work[i].append(("busy", -1, m))
+            work[i].append(deque([("busy", -1, m)]))
             runnable(i, now, wake=False)
             continue
         if what == ARRIVAL:
-            work[i].append(("recv", peer, m))
+            work[i].append(deque([("recv", peer, m)]))
             runnable(i, now)
             continue
-        kind, peer, m = work[i].popleft()
+        task = work[i].popleft()
+        kind, peer, m = task.popleft()
         if kind == "send":
             push(now + rtt(i, peer) / 2 + cost.wire_s, ARRIVAL, peer, i, m)
-        elif kind == "recv" and got[m][i] == math.inf:
+        if kind == "recv" and got[m][i] == math.inf:
             got[m][i] = now
             by, links = messages[m][1], messages[m][2]
-            work[i].extend(("send", j, m) for j in sorted(links[i]) if j not in (peer, by))
+            task.extend(("send", j, m) for j in sorted(links[i]) if j not in (peer, by))
+            if task:  # its sends on: behind the work that came meanwhile
+                work[i].append(task)
+        elif task:  # in turn with the node's other tasks, or on at once
+            (work[i].append if cost.interleave else work[i].appendleft)(task)
         if work[i] and (not ready or not expired(began[i], now)):
             push(now + job_s(i), DONE, i)  # it keeps its processor
             continue

@@ -648,7 +648,7 @@ WIDE = 5  # the calibration's complete mesh: 5 nodes, 4 peers each (degree 6 gra
 
 
 def validate_gossip(
-    ns: list[int], count: int = COUNT, seeds: int = 20
+    ns: list[int], count: int = COUNT, seeds: int = 20, save: Path | None = None
 ) -> dict[str, dict[str, Any]]:
     """Calibrate on a 2-node and a ``WIDE``-node network (``costs``), then measure each
     network of ``ns`` (``count`` announcements) and predict it; for each ``n``:
@@ -665,18 +665,45 @@ def validate_gossip(
     publish always), this machine's cores, and the nodes' own upkeep replayed from their
     idle windows (``upkeep``: ``DRAWS`` instants for each of 8 tick phases); beside it
     ``predicted_with_small_costs`` (the costs of the 2- and 5-node networks instead,
-    ``costs``: what the model at scale takes),
+    ``costs``: what the model at scale takes), ``predicted_one_task_at_a_time`` (a node
+    doing each task's jobs through before the next task's, ``GossipCost.interleave``
+    off: the model before 2026-12-06's run K),
     ``predicted_without_upkeep``, ``predicted_presence_only`` (the presence heartbeats
     drawn at the configured rate in the upkeep's place, at an announcement's costs),
     ``predicted_copies_alike`` (that, with every duplicate charged the counters' cost
     and no wake-up: the model before the bursts were read), ``predicted_on_model_mesh``
     (on ``gossip_mesh``'s meshes from the configured degrees) and ``predicted_hop_only``
     (the pair's hop alone, half to each copy sent and received, no upkeep: the model
-    before the costs were measured apart)."""
-    out: dict[str, dict[str, Any]] = {}
-    cores = float(os.cpu_count() or 1)
+    before the costs were measured apart). With ``save``, the measured networks are also
+    written there (``dump``), to be predicted again later (``load``, ``compare``)."""
     pair = measure(2, **CALIBRATION)  # type: ignore[arg-type]
     wide = measure(WIDE, **CALIBRATION)  # type: ignore[arg-type]
+    reals = [measure(n, count, idle_s=IDLE_S) for n in ns]
+    if save is not None:
+        dump(save, [pair, wide, *reals])
+    return compare(pair, wide, reals, seeds)
+
+
+def dump(path: Path, runs: list[Delivery]) -> None:
+    """Write ``runs`` (the measured networks) to ``path`` as JSON, for ``load``."""
+    path.write_text(json.dumps([dataclasses.asdict(r) for r in runs]))
+
+
+def load(path: Path) -> list[Delivery]:
+    """The measured networks ``dump`` wrote: the pair, the wide network, then the rest."""
+    runs = [Delivery(**r) for r in json.loads(path.read_text())]
+    if len(runs) < 2 or runs[0].n != 2 or runs[1].n != WIDE:
+        raise ValueError(f"{path}: not a gossipcheck run (a 2-node and a {WIDE}-node first)")
+    return runs
+
+
+def compare(
+    pair: Delivery, wide: Delivery, reals: list[Delivery], seeds: int = 20
+) -> dict[str, dict[str, Any]]:
+    """``validate_gossip``'s entries from measured networks: the costs from ``pair`` and
+    ``wide``, each of ``reals`` predicted and set beside its measured figures."""
+    out: dict[str, dict[str, Any]] = {}
+    cores = float(os.cpu_count() or 1)
     cost, raw = costs(pair, wide, cores)
     out["announcement_costs"] = raw | {
         "wide_nodes": WIDE,
@@ -686,17 +713,19 @@ def validate_gossip(
         "load": max(pair.load, wide.load),
     }
     print(f"  costs: {raw}", file=sys.stderr)
-    for n in ns:
-        real = measure(n, count, idle_s=IDLE_S)
+    for real in reals:
+        n = real.n
         own, own_raw = network_costs(real, cost)
         # on the meshes the nodes had before and after the series
-        pred, quiet, presence_only, alike, small = [], [], [], [], []
+        pred, quiet, presence_only, alike, small, whole = [], [], [], [], [], []
         # the model before the bursts were read: every copy charged alike, no wake-up
         counted = max(raw["counted_duplicate_s"], 0.0)
         copies_alike = dataclasses.replace(cost, wake_s=0.0, recv_s=counted)
+        one_at_a_time = dataclasses.replace(own, interleave=False)  # each task's jobs through
         for mesh, pm in zip(real.extra["meshes"], real.extra["presence_meshes"], strict=True):
             pred += predict(n, own, mesh=mesh, draws=DRAWS, idle=real)
             small += predict(n, cost, mesh=mesh, draws=DRAWS, idle=real)
+            whole += predict(n, one_at_a_time, mesh=mesh, draws=DRAWS, idle=real)
             quiet += predict(n, own, mesh=mesh)
             presence_only += predict(n, own, mesh=mesh, presence_mesh=pm, draws=DRAWS)
             alike += predict(n, copies_alike, mesh=mesh, presence_mesh=pm, draws=DRAWS)
@@ -713,6 +742,7 @@ def validate_gossip(
                 "measured_90": [round(lo, 4), round(hi, 4)],
                 "load": real.load,
                 "predicted_with_small_costs": round(quantile(small, q), 4),
+                "predicted_one_task_at_a_time": round(quantile(whole, q), 4),
                 "predicted_on_model_mesh": round(quantile(model_mesh, q), 4),
                 "predicted_without_upkeep": round(quantile(quiet, q), 4),
                 "predicted_presence_only": round(quantile(presence_only, q), 4),
@@ -754,9 +784,20 @@ def main() -> None:
     ap.add_argument("--count", type=int, default=COUNT, help="announcements per network")
     ap.add_argument("--seeds", type=int, default=20, help="simulated meshes per prediction")
     ap.add_argument("--json", action="store_true", help="end with one JSON line of the figures")
+    ap.add_argument("--save", type=Path, help="also write the measured networks to this file")
+    ap.add_argument(
+        "--load",
+        type=Path,
+        help="predict the networks a --save wrote, measuring nothing (--ns, --count unused)",
+    )
     args = ap.parse_args()
-    print(f"gossip validation (load {os.getloadavg()[0]:.1f}):", file=sys.stderr)
-    result = validate_gossip([int(x) for x in args.ns.split(",")], args.count, args.seeds)
+    if args.load is not None:
+        pair, wide, *reals = load(args.load)
+        result = compare(pair, wide, reals, args.seeds)
+    else:
+        print(f"gossip validation (load {os.getloadavg()[0]:.1f}):", file=sys.stderr)
+        ns = [int(x) for x in args.ns.split(",")]
+        result = validate_gossip(ns, args.count, args.seeds, args.save)
     print(json.dumps(result, indent=1), file=sys.stderr)
     if args.json:
         print(json.dumps(result))
