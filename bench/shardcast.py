@@ -109,6 +109,7 @@ def swarm(base: Path, ckpt: Path, total: int, peers: int, cap: float) -> dict[st
             base,
             run_id="bench",
             listen="/ip4/127.0.0.1/tcp/0",
+            die_with_parent=True,
             bootstrap=[],
             extra=NODE_ARGS + capped + SHARD,
         )
@@ -123,6 +124,7 @@ def swarm(base: Path, ckpt: Path, total: int, peers: int, cap: float) -> dict[st
                     base,
                     run_id="bench",
                     listen="/ip4/127.0.0.1/tcp/0",
+                    die_with_parent=True,
                     bootstrap=[p2p_addr(st)],
                     extra=NODE_ARGS
                     + capped
@@ -226,6 +228,7 @@ def single(base: Path, ckpt: Path, total: int) -> float:
             base,
             run_id="bench1",
             listen="/ip4/127.0.0.1/tcp/0",
+            die_with_parent=True,
             bootstrap=[],
             extra=NODE_ARGS + SHARD,
         )
@@ -238,6 +241,7 @@ def single(base: Path, ckpt: Path, total: int) -> float:
             base,
             run_id="bench1",
             listen="/ip4/127.0.0.1/tcp/0",
+            die_with_parent=True,
             bootstrap=[p2p_addr(st)],
             extra=NODE_ARGS
             + ["--run.trainer-peer-id", st["peer_id"], "--shardcast.follow-weights", "true"],

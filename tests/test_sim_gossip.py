@@ -5,6 +5,7 @@ import dataclasses
 import math
 import os
 import random
+import signal
 import statistics
 
 import pytest
@@ -409,3 +410,48 @@ def test_a_node_takes_its_tasks_in_turn():
     alone = dataclasses.replace(cost, interleave=False)
     assert deliver(star, alone, busy=busy) == [0.0, 2.0, 4.0, 5.0, 6.0]
     assert deliver(star, cost) == deliver(star, alone) == [0.0, 2.0, 4.0, 5.0, 6.0]
+
+
+# a bench stand-in: it starts one gossip probe node the way the validation does, then waits
+BENCH = """
+import sys, time
+from pathlib import Path
+from bench.simulation.gossipcheck import spawn
+
+node = spawn(Path(sys.argv[1]), "n0", [])
+print(node.proc.pid, flush=True)
+time.sleep(120)
+"""
+
+
+def test_a_bench_killed_outright_leaves_no_node_behind(tmp_path):
+    """Killed with SIGKILL (no ``finally`` runs), the bench's nodes get SIGTERM from the
+    kernel: before, a killed ``bench/sim.py`` left its swarm's nodes running."""
+    from tests.helpers.net import wait_until
+    from tests.helpers.procs import gone, parent_and_child
+
+    with parent_and_child(BENCH, str(tmp_path)) as (bench, node):
+        assert not gone(node)
+        os.kill(bench.pid, signal.SIGKILL)
+        bench.wait(10)
+        wait_until(lambda: gone(node), 30, "the node to go with its bench")
+
+
+def test_the_swarm_bench_ties_its_nodes_to_it(tmp_path, monkeypatch):
+    """``bench/shardcast.py`` (the validation's real swarm) starts every node tied to it."""
+    import bench.shardcast as shardcast
+
+    asked: list[bool] = []
+
+    def spawn_node(*args, **kwargs):
+        asked.append(kwargs.get("die_with_parent", False))
+        raise RuntimeError("stop here")
+
+    monkeypatch.setattr(shardcast, "spawn_node", spawn_node)
+    for run in (
+        lambda: shardcast.swarm(tmp_path, tmp_path, 1, 2, 1.0),
+        lambda: shardcast.single(tmp_path, tmp_path, 1),
+    ):
+        with pytest.raises(RuntimeError, match="stop here"):
+            run()
+    assert asked == [True, True]

@@ -199,6 +199,7 @@ def spawn(base: Path, name: str, bootstrap: list[str]) -> NodeProcess:
         bootstrap=bootstrap,
         extra=NODE_ARGS,
         module="bench.workers.gossip_probe",
+        die_with_parent=True,  # a bench killed outright leaves no node behind
     )
 
 
