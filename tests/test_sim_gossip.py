@@ -455,3 +455,19 @@ def test_the_swarm_bench_ties_its_nodes_to_it(tmp_path, monkeypatch):
         with pytest.raises(RuntimeError, match="stop here"):
             run()
     assert asked == [True, True]
+
+
+def test_a_saved_run_loads_as_it_was_and_a_foreign_file_is_refused(tmp_path):
+    """``--save`` / ``--load``: the measured networks come back field for field (the model
+    can be checked again against one measurement), and a file that does not begin with
+    the calibration's 2-node and ``WIDE``-node networks is refused, not predicted."""
+    pair = Delivery(2, 2, [0.002, 0.003], 0, {"gossip": 2}, [[1], [0]], [0, 1], 0.4)
+    wide = Delivery(WIDE, 1, [0.01] * 4, 0, {"gossip": 4}, [[1], [0]], [2], 0.9)
+    ten = Delivery(10, 1, [0.02] * 9, 0, {"gossip": 9}, [[1], [0]], [3], 1.2)
+    ten.extra = {"windows": [1.0, 2.0, 3.0, 4.0], "bursts": [[[1.5, 0.001, 0.002, 1]]]}
+    path = tmp_path / "run.json"
+    gossipcheck.dump(path, [pair, wide, ten])
+    assert gossipcheck.load(path) == [pair, wide, ten]
+    gossipcheck.dump(path, [ten, wide])
+    with pytest.raises(ValueError, match="not a gossipcheck run"):
+        gossipcheck.load(path)
