@@ -471,3 +471,17 @@ def test_a_saved_run_loads_as_it_was_and_a_foreign_file_is_refused(tmp_path):
     gossipcheck.dump(path, [ten, wide])
     with pytest.raises(ValueError, match="not a gossipcheck run"):
         gossipcheck.load(path)
+
+
+@pytest.mark.parametrize("content", [None, "not json", '[{"n": 2}]'])
+def test_a_load_of_a_missing_or_broken_file_is_a_clear_error(tmp_path, content):
+    import subprocess
+    import sys
+
+    path = tmp_path / "run.json"
+    if content is not None:
+        path.write_text(content)
+    cmd = [sys.executable, "-m", "bench.simulation.gossipcheck", "--load", str(path)]
+    got = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert got.returncode == 2, got.stderr
+    assert "--load:" in got.stderr and "Traceback" not in got.stderr, got.stderr

@@ -793,7 +793,10 @@ def main() -> None:
     )
     args = ap.parse_args()
     if args.load is not None:
-        pair, wide, *reals = load(args.load)
+        try:
+            pair, wide, *reals = load(args.load)
+        except (OSError, ValueError, TypeError) as exc:  # JSON's errors are ValueErrors
+            ap.error(f"--load: {exc}")
         result = compare(pair, wide, reals, args.seeds)
     else:
         print(f"gossip validation (load {os.getloadavg()[0]:.1f}):", file=sys.stderr)
