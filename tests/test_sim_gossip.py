@@ -25,6 +25,7 @@ from bench.simulation.gossipcheck import (
     predict,
     presence,
     quantile,
+    sent,
     uncertainty,
     upkeep,
 )
@@ -166,6 +167,41 @@ def test_idle_work_is_replayed_piece_by_piece_around_an_instant():
     real.extra = {"windows": [0.0, 10.0, 20.0, 30.0], "bursts": [[early], [late]]}
     drawn = {tuple(upkeep(real, random.Random(seed), window=5.0)) for seed in range(20)}
     assert drawn == {((0.0, 0, 0.25), (0.5, 0, 0.75)), ((0.5, 1, 0.25),)}
+
+
+def test_idle_work_is_replayed_where_each_copy_was_sent():
+    """With the probes' writes, a copy's piece comes when its sender wrote it (a loopback
+    write is the arrival), not where the receiver took it in: node 1 took in node 0's copy
+    ``m`` 0.4 s into a burst that woke at 5.0, node 0 wrote it at 5.1. A write earlier
+    than the wake-up counts from the wake-up, one later than the take-in from the
+    take-in, a copy no one is seen to write where it was taken in; the first write of a
+    copy sent twice counts."""
+    b = [
+        5.0,
+        0.5,
+        0.6,
+        0,
+        3,
+        0,
+        [[0.4, 0.1, "aa", "m"], [0.45, 0.2, "aa", "x"], [0.5, 0.3, "aa", "z"]],
+    ]
+    real = Delivery(2, 1, [0.1], 0, {}, [[1], [0]], [0], 0.1)
+    real.extra = {
+        "windows": [0.0, 10.0, 20.0, 30.0],
+        "bursts": [[], [b]],
+        "tags": ["aa", "bb"],
+        "writes": [[[5.1, "bb", "m"], [5.3, "bb", "m"], [4.0, "bb", "x"], [5.2, "cc", "z"]], []],
+    }
+    came = sent(real)
+    assert came == {(0, 1, "m"): 5.1, (0, 1, "x"): 4.0, (0, -1, "z"): 5.2}
+    drawn = [upkeep(real, random.Random(s), window=5.0, came=came) for s in range(20)]
+    got = {tuple((round(t, 6), i, round(c, 6)) for t, i, c in d) for d in drawn if d}
+    # the instant is 5.0 (the first window's middle): the wake-up's piece at 0, m's at 0.1
+    # (written), x's at 0 (written before the wake-up), z's where taken in (0.5)
+    assert got == {((0.0, 1, 0.1), (0.1, 1, 0.1), (0.0, 1, 0.1), (0.5, 1, 0.2))}
+    taken = {tuple(d) for s in range(20) if (d := upkeep(real, random.Random(s), window=5.0))}
+    assert {tuple(round(t, 6) for t, _, _ in d) for d in taken} == {(0.0, 0.4, 0.45, 0.5)}
+    assert sent(Delivery(2, 1, [0.1], 0, {}, [[1], [0]], [0], 0.1)) == {}  # an older run
 
 
 def test_presence_heartbeats_come_at_the_configured_rate():
@@ -392,6 +428,20 @@ def test_real_nodes_deliver_every_announcement_by_gossip_and_the_model_predicts_
         assert all(0 < t < 5 for t in real.delays)
     cost, raw = costs(pair, wide, float(os.cpu_count() or 1))
     assert raw["first_s"] > 0 and raw["hop_s"] > 0, raw
+    # each copy a node took in from another names its forwarder and message, and the
+    # forwarder's probe saw it written to that node: the replay can put it where it was
+    # sent (a node's own publish is taken in too, forwarded by itself)
+    came = sent(wide)
+    index = {t: i for i, t in enumerate(wide.extra["tags"])}
+    marks = [
+        (index.get(m[2], -1), node, m[3])
+        for node, bursts in enumerate(wide.extra["bursts"])
+        for b in bursts
+        for m in b[6]
+        if index.get(m[2]) != node
+    ]
+    assert len(set(wide.extra["tags"])) == WIDE and len(marks) > 4 * 60
+    assert sum(k in came for k in marks) >= 0.95 * len(marks)
     _, own = network_costs(wide, cost)  # the wide network's own bursts part the costs too
     assert own["first_s"] > 0 and own["duplicate_bursts"] > 0, own
     predicted = quantile(predict(WIDE, cost, mesh=wide.mesh), 0.5)

@@ -349,6 +349,9 @@ def measure(
             # the idle window before, the series, the idle window after (``time.time()``)
             "windows": [w0, w1, w2, w3],
             "bursts": [[b for b in st["gossip_probe"]["bursts"] if w0 <= b[0] < w3] for st in sts],
+            # each copy written: [when, to whom (a probe's tag), which message]
+            "writes": [[x for x in st["gossip_probe"]["writes"] if w0 <= x[0] < w3] for st in sts],
+            "tags": [st["gossip_probe"]["tag"] for st in sts],  # each node's, in order
             # the bursts of over the probe's STALL_S, sampled (GOSSIP_PROBE_SAMPLE set)
             "stalls": [
                 [x for x in st["gossip_probe"]["stalls"] if w0 <= x["burst"][0] < w3] for st in sts
@@ -366,6 +369,10 @@ def measure(
 
 
 PRESENCE_WINDOW_S = 0.5  # presence heartbeats are drawn this long before and after a publish
+# the upkeep's copies replayed when their senders wrote them (``upkeep``), not where pubsub
+# took them in; the validation's entries give the other beside it (``OTHER_REPLAY``)
+AS_SENT = True
+OTHER_REPLAY = "predicted_upkeep_as_taken_in" if AS_SENT else "predicted_upkeep_as_sent"
 UPKEEP_WINDOW_S = 0.5  # the nodes' idle work is replayed from this long before and after
 
 
@@ -374,29 +381,62 @@ def pieces(burst: list[Any]) -> list[tuple[float, float]]:
     first copy, then each copy until the next (or the burst's end), each at the elapsed
     time it began at: ``[(seconds after the wake-up, processor seconds)]``."""
     cpu, marks = burst[1], burst[6]
-    starts = [(0.0, 0.0), *((w, c) for w, c in marks)]
+    starts = [(0.0, 0.0), *((m[0], m[1]) for m in marks)]
     ends = [c for _, c in starts[1:]] + [cpu]
     return [(w, max(end - c, 0.0)) for (w, c), end in zip(starts, ends, strict=True)]
 
 
-def upkeep(real: Delivery, rng: random.Random, window: float = UPKEEP_WINDOW_S) -> list[Burst]:
+def sent(real: Delivery) -> dict[tuple[int, int, str], float]:
+    """When each copy left its sender, from the probes' ``writes``: ``(sender, receiver,
+    message) -> time``, the first such write (a copy sent again, say after an IWANT, came
+    with the first). Empty for a run measured before the probes recorded writes."""
+    index = {t: i for i, t in enumerate(real.extra.get("tags", []))}
+    out: dict[tuple[int, int, str], float] = {}
+    for sender, writes in enumerate(real.extra.get("writes", [])):
+        for when, to, msg in writes:
+            key = (sender, index.get(to, -1), msg)
+            if key not in out:
+                out[key] = when
+    return out
+
+
+def upkeep(
+    real: Delivery,
+    rng: random.Random,
+    window: float = UPKEEP_WINDOW_S,
+    came: dict[tuple[int, int, str], float] | None = None,
+) -> list[Burst]:
     """The nodes' own work while they sat idle, around one instant drawn from ``real``'s
     idle windows (the probes' ``bursts`` there: presence, gossipsub's heartbeat and its
-    gossip, the DHT, yamux; every node at once, as it came): each burst that began within
-    ``window`` s of it, as its pieces (``pieces``: the wake-up and each copy a job of its
-    processor time, at its time from that instant). A piece is a job, not a whole burst:
-    a node's event loop reads from every ready stream between tasks, so another copy
-    that comes mid-burst waits for the task at hand, not for the burst."""
+    gossip, the DHT, yamux; every node at once): each burst that began within ``window``
+    s of it, as its pieces (``pieces``: the wake-up and each copy a job of its processor
+    time, at its time from that instant). A piece is a job, not a whole burst: a node's
+    event loop reads from every ready stream between tasks, so another copy that comes
+    mid-burst waits for the task at hand, not for the burst.
+
+    When: the wake-up's piece at the wake-up; a copy's at the time its sender wrote it,
+    from ``came`` (``sent``; one machine's loopback: the write is the arrival), or,
+    without one, where pubsub took it in. In a flood those differ: a node takes a copy in
+    when it gets a core, and a copy replayed there has the work of a saturated machine
+    come as fast as the machine did it, without the queue it had."""
     w0, w1, w2, w3 = real.extra["windows"]
     lo, hi = rng.choice([(w0, w1), (w2, w3)])
     at = rng.uniform(lo + window, hi - window)
-    return [
-        (b[0] - at + offset, node, cpu)
-        for node, bursts in enumerate(real.extra["bursts"])
-        for b in bursts
-        if abs(b[0] - at) <= window
-        for offset, cpu in pieces(b)
-    ]
+    index = {t: i for i, t in enumerate(real.extra.get("tags", []))}
+    out: list[Burst] = []
+    for node, bursts in enumerate(real.extra["bursts"]):
+        for b in bursts:
+            if abs(b[0] - at) > window:
+                continue
+            for k, (offset, cpu) in enumerate(pieces(b)):
+                when = b[0] + offset
+                if k and came:
+                    mark = b[6][k - 1]
+                    if len(mark) >= 4:
+                        left = came.get((index.get(mark[2], -1), node, mark[3]))
+                        when = when if left is None else max(min(when, left), b[0])
+                out.append((when - at, node, cpu))
+    return out
 
 
 def presence(n: int, mesh: list[set[int]], rng: random.Random) -> list[Message]:
@@ -424,6 +464,7 @@ def predict(
     presence_mesh: list[list[int]] | None = None,
     draws: int = 0,
     idle: Delivery | None = None,
+    as_sent: bool | None = None,
 ) -> list[float]:
     """The simulator's delays for a network of ``n`` nodes on one machine's loopback (no
     RTT), node 0 publishing: every receiver's delivery time on ``mesh`` (a real network's,
@@ -432,9 +473,13 @@ def predict(
     tick at ``phases`` evenly spaced offsets from the publish (it falls anywhere). With
     ``draws``, each of those is run ``draws`` times, each time beside the nodes' other
     work: with ``idle``, what that network's nodes did while idle, replayed around one
-    instant of its idle windows (``upkeep``); without, the presence heartbeats of one
-    draw (``presence``) on ``presence_mesh`` (or a random mesh)."""
+    instant of its idle windows (``upkeep``: each copy when its sender wrote it, or with
+    ``as_sent`` off where pubsub took it in; ``AS_SENT`` unless given); without, the
+    presence heartbeats of one draw (``presence``) on ``presence_mesh`` (or a random
+    mesh)."""
     rng = random.Random(seed)
+    as_sent = AS_SENT if as_sent is None else as_sent
+    came = sent(idle) if idle is not None and as_sent else None
     if mesh is not None:
         meshes = [([set(p) for p in mesh], [set(p) for p in (presence_mesh or mesh)])]
     else:
@@ -448,7 +493,7 @@ def predict(
             phase = dataclasses.replace(cost, tick_phase_s=cost.tick_s * k / phases)
             for _ in range(max(draws, 1)):
                 if draws and idle is not None:
-                    out += deliver(m, phase, busy=upkeep(idle, rng))[1:]
+                    out += deliver(m, phase, busy=upkeep(idle, rng, came=came))[1:]
                     continue
                 others = presence(n, pm, rng) if draws else []
                 out += deliver(m, phase, others=others)[1:]
@@ -668,7 +713,9 @@ def validate_gossip(
     ``predicted_with_small_costs`` (the costs of the 2- and 5-node networks instead,
     ``costs``: what the model at scale takes), ``predicted_one_task_at_a_time`` (a node
     doing each task's jobs through before the next task's, ``GossipCost.interleave``
-    off: the model before 2026-12-06's run K),
+    off: the model before 2026-12-06's run K), ``OTHER_REPLAY`` (the upkeep's copies
+    replayed the other way: where pubsub took them in, or when their senders wrote them;
+    ``AS_SENT``),
     ``predicted_without_upkeep``, ``predicted_presence_only`` (the presence heartbeats
     drawn at the configured rate in the upkeep's place, at an announcement's costs),
     ``predicted_copies_alike`` (that, with every duplicate charged the counters' cost
@@ -718,7 +765,7 @@ def compare(
         n = real.n
         own, own_raw = network_costs(real, cost)
         # on the meshes the nodes had before and after the series
-        pred, quiet, presence_only, alike, small, whole = [], [], [], [], [], []
+        pred, quiet, presence_only, alike, small, whole, taken = [], [], [], [], [], [], []
         # the model before the bursts were read: every copy charged alike, no wake-up
         counted = max(raw["counted_duplicate_s"], 0.0)
         copies_alike = dataclasses.replace(cost, wake_s=0.0, recv_s=counted)
@@ -727,6 +774,7 @@ def compare(
             pred += predict(n, own, mesh=mesh, draws=DRAWS, idle=real)
             small += predict(n, cost, mesh=mesh, draws=DRAWS, idle=real)
             whole += predict(n, one_at_a_time, mesh=mesh, draws=DRAWS, idle=real)
+            taken += predict(n, own, mesh=mesh, draws=DRAWS, idle=real, as_sent=not AS_SENT)
             quiet += predict(n, own, mesh=mesh)
             presence_only += predict(n, own, mesh=mesh, presence_mesh=pm, draws=DRAWS)
             alike += predict(n, copies_alike, mesh=mesh, presence_mesh=pm, draws=DRAWS)
@@ -744,6 +792,7 @@ def compare(
                 "load": real.load,
                 "predicted_with_small_costs": round(quantile(small, q), 4),
                 "predicted_one_task_at_a_time": round(quantile(whole, q), 4),
+                OTHER_REPLAY: round(quantile(taken, q), 4),
                 "predicted_on_model_mesh": round(quantile(model_mesh, q), 4),
                 "predicted_without_upkeep": round(quantile(quiet, q), 4),
                 "predicted_presence_only": round(quantile(presence_only, q), 4),

@@ -27,7 +27,11 @@ publisher, admin endpoint); instead of a role it runs ``probe``, which only watc
   ``handle_rpc``: IHAVE, IWANT, GRAFT, PRUNE; the node speaks gossipsub 1.1, so no
   IDONTWANT; it counted none in the runs of 2026-12-06, not looked into), and the RPCs it
   wrote (pubsub's ``write_msg``), those with an announcement (a publish or a forward)
-  apart from the rest.
+  apart from the rest; and for each copy taken in, its forwarder and message (``tag``,
+  ``message``);
+- every copy of a gossip message written (``writes``, the latest ``WRITES``): when, to
+  whom and which message. With the takes-in it tells when each copy left its sender: on
+  one machine's loopback, when it came (``gossipcheck.upkeep``).
 
 - every burst of over ``STALL_S`` of processor time (``stalls``, the latest ``STALLS``): its
   burst record and what the node was doing, sampled every ``SAMPLE_S`` by a thread that
@@ -69,7 +73,19 @@ BURSTS = 20_000  # bursts kept, the latest: a node at 30 nodes has tens a second
 STALL_S, STALLS, SAMPLE_S = 0.05, 200, 0.002  # bursts sampled: this much processor time
 FRAMES = 6  # innermost frames a sample keeps
 GC_S = 0.005  # garbage collections this long are kept (``gc``)
+WRITES = 200_000  # copies written kept, the latest (30 nodes: about 20 a second a node)
 SAMPLE_ENV = "GOSSIP_PROBE_SAMPLE"  # set (to anything): the stall sampler runs
+
+
+def tag(peer_id: bytes) -> str:
+    """A short name for a peer among a bench's nodes: its id's last 6 bytes (of its public
+    key), in hex."""
+    return peer_id[-6:].hex()
+
+
+def message(msg: Any) -> str:
+    """A gossip message's short name: its origin's ``tag`` and its sequence number."""
+    return tag(msg.from_id) + msg.seqno.hex()
 
 
 def stack(frame: Any) -> str:
@@ -95,7 +111,10 @@ async def probe(
     # and the other RPCs: control messages in (IHAVE, IWANT, GRAFT, PRUNE), and writes
     # out: of an announcement (a publish or a forward), and any other (control, presence)
     rpcs = [0, 0, 0]
-    marks: list[list[float]] = []  # when in the burst each copy came: [elapsed, processor]
+    # when in the burst pubsub took each copy in: [elapsed, processor, forwarder, message]
+    marks: list[list[Any]] = []
+    # every copy of a gossip message written: (time.time(), receiver, message), the latest
+    writes: deque[tuple[float, str, str]] = deque(maxlen=WRITES)
     # [woke, processor s, elapsed s, announce copies, other copies, first receipts, marks,
     #  control in, announcement writes, other writes]
     bursts: deque[tuple[Any, ...]] = deque(maxlen=BURSTS)
@@ -141,7 +160,7 @@ async def probe(
                 if woke[0]:
                     # tuples of numbers: the collector stops tracking them, so 20,000 of
                     # them add nothing to its walks (node/net/collector.py)
-                    copies = tuple((e, c) for e, c in marks)
+                    copies = tuple(tuple(m) for m in marks)
                     took = (woke[0], cpu0 - woke[1], t0 - woke[2], *burst, copies, *rpcs)
                     bursts.append(took)
                     if cpu0 - woke[1] > stall_s:
@@ -160,7 +179,8 @@ async def probe(
 
     async def counted(forwarder: Any, msg: Any) -> None:
         burst[0 if announce_topic in msg.topicIDs else 1] += 1
-        marks.append([time.perf_counter() - woke[2], time.thread_time() - woke[1]])
+        elapsed, cpu = time.perf_counter() - woke[2], time.thread_time() - woke[1]
+        marks.append([elapsed, cpu, tag(forwarder.to_bytes()), message(msg)])
         await push_msg(forwarder, msg)
 
     pubsub.push_msg = counted  # pubsub starts a task on ``self.push_msg`` per copy read
@@ -173,6 +193,9 @@ async def probe(
 
     async def written(stream: Any, rpc: Any) -> bool:
         rpcs[1 if any(announce_topic in m.topicIDs for m in rpc.publish) else 2] += 1
+        if rpc.publish:
+            now, to = time.time(), tag(stream.muxed_conn.peer_id.to_bytes())
+            writes.extend((now, to, message(m)) for m in rpc.publish)
         return await write_msg(stream, rpc)
 
     router.handle_rpc = control  # pubsub awaits ``self.router.handle_rpc`` per control RPC
@@ -211,6 +234,8 @@ async def probe(
             "presence_mesh": mesh(ids.presence_topic(cfg.run.id)),
             "since": since,
             "bursts": list(bursts),
+            "writes": list(writes),
+            "tag": tag(node.network.host.get_id().to_bytes()),
             "stalls": list(stalls),
             "gc": list(node.collections.long),
             "heap": heap() if asked else {},
