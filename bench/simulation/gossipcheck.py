@@ -464,7 +464,7 @@ def predict(
     presence_mesh: list[list[int]] | None = None,
     draws: int = 0,
     idle: Delivery | None = None,
-    as_sent: bool | None = None,
+    as_sent: bool = AS_SENT,
 ) -> list[float]:
     """The simulator's delays for a network of ``n`` nodes on one machine's loopback (no
     RTT), node 0 publishing: every receiver's delivery time on ``mesh`` (a real network's,
@@ -474,11 +474,10 @@ def predict(
     ``draws``, each of those is run ``draws`` times, each time beside the nodes' other
     work: with ``idle``, what that network's nodes did while idle, replayed around one
     instant of its idle windows (``upkeep``: each copy when its sender wrote it, or with
-    ``as_sent`` off where pubsub took it in; ``AS_SENT`` unless given); without, the
+    ``as_sent`` off where pubsub took it in); without, the
     presence heartbeats of one draw (``presence``) on ``presence_mesh`` (or a random
     mesh)."""
     rng = random.Random(seed)
-    as_sent = AS_SENT if as_sent is None else as_sent
     came = sent(idle) if idle is not None and as_sent else None
     if mesh is not None:
         meshes = [([set(p) for p in mesh], [set(p) for p in (presence_mesh or mesh)])]
