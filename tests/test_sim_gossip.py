@@ -328,8 +328,9 @@ def test_a_network_gives_its_own_costs():
     3 of them), first receipts that sent 5 and 8 copies on at 0.1 ms a send, and the
     bursts the costs leave out (those that took in presence or wrote anything else,
     those outside the series, a class of too few bursts). A send is the first receipts'
-    slope over the copies they sent on, or the small networks' where every node sent as
-    many; the publish stays the small networks'."""
+    slope over the copies they sent on or, where every node sent as many, the publisher's
+    bursts against the pair's: 0.85 ms to its two mesh peers, 0.7 to the pair's one (0.15
+    a send); the publish stays the small networks'."""
     wake, dup, send, first = 0.0004, 0.00025, 0.0001, 0.0014
 
     def forwarded(at: float, k: int, stretch: float = 0.0) -> list:
@@ -345,25 +346,41 @@ def test_a_network_gives_its_own_costs():
     stamps = [[first + wake, first + wake, at + 0.001] for at in published]
     slow = [[9.0, 9.0, 39.0]]  # one receiver's third: the median is taken
     since = [stamps, stamps[:2] + slow]
-    extra = {"windows": [0.0, 5.0, 35.0, 40.0], "bursts": [[]] + [series + left_out] * 2}
+    announced = [burst(10.0 + k, 0.00085, copies=1) for k in range(3)]
+    announced += [burst(10.5, 0.05, copies=1, other=1), burst(1.0, 0.05, copies=1)]
+    extra = {"windows": [0.0, 5.0, 35.0, 40.0], "bursts": [announced] + [series + left_out] * 2}
     extra |= {"since": since, "published": published}
     real = Delivery(3, 3, [0.01] * 6, 0, {}, [[1, 2], [0, 2], [0, 1]], [0], 0.1, extra)
+    pair = probed(2, [0.0006, 0.0012], first_s=0.0012, woke_after_s=0.0006)  # 0.7 ms
     small = GossipCost(send_s=0.0002, recv_s=0.9, cores=2, first_s=0.9, publish_s=0.0012)
-    cost, raw = network_costs(real, small)
+    cost, raw = network_costs(real, small, pair)
     assert (cost.wake_s, cost.recv_s, cost.first) == pytest.approx((wake, dup, first))
-    assert cost.send_s == pytest.approx(send)  # the slope, not the small networks'
+    assert cost.send_s == pytest.approx(send)  # the slope, not the publisher's
     assert (cost.publish_s, cost.cores) == (0.0012, 2)
     assert raw["send_slope_s"] == pytest.approx(send) and raw["small_send_s"] == 0.0002
+    assert raw["publisher_send_s"] == pytest.approx(0.00015)
     assert raw["duplicate_bursts"] == 2 * 30
-    # a complete mesh: every first receipt sent as many copies on, no slope: the small
-    # networks' send
+    # a complete mesh: every first receipt sent as many copies on, no slope: the
+    # publisher's send, not the small networks'
     even = [[b for b in node if b[8] != 5] for node in extra["bursts"]]
-    cost, raw = network_costs(dataclasses.replace(real, extra=extra | {"bursts": even}), small)
-    assert raw["send_slope_s"] is None and cost.send_s == 0.0002
+    cost, raw = network_costs(
+        dataclasses.replace(real, extra=extra | {"bursts": even}), small, pair
+    )
+    assert raw["send_slope_s"] is None and cost.send_s == pytest.approx(0.00015)
+    # ... which needs the publisher's bursts (and the slope does not)
+    mute = [[]] + even[1:]
+    with pytest.raises(ValueError, match="no burst of its own announcements"):
+        network_costs(dataclasses.replace(real, extra=extra | {"bursts": mute}), small, pair)
+    _, raw = network_costs(
+        dataclasses.replace(real, extra=extra | {"bursts": [[]] + extra["bursts"][1:]}),
+        small,
+        pair,
+    )
+    assert raw["send_slope_s"] == pytest.approx(send) and raw["publisher_send_s"] is None
     # duplicates of one size cannot part a wake-up from a duplicate
     flat = [[burst(10.0, 0.0005, copies=1)] * 10] * 3
     with pytest.raises(ValueError, match="duplicates: bursts of one size only"):
-        network_costs(dataclasses.replace(real, extra=extra | {"bursts": flat}), small)
+        network_costs(dataclasses.replace(real, extra=extra | {"bursts": flat}), small, pair)
 
 
 def test_a_measured_figure_spreads_over_the_announcements():
@@ -442,7 +459,7 @@ def test_real_nodes_deliver_every_announcement_by_gossip_and_the_model_predicts_
     ]
     assert len(set(wide.extra["tags"])) == WIDE and len(marks) > 4 * 60
     assert sum(k in came for k in marks) >= 0.95 * len(marks)
-    _, own = network_costs(wide, cost)  # the wide network's own bursts part the costs too
+    _, own = network_costs(wide, cost, pair)  # the wide network's own bursts part them too
     assert own["first_s"] > 0 and own["duplicate_bursts"] > 0, own
     predicted = quantile(predict(WIDE, cost, mesh=wide.mesh), 0.5)
     assert math.isfinite(predicted) and predicted > 0

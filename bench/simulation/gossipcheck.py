@@ -16,9 +16,10 @@ of the same run: the probes' in-process stamps (processor time from a wake-up to
 handler, and each burst of work with the copies it took in) and the nodes' CPU counters
 over a series of announcements, less their idle rate.
 
-``network_costs(real, small)``: a wake-up, a duplicate, a first receipt and (where the
-mesh's degrees differ) a send measured in the predicted network's own bursts and stamps
-during its series (a cost differs with the processes that share the cores: a wake-up at
+``network_costs(real, small, pair)``: a wake-up, a duplicate, a first receipt and a send
+measured in the predicted network's own bursts and stamps during its series (the send:
+where the mesh's degrees differ, by the copies a first receipt sent on; in a complete
+mesh, from its publisher's bursts against the pair's) (a cost differs with the processes that share the cores: a wake-up at
 30 nodes came out at three times the 5-node network's); the publish stays the pair's.
 
 ``predict(n, cost)``: ``gossip.py``'s model of the same network (one machine's loopback:
@@ -636,7 +637,9 @@ def through(points: list[tuple[int, float, int]], what: str) -> tuple[float, flo
     return my - slope * mx, slope
 
 
-def network_costs(real: Delivery, small: GossipCost) -> tuple[GossipCost, dict[str, Any]]:
+def network_costs(
+    real: Delivery, small: GossipCost, pair: Delivery
+) -> tuple[GossipCost, dict[str, Any]]:
     """What a wake-up, a duplicate and a first receipt cost in ``real`` itself, measured
     as ``costs`` measures them in the small networks, but on ``real``'s bursts and stamps
     during its series (the delays are not read):
@@ -649,9 +652,12 @@ def network_costs(real: Delivery, small: GossipCost) -> tuple[GossipCost, dict[s
     - ``send``: where the meshes' degrees differ (30 nodes), the slope of the line
       through the medians of the receivers' bursts that took in a first receipt alone,
       by the copies they sent on (``send_slope_s``); in a complete mesh (10 nodes),
-      where every node forwards as many, there is none to be had, and the send is
-      ``small``'s (a difference of two networks' publishers: it swung from 0.1 to 0.38
-      ms between runs, where the slopes stayed at 0.09-0.11).
+      where every node forwards as many, there is no slope, and the send is the
+      publisher's: its median burst that announced (``publishing``: a wake-up, the
+      publish and a send to each of its ``k`` mesh peers) less ``pair``'s (one send),
+      over ``k - 1`` (``publisher_send_s``). That is how ``costs`` takes the small
+      networks' send, but over 8 sends where they have 3: theirs swung from 0.03 to
+      0.38 ms between runs, the 10-node publisher's stayed at 0.23-0.26 in four.
 
     The publish is ``small``'s. A cost differs with the processes that share the cores:
     at 30 nodes a wake-up came out at about three times the 5-node network's (their
@@ -663,7 +669,22 @@ def network_costs(real: Delivery, small: GossipCost) -> tuple[GossipCost, dict[s
     first = statistics.median(on_path(real)[0]) - wake
     firsts = [(w, statistics.median(v), len(v)) for (f, d, w), v in by.items() if f == 1 and d == 0]
     slope = through(firsts, "sends")[1] if len({w for w, _, _ in firsts}) > 1 else None
-    send = small.send_s if slope is None else slope
+    k = len(real.mesh[0])  # the publisher's mesh peers
+
+    def publisher_send() -> float:
+        if k < 2:
+            raise ValueError(f"the publisher has {k} mesh peer(s): no send to part")
+        return (publishing(real) - publishing(pair)) / (k - 1)
+
+    if slope is None:
+        own_send: float | None = publisher_send()
+    else:  # beside the slope, where the publisher's bursts have it
+        try:
+            own_send = publisher_send()
+        except ValueError:
+            own_send = None
+    send = slope if slope is not None else own_send
+    assert send is not None
     cost = dataclasses.replace(
         small,
         recv_s=max(dup, 0.0),
@@ -672,7 +693,8 @@ def network_costs(real: Delivery, small: GossipCost) -> tuple[GossipCost, dict[s
         send_s=max(send, 0.0),
     )
     raw = {"wake_s": wake, "duplicate_s": dup, "first_s": first, "send_s": send}
-    raw |= {"send_slope_s": slope, "small_send_s": small.send_s, "publish_s": small.publish_s}
+    raw |= {"send_slope_s": slope, "publisher_send_s": own_send, "small_send_s": small.send_s}
+    raw |= {"publish_s": small.publish_s}
     out = {key: None if v is None else round(v, 6) for key, v in raw.items()}
     return cost, out | {"duplicate_bursts": sum(n for _, _, n in dups)}
 
@@ -706,8 +728,8 @@ def validate_gossip(
     entries.
 
     ``predicted``: the model on the nodes' own meshes with the network's own costs
-    (``network_costs``: in a complete mesh a send is the small networks', and the
-    publish always), this machine's cores, and the nodes' own upkeep replayed from their
+    (``network_costs``: in a complete mesh a send is its publisher's against the pair's;
+    the publish is the small networks'), this machine's cores, and the nodes' own upkeep replayed from their
     idle windows (``upkeep``: ``DRAWS`` instants for each of 8 tick phases); beside it
     ``predicted_with_small_costs`` (the costs of the 2- and 5-node networks instead,
     ``costs``: what the model at scale takes), ``predicted_one_task_at_a_time`` (a node
@@ -762,7 +784,7 @@ def compare(
     print(f"  costs: {raw}", file=sys.stderr)
     for real in reals:
         n = real.n
-        own, own_raw = network_costs(real, cost)
+        own, own_raw = network_costs(real, cost, pair)
         # on the meshes the nodes had before and after the series
         pred, quiet, presence_only, alike, small, whole, taken = [], [], [], [], [], [], []
         # the model before the bursts were read: every copy charged alike, no wake-up
