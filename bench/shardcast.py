@@ -139,9 +139,11 @@ def swarm(base: Path, ckpt: Path, total: int, peers: int, cap: float) -> dict[st
             "the nodes to meet",
             0.2,
         )
+        rest = busy_cores(REST_S)  # the met swarm, waiting
         t0 = time.time()
         admin_post(origin.data_dir, "/weights/publish", {"dir": str(ckpt)}, timeout=600)
         published = time.time()
+        busy0 = busy_seconds()
         jobs = {}
         while len(jobs) < peers:
             for n in nodes[1:]:
@@ -150,6 +152,7 @@ def swarm(base: Path, ckpt: Path, total: int, peers: int, cap: float) -> dict[st
             if time.time() - published > TIMEOUT:
                 break  # reported: completed < peers
             time.sleep(POLL)
+        busy = (busy_seconds() - busy0) / max(time.time() - published, 1e-9)
         done = max((t for t, _ in jobs.values()), default=time.time())
         if len(jobs) < peers:
             done = time.time()
@@ -185,10 +188,31 @@ def swarm(base: Path, ckpt: Path, total: int, peers: int, cap: float) -> dict[st
             "relayed_bytes": relayed,
             "completed": len(jobs),
             "downloader_peak_rss_MiB": max(rss),
+            # the machine's busy cores (every process, /proc/stat) before the publish and
+            # from it until the last downloader completed: a swarm that holds every core
+            # while it moves the weights is bound by the CPU, not by the cap
+            "busy_cores": {"at_rest": round(rest, 2), "spreading": round(busy, 2)},
         }
     finally:
         for n in nodes:
             n.stop(grace=10)
+
+
+REST_S = 3.0  # seconds the machine's use is read for before a swarm's publish
+
+
+def busy_seconds() -> float:
+    """Processor seconds this machine has spent busy since boot, over all cores (the
+    first line of ``/proc/stat``, less idle and I/O wait; guest time is in user time)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n")[0].split()[1:9]]
+    return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
+
+
+def busy_cores(seconds: float) -> float:
+    """The machine's busy cores over the next ``seconds``."""
+    before = busy_seconds()
+    time.sleep(seconds)
+    return (busy_seconds() - before) / seconds
 
 
 def disk_write(base: Path, total: int, shard: int) -> float:

@@ -165,6 +165,8 @@ def validate(ns: list[int], cap_mb: float, mib: int, shard_mib: int, seeds: int)
                 "mean_done_seconds": statistics.mean(done),
                 "origin_egress_ratio": float(real["origin_egress_ratio"]),  # type: ignore[arg-type]
             }
+            # not a validated figure: the machine under the real swarm (no ratio)
+            out[f"n{n}_busy_cores"] = real["busy_cores"] | {"cores": os.cpu_count()}
             for key, value in measured.items():
                 out[f"n{n}_{key}"] = {
                     "predicted": round(pred[key], 3),
@@ -176,7 +178,9 @@ def validate(ns: list[int], cap_mb: float, mib: int, shard_mib: int, seeds: int)
                 f"  N={n}: spread {pred['swarm_seconds']:.1f} s predicted, "
                 f"{measured['swarm_seconds']:.1f} measured; origin egress "
                 f"{pred['origin_egress_ratio']:.2f} / {measured['origin_egress_ratio']:.2f} "
-                f"(load {load}, piece cost {pred['piece_overhead_s'] * 1000:.1f} ms)",
+                f"(load {load}, piece cost {pred['piece_overhead_s'] * 1000:.1f} ms, busy "
+                f"cores {real['busy_cores']['at_rest']} at rest, "  # type: ignore[index]
+                f"{real['busy_cores']['spreading']} spreading)",
                 file=sys.stderr,
             )
     return out
@@ -619,6 +623,12 @@ def main() -> None:
         "--real-nodes", default="10,30", help="validation: swarm and gossip network sizes to run"
     )
     ap.add_argument(
+        "--save-gossip",
+        default=None,
+        help="validation: write the measured gossip networks to this file "
+        "(python -m bench.simulation.gossipcheck --load FILE predicts them again)",
+    )
+    ap.add_argument(
         "--skip-gossip",
         action="store_true",
         help="validation: the swarm only, not announcement delivery (gossipcheck.py)",
@@ -637,7 +647,10 @@ def main() -> None:
             from bench.simulation.gossipcheck import validate_gossip
 
             print("gossip validation:", file=sys.stderr)
-            gossip = validate_gossip([int(x) for x in args.real_nodes.split(",")])
+            gossip = validate_gossip(
+                [int(x) for x in args.real_nodes.split(",")],
+                save=Path(args.save_gossip) if args.save_gossip else None,
+            )
             result["validation"].update(gossip)  # type: ignore[attr-defined]
             for key, entry in gossip.items():
                 if "ratio" in entry:

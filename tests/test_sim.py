@@ -384,3 +384,18 @@ def test_the_bench_says_by_how_much_the_swarm_trails_the_relay_tree_and_why():
     assert "uplink the swarm does not have" in out["slow"]["says"]  # and why
     assert out["fast"]["swarm_over_relay_tree_p90"] == 0.75
     assert "slower" not in out["fast"]["says"]
+
+
+def test_the_swarm_bench_reads_the_machines_busy_processor_time():
+    """``bench/shardcast.py``'s ``busy_seconds``: the machine's processor seconds spent
+    busy since boot, as psutil reads ``/proc/stat`` (less idle and I/O wait); the
+    validation prints it beside the swarm's spread (a CPU-bound swarm holds every core)."""
+    import psutil
+
+    from bench.shardcast import busy_seconds
+
+    before = psutil.cpu_times()
+    ours = busy_seconds()
+    after = psutil.cpu_times()
+    expect = [sum(t) - t.idle - t.iowait - t.guest - t.guest_nice for t in (before, after)]
+    assert expect[0] - 0.05 <= ours <= expect[1] + 0.05
