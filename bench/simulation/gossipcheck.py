@@ -17,10 +17,11 @@ handler, and each burst of work with the copies it took in) and the nodes' CPU c
 over a series of announcements, less their idle rate.
 
 ``network_costs(real, small, pair)``: a wake-up, a duplicate, a first receipt and a send
-measured in the predicted network's own bursts and stamps during its series (the send:
-where the mesh's degrees differ, by the copies a first receipt sent on; in a complete
-mesh, from its publisher's bursts against the pair's) (a cost differs with the processes that share the cores: a wake-up at
-30 nodes came out at three times the 5-node network's); the publish stays the pair's.
+measured in the predicted network's own bursts and stamps during its series (a cost
+differs with the processes that share the cores: a wake-up at 30 nodes came out at three
+times the 5-node network's). The send: where the mesh's degrees differ, by the copies a
+first receipt sent on; in a complete mesh, from its publisher's bursts against the
+pair's. The publish stays the pair's.
 
 ``predict(n, cost)``: ``gossip.py``'s model of the same network (one machine's loopback:
 no RTT; the node processes share its cores as the kernel's scheduler shares them; the
