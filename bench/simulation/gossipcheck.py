@@ -730,8 +730,9 @@ def validate_gossip(
 
     ``predicted``: the model on the nodes' own meshes with the network's own costs
     (``network_costs``: in a complete mesh a send is its publisher's against the pair's;
-    the publish is the small networks'), this machine's cores, and the nodes' own upkeep replayed from their
-    idle windows (``upkeep``: ``DRAWS`` instants for each of 8 tick phases); beside it
+    the publish is the small networks'), this machine's cores, and the nodes' own upkeep
+    replayed from their idle windows (``upkeep``: ``DRAWS`` instants for each of 8 tick
+    phases); beside it
     ``predicted_with_small_costs`` (the costs of the 2- and 5-node networks instead,
     ``costs``: what the model at scale takes), ``predicted_one_task_at_a_time`` (a node
     doing each task's jobs through before the next task's, ``GossipCost.interleave``
