@@ -166,7 +166,8 @@ def validate(ns: list[int], cap_mb: float, mib: int, shard_mib: int, seeds: int)
                 "origin_egress_ratio": float(real["origin_egress_ratio"]),  # type: ignore[arg-type]
             }
             # not a validated figure: the machine under the real swarm (no ratio)
-            out[f"n{n}_busy_cores"] = real["busy_cores"] | {"cores": os.cpu_count()}
+            busy: dict[str, float] = real["busy_cores"]  # type: ignore[assignment]
+            out[f"n{n}_busy_cores"] = {**busy, "cores": float(os.cpu_count() or 1)}
             for key, value in measured.items():
                 out[f"n{n}_{key}"] = {
                     "predicted": round(pred[key], 3),
@@ -179,8 +180,7 @@ def validate(ns: list[int], cap_mb: float, mib: int, shard_mib: int, seeds: int)
                 f"{measured['swarm_seconds']:.1f} measured; origin egress "
                 f"{pred['origin_egress_ratio']:.2f} / {measured['origin_egress_ratio']:.2f} "
                 f"(load {load}, piece cost {pred['piece_overhead_s'] * 1000:.1f} ms, busy "
-                f"cores {real['busy_cores']['at_rest']} at rest, "  # type: ignore[index]
-                f"{real['busy_cores']['spreading']} spreading)",
+                f"cores {busy['at_rest']} at rest, {busy['spreading']} spreading)",
                 file=sys.stderr,
             )
     return out
