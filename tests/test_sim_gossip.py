@@ -20,6 +20,7 @@ from bench.simulation.gossipcheck import (
     costs,
     measure,
     network_costs,
+    nodes_by_tag,
     on_path,
     pieces,
     predict,
@@ -449,7 +450,7 @@ def test_real_nodes_deliver_every_announcement_by_gossip_and_the_model_predicts_
     # forwarder's probe saw it written to that node: the replay can put it where it was
     # sent (a node's own publish is taken in too, forwarded by itself)
     came = sent(wide)
-    index = {t: i for i, t in enumerate(wide.extra["tags"])}
+    index = nodes_by_tag(wide)
     marks = [
         (index.get(m[2], -1), node, m[3])
         for node, bursts in enumerate(wide.extra["bursts"])

@@ -388,11 +388,17 @@ def pieces(burst: list[Any]) -> list[tuple[float, float]]:
     return [(w, max(end - c, 0.0)) for (w, c), end in zip(starts, ends, strict=True)]
 
 
+def nodes_by_tag(real: Delivery) -> dict[str, int]:
+    """Each node's index by its probe's ``tag`` (empty for a run measured before the
+    probes named themselves)."""
+    return {t: i for i, t in enumerate(real.extra.get("tags", []))}
+
+
 def sent(real: Delivery) -> dict[tuple[int, int, str], float]:
     """When each copy left its sender, from the probes' ``writes``: ``(sender, receiver,
     message) -> time``, the first such write (a copy sent again, say after an IWANT, came
     with the first). Empty for a run measured before the probes recorded writes."""
-    index = {t: i for i, t in enumerate(real.extra.get("tags", []))}
+    index = nodes_by_tag(real)
     out: dict[tuple[int, int, str], float] = {}
     for sender, writes in enumerate(real.extra.get("writes", [])):
         for when, to, msg in writes:
@@ -424,7 +430,7 @@ def upkeep(
     w0, w1, w2, w3 = real.extra["windows"]
     lo, hi = rng.choice([(w0, w1), (w2, w3)])
     at = rng.uniform(lo + window, hi - window)
-    index = {t: i for i, t in enumerate(real.extra.get("tags", []))}
+    index = nodes_by_tag(real)
     out: list[Burst] = []
     for node, bursts in enumerate(real.extra["bursts"]):
         for b in bursts:
