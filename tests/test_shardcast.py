@@ -15,6 +15,7 @@ from crypto.hashing import digest
 from crypto.identity import Identity
 from node.cli.weights import pull_info
 from node.config import NodeConfig
+from node.shardcast.pulling import REFRESH
 from node.shardcast.schedule import DownloadPlan
 from node.shardcast.store import DiskFault, StoreError, WeightStore, publish, version_dir_name
 from node.shardcast.transfer import BadShard, ByteBucket, LocalFault, Wakeup, run_download
@@ -899,13 +900,14 @@ def test_downloaders_split_the_origins_shards_and_take_the_rest_from_each_other(
     for shard in got:
         a.completed(shard, "peer-b", 10, 1.0)
     # ...and idle, for ``share_patience`` seconds: a refresh shows what the others fetched
-    assert a.assign(1.0) == [] and a.next_wakeup(1.0) == a.share_patience == 2.0
+    assert a.assign(1.0) == [] and a.next_wakeup(1.0) == a.share_patience == 2 * REFRESH
     a.update_peer("peer-c", {2})
     assert a.assign(1.5) == [(2, "peer-c")]  # traded: the wait starts again
     a.completed(2, "peer-c", 10, 1.0)
-    assert a.assign(3.0) == [] and a.next_wakeup(3.0) == 3.5
+    again = 1.5 + a.share_patience
+    assert a.assign(again - 0.5) == [] and a.next_wakeup(again - 0.5) == again
     # ...then we take another's share from the origin rather than wait longer
-    (late,) = a.assign(3.5)
+    (late,) = a.assign(again)
     assert late[1] == "trainer" and late[0] % 3 != 0
     # without our own id (or alone) every shard is ours to take
     solo = plan(4, origin="trainer", max_inflight=4, per_peer=4)
@@ -1426,9 +1428,56 @@ async def test_the_holdings_of_a_banned_peer_are_never_asked_for(autojump_clock,
 
     downloads._refresh_one = refresh_one  # type: ignore[method-assign]
     plan = DownloadPlan(4)
-    with trio.move_on_after(3.5):  # refreshes at 0, 1, 2 and 3 s
+    with trio.move_on_after(3.5 * REFRESH):  # refreshes at 0, 1, 2 and 3 REFRESH
         await downloads._refresh_loop(SimpleNamespace(version=3), plan, Wakeup())
     assert asked == ["good"] * 4  # known, provided, seen with the version: still banned
+
+
+async def test_a_refresh_asks_a_complete_holder_again_only_once_it_fails(
+    autojump_clock, monkeypatch
+):
+    from types import SimpleNamespace
+
+    from node.shardcast import providers, pulling
+    from node.shardcast.pulling import Downloads, Holders
+
+    async def find_providers(node, cfg, version):
+        return set()
+
+    holds = {"full": {0, 1, 2, 3}, "part": {0}}
+    asked: list[str] = []
+
+    async def ask_holding(node, peer, version, *, with_manifest):
+        asked.append(peer)
+        return SimpleNamespace(version=3, have=bitmap(holds[peer], 4))
+
+    monkeypatch.setattr(providers, "find_providers", find_providers)
+    monkeypatch.setattr(pulling, "ask_holding", ask_holding)
+    relayed = {"full": True}
+    node = SimpleNamespace(
+        peer_id="me", known_peers=lambda: ["full", "part"], relayed=lambda p: relayed.get(p, False)
+    )
+    downloads = Downloads(node, NodeConfig(net={"read_timeout": 1.0}), None, Holders())
+    plan, m = DownloadPlan(4), SimpleNamespace(version=3, num_shards=4)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(downloads._refresh_loop, m, plan, Wakeup())
+        await trio.sleep(2.5 * REFRESH)  # refreshes at 0, 1 and 2 REFRESH
+        assert sorted(asked) == ["full", "part", "part", "part"]  # its bitmap cannot grow
+        assert plan.peers["full"].have == {0, 1, 2, 3} and plan.peers["full"].relayed
+        relayed["full"] = False  # a hole punch made its path direct: seen without asking
+        holds["part"] = {0, 1}
+        await trio.sleep(REFRESH)
+        assert not plan.peers["full"].relayed and plan.peers["part"].have == {0, 1}
+        assert asked.count("full") == 1
+        plan.failed(2, "full", trio.current_time())  # gone away? the next refresh asks it
+        await trio.sleep(REFRESH)
+        assert asked.count("full") == 2
+        await trio.sleep(REFRESH)  # and every refresh until a fetch from it completes
+        assert asked.count("full") == 3
+        plan.completed(2, "full", 10, 1.0)
+        await trio.sleep(REFRESH)
+        assert asked.count("full") == 3
+        nursery.cancel_scope.cancel()
 
 
 async def test_a_version_poll_never_asks_a_banned_peer(monkeypatch):

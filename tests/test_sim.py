@@ -366,6 +366,39 @@ def test_with_churn_fetches_fail_and_every_worker_still_completes(monkeypatch):
     assert math.isfinite(r.online_spread(1.0))
 
 
+def test_a_complete_holder_gone_away_is_dropped_once_a_fetch_from_it_fails(monkeypatch):
+    """As pulling.py does, a refresh does not ask a peer the plan knows holds every shard
+    (``DownloadPlan.asks_holdings``): a finished downloader that left keeps its bitmap in
+    the plans that know it until a fetch from it fails, and the next refresh drops it."""
+    import random
+
+    from bench.simulation.links import Churn
+
+    dropped = []  # (held every shard, failures in a row) of each peer a plan dropped
+    real_remove = DownloadPlan.remove_peer
+
+    def remove_peer(self, peer):
+        p = self.peers.get(peer)
+        if p is not None and p.joined:
+            dropped.append((len(p.have) == self.num_shards, p.failures))
+        real_remove(self, peer)
+
+    monkeypatch.setattr(DownloadPlan, "remove_peer", remove_peer)
+    rng = random.Random(2)  # downloaders joining over 30 s: the first finish and leave early
+    cfg = SwarmConfig(
+        shards=16, shard_bytes=int(MB), seed=2, churn=Churn(session_scale=60.0, down_scale=30.0)
+    )
+    downs = [
+        Link(up=rng.choice([1, 2, 4]) * MB, down=1e12, rtt=0.02, start=rng.uniform(0, 30))
+        for _ in range(30)
+    ]
+    r = run_swarm(cfg, Link(up=2 * MB, down=1e12), downs)
+    assert all(t is not None for t in r.done_at)
+    complete = [failures for whole, failures in dropped if whole]
+    assert len(complete) >= 5 and all(failures > 0 for failures in complete)
+    assert any(not whole for whole, _ in dropped)  # a partial holder: dropped when it left
+
+
 def test_the_bench_says_by_how_much_the_swarm_trails_the_relay_tree_and_why():
     from bench.sim import versus
 

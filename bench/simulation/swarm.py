@@ -7,9 +7,11 @@ scoring with exploration, busy/failed/backoff, bans) and is driven the way
 
 - **Holdings**: a download asks up to ``MAX_QUERY_PEERS`` peers for their bitmaps every
   ``REFRESH`` seconds, the peers its plan knows first, then others at random (the real
-  constants, imported). A peer that does not know the version yet is not added. A refresh
-  is simulated only when a queried peer's holdings changed (the same result as asking it
-  and getting the same bitmap: ``update_peer`` with an equal set).
+  constants, imported), and not a peer the plan knows holds every shard unless its fetches
+  fail (``DownloadPlan.asks_holdings``). A peer that does not know the version yet is not
+  added. A refresh is simulated only when a queried peer's holdings changed (the same
+  result as asking it and getting the same bitmap: ``update_peer`` with an equal set), or
+  a complete holder's that went away when a fetch from it fails.
 - **Fetches**: ``plan.assign(now)`` after every change (a fetch ended, holdings came, a
   backoff ran out), as ``run_download`` re-plans on its wakeup. A request reaches the
   holder after half the path's RTT; the holder serves at most ``upload_slots`` at once, the
@@ -244,12 +246,15 @@ class Swarm:
         if plan is None or n.done_at is not None or n.tick_due != self.loop.now:
             return
         n.tick_due = None
+        skipped = set()  # complete holders, not asked (DownloadPlan.asks_holdings)
         for j in n.dirty:
-            if self.nodes[j].online:
+            if not plan.asks_holdings(self.nodes[j].peer):
+                skipped.add(j)
+            elif self.nodes[j].online:
                 plan.update_peer(self.nodes[j].peer, self.nodes[j].have)
             else:  # its holdings query failed (pulling.py: _refresh_one)
                 plan.remove_peer(self.nodes[j].peer)
-        n.dirty.clear()
+        n.dirty = skipped  # seen once a fetch from it fails (``_tell``)
         grow = len(n.asked) < self.cfg.query_peers
         if grow:  # known peers first, then fresh ones at random, up to MAX_QUERY_PEERS
             known = set(n.asked)
@@ -366,6 +371,8 @@ class Swarm:
             return False
         assert c.plan is not None
         outcome(c.plan, self.nodes[req.server].peer)
+        if req.server in c.dirty:  # a complete holder that changed: asked again if failing
+            self._schedule_tick(c)
         self._wake(c.index)
         return True
 

@@ -52,7 +52,10 @@ from protocol.shardcast import (
 )
 
 log = logging.getLogger("intellect.shardcast")
-REFRESH = 1.0  # seconds between holdings refreshes during a download
+# seconds between holdings refreshes during a download: each asks up to 16 peers, some
+# 4 ms of processor time a request at both ends; at 1 s a 10-node swarm bench spent a
+# quarter more of it than at 2 s, which simulated moves a spread by 0-2 % (docs/simulation.md)
+REFRESH = 2.0
 MAX_QUERY_PEERS = 16  # holders asked per refresh
 LOOKUP_EVERY = 5.0  # seconds between DHT provider lookups during a download
 # a download its own disk failed (full, say) starts again after RETRY_FIRST seconds,
@@ -397,7 +400,9 @@ class Downloads:
 
     async def _refresh_loop(self, m: WeightManifest, plan: DownloadPlan, wakeup: Wakeup) -> None:
         """Ask up to ``MAX_QUERY_PEERS`` candidate holders for their bitmaps every
-        ``REFRESH`` seconds (those the plan knows first), and wake the transfer loop."""
+        ``REFRESH`` seconds (those the plan knows first; of those, not the ones it knows
+        hold the whole version: ``DownloadPlan.asks_holdings``), and wake the transfer
+        loop."""
         providers: set[str] = set()
         async with trio.open_nursery() as nursery:  # DHT lookups beside the refreshes
             nursery.start_soon(
@@ -414,7 +419,10 @@ class Downloads:
                 random.shuffle(fresh)
                 async with trio.open_nursery() as queries:
                     for peer in (known + fresh)[:MAX_QUERY_PEERS]:
-                        queries.start_soon(self._refresh_one, m, plan, peer)
+                        if plan.asks_holdings(peer):
+                            queries.start_soon(self._refresh_one, m, plan, peer)
+                        else:  # a complete holder: its path may have turned direct
+                            plan.peers[peer].relayed = self.node.relayed(peer)
                 wakeup.set()
                 await trio.sleep(REFRESH)
 

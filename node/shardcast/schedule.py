@@ -15,10 +15,10 @@ The download loop tells it what each peer holds (``update_peer``), asks it for w
   gets the others from the peers that fetched them. Only when it has had nothing else to
   fetch for ``share_patience`` seconds, and nothing is in flight, does it take another's
   share from the origin (a downloader that left or is slow does not hold the rest up for
-  longer). The patience is two holdings refreshes: at once, the three joiners of a small
-  model (``bench/join.py``), each done with its own share in a fifth of a second, took
-  the others' shares from the origin before a refresh showed the peers held them, and the
-  origin sent 0.77 of all bytes. Without shares at all, downloaders starting together pick
+  longer). The patience is two holdings refreshes (``pulling.py``: ``REFRESH``, 2 s): at
+  once, the three joiners of a small model (``bench/join.py``), each done with its own
+  share in a fifth of a second, took the others' shares from the origin before a refresh
+  showed the peers held them, and the origin sent 0.77 of all bytes. Without shares at all, downloaders starting together pick
   the same rare shards and the origin sends 1.66 copies for 6 downloaders
   (``bench/shardcast.py``).
 - **Direct first**: a holder only a circuit relay joins us to (behind NAT, hole punching
@@ -101,7 +101,7 @@ class DownloadPlan:
     explore: float = 0.1
     backoff: float = 1.0
     max_backoff: float = 30.0
-    share_patience: float = 2.0  # seconds with only others' origin shares left (module doc)
+    share_patience: float = 4.0  # seconds with only others' origin shares left (module doc)
     rng: random.Random = field(default_factory=random.Random)
     peers: dict[str, PeerState] = field(default_factory=dict)
     inflight: dict[int, str] = field(default_factory=dict)
@@ -113,6 +113,15 @@ class DownloadPlan:
         state = self.peers.setdefault(peer, PeerState(peer))
         state.have = {i for i in have if 0 <= i < self.num_shards}
         state.joined = True
+
+    def asks_holdings(self, peer: str) -> bool:
+        """Whether a holdings refresh asks ``peer`` again: not while it is known to hold
+        every shard and its fetches are not failing (its bitmap can only lose a shard, which
+        a fetch it refuses ``lacks`` tells; a failing one is asked, so that a holder gone
+        away is dropped). A swarm's finished downloaders and its origin are most of those
+        asked late in a spread (docs/simulation.md: the holdings refresh's cost)."""
+        p = self.peers.get(peer)
+        return p is None or len(p.have) < self.num_shards or p.failures > 0
 
     def remove_peer(self, peer: str) -> None:
         """Forget a peer's holdings (its in-flight fetches report their own outcome)."""
