@@ -15,7 +15,7 @@ from crypto.hashing import digest
 from crypto.identity import Identity
 from node.cli.weights import pull_info
 from node.config import NodeConfig
-from node.shardcast.pulling import REFRESH
+from node.shardcast.pulling import REFRESH, REFRESH_IDLE
 from node.shardcast.schedule import DownloadPlan
 from node.shardcast.store import DiskFault, StoreError, WeightStore, publish, version_dir_name
 from node.shardcast.transfer import BadShard, ByteBucket, LocalFault, Wakeup, run_download
@@ -900,7 +900,7 @@ def test_downloaders_split_the_origins_shards_and_take_the_rest_from_each_other(
     for shard in got:
         a.completed(shard, "peer-b", 10, 1.0)
     # ...and idle, for ``share_patience`` seconds: a refresh shows what the others fetched
-    assert a.assign(1.0) == [] and a.next_wakeup(1.0) == a.share_patience == 2 * REFRESH
+    assert a.assign(1.0) == [] and a.next_wakeup(1.0) == a.share_patience == 2 * REFRESH_IDLE
     a.update_peer("peer-c", {2})
     assert a.assign(1.5) == [(2, "peer-c")]  # traded: the wait starts again
     a.completed(2, "peer-c", 10, 1.0)
@@ -1428,7 +1428,7 @@ async def test_the_holdings_of_a_banned_peer_are_never_asked_for(autojump_clock,
 
     downloads._refresh_one = refresh_one  # type: ignore[method-assign]
     plan = DownloadPlan(4)
-    with trio.move_on_after(3.5 * REFRESH):  # refreshes at 0, 1, 2 and 3 REFRESH
+    with trio.move_on_after(3.5 * REFRESH_IDLE):  # a slot free: at 0, 1, 2 and 3 s
         await downloads._refresh_loop(SimpleNamespace(version=3), plan, Wakeup())
     assert asked == ["good"] * 4  # known, provided, seen with the version: still banned
 
@@ -1461,23 +1461,57 @@ async def test_a_refresh_asks_a_complete_holder_again_only_once_it_fails(
     plan, m = DownloadPlan(4), SimpleNamespace(version=3, num_shards=4)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(downloads._refresh_loop, m, plan, Wakeup())
-        await trio.sleep(2.5 * REFRESH)  # refreshes at 0, 1 and 2 REFRESH
+        await trio.sleep(2.5 * REFRESH_IDLE)  # a slot free: at 0, 1 and 2 s
         assert sorted(asked) == ["full", "part", "part", "part"]  # its bitmap cannot grow
         assert plan.peers["full"].have == {0, 1, 2, 3} and plan.peers["full"].relayed
         relayed["full"] = False  # a hole punch made its path direct: seen without asking
         holds["part"] = {0, 1}
-        await trio.sleep(REFRESH)
+        await trio.sleep(REFRESH_IDLE)
         assert not plan.peers["full"].relayed and plan.peers["part"].have == {0, 1}
         assert asked.count("full") == 1
         plan.failed(2, "full", trio.current_time())  # gone away? the next refresh asks it
-        await trio.sleep(REFRESH)
+        await trio.sleep(REFRESH_IDLE)
         assert asked.count("full") == 2
-        await trio.sleep(REFRESH)  # and every refresh until a fetch from it completes
+        await trio.sleep(REFRESH_IDLE)  # and every refresh until a fetch from it completes
         assert asked.count("full") == 3
         plan.completed(2, "full", 10, 1.0)
-        await trio.sleep(REFRESH)
+        await trio.sleep(REFRESH_IDLE)
         assert asked.count("full") == 3
         nursery.cancel_scope.cancel()
+
+
+async def test_a_download_with_every_slot_busy_refreshes_half_as_often(autojump_clock, monkeypatch):
+    from types import SimpleNamespace
+
+    from node.shardcast import providers, pulling
+    from node.shardcast.pulling import Downloads, Holders
+
+    async def find_providers(node, cfg, version):
+        return set()
+
+    asked: list[float] = []
+
+    async def ask_holding(node, peer, version, *, with_manifest):
+        asked.append(trio.current_time())
+        return SimpleNamespace(version=3, have=bitmap({0}, 4))
+
+    monkeypatch.setattr(providers, "find_providers", find_providers)
+    monkeypatch.setattr(pulling, "ask_holding", ask_holding)
+    node = SimpleNamespace(peer_id="me", known_peers=lambda: ["part"], relayed=lambda p: False)
+    downloads = Downloads(node, NodeConfig(net={"read_timeout": 1.0}), None, Holders())
+    plan, m = DownloadPlan(4, max_inflight=1), SimpleNamespace(version=3, num_shards=4)
+    plan.inflight[0] = "part"  # its one slot busy
+    async with trio.open_nursery() as nursery:
+        t0 = trio.current_time()
+        nursery.start_soon(downloads._refresh_loop, m, plan, Wakeup())
+        await trio.sleep(2 * REFRESH + REFRESH_IDLE / 2)
+        assert [t - t0 for t in asked] == pytest.approx([0.0, REFRESH, 2 * REFRESH])
+        del plan.inflight[0]  # the fetch ended and nothing else is known: a slot free
+        await trio.sleep(2 * REFRESH_IDLE)
+        again = [2 * REFRESH + REFRESH_IDLE, 2 * REFRESH + 2 * REFRESH_IDLE]
+        assert [t - t0 for t in asked[3:]] == pytest.approx(again)
+        nursery.cancel_scope.cancel()
+    assert REFRESH_IDLE < REFRESH
 
 
 async def test_a_version_poll_never_asks_a_banned_peer(monkeypatch):

@@ -6,7 +6,10 @@ scoring with exploration, busy/failed/backoff, bans) and is driven the way
 ``node/shardcast/pulling.py`` and ``transfer.py`` drive it:
 
 - **Holdings**: a download asks up to ``MAX_QUERY_PEERS`` peers for their bitmaps every
-  ``REFRESH`` seconds, the peers its plan knows first, then others at random (the real
+  ``REFRESH_IDLE`` seconds while a slot is free, else every ``REFRESH`` (here: on a grid of
+  ``REFRESH_IDLE`` from its start, each point taken when a slot is free, every
+  ``REFRESH / REFRESH_IDLE``-th always; the node restarts its wait at each refresh), the
+  peers its plan knows first, then others at random (the real
   constants, imported), and not a peer the plan knows holds every shard unless its fetches
   fail (``DownloadPlan.asks_holdings``). A peer that does not know the version yet is not
   added. A refresh is simulated only when a queried peer's holdings changed (the same
@@ -46,7 +49,7 @@ from dataclasses import dataclass, field
 from bench.simulation.events import EventLoop
 from bench.simulation.links import Churn, Link, mathis_cap, relayed
 from node.config import NodeConfig
-from node.shardcast.pulling import MAX_QUERY_PEERS, REFRESH
+from node.shardcast.pulling import MAX_QUERY_PEERS, REFRESH, REFRESH_IDLE
 from node.shardcast.schedule import DownloadPlan, download_plan, shard_deadline
 
 PlanFactory = Callable[..., DownloadPlan]
@@ -60,7 +63,8 @@ class SwarmConfig:
     upload_slots: int = _DEFAULTS.shardcast.upload_slots
     download_slots: int = _DEFAULTS.shardcast.download_slots
     read_timeout: float = _DEFAULTS.net.read_timeout
-    refresh: float = REFRESH
+    refresh: float = REFRESH  # every slot busy (a multiple of refresh_idle)
+    refresh_idle: float = REFRESH_IDLE  # a slot free
     query_peers: int = MAX_QUERY_PEERS
     piece_overhead: float = 0.0  # seconds a downloader spends verifying and writing a piece
     region_rtt_ms: tuple[tuple[float, ...], ...] = ((0.0,),)
@@ -246,6 +250,10 @@ class Swarm:
         if plan is None or n.done_at is not None or n.tick_due != self.loop.now:
             return
         n.tick_due = None
+        k = round((self.loop.now - n.link.start) / self.cfg.refresh_idle)
+        if not plan.slot_free and k % round(self.cfg.refresh / self.cfg.refresh_idle):
+            self._schedule_tick(n)  # every slot busy: the refresh waits a point longer
+            return
         skipped = set()  # complete holders, not asked (DownloadPlan.asks_holdings)
         for j in n.dirty:
             if not plan.asks_holdings(self.nodes[j].peer):
@@ -284,11 +292,11 @@ class Swarm:
     def _schedule_tick(self, n: SimNode) -> None:
         if n.tick_due is not None or n.plan is None:
             return
-        start = n.link.start
-        k = math.floor((self.loop.now - start) / self.cfg.refresh) + 1
-        while start + k * self.cfg.refresh <= self.loop.now:  # rounding: strictly later
+        start, step = n.link.start, self.cfg.refresh_idle
+        k = math.floor((self.loop.now - start) / step) + 1
+        while start + k * step <= self.loop.now:  # rounding: strictly later
             k += 1
-        n.tick_due = start + k * self.cfg.refresh
+        n.tick_due = start + k * step
         self.loop.at(n.tick_due, self._tick, n.index)
 
     def _changed(self, j: int) -> None:

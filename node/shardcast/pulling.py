@@ -1,7 +1,8 @@
 """The downloads side of SHARDCAST: pull a known version's shards from whoever holds them.
 
 A download asks every candidate holder (DHT providers of the version's key, the peers
-``Holders`` saw with it, known peers) for its shard bitmap every ``REFRESH`` seconds, lets
+``Holders`` saw with it, known peers) for its shard bitmap every ``REFRESH_IDLE`` or
+``REFRESH`` seconds (a slot free or not), lets
 ``DownloadPlan`` pick (shard, peer) pairs, and runs them through ``run_download``: each
 shard is verified on arrival, written in place and journalled (``store.Partial``), so a
 restarted node resumes. Complete, the whole digest is checked and the version renamed into
@@ -52,10 +53,11 @@ from protocol.shardcast import (
 )
 
 log = logging.getLogger("intellect.shardcast")
-# seconds between holdings refreshes during a download: each asks up to 16 peers, some
-# 4 ms of processor time a request at both ends; at 1 s a 10-node swarm bench spent a
-# quarter more of it than at 2 s, which simulated moves a spread by 0-2 % (docs/simulation.md)
-REFRESH = 2.0
+# seconds between holdings refreshes during a download: REFRESH_IDLE while one of its
+# slots is free (new holdings may give it work), REFRESH while every slot is busy. Each
+# refresh asks up to 16 peers, some 4 ms of processor time a request at both ends: at 1 s
+# throughout, a 10-node swarm bench spent a quarter more of it (docs/simulation.md)
+REFRESH_IDLE, REFRESH = 1.0, 2.0
 MAX_QUERY_PEERS = 16  # holders asked per refresh
 LOOKUP_EVERY = 5.0  # seconds between DHT provider lookups during a download
 # a download its own disk failed (full, say) starts again after RETRY_FIRST seconds,
@@ -400,7 +402,8 @@ class Downloads:
 
     async def _refresh_loop(self, m: WeightManifest, plan: DownloadPlan, wakeup: Wakeup) -> None:
         """Ask up to ``MAX_QUERY_PEERS`` candidate holders for their bitmaps every
-        ``REFRESH`` seconds (those the plan knows first; of those, not the ones it knows
+        ``REFRESH_IDLE`` seconds while a download slot is free, every ``REFRESH`` while
+        none is (those the plan knows first; of those, not the ones it knows
         hold the whole version: ``DownloadPlan.asks_holdings``), and wake the transfer
         loop."""
         providers: set[str] = set()
@@ -424,7 +427,9 @@ class Downloads:
                         else:  # a complete holder: its path may have turned direct
                             plan.peers[peer].relayed = self.node.relayed(peer)
                 wakeup.set()
-                await trio.sleep(REFRESH)
+                await trio.sleep(REFRESH_IDLE)
+                if not plan.slot_free:
+                    await trio.sleep(REFRESH - REFRESH_IDLE)
 
     async def _refresh_one(self, m: WeightManifest, plan: DownloadPlan, peer: str) -> None:
         with trio.move_on_after(self.cfg.net.read_timeout):

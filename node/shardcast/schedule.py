@@ -15,8 +15,8 @@ The download loop tells it what each peer holds (``update_peer``), asks it for w
   gets the others from the peers that fetched them. Only when it has had nothing else to
   fetch for ``share_patience`` seconds, and nothing is in flight, does it take another's
   share from the origin (a downloader that left or is slow does not hold the rest up for
-  longer). The patience is two holdings refreshes (``pulling.py``: ``REFRESH``, 2 s): at
-  once, the three joiners of a small model (``bench/join.py``), each done with its own
+  longer). The patience is two holdings refreshes of an idle download (``pulling.py``:
+  ``REFRESH_IDLE``, 1 s): at once, the three joiners of a small model (``bench/join.py``), each done with its own
   share in a fifth of a second, took the others' shares from the origin before a refresh
   showed the peers held them, and the origin sent 0.77 of all bytes. Without shares at all, downloaders starting together pick
   the same rare shards and the origin sends 1.66 copies for 6 downloaders
@@ -101,7 +101,7 @@ class DownloadPlan:
     explore: float = 0.1
     backoff: float = 1.0
     max_backoff: float = 30.0
-    share_patience: float = 4.0  # seconds with only others' origin shares left (module doc)
+    share_patience: float = 2.0  # seconds with only others' origin shares left (module doc)
     rng: random.Random = field(default_factory=random.Random)
     peers: dict[str, PeerState] = field(default_factory=dict)
     inflight: dict[int, str] = field(default_factory=dict)
@@ -189,6 +189,12 @@ class DownloadPlan:
     @property
     def complete(self) -> bool:
         return len(self.done) == self.num_shards
+
+    @property
+    def slot_free(self) -> bool:
+        """Whether fewer than ``max_inflight`` fetches are under way (``assign`` found
+        nothing more to start: the holdings it knows give it no more work)."""
+        return len(self.inflight) < self.max_inflight
 
     @property
     def banned(self) -> list[str]:
