@@ -9,9 +9,9 @@ scoring with exploration, busy/failed/backoff, bans) and is driven the way
   ``REFRESH_IDLE`` seconds while a slot is free, else every ``REFRESH`` (here: on a grid of
   ``REFRESH_IDLE`` from its start, each point taken when a slot is free, every
   ``REFRESH / REFRESH_IDLE``-th always; the node restarts its wait at each refresh), the
-  peers its plan knows first, then others at random (the real
-  constants, imported), and not a peer the plan knows holds every shard unless its fetches
-  fail (``DownloadPlan.asks_holdings``). A peer that does not know the version yet is not
+  peers its plan knows first, then others at random (the real constants, imported), and
+  not a peer the plan knows holds every shard unless its fetches fail
+  (``DownloadPlan.asks_holdings``). A peer that does not know the version yet is not
   added. A refresh is simulated only when a queried peer's holdings changed (the same
   result as asking it and getting the same bitmap: ``update_peer`` with an equal set), or
   a complete holder's that went away when a fetch from it fails.

@@ -2,8 +2,8 @@
 
 A download asks every candidate holder (DHT providers of the version's key, the peers
 ``Holders`` saw with it, known peers) for its shard bitmap every ``REFRESH_IDLE`` or
-``REFRESH`` seconds (a slot free or not), lets
-``DownloadPlan`` pick (shard, peer) pairs, and runs them through ``run_download``: each
+``REFRESH`` seconds (a slot free or not), lets ``DownloadPlan`` pick (shard, peer) pairs,
+and runs them through ``run_download``: each
 shard is verified on arrival, written in place and journalled (``store.Partial``), so a
 restarted node resumes. Complete, the whole digest is checked and the version renamed into
 view (``VersionBook.finish``), then retention runs. A peer that served a bad shard is
@@ -403,9 +403,8 @@ class Downloads:
     async def _refresh_loop(self, m: WeightManifest, plan: DownloadPlan, wakeup: Wakeup) -> None:
         """Ask up to ``MAX_QUERY_PEERS`` candidate holders for their bitmaps every
         ``REFRESH_IDLE`` seconds while a download slot is free, every ``REFRESH`` while
-        none is (those the plan knows first; of those, not the ones it knows
-        hold the whole version: ``DownloadPlan.asks_holdings``), and wake the transfer
-        loop."""
+        none is (those the plan knows first; of those, not the ones it knows hold the whole
+        version: ``DownloadPlan.asks_holdings``), and wake the transfer loop."""
         providers: set[str] = set()
         async with trio.open_nursery() as nursery:  # DHT lookups beside the refreshes
             nursery.start_soon(

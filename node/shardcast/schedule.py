@@ -16,11 +16,11 @@ The download loop tells it what each peer holds (``update_peer``), asks it for w
   fetch for ``share_patience`` seconds, and nothing is in flight, does it take another's
   share from the origin (a downloader that left or is slow does not hold the rest up for
   longer). The patience is two holdings refreshes of an idle download (``pulling.py``:
-  ``REFRESH_IDLE``, 1 s): at once, the three joiners of a small model (``bench/join.py``), each done with its own
-  share in a fifth of a second, took the others' shares from the origin before a refresh
-  showed the peers held them, and the origin sent 0.77 of all bytes. Without shares at all, downloaders starting together pick
-  the same rare shards and the origin sends 1.66 copies for 6 downloaders
-  (``bench/shardcast.py``).
+  ``REFRESH_IDLE``, 1 s): at once, the three joiners of a small model (``bench/join.py``),
+  each done with its own share in a fifth of a second, took the others' shares from the
+  origin before a refresh showed the peers held them, and the origin sent 0.77 of all
+  bytes. Without shares at all, downloaders starting together pick the same rare shards
+  and the origin sends 1.66 copies for 6 downloaders (``bench/shardcast.py``).
 - **Direct first**: a holder only a circuit relay joins us to (behind NAT, hole punching
   failed) is asked for a shard only when no holder reachable directly has it, the origin
   included, and is left out of the origin shares (it takes its own copy from the origin;
