@@ -27,6 +27,7 @@ from typing import Any
 import trio
 
 from crypto.hashing import digest_parts
+from node.engine.modeldir import ModelError
 from node.roles.io.chain import WEI
 from node.roles.services.inference import InferenceRole
 from node.rollouts.store import BatchStore
@@ -269,7 +270,10 @@ class CheatingRole(InferenceRole):
         )
         if used != version:  # other weights than the version claimed
             used_dir = str(self.cfg.run.model if used == 0 else self.weights.model_dir(used))
-            apart = await trio.to_thread.run_sync(self.plan.apart, used_dir, model_dir)
+            try:
+                apart = await trio.to_thread.run_sync(self.plan.apart, used_dir, model_dir)
+            except ModelError:  # retention deleted that version meanwhile: honest, comes again
+                apart = 0.0
             if apart < DETECTABLE_APART:
                 cheat = "none"  # too close to tell apart (SPEC §19.1): honest, comes again
             else:
