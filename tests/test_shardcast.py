@@ -1433,9 +1433,10 @@ async def test_the_holdings_of_a_banned_peer_are_never_asked_for(autojump_clock,
     assert asked == ["good"] * 4  # known, provided, seen with the version: still banned
 
 
-async def test_a_refresh_asks_a_complete_holder_again_only_once_it_fails(
-    autojump_clock, monkeypatch
-):
+def _refresher(monkeypatch, holds, relayed=None):
+    """``Downloads`` whose holdings refresh knows the peers of ``holds`` (no DHT
+    providers), each answering for version 3 of 4 shards that it holds ``holds[peer]``;
+    returns it, the version's stand-in manifest, and the peers asked and when, in order."""
     from types import SimpleNamespace
 
     from node.shardcast import providers, pulling
@@ -1444,21 +1445,31 @@ async def test_a_refresh_asks_a_complete_holder_again_only_once_it_fails(
     async def find_providers(node, cfg, version):
         return set()
 
-    holds = {"full": {0, 1, 2, 3}, "part": {0}}
     asked: list[str] = []
+    times: list[float] = []
 
     async def ask_holding(node, peer, version, *, with_manifest):
         asked.append(peer)
+        times.append(trio.current_time())
         return SimpleNamespace(version=3, have=bitmap(holds[peer], 4))
 
     monkeypatch.setattr(providers, "find_providers", find_providers)
     monkeypatch.setattr(pulling, "ask_holding", ask_holding)
-    relayed = {"full": True}
+    relayed = relayed if relayed is not None else {}
     node = SimpleNamespace(
-        peer_id="me", known_peers=lambda: ["full", "part"], relayed=lambda p: relayed.get(p, False)
+        peer_id="me", known_peers=lambda: list(holds), relayed=lambda p: relayed.get(p, False)
     )
     downloads = Downloads(node, NodeConfig(net={"read_timeout": 1.0}), None, Holders())
-    plan, m = DownloadPlan(4), SimpleNamespace(version=3, num_shards=4)
+    return downloads, SimpleNamespace(version=3, num_shards=4), asked, times
+
+
+async def test_a_refresh_asks_a_complete_holder_again_only_once_it_fails(
+    autojump_clock, monkeypatch
+):
+    holds = {"full": {0, 1, 2, 3}, "part": {0}}
+    relayed = {"full": True}
+    downloads, m, asked, _ = _refresher(monkeypatch, holds, relayed)
+    plan = DownloadPlan(4)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(downloads._refresh_loop, m, plan, Wakeup())
         await trio.sleep(2.5 * REFRESH_IDLE)  # a slot free: at 0, 1 and 2 s
@@ -1481,25 +1492,8 @@ async def test_a_refresh_asks_a_complete_holder_again_only_once_it_fails(
 
 
 async def test_a_download_with_every_slot_busy_refreshes_half_as_often(autojump_clock, monkeypatch):
-    from types import SimpleNamespace
-
-    from node.shardcast import providers, pulling
-    from node.shardcast.pulling import Downloads, Holders
-
-    async def find_providers(node, cfg, version):
-        return set()
-
-    asked: list[float] = []
-
-    async def ask_holding(node, peer, version, *, with_manifest):
-        asked.append(trio.current_time())
-        return SimpleNamespace(version=3, have=bitmap({0}, 4))
-
-    monkeypatch.setattr(providers, "find_providers", find_providers)
-    monkeypatch.setattr(pulling, "ask_holding", ask_holding)
-    node = SimpleNamespace(peer_id="me", known_peers=lambda: ["part"], relayed=lambda p: False)
-    downloads = Downloads(node, NodeConfig(net={"read_timeout": 1.0}), None, Holders())
-    plan, m = DownloadPlan(4, max_inflight=1), SimpleNamespace(version=3, num_shards=4)
+    downloads, m, _, asked = _refresher(monkeypatch, {"part": {0}})
+    plan = DownloadPlan(4, max_inflight=1)
     plan.inflight[0] = "part"  # its one slot busy
     async with trio.open_nursery() as nursery:
         t0 = trio.current_time()

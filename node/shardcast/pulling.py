@@ -3,9 +3,8 @@
 A download asks every candidate holder (DHT providers of the version's key, the peers
 ``Holders`` saw with it, known peers) for its shard bitmap every ``REFRESH_IDLE`` or
 ``REFRESH`` seconds (a slot free or not), lets ``DownloadPlan`` pick (shard, peer) pairs,
-and runs them through ``run_download``: each
-shard is verified on arrival, written in place and journalled (``store.Partial``), so a
-restarted node resumes. Complete, the whole digest is checked and the version renamed into
+and runs them through ``run_download``: each shard is verified on arrival, written in place
+and journalled (``store.Partial``), so a restarted node resumes. Complete, the whole digest is checked and the version renamed into
 view (``VersionBook.finish``), then retention runs. A peer that served a bad shard is
 banned (the node's ban list, ``node/net/bans.py``: an hour). Memory: at most ``download_slots`` shards in flight.
 A download this node's disk fails (``DiskFault``: full, say) ends with that error, blames
