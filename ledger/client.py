@@ -48,6 +48,7 @@ from ledger.transactions import (
     GAS_EXTRA,
     GAS_HEADROOM,
     MAX_TX_GAS,
+    RECOUNT_CHUNK,
     Prepared,
     Transactions,
     block_fees,
@@ -408,14 +409,36 @@ class LedgerClient:
     def propose_validator(self, validator: str) -> Any:
         return self._transact("propose_validator", self.reads.checksum(validator))
 
+    def count_validator(self, validator: str) -> Any:
+        return self._transact("count_validator", self.reads.checksum(validator))
+
     def remove_validator(self, validator: str) -> Any:
         return self._transact("remove_validator", self.reads.checksum(validator))
 
     def propose_params(self, p: Params) -> Any:
         return self._transact("propose_params", p.as_tuple())
 
-    def apply_params(self) -> Any:
-        return self._transact("apply_params")
+    def apply_params(self) -> list[Any]:
+        """Apply the due proposal, then count the validators again in as many transactions
+        as that takes (``apply_params`` counts the first 64 of the list, ``recount_validators``
+        the rest; the contract takes no work until the last is counted). The receipts."""
+        receipts = [self._transact("apply_params")]
+        while self.recount_left():
+            receipts.append(self.recount_validators())
+        return receipts
+
+    def recount_left(self) -> int:
+        """Validators the pending recount after ``apply_params`` has yet to count (0: none)."""
+        return int(self.reads.view("recount_validators", 0))
+
+    def recount_validators(self, max_entries: int = RECOUNT_CHUNK) -> Any:
+        """One ``recount_validators`` of up to ``max_entries``, its gas estimated with headroom
+        (fewer entries when the estimate is above MAX_TX_GAS), as in ``claim``."""
+        gas = self._gas_for("recount_validators", max_entries)
+        while gas > MAX_TX_GAS and max_entries > 1:
+            max_entries //= 2
+            gas = self._gas_for("recount_validators", max_entries)
+        return self._transact("recount_validators", max_entries, gas=gas, simulated=True)
 
     def cancel_params(self) -> Any:
         return self._transact("cancel_params")

@@ -68,9 +68,10 @@ GAS = {
     "unbond": 120_000,
     "withdraw": 100_000,
     "propose_validator": 150_000,
-    "remove_validator": 300_000,  # up to 64 list entries read
+    "remove_validator": 150_000,
     "propose_params": 350_000,
-    "apply_params": 350_000,
+    "apply_params": 1_200_000,  # 64 validators counted again: 562 k, more as counts change
+    "count_validator": 80_000,
     "cancel_params": 60_000,
     "transfer_ownership": 80_000,
     "accept_ownership": 80_000,
@@ -78,6 +79,7 @@ GAS = {
     "fund": 80_000,
 }
 CLAIM_CHUNK = 256  # the contract settles at most 256 submissions per call
+RECOUNT_CHUNK = 512  # validators a recount_validators counts again (fewer if over MAX_TX_GAS)
 GAS_HEADROOM = 1.25
 GAS_EXTRA = 30_000
 MAX_TX_GAS = 12_000_000  # a claim whose estimate exceeds this is split

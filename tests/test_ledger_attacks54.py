@@ -4,7 +4,10 @@ served chain and anvil: squatting a peer key (the validators' own revocation cod
 the squatter out), a working validator's free false rejects, and the 65th appointment.
 """
 
+import dataclasses
+
 import pytest
+from eth_account import Account
 
 from crypto.identity import Identity
 from ledger.client import LedgerRevert
@@ -178,3 +181,65 @@ def test_54_a_worker_whose_key_is_squatted_names_the_squatter_and_registers_once
     judge(dockets(ledger, ledger.v1, ledger.v2))
     role.register(w.worker(me))
     assert w.worker(me).peer_key == identity.public_bytes
+
+
+def test_54_a_bond_raise_recounts_a_list_past_64_in_parts_and_takes_no_work_meanwhile(ledger):
+    """More validators than ``apply_params`` counts again in one transaction (64): the rest
+    wait for ``recount_validators`` (anyone), and no work is taken until the last is counted.
+    Here the three bonded validators past the 64th would still count under the old bond, so
+    a submission during the recount would be judged by fewer than quorum + 1; a removal
+    during it moves the list's last entry before the recount's place, and it is counted at
+    once."""
+    o = ledger.as_owner
+    fillers = ["0x" + (0x7000 + i).to_bytes(20, "big").hex() for i in range(61)]  # unbonded
+    for address in fillers:
+        o.propose_validator(address)  # entries 3 to 63
+    late = [Account.from_key(ledger.chain.dev_keys[i]) for i in (6, 7, 8)]  # entries 64-66
+    for v in late:
+        o.propose_validator(v.address)
+        ledger.client(v).add_stake(VALIDATOR_BOND)
+    raised = dataclasses.replace(PARAMS, max_units=PARAMS.max_units * 3 // 2)  # bond 30 ETH
+    o.propose_params(raised)
+    ledger.chain.advance_time(o.reads.view("timelock"))
+    for v in late:
+        o.count_validator(v.address)
+    assert o.reads.view("voters") == 6
+    w = ledger.register(ledger.worker, 10 * ETH)
+
+    o.tx.transact("apply_params")  # v1-v3 (25 ETH) stop counting; the late three, not yet
+    assert o.recount_left() == 3 and o.reads.view("voters") == 3  # a stale count
+    with pytest.raises(LedgerRevert, match="fewer than quorum \\+ 1 validators"):
+        w.submit_work(key(1), 100, 0)
+    o.remove_validator(fillers[7])  # entry 10: the last (late[2]) takes its place
+    assert o.recount_left() == 2 and o.reads.view("voters") == 2
+    ledger.client(ledger.stranger).recount_validators(1)
+    assert o.recount_left() == 1 and o.reads.view("voters") == 1
+    receipt = ledger.client(ledger.stranger).recount_validators()
+    assert o.recount_left() == 0 and o.reads.view("voters") == 0
+    print("recount_validators of 1 entry:", receipt.gasUsed, "gas")
+    with pytest.raises(LedgerRevert, match="fewer than quorum \\+ 1 validators"):
+        w.submit_work(key(1), 100, 0)  # rightly: none of the six holds the new bond
+    for v in (ledger.v1, ledger.v2, ledger.v3):
+        ledger.client(v).add_stake(5 * ETH)  # counted again as their stake changes
+    w.submit_work(key(1), 100, 0)
+    assert ledger.client(ledger.stranger).recount_left() == 0
+
+
+def test_54_the_owner_client_applies_params_and_finishes_the_recount(ledger):
+    """``LedgerClient.apply_params`` sends ``recount_validators`` until none is left: work
+    is taken again after the one call."""
+    o = ledger.as_owner
+    for i in range(70):
+        o.propose_validator("0x" + (0x8000 + i).to_bytes(20, "big").hex())
+    o.propose_params(PARAMS)
+    ledger.chain.advance_time(o.reads.view("timelock"))
+    receipts = o.apply_params()
+    assert len(receipts) == 2 and o.recount_left() == 0 and o.reads.view("voters") == 3
+    print(
+        "apply_params, 64 entries:",
+        receipts[0].gasUsed,
+        "gas;",
+        "recount_validators, 9:",
+        receipts[1].gasUsed,
+    )
+    ledger.register(ledger.worker, 2 * ETH).submit_work(key(1), 100, 0)

@@ -10,7 +10,8 @@ The economic rules (SPEC section 19 has the arithmetic):
   the pool and locks collateral = reward x collateral_bps / 10000 (at least the reward) of
   the worker's stake until it is settled, so a worker's unsettled claims are bounded by its
   stake (and by a tenth of the funded pool), and locked stake can be neither unbonded nor
-  withdrawn. Work is taken only while at least quorum + 1 bonded validators can vote on it.
+  withdrawn. Work is taken only while at least quorum + 1 bonded validators can vote on it
+  (and not while apply_params's recount of the validators, in parts, is not over).
 - Work is paid only if a validator accepted it (an accept attests that the batch was
   fetched and matches its key and units); work nobody judged is never paid. A reject
   slashes exactly that submission's collateral at maturity: validator_share_bps of it to
@@ -41,7 +42,8 @@ BPS: constant(uint256) = 10000
 MAX_CLAIM: constant(uint256) = 256
 MAX_SCAN: constant(uint256) = 4096
 MAX_INITIAL_VALIDATORS: constant(uint256) = 16
-MAX_VALIDATORS: constant(uint256) = 64
+MAX_VALIDATORS: constant(uint256) = 65000  # ``voters`` is a 16-bit field
+RECOUNT_STEP: constant(uint256) = 64  # validators apply_params counts again itself
 
 # hard bounds on the parameters, whatever the owner proposes
 MAX_MIN_STAKE: constant(uint256) = 10**24  # a million ETH: fits the packed words below
@@ -97,6 +99,7 @@ C_STALENESS: constant(uint256) = 112  # 24
 C_UNBONDING: constant(uint256) = 136  # 24
 C_POLICY: constant(uint256) = 160  # 48
 C_EPOCH: constant(uint256) = 208  # 32
+C_RECOUNT: constant(uint256) = 240  # 1: apply_params's recount of the validators is not over
 
 # epochs[e]: the terms a submission made in parameter epoch e is held to
 E_RATE: constant(uint256) = 0  # 60 reward_per_unit
@@ -323,6 +326,8 @@ pending_owner: public(address)
 # up to ``until`` (0: no removal scheduled)
 validator_terms: HashMap[address, uint256]
 validator_list: DynArray[address, MAX_VALIDATORS]
+validator_index: HashMap[address, uint256]  # its index in validator_list + 1
+recount_next: uint256  # the next entry of validator_list apply_params's recount counts
 
 cfg: uint256
 epochs: HashMap[uint256, uint256]
@@ -363,6 +368,7 @@ def __init__(p: Params, validators: DynArray[address, MAX_INITIAL_VALIDATORS]):
         assert self.validator_terms[v] == 0, "duplicate validator"
         self.validator_terms[v] = block.timestamp
         self.validator_list.append(v)
+        self.validator_index[v] = len(self.validator_list)
         self.bal[v] |= 1 << B_APPOINTED
         log ValidatorProposed(validator=v, active_at=block.timestamp)
 
@@ -533,8 +539,31 @@ def apply_params():
     assert block.timestamp <= eta + PARAMS_GRACE, "proposal expired"
     self.params_eta = 0
     self._apply(self.proposed)
-    for v: address in self.validator_list:  # the bond may have changed
-        self._count(v)
+    # the bond may have changed: every validator is counted again, the first RECOUNT_STEP
+    # here, the rest by recount_validators; no work is taken until the last is
+    self.recount_next = 0
+    self._recount(RECOUNT_STEP)
+
+
+@internal
+def _recount(max_entries: uint256) -> uint256:
+    n: uint256 = len(self.validator_list)
+    start: uint256 = min(self.recount_next, n)  # removals shorten the list
+    stop: uint256 = start + min(max_entries, n - start)
+    for i: uint256 in range(start, stop, bound=MAX_VALIDATORS):
+        self._count(self.validator_list[i])
+    self.recount_next = stop
+    self.cfg = self._put(self.cfg, C_RECOUNT, M1, convert(stop < n, uint256))
+    return n - stop
+
+
+@external
+def recount_validators(max_entries: uint256) -> uint256:
+    """Anyone, while apply_params's recount is not over: count up to ``max_entries`` more
+    validators again (the bond may have changed); returns how many are left."""
+    if (self.cfg >> C_RECOUNT) & 1 == 0:
+        return 0
+    return self._recount(max_entries)
 
 
 @external
@@ -570,6 +599,7 @@ def propose_validator(validator: address):
     active_at: uint256 = block.timestamp + self._timelock()
     self.validator_terms[validator] = active_at
     self.validator_list.append(validator)
+    self.validator_index[validator] = len(self.validator_list)
     self.bal[validator] |= 1 << B_APPOINTED
     log ValidatorProposed(validator=validator, active_at=active_at)
 
@@ -586,12 +616,13 @@ def remove_validator(validator: address):
     self.validator_terms[validator] = terms | (until << 64)
     self._count(validator)
     # it never counts again (apply_params recounts the list): room for a new appointment
-    n: uint256 = len(self.validator_list)
-    for i: uint256 in range(n, bound=MAX_VALIDATORS):
-        if self.validator_list[i] == validator:
-            self.validator_list[i] = self.validator_list[n - 1]
-            self.validator_list.pop()
-            break
+    i: uint256 = self.validator_index[validator] - 1
+    last: address = self.validator_list[len(self.validator_list) - 1]
+    self.validator_list[i] = last
+    self.validator_index[last] = i + 1
+    self.validator_list.pop()
+    self.validator_index[validator] = 0
+    self._count(last)  # it may have moved before a pending recount's next entry
     log ValidatorRemoved(validator=validator, removed_at=until)
 
 
@@ -873,9 +904,11 @@ def submit_work(key: bytes32, units: uint256, policy_version: uint256):
     assert policy_version <= current, "policy version not published"
     assert policy_version + ((c >> C_STALENESS) & M24) >= current, "stale policy version"
     p: uint256 = self.pools
-    # enough validators that q of them, other than the worker, can overturn a false verdict
+    # enough validators that q of them, other than the worker, can overturn a false verdict;
+    # none is known to while apply_params's recount is not over (2**16 > any count)
     quorum: uint256 = (t >> E_QUORUM) & M5
-    assert (p >> P_VOTERS) & M16 >= quorum + 1 + ((b >> B_VOTER) & 1), "fewer than quorum + 1 validators can vote on new work"
+    need: uint256 = quorum + 1 + ((b >> B_VOTER) & 1) + ((c >> C_RECOUNT) << 16)
+    assert (p >> P_VOTERS) & M16 >= need, "fewer than quorum + 1 validators counted to vote on new work"
     assert self.index_of[msg.sender][key] == 0, "work key already submitted"
     reward: uint256 = units * (t & M60)
     collateral: uint256 = reward * ((t >> E_CBPS) & M17) // BPS
