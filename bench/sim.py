@@ -25,7 +25,8 @@ swarm in the same run, then its predictions at scale.
    from submission to verdict and the keys lost, per N, V and check cost, and the smallest
    V that keeps up as ``[validator] judge = "assigned"`` (``validators_needed``, ``JUDGES``
    a batch; the rate bound is ``validators_formula``; as ``judge = "all"``, none keeps up:
-   ``validators_if_judging_all``), and assigned validators some of which are down. **Churn**: the N = 1,000, 1 GB swarm with downloaders leaving
+   ``validators_if_judging_all``), and assigned validators some of which are down, or all
+   of which leave mid-run and come back (``validator_churn``). **Churn**: the N = 1,000, 1 GB swarm with downloaders leaving
    and coming back (``links.CHURN``) beside the same swarm without.
 3. **The schedule fix**: the same N = 100 and 1,000 swarms with the plan's peer rules as
    they were (``bench/simulation/legacy.py``) and as they are.
@@ -88,14 +89,21 @@ BATCH_S = 60.0
 STEP_S = {1: 60.0, 62: 600.0}
 RELAYS, RELAY_UP = 8, L.DC_RATE
 # judging as [validator] judge = "assigned": quorum + 1 judges a batch, the development
-# chain's quorum being 2 (node/cli/ledger.py dev_params); the contract appoints at most 64
+# chain's quorum being 2 (node/cli/ledger.py dev_params)
 JUDGES = 3
-MAX_VALIDATORS = 64  # ledger/contracts/WorkLedger.vy MAX_VALIDATORS
+MAX_VALIDATORS = 65_000  # ledger/contracts/WorkLedger.vy MAX_VALIDATORS
 ASSIGNED_HORIZON_S = 4 * 3600.0  # batches made for 4 h (one validator simulated: cheap)
-# validators down: N = 20 workers (the most 64 validators judge at the tiny policy's cost),
+# validators down: N = 20 workers (what 64 validators judge at the tiny policy's cost),
 # 40 validators, of which none, a quarter and half never run
 DOWN_WORKERS, DOWN_VALIDATORS, DOWN = 20, 40, (0, 10, 20)
 CHECK_FAIL = (0.1, 0.3)  # and a share of the judgements that cannot finish, all running
+# and all of them leaving and coming back (stated assumptions: a validator restarted about
+# hourly, away ~5 minutes, exponential; and the file sharers' churn of links.CHURN, the
+# pessimistic bound: away about half the time)
+VALIDATOR_CHURN = {
+    "restarts_1h_5min": L.Churn(1.0, 3600.0, 1.0, 300.0),
+    "file_sharers": L.CHURN,
+}
 CHURN_UNTIL_S = (
     6 * 3600.0
 )  # churn: the run stops here  # the relay tree: 8 datacenter relays at 10 Gbit/s
@@ -367,6 +375,7 @@ def judging(ns: list[int], seed: int) -> dict[str, object]:
         out[f"n{n}"] = row
     out["validators_down"] = validators_down(seed)
     out["check_failures"] = check_failures(seed)
+    out["validator_churn"] = validator_churn(seed)
     out["assumptions"] = {
         "batch_bytes": BATCH_BYTES,
         "block_s": BLOCK_S,
@@ -382,10 +391,10 @@ def judging(ns: list[int], seed: int) -> dict[str, object]:
     return out
 
 
-def assigned_with(seed: int, **fault: float) -> tuple[JudgingResult, dict[str, object]]:
+def assigned_with(seed: int, **fault: object) -> tuple[JudgingResult, dict[str, object]]:
     """``DOWN_VALIDATORS`` assigned validators (each simulated, the node's ranking and
     backups), ``DOWN_WORKERS`` workers at the tiny policy's check cost, with ``fault``
-    (``down`` or ``check_fail``): the run and its summary."""
+    (``down``, ``check_fail`` or ``churn``): the run and its summary."""
     cfg = JudgingConfig(
         DOWN_WORKERS,
         DOWN_VALIDATORS,
@@ -411,6 +420,23 @@ def check_failures(seed: int) -> dict[str, object]:
             f"  judging: {fail:.0%} of judgements fail: p50 {row['p50_s']} s, p99 "
             f"{row['p99_s']} s, {r.check_failures} failed, {r.given_up} given up, "
             f"backups took {r.backups_taken}, lost {r.lost()} of {len(r.batches)}",
+            file=sys.stderr,
+        )
+    return out
+
+
+def validator_churn(seed: int) -> dict[str, object]:
+    """The validators leaving mid-run and coming back as restarted nodes
+    (``JudgingConfig.churn``): what is lost and how late the verdicts come."""
+    out: dict[str, object] = {}
+    for name, churn in VALIDATOR_CHURN.items():
+        r, row = assigned_with(seed, churn=churn)  # type: ignore[arg-type]
+        out[name] = row
+        print(
+            f"  judging: {DOWN_VALIDATORS} validators churning ({name}), {DOWN_WORKERS} "
+            f"workers: p50 {row['p50_s']} s, p99 {row['p99_s']} s, {r.departures} departures, "
+            f"backups took {r.backups_taken}, {r.fetch_failures} fetches failed, lost "
+            f"{r.lost()} of {len(r.batches)}",
             file=sys.stderr,
         )
     return out

@@ -302,6 +302,54 @@ def test_judgements_that_cannot_finish_are_fetched_again_and_given_up_by_the_rea
     assert always.check_failures == 3 * len(always.batches)
 
 
+def test_validator_churn_that_never_fires_is_the_same_run():
+    from bench.simulation.links import Churn
+
+    plain = judging(3, cost=0.5, v=6, judges=3, horizon=1800.0)
+    never = judging(3, cost=0.5, v=6, judges=3, horizon=1800.0, churn=Churn(session_scale=math.inf))
+    assert never.events == plain.events and never.summary() == plain.summary()
+    assert never.departures == 0
+
+
+def test_a_validator_back_from_downtime_judges_what_it_was_given_while_away(monkeypatch):
+    """One validator judging all, away from about 600 s to 900 s of every 900 (a Weibull of
+    shape 50: near fixed lengths): the batches submitted while it was away get their
+    verdicts after it is back, because its docket reads the chain from the contract's block;
+    none is lost. A return that gave it nothing it missed loses exactly those batches."""
+    import bench.simulation.judging as sim
+    from bench.simulation.links import Churn
+
+    churn = Churn(session_shape=50, session_scale=600.0, down_shape=50, down_scale=300.0)
+    args = dict(cost=0.2, horizon=1800.0, window=3600.0)
+    r = judging(4, churn=churn, **args)
+    assert r.departures >= 2
+    late = [b for b in r.batches if 700 < b.submitted_at < 850]  # away, roughly 600-900 s
+    assert late and all(b.verdict_at is not None and b.verdict_at >= 880 for b in late)
+    assert r.lost() == 0
+    assert max(r.latencies()) > max(judging(4, **args).latencies())  # waited for its return
+
+    monkeypatch.setattr(sim.JudgingSim, "_come_back", forgetful_return(sim.JudgingSim._come_back))
+    forgot = judging(4, churn=churn, **args)
+    assert forgot.lost() >= len(late)
+
+
+def forgetful_return(come_back):
+    """``_come_back`` with nothing submitted before the return handed out (as if the docket
+    read from the newest block)."""
+
+    def wrapped(self, v):
+        now = self.loop.now
+        hidden = {k: b for k, b in self.batches.items() if b.submitted_at < now}
+        for k in hidden:
+            del self.batches[k]
+        try:
+            come_back(self, v)
+        finally:
+            self.batches.update(hidden)
+
+    return wrapped
+
+
 def test_validators_needed_searches_the_assigned_and_finds_none_when_all_judge_all():
     from bench.simulation.judging import validators_needed
 

@@ -45,6 +45,16 @@ docket reads them; the next k in rank are backups: at the real ``duty``'s time (
 docket's clock: the later of the confirmed head's timestamp and the machine's, on a chain
 that makes blocks the machine's; on its next read) each takes the batch if no verdict stands
 then. ``down`` validators never run (their batches wait for backups).
+
+**Validator churn** (``JudgingConfig.churn``, off by default): each running validator
+leaves after a session and comes back after a downtime (``links.Churn``). Leaving, it loses
+what its process held: its queue, its fetches under way (the worker's upload ends), the
+judgement in progress and the fetched batches waiting for it; it is told of nothing while
+away, and a backup whose time comes then is not taken by it. Back, it is a restarted node:
+a new queue, and its docket reads the chain from the contract's block (``Docket.open``,
+``node/roles/io/docket.py``), so it is given every batch submitted so far that it is to
+judge and has not voted on (assigned: those it ranks among the judges of, and those it is a
+backup for whose time has come with no verdict standing), each as learned now.
 ``symmetric`` simulates one validator of ``validators`` given each batch with probability
 k / ``validators`` (k = 1: one validator a batch, what ``derived.validators_needed``'s formula
 assumes): for counts too large to simulate each, with no backups (``keeps_up`` then asks the
@@ -59,7 +69,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from bench.simulation.events import EventLoop
-from bench.simulation.links import LOSS, Link, home_link, mathis_cap, path_rtt
+from bench.simulation.links import LOSS, Churn, Link, home_link, mathis_cap, path_rtt
 from node.roles.decisions.assignment import duty, ranking
 from node.roles.decisions.judging import JudgingQueue
 from node.roles.decisions.work import Key
@@ -102,6 +112,7 @@ class JudgingConfig:
     # batch checker failed): it held the judge as long, and the queue's ``check_failed``
     # decides (fetched and judged again later, or given up after ``check_tries``)
     check_fail: float = 0.0
+    churn: Churn | None = None  # running validators leave and come back (module docstring)
     loss: float = LOSS
     seed: int = 0
 
@@ -116,6 +127,7 @@ class Batch:
     verdict_at: float | None = None  # the block of the first vote on it
     verdict: str = ""
     judges: list[int] = field(default_factory=list)  # assigned: who judges it at once
+    voted: set[int] = field(default_factory=set)  # the validators that voted on it
     backups: list[tuple[int, float]] = field(default_factory=list)  # (validator, after s)
 
 
@@ -130,6 +142,9 @@ class SimValidator:
     judging: Key | None = None
     kicked: bool = False
     wake_due: float | None = None
+    online: bool = True
+    life: int = 0  # sessions ended (churn): an event of an earlier session is stale
+    fetching: dict[Key, int] = field(default_factory=dict)  # key -> the worker serving it
 
 
 @dataclass
@@ -146,6 +161,7 @@ class JudgingResult:
     p99_limit: float = math.inf  # keeps_up's bound on the p99 (default: the window)
     backups_taken: int = 0  # assigned: batches a backup took (no verdict by its time)
     check_failures: int = 0  # judgements that could not finish (``check_fail``)
+    departures: int = 0  # churn: validator sessions that ended
 
     def latencies(self) -> list[float]:
         """Seconds from each batch's submission block to its verdict (inf: none)."""
@@ -210,6 +226,7 @@ class JudgingResult:
             "fetch_failures": self.fetch_failures,
             "backups_taken": self.backups_taken,
             "check_failures": self.check_failures,
+            "departures": self.departures,
         }
 
 
@@ -243,6 +260,8 @@ class JudgingSim:
         self.backups_taken = 0
         self.check_failures = 0
         self.fail_rng = random.Random(cfg.seed + 7919)  # drawn only when check_fail > 0
+        self.churn_rng = random.Random(cfg.seed * 7919 + 23)  # drawn only with churn
+        self.departures = 0
         self.batches: dict[Key, Batch] = {}
         self.backlog: list[tuple[float, int]] = []
         self.unavailable: set[Key] = set()
@@ -299,12 +318,15 @@ class JudgingSim:
                 b.backups.append((self.index[a], float(after)))
 
     def _notice(self, v: SimValidator, key: Key, peer: str) -> None:
-        v.queue.noticed(key, peer, self.loop.now)
+        if v.online:
+            v.queue.noticed(key, peer, self.loop.now)
 
     def _read_chain(self, batches: list[Batch]) -> None:
         now = self.loop.now
         cfg = self.cfg
         for v in self.running:
+            if not v.online:  # it reads them when it is back (``_come_back``)
+                continue
             for b in batches:  # units and version: not what this simulation judges
                 if self.explicit and v.index not in b.judges:
                     v.queue.passed(b.key)  # another's, or a backup held (Docket)
@@ -321,6 +343,8 @@ class JudgingSim:
         """A backup's time: taken if no verdict stands (the docket reads the newest block)."""
         if b.verdict_at is not None and b.verdict_at <= self.loop.now:
             return
+        if not v.online:  # back later, its docket hands it out if still no verdict stands
+            return
         self.backups_taken += 1
         v.queue.submitted(b.key, 1, 0, self.loop.now, holder=self.peers[b.worker])
         self._kick(v)
@@ -330,15 +354,17 @@ class JudgingSim:
     def _kick(self, v: SimValidator) -> None:
         if not v.kicked:
             v.kicked = True
-            self.loop.at(self.loop.now, self._serve_once, v)
+            self.loop.at(self.loop.now, self._serve_once, v, v.life)
 
-    def _serve_once(self, v: SimValidator) -> None:
+    def _serve_once(self, v: SimValidator, life: int | None = None) -> None:
+        if life is not None and life != v.life or not v.online:
+            return  # a kick of an earlier session
         v.kicked = False
         now = self.loop.now
         q = v.queue
         for key in q.unavailable(now):
             self.unavailable.add(key)
-            self._post(key, "unavailable")
+            self._post(key, "unavailable", v)
         while v.slots < FETCHES and (got := q.next_fetch(now)) is not None:
             v.slots += 1
             self._fetch(v, *got)
@@ -362,7 +388,7 @@ class JudgingSim:
         b = self.batches[key]
         rtt = path_rtt(self.links[w], v.link)
         if now >= b.submitted_at + self.cfg.verdict_window:  # the worker deleted it
-            self.loop.at(now + rtt, self._fetch_failed, v, key, None)
+            self.loop.at(now + rtt, self._fetch_failed, v, key, None, v.life)
             return
         rate = min(
             self.links[w].up / (self.uploads[w] + 1),
@@ -372,13 +398,17 @@ class JudgingSim:
         took = rtt + self.cfg.batch_bytes / rate
         self.uploads[w] += 1
         v.downloads += 1
+        v.fetching[key] = w
         if took > self.fetch_limit:
-            self.loop.at(now + self.fetch_limit, self._fetch_failed, v, key, w)
+            self.loop.at(now + self.fetch_limit, self._fetch_failed, v, key, w, v.life)
         else:
-            self.loop.at(now + took, self._fetched, v, key, w)
+            self.loop.at(now + took, self._fetched, v, key, w, v.life)
 
-    def _fetch_failed(self, v: SimValidator, key: Key, w: int | None) -> None:
+    def _fetch_failed(self, v: SimValidator, key: Key, w: int | None, life: int) -> None:
+        if life != v.life:  # its process is gone: ended when it left (``_leave``)
+            return
         if w is not None:
+            del v.fetching[key]
             self.uploads[w] -= 1
             v.downloads -= 1
         self.fetch_failures += 1
@@ -386,7 +416,10 @@ class JudgingSim:
         v.slots -= 1
         self._kick(v)
 
-    def _fetched(self, v: SimValidator, key: Key, w: int) -> None:
+    def _fetched(self, v: SimValidator, key: Key, w: int, life: int) -> None:
+        if life != v.life:
+            return
+        del v.fetching[key]
         self.uploads[w] -= 1
         v.downloads -= 1
         v.queue.fetched(key)
@@ -402,10 +435,12 @@ class JudgingSim:
         v.slots -= 1
         v.judging = key
         b = self.batches[key]
-        self.loop.at(self.loop.now + self.cfg.check_cost * b.make_s, self._judged, v, key)
+        self.loop.at(self.loop.now + self.cfg.check_cost * b.make_s, self._judged, v, key, v.life)
         self._kick(v)
 
-    def _judged(self, v: SimValidator, key: Key) -> None:
+    def _judged(self, v: SimValidator, key: Key, life: int) -> None:
+        if life != v.life:
+            return
         v.judging = None
         fail = self.cfg.check_fail
         if fail > 0 and self.fail_rng.random() < fail:  # ValidatorRole._not_judged
@@ -414,15 +449,52 @@ class JudgingSim:
             self._kick(v)
         else:
             v.queue.judged(key)
-            self._post(key, "accept")
+            self._post(key, "accept", v)
         self._take(v)
 
-    def _post(self, key: Key, verdict: str) -> None:
+    def _post(self, key: Key, verdict: str, v: SimValidator) -> None:
         """The vote is in the next block; the first vote on a key is its verdict."""
         block = (math.floor(self.loop.now / self.cfg.block_s) + 1) * self.cfg.block_s
         b = self.batches[key]
+        b.voted.add(v.index)
         if b.verdict_at is None or block < b.verdict_at:
             b.verdict_at, b.verdict = block, verdict
+
+    # ---- churn --------------------------------------------------------------------------
+
+    def _leave(self, v: SimValidator) -> None:
+        """Its process ends: what it held is gone (the module docstring)."""
+        assert self.cfg.churn is not None
+        self.departures += 1
+        v.online, v.life = False, v.life + 1
+        for w in v.fetching.values():
+            self.uploads[w] -= 1
+        v.fetching.clear()
+        v.slots = v.downloads = 0
+        v.ready.clear()
+        v.judging, v.kicked, v.wake_due = None, False, None
+        self.loop.at(self.loop.now + self.cfg.churn.downtime(self.churn_rng), self._come_back, v)
+
+    def _come_back(self, v: SimValidator) -> None:
+        """Restarted: a new queue, and every batch submitted so far that is its to judge
+        and that it has not voted on (its docket reads from the contract's block)."""
+        assert self.cfg.churn is not None
+        now = self.loop.now
+        v.online = True
+        v.queue = new_queue(self.cfg.fetch_deadline)
+        seen = self.cfg.confirmations * self.cfg.block_s  # confirmed by now
+        for b in self.batches.values():
+            if b.submitted_at + seen > now or v.index in b.voted:
+                continue
+            if self.explicit and v.index not in b.judges:
+                due = next((after for i, after in b.backups if i == v.index), None)
+                standing = b.verdict_at is not None and b.verdict_at <= now
+                if due is None or b.submitted_at + due > now or standing:
+                    continue  # not its own; or a backup not due yet (its event takes it)
+                self.backups_taken += 1
+            v.queue.submitted(b.key, 1, 0, now, holder=self.peers[b.worker])
+        self.loop.at(now + self.cfg.churn.session(self.churn_rng), self._leave, v)
+        self._kick(v)
 
     # ---- the run ------------------------------------------------------------------------
 
@@ -439,6 +511,9 @@ class JudgingSim:
         # every batch made in the horizon has its window, then the queue's state is final
         self.until = cfg.horizon_s + cfg.verdict_window + (cfg.confirmations + 2) * cfg.block_s
         self.loop.at(0.0, self._sample)
+        if cfg.churn is not None:
+            for v in self.running:
+                self.loop.at(cfg.churn.session(self.churn_rng), self._leave, v)
         self.loop.run(until=self.until)
         share = self._share()
         if self.explicit:  # each running validator's share
@@ -459,6 +534,7 @@ class JudgingSim:
             p99_limit=limit,
             backups_taken=self.backups_taken,
             check_failures=self.check_failures,
+            departures=self.departures,
         )
 
 
