@@ -100,7 +100,8 @@ def deploy(
         | {
             "from": account.address,
             "nonce": chain.w3.eth.get_transaction_count(account.address),
-            "gas": 6_000_000,
+            # 24.5 kB of code (200 gas a byte), its calldata, up to 16 validators (~90 k each)
+            "gas": 10_000_000,
             "chainId": chain.chain_id,
         }
     )
