@@ -146,6 +146,25 @@ def test_judging_all_takes_every_submission(six):
         assert not d.backups
 
 
+def test_a_restarted_validator_is_not_handed_work_whose_window_closed(six):
+    """A validator back after longer than the verdict window (its docket reads the chain
+    from the contract's block): the submissions whose window closed meanwhile are not
+    handed out (the workers deleted the batches, and the chain refuses a vote), one
+    submitted since is; those it voted on are skipped as before. Found by the judging
+    simulation's validator churn (docs/simulation.md)."""
+    worker = six.client(six.worker)
+    for i in range(3):
+        worker.submit_work(key(i), 100, 0)
+    six.chain.advance_time(W + 10)
+    worker.submit_work(key(3), 100, 0)
+    for d in dockets(six, assigned=False).values():
+        assert read_keys(d) == {key(3)}
+        assert d.closed == 3
+    six.chain.advance_time(W - 100)  # key 3's window still open: it is handed out again
+    for d in dockets(six, assigned=False).values():
+        assert read_keys(d) == {key(3)}
+
+
 def test_a_validator_is_no_judge_of_its_own_work(six):
     """A validator that also works: its submissions rank the five others only."""
     v1 = six.client(six.v1)

@@ -53,8 +53,9 @@ judgement in progress and the fetched batches waiting for it; it is told of noth
 away, and a backup whose time comes then is not taken by it. Back, it is a restarted node:
 a new queue, and its docket reads the chain from the contract's block (``Docket.open``,
 ``node/roles/io/docket.py``), so it is given every batch submitted so far that it is to
-judge and has not voted on (assigned: those it ranks among the judges of, and those it is a
-backup for whose time has come with no verdict standing), each as learned now.
+judge and has not voted on and whose verdict window is still open (assigned: those it ranks
+among the judges of, and those it is a backup for whose time has come with no verdict
+standing), each as learned now.
 ``symmetric`` simulates one validator of ``validators`` given each batch with probability
 k / ``validators`` (k = 1: one validator a batch, what ``derived.validators_needed``'s formula
 assumes): for counts too large to simulate each, with no backups (``keeps_up`` then asks the
@@ -486,6 +487,8 @@ class JudgingSim:
         for b in self.batches.values():
             if b.submitted_at + seen > now or v.index in b.voted:
                 continue
+            if b.submitted_at + self.cfg.verdict_window < now:
+                continue  # its window closed meanwhile: the docket skips it (``_window_closed``)
             if self.explicit and v.index not in b.judges:
                 due = next((after for i, after in b.backups if i == v.index), None)
                 standing = b.verdict_at is not None and b.verdict_at <= now

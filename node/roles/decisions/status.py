@@ -80,6 +80,9 @@ class ValidatorStatus:
     left_to_others: int = 0
     backups_held: int = 0
     backups_taken: int = 0
+    # submissions before this start whose verdict window had closed: not judged (a vote
+    # would be refused), not fetched
+    windows_closed: int = 0
     recent: list[dict[str, Any]] = field(default_factory=list)  # the last verdicts posted
     # seconds from seeing a submission on-chain to posting its verdict (VerdictLatency)
     latency_s: dict[str, float | int | None] = field(default_factory=dict)

@@ -5,7 +5,8 @@ changed (``PacedReads``, ``node/roles/io/chain.py``). ``open`` reads, once at th
 the validator is: its account, whether it was removed (then it judges only work submitted
 up to its removal, and leaves the rest to the others: ``not_ours``), and the chain before
 this start (``History``, ``node/roles/io/catchup.py``: what it voted on already, and the
-trainer's clock then). ``read`` returns each new submission it is to judge as a ``Case``,
+trainer's clock then; a submission of then whose verdict window has closed is not handed
+out: a vote on it would be refused). ``read`` returns each new submission it is to judge as a ``Case``,
 with the clock it is judged against when it came before this start, and the peer its
 worker registered (asked first for the batch). ``revoke_squats`` votes out the
 registrations with an invalid signature among those the chain changed
@@ -79,6 +80,7 @@ class Docket:
         self.left = 0  # submissions left to the validators they were assigned to
         self.covered = 0  # backups another validator's verdict made unneeded
         self.taken = 0  # backups handed out: no verdict stood at their time
+        self.closed = 0  # submissions before this start whose verdict window had closed
         self._times: dict[int, int] = {}  # block -> timestamp, of the blocks lately read
         self.unsorted: deque[Submission] = deque()  # read, not yet told ours or not
         self.passed: list[tuple[str, bytes]] = []  # keys not ours now (``take_passed``)
@@ -143,6 +145,9 @@ class Docket:
         if self.history.covers(sub.block):  # submitted before this start
             if (sub.worker, sub.key) in self.history.voted:
                 return None  # voted on before: the chain refuses a second vote
+            if self._window_closed(sub):
+                self.closed += 1
+                return None  # closed while this validator was away: the chain refuses a vote
             then = self.history.clock_at(sub.block)  # not today's
         due = self._due(sub) if self.assigned else 0
         if due is None:
@@ -182,6 +187,18 @@ class Docket:
         if after is None or after == 0:
             return after
         return t0 + after
+
+    def _window_closed(self, sub: Submission) -> bool:
+        """Whether ``sub``'s verdict window has closed. Its own window is that of the
+        parameters it was submitted under, read (one ``submission`` call) only when the
+        run's current window would have closed it: another epoch's may be longer."""
+        assert self.watcher is not None
+        now = max(self.block_time(self.watcher.head), int(time.time()))
+        if self._params is None:
+            self._params = self.ledger.params()
+        if self.block_time(sub.block) + self._params.verdict_window >= now:
+            return False
+        return self.ledger.submission(sub.worker, sub.key).verdict_until < now
 
     def _due_backups(self, cases: list[Case]) -> None:
         """Add to ``cases`` the backups whose time came that the chain shows no verdict on."""

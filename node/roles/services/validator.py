@@ -133,6 +133,7 @@ class ValidatorRole:
             left_to_others=self.docket.left + self.docket.covered,
             backups_held=len(self.docket.backups),
             backups_taken=self.docket.taken,
+            windows_closed=self.docket.closed,
             idle_share=self.busy.idle_share(time.monotonic()),
             waiting=self.queue.waiting(),
             given_up=self.queue.given_up,
