@@ -8,7 +8,7 @@ import pytest
 import trio
 from prometheus_client.parser import text_string_to_metric_families
 
-from node.net.connections import ConnectionPlan
+from node.net.connections import IN_USE_S, ConnectionPlan, LinkUse
 from node.net.convergence import problems
 from node.net.delivery import Inbox, Outbox
 from node.net.metrics import Metrics
@@ -129,6 +129,33 @@ def test_pinned_links_are_never_closed_even_of_a_crowded_role_or_transient():
     c.pin(set())  # reservations given up: ordinary links again
     c.update(2, {p: conns[p] for p in ("w0", "r1", "r2")})
     assert "r2" in c.to_close(3, transient={"r2"})
+
+
+def test_links_carrying_data_are_not_closed_until_their_exchanges_rest():
+    """A weights query or a shard in flight (``LinkUse``, fed by the request layer) keeps
+    its link above the high watermark: closing it cut the transfer, and the next holdings
+    refresh dialled the peer again. Ten seconds after its last exchange it is closable."""
+    use = LinkUse()
+    c = ConnectionPlan(low=1, high=2, grace=0, cooldown=60, keep_per_role=0)
+    conns = {f"w{i}": "inference" for i in range(5)}
+    c.update(0, conns)
+    use.began("w1")  # a shard being served
+    use.began("w2")  # a holdings query, soon over
+    use.finished("w2", 1.0)
+    assert use.peers(2.0) == {"w1", "w2"}
+    closing = c.to_close(2.0, in_use=use.peers(2.0))
+    # neither closed nor counted: three idle links above high (2), closed down to 1
+    assert "w1" not in closing and "w2" not in closing and len(closing) == 2
+    assert c.settled(2.0, use.peers(2.0)) == 1 and c.settled(2.0) == 3  # w4; w1, w2
+    c.update(3.0, {p: conns[p] for p in ("w1", "w2")})
+    assert use.peers(1.0 + IN_USE_S) == {"w1"}  # w2 rested long enough
+    use.began("w3")
+    use.began("w3")
+    use.finished("w3", 12.0)  # one of its two exchanges is still open
+    assert use.peers(30.0) == {"w1", "w3"}
+    use.finished("w1", 30.0)
+    use.finished("w3", 30.0)
+    assert use.peers(30.0 + IN_USE_S) == set()
 
 
 def test_connections_dial_up_to_low_a_missing_role_first_and_cool_peers_that_dropped_us():

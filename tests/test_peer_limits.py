@@ -530,3 +530,45 @@ async def test_presence_requests_of_a_peer_at_once_are_capped(tmp_path):
             limits.close(greedy.peer_id, ids.PRESENCE)
             assert await ping(greedy, target) == "ok"
         assert limited(target, "protocol", ids.PRESENCE) == 1
+
+
+async def test_a_data_exchange_marks_its_link_in_use_at_both_ends_until_it_rests(tmp_path):
+    """A rollout batch fetch (a data protocol) marks the link in use at the fetcher from the
+    dial on and at the server while it serves, and for ``IN_USE_S`` after: the connection
+    watermarks do not close it (``ConnectionPlan.to_close``). Another protocol does not."""
+    from node.net.connections import IN_USE_S
+
+    async with three_nodes(tmp_path) as (target, fetcher, other):
+        release = trio.Event()
+        served = {ids.BATCH: trio.Event(), HOLD: trio.Event()}
+
+        def holding(protocol):
+            async def hold(req, responder):
+                served[protocol].set()
+                await release.wait()
+                await responder.send(BatchReply(**target.header(), work_key=req.work_key, size=1))
+
+            return hold
+
+        for protocol in served:
+            target.serve_requests(protocol, BatchRequest, holding(protocol))
+
+        async def fetch(node, protocol):
+            msg = BatchRequest(**node.header(), work_key=bytes(32))
+            await node.request(target.peer_id, protocol, msg, BatchReply)
+
+        with trio.fail_after(60):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(fetch, fetcher, ids.BATCH)
+                nursery.start_soon(fetch, other, HOLD)
+                for event in served.values():
+                    await event.wait()
+                now = trio.current_time()
+                assert fetcher.requests.use.peers(now) == {target.peer_id}
+                assert target.requests.use.peers(now) == {fetcher.peer_id}
+                assert other.requests.use.peers(now) == set()
+                release.set()
+        ended = trio.current_time()
+        for node, peer in ((fetcher, target.peer_id), (target, fetcher.peer_id)):
+            assert node.requests.use.peers(ended) == {peer} and not node.requests.use.open
+            assert node.requests.use.peers(ended + IN_USE_S) == set()

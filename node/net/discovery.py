@@ -25,7 +25,7 @@ from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo, info_from_p2p_addr
 
 from node.config import NodeConfig
-from node.net.connections import ConnectionPlan
+from node.net.connections import ConnectionPlan, LinkUse
 from node.net.host import parse_addrs, providers_nearby
 from node.net.metrics import Metrics
 from node.net.network import Network
@@ -48,10 +48,11 @@ GREET_AGAIN = 30.0  # seconds before a connected peer of unknown role is greeted
 @dataclass(frozen=True)
 class ConnectionStatus:
     count: int
-    settled: int  # connections past their grace: what ``high`` bounds
+    settled: int  # connections past their grace, not carrying data: what ``high`` bounds
     low: int
     high: int
     in_use: int
+    carrying: int  # connections carrying data now or lately (``LinkUse``): not closed
     dialed: int
     trimmed: int
     dropped: int
@@ -77,9 +78,11 @@ class Discovery:
         peers: PeerTable,
         presence: Presence,
         metrics: Metrics,
+        use: LinkUse | None = None,
     ) -> None:
         self.cfg, self.network, self.peers = cfg, network, peers
         self.presence, self.metrics = presence, metrics
+        self.use = use if use is not None else LinkUse()  # the links carrying data
         self.links = ConnectionPlan(
             low=cfg.net.conn_low,
             high=cfg.net.conn_high,
@@ -120,10 +123,11 @@ class Discovery:
         """The watermarks and what upkeep did, with ``connected``: the peers linked now."""
         return ConnectionStatus(
             count=len(connected),
-            settled=self.links.settled(now),
+            settled=self.links.settled(now, self.use.peers(now)),
             low=self.cfg.net.conn_low,
             high=self.cfg.net.conn_high,
             in_use=len(self.links.protected()),
+            carrying=len(self.use.peers(now) & connected),
             dialed=self.metrics.get("connections_dialed"),
             trimmed=self.metrics.get("connections_trimmed"),
             dropped=self.metrics.get("connections_dropped"),
@@ -234,7 +238,7 @@ class Discovery:
                     self._nursery.start_soon(
                         self._dial_and_greet, PeerInfo(ID.from_base58(peer), [])
                     )
-        closing = self.links.to_close(now, transient)
+        closing = self.links.to_close(now, transient, self.use.peers(now))
         infos: dict[str, PeerInfo] = {}
         known: dict[str, str] = {}
         for peer, (role, info) in self._candidates.items():

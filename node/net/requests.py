@@ -31,13 +31,16 @@ from libp2p.peer.peerinfo import PeerInfo
 from crypto.identity import Identity
 from node.config import NodeConfig
 from node.net.bans import PeerBans
+from node.net.connections import LinkUse
 from node.net.host import parse_addrs
 from node.net.limits import PeerLimits
 from node.net.metrics import Metrics
 from node.net.network import Network
 from node.net.peers import PeerTable
 from node.net.rejections import RejectionLog
+from protocol import ids
 from protocol.admission import Admission
+from protocol.diloco import DILOCO, DILOCO_SHARD, DILOCO_STATE
 from protocol.errors import Reason, WireError
 from protocol.framing import FrameReader, read_frame, write_frame
 from protocol.ids import ANY_RUN_PROTOCOLS
@@ -89,6 +92,12 @@ class Exchange:
 RequestHandler = Callable[[Any, Responder], Awaitable[None]]
 
 
+# the data plane: a link with one of these open, or lately, is not trimmed (``LinkUse``)
+DATA_PROTOCOLS = frozenset(
+    {ids.WEIGHTS, ids.SHARDCAST, ids.BATCH, DILOCO, DILOCO_STATE, DILOCO_SHARD}
+)
+
+
 class Requests:
     """Request/response protocols over ``network``, with admission and counting."""
 
@@ -104,6 +113,7 @@ class Requests:
         self.cfg, self.identity, self.network = cfg, identity, network
         self.peers, self.metrics, self.header = peers, metrics, header
         self.rejections = RejectionLog()
+        self.use = LinkUse()  # the links carrying data (the connection watermarks spare them)
         self.bans = PeerBans()  # the node's ban list (``Node.refuse_banned``): refused
         self.admission = Admission(cfg.run.id, max_skew_ms=int(cfg.net.max_clock_skew * 1000))
         self.limits = PeerLimits(
@@ -218,6 +228,9 @@ class Requests:
                 finally:
                     await close_quietly(stream)
                 return
+            data = protocol in DATA_PROTOCOLS
+            if data:
+                self.use.began(peer)
             try:
                 with trio.fail_after(limit):
                     await handler(stream, peer)
@@ -234,6 +247,8 @@ class Requests:
                 self.metrics.inc("rejected", reason=Reason.INTERNAL.value, protocol=protocol)
                 log.exception("handler failed protocol=%s peer=%s: %s", protocol, peer[-8:], exc)
             finally:
+                if data:
+                    self.use.finished(peer, trio.current_time())
                 self.limits.close(peer, protocol)
                 await close_quietly(stream)
 
@@ -294,6 +309,26 @@ class Requests:
         host = self.network.host
         assert host is not None
         pid = ID.from_base58(peer)
+        data = protocol in DATA_PROTOCOLS
+        if data:  # from the dial on: a link dialled for it is not trimmed before it runs
+            self.use.began(peer)
+        try:
+            async with self._exchange(host, pid, peer, protocol, message, reply_types) as ex:
+                yield ex
+        finally:
+            if data:
+                self.use.finished(peer, trio.current_time())
+
+    @asynccontextmanager
+    async def _exchange(
+        self,
+        host: Any,
+        pid: ID,
+        peer: str,
+        protocol: str,
+        message: Header,
+        reply_types: tuple[type[Header], ...],
+    ) -> AsyncIterator[Exchange]:
         record = self.peers.peers.get(peer)
         if record and record.addrs and peer not in self.network.connected_peers():
             await self.network.connect(PeerInfo(pid, parse_addrs(record.addrs)))

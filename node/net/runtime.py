@@ -86,7 +86,9 @@ class Node:
                 msg.sender, msg.session, msg.announced, via
             ),
         )
-        self.discovery = Discovery(cfg, self.network, peers, self.presence, self.metrics)
+        self.discovery = Discovery(
+            cfg, self.network, peers, self.presence, self.metrics, self.requests.use
+        )
         self.reachability = Reachability(self.network, self.metrics)
         self.relays = Relays(
             cfg, self.network, self.reachability, self.metrics, pin=self.discovery.links.pin
