@@ -762,7 +762,7 @@ def test_the_status_sections_keep_their_keys():
         "address", "step", "judged", "accepted", "rejected", "rejected_by_reason",
         "fetch_failures", "unposted", "removed_at", "not_ours", "judge_seconds",
         "idle_share", "waiting", "given_up", "left_to_others", "backups_held",
-        "backups_taken", "recent", "latency_s", "by_worker",
+        "backups_taken", "windows_closed", "recent", "latency_s", "by_worker",
     ]  # fmt: skip
     trainer = TrainerStatus(
         step=1, policy_version=1, train_steps=3, done=False, accepted=2, rejected=0,
