@@ -572,3 +572,21 @@ async def test_a_data_exchange_marks_its_link_in_use_at_both_ends_until_it_rests
         for node, peer in ((fetcher, target.peer_id), (target, fetcher.peer_id)):
             assert node.requests.use.peers(ended) == {peer} and not node.requests.use.open
             assert node.requests.use.peers(ended + IN_USE_S) == set()
+
+
+def test_a_holdings_query_keeps_its_link_only_for_a_given_version():
+    """A download's refresh asks for a given version and keeps its link in use; a poll for
+    a peer's newest (every node polls its peers) does not: a bootstrap polled by the whole
+    network kept every link (``test_network_scale``)."""
+    from node.net.requests import carries_data
+    from protocol.shardcast import WeightsQuery
+
+    def query(version: int) -> WeightsQuery:
+        return WeightsQuery(
+            run_id="r", sender="s", seq=1, ts_ms=1, version=version, with_manifest=False
+        )
+
+    assert carries_data(ids.WEIGHTS, query(3))
+    assert not carries_data(ids.WEIGHTS, query(0))
+    assert carries_data(ids.SHARDCAST, query(0)) and carries_data(ids.BATCH, query(0))
+    assert not carries_data(ids.PRESENCE, query(3))

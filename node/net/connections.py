@@ -17,11 +17,14 @@ are connected now (with their roles, where known) and acts on what it answers.
   connections, newest connection first (long-lived links carry the mesh).
 - A peer that dropped our connection (it trimmed us, or died) and a peer we trimmed are
   not dialed again for ``cooldown`` seconds: two nodes must not fight over a link.
-- Links in use for data (``LinkUse``: a weights query, a shard, a rollout batch or a DiLoCo
-  exchange open on them, or ended less than ``IN_USE_S`` ago) are not closed: closing one
-  cut the transfer under way, and the next holdings refresh dialed the peer again. In a
-  31-node SHARDCAST swarm (12 connections at most, holdings asked of 16 peers) 419 shard
-  fetches of 1,379 were cut that way, and the dialling and greeting held both cores.
+- Links in use for data (``LinkUse``: a shard, a rollout batch or a DiLoCo exchange open on
+  them, or ended less than ``IN_USE_S`` ago) are neither counted against ``high`` nor
+  closed: closing one cut the transfer under way. In a 31-node SHARDCAST swarm (12
+  connections at most, holdings asked of 16 peers) 419 shard fetches of 1,379 were cut that
+  way, and the dialling and greeting held both cores. So does a holdings query for a given
+  version, at the asking end (a download's refresh: without it the queried links churned
+  and the origin sent 2.1 copies, not 1.5); a poll for a peer's newest does not (every
+  node polls its peers: a bootstrap polled by eleven nodes kept every link).
 """
 
 from __future__ import annotations

@@ -92,10 +92,18 @@ class Exchange:
 RequestHandler = Callable[[Any, Responder], Awaitable[None]]
 
 
-# the data plane: a link with one of these open, or lately, is not trimmed (``LinkUse``)
-DATA_PROTOCOLS = frozenset(
-    {ids.WEIGHTS, ids.SHARDCAST, ids.BATCH, DILOCO, DILOCO_STATE, DILOCO_SHARD}
-)
+# the data plane: a link with one of these open, or lately, is not trimmed (``LinkUse``);
+# and our holdings queries for a given version (a download's refresh: ``carries_data``),
+# not those for a peer's newest, which every node polls its peers with (a bootstrap that
+# all the nodes polled kept every link)
+DATA_PROTOCOLS = frozenset({ids.SHARDCAST, ids.BATCH, DILOCO, DILOCO_STATE, DILOCO_SHARD})
+
+
+def carries_data(protocol: str, message: Header) -> bool:
+    """Whether our request ``message`` on ``protocol`` keeps its link in use."""
+    if protocol == ids.WEIGHTS:
+        return bool(getattr(message, "version", 0))
+    return protocol in DATA_PROTOCOLS
 
 
 class Requests:
@@ -309,7 +317,7 @@ class Requests:
         host = self.network.host
         assert host is not None
         pid = ID.from_base58(peer)
-        data = protocol in DATA_PROTOCOLS
+        data = carries_data(protocol, message)
         if data:  # from the dial on: a link dialled for it is not trimmed before it runs
             self.use.began(peer)
         try:
