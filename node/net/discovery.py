@@ -121,13 +121,14 @@ class Discovery:
 
     def connection_status(self, now: float, connected: set[str]) -> ConnectionStatus:
         """The watermarks and what upkeep did, with ``connected``: the peers linked now."""
+        carrying = self.use.peers(now)
         return ConnectionStatus(
             count=len(connected),
-            settled=self.links.settled(now, self.use.peers(now)),
+            settled=self.links.settled(now, carrying),
             low=self.cfg.net.conn_low,
             high=self.cfg.net.conn_high,
             in_use=len(self.links.protected()),
-            carrying=len(self.use.peers(now) & connected),
+            carrying=len(carrying & connected),
             dialed=self.metrics.get("connections_dialed"),
             trimmed=self.metrics.get("connections_trimmed"),
             dropped=self.metrics.get("connections_dropped"),

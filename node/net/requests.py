@@ -317,54 +317,41 @@ class Requests:
         host = self.network.host
         assert host is not None
         pid = ID.from_base58(peer)
-        data = carries_data(protocol, message)
-        if data:  # from the dial on: a link dialled for it is not trimmed before it runs
+        keeps_link = carries_data(protocol, message)
+        if keeps_link:  # from the dial on: a link dialled for it is not trimmed before it runs
             self.use.began(peer)
         try:
-            async with self._exchange(host, pid, peer, protocol, message, reply_types) as ex:
-                yield ex
+            record = self.peers.peers.get(peer)
+            if record and record.addrs and peer not in self.network.connected_peers():
+                await self.network.connect(PeerInfo(pid, parse_addrs(record.addrs)))
+            with trio.fail_after(self.cfg.net.connect_timeout):
+                stream = await host.new_stream(pid, [TProtocol(protocol)])
+            try:
+                data = seal(self.identity, message)
+                self.count_out(protocol, data)
+                await write_frame(stream, data, self.cfg.net.read_timeout)
+                reader = FrameReader(stream)
+                try:
+                    reply_data = await reader.read_frame(
+                        max_envelope_size(*reply_types, Refusal), self.cfg.net.read_timeout
+                    )
+                except EOFError as exc:
+                    raise WireError(Reason.TRUNCATED, "peer closed without replying") from exc
+                self.count_in(protocol, reply_data)
+                try:
+                    reply = open_message(reply_data, *reply_types, Refusal)
+                    self.admit(reply, remote_peer=peer, protocol=protocol)
+                except WireError as err:
+                    self.reject(protocol, peer, err)
+                    raise
+                if isinstance(reply, Refusal):
+                    raise RemoteRefusal(reply.reason, reply.detail)
+                yield Exchange(peer, reply, reader, stream)
+            finally:
+                await close_quietly(stream)
         finally:
-            if data:
+            if keeps_link:
                 self.use.finished(peer, trio.current_time())
-
-    @asynccontextmanager
-    async def _exchange(
-        self,
-        host: Any,
-        pid: ID,
-        peer: str,
-        protocol: str,
-        message: Header,
-        reply_types: tuple[type[Header], ...],
-    ) -> AsyncIterator[Exchange]:
-        record = self.peers.peers.get(peer)
-        if record and record.addrs and peer not in self.network.connected_peers():
-            await self.network.connect(PeerInfo(pid, parse_addrs(record.addrs)))
-        with trio.fail_after(self.cfg.net.connect_timeout):
-            stream = await host.new_stream(pid, [TProtocol(protocol)])
-        try:
-            data = seal(self.identity, message)
-            self.count_out(protocol, data)
-            await write_frame(stream, data, self.cfg.net.read_timeout)
-            reader = FrameReader(stream)
-            try:
-                reply_data = await reader.read_frame(
-                    max_envelope_size(*reply_types, Refusal), self.cfg.net.read_timeout
-                )
-            except EOFError as exc:
-                raise WireError(Reason.TRUNCATED, "peer closed without replying") from exc
-            self.count_in(protocol, reply_data)
-            try:
-                reply = open_message(reply_data, *reply_types, Refusal)
-                self.admit(reply, remote_peer=peer, protocol=protocol)
-            except WireError as err:
-                self.reject(protocol, peer, err)
-                raise
-            if isinstance(reply, Refusal):
-                raise RemoteRefusal(reply.reason, reply.detail)
-            yield Exchange(peer, reply, reader, stream)
-        finally:
-            await close_quietly(stream)
 
 
 async def reset_quietly(stream: INetStream) -> None:

@@ -179,9 +179,7 @@ class Docket:
                 self.assigned = False
                 return 0
             return None  # not a validator of it: the contract refuses our vote
-        if self._params is None:
-            self._params = self.ledger.params()
-        params = self._params
+        params = self._run_params()
         rank = ranking(sub.block_hash, sub.worker, sub.key, validators).index(self.address)
         after = duty(rank, params.quorum, params.verdict_window)
         if after is None or after == 0:
@@ -192,23 +190,29 @@ class Docket:
         """Whether ``sub``'s verdict window has closed. Its own window is that of the
         parameters it was submitted under, read (one ``submission`` call) only when the
         run's current window would have closed it: another epoch's may be longer."""
-        assert self.watcher is not None
-        now = max(self.block_time(self.watcher.head), int(time.time()))
-        if self._params is None:
-            self._params = self.ledger.params()
-        if self.block_time(sub.block) + self._params.verdict_window >= now:
+        now = self._chain_now()
+        if self.block_time(sub.block) + self._run_params().verdict_window >= now:
             return False
         return self.ledger.submission(sub.worker, sub.key).verdict_until < now
+
+    def _run_params(self) -> Params:
+        """The run's parameters, read once per ``read``."""
+        if self._params is None:
+            self._params = self.ledger.params()
+        return self._params
+
+    def _chain_now(self) -> int:
+        """The chain's clock: the confirmed head's timestamp, or this machine's clock when
+        that is later (a development chain makes blocks only for transactions: idle, its
+        clock stands still, and a backup waiting for a verdict nobody posts never came)."""
+        assert self.watcher is not None
+        return max(self.block_time(self.watcher.head), int(time.time()))
 
     def _due_backups(self, cases: list[Case]) -> None:
         """Add to ``cases`` the backups whose time came that the chain shows no verdict on."""
         if not self.backups:
             return
-        assert self.watcher is not None
-        # the chain's clock: the confirmed head's timestamp, or this machine's clock when
-        # that is later (a development chain makes blocks only for transactions: idle, its
-        # clock stands still, and a backup waiting for a verdict nobody posts never came)
-        now = max(self.block_time(self.watcher.head), int(time.time()))
+        now = self._chain_now()
         while self.backups and self.backups[0].due <= now:
             case = self.backups[0].case
             status = self.ledger.submission(case.sub.worker, case.sub.key).status
