@@ -104,7 +104,9 @@ def test_a_worker_joins_by_the_manifest_and_a_forged_one_is_refused(tmp_path):
         )
         nodes.append(forging)
         t_addr, f_addr = addr_of(wait_ready(trainer)), addr_of(wait_ready(forging))
-        assert f"run     : {honest.run_id}" in trainer.log_path.read_text()
+        # the banner follows the role's start (torch imported), after the admin endpoint answers
+        banner = f"run     : {honest.run_id}"
+        wait_until(lambda: banner in trainer.log_path.read_text(), 300, "the trainer's banner")
         # a bootstrap node of the run's id collects the manifest from the trainer it hears of
         boot = spawn_node(
             "bootstrap",
