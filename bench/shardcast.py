@@ -134,7 +134,8 @@ def swarm(base: Path, ckpt: Path, total: int, peers: int, cap: float) -> dict[st
         for n in nodes[1:]:
             wait_ready(n)
         wait(
-            lambda: all(len((n.status() or {"peers": []})["peers"]) >= peers for n in nodes),
+            # peer_count, not the rows: /status lists every known peer up to 32 only
+            lambda: all((n.status() or {}).get("peer_count", 0) >= peers for n in nodes),
             MEET_TIMEOUT,
             "the nodes to meet",
             0.2,

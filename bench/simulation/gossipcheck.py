@@ -252,10 +252,10 @@ def measure(
         def meshed() -> bool:
             sts = [probe(x) for x in nodes]
             left[:] = problems(sts) + [
-                f"{x.name} knows {len(st['peers'])} peers, {len(st['gossip_probe']['mesh'])} "
+                f"{x.name} knows {st['peer_count']} peers, {len(st['gossip_probe']['mesh'])} "
                 "in its mesh"
                 for x, st in zip(nodes, sts, strict=True)
-                if len(st["peers"]) < n - 1 or len(st["gossip_probe"]["mesh"]) < low
+                if st["peer_count"] < n - 1 or len(st["gossip_probe"]["mesh"]) < low
             ]
             return not left
 
