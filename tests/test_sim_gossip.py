@@ -16,8 +16,10 @@ from bench.simulation.gossipcheck import (
     PRESENCE_WINDOW_S,
     WIDE,
     Delivery,
+    announcements,
     calibrate,
     costs,
+    draws_for,
     measure,
     network_costs,
     nodes_by_tag,
@@ -392,6 +394,19 @@ def test_a_measured_figure_spreads_over_the_announcements():
     rare = [[0.01] * 10] * 98 + [[0.5] * 10] * 2
     assert quantile([d for a in rare for d in a], 0.99) == 0.5
     assert uncertainty(rare, 0.99) == (0.01, 0.5)
+
+
+def test_a_small_network_rests_on_as_many_deliveries_as_a_larger_one():
+    """A p99 rests on its slowest few publishes (each slow for most of its receivers): a
+    10-node network, 9 receivers a publish, is measured and simulated more often than a
+    30-node one, so that each figure holds at least as many deliveries; a larger network
+    keeps the defaults."""
+    for n in (3, 10, 30, 50):
+        assert announcements(n) * (n - 1) >= gossipcheck.MEASURED
+        assert draws_for(n, 2) * 2 * gossipcheck.PHASES * (n - 1) >= gossipcheck.SIMULATED
+    assert announcements(10) > announcements(30) == gossipcheck.COUNT == announcements(50)
+    assert draws_for(10, 2) > draws_for(50, 2) == gossipcheck.DRAWS
+    assert announcements(10, count=500) == 500  # an asked-for count is a floor
 
 
 def test_the_bench_waits_for_the_mesh_to_stop_growing(monkeypatch):
