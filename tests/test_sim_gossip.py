@@ -159,15 +159,17 @@ def test_the_nodes_other_work_takes_its_turn():
 def test_idle_work_is_replayed_piece_by_piece_around_an_instant():
     """A burst's pieces: the wake-up until the first copy, then each copy until the next;
     ``upkeep`` replays every node's bursts near an instant of an idle window, each piece
-    at its own time from that instant."""
+    at its own time from that instant, but a burst that took in announcement copies (the
+    topic the model runs itself: a storm of duplicates after the series is not upkeep)."""
     b = [100.0, 1.0, 2.0, 1, 1, 0, [[0.2, 0.1], [0.5, 0.4]]]
     assert [x for piece in pieces(b) for x in piece] == pytest.approx([0, 0.1, 0.2, 0.3, 0.5, 0.6])
     assert pieces([100.0, 0.3, 0.3, 0, 0, 0, []]) == [(0.0, 0.3)]
     # two idle windows, 0-10 s and 20-30 s, each with one node's burst at its middle; with
     # a 5 s reach the instant is each window's middle
-    early, late = [5.0, 1.0, 2.0, 1, 0, 0, [[0.5, 0.25]]], [25.5, 0.25, 0.25, 0, 0, 0, []]
+    early, late = [5.0, 1.0, 2.0, 0, 1, 0, [[0.5, 0.25]]], [25.5, 0.25, 0.25, 0, 0, 0, []]
+    storm = [25.2, 4.0, 40.0, 800, 1700, 0, [[0.1, 0.05]]]  # node 0, announce copies
     real = Delivery(2, 1, [0.1], 0, {}, [[1], [0]], [0], 0.1)
-    real.extra = {"windows": [0.0, 10.0, 20.0, 30.0], "bursts": [[early], [late]]}
+    real.extra = {"windows": [0.0, 10.0, 20.0, 30.0], "bursts": [[early, storm], [late]]}
     drawn = {tuple(upkeep(real, random.Random(seed), window=5.0)) for seed in range(20)}
     assert drawn == {((0.0, 0, 0.25), (0.5, 0, 0.75)), ((0.5, 1, 0.25),)}
 

@@ -428,7 +428,14 @@ def upkeep(
     from ``came`` (``sent``; one machine's loopback: the write is the arrival), or,
     without one, where pubsub took it in. In a flood those differ: a node takes a copy in
     when it gets a core, and a copy replayed there has the work of a saturated machine
-    come as fast as the machine did it, without the queue it had."""
+    come as fast as the machine did it, without the queue it had.
+
+    A burst that took in copies on the announce topic is left out: the model makes that
+    topic's work itself, and outside the series it is not the nodes' upkeep (run R's
+    30-node network, 36 s after its series, had every node take in 800-1,300 duplicate
+    announcements and 700-2,200 other copies in one burst of 40-55 s, no first receipt
+    among them: replayed, that storm put the predicted p99 at 1.72x the measured; left
+    out, 1.22x; no other saved run had such a burst in its idle windows)."""
     w0, w1, w2, w3 = real.extra["windows"]
     lo, hi = rng.choice([(w0, w1), (w2, w3)])
     at = rng.uniform(lo + window, hi - window)
@@ -436,7 +443,7 @@ def upkeep(
     out: list[Burst] = []
     for node, bursts in enumerate(real.extra["bursts"]):
         for b in bursts:
-            if abs(b[0] - at) > window:
+            if abs(b[0] - at) > window or b[3]:  # b[3]: copies on the announce topic
                 continue
             for k, (offset, cpu) in enumerate(pieces(b)):
                 when = b[0] + offset
