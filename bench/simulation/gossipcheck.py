@@ -435,7 +435,9 @@ def upkeep(
     30-node network, 36 s after its series, had every node take in 800-1,300 duplicate
     announcements and 700-2,200 other copies in one burst of 40-55 s, no first receipt
     among them: replayed, that storm put the predicted p99 at 1.72x the measured; left
-    out, 1.22x; no other saved run had such a burst in its idle windows)."""
+    out, 1.22x; no other saved run had such a burst in its idle windows). Its cause was
+    py-libp2p's adaptive gossip, since turned off (``node/net/host.py``): the nodes'
+    heartbeat had gone to 60 s, so each new link was replayed minutes of announcements."""
     w0, w1, w2, w3 = real.extra["windows"]
     lo, hi = rng.choice([(w0, w1), (w2, w3)])
     at = rng.uniform(lo + window, hi - window)

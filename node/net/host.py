@@ -14,6 +14,15 @@
   publisher, at most 8. At N = 30 new links (Kademlia walks and stores, trimmed again)
   came at ~0.5 a second per node, each replayed ~48 heartbeats: 38 of the 55 gossip
   messages a node sent a second (``bench/scale.py``).
+- Gossipsub's adaptive gossip is off. py-libp2p (on by default) scores the network's
+  "health" every 30 s and, below 0.7, sets the heartbeat to ``max(60, 0.75 x ours)`` s
+  (below 0.4, 30 s) and widens the mesh bounds; a mesh under the degree (6) counts as poor
+  and peer scores of 0 as worse, so a healthy 4-node network scored 0.49 and its heartbeat
+  went from 1 s to 60 s, 30 s after it started. With it went the message cache's shift:
+  the recent-message window grew from 3 s to 3 minutes, every new link was replayed
+  everything of those minutes, and one burst of such replays at 30 nodes flooded every
+  node with ~1,000 long-delivered copies for 40-55 s (issue #56's storm, docs/simulation.md);
+  mesh repair and IHAVE gossip ran once a minute too.
 - Connections: py-libp2p 0.8.1's ``AutoConnector`` aims at (low + high watermark) / 2 = 200
   connections and, while under ``min_connections`` (50), dials up to 16 peers of the
   peerstore every 10 s: in a small network, a full mesh. Its pruner skips every connection
@@ -701,6 +710,7 @@ def build_pubsub(
         heartbeat_interval=heartbeat_interval,
         spam_protection_enabled=False,
         max_pending_messages_per_peer=1000,
+        adaptive_gossip_enabled=False,  # its "poor health" heartbeat is 60 s (module doc)
     )
     router.replay_newest = replay_newest or {}
     return GuardedPubsub(host, router, strict_signing=True)
