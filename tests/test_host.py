@@ -324,7 +324,6 @@ async def test_a_new_peer_gets_the_newest_heartbeat_of_each_publisher_not_the_wh
         nursery.cancel_scope.cancel()
 
 
-
 async def test_the_gossip_heartbeat_keeps_its_second_when_py_libp2p_would_call_the_mesh_poor():
     """py-libp2p's adaptive gossip scores a 4-node network (meshes of 3, under the degree 6;
     peer scores 0) at 0.49 and sets the heartbeat to 60 s: the message cache then stops
@@ -370,8 +369,8 @@ async def test_the_gossip_heartbeat_keeps_its_second_when_py_libp2p_would_call_t
                     await h.connect(first)
                 for h in hosts[1:4]:
                     await ps[0].wait_for_subscription(h.get_id(), "t", timeout=10)
-                while len(ps[0].router.mesh.get("t", ())) < 3:
-                    await trio.sleep(0.1)
+                for h in hosts[1:4]:
+                    await ps[0].router.wait_for_mesh(h.get_id(), "t", timeout=10)
                 await ps[0].publish("t", b"old")
                 for sub in subs[1:4]:
                     assert (await sub.get()).data == b"old"
@@ -395,6 +394,7 @@ async def test_the_gossip_heartbeat_keeps_its_second_when_py_libp2p_would_call_t
 async def _serve_pubsub(pubsub, service) -> None:
     async with service(pubsub), service(pubsub.router):
         await trio.sleep_forever()
+
 
 STOCK_PEER = r"""
 import hashlib, sys, trio, multiaddr
