@@ -333,7 +333,6 @@ async def test_the_gossip_heartbeat_keeps_its_second_when_py_libp2p_would_call_t
     is not replayed to a node that connects later."""
     import multiaddr
     from libp2p.peer.peerinfo import info_from_p2p_addr
-    from libp2p.tools.anyio_service import background_trio_service
 
     from node.net.host import build_host, build_pubsub
 
@@ -359,7 +358,7 @@ async def test_the_gossip_heartbeat_keeps_its_second_when_py_libp2p_would_call_t
         cache.shift = counted  # type: ignore[method-assign]
         async with trio.open_nursery() as nursery:
             for p in ps:
-                nursery.start_soon(_serve_pubsub, p, background_trio_service)
+                nursery.start_soon(_serve_pubsub, p)
             with trio.fail_after(60):
                 for p in ps:
                     await p.wait_until_ready()
@@ -391,8 +390,11 @@ async def test_the_gossip_heartbeat_keeps_its_second_when_py_libp2p_would_call_t
     assert seen["the late node's first"] == b"new", seen  # not "old", replayed
 
 
-async def _serve_pubsub(pubsub, service) -> None:
-    async with service(pubsub), service(pubsub.router):
+async def _serve_pubsub(pubsub) -> None:
+    """Run a pubsub and its router until cancelled."""
+    from libp2p.tools.anyio_service import background_trio_service
+
+    async with background_trio_service(pubsub), background_trio_service(pubsub.router):
         await trio.sleep_forever()
 
 
