@@ -356,6 +356,10 @@ def measure(
             # each copy written: [when, to whom (a probe's tag), which message]
             "writes": [[x for x in st["gossip_probe"]["writes"] if w0 <= x[0] < w3] for st in sts],
             "tags": [st["gossip_probe"]["tag"] for st in sts],  # each node's, in order
+            # each control RPC: [when, "in"/"out", peer, GRAFTs, PRUNEs, IHAVEs, IWANTs]
+            "controls": [
+                [x for x in st["gossip_probe"]["controls"] if w0 <= x[0] < w3] for st in sts
+            ],
             # the bursts of over the probe's STALL_S, sampled (GOSSIP_PROBE_SAMPLE set)
             "stalls": [
                 [x for x in st["gossip_probe"]["stalls"] if w0 <= x["burst"][0] < w3] for st in sts

@@ -32,6 +32,9 @@ publisher, admin endpoint); instead of a role it runs ``probe``, which only watc
 - every copy of a gossip message written (``writes``, the latest ``WRITES``): when, to
   whom and which message. With the takes-in it tells when each copy left its sender: on
   one machine's loopback, when it came (``gossipcheck.upkeep``).
+- every control RPC read or written (``controls``, the latest ``CONTROLS``): when, in or
+  out, the peer, and how many GRAFTs, PRUNEs, IHAVEs and IWANTs it carried: what a
+  network's mesh maintenance and gossip did, and when.
 
 - every burst of over ``STALL_S`` of processor time (``stalls``, the latest ``STALLS``): its
   burst record and what the node was doing, sampled every ``SAMPLE_S`` by a thread that
@@ -74,6 +77,7 @@ STALL_S, STALLS, SAMPLE_S = 0.05, 200, 0.002  # bursts sampled: this much proces
 FRAMES = 6  # innermost frames a sample keeps
 GC_S = 0.005  # garbage collections this long are kept (``gc``)
 WRITES = 200_000  # copies written kept, the latest (30 nodes: about 20 a second a node)
+CONTROLS = 50_000  # control RPCs kept, the latest
 SAMPLE_ENV = "GOSSIP_PROBE_SAMPLE"  # set (to anything): the stall sampler runs
 
 
@@ -115,6 +119,9 @@ async def probe(
     marks: list[list[Any]] = []
     # every copy of a gossip message written: (time.time(), receiver, message), the latest
     writes: deque[tuple[float, str, str]] = deque(maxlen=WRITES)
+    # every control RPC read or written: (time.time(), "in" or "out", peer, GRAFTs,
+    # PRUNEs, IHAVEs, IWANTs)
+    controls: deque[tuple[float, str, str, int, int, int, int]] = deque(maxlen=CONTROLS)
     # [woke, processor s, elapsed s, announce copies, other copies, first receipts, marks,
     #  control in, announcement writes, other writes]
     bursts: deque[tuple[Any, ...]] = deque(maxlen=BURSTS)
@@ -187,12 +194,21 @@ async def probe(
     router, write_msg = pubsub.router, pubsub.write_msg
     handle_rpc = router.handle_rpc
 
+    def kept(direction: str, peer: Any, rpc: Any) -> None:
+        c = rpc.control
+        kinds = (len(c.graft), len(c.prune), len(c.ihave), len(c.iwant))
+        if any(kinds):
+            controls.append((time.time(), direction, tag(peer.to_bytes()), *kinds))
+
     async def control(rpc: Any, sender: Any) -> None:
         rpcs[0] += 1
+        kept("in", sender, rpc)
         await handle_rpc(rpc, sender)
 
     async def written(stream: Any, rpc: Any) -> bool:
         rpcs[1 if any(announce_topic in m.topicIDs for m in rpc.publish) else 2] += 1
+        if rpc.HasField("control"):
+            kept("out", stream.muxed_conn.peer_id, rpc)
         if rpc.publish:
             now, to = time.time(), tag(stream.muxed_conn.peer_id.to_bytes())
             writes.extend((now, to, message(m)) for m in rpc.publish)
@@ -235,6 +251,7 @@ async def probe(
             "since": since,
             "bursts": list(bursts),
             "writes": list(writes),
+            "controls": list(controls),
             "tag": tag(node.network.host.get_id().to_bytes()),
             "stalls": list(stalls),
             "gc": list(node.collections.long),
