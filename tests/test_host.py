@@ -387,6 +387,72 @@ async def test_the_gossip_heartbeat_keeps_its_second_when_py_libp2p_would_call_t
     assert seen["the late node's first"] == b"new", seen  # not "old", replayed
 
 
+async def test_a_node_linked_beyond_its_mesh_backs_off_what_it_prunes_and_grafts_nothing_more():
+    """A hub linked to 14 leaves, each grafting it: at its heartbeat it prunes the mesh back
+    to the degree (6) and backs off from every peer it pruned (py-libp2p 0.8.1 kept no
+    backoff, so its next heartbeat could graft them again, and they pruned back). When the
+    backoffs end, a mesh within its bounds grafts no linked peer (py-libp2p grafted 2 a
+    heartbeat "opportunistically": with every score 0, every linked peer qualified). The
+    50-node network of issue #56 churned on both, 60-80 GRAFTs a second."""
+    from contextlib import AsyncExitStack
+
+    import multiaddr
+    from libp2p.peer.peerinfo import info_from_p2p_addr
+
+    from node.net.host import build_host, build_pubsub
+
+    hosts = [build_host(Identity.generate()) for _ in range(15)]
+    listen = [multiaddr.Multiaddr("/ip4/127.0.0.1/tcp/0")]
+    seen: dict[str, object] = {}
+    async with AsyncExitStack() as stack:
+        for h in hosts:
+            await stack.enter_async_context(h.run(listen))
+        ps = [build_pubsub(h) for h in hosts]
+        hub, router = ps[0], ps[0].router
+        grafts = [0]
+        write = hub.write_msg
+
+        async def counted(stream, rpc) -> bool:
+            grafts[0] += len(rpc.control.graft)
+            return await write(stream, rpc)
+
+        hub.write_msg = counted  # type: ignore[method-assign]
+        beat = router.mesh_heartbeat
+        pruned = trio.Event()
+
+        def watched():
+            to_graft, to_prune = beat()
+            if to_prune and not pruned.is_set():
+                seen["pruned"] = len(to_prune)
+                seen["backed off from"] = sum(router._check_back_off(p, "t") for p in to_prune)
+                pruned.set()
+            return to_graft, to_prune
+
+        router.mesh_heartbeat = watched  # type: ignore[method-assign]
+        async with trio.open_nursery() as nursery:
+            for p in ps:
+                nursery.start_soon(_serve_pubsub, p)
+            with trio.fail_after(60):
+                for p in ps:
+                    await p.wait_until_ready()
+                for p in ps:
+                    await p.subscribe("t")
+                first = info_from_p2p_addr(multiaddr.Multiaddr(str(hosts[0].get_addrs()[0])))
+                for h in hosts[1:]:
+                    await h.connect(first)
+                await pruned.wait()
+                await trio.sleep(1.5)
+                router.back_off.clear()  # the backoffs end (after 60 s)
+                grafts[0] = 0
+                await trio.sleep(3.5)  # three heartbeats and more
+                seen["mesh"] = len(router.mesh["t"])
+                seen["grafts after the backoffs"] = grafts[0]
+            nursery.cancel_scope.cancel()
+    # asserted here: inside, a failure comes wrapped in the hosts' exception groups
+    assert seen["pruned"] >= 2 and seen["backed off from"] == seen["pruned"], seen
+    assert seen["grafts after the backoffs"] == 0 and 4 <= seen["mesh"] <= 12, seen
+
+
 async def _serve_pubsub(pubsub) -> None:
     """Run a pubsub and its router until cancelled."""
     from libp2p.tools.anyio_service import background_trio_service

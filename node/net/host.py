@@ -23,6 +23,17 @@
   everything of those minutes, and one burst of such replays at 30 nodes flooded every
   node with ~1,000 long-delivered copies for 40-55 s (issue #56's storm, docs/simulation.md);
   mesh repair and IHAVE gossip ran once a minute too.
+- Gossipsub's mesh upkeep (``Router``). py-libp2p 0.8.1 grafts "opportunistically" at
+  every heartbeat up to 2 linked peers outside the mesh scoring at least half the mesh's
+  median; every score here is 0 (no score weights are set), so every linked peer
+  qualifies, and its heartbeat sends PRUNE to the peers above the mesh's bound without
+  backing off from them itself, so the next heartbeat may graft them again, and they,
+  backing off, prune back. A node linked beyond its mesh (a bootstrap node: every newcomer
+  links to it) was grafted by its peers every 60 s, pruned, regrafted and pruned again, and
+  at 50 nodes the churn spread to the network (60-80 GRAFTs a second) and took delivery
+  to seconds (docs/simulation.md). As go-libp2p does, we back off from a peer we prune, and
+  graft only when the mesh is under its low bound (go-libp2p grafts opportunistically
+  every 60 heartbeats, and only peers scoring above the median: with every score 0, none).
 - Connections: py-libp2p 0.8.1's ``AutoConnector`` aims at (low + high watermark) / 2 = 200
   connections and, while under ``min_connections`` (50), dials up to 16 peers of the
   peerstore every 10 s: in a small network, a full mesh. Its pruner skips every connection
@@ -85,7 +96,7 @@ import logging
 import os
 import time
 import weakref
-from collections import OrderedDict
+from collections import OrderedDict, defaultdict
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -619,9 +630,22 @@ def _gossip_records_verified_once() -> None:
 class Router(GossipSub):
     """py-libp2p's gossipsub router. On the ``replay_newest`` topics a newly subscribed peer
     is sent only the newest cached message of each publisher, at most the topic's cap,
-    instead of the whole recent-message window."""
+    instead of the whole recent-message window. Its mesh upkeep is go-libp2p's: a peer the
+    heartbeat prunes is backed off, and nothing is grafted "opportunistically" (module doc)."""
 
     replay_newest: dict[str, int] = {}  # noqa: RUF012 (set per instance by build_pubsub)
+
+    def mesh_heartbeat(self) -> tuple[defaultdict[ID, list[str]], defaultdict[ID, list[str]]]:
+        to_graft, to_prune = super().mesh_heartbeat()
+        for peer, topics in to_prune.items():
+            for topic in topics:
+                self._add_back_off(peer, topic, False)
+        return to_graft, to_prune
+
+    def _perform_opportunistic_grafting(
+        self, topic: str, peers_to_graft: defaultdict[ID, list[str]]
+    ) -> int:
+        return 0
 
     async def send_recent_messages(self, peer_id: ID, topic: str) -> None:
         cap = self.replay_newest.get(topic)
