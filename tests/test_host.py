@@ -1,11 +1,12 @@
 """What every node puts on its py-libp2p host (node/net/host.py): the TCP stream wrapper
 (read-ahead and wire-byte counting, on an in-memory stream whose receive calls are
 counted), the cache of the host's advertised addresses, gossip peer records verified
-once, and yamux window updates in batches."""
+once, yamux window updates in batches, and gossipsub's heartbeat and mesh upkeep."""
 
 from __future__ import annotations
 
 import os
+from contextlib import AsyncExitStack, asynccontextmanager
 
 import pytest
 import trio
@@ -331,21 +332,9 @@ async def test_the_gossip_heartbeat_keeps_its_second_when_py_libp2p_would_call_t
     #56). Ours keeps the heartbeat at 1 s: after the health check has had its turn, the
     cache still shifts every second, and a message published over the cache's window ago
     is not replayed to a node that connects later."""
-    from contextlib import AsyncExitStack
-
-    import multiaddr
-    from libp2p.peer.peerinfo import info_from_p2p_addr
-
-    from node.net.host import build_host, build_pubsub
-
-    hosts = [build_host(Identity.generate()) for _ in range(5)]
-    listen = [multiaddr.Multiaddr("/ip4/127.0.0.1/tcp/0")]
     shifts = [0]
     seen: dict[str, object] = {}
-    async with AsyncExitStack() as stack:
-        for h in hosts:
-            await stack.enter_async_context(h.run(listen))
-        ps = [build_pubsub(h) for h in hosts]
+    async with _gossip_hosts(5) as (hosts, ps, first):
         cache = ps[0].router.mcache
         shift = cache.shift
 
@@ -354,34 +343,27 @@ async def test_the_gossip_heartbeat_keeps_its_second_when_py_libp2p_would_call_t
             shift()
 
         cache.shift = counted  # type: ignore[method-assign]
-        async with trio.open_nursery() as nursery:
-            for p in ps:
-                nursery.start_soon(_serve_pubsub, p)
-            with trio.fail_after(60):
-                for p in ps:
-                    await p.wait_until_ready()
-                subs = [await p.subscribe("t") for p in ps]
-                first = info_from_p2p_addr(multiaddr.Multiaddr(str(hosts[0].get_addrs()[0])))
-                for h in hosts[1:4]:
-                    await h.connect(first)
-                for h in hosts[1:4]:
-                    await ps[0].wait_for_subscription(h.get_id(), "t", timeout=10)
-                    await ps[0].router.wait_for_mesh(h.get_id(), "t", timeout=10)
-                await ps[0].publish("t", b"old")
-                for sub in subs[1:4]:
-                    assert (await sub.get()).data == b"old"
-                # the library's health check, due every 30 s, is due at the next heartbeat
-                ps[0].router.last_health_update = 0
-                await trio.sleep(2)
-                before = shifts[0]
-                await trio.sleep(5)  # the cache's window is 3 heartbeats
-                seen["shifts in 5 s"] = shifts[0] - before
-                seen["heartbeat s"] = ps[0].router.heartbeat_interval
-                await hosts[4].connect(first)
-                await ps[0].wait_for_subscription(hosts[4].get_id(), "t", timeout=10)
-                await ps[0].publish("t", b"new")
-                seen["the late node's first"] = (await subs[4].get()).data
-            nursery.cancel_scope.cancel()
+        with trio.fail_after(60):
+            subs = [await p.subscribe("t") for p in ps]
+            for h in hosts[1:4]:
+                await h.connect(first)
+            for h in hosts[1:4]:
+                await ps[0].wait_for_subscription(h.get_id(), "t", timeout=10)
+                await ps[0].router.wait_for_mesh(h.get_id(), "t", timeout=10)
+            await ps[0].publish("t", b"old")
+            for sub in subs[1:4]:
+                assert (await sub.get()).data == b"old"
+            # the library's health check, due every 30 s, is due at the next heartbeat
+            ps[0].router.last_health_update = 0
+            await trio.sleep(2)
+            before = shifts[0]
+            await trio.sleep(5)  # the cache's window is 3 heartbeats
+            seen["shifts in 5 s"] = shifts[0] - before
+            seen["heartbeat s"] = ps[0].router.heartbeat_interval
+            await hosts[4].connect(first)
+            await ps[0].wait_for_subscription(hosts[4].get_id(), "t", timeout=10)
+            await ps[0].publish("t", b"new")
+            seen["the late node's first"] = (await subs[4].get()).data
     # asserted here: inside, a failure comes wrapped in the hosts' exception groups
     assert seen["shifts in 5 s"] >= 3, seen
     assert seen["the late node's first"] == b"new", seen  # not "old", replayed
@@ -394,20 +376,8 @@ async def test_a_node_linked_beyond_its_mesh_backs_off_what_it_prunes_and_grafts
     backoffs end, a mesh within its bounds grafts no linked peer (py-libp2p grafted 2 a
     heartbeat "opportunistically": with every score 0, every linked peer qualified). The
     50-node network of issue #56 churned on both, 60-80 GRAFTs a second."""
-    from contextlib import AsyncExitStack
-
-    import multiaddr
-    from libp2p.peer.peerinfo import info_from_p2p_addr
-
-    from node.net.host import build_host, build_pubsub
-
-    hosts = [build_host(Identity.generate()) for _ in range(15)]
-    listen = [multiaddr.Multiaddr("/ip4/127.0.0.1/tcp/0")]
     seen: dict[str, object] = {}
-    async with AsyncExitStack() as stack:
-        for h in hosts:
-            await stack.enter_async_context(h.run(listen))
-        ps = [build_pubsub(h) for h in hosts]
+    async with _gossip_hosts(15) as (hosts, ps, first):
         hub, router = ps[0], ps[0].router
         grafts = [0]
         write = hub.write_msg
@@ -429,28 +399,48 @@ async def test_a_node_linked_beyond_its_mesh_backs_off_what_it_prunes_and_grafts
             return to_graft, to_prune
 
         router.mesh_heartbeat = watched  # type: ignore[method-assign]
+        with trio.fail_after(60):
+            for p in ps:
+                await p.subscribe("t")
+            for h in hosts[1:]:
+                await h.connect(first)
+            await pruned.wait()
+            await trio.sleep(1.5)
+            router.back_off.clear()  # the backoffs end (after 60 s)
+            grafts[0] = 0
+            await trio.sleep(3.5)  # three heartbeats and more
+            seen["mesh"] = len(router.mesh["t"])
+            seen["grafts after the backoffs"] = grafts[0]
+    # asserted here: inside, a failure comes wrapped in the hosts' exception groups
+    assert seen["pruned"] >= 2 and seen["backed off from"] == seen["pruned"], seen
+    assert seen["grafts after the backoffs"] == 0 and 4 <= seen["mesh"] <= 12, seen
+
+
+@asynccontextmanager
+async def _gossip_hosts(n: int):
+    """``n`` real hosts on 127.0.0.1, each with the node's pubsub (``build_pubsub``) served
+    and ready; yields the hosts, their pubsubs and the first one's address (to connect to),
+    and stops them all on leaving."""
+    import multiaddr
+    from libp2p.peer.peerinfo import info_from_p2p_addr
+
+    from node.net.host import build_host, build_pubsub
+
+    hosts = [build_host(Identity.generate()) for _ in range(n)]
+    listen = [multiaddr.Multiaddr("/ip4/127.0.0.1/tcp/0")]
+    async with AsyncExitStack() as stack:
+        for h in hosts:
+            await stack.enter_async_context(h.run(listen))
+        ps = [build_pubsub(h) for h in hosts]
         async with trio.open_nursery() as nursery:
             for p in ps:
                 nursery.start_soon(_serve_pubsub, p)
             with trio.fail_after(60):
                 for p in ps:
                     await p.wait_until_ready()
-                for p in ps:
-                    await p.subscribe("t")
-                first = info_from_p2p_addr(multiaddr.Multiaddr(str(hosts[0].get_addrs()[0])))
-                for h in hosts[1:]:
-                    await h.connect(first)
-                await pruned.wait()
-                await trio.sleep(1.5)
-                router.back_off.clear()  # the backoffs end (after 60 s)
-                grafts[0] = 0
-                await trio.sleep(3.5)  # three heartbeats and more
-                seen["mesh"] = len(router.mesh["t"])
-                seen["grafts after the backoffs"] = grafts[0]
+            first = info_from_p2p_addr(multiaddr.Multiaddr(str(hosts[0].get_addrs()[0])))
+            yield hosts, ps, first
             nursery.cancel_scope.cancel()
-    # asserted here: inside, a failure comes wrapped in the hosts' exception groups
-    assert seen["pruned"] >= 2 and seen["backed off from"] == seen["pruned"], seen
-    assert seen["grafts after the backoffs"] == 0 and 4 <= seen["mesh"] <= 12, seen
 
 
 async def _serve_pubsub(pubsub) -> None:
